@@ -1,0 +1,76 @@
+"""What every command shares: config loading, error reporting, JSON output."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import msgspec
+
+from supervisor.config import Config, load_config
+from supervisor.errors import RunwatchError
+
+DEFAULT_CONFIG_ENV = "RUNWATCH_CONFIG"
+
+
+def config_option(f: Any) -> Any:
+    """``-c/--config`` on a subcommand (also accepted before the subcommand)."""
+    return click.option(
+        "-c",
+        "--config",
+        "config_path",
+        default=None,
+        help=f"Config file (TOML). Default: ${DEFAULT_CONFIG_ENV}, else ./runwatch.toml.",
+    )(f)
+
+
+def json_option(f: Any) -> Any:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(f)
+
+
+def resolve_config_path(config_path: str | None) -> str:
+    if config_path:
+        return config_path
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        parent = ctx.params.get("config_path") if ctx.params else None
+        if parent:
+            return str(parent)
+        ctx = ctx.parent
+    env = os.environ.get(DEFAULT_CONFIG_ENV)
+    if env:
+        return env
+    for candidate in ("runwatch.toml", "configs/runwatch.toml"):
+        if Path(candidate).exists():
+            return candidate
+    return "runwatch.toml"
+
+
+def get_config(config_path: str | None) -> Config:
+    return load_config(resolve_config_path(config_path))
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+
+
+def run_cli(group: click.Group) -> None:
+    """Run the CLI; a RunwatchError becomes one clear message on stderr and its exit status."""
+    try:
+        group.main(standalone_mode=False)
+    except RunwatchError as e:
+        click.echo(f"runwatch: {e}", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("runwatch: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,16 @@
+"""``runwatch demo``: the embedded demo workload (mock servers, reference client, TUI)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command()
+@click.option("--headless", is_flag=True, help="No UI: print what runs, every second.")
+@click.option("--seconds", type=float, default=None, help="Stop after this many seconds.")
+@click.option("--dir", "demo_dir", default=None, help="Demo directory (default: a fresh temp dir).")
+def demo(headless: bool, seconds: float | None, demo_dir: str | None) -> None:
+    """Start mock local-GPU and API servers and two runs against them, then watch them."""
+    from supervisor.demo.launcher import run_demo
+
+    run_demo(headless=headless, seconds=seconds, demo_dir=demo_dir)

@@ -1,0 +1,415 @@
+"""The configuration: TOML read with ``tomllib`` into typed, documented ``msgspec`` structs.
+
+Unknown keys are errors. Every error names the file, the key path and what was expected, e.g.
+``configs/x.toml: runs[0].argv: expected a list of strings, got str``.
+
+String values may refer to environment variables as ``${NAME}`` (the demo uses this for its
+directory and ports); an undefined variable is an error naming the key. No value from the config is
+ever turned into shell text.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import msgspec
+
+from supervisor.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+DEFAULT_SCRIPTS = ("run_inference.py", "regenerate_train_data.py", "server_generate.py")
+BudgetPolicy = Literal["warn", "stop", "restart-with-budget"]
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Base of every config section: unknown keys are rejected."""
+
+
+class HostConfig(_Section):
+    """A machine runwatch watches: over SSH, or this machine (``local = true``)."""
+
+    name: str
+    """The name runs refer to."""
+    address: str | None = None
+    """Host name, IP or ``~/.ssh/config`` alias (default: ``name``). Ignored when ``local``."""
+    local: bool = False
+    """This machine: the agent runs as a local subprocess, no SSH."""
+    user: str | None = None
+    """SSH user (default: from ``~/.ssh/config`` or the local user)."""
+    port: int | None = None
+    """SSH port (default: from ``~/.ssh/config`` or 22)."""
+    python: str = "python3"
+    """The Python interpreter on the host that runs the agent (>= 3.8)."""
+    known_hosts: str | None = None
+    """known_hosts file to verify the host key against (default ``~/.ssh/known_hosts``)."""
+    identity_files: list[str] = []
+    """Private keys to offer, in addition to those of ``~/.ssh/config`` and the SSH agent."""
+    insecure_skip_host_key_check: bool = False
+    """Do NOT verify the host key. Explicit opt-in; runwatch warns every time it connects."""
+    show_other_users: bool = False
+    """List matching processes of other users too (they are never killable)."""
+    connect_timeout: float = 10.0
+    """Seconds to establish the SSH connection."""
+    command_timeout: float = 30.0
+    """Overall bound on any single request to the host."""
+    keepalive_interval: float = 5.0
+    """Seconds between SSH keepalives; a silent peer is detected after interval x count."""
+    keepalive_count_max: int = 3
+    """Keepalives without an answer before the connection is declared dead."""
+
+
+class DatasetConfig(_Section):
+    """Limits and inputs of one dataset, shared by every run that writes it."""
+
+    token_budget: int | None = None
+    """Completion tokens wanted for this dataset."""
+    max_samples: int | None = None
+    """Responses wanted for this dataset."""
+    prompts: str | None = None
+    """Prompts file (JSONL), relative to the run's workdir; its line count bounds the samples."""
+
+
+class RunConfig(_Section):
+    """One data-generation run: a command on a host writing ``<output_dir>/<dataset>/...``."""
+
+    name: str
+    host: str
+    """Name of a ``[[hosts]]`` entry."""
+    workdir: str
+    """Directory the command runs in, on the host."""
+    argv: list[str]
+    """The command, as a list of arguments (never a shell string)."""
+    output_dir: str = "out"
+    """Output directory, relative to ``workdir`` unless absolute."""
+    format: str = "raw"
+    """Record format the run writes: a built-in profile or a ``[formats.NAME]`` entry."""
+    datasets: list[str] = []
+    """Datasets of the run (default: parsed from ``--datasets`` in argv)."""
+    data_file: str = "raw_responses.jsonl"
+    """File name of a dataset's records inside ``<output_dir>/<dataset>/``."""
+    log: str | None = None
+    """Log file, relative to ``workdir`` unless absolute; launch appends output to it."""
+    endpoint: str | None = None
+    """Name of the ``[[endpoints]]`` entry this run sends its requests to."""
+    budget_policy: BudgetPolicy = "warn"
+    """What to do when a dataset passes its token budget with no ``--token-budget`` in argv."""
+    stall_seconds: float = 300.0
+    """A dataset that has not grown for this long while its writer is alive is stalled."""
+    env: dict[str, str] = {}
+    """Extra environment variables for the launched command (never secrets: see api_key_env)."""
+
+
+class EndpointConfig(_Section):
+    """An OpenAI-compatible endpoint: the local server or an API."""
+
+    name: str
+    kind: Literal["local", "api"]
+    base_url: str
+    """Base URL including ``/v1``."""
+    model: str | None = None
+    """Model name sent in requests (default: the first model of ``/v1/models``)."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key. Never the key itself."""
+    price_in_per_m: float | None = None
+    """USD per million prompt tokens (API endpoints)."""
+    price_out_per_m: float | None = None
+    """USD per million completion tokens (API endpoints)."""
+    gpu_cost_per_hour: float | None = None
+    """USD per hour of the GPUs behind a local endpoint."""
+    max_tokens: int | None = None
+    """max_tokens of the run's requests (used by bench to shape requests like the run's)."""
+    temperature: float | None = None
+    """Sampling temperature of the run's requests."""
+    concurrency: int | None = None
+    """Concurrency the run uses against this endpoint (bench default)."""
+
+
+class FormatProfile(_Section):
+    """A user-defined record format."""
+
+    id_field: str
+    """Key holding the record's unique id."""
+    tokens_field: str | None = None
+    """Key holding the completion token count."""
+    tokens_list_field: str | None = None
+    """Key holding a list whose length is the completion token count."""
+    text_field: str | None = None
+    """Key holding text to count with the configured tokenizer."""
+    prompt_tokens_field: str | None = None
+    """Key holding the prompt token count, if any."""
+    finish_reason_field: str | None = None
+    """Key holding the finish reason, if any."""
+    required: list[str] = []
+    """Keys every record must have (default: the fields named above)."""
+
+
+class Config(_Section):
+    """The whole configuration file."""
+
+    tokenizer: str | None = None
+    """Local directory of a Hugging Face tokenizer. Never downloaded."""
+    trust_remote_code: bool = False
+    """Allow the tokenizer directory's own Python code to run. Off unless you trust it."""
+    refresh_seconds: float = 2.0
+    """How often the TUI and ``status --watch`` refresh."""
+    scripts: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_SCRIPTS))
+    """Script names that identify a run in a process list (matched on an argv element's end)."""
+    hosts: list[HostConfig] = []
+    runs: list[RunConfig] = []
+    datasets: dict[str, DatasetConfig] = {}
+    endpoints: list[EndpointConfig] = []
+    formats: dict[str, FormatProfile] = {}
+    path: str = ""
+    """Where the config was read from (set by the loader, not a key of the file)."""
+
+    def host(self, name: str) -> HostConfig:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise ConfigError(f"{self.path}: no host named {name!r}")
+
+    def run(self, name: str) -> RunConfig:
+        for r in self.runs:
+            if r.name == name:
+                return r
+        known = ", ".join(r.name for r in self.runs) or "none"
+        raise ConfigError(f"{self.path}: no run named {name!r} (runs: {known})")
+
+    def endpoint(self, name: str) -> EndpointConfig:
+        for e in self.endpoints:
+            if e.name == name:
+                return e
+        known = ", ".join(e.name for e in self.endpoints) or "none"
+        raise ConfigError(f"{self.path}: no endpoint named {name!r} (endpoints: {known})")
+
+    def run_datasets(self, run: RunConfig) -> list[str]:
+        """The datasets a run writes: its ``datasets`` key, else ``--datasets`` of its argv."""
+        if run.datasets:
+            return list(run.datasets)
+        value = flag_value(run.argv, "--datasets")
+        return [d for d in value.split(",") if d] if value else []
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of ``--flag VALUE`` or ``--flag=VALUE`` in argv (the last one wins)."""
+    found: str | None = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg[len(flag) + 1 :]
+    return found
+
+
+# --------------------------------------------------------------------------- loading
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_MSGSPEC_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_TYPE_WORDS = {
+    "array": "list",
+    "object": "table",
+    "str": "str",
+    "int": "int",
+    "float": "float",
+    "bool": "bool",
+    "null": "nothing",
+}
+
+
+def load_config(path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = None) -> Config:
+    """Read, expand and validate a config file. Raises ConfigError (exit status 2)."""
+    p = Path(path)
+    shown = str(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{shown}: no such config file", "pass -c CONFIG or create it") from None
+    except OSError as e:
+        raise ConfigError(f"{shown}: cannot read: {e.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{shown}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{shown}: invalid TOML: {e}") from None
+    data = _expand(data, os.environ if env is None else env, shown, "")
+    try:
+        config = msgspec.convert(data, Config, strict=True)
+    except msgspec.ValidationError as e:
+        raise ConfigError(_explain(shown, str(e), data)) from None
+    config.path = shown
+    _check_references(config)
+    return config
+
+
+def _expand(value: Any, env: typing.Mapping[str, str], shown: str, key: str) -> Any:
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if name not in env:
+                raise ConfigError(f"{shown}: {key}: environment variable {name} is not set")
+            return env[name]
+
+        return _ENV_REF.sub(sub, value)
+    if isinstance(value, list):
+        return [_expand(v, env, shown, f"{key}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {k: _expand(v, env, shown, f"{key}.{k}" if key else k) for k, v in value.items()}
+    return value
+
+
+def _explain(shown: str, message: str, data: Any) -> str:
+    """Turn a msgspec validation message into ``file: key.path: what was expected``."""
+    m = _MSGSPEC_AT.match(message)
+    assert m is not None
+    msg, raw_path = m.group("msg"), (m.group("path") or "")
+    path = raw_path.lstrip(".")
+    unknown = re.match(r"Object contains unknown field `(.+)`", msg)
+    if unknown:
+        key = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
+        fields = _fields_at(path)
+        allowed = f" (allowed: {', '.join(fields)})" if fields else ""
+        return f"{shown}: {key}: unknown key{allowed}"
+    missing = re.match(r"Object missing required field `(.+)`", msg)
+    if missing:
+        key = f"{path}.{missing.group(1)}" if path else missing.group(1)
+        return f"{shown}: {key}: required key is missing"
+    wrong = re.match(r"Expected `(.+?)`, got `(.+?)`", msg)
+    if wrong:
+        expected = _describe(_type_at(path)) or _TYPE_WORDS.get(wrong.group(1), wrong.group(1))
+        got = _TYPE_WORDS.get(wrong.group(2), wrong.group(2))
+        return f"{shown}: {path or '(top level)'}: expected {expected}, got {got}"
+    return f"{shown}: {path or '(top level)'}: {msg[:1].lower()}{msg[1:]}"
+
+
+_SEGMENT = re.compile(r"\.?([^.\[]+)|\[(\d+)\]")
+
+
+def _type_at(path: str) -> Any:
+    """The declared type at a msgspec error path like ``runs[0].argv`` (None if unknown)."""
+    t: Any = Config
+    for name, index in _SEGMENT.findall(path):
+        t = _strip_optional(t)
+        origin = typing.get_origin(t)
+        if index:
+            if origin is not list:
+                return None
+            t = typing.get_args(t)[0]
+        elif isinstance(t, type) and issubclass(t, msgspec.Struct):
+            hints = typing.get_type_hints(t)
+            if name not in hints:
+                return None
+            t = hints[name]
+        elif origin is dict:
+            t = typing.get_args(t)[1]
+        else:
+            return None
+    return t
+
+
+def _fields_at(path: str) -> list[str]:
+    t = _strip_optional(_type_at(path))
+    if isinstance(t, type) and issubclass(t, msgspec.Struct):
+        return [f for f in t.__struct_fields__ if f != "path"]
+    return []
+
+
+def _strip_optional(t: Any) -> Any:
+    if typing.get_origin(t) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return t
+
+
+def _describe(t: Any) -> str | None:
+    if t is None:
+        return None
+    t = _strip_optional(t)
+    origin = typing.get_origin(t)
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+    if t in names:
+        return names[t]
+    if origin is list:
+        inner = _describe(typing.get_args(t)[0])
+        if inner and inner.startswith(("a ", "an ")):
+            plural = inner.split(" ", 1)[1] + "s"
+            return f"a list of {plural}"
+        return "a list"
+    if origin is dict:
+        return "a table"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(t))
+    if isinstance(t, type) and issubclass(t, msgspec.Struct):
+        return "a table"
+    return None
+
+
+def _check_references(config: Config) -> None:
+    shown = config.path
+    for section, items in (("hosts", config.hosts), ("runs", config.runs), ("endpoints", config.endpoints)):
+        seen: set[str] = set()
+        for i, item in enumerate(items):
+            if item.name in seen:
+                raise ConfigError(f"{shown}: {section}[{i}].name: duplicate name {item.name!r}")
+            seen.add(item.name)
+    hosts = {h.name for h in config.hosts}
+    endpoints = {e.name for e in config.endpoints}
+    from supervisor.formats import BUILTIN_FORMATS  # noqa: PLC0415 - avoids a cycle at import time
+
+    formats = set(BUILTIN_FORMATS) | set(config.formats)
+    for i, h in enumerate(config.hosts):
+        if not h.local and not (h.address or h.name):
+            raise ConfigError(f"{shown}: hosts[{i}].address: required for an SSH host")
+        if h.port is not None and not 0 < h.port < 65536:
+            raise ConfigError(f"{shown}: hosts[{i}].port: expected 1..65535, got {h.port}")
+    for i, r in enumerate(config.runs):
+        if r.host not in hosts:
+            raise ConfigError(
+                f"{shown}: runs[{i}].host: no host named {r.host!r}",
+                f"hosts defined: {', '.join(sorted(hosts)) or 'none'}",
+            )
+        if r.endpoint is not None and r.endpoint not in endpoints:
+            raise ConfigError(
+                f"{shown}: runs[{i}].endpoint: no endpoint named {r.endpoint!r}",
+                f"endpoints defined: {', '.join(sorted(endpoints)) or 'none'}",
+            )
+        if not r.argv:
+            raise ConfigError(f"{shown}: runs[{i}].argv: expected a non-empty list of strings")
+        if r.format not in formats:
+            raise ConfigError(
+                f"{shown}: runs[{i}].format: unknown format {r.format!r}",
+                f"known: {', '.join(sorted(formats))}",
+            )
+        for j, d in enumerate(r.datasets):
+            if not d or "/" in d or d in (".", ".."):
+                raise ConfigError(f"{shown}: runs[{i}].datasets[{j}]: not a dataset name: {d!r}")
+    for name, ds in config.datasets.items():
+        for key in ("token_budget", "max_samples"):
+            v = getattr(ds, key)
+            if v is not None and v <= 0:
+                raise ConfigError(f"{shown}: datasets.{name}.{key}: expected a positive integer")
+    for i, e in enumerate(config.endpoints):
+        if e.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", e.api_key_env):
+            raise ConfigError(
+                f"{shown}: endpoints[{i}].api_key_env: expected the NAME of an environment variable",
+                "put the key in the environment, never in the config",
+            )
+    for name, prof in config.formats.items():
+        sources = [prof.tokens_field, prof.tokens_list_field, prof.text_field]
+        if sum(s is not None for s in sources) != 1:
+            raise ConfigError(
+                f"{shown}: formats.{name}: set exactly one of tokens_field, tokens_list_field, "
+                "text_field"
+            )

@@ -1,0 +1,68 @@
+"""The error hierarchy of runwatch, drawn once.
+
+Every error says what happened and, where there is one, what to do about it (``hint``). The CLI
+prints ``str(error)`` and exits with ``error.exit_code``.
+"""
+
+from __future__ import annotations
+
+
+class RunwatchError(Exception):
+    """Base of every error runwatch raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  -> {self.hint}" if self.hint else self.message
+
+
+class ConfigError(RunwatchError):
+    """The configuration file is missing, unreadable or invalid (exit status 2)."""
+
+    exit_code = 2
+
+
+class UsageError(RunwatchError):
+    """The command line asks for something that cannot be done as asked (exit status 2)."""
+
+    exit_code = 2
+
+
+class HostError(RunwatchError):
+    """A host could not be reached or did not answer in time."""
+
+
+class HostKeyError(HostError):
+    """The host's key is unknown or changed; nothing was sent to it."""
+
+
+class AgentError(HostError):
+    """The host agent answered with an error or broke the protocol."""
+
+
+class OutcomeUnknown(HostError):
+    """An action was sent but its outcome was not confirmed (for example the connection dropped).
+
+    The caller must re-list and reconcile; it must never assume success or repeat blindly.
+    """
+
+
+class KillRefused(RunwatchError):
+    """The process named by an identity is not the one that was listed (PID reused, other owner...)."""
+
+
+class LaunchError(RunwatchError):
+    """A run could not be launched, or did not stay alive long enough to be confirmed."""
+
+
+class DataFormatError(RunwatchError):
+    """Data on disk is not in the format the run writes; resuming on it would be unsafe."""
+
+
+class EndpointError(RunwatchError):
+    """An OpenAI-compatible endpoint could not be benchmarked."""
