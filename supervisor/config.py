@@ -226,7 +226,9 @@ _TYPE_WORDS = {
 }
 
 
-def load_config(path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = None) -> Config:
+def load_config(
+    path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = None
+) -> Config:
     """Read, expand and validate a config file. Raises ConfigError (exit status 2)."""
     p = Path(path)
     shown = str(path)
@@ -290,6 +292,10 @@ def _explain(shown: str, message: str, data: Any) -> str:
         expected = _describe(_type_at(path)) or _TYPE_WORDS.get(wrong.group(1), wrong.group(1))
         got = _TYPE_WORDS.get(wrong.group(2), wrong.group(2))
         return f"{shown}: {path or '(top level)'}: expected {expected}, got {got}"
+    enum = re.match(r"Invalid enum value (.+)", msg)
+    if enum:
+        expected = _describe(_type_at(path)) or "another value"
+        return f"{shown}: {path}: expected {expected}, got {enum.group(1)}"
     return f"{shown}: {path or '(top level)'}: {msg[:1].lower()}{msg[1:]}"
 
 
@@ -358,15 +364,20 @@ def _describe(t: Any) -> str | None:
 
 def _check_references(config: Config) -> None:
     shown = config.path
-    for section, items in (("hosts", config.hosts), ("runs", config.runs), ("endpoints", config.endpoints)):
+    named: dict[str, list[str]] = {
+        "hosts": [h.name for h in config.hosts],
+        "runs": [r.name for r in config.runs],
+        "endpoints": [e.name for e in config.endpoints],
+    }
+    for section, names in named.items():
         seen: set[str] = set()
-        for i, item in enumerate(items):
-            if item.name in seen:
-                raise ConfigError(f"{shown}: {section}[{i}].name: duplicate name {item.name!r}")
-            seen.add(item.name)
+        for i, name in enumerate(names):
+            if name in seen:
+                raise ConfigError(f"{shown}: {section}[{i}].name: duplicate name {name!r}")
+            seen.add(name)
     hosts = {h.name for h in config.hosts}
     endpoints = {e.name for e in config.endpoints}
-    from supervisor.formats import BUILTIN_FORMATS  # noqa: PLC0415 - avoids a cycle at import time
+    from supervisor.formats import BUILTIN_FORMATS  # here: formats is bundled into the agent
 
     formats = set(BUILTIN_FORMATS) | set(config.formats)
     for i, h in enumerate(config.hosts):
@@ -403,7 +414,8 @@ def _check_references(config: Config) -> None:
     for i, e in enumerate(config.endpoints):
         if e.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", e.api_key_env):
             raise ConfigError(
-                f"{shown}: endpoints[{i}].api_key_env: expected the NAME of an environment variable",
+                f"{shown}: endpoints[{i}].api_key_env: "
+                "expected the NAME of an environment variable",
                 "put the key in the environment, never in the config",
             )
     for name, prof in config.formats.items():

@@ -53,7 +53,7 @@ class OutcomeUnknown(HostError):
 
 
 class KillRefused(RunwatchError):
-    """The process named by an identity is not the one that was listed (PID reused, other owner...)."""
+    """The process named by an identity is not the one that was listed (PID reused...)."""
 
 
 class LaunchError(RunwatchError):

@@ -1,7 +1,7 @@
 """The model the engine builds on every refresh and every front end renders (TUI, CLI, --json).
 
-Plain ``msgspec`` structs: cheap to build, to copy into messages and to encode as JSON. Fields may be
-added (with defaults); renaming one is a change to every front end.
+Plain ``msgspec`` structs: cheap to build, to copy into messages and to encode as JSON. Fields
+may be added (with defaults); renaming one is a change to every front end.
 """
 
 from __future__ import annotations

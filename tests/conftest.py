@@ -5,6 +5,4 @@ from __future__ import annotations
 
 from pathlib import Path
 
-pytest_plugins = sorted(
-    f"tests.{p.stem}" for p in Path(__file__).parent.glob("fixtures_*.py")
-)
+pytest_plugins = sorted(f"tests.{p.stem}" for p in Path(__file__).parent.glob("fixtures_*.py"))

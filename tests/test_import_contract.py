@@ -27,7 +27,7 @@ def _engine_modules() -> list[str]:
     return sorted(
         m.name
         for m in pkgutil.walk_packages(supervisor.__path__, "supervisor.")
-        if not m.name.startswith("supervisor.demo.") or m.name == "supervisor.demo.server"
+        if not m.name.endswith("__main__")
     )
 
 

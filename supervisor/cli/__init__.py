@@ -31,8 +31,8 @@ cli.add_command(demo)
 
 for _module, _names in (
     ("supervisor.cli.tui", ("tui",)),
-    ("supervisor.cli.data", ("scan", "status", "check")),
-    ("supervisor.cli.hosts", ("ps", "kill")),
+    ("supervisor.cli.data", ("scan", "check")),
+    ("supervisor.cli.hosts", ("ps", "kill", "status")),
     ("supervisor.cli.actions", ("launch", "restart", "audit")),
     ("supervisor.cli.bench", ("bench", "compare")),
 ):
