@@ -1,0 +1,633 @@
+"""The host agent: one long-lived process per host that answers JSON-line requests on stdin/stdout.
+
+Standard library only and Python >= 3.8. It is shipped to the host as data (see
+``supervisor.hosts.bootstrap_argv`` and ``bundle_payload``) together with ``supervisor.formats``,
+``supervisor.scan``, ``supervisor.hostops`` and ``supervisor.processes``, and exits when its stdin
+closes, so a dropped connection leaves nothing behind (an in-flight kill or launch is finished
+first: stopping half-way would leave a run SIGTERMed but never SIGKILLed).
+
+Protocol. Request ``{"id": int, "op": str, "params": {...}}``; reply ``{"id": int, "ok": true,
+"result": {...}}`` or ``{"id": int, "ok": false, "error": str, "kind": str}``. Lines that are not
+such objects are ignored. Once ready the agent prints ``{"id": 0, "ok": true, "result": {"hello":
+...}}``. Requests run on threads, so a kill waiting out its grace period never delays a ping;
+scanner ops are serialized (the scanner keeps per-file state across requests). Every reply is
+written as one whole line under a lock.
+
+Ops: ``ping``, ``ps``, ``refresh``, ``scan``, ``kill``, ``probe``, plus ``supervisor.hostops.OPS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import IO, TYPE_CHECKING, Any
+
+from supervisor import processes as procs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+PROTOCOL = 1
+# Ops that act on the host: finished even when stdin closes mid-way.
+DURABLE_OPS = frozenset(("kill", "launch", "repair_tail", "move_aside", "write_fingerprint"))
+KILL_CONFIRM_S = 5.0
+"""How long to wait for the exit after SIGKILL before reporting it unconfirmed (state D...)."""
+_FALLBACK_POLL_S = 0.005
+
+
+class OpFailed(Exception):
+    """A request that cannot be carried out; ``kind`` names the reason for the laptop."""
+
+    def __init__(self, message: str, kind: str = "failed") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+# --------------------------------------------------------------------------- pidfd
+
+
+def _libc_syscall() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn: Callable[..., int] = libc.syscall
+        return fn
+    except (OSError, AttributeError):  # pragma: no cover - exotic libc
+        return None
+
+
+_NR_PIDFD_SEND_SIGNAL = 424  # same number on every architecture since Linux 5.1
+_NR_PIDFD_OPEN = 434
+
+
+def pidfd_open(pid: int) -> int | None:
+    """A pidfd for ``pid``, or None where the kernel or Python has none.
+
+    Raises ProcessLookupError when the process does not exist. ``RUNWATCH_AGENT_NO_PIDFD=1`` in
+    the agent's environment forces the fallback (as on kernels before 5.3), for tests.
+    """
+    if os.environ.get("RUNWATCH_AGENT_NO_PIDFD") == "1":
+        if not os.path.exists(f"{procs.PROC}/{pid}"):
+            raise ProcessLookupError(pid)
+        return None
+    if hasattr(os, "pidfd_open"):
+        try:
+            fd: int = os.pidfd_open(pid)
+            return fd
+        except ProcessLookupError:
+            raise
+        except OSError:
+            return None
+    call = _libc_syscall()  # Python 3.8: no os.pidfd_open
+    if call is None:
+        return None
+    import ctypes
+
+    fd = call(_NR_PIDFD_OPEN, ctypes.c_int(pid), ctypes.c_uint(0))
+    if fd < 0:
+        if ctypes.get_errno() == 3:  # ESRCH
+            raise ProcessLookupError(pid)
+        return None
+    return fd
+
+
+def pidfd_send_signal(fd: int, sig: int) -> None:
+    """Signal the process a pidfd refers to (never a recycled PID). Raises ProcessLookupError."""
+    if hasattr(signal, "pidfd_send_signal"):
+        signal.pidfd_send_signal(fd, sig)
+        return
+    call = _libc_syscall()
+    if call is None:  # pragma: no cover - pidfd_open would have returned None
+        raise OSError("pidfd_send_signal unavailable")
+    import ctypes
+
+    if call(_NR_PIDFD_SEND_SIGNAL, ctypes.c_int(fd), ctypes.c_int(sig), None, ctypes.c_uint(0)):
+        err = ctypes.get_errno()
+        if err == 3:
+            raise ProcessLookupError(fd)
+        raise OSError(err, os.strerror(err))
+
+
+def has_pidfd() -> bool:
+    try:
+        fd = pidfd_open(os.getpid())
+    except OSError:
+        return False
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
+# --------------------------------------------------------------------------- kill
+
+
+class _Target:
+    """One process of a kill: the run or one of its descendants, pinned by (pid, start time)."""
+
+    def __init__(self, pid: int, start_time: int, role: str) -> None:
+        self.pid = pid
+        self.start_time = start_time
+        self.role = role
+        self.fd: int | None = None
+        self.signals: list[str] = []
+        self.gone_at: float | None = None
+        self.exit_code: int | None = None
+        self.detail = ""
+        self.not_permitted = False
+
+    def open(self) -> bool:
+        """Pin the process with a pidfd; False when it is already gone or no longer this one."""
+        try:
+            self.fd = pidfd_open(self.pid)
+        except ProcessLookupError:
+            return False
+        # The pidfd names whatever held the pid at open time: check it is still our process.
+        return not self.check_gone()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def check_gone(self) -> bool:
+        """True (and remembered) once the process has exited; a zombie has exited."""
+        if self.gone_at is not None:
+            return True
+        st = procs.read_stat(self.pid)
+        if st is not None and st.start_time == self.start_time and st.state not in "ZX":
+            return False
+        if st is not None and st.start_time == self.start_time and st.ppid == os.getpid():
+            self._reap()
+        self.gone_at = time.monotonic()
+        return True
+
+    def _reap(self) -> None:
+        """Collect the exit status of our own child (a zombie of the agent must be reaped)."""
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == self.pid:
+            if os.WIFEXITED(status):
+                self.exit_code = os.WEXITSTATUS(status)
+            elif os.WIFSIGNALED(status):
+                self.exit_code = -os.WTERMSIG(status)
+
+    def send(self, sig: int) -> bool:
+        """Send ``sig``; False when the process turned out to be gone (nothing was sent)."""
+        if self.check_gone():
+            return False
+        try:
+            if self.fd is not None:
+                pidfd_send_signal(self.fd, sig)
+            else:
+                # No pidfd: the start time was re-checked just above, as close to the signal
+                # as user space can get.
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            self.check_gone()
+            return False
+        except PermissionError:  # a descendant that changed user (setuid): not ours to stop
+            self.not_permitted = True
+            return False
+        self.signals.append(signal.Signals(sig).name)
+        return True
+
+
+def _wait_gone(targets: Sequence[_Target], deadline: float) -> None:
+    """Wait until every target has exited or ``deadline`` (monotonic) passes."""
+    while True:
+        alive = [t for t in targets if not t.not_permitted and not t.check_gone()]
+        now = time.monotonic()
+        if not alive or now >= deadline:
+            return
+        with_fd = [t.fd for t in alive if t.fd is not None]
+        # Without a pidfd for every process, poll /proc at a fine interval; with them, the poll
+        # wakes at the exit and the cap only re-reads /proc now and then.
+        cap = _FALLBACK_POLL_S if len(with_fd) < len(alive) else 0.5
+        timeout = min(deadline - now, cap)
+        if with_fd:
+            poller = select.poll()
+            for fd in with_fd:
+                poller.register(fd, select.POLLIN)
+            poller.poll(max(timeout, 0.0) * 1000.0)
+        else:
+            time.sleep(timeout)  # no pidfd to wait on: poll /proc at a fine interval
+
+
+def _refuse(pid: int, detail: str) -> dict[str, Any]:
+    return {
+        "results": [
+            {
+                "pid": pid,
+                "role": "run",
+                "outcome": "refused",
+                "detail": detail,
+                "signals": [],
+                "exit": {"confirmed": False, "code": None, "after_s": None},
+            }
+        ]
+    }
+
+
+def check_identity(agent: Agent, ident: dict[str, Any]) -> str | None:
+    """Why the live process differs from ``ident`` (None when it is the same, or gone)."""
+    pid = ident["pid"]
+    if ident.get("boot_id") != agent.boot_id:
+        return f"refused: host rebooted (boot id {agent.boot_id}, listed {ident.get('boot_id')})"
+    if ident.get("uid") != os.getuid():
+        return (
+            f"refused: process of another user (uid {ident.get('uid')}; "
+            f"this agent runs as uid {os.getuid()})"
+        )
+    if pid in agent.lister.excluded() or pid <= 1:
+        return f"refused: pid {pid} is the agent or one of its ancestors"
+    return None
+
+
+def kill(agent: Agent, params: dict[str, Any]) -> dict[str, Any]:
+    """Stop the process named by ``identity`` and every descendant; report each with proof."""
+    ident = params["identity"]
+    pid = int(ident["pid"])
+    grace = float(params.get("grace", 10.0))
+    scripts = params.get("scripts") or list(procs.DEFAULT_SCRIPTS)
+    why = check_identity(agent, ident)
+    if why:
+        return _refuse(pid, why)
+    run = _Target(pid, int(ident["start_time"]), "run")
+    try:
+        if not run.open():
+            st = procs.read_stat(pid)
+            if st is not None and st.start_time != run.start_time:
+                return _refuse(
+                    pid,
+                    f"refused: PID reused (pid {pid} now started at tick {st.start_time}, "
+                    f"listed {run.start_time})",
+                )
+            return {"results": [_gone_result(run, "already gone: " + _gone_why(st))]}
+        live_argv = procs.read_argv(pid) or []
+        uid = procs.read_uid(pid)
+        if uid != ident.get("uid"):
+            return _refuse(pid, f"refused: owner changed (uid {uid}, listed {ident.get('uid')})")
+        want = list(ident.get("argv") or [])
+        if want not in (procs.mask_argv(live_argv), live_argv):
+            return _refuse(pid, "refused: argv changed (PID reused by another command?)")
+        if procs.script_index(live_argv, scripts) is None:
+            return _refuse(
+                pid, "refused: not a run (no argv element executes " + ", ".join(scripts) + ")"
+            )
+        return _kill_tree(run, grace)
+    finally:
+        run.close()
+
+
+def _gone_why(st: procs.Stat | None) -> str:
+    if st is not None and st.state in "ZX":
+        return "zombie (exited, not yet reaped by its parent); no signal sent"
+    return "no such process; no signal sent"
+
+
+def _gone_result(t: _Target, detail: str) -> dict[str, Any]:
+    return {
+        "pid": t.pid,
+        "role": t.role,
+        "outcome": "already-gone",
+        "detail": detail,
+        "signals": [],
+        "exit": {"confirmed": True, "code": t.exit_code, "after_s": None},
+    }
+
+
+def _collect_children(parents: Sequence[_Target], known: set[int]) -> list[_Target]:
+    table = procs.process_table()
+    found: list[_Target] = []
+    for parent in parents:
+        for kid in procs.descendants(table, parent.pid):
+            if kid in known:
+                continue
+            st = procs.read_stat(kid)
+            if st is None or st.state in "ZX":
+                continue
+            t = _Target(kid, st.start_time, "child")
+            if t.open():
+                found.append(t)
+                known.add(kid)
+            else:
+                t.close()
+    return found
+
+
+def _kill_tree(run: _Target, grace: float) -> dict[str, Any]:
+    # Collect the whole tree first: once the run dies its workers are re-parented and lost.
+    targets = [run, *_collect_children([run], {run.pid})]
+    try:
+        started = time.monotonic()
+        for t in targets:
+            if not t.send(signal.SIGTERM):
+                t.detail = "already gone; no signal sent"
+        _wait_gone(targets, started + max(grace, 0.0))
+        alive = [t for t in targets if not t.not_permitted and not t.check_gone()]
+        if alive:
+            # Workers forked during the grace period are killed too.
+            late = _collect_children(alive, {t.pid for t in targets})
+            targets.extend(late)
+            for t in [*alive, *late]:
+                t.send(signal.SIGKILL)
+            _wait_gone(targets, time.monotonic() + KILL_CONFIRM_S)
+        results = [_result(t, started) for t in targets]
+    finally:
+        for t in targets:
+            t.close()
+    return {"results": results}
+
+
+def _result(t: _Target, started: float) -> dict[str, Any]:
+    gone = t.check_gone()
+    after = round(t.gone_at - started, 4) if t.gone_at is not None and t.signals else None
+    if t.not_permitted and not gone:
+        outcome = "refused"
+        detail = "not permitted to signal it (another user's process)"
+    elif not t.signals:
+        outcome = "already-gone"
+        detail = t.detail or "already gone; no signal sent"
+    elif "SIGKILL" in t.signals:
+        outcome = "killed"
+        detail = (
+            "ignored SIGTERM; killed with SIGKILL"
+            if gone
+            else f"SIGKILL sent; exit NOT confirmed within {KILL_CONFIRM_S:.0f} s"
+        )
+    else:
+        outcome = "terminated"
+        detail = "exited after SIGTERM"
+    return {
+        "pid": t.pid,
+        "role": t.role,
+        "outcome": outcome,
+        "detail": detail,
+        "signals": list(t.signals),
+        "exit": {"confirmed": gone, "code": t.exit_code, "after_s": after},
+    }
+
+
+def probe(agent: Agent, params: dict[str, Any]) -> dict[str, Any]:
+    """Is the process named by ``identity`` still there? (How a dropped kill is reconciled.)"""
+    ident = params["identity"]
+    pid = int(ident["pid"])
+    if ident.get("boot_id") != agent.boot_id:
+        return {"state": "rebooted", "alive": False, "children": [], "detail": "host rebooted"}
+    st = procs.read_stat(pid)
+    if st is None:
+        return {"state": "gone", "alive": False, "children": [], "detail": "no such process"}
+    if st.start_time != ident.get("start_time"):
+        return {
+            "state": "gone",
+            "alive": False,
+            "children": [],
+            "detail": f"exited; pid {pid} reused by another process",
+        }
+    if st.state in "ZX":
+        return {"state": "zombie", "alive": False, "children": [], "detail": "exited (zombie)"}
+    table = procs.process_table()
+    return {
+        "state": "alive",
+        "alive": True,
+        "children": procs.descendants(table, pid),
+        "detail": "still running",
+    }
+
+
+# --------------------------------------------------------------------------- the agent
+
+
+class Agent:
+    """State kept across requests: the scanner, the process lister, the output lock."""
+
+    def __init__(self, out: IO[bytes] | None = None) -> None:
+        self.out = out
+        self.boot_id = procs.boot_id()
+        self.lister = procs.Lister()
+        self.write_lock = threading.Lock()
+        self.scan_lock = threading.Lock()
+        self.list_lock = threading.Lock()  # the lister keeps CPU times between calls
+        self.scanner: Any = None
+        self.scanner_error: str | None = None
+        self.ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "ping": self.ping,
+            "ps": self.ps,
+            "refresh": self.refresh,
+            "scan": self.scan,
+            "kill": lambda p: kill(self, p),
+            "probe": lambda p: probe(self, p),
+        }
+        try:
+            from supervisor import hostops
+        except ImportError:
+            hostops = None  # type: ignore[assignment]
+        if hostops is not None:
+            for name, fn in getattr(hostops, "OPS", {}).items():
+                self.ops.setdefault(name, fn)
+
+    # ------------------------------------------------------------ ops
+
+    def hello(self) -> dict[str, Any]:
+        return {
+            "hello": "runwatch-agent",
+            "protocol": PROTOCOL,
+            "boot_id": self.boot_id,
+            "python": platform.python_version(),
+            "executable": sys.executable,
+            "has_psutil": procs.HAS_PSUTIL,
+            "proc_source": "proc" if procs.uses_proc() else "psutil",
+            "has_nvidia_smi": procs.nvidia_smi() is not None,
+            "has_pidfd": has_pidfd(),
+            "has_scanner": self._get_scanner() is not None,
+            "uid": os.getuid(),
+            "user": procs.user_name(os.getuid()),
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "ops": sorted(self.ops),
+        }
+
+    def ping(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"pong": True, "time": time.time()}
+
+    def _list(self, params: dict[str, Any], with_gpu: bool) -> tuple[list[Any], Any]:
+        scripts = params.get("scripts") or list(procs.DEFAULT_SCRIPTS)
+        if not isinstance(scripts, list) or not all(isinstance(s, str) for s in scripts):
+            raise OpFailed("scripts: expected a list of strings", "bad-request")
+        gpu_pids, gpu = procs.query_gpu() if with_gpu else (None, None)
+        with self.list_lock:
+            found = self.lister.list_runs(scripts, bool(params.get("show_other_users")), gpu_pids)
+        return found, gpu
+
+    def ps(self, params: dict[str, Any]) -> dict[str, Any]:
+        found, gpu = self._list(params, bool(params.get("gpu", True)))
+        return {"time": time.time(), "boot_id": self.boot_id, "processes": found, "gpu": gpu}
+
+    def refresh(self, params: dict[str, Any]) -> dict[str, Any]:
+        found, gpu = self._list(params, bool(params.get("gpu", True)))
+        files = self._scan_files(params.get("files") or [])
+        return {
+            "time": time.time(),
+            "boot_id": self.boot_id,
+            "processes": found,
+            "files": files,
+            "gpu": gpu,
+        }
+
+    def scan(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"time": time.time(), "files": self._scan_files(params.get("files") or [])}
+
+    def _get_scanner(self) -> Any:
+        if self.scanner is None and self.scanner_error is None:
+            try:
+                from supervisor.scan import Scanner  # type: ignore[attr-defined,unused-ignore]
+
+                self.scanner = Scanner()
+            except Exception as e:  # the scanner module is missing or broken on this build
+                self.scanner_error = f"{type(e).__name__}: {e}"
+        return self.scanner
+
+    def _scan_files(self, specs: list[Any]) -> dict[str, Any]:
+        if not isinstance(specs, list):
+            raise OpFailed("files: expected a list", "bad-request")
+        out: dict[str, Any] = {}
+        with self.scan_lock:
+            scanner = self._get_scanner()
+            for spec in specs:
+                if not isinstance(spec, dict) or not isinstance(spec.get("path"), str):
+                    raise OpFailed("files: each entry needs a string 'path'", "bad-request")
+                path = spec["path"]
+                if scanner is None:
+                    out[path] = {
+                        "path": path,
+                        "state": "error",
+                        "error": f"no scanner: {self.scanner_error}",
+                    }
+                    continue
+                kwargs: dict[str, Any] = {}
+                for key, arg in (
+                    ("format", "fmt"),
+                    ("validate", "validate"),
+                    ("profile", "profile"),
+                    ("expected", "expected"),
+                    ("texts", "texts"),
+                ):
+                    if spec.get(key) is not None:
+                        kwargs[arg] = spec[key]
+                try:
+                    out[path] = scanner.scan(os.path.expanduser(path), **kwargs)
+                except Exception as e:  # one bad file never fails the whole refresh
+                    out[path] = {
+                        "path": path,
+                        "state": "error",
+                        "error": f"{type(e).__name__}: {e}",
+                    }
+        return out
+
+    # ------------------------------------------------------------ serving
+
+    def write(self, obj: dict[str, Any]) -> None:
+        line = (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
+        with self.write_lock:
+            if self.out is None:
+                return
+            try:
+                self.out.write(line)
+                self.out.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                self.out = None  # the laptop went away; finish quietly
+
+    def handle(self, rid: int, op: str, params: dict[str, Any]) -> None:
+        fn = self.ops.get(op)
+        if fn is None:
+            self.write(
+                {"id": rid, "ok": False, "error": f"unknown op {op!r}", "kind": "unknown-op"}
+            )
+            return
+        try:
+            result = fn(params)
+        except Exception as e:
+            kind = getattr(e, "kind", None)
+            if not isinstance(kind, str):
+                kind = (
+                    "bad-request"
+                    if isinstance(e, (KeyError, TypeError, ValueError))
+                    else "exception"
+                )
+            if kind == "exception":
+                traceback.print_exc(file=sys.stderr)
+            self.write({"id": rid, "ok": False, "error": f"{type(e).__name__}: {e}", "kind": kind})
+            return
+        self.write({"id": rid, "ok": True, "result": result})
+
+    def serve(self, inp: IO[bytes]) -> None:
+        """Answer requests until ``inp`` closes; then finish durable ops and return."""
+        durable: list[threading.Thread] = []
+        # A newline first ends any partial line a login banner left behind.
+        if self.out is not None:
+            with contextlib.suppress(OSError):
+                self.out.write(b"\n")
+        self.write({"id": 0, "ok": True, "result": self.hello()})
+        while True:
+            raw = inp.readline()
+            if not raw:
+                break
+            line = raw.strip()
+            if not line.startswith(b"{"):
+                continue
+            try:
+                msg = json.loads(line.decode("utf-8", "replace"))
+            except ValueError:
+                continue
+            if not isinstance(msg, dict):
+                continue
+            rid, op, params = msg.get("id"), msg.get("op"), msg.get("params")
+            if not isinstance(rid, int) or isinstance(rid, bool):
+                continue
+            if not isinstance(op, str) or not isinstance(params, (dict, type(None))):
+                self.write(
+                    {"id": rid, "ok": False, "error": "malformed request", "kind": "bad-request"}
+                )
+                continue
+            th = threading.Thread(
+                target=self.handle,
+                args=(rid, op, params or {}),
+                name=f"op-{op}-{rid}",
+                daemon=op not in DURABLE_OPS,
+            )
+            th.start()
+            if op in DURABLE_OPS:
+                durable = [t for t in durable if t.is_alive()]
+                durable.append(th)
+        for th in durable:
+            th.join()
+
+
+def main() -> None:
+    """Serve on stdin/stdout; stray prints of any module go to stderr, never into the protocol."""
+    out = sys.stdout.buffer
+    sys.stdout = sys.stderr
+    agent = Agent(out)
+    agent.serve(sys.stdin.buffer)
+    with contextlib.suppress(OSError):
+        out.flush()
+    os._exit(0)  # do not wait for daemon threads still reading a large file
+
+
+if __name__ == "__main__":  # pragma: no cover - the bundle calls main()
+    main()

@@ -1,0 +1,310 @@
+"""``runwatch ps`` and ``runwatch kill``: the runs on each host, and stopping one with proof.
+
+``status`` lives in ``supervisor.cli.status`` and is re-exported here for the command registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from supervisor.cli._common import config_option, get_config, json_option, print_json
+from supervisor.errors import KillRefused, RunwatchError, UsageError
+
+if TYPE_CHECKING:
+    from supervisor.config import Config, HostConfig
+    from supervisor.kill import KillReport
+    from supervisor.model import ProcessInfo
+
+try:
+    from supervisor.cli.status import status
+except ModuleNotFoundError as _e:  # pragma: no cover - a build without the status command
+    if _e.name != "supervisor.cli.status":
+        raise
+
+    @click.command()
+    def status() -> None:
+        """Show every host, run and dataset (not available in this build)."""
+        raise RunwatchError("status is not available in this build")
+
+
+__all__ = ["kill", "ps", "status"]
+
+
+# --------------------------------------------------------------------------- ps
+
+
+def process_json(p: ProcessInfo) -> dict[str, Any]:
+    """One process of ``ps --json``."""
+    import msgspec
+
+    return {
+        "pid": p.identity.pid,
+        "start_time": p.identity.start_time,
+        "boot_id": p.identity.boot_id,
+        "uid": p.identity.uid,
+        "user": p.user,
+        "argv": list(p.argv_masked or p.identity.argv),
+        "run": p.run,
+        "flags": msgspec.to_builtins(p.flags),
+        "children": list(p.children),
+        "gpu_memory_mb": p.gpu_memory_mb,
+        "cpu_percent": p.cpu_percent,
+        "rss_mb": p.rss_mb,
+        "uptime_s": p.uptime_s,
+        "state": p.state,
+        "cwd": p.cwd,
+        "killable": p.killable,
+    }
+
+
+async def _ps_host(config: Config, cfg: HostConfig) -> dict[str, Any]:
+    from supervisor.hosts import list_processes, make_host
+
+    entry: dict[str, Any] = {"name": cfg.name, "connected": False, "error": None, "processes": []}
+    try:
+        host = make_host(cfg)
+    except RunwatchError as e:
+        entry["error"] = e.message
+        return entry
+    try:
+        found = await asyncio.wait_for(
+            list_processes(host, config), cfg.connect_timeout + cfg.command_timeout
+        )
+        entry["connected"] = True
+        entry["processes"] = found
+    except RunwatchError as e:
+        entry["error"] = e.message
+    except asyncio.TimeoutError:
+        entry["error"] = (
+            f"{cfg.name}: no answer within {cfg.connect_timeout + cfg.command_timeout:g} s"
+        )
+    finally:
+        try:
+            await host.close()
+        except Exception as e:  # closing must not hide the answer already obtained
+            entry["error"] = entry["error"] or f"{cfg.name}: close failed: {e}"
+    return entry
+
+
+def _hosts_of(config: Config, host_name: str | None) -> list[HostConfig]:
+    if host_name is not None:
+        return [config.host(host_name)]
+    if not config.hosts:
+        raise UsageError(f"{config.path}: no hosts configured", "add a [[hosts]] entry")
+    return list(config.hosts)
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    if s >= 86400:
+        return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s"
+
+
+def _print_ps(entries: list[dict[str, Any]]) -> None:
+    for entry in entries:
+        procs: list[ProcessInfo] = entry["processes"]
+        if entry["error"]:
+            click.echo(f"{entry['name']}: unreachable: {entry['error']}")
+            continue
+        click.echo(f"{entry['name']}: {len(procs)} run(s)")
+        for p in procs:
+            flags = p.flags
+            gpu = f" gpu={p.gpu_memory_mb:.0f}MiB" if p.gpu_memory_mb is not None else ""
+            mark = "" if p.killable else " (other user)"
+            click.echo(
+                f"  pid {p.identity.pid:<7} {p.run or '(unconfigured)':<20} {p.user}{mark} "
+                f"up {_duration(p.uptime_s)} cpu {p.cpu_percent:.0f}% rss {p.rss_mb:.0f}MiB{gpu} "
+                f"children {len(p.children)} backend {flags.backend}"
+            )
+            details = []
+            if flags.datasets:
+                details.append("datasets " + ",".join(flags.datasets))
+            for label, value in (
+                ("max-samples", flags.max_samples),
+                ("token-budget", flags.token_budget),
+                ("concurrency", flags.concurrency),
+                ("model", flags.model),
+            ):
+                if value is not None:
+                    details.append(f"{label} {value}")
+            if flags.token_budget is None:
+                details.append("NO --token-budget")
+            click.echo("    " + "  ".join(details))
+            click.echo("    " + " ".join(p.argv_masked or p.identity.argv))
+
+
+@click.command()
+@config_option
+@click.option("--host", "host_name", default=None, help="Only this host.")
+@json_option
+def ps(config_path: str | None, host_name: str | None, as_json: bool) -> None:
+    """List the runs on every host: identity, owner, CPU, memory, GPU, children and flags."""
+    config = get_config(config_path)
+    targets = _hosts_of(config, host_name)
+
+    async def gather() -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(_ps_host(config, h) for h in targets)))
+
+    entries = asyncio.run(gather())
+    if as_json:
+        print_json(
+            {
+                "hosts": [
+                    {**e, "processes": [process_json(p) for p in e["processes"]]} for e in entries
+                ]
+            }
+        )
+    else:
+        _print_ps(entries)
+    if any(e["error"] for e in entries):
+        sys.exit(1)
+
+
+# --------------------------------------------------------------------------- kill
+
+
+def describe(host: str, p: ProcessInfo) -> str:
+    """The identity of a kill target, as the confirmation shows it."""
+    ident = p.identity
+    return (
+        f"host {host}  pid {ident.pid}  run {p.run or '(unconfigured)'}  user {p.user} "
+        f"(uid {ident.uid})\n"
+        f"  started at tick {ident.start_time} of boot {ident.boot_id[:8]}, up "
+        f"{_duration(p.uptime_s)}, {len(p.children)} descendant(s)\n"
+        f"  argv: {' '.join(p.argv_masked or ident.argv)}"
+    )
+
+
+def _targets(
+    config: Config, procs: list[ProcessInfo], run: str | None, pid: int | None, host: str
+) -> list[ProcessInfo]:
+    if run is not None:
+        found = [p for p in procs if p.run == run]
+        if not found:
+            raise RunwatchError(
+                f"run {run!r} is not running on {host} (no process matches its script and workdir)",
+                f"see `runwatch ps --host {host}`",
+            )
+        return found
+    found = [p for p in procs if p.identity.pid == pid]
+    if not found:
+        raise KillRefused(
+            f"pid {pid} on {host} is not a run (no listed process executes "
+            f"{', '.join(config.scripts)})",
+            f"see `runwatch ps --host {host}`",
+        )
+    return found
+
+
+async def _kill(
+    config: Config, cfg: HostConfig, run: str | None, pid: int | None, grace: float, yes: bool
+) -> list[KillReport]:
+    from supervisor.hosts import list_processes, make_host
+    from supervisor.kill import audit_kill, kill_or_reconcile
+
+    host = make_host(cfg)
+    try:
+        procs = await list_processes(host, config)
+        targets = _targets(config, procs, run, pid, cfg.name)
+        for p in targets:
+            if not p.killable:
+                raise KillRefused(
+                    f"pid {p.identity.pid} on {cfg.name} belongs to {p.user}: not killable",
+                    "runwatch only stops processes of the user it connects as",
+                )
+        if not yes:
+            for p in targets:
+                click.echo(describe(cfg.name, p), err=True)
+            if not click.confirm(
+                f"Stop {len(targets)} process(es) and their descendants (SIGTERM, then SIGKILL "
+                f"after {grace:g} s)?",
+                err=True,
+            ):
+                raise click.exceptions.Abort()
+        reports = []
+        for p in targets:
+            report = await kill_or_reconcile(host, p.identity, grace, config.scripts)
+            audit_kill(report, p.run)
+            reports.append(report)
+        return reports
+    finally:
+        await host.close()
+
+
+@click.command()
+@config_option
+@click.argument("run", required=False)
+@click.option("--host", "host_name", default=None, help="Host of --pid.")
+@click.option("--pid", type=int, default=None, help="PID of a run on --host.")
+@click.option(
+    "--grace", type=float, default=10.0, show_default=True, help="Seconds before SIGKILL."
+)
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+def kill(
+    config_path: str | None,
+    run: str | None,
+    host_name: str | None,
+    pid: int | None,
+    grace: float,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Stop RUN (or --host NAME --pid PID) and every descendant, and prove they are gone.
+
+    The process is named by its identity (boot id, pid, start time, uid, argv): the host refuses
+    when the PID was reused, the host rebooted or the owner differs. Exit status 0 only when
+    every targeted process is confirmed gone.
+    """
+    if (run is None) == (pid is None):
+        raise UsageError("name a RUN, or --host NAME --pid PID", "runwatch kill --help")
+    if pid is not None and host_name is None:
+        raise UsageError("--pid needs --host NAME")
+    if grace < 0:
+        raise UsageError("--grace must be >= 0")
+    if not yes and not sys.stdin.isatty():
+        raise UsageError(
+            "refusing to kill without confirmation: stdin is not a terminal",
+            "pass --yes to confirm on the command line",
+        )
+    config = get_config(config_path)
+    if run is not None:
+        run_cfg = config.run(run)
+        cfg = config.host(host_name or run_cfg.host)
+    else:
+        assert host_name is not None
+        cfg = config.host(host_name)
+    reports = asyncio.run(_kill(config, cfg, run, pid, grace, yes))
+    results = [r for rep in reports for r in rep.results]
+    if as_json:
+        print_json(
+            {
+                "results": [
+                    {
+                        "host": cfg.name,
+                        "pid": r.pid,
+                        "role": r.role,
+                        "outcome": r.outcome,
+                        "detail": r.detail,
+                        "confirmed": r.confirmed,
+                        "signals": r.signals,
+                        "exit_code": r.exit_code,
+                        "after_s": r.after_s,
+                    }
+                    for r in results
+                ]
+            }
+        )
+    else:
+        for r in results:
+            proof = "exit confirmed" if r.confirmed else "EXIT NOT CONFIRMED"
+            click.echo(f"{cfg.name} pid {r.pid} ({r.role}): {r.outcome} - {r.detail} [{proof}]")
+    if not all(rep.all_gone for rep in reports):
+        sys.exit(1)

@@ -1,0 +1,407 @@
+"""Hosts: one interface for this machine and for SSH hosts, both talking to the same agent.
+
+The agent (``supervisor/agent.py`` and the stdlib-only modules it needs) is started by a constant
+command, :func:`bootstrap_argv`, that reads the interpreter path as the first line of its stdin and
+then the agent itself as a length-prefixed blob (:func:`bundle_payload`). No value from the config
+or from the host ever becomes shell text: the python path is read by ``read -r`` into a variable
+and used quoted; everything else is data on stdin.
+
+``LocalHost`` runs that command as a local subprocess; ``supervisor.ssh.SSHHost`` runs it over an
+SSH channel. Both subclass :class:`AgentHost`, which owns the channel, the hello and reconnection
+on demand.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import os
+import shlex
+import sys
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import msgspec
+
+from supervisor.channel import AgentChannel, LineReader, LineWriter
+from supervisor.errors import ConfigError, HostError
+from supervisor.model import ProcessInfo
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from supervisor.config import Config, HostConfig
+
+BUNDLE_MODULES = ("formats", "processes", "scan", "hostops", "agent")
+"""Modules of ``supervisor`` shipped to the host (those that exist), all standard-library only."""
+
+# Python inside the bootstrap: no quote, ``$``, backslash, backtick or ``!`` (csh history), so the
+# command reads the same under sh, bash, dash, zsh, csh and fish login shells.
+_LOADER = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"
+_BOOTSTRAP_SCRIPT = 'IFS= read -r py; exec "$py" -c "' + _LOADER + '"'
+
+_STAGE2 = """\
+import sys
+if sys.path and sys.path[0] in ("", "."):
+    del sys.path[0]  # never import from the login directory
+import importlib.abc
+import importlib.util
+
+_SOURCES = %s
+
+
+class _BundleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name in _SOURCES:
+            return importlib.util.spec_from_loader(name, self, is_package=name == "supervisor")
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        name = module.__name__
+        code = compile(_SOURCES[name], "<runwatch>/" + name.replace(".", "/") + ".py", "exec")
+        exec(code, module.__dict__)
+
+
+sys.meta_path.insert(0, _BundleFinder())
+import supervisor.agent
+
+supervisor.agent.main()
+"""
+
+
+def bootstrap_argv() -> list[str]:
+    """The constant command that starts the agent on a host (the same for every host)."""
+    return ["sh", "-c", _BOOTSTRAP_SCRIPT]
+
+
+def bootstrap_command() -> str:
+    """:func:`bootstrap_argv` as one string for an SSH exec request (constant, quoted once)."""
+    return shlex.join(bootstrap_argv())
+
+
+def bundle_sources() -> dict[str, str]:
+    """Dotted module name -> source of every module of the bundle."""
+    here = Path(__file__).parent
+    sources = {"supervisor": '"""runwatch agent bundle."""\n'}
+    for name in BUNDLE_MODULES:
+        path = here / f"{name}.py"
+        if path.exists():
+            sources[f"supervisor.{name}"] = path.read_text(encoding="utf-8")
+    return sources
+
+
+def bundle_payload(python: str) -> bytes:
+    """Everything to write to the bootstrap's stdin before the first request.
+
+    The interpreter path (one line), then the length of the agent bundle and the bundle itself.
+    """
+    if not python or any(c in python for c in "\n\r\0"):
+        raise ConfigError(
+            f"python: not an interpreter path: {python!r}",
+            "set hosts[].python to the path or name of Python >= 3.8 on the host",
+        )
+    stage2 = (_STAGE2 % repr(bundle_sources())).encode("utf-8")
+    return python.encode("utf-8") + b"\n" + str(len(stage2)).encode() + b"\n" + stage2
+
+
+# --------------------------------------------------------------------------- the interface
+
+
+@runtime_checkable
+class Host(Protocol):
+    """A machine runwatch watches, reached through its agent (LocalHost, SSHHost)."""
+
+    name: str
+    cfg: HostConfig
+    hello: dict[str, Any] | None
+    """The agent's hello (boot_id, python, has_psutil, uid, user...) once connected."""
+
+    @property
+    def connected(self) -> bool:
+        """True while the agent channel is up."""
+        ...
+
+    async def connect(self) -> dict[str, Any]:
+        """Start the agent (if not running) and return its hello."""
+        ...
+
+    async def request(
+        self, op: str, params: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """One agent request. Raises HostError, AgentError or OutcomeUnknown."""
+        ...
+
+    async def close(self) -> None:
+        """Stop the agent and drop the connection."""
+        ...
+
+
+class AgentHost(abc.ABC):
+    """A host whose transport carries the bootstrap command's stdin/stdout.
+
+    Subclasses implement :meth:`_open_transport` (start ``bootstrap_argv()`` and return its
+    stdout reader, stdin writer and a diagnostics callable) and :meth:`_close_transport`.
+    ``request`` connects on demand, so a host that dropped reconnects at its next request.
+    """
+
+    def __init__(self, cfg: HostConfig, python: str | None = None) -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        self.python = python or cfg.python
+        self.hello: dict[str, Any] | None = None
+        self._channel: AgentChannel | None = None
+        self._connect_lock: asyncio.Lock | None = None
+
+    @abc.abstractmethod
+    async def _open_transport(self) -> tuple[LineReader, LineWriter, Callable[[], str]]:
+        """Start the bootstrap command; return (stdout reader, stdin writer, diagnostics)."""
+
+    @abc.abstractmethod
+    async def _close_transport(self) -> None:
+        """Close stdin (the agent then exits) and release the transport."""
+
+    def _hello_timeout(self) -> float:
+        return self.cfg.connect_timeout + self.cfg.command_timeout
+
+    @property
+    def connected(self) -> bool:
+        return self._channel is not None and self._channel.connected
+
+    async def __aenter__(self) -> AgentHost:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> dict[str, Any]:
+        if self._connect_lock is None:
+            self._connect_lock = asyncio.Lock()
+        async with self._connect_lock:
+            if self._channel is not None and self._channel.connected and self.hello is not None:
+                return self.hello
+            await self._drop()
+            reader, writer, diag = await self._open_transport()
+            channel = AgentChannel(reader, writer, name=self.name, diagnostics=diag)
+            try:
+                writer.write(bundle_payload(self.python))
+                await writer.drain()
+                hello = await channel.start(self._hello_timeout())
+            except (ConnectionError, OSError) as e:
+                await channel.close()
+                await self._close_transport()
+                raise HostError(f"{self.name}: could not start the agent: {e}", diag()) from None
+            except BaseException:
+                await channel.close()
+                await self._close_transport()
+                raise
+            self._channel = channel
+            self.hello = hello
+            return hello
+
+    async def request(
+        self, op: str, params: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> dict[str, Any]:
+        if not self.connected:
+            await self.connect()
+        assert self._channel is not None
+        bound = self.cfg.command_timeout if timeout is None else timeout
+        return await self._channel.request(op, params, bound)
+
+    async def _drop(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+            await self._close_transport()
+
+    async def close(self) -> None:
+        if self._connect_lock is None:
+            self._connect_lock = asyncio.Lock()
+        async with self._connect_lock:
+            if self._channel is not None:
+                await self._channel.close()
+                self._channel = None
+            await self._close_transport()
+
+
+class LocalHost(AgentHost):
+    """This machine: the agent runs as a local subprocess of the same bootstrap command.
+
+    The interpreter is ``cfg.python`` unless that is left at its default (``python3``), in which
+    case it is this Python (``sys.executable``). ``env`` replaces the agent's environment.
+    """
+
+    CLOSE_TIMEOUT = 15.0
+    """Seconds ``close`` waits for the agent to finish an in-flight kill before killing it."""
+
+    def __init__(
+        self,
+        cfg: HostConfig,
+        python: str | None = None,
+        env: Mapping[str, str] | None = None,
+        argv: list[str] | None = None,
+    ) -> None:
+        if python is None and cfg.python == "python3":
+            python = sys.executable
+        super().__init__(cfg, python)
+        self._env = dict(env) if env is not None else None
+        self._argv = argv or bootstrap_argv()
+        self.proc: asyncio.subprocess.Process | None = None
+        self._stderr: deque[bytes] = deque(maxlen=64)
+        self._stderr_task: asyncio.Task[None] | None = None
+
+    async def _open_transport(self) -> tuple[LineReader, LineWriter, Callable[[], str]]:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self._argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self._env,
+                limit=1 << 28,  # a refresh reply is one line; it may be large
+                start_new_session=True,  # a Ctrl-C in the terminal is not the agent's to handle
+            )
+        except OSError as e:
+            raise HostError(f"{self.name}: cannot start the agent: {e}") from None
+        self.proc = proc
+        self._stderr.clear()
+        assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
+        self._stderr_task = asyncio.get_running_loop().create_task(self._drain_stderr(proc))
+        return proc.stdout, proc.stdin, self._stderr_text
+
+    async def _drain_stderr(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr is not None
+        while True:
+            chunk = await proc.stderr.read(4096)
+            if not chunk:
+                return
+            self._stderr.append(chunk)
+
+    def _stderr_text(self) -> str:
+        text = b"".join(self._stderr).decode("utf-8", "replace").strip()
+        return ("agent stderr: " + text[-1500:]) if text else ""
+
+    async def _close_transport(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            proc.stdin.close()
+            with contextlib.suppress(ConnectionError, OSError):
+                await proc.stdin.wait_closed()
+        try:
+            await asyncio.wait_for(proc.wait(), self.CLOSE_TIMEOUT)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        if self._stderr_task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._stderr_task, 1.0)
+            self._stderr_task = None
+
+    @property
+    def agent_pid(self) -> int | None:
+        """The pid of the agent process while it runs."""
+        return self.proc.pid if self.proc is not None else None
+
+
+def make_host(cfg: HostConfig) -> Host:
+    """LocalHost for ``local = true``, else SSHHost (asyncssh is only imported then)."""
+    if cfg.local:
+        return LocalHost(cfg)
+    try:
+        from supervisor.ssh import SSHHost  # type: ignore[import-not-found,unused-ignore]
+    except ModuleNotFoundError as e:
+        if e.name != "supervisor.ssh":
+            raise
+        raise HostError(f"{cfg.name}: SSH hosts are not supported by this build") from None
+    host: Host = SSHHost(cfg)
+    return host
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def process_infos(result: Mapping[str, Any]) -> list[ProcessInfo]:
+    """The ``processes`` of a ``ps``/``refresh`` reply as model structs."""
+    try:
+        return msgspec.convert(result.get("processes") or [], list[ProcessInfo], strict=False)
+    except msgspec.ValidationError as e:
+        raise HostError(f"the agent sent a malformed process list: {e}") from None
+
+
+def ps_params(config: Config, cfg: HostConfig) -> dict[str, Any]:
+    """Parameters of the ``ps`` op for a host of ``config``."""
+    return {"scripts": list(config.scripts), "show_other_users": cfg.show_other_users}
+
+
+async def list_processes(host: Host, config: Config) -> list[ProcessInfo]:
+    """The runs on ``host``, each matched to the config run it is (``run``) when one fits."""
+    result = await host.request("ps", ps_params(config, host.cfg))
+    found = process_infos(result)
+    for p in found:
+        p.run = match_run(p, config, host.name)
+    return found
+
+
+def _norm(path: str) -> str:
+    return os.path.normpath(path) if path else path
+
+
+def _same_dir(seen: str, configured: str) -> bool:
+    """``seen`` (absolute, from the host) is ``configured`` (maybe ``~/...``, from the config)."""
+    seen, configured = _norm(seen), _norm(configured)
+    if configured.startswith("~"):
+        # The laptop cannot expand the host's ``~``: compare what follows it.
+        tail = configured[1:].lstrip("/")
+        return bool(tail) and seen.endswith("/" + tail)
+    return seen == configured
+
+
+def match_run(proc: ProcessInfo, config: Config, host_name: str) -> str | None:
+    """The name of the config run ``proc`` is, or None.
+
+    A run of the same host matches when the process executes the same script and either runs in
+    the run's workdir or writes to the run's output directory (resolved against each one's
+    working directory). Datasets only break ties: the same dataset names in another directory
+    are another run.
+    """
+    from supervisor.processes import script_index
+
+    argv = list(proc.identity.argv)
+    idx = script_index(argv, config.scripts)
+    script = os.path.basename(argv[idx]) if idx is not None else None
+    best: tuple[int, str] | None = None
+    for run in config.runs:
+        if run.host != host_name:
+            continue
+        ridx = script_index(run.argv, config.scripts)
+        if ridx is None or os.path.basename(run.argv[ridx]) != script or proc.cwd is None:
+            continue
+        score = 0
+        if _same_dir(proc.cwd, run.workdir):
+            score += 2
+        out = proc.flags.output_dir
+        if out is not None:
+            seen_out = out if os.path.isabs(out) else os.path.join(proc.cwd, out)
+            run_out = (
+                run.output_dir
+                if os.path.isabs(run.output_dir) or run.output_dir.startswith("~")
+                else os.path.join(run.workdir, run.output_dir)
+            )
+            if _same_dir(seen_out, run_out):
+                score += 2
+        if score == 0:
+            continue
+        datasets = config.run_datasets(run)
+        if datasets and sorted(datasets) == sorted(proc.flags.datasets):
+            score += 1
+        if best is None or score > best[0]:
+            best = (score, run.name)
+    return best[1] if best else None

@@ -1,0 +1,195 @@
+"""The laptop side of a kill: send it by identity, and reconcile when its outcome is unknown.
+
+The agent does the work (see ``supervisor.agent.kill``): it refuses when the identity does not
+name the live process, signals the tree TERM then KILL, and confirms every exit. Because a kill
+names an identity it is idempotent: sending it again can never hit another process. Still, a kill
+whose reply was lost (the connection dropped) is never repeated blindly: :func:`reconcile` asks the
+host whether that identity is gone or still alive, and the caller decides.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+
+from supervisor.errors import AgentError, HostError, OutcomeUnknown
+from supervisor.model import Identity
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from supervisor.hosts import Host
+
+Outcome = Literal["terminated", "killed", "already-gone", "refused"]
+GONE_OUTCOMES = frozenset(("terminated", "killed", "already-gone"))
+KILL_CONFIRM_S = 5.0
+"""The agent waits this long for the exit after SIGKILL (``supervisor.agent.KILL_CONFIRM_S``)."""
+
+
+class KillResult(msgspec.Struct, kw_only=True):
+    """What happened to one process of a kill (the run or one of its descendants)."""
+
+    pid: int
+    outcome: Outcome
+    detail: str
+    role: Literal["run", "child"] = "run"
+    signals: list[str] = []
+    """Signals actually sent (``SIGTERM``, ``SIGKILL``); empty for already-gone and refused."""
+    confirmed: bool = False
+    """True when the exit was observed (the process is gone or a zombie)."""
+    exit_code: int | None = None
+    """Exit status when the agent could collect it (its own children only)."""
+    after_s: float | None = None
+    """Seconds from the first signal to the observed exit."""
+
+    @property
+    def gone(self) -> bool:
+        return self.outcome in GONE_OUTCOMES and self.confirmed
+
+
+class KillReport(msgspec.Struct, kw_only=True):
+    """The answer to one kill: a result per process."""
+
+    host: str
+    identity: Identity
+    results: list[KillResult] = []
+    reconciled: bool = False
+    """True when the kill's reply was lost and the results come from re-checking the host."""
+
+    @property
+    def all_gone(self) -> bool:
+        """Every targeted process is confirmed gone (what exit status 0 means)."""
+        return bool(self.results) and all(r.gone for r in self.results)
+
+    @property
+    def refused(self) -> bool:
+        return any(r.outcome == "refused" for r in self.results)
+
+
+class Reconciliation(msgspec.Struct, kw_only=True):
+    """What re-checking an identity found."""
+
+    state: Literal["alive", "gone", "zombie", "rebooted"]
+    alive: bool
+    detail: str
+    children: list[int] = []
+    """Live descendants, when the process is alive."""
+
+
+def identity_params(identity: Identity) -> dict[str, Any]:
+    return {
+        "boot_id": identity.boot_id,
+        "pid": identity.pid,
+        "start_time": identity.start_time,
+        "uid": identity.uid,
+        "argv": list(identity.argv),
+    }
+
+
+def _results(host: Host, raw: Any) -> list[KillResult]:
+    out: list[KillResult] = []
+    if not isinstance(raw, list):
+        raise AgentError(f"{host.name}: kill reply without results")
+    for item in raw:
+        exit_info = item.get("exit") or {}
+        try:
+            out.append(
+                KillResult(
+                    pid=int(item["pid"]),
+                    outcome=item["outcome"],
+                    detail=str(item.get("detail") or ""),
+                    role=item.get("role", "run"),
+                    signals=list(item.get("signals") or []),
+                    confirmed=bool(exit_info.get("confirmed")),
+                    exit_code=exit_info.get("code"),
+                    after_s=exit_info.get("after_s"),
+                )
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise AgentError(f"{host.name}: malformed kill result {item!r}: {e}") from None
+        if out[-1].outcome not in ("terminated", "killed", "already-gone", "refused"):
+            raise AgentError(f"{host.name}: unknown kill outcome {out[-1].outcome!r}")
+    return out
+
+
+async def kill(
+    host: Host,
+    identity: Identity,
+    grace: float = 10.0,
+    scripts: Sequence[str] | None = None,
+) -> KillReport:
+    """Kill the process named by ``identity`` and its descendants on ``host``.
+
+    Returns the report (refusals included: check ``report.refused`` / ``report.all_gone``).
+    Raises OutcomeUnknown when the reply was lost: call :func:`reconcile`, never repeat blindly.
+    """
+    params: dict[str, Any] = {"identity": identity_params(identity), "grace": float(grace)}
+    if scripts:
+        params["scripts"] = list(scripts)
+    timeout = float(grace) + KILL_CONFIRM_S + host.cfg.command_timeout
+    result = await host.request("kill", params, timeout=timeout)
+    return KillReport(
+        host=host.name, identity=identity, results=_results(host, result.get("results"))
+    )
+
+
+async def reconcile(host: Host, identity: Identity, timeout: float | None = None) -> Reconciliation:
+    """Re-check ``identity`` on ``host`` (reconnecting if needed): gone, or still alive?"""
+    try:
+        result = await host.request("probe", {"identity": identity_params(identity)}, timeout)
+    except OutcomeUnknown as e:  # pragma: no cover - probe does not act
+        raise HostError(e.message) from None
+    try:
+        return msgspec.convert(result, Reconciliation, strict=False)
+    except msgspec.ValidationError as e:
+        raise AgentError(f"{host.name}: malformed probe reply: {e}") from None
+
+
+async def kill_or_reconcile(
+    host: Host,
+    identity: Identity,
+    grace: float = 10.0,
+    scripts: Sequence[str] | None = None,
+) -> KillReport:
+    """:func:`kill`; when its outcome is unknown, reconcile instead of repeating it.
+
+    A reconciled report has ``reconciled=True``: the run is ``already-gone`` (confirmed by the
+    re-check) or OutcomeUnknown is raised again saying it is still alive.
+    """
+    try:
+        return await kill(host, identity, grace, scripts)
+    except OutcomeUnknown as lost:
+        state = await reconcile(host, identity)
+        if state.alive:
+            raise OutcomeUnknown(
+                f"{host.name}: the kill of pid {identity.pid} was sent but its reply was lost, "
+                f"and the process is still running ({lost.message})",
+                "run the kill again: it names the identity, so it cannot hit another process",
+            ) from None
+        result = KillResult(
+            pid=identity.pid,
+            outcome="already-gone",
+            detail=f"reply lost; re-checked after reconnect: {state.detail}",
+            confirmed=True,
+        )
+        return KillReport(host=host.name, identity=identity, results=[result], reconciled=True)
+
+
+def audit_kill(report: KillReport, run: str | None = None) -> dict[str, Any]:
+    """Append ``report`` to the audit log (action ``kill``); front ends call this once per kill."""
+    from supervisor import audit
+
+    return audit.record(
+        "kill",
+        host=report.host,
+        run=run,
+        ok=report.all_gone,
+        identity=identity_params(report.identity),
+        argv=list(report.identity.argv),
+        steps=[
+            {"name": f"pid {r.pid} ({r.role})", "ok": r.gone, "detail": f"{r.outcome}: {r.detail}"}
+            for r in report.results
+        ],
+        reconciled=report.reconciled,
+    )

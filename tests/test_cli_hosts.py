@@ -1,0 +1,142 @@
+"""``runwatch ps`` and ``runwatch kill`` end to end: the real CLI, agent and processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures_procs import FakeRun, FakeRuns, alive, gone
+
+
+def write_config(path: Path, workdir: str) -> Path:
+    path.write_text(
+        f"""
+scripts = ["run_inference.py"]
+
+[[hosts]]
+name = "local"
+local = true
+
+[[runs]]
+name = "eagle3"
+host = "local"
+workdir = "{workdir}"
+argv = ["python3", "run_inference.py", "--datasets", "B1,B2", "--output-dir", "out"]
+"""
+    )
+    return path
+
+
+@pytest.fixture(autouse=True)
+def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The audit log of these tests goes to a temporary state directory."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state
+
+
+def runwatch(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def start_run(fake_runs: FakeRuns, *extra: str, **kw: object) -> FakeRun:
+    return fake_runs.start("--datasets", "B1,B2", "--output-dir", "out", *extra, **kw)  # type: ignore[arg-type]
+
+
+def test_ps_json_lists_the_run_matched_to_the_config(fake_runs: FakeRuns, tmp_path: Path) -> None:
+    run = start_run(fake_runs, "--api-key", "sk-test-0123456789abcdefghij", children=1)
+    config = write_config(tmp_path / "rw.toml", os.path.dirname(run.argv[1]))
+    out = runwatch("ps", "-c", str(config), "--json")
+    assert out.returncode == 0, out.stderr
+    assert "sk-test-0123456789abcdefghij" not in out.stdout
+    doc = json.loads(out.stdout)
+    (host,) = doc["hosts"]
+    assert host["name"] == "local" and host["connected"] is True and host["error"] is None
+    procs = {p["pid"]: p for p in host["processes"]}
+    p = procs[run.pid]
+    assert p["run"] == "eagle3"
+    assert p["start_time"] == run.start_time
+    assert p["uid"] == os.getuid()
+    assert p["children"] == run.children
+    assert p["flags"]["datasets"] == ["B1", "B2"]
+    assert "***" in p["argv"]
+    for key in ("user", "gpu_memory_mb", "cpu_percent", "rss_mb", "killable"):
+        assert key in p
+    text = runwatch("ps", "-c", str(config), "--host", "local")
+    assert text.returncode == 0
+    assert f"pid {run.pid}" in text.stdout and "eagle3" in text.stdout
+    assert "NO --token-budget" in text.stdout
+
+
+def test_kill_refuses_without_a_terminal_or_yes(fake_runs: FakeRuns, tmp_path: Path) -> None:
+    run = start_run(fake_runs)
+    config = write_config(tmp_path / "rw.toml", os.path.dirname(run.argv[1]))
+    out = runwatch("kill", "eagle3", "-c", str(config))
+    assert out.returncode == 2
+    assert "--yes" in out.stderr
+    assert alive(run.pid, run.start_time)
+
+
+def test_kill_run_by_name_stops_it_and_proves_it(
+    fake_runs: FakeRuns, tmp_path: Path, state_home: Path
+) -> None:
+    run = start_run(fake_runs, ignore_term=True, children=2, child_ignore_term=True)
+    config = write_config(tmp_path / "rw.toml", os.path.dirname(run.argv[1]))
+    out = runwatch("kill", "eagle3", "-c", str(config), "--yes", "--grace", "0.2", "--json")
+    assert out.returncode == 0, out.stderr
+    results = {r["pid"]: r for r in json.loads(out.stdout)["results"]}
+    assert set(results) == {run.pid, *run.children}
+    assert all(r["outcome"] == "killed" and r["confirmed"] for r in results.values())
+    assert gone(run.pid, run.start_time)
+    (entry,) = [json.loads(line) for line in (state_home / "runwatch/audit.jsonl").open()]
+    assert entry["action"] == "kill" and entry["run"] == "eagle3" and entry["ok"] is True
+    assert entry["identity"]["pid"] == run.pid
+    # Again: nothing of the run is left to target.
+    again = runwatch("kill", "eagle3", "-c", str(config), "--yes")
+    assert again.returncode == 1
+    assert "not running" in again.stderr
+
+
+def test_kill_by_pid_refuses_a_decoy_and_other_targets(fake_runs: FakeRuns, tmp_path: Path) -> None:
+    run = start_run(fake_runs)
+    config = write_config(tmp_path / "rw.toml", os.path.dirname(run.argv[1]))
+    decoy = fake_runs.decoy(["tail", "-f", "/dev/null", "run_inference.py"])
+    out = runwatch("kill", "-c", str(config), "--host", "local", "--pid", str(decoy.pid), "--yes")
+    assert out.returncode == 1
+    assert "not a run" in out.stderr
+    assert decoy.poll() is None
+    usage = runwatch("kill", "-c", str(config), "--pid", str(run.pid), "--yes")
+    assert usage.returncode == 2 and "--host" in usage.stderr
+    both = runwatch("kill", "eagle3", "-c", str(config), "--host", "local", "--pid", "1")
+    assert both.returncode == 2
+
+
+def test_kill_by_pid_after_confirmation(fake_runs: FakeRuns, tmp_path: Path) -> None:
+    """With a terminal the identity is shown and a "n" answer leaves the run alone."""
+    run = start_run(fake_runs)
+    config = write_config(tmp_path / "rw.toml", os.path.dirname(run.argv[1]))
+    script = (
+        "import pty, sys; sys.exit(pty.spawn([sys.executable, '-m', 'supervisor.cli', "
+        f"'kill', '-c', {str(config)!r}, '--host', 'local', '--pid', '{run.pid}']))"
+    )
+    no = subprocess.run(
+        [sys.executable, "-c", script], input="n\n", capture_output=True, text=True, timeout=60
+    )
+    assert f"pid {run.pid}" in no.stdout and "start" in no.stdout
+    assert alive(run.pid, run.start_time)
+    yes = subprocess.run(
+        [sys.executable, "-c", script], input="y\n", capture_output=True, text=True, timeout=60
+    )
+    assert "terminated" in yes.stdout, yes.stdout
+    assert gone(run.pid, run.start_time)
