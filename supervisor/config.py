@@ -54,6 +54,9 @@ class HostConfig(_Section):
     """known_hosts file to verify the host key against (default ``~/.ssh/known_hosts``)."""
     identity_files: list[str] = []
     """Private keys to offer, in addition to those of ``~/.ssh/config`` and the SSH agent."""
+    ssh_config: str | None = None
+    """OpenSSH client config file to read (aliases, User, Port, IdentityFile, ProxyJump...).
+    Default ``~/.ssh/config``."""
     insecure_skip_host_key_check: bool = False
     """Do NOT verify the host key. Explicit opt-in; runwatch warns every time it connects."""
     show_other_users: bool = False

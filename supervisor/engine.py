@@ -1,0 +1,488 @@
+"""The engine: every configured host polled concurrently, one ``model.Snapshot`` per refresh.
+
+Each refresh sends ONE ``refresh`` request per host (processes and every dataset file of every run
+on that host, in one round trip), matches the processes to the configured runs and builds the
+datasets' numbers with ``supervisor.rates`` (one tracker per dataset, kept across refreshes).
+
+One host never stalls the others: each host's refresh is bounded by its own connect and command
+timeouts. A host that fails keeps its last values, marked stale, and is retried with exponential
+backoff (1 s, 2 s, 4 s ... up to ``MAX_BACKOFF_S``); between retries the refresh answers at once
+with the stale values.
+
+The TUI and every CLI command use only this class (``Engine``) and ``run_once``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import posixpath
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import msgspec
+
+from supervisor import processes, rates
+from supervisor.config import Config, HostConfig, RunConfig
+from supervisor.errors import ConfigError, HostError, RunwatchError
+from supervisor.hosts import Host, make_host
+from supervisor.kill import KillReport, kill_or_reconcile
+from supervisor.model import (
+    DatasetView,
+    HostView,
+    Identity,
+    ProcessInfo,
+    RunFlags,
+    RunState,
+    RunView,
+    Snapshot,
+)
+
+MAX_BACKOFF_S = 30.0
+"""Longest wait between reconnection attempts to a failing host."""
+
+T = TypeVar("T")
+
+
+@dataclass
+class _HostState:
+    view: HostView
+    failures: int = 0
+    next_try: float = 0.0
+    discovered: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def dataset_path(run: RunConfig, dataset: str, local: bool) -> str:
+    """``<workdir>/<output_dir>/<dataset>/<data_file>`` as seen on the run's host."""
+    workdir = os.path.expanduser(run.workdir) if local else run.workdir
+    out = os.path.expanduser(run.output_dir) if local else run.output_dir
+    return posixpath.normpath(posixpath.join(workdir, out, dataset, run.data_file))
+
+
+class Engine:
+    """Polls every configured host; see the module docstring."""
+
+    def __init__(self, config: Config, hosts: dict[str, Host] | None = None) -> None:
+        self.config = config
+        self._hosts: dict[str, Host] = dict(hosts or {})
+        for hc in config.hosts:
+            if hc.name not in self._hosts:
+                self._hosts[hc.name] = make_host(hc)
+        # Before the first answer a host shows its configured runs, state unknown.
+        self._state: dict[str, _HostState] = {
+            hc.name: _HostState(
+                view=HostView(
+                    name=hc.name,
+                    runs=[
+                        RunView(name=r.name, host=hc.name, state="unknown")
+                        for r in self._runs_of(hc.name)
+                    ],
+                )
+            )
+            for hc in config.hosts
+        }
+        self._trackers = rates.Trackers()
+        self._tokenizer: Any = None
+        self.last: Snapshot | None = None
+        self._inflight: asyncio.Future[Snapshot] | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    def host(self, name: str) -> Host:
+        """The Host (``supervisor.hosts`` interface) named ``name``."""
+        try:
+            return self._hosts[name]
+        except KeyError:
+            known = ", ".join(self._hosts) or "none"
+            raise RunwatchError(f"no host named {name!r} (hosts: {known})") from None
+
+    async def refresh(self) -> Snapshot:
+        """Poll all hosts concurrently and build a Snapshot.
+
+        Calls that overlap share one refresh (rates need one observation per refresh, and a
+        host is asked once however many front ends ask)."""
+        if self._inflight is None or self._inflight.done():
+            self._inflight = asyncio.ensure_future(self._refresh_all())
+        return await asyncio.shield(self._inflight)
+
+    async def _refresh_all(self) -> Snapshot:
+        names = [hc.name for hc in self.config.hosts]
+        views = await asyncio.gather(*(self._refresh_host(n) for n in names))
+        snap = Snapshot(time=time.time(), hosts=list(views))
+        self.last = snap
+        return snap
+
+    async def kill(self, host: str, identity: Identity, grace: float = 10.0) -> KillReport:
+        """Stop the process named by ``identity`` on ``host`` (see ``supervisor.kill``)."""
+        return await kill_or_reconcile(self.host(host), identity, grace, self.config.scripts)
+
+    async def check_run(self, run_name: str) -> list[dict[str, Any]]:
+        """Scan every dataset file of a run with full validation; returns the scan results."""
+        run = self.config.run(run_name)
+        hc = self.config.host(run.host)
+        files = [{**spec, "validate": "all"} for spec in self._file_specs(run, hc)]
+        h = self.host(run.host)
+        timeout = max(hc.command_timeout, 300.0)
+        result = await h.request("scan", {"files": files}, timeout=timeout)
+        scanned: dict[str, dict[str, Any]] = result.get("files", {})
+        return [scanned.get(f["path"], {"path": f["path"], "state": "error"}) for f in files]
+
+    async def aclose(self) -> None:
+        """Close every host (a refresh still running is cancelled)."""
+        if self._inflight is not None and not self._inflight.done():
+            self._inflight.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RunwatchError):
+                await self._inflight
+        await asyncio.gather(*(self._close(h) for h in self._hosts.values()))
+
+    async def __aenter__(self) -> Engine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------ per host
+
+    @staticmethod
+    async def _close(host: Host) -> None:
+        with contextlib.suppress(asyncio.TimeoutError, OSError, RunwatchError):
+            await asyncio.wait_for(host.close(), 5.0)
+
+    def _file_specs(self, run: RunConfig, hc: HostConfig) -> list[dict[str, Any]]:
+        specs = []
+        profile = self.config.formats.get(run.format)
+        for ds in self.config.run_datasets(run):
+            spec: dict[str, Any] = {
+                "path": dataset_path(run, ds, hc.local),
+                "format": run.format,
+                "validate": "sample",
+            }
+            if profile is not None:
+                spec["profile"] = msgspec.to_builtins(profile)
+            specs.append(spec)
+        return specs
+
+    def _prompt_specs(self, run: RunConfig, hc: HostConfig) -> dict[str, dict[str, Any]]:
+        """Dataset -> scan spec of its prompts file (its line count bounds the samples)."""
+        specs = {}
+        for ds in self.config.run_datasets(run):
+            ds_cfg = self.config.datasets.get(ds)
+            if ds_cfg is None or not ds_cfg.prompts:
+                continue
+            workdir = os.path.expanduser(run.workdir) if hc.local else run.workdir
+            prompts = os.path.expanduser(ds_cfg.prompts) if hc.local else ds_cfg.prompts
+            path = posixpath.normpath(posixpath.join(workdir, prompts))
+            specs[ds] = {"path": path, "validate": "sample", "texts": False}
+        return specs
+
+    def _runs_of(self, host_name: str) -> list[RunConfig]:
+        return [r for r in self.config.runs if r.host == host_name]
+
+    async def _refresh_host(self, name: str) -> HostView:
+        hc = self.config.host(name)
+        state = self._state[name]
+        host = self._hosts[name]
+        now = time.monotonic()
+        if not host.connected and now < state.next_try:
+            return self._stale(
+                state, state.view.error or "disconnected", retry_in=state.next_try - now
+            )
+        runs = self._runs_of(name)
+        files = [spec for run in runs for spec in self._file_specs(run, hc)]
+        files += [spec for run in runs for spec in self._prompt_specs(run, hc).values()]
+        files += list(state.discovered.values())
+        params = {
+            "scripts": list(self.config.scripts),
+            "show_other_users": hc.show_other_users,
+            "files": files,
+        }
+        bound = hc.connect_timeout + hc.command_timeout + 5.0
+        try:
+            result, rtt = await asyncio.wait_for(self._ask(host, params, hc, runs), bound)
+        except asyncio.TimeoutError:
+            return self._failed(state, f"{name}: no answer within {bound:g}s")
+        except RunwatchError as e:
+            return self._failed(state, e.message)
+        except (OSError, EOFError) as e:
+            return self._failed(state, f"{name}: {e}")
+        state.failures = 0
+        state.next_try = 0.0
+        view = self._build_view(hc, runs, result, rtt)
+        state.view = view
+        return view
+
+    async def _ask(
+        self, host: Host, params: dict[str, Any], hc: HostConfig, runs: list[RunConfig]
+    ) -> tuple[dict[str, Any], float]:
+        """The host's refresh reply and its round-trip time (connecting first when needed).
+
+        Datasets of a run that is not in the config are known only once its process is listed:
+        the first time one appears they are scanned at once with one more request."""
+        if not host.connected:
+            await host.connect()
+        started = time.monotonic()
+        result = await host.request("refresh", params, timeout=hc.command_timeout)
+        rtt = time.monotonic() - started
+        scanned = result.setdefault("files", {})
+        new = []
+        for raw in result.get("processes", []):
+            p = msgspec.convert(raw, ProcessInfo)
+            if self._match(hc, runs, p) is not None:
+                continue
+            for ds in p.flags.datasets:
+                path = _process_dataset_path(p, ds)
+                if path is not None and path not in scanned:
+                    new.append({"path": path, "format": "raw", "validate": "sample"})
+        if new:
+            extra = await host.request("scan", {"files": new}, timeout=hc.command_timeout)
+            scanned.update(extra.get("files", {}))
+        return result, rtt
+
+    def _failed(self, state: _HostState, message: str) -> HostView:
+        state.failures += 1
+        delay = min(MAX_BACKOFF_S, 2.0 ** (state.failures - 1))
+        state.next_try = time.monotonic() + delay
+        return self._stale(state, message, retry_in=delay)
+
+    def _stale(self, state: _HostState, message: str, retry_in: float) -> HostView:
+        last = state.view
+        view = msgspec.structs.replace(
+            last,
+            connected=False,
+            stale=last.last_ok is not None,
+            error=message,
+            runs=[
+                msgspec.structs.replace(r, state="unknown" if r.state == "running" else r.state)
+                for r in last.runs
+            ],
+        )
+        state.view = view
+        return view
+
+    # ------------------------------------------------------------------ building the view
+
+    def _build_view(
+        self, hc: HostConfig, runs: list[RunConfig], result: dict[str, Any], rtt: float
+    ) -> HostView:
+        procs = [msgspec.convert(p, ProcessInfo) for p in result.get("processes", [])]
+        scanned: dict[str, dict[str, Any]] = result.get("files", {})
+        taken: set[int] = set()
+        run_views: list[RunView] = []
+        by_run: dict[str, ProcessInfo] = {}
+        for p in procs:
+            p.run = self._match(hc, runs, p)
+            if p.run is not None and p.run not in by_run:
+                by_run[p.run] = p
+        for run in runs:
+            proc = by_run.get(run.name)
+            if proc is not None:
+                taken.add(proc.identity.pid)
+            flags = proc.flags if proc is not None else _config_flags(run, self.config.scripts)
+            datasets = []
+            for ds, spec in zip(
+                self.config.run_datasets(run), self._file_specs(run, hc), strict=True
+            ):
+                scan = scanned.get(
+                    spec["path"], {"path": spec["path"], "state": "error", "error": "not scanned"}
+                )
+                prompt_spec = self._prompt_specs(run, hc).get(ds)
+                prompts = _line_count(scanned.get(prompt_spec["path"])) if prompt_spec else None
+                datasets.append(
+                    self._dataset_view(hc.name, run, ds, scan, flags, proc, prompts=prompts)
+                )
+            state: RunState
+            if proc is None:
+                state = "stopped"
+            elif proc.state.startswith("Z"):
+                state = "zombie"
+            else:
+                state = "running"
+            run_views.append(
+                RunView(name=run.name, host=hc.name, state=state, process=proc, datasets=datasets)
+            )
+        discovered: dict[str, dict[str, Any]] = {}
+        for proc in procs:
+            if proc.identity.pid in taken:
+                continue
+            name = f"{_script_name(proc, self.config.scripts)} (pid {proc.identity.pid})"
+            dsv = []
+            for ds in proc.flags.datasets:
+                path = _process_dataset_path(proc, ds)
+                if path is None:
+                    continue
+                discovered[path] = {"path": path, "format": "raw", "validate": "sample"}
+                found = scanned.get(path)
+                if found is None:
+                    continue
+                pseudo = RunConfig(
+                    name=name, host=hc.name, workdir=proc.cwd or "/", argv=list(proc.argv_masked)
+                )
+                dsv.append(self._dataset_view(hc.name, pseudo, ds, found, proc.flags, proc))
+            run_views.append(
+                RunView(
+                    name=name,
+                    host=hc.name,
+                    state="zombie" if proc.state.startswith("Z") else "running",
+                    process=proc,
+                    datasets=dsv,
+                    configured=False,
+                )
+            )
+        self._state[hc.name].discovered = discovered
+        return HostView(
+            name=hc.name,
+            connected=True,
+            stale=False,
+            error=None,
+            rtt_ms=round(rtt * 1000.0, 2),
+            last_ok=time.time(),
+            has_gpu=result.get("gpu") is not None,
+            runs=run_views,
+            processes=procs,
+        )
+
+    def _match(self, hc: HostConfig, runs: list[RunConfig], p: ProcessInfo) -> str | None:
+        """The configured run ``p`` is: the same script, running in the run's workdir or writing
+        to the run's output directory (both resolved to absolute paths). Ties go to the run whose
+        argv after the script and datasets are the same too."""
+        argv = list(p.identity.argv)
+        idx = processes.script_index(argv, self.config.scripts)
+        if idx is None or p.cwd is None:
+            return None
+        script = posixpath.basename(argv[idx])
+        cwd = posixpath.normpath(p.cwd)
+        proc_out = posixpath.normpath(posixpath.join(cwd, p.flags.output_dir or "."))
+        best: tuple[int, str] | None = None
+        for run in runs:
+            ridx = processes.script_index(run.argv, self.config.scripts)
+            if ridx is None or posixpath.basename(run.argv[ridx]) != script:
+                continue
+            workdir = os.path.expanduser(run.workdir) if hc.local else run.workdir
+            run_out = posixpath.join(workdir, run.output_dir)
+            score = 0
+            if _same_path(cwd, workdir):
+                score += 2
+            if p.flags.output_dir is not None and _same_path(proc_out, run_out):
+                score += 2
+            if score == 0:
+                continue
+            if argv[idx + 1 :] == processes.mask_argv(run.argv[ridx + 1 :]):
+                score += 1
+            if sorted(p.flags.datasets) == sorted(self.config.run_datasets(run)):
+                score += 1
+            if best is None or score > best[0]:
+                best = (score, run.name)
+        return best[1] if best else None
+
+    def _dataset_view(
+        self,
+        host: str,
+        run: RunConfig,
+        dataset: str,
+        scan: dict[str, Any],
+        flags: RunFlags,
+        proc: ProcessInfo | None,
+        prompts: int | None = None,
+    ) -> DatasetView:
+        endpoint = self.config.endpoint(run.endpoint) if run.endpoint is not None else None
+        tracker = self._trackers.get((host, str(scan.get("path") or dataset)))
+        counter = self._count_texts if scan.get("texts") else None
+        problem = None
+        if counter is not None:
+            try:
+                self._tokenizer_ready()
+            except RunwatchError as e:
+                counter, problem = None, e.message
+        view = rates.build_dataset_view(
+            scan,
+            self.config.datasets.get(dataset),
+            flags,
+            tracker,
+            rates.CostInfo.from_endpoint(endpoint),
+            proc is not None and not proc.state.startswith("Z"),
+            time.time(),
+            name=dataset,
+            stall_seconds=run.stall_seconds,
+            prompts=prompts,
+            count_texts=counter,
+        )
+        if problem is not None and view.error is None:
+            view.error = f"tokens not counted: {problem}"
+        return view
+
+    def _tokenizer_ready(self) -> None:
+        if self._tokenizer is not None:
+            return
+        if self.config.tokenizer is None:
+            raise ConfigError(
+                "this format counts tokens with a tokenizer, but none is configured",
+                "set tokenizer = DIR (a local tokenizer directory) in the config",
+            )
+        from supervisor.tokens import load_tokenizer
+
+        self._tokenizer = load_tokenizer(
+            self.config.tokenizer, trust_remote_code=self.config.trust_remote_code
+        )
+
+    def _count_texts(self, texts: list[str]) -> int:
+        """Tokens of texts handed back by a scan (formats counted with the tokenizer)."""
+        from supervisor.tokens import count_tokens
+
+        self._tokenizer_ready()
+        return sum(count_tokens(self._tokenizer, texts))
+
+
+def _line_count(scan: dict[str, Any] | None) -> int | None:
+    if scan is None or scan.get("state") != "ok":
+        return None
+    lines = scan.get("lines")
+    return int(lines) if isinstance(lines, int) else None
+
+
+def _same_path(actual: str, configured: str) -> bool:
+    """``actual`` (absolute, from the host) is ``configured``; a ``~/x`` path of a remote host
+    matches any ``.../x`` (the remote home is not known here)."""
+    want = posixpath.normpath(configured)
+    if want.startswith("~"):
+        tail = want[1:].lstrip("/")
+        return bool(tail) and posixpath.normpath(actual).endswith("/" + tail)
+    return posixpath.normpath(actual) == want
+
+
+def _config_flags(run: RunConfig, scripts: list[str]) -> RunFlags:
+    idx = processes.script_index(run.argv, scripts)
+    raw = processes.parse_flags(run.argv, idx if idx is not None else 0)
+    return msgspec.convert(raw, RunFlags)
+
+
+def _script_name(proc: ProcessInfo, scripts: list[str]) -> str:
+    argv = list(proc.identity.argv)
+    idx = processes.script_index(argv, scripts)
+    return posixpath.basename(argv[idx]) if idx is not None else (argv[0] if argv else "?")
+
+
+def _process_dataset_path(proc: ProcessInfo, dataset: str) -> str | None:
+    if not proc.cwd or not dataset or "/" in dataset or dataset in (".", ".."):
+        return None
+    out = proc.flags.output_dir or "out"
+    return posixpath.normpath(posixpath.join(proc.cwd, out, dataset, "raw_responses.jsonl"))
+
+
+async def run_once(config: Config, action: Callable[[Engine], Awaitable[T]]) -> T:
+    """Open an Engine, run ``action`` on it, close it (for CLI commands)."""
+    engine = Engine(config)
+    try:
+        return await action(engine)
+    finally:
+        await engine.aclose()
+
+
+def run_sync(config: Config, action: Callable[[Engine], Awaitable[T]]) -> T:
+    """``asyncio.run(run_once(config, action))``."""
+    return asyncio.run(run_once(config, action))
+
+
+__all__ = ["MAX_BACKOFF_S", "Engine", "HostError", "dataset_path", "run_once", "run_sync"]
