@@ -90,6 +90,9 @@ class Projection(msgspec.Struct, kw_only=True):
     waste_cost_usd: float | None = None
     message: str | None = None
     """One line for humans: ``10.7 M / 10 M, +14 M projected over 7 h - no --token-budget``."""
+    etas: dict[str, float] = {}
+    """Seconds until each stop condition is reached (``max_samples``, ``token_budget``,
+    ``prompts``), and until the config budget is passed (``budget``), where a rate is known."""
 
 
 class DatasetView(msgspec.Struct, kw_only=True):

@@ -1,0 +1,351 @@
+"""``runwatch scan`` and ``runwatch check``: dataset files, counted and checked, without a config.
+
+``scan PATH...`` counts records, distinct ids, tokens, finish reasons and bad lines of JSONL files
+(a directory means its ``raw_responses.jsonl`` and those of its subdirectories, else its ``*.jsonl``
+files). ``check PATH|RUN`` validates every record and exits 0 only when every file is in the
+expected format with no bad line and no torn last line; otherwise it lists each problem and exits 1.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from supervisor.cli._common import config_option, get_config, json_option, print_json
+from supervisor.errors import UsageError
+
+DATA_FILE = "raw_responses.jsonl"
+COMPANION_WORDS = ("error", "skipped")
+"""Files beside a dataset that hold failed or skipped prompts (SpecForge), not records."""
+JSON_KEYS = (
+    "path",
+    "state",
+    "error",
+    "format",
+    "expected",
+    "verdict",
+    "verdict_detail",
+    "records",
+    "unique_ids",
+    "duplicates",
+    "prompt_tokens",
+    "completion_tokens",
+    "token_source",
+    "finish_reasons",
+    "bad_lines",
+    "bad_lines_total",
+    "partial_tail_bytes",
+    "size",
+    "finished",
+    "companions",
+)
+
+
+def find_files(paths: tuple[str, ...] | list[str]) -> list[str]:
+    """Files to scan for each PATH: a file as given; a directory's dataset files."""
+    out: list[str] = []
+    for p in paths:
+        path = Path(p)
+        if not path.is_dir():
+            out.append(p)
+            continue
+        found = sorted(path.glob(DATA_FILE)) + sorted(path.glob(f"*/{DATA_FILE}"))
+        if not found:
+            found = [
+                f
+                for f in sorted(path.glob("*.jsonl")) + sorted(path.glob("*/*.jsonl"))
+                if not any(w in f.name for w in COMPANION_WORDS)
+            ]
+        if not found:
+            raise UsageError(
+                f"{p}: no dataset files found",
+                f"expected {DATA_FILE} in it or in its subdirectories, or *.jsonl files",
+            )
+        out.extend(str(f) for f in found)
+    return out
+
+
+def _profile_for(fmt: str | None, config_path: str | None) -> dict[str, Any] | None:
+    """A user format from the config, when NAME is not built in."""
+    from supervisor.formats import BUILTIN_FORMATS
+
+    if fmt is None or fmt in BUILTIN_FORMATS:
+        return None
+    import msgspec
+
+    config = get_config(config_path)
+    if fmt not in config.formats:
+        known = ", ".join([*BUILTIN_FORMATS, *config.formats])
+        raise UsageError(f"unknown format {fmt!r}", f"known formats: {known}")
+    profile: dict[str, Any] = msgspec.to_builtins(config.formats[fmt])
+    return profile
+
+
+PROGRESS_MIN_BYTES = 64 << 20
+"""Scans shorter than this show no progress (they finish before anyone would look)."""
+
+
+class _Progress:
+    """``scanning PATH  45%`` on stderr, redrawn in place, only when stderr is a terminal."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.enabled = sys.stderr.isatty()
+        self.last = 0.0
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total < PROGRESS_MIN_BYTES:
+            return
+        now = time.monotonic()
+        if now - self.last < 0.2:
+            return
+        self.last = now
+        self.shown = True
+        sys.stderr.write(f"\rscanning {self.path}  {100 * done // max(total, 1):3d}%")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def scan_paths(
+    files: list[str],
+    fmt: str | None,
+    validate: str,
+    profile: dict[str, Any] | None,
+    tokenizer: Any = None,
+    texts: bool = True,
+) -> list[dict[str, Any]]:
+    """Cold-scan each file to its end; tokenizer formats are counted with ``tokenizer``."""
+    from supervisor.scan import Scanner
+
+    scanner = Scanner()
+    results = []
+    for path in files:
+        progress = _Progress(path)
+        extra = 0
+        try:
+            while True:
+                r = scanner.scan(
+                    path, fmt, validate=validate, profile=profile, texts=texts, progress=progress
+                )
+                if tokenizer is not None and r["texts"]:
+                    from supervisor.tokens import count_tokens
+
+                    extra += sum(count_tokens(tokenizer, r["texts"]))
+                if not r.get("texts_more"):
+                    break
+        finally:
+            progress.close()
+        if r.get("token_source") == "tokenizer":
+            r["completion_tokens"] = extra if tokenizer is not None else None
+        results.append(r)
+    return results
+
+
+# --------------------------------------------------------------------------- text output
+
+
+def human(n: int | None) -> str:
+    """``2,912`` below a million, ``10.7 M`` above; ``-`` for unknown."""
+    if n is None:
+        return "-"
+    if abs(n) >= 1_000_000:
+        from supervisor.rates import human_count
+
+        return human_count(n)
+    return f"{n:,}"
+
+
+def _records(n: int) -> str:
+    return f"{human(n)} record{'' if n == 1 else 's'}"
+
+
+def _describe(r: dict[str, Any]) -> list[str]:
+    head = f"{r['path']}  "
+    if r["state"] != "ok":
+        return [head + f"{r['state']}: {r.get('error') or ''}".rstrip(": ")]
+    lines = [head + f"{r.get('format') or 'unknown format'}  {r['verdict']}"]
+    counts = f"  {_records(r['records'])}"
+    if r["unique_ids"] != r["records"] or r["duplicates"]:
+        counts += f" ({human(r['unique_ids'])} distinct ids, {human(r['duplicates'])} duplicates)"
+    if r["completion_tokens"] is None:
+        counts += " · completion tokens not counted (pass --tokenizer DIR)"
+    else:
+        counts += f" · {human(r['completion_tokens'])} completion tokens"
+    if r["prompt_tokens"]:
+        counts += f" · {human(r['prompt_tokens'])} prompt tokens"
+    lines.append(counts)
+    if r["finish_reasons"]:
+        items = sorted(r["finish_reasons"].items(), key=lambda kv: -kv[1])
+        lines.append("  finish: " + " · ".join(f"{k} {human(v)}" for k, v in items))
+    if r.get("verdict_detail") and r["verdict"] != "corrupt":  # corrupt: the bad lines below
+        lines.append(f"  {r['verdict_detail']}")
+    for b in r["bad_lines"][:5]:
+        lines.append(f"  bad line {b['line']:,} (offset {b['offset']:,}): {b['reason']}")
+    more = r.get("bad_lines_total", 0) - min(5, len(r["bad_lines"]))
+    if more > 0:
+        lines.append(f"  ... and {more:,} more bad lines")
+    if r["partial_tail_bytes"]:
+        lines.append(f"  partial last line: {r['partial_tail_bytes']:,} bytes (not counted)")
+    if r.get("finished"):
+        lines.append("  finished marker present")
+    for c in r.get("companions") or ():
+        lines.append(f"  beside it: {Path(c['path']).name}  {human(c['lines'])} {c['kind']} lines")
+    return lines
+
+
+def _json_file(r: dict[str, Any]) -> dict[str, Any]:
+    return {k: r.get(k) for k in JSON_KEYS}
+
+
+@click.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--format", "fmt", default=None, help="Format the files hold (default: detect).")
+@click.option(
+    "--tokenizer",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Local tokenizer directory, for formats whose tokens must be counted.",
+)
+@click.option(
+    "--validate",
+    type=click.Choice(["sample", "all"]),
+    default="sample",
+    show_default=True,
+    help="Fully validate a sample of records, or every record.",
+)
+@config_option
+@json_option
+def scan(
+    paths: tuple[str, ...],
+    fmt: str | None,
+    tokenizer: str | None,
+    validate: str,
+    config_path: str | None,
+    as_json: bool,
+) -> None:
+    """Count records, ids, tokens and bad lines of dataset files (no config needed)."""
+    files = find_files(paths)
+    profile = _profile_for(fmt, config_path)
+    tok = None
+    if tokenizer is not None:
+        from supervisor.tokens import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+    results = scan_paths(files, fmt, validate, profile, tok, texts=tok is not None)
+    if as_json:
+        print_json({"files": [_json_file(r) for r in results]})
+        return
+    for i, r in enumerate(results):
+        if i:
+            click.echo("")
+        click.echo("\n".join(_describe(r)))
+
+
+# --------------------------------------------------------------------------- check
+
+
+def problems_of(r: dict[str, Any], missing_ok: bool = False) -> list[str]:
+    """What stops a file from passing ``check`` (empty: it passes)."""
+    out: list[str] = []
+    if r.get("state", "ok") != "ok":
+        if r.get("state") == "missing" and missing_ok:
+            return []
+        return [f"{r.get('state')}: {r.get('error') or 'not scanned'}"]
+    verdict = r.get("verdict")
+    if verdict not in ("current", "empty", "corrupt"):
+        # The bad lines get their own problem below.
+        detail = re.sub(r"; \d+ bad lines?, first at .*$", "", r.get("verdict_detail") or "")
+        out.append(f"format {verdict}: {detail}".rstrip(": "))
+    total = r.get("bad_lines_total", len(r.get("bad_lines") or ()))
+    if total:
+        first = (r.get("bad_lines") or [{}])[0]
+        out.append(
+            f"{total:,} bad line{'s' if total != 1 else ''}, first at line "
+            f"{first.get('line', 0):,} (offset {first.get('offset', 0):,}): {first.get('reason')}"
+        )
+    if r.get("partial_tail_bytes"):
+        out.append(
+            f"partial last line ({r['partial_tail_bytes']:,} bytes): a writer is mid-line, or "
+            "the file was torn and needs repair before resuming"
+        )
+    return out
+
+
+@click.command()
+@click.argument("target")
+@click.option(
+    "--format", "fmt", default=None, help="Format expected (default: detect / the run's)."
+)
+@config_option
+@json_option
+def check(target: str, fmt: str | None, config_path: str | None, as_json: bool) -> None:
+    """Validate every record of PATH (file or directory) or of every dataset of RUN.
+
+    Exit 0 only when every file is in the expected format with no bad line; else list each
+    problem and exit 1. A RUN's datasets that do not exist yet are not problems.
+    """
+    if Path(target).exists() or "/" in target or target.endswith(".jsonl"):
+        files = find_files([target])
+        profile = _profile_for(fmt, config_path)
+        results = scan_paths(files, fmt, "all", profile, texts=False)
+        missing_ok = False
+    else:
+        results = _check_run(target, config_path, fmt)
+        missing_ok = True
+    report = []
+    ok = True
+    for r in results:
+        problems = problems_of(r, missing_ok)
+        ok = ok and not problems
+        report.append((r, problems))
+    if as_json:
+        print_json({"ok": ok, "files": [{**_json_file(r), "problems": p} for r, p in report]})
+    else:
+        for r, p in report:
+            records = r.get("records", 0)
+            where = r.get("path")
+            if not p:
+                state = "not started" if r.get("state") == "missing" else r.get("verdict")
+                click.echo(
+                    f"ok    {where}  {r.get('format') or '-'} {state}, {human(records)} records"
+                )
+            else:
+                click.echo(f"FAIL  {where}")
+                for line in p:
+                    click.echo(f"      - {line}")
+        click.echo("all files pass" if ok else "check failed")
+    # sys.exit, not ctx.exit: the entry point runs click with standalone_mode=False, where a
+    # click Exit is returned rather than raised.
+    sys.exit(0 if ok else 1)
+
+
+def _check_run(run_name: str, config_path: str | None, fmt: str | None) -> list[dict[str, Any]]:
+    import asyncio
+
+    config = get_config(config_path)
+    run = config.run(run_name)  # ConfigError naming the known runs
+    if fmt is not None and fmt != run.format:
+        raise UsageError(
+            f"run {run_name} writes format {run.format!r}; --format {fmt} does not apply",
+            "drop --format, or check the files by PATH",
+        )
+    from supervisor.engine import Engine
+
+    async def go() -> list[dict[str, Any]]:
+        engine = Engine(config)
+        try:
+            return await engine.check_run(run_name)
+        finally:
+            await engine.aclose()
+
+    return asyncio.run(go())

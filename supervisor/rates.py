@@ -1,0 +1,437 @@
+"""Rates, stop-condition ETAs, the over-budget projection and stalls, from successive scans.
+
+Laptop side and pure: every function takes the time (``now``, Unix seconds) as an argument, so
+results are deterministic and testable.
+
+Stable API (the engine calls it once per dataset per refresh)::
+
+    trackers = Trackers()                        # keep for the life of the engine
+    tracker = trackers.get((host, path))         # one RateTracker per dataset file
+    view = build_dataset_view(
+        scan,          # dict: the scanner's result for the dataset file (supervisor.scan)
+        dataset,       # config.DatasetConfig | None: token budget and samples wanted, prompts
+        flags,         # model.RunFlags | None: the run's real stop flags (--max-samples...)
+        tracker,       # RateTracker: history of this file; fed by this call
+        cost,          # CostInfo | None: USD per M output tokens and/or GPU USD per hour
+        writer_alive,  # bool: a live process writes this file (projection and stall need it)
+        now,           # float: time of the refresh
+        name=None,            # dataset name (default: the file's directory name)
+        stall_seconds=300.0,  # RunConfig.stall_seconds
+        prompts=None,         # number of prompts of the dataset (bounds the samples), if known
+        count_texts=None,     # Callable[[list[str]], int]: tokenizer for tokenizer formats
+    ) -> model.DatasetView
+
+Definitions:
+
+* progress counts distinct ids (``unique_ids``; ``records`` when a format has no id), so a
+  duplicate response never moves a dataset closer to ``--max-samples``;
+* tokens are completion tokens: the scan's ``completion_tokens`` plus, for formats counted with a
+  tokenizer, the tokens of the texts the scans handed back (``count_texts``), accumulated in the
+  tracker and dropped whenever the scanner starts a new stream (a rescan);
+* rates are over the last minute, the last 10 minutes and everything this tracker has seen,
+  measured from the newest observation at least that old (the oldest kept while the window is
+  filling); ``None`` until two observations at least 1 s apart exist;
+* projections use the 10-minute rate, else the 1-minute one, else the whole-run one;
+* the run's stop conditions are its ``--max-samples`` (else the dataset's ``max_samples``), its
+  ``--token-budget`` (never the config budget: a run without the flag does not stop at it), and
+  the prompts running out. ``Projection.stop_reason`` is the first of them to come;
+* the budget is the dataset's ``token_budget`` (else the run's ``--token-budget``). Past it without
+  ``--token-budget`` in the run, everything the run still makes is waste: ``waste_tokens`` is what
+  is already over plus what it will make before it stops, ``waste_cost_usd`` its price at the
+  endpoint's output price, else at the GPU cost per hour over the time it takes;
+* a dataset is stalled when its file has not grown for ``stall_seconds`` while its writer is alive.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, get_args
+
+import msgspec
+
+from supervisor.config import DatasetConfig, EndpointConfig
+from supervisor.model import DatasetView, Projection, Rates, RunFlags, Verdict
+
+WINDOW_1M = 60.0
+WINDOW_10M = 600.0
+MIN_SPAN = 1.0
+"""Observations closer than this give no rate (avoids dividing noise by nothing)."""
+HISTORY_POINTS = 60
+
+
+class CostInfo(msgspec.Struct, kw_only=True, frozen=True):
+    """What output costs where the run sends its requests."""
+
+    price_out_per_m: float | None = None
+    """USD per million completion tokens (API endpoints)."""
+    gpu_cost_per_hour: float | None = None
+    """USD per hour of the GPUs behind a local endpoint."""
+
+    @classmethod
+    def from_endpoint(cls, endpoint: EndpointConfig | None) -> CostInfo | None:
+        if endpoint is None:
+            return None
+        return cls(
+            price_out_per_m=endpoint.price_out_per_m, gpu_cost_per_hour=endpoint.gpu_cost_per_hour
+        )
+
+
+class _Sample(msgspec.Struct, frozen=True):
+    t: float
+    records: int
+    tokens: int
+
+
+class RateTracker:
+    """The history of one dataset file: observations, text-token tally and last growth."""
+
+    def __init__(self) -> None:
+        self._samples: deque[_Sample] = deque()
+        self._first: _Sample | None = None
+        self._stream: str | None = None
+        self._text_tokens = 0
+        self._text_stream: str | None = None
+        self._size: int | None = None
+        self._last_growth: float | None = None
+
+    # ------------------------------------------------------------------ feeding
+
+    def add_text_tokens(self, stream: str | None, tokens: int) -> None:
+        """Add tokenizer counts of texts from a scan of ``stream`` (a new stream restarts)."""
+        if stream != self._text_stream:
+            self._text_stream = stream
+            self._text_tokens = 0
+        self._text_tokens += tokens
+
+    def text_tokens(self, stream: str | None) -> int:
+        return self._text_tokens if stream == self._text_stream else 0
+
+    def observe(
+        self,
+        now: float,
+        records: int,
+        tokens: int,
+        size: int | None = None,
+        stream: str | None = None,
+    ) -> None:
+        """Record the counts seen at ``now``. A new stream or a count going down restarts."""
+        last = self._samples[-1] if self._samples else None
+        if (stream is not None and stream != self._stream) or (
+            last is not None and (records < last.records or tokens < last.tokens)
+        ):
+            self._samples.clear()
+            self._first = None
+            last = None
+        self._stream = stream
+        grew = (
+            self._last_growth is None
+            or (size is not None and self._size is not None and size != self._size)
+            or (last is not None and (records > last.records or tokens > last.tokens))
+        )
+        if grew:
+            self._last_growth = now
+        self._size = size
+        sample = _Sample(now, records, tokens)
+        if last is not None and now <= last.t:
+            self._samples[-1] = _Sample(last.t, records, tokens)
+        else:
+            self._samples.append(sample)
+        if self._first is None:
+            self._first = sample
+        # Keep one observation older than the 10-minute window so the window is always covered.
+        while len(self._samples) > 2 and self._samples[1].t <= now - WINDOW_10M:
+            self._samples.popleft()
+
+    # ------------------------------------------------------------------ reading
+
+    def rate(self, window: float | None, now: float) -> tuple[float | None, float | None]:
+        """``(records/s, tokens/s)`` over the last ``window`` seconds (None: since the start)."""
+        if not self._samples:
+            return None, None
+        latest = self._samples[-1]
+        base = self._first
+        if window is not None:
+            # The newest observation at least `window` old covers the window; before the window
+            # has filled, the oldest one kept.
+            base = self._samples[0]
+            for s in self._samples:
+                if s.t > now - window:
+                    break
+                base = s
+        if base is None:
+            return None, None
+        span = latest.t - base.t
+        if span < MIN_SPAN:
+            return None, None
+        return (latest.records - base.records) / span, (latest.tokens - base.tokens) / span
+
+    def rates(self, now: float) -> Rates:
+        r1, t1 = self.rate(WINDOW_1M, now)
+        r10, t10 = self.rate(WINDOW_10M, now)
+        ra, ta = self.rate(None, now)
+        return Rates(
+            req_per_s_1m=r1,
+            req_per_s_10m=r10,
+            req_per_s_all=ra,
+            tok_per_s_1m=t1,
+            tok_per_s_10m=t10,
+            tok_per_s_all=ta,
+        )
+
+    def since_growth(self, now: float) -> float:
+        """Seconds since the file last grew (0 before the first observation)."""
+        return 0.0 if self._last_growth is None else max(0.0, now - self._last_growth)
+
+    def history(self) -> list[float]:
+        """Tokens/s between successive observations of the last 10 minutes, oldest first."""
+        out: list[float] = []
+        for a, b in itertools.pairwise(self._samples):
+            if b.t - a.t > 0:
+                out.append((b.tokens - a.tokens) / (b.t - a.t))
+        return out[-HISTORY_POINTS:]
+
+
+class Trackers:
+    """One :class:`RateTracker` per key (e.g. ``(host, path)``), created on first use."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[Hashable, RateTracker] = {}
+
+    def get(self, key: Hashable) -> RateTracker:
+        tracker = self._by_key.get(key)
+        if tracker is None:
+            tracker = self._by_key[key] = RateTracker()
+        return tracker
+
+    def drop(self, key: Hashable) -> None:
+        self._by_key.pop(key, None)
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def human_count(n: float) -> str:
+    """``10.7 M``, ``14 M``, ``2.5 k``, ``950``: one decimal, ``.0`` dropped."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= div:
+            return f"{_one_decimal(n / div)} {unit}"
+    return f"{round(n):d}"
+
+
+def human_duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``7 h``, ``7.5 h``, ``3 d``."""
+    if seconds < 60:
+        return f"{round(seconds):d} s"
+    if seconds < 3600:
+        return f"{round(seconds / 60):d} min"
+    if seconds < 48 * 3600:
+        return f"{_one_decimal(seconds / 3600)} h"
+    return f"{_one_decimal(seconds / 86400)} d"
+
+
+def _one_decimal(x: float) -> str:
+    s = f"{x:.1f}"
+    return s[:-2] if s.endswith(".0") else s
+
+
+# --------------------------------------------------------------------------- projection
+
+
+def project(
+    *,
+    done: int,
+    tokens: int,
+    records: int,
+    req_rate: float | None,
+    tok_rate: float | None,
+    max_samples: int | None,
+    run_token_budget: int | None,
+    budget: int | None,
+    prompts: int | None,
+    writer_alive: bool,
+    cost: CostInfo | None,
+) -> Projection:
+    """The projection of one dataset (see the module docstring for the definitions)."""
+    avg = tokens / records if records else None
+    etas: dict[str, float] = {}
+    remaining: dict[str, tuple[int | None, int | None]] = {}
+    if max_samples is not None:
+        left = max(0, max_samples - done)
+        remaining["max_samples"] = (left, round(left * avg) if avg is not None else None)
+        if req_rate:
+            etas["max_samples"] = left / req_rate
+        elif left == 0:
+            etas["max_samples"] = 0.0
+    if prompts is not None:
+        left = max(0, prompts - done)
+        remaining["prompts"] = (left, round(left * avg) if avg is not None else None)
+        if req_rate:
+            etas["prompts"] = left / req_rate
+        elif left == 0:
+            etas["prompts"] = 0.0
+    if run_token_budget is not None:
+        left_tok = max(0, run_token_budget - tokens)
+        samples = math.ceil(left_tok / avg) if avg else None
+        remaining["token_budget"] = (samples, left_tok)
+        if tok_rate:
+            etas["token_budget"] = left_tok / tok_rate
+        elif left_tok == 0:
+            etas["token_budget"] = 0.0
+    proj = Projection(etas=dict(etas))
+    if budget is not None and run_token_budget is None and budget > tokens and tok_rate:
+        proj.etas["budget"] = (budget - tokens) / tok_rate
+    if etas:
+        stop = min(etas, key=lambda k: etas[k])
+        proj.stop_reason = stop
+        proj.eta_s = etas[stop]
+        proj.remaining_samples, proj.remaining_tokens = remaining[stop]
+        proj.remaining_s = etas[stop]
+    elif remaining:
+        # A stop condition exists but nothing moves yet: say what is left, not when.
+        stop = next(iter(remaining))
+        proj.stop_reason = stop
+        proj.remaining_samples, proj.remaining_tokens = remaining[stop]
+    if not writer_alive:
+        proj.eta_s = proj.remaining_s = None
+    if budget is None:
+        return proj
+    over = max(0, tokens - budget)
+    proj.over_budget_tokens = over
+    future = proj.remaining_tokens if writer_alive and proj.remaining_tokens is not None else 0
+    if run_token_budget is None:
+        proj.waste_tokens = max(0, tokens + future - budget)
+        if proj.waste_tokens and cost is not None:
+            if cost.price_out_per_m is not None:
+                proj.waste_cost_usd = proj.waste_tokens / 1e6 * cost.price_out_per_m
+            elif cost.gpu_cost_per_hour is not None and tok_rate:
+                proj.waste_cost_usd = proj.waste_tokens / tok_rate / 3600 * cost.gpu_cost_per_hour
+    proj.message = _message(proj, tokens, budget, run_token_budget, writer_alive, future)
+    return proj
+
+
+def _message(
+    proj: Projection,
+    tokens: int,
+    budget: int,
+    run_token_budget: int | None,
+    writer_alive: bool,
+    future: int,
+) -> str:
+    head = f"{human_count(tokens)} / {human_count(budget)}"
+    cost = f", ~${proj.waste_cost_usd:,.0f} wasted" if proj.waste_cost_usd else ""
+    if not writer_alive:
+        return head + (" - over budget, stopped" if tokens > budget else " - stopped")
+    if run_token_budget is not None:
+        if proj.stop_reason == "token_budget" and proj.eta_s is not None:
+            return f"{head}, stops at --token-budget in {human_duration(proj.eta_s)}"
+        return head
+    when = f" over {human_duration(proj.remaining_s)}" if proj.remaining_s is not None else ""
+    if tokens > budget:
+        if future:
+            return f"{head}, +{human_count(future)} projected{when} - no --token-budget{cost}"
+        return f"{head} - over budget, no --token-budget{cost}"
+    passes = proj.etas.get("budget")
+    if proj.waste_tokens and passes is not None:
+        return (
+            f"{head}, passes budget in {human_duration(passes)}, "
+            f"+{human_count(proj.waste_tokens)} over by {_stop_name(proj.stop_reason)}"
+            f" - no --token-budget{cost}"
+        )
+    return head
+
+
+def _stop_name(stop: str | None) -> str:
+    return {"max_samples": "--max-samples", "prompts": "the last prompt"}.get(stop or "", "the end")
+
+
+# --------------------------------------------------------------------------- the view
+
+
+def build_dataset_view(
+    scan: Mapping[str, Any],
+    dataset: DatasetConfig | None,
+    flags: RunFlags | None,
+    tracker: RateTracker,
+    cost: CostInfo | None,
+    writer_alive: bool,
+    now: float,
+    *,
+    name: str | None = None,
+    stall_seconds: float = 300.0,
+    prompts: int | None = None,
+    count_texts: Callable[[list[str]], int] | None = None,
+) -> DatasetView:
+    """The :class:`model.DatasetView` of one dataset at ``now`` (feeds ``tracker``)."""
+    path = str(scan.get("path") or "")
+    view_name = name or os.path.basename(os.path.dirname(path)) or path
+    state = scan.get("state", "ok")
+    if state not in ("ok", "missing", "unreadable", "not-a-file", "error"):
+        state = "error"
+    stream = scan.get("stream")
+    texts = scan.get("texts") or []
+    if texts and count_texts is not None:
+        tracker.add_text_tokens(stream, count_texts(list(texts)))
+    tokens = int(scan.get("completion_tokens") or 0) + tracker.text_tokens(stream)
+    records = int(scan.get("records") or 0)
+    unique = int(scan.get("unique_ids") or 0)
+    done = unique if unique else records
+    max_samples = flags.max_samples if flags is not None and flags.max_samples else None
+    if max_samples is None and dataset is not None:
+        max_samples = dataset.max_samples
+    run_budget = flags.token_budget if flags is not None else None
+    budget = dataset.token_budget if dataset is not None and dataset.token_budget else run_budget
+    if state == "ok":
+        tracker.observe(now, done, tokens, scan.get("size"), stream)
+    rates = tracker.rates(now)
+    req = _first_known(rates.req_per_s_10m, rates.req_per_s_1m, rates.req_per_s_all)
+    tok = _first_known(rates.tok_per_s_10m, rates.tok_per_s_1m, rates.tok_per_s_all)
+    projection = project(
+        done=done,
+        tokens=tokens,
+        records=records,
+        req_rate=req,
+        tok_rate=tok,
+        max_samples=max_samples,
+        run_token_budget=run_budget,
+        budget=budget,
+        prompts=prompts,
+        writer_alive=writer_alive,
+        cost=cost,
+    )
+    verdict: Verdict = scan.get("verdict") or "empty"
+    if verdict not in get_args(Verdict):
+        verdict = "error"
+    return DatasetView(
+        name=view_name,
+        path=path,
+        state=state,
+        error=scan.get("error"),
+        records=records,
+        unique_ids=unique,
+        duplicates=int(scan.get("duplicates") or 0),
+        prompt_tokens=int(scan.get("prompt_tokens") or 0),
+        completion_tokens=tokens,
+        finish_reasons=dict(scan.get("finish_reasons") or {}),
+        bad_lines=int(scan.get("bad_lines_total", len(scan.get("bad_lines") or ()))),
+        partial_tail_bytes=int(scan.get("partial_tail_bytes") or 0),
+        verdict=verdict,
+        verdict_detail=scan.get("verdict_detail"),
+        max_samples=max_samples,
+        token_budget=budget,
+        rates=rates,
+        projection=projection,
+        over_budget=budget is not None and tokens > budget,
+        stalled=writer_alive and state == "ok" and tracker.since_growth(now) >= stall_seconds,
+        history=tracker.history(),
+    )
+
+
+def _first_known(*values: float | None) -> float | None:
+    for v in values:
+        if v is not None:
+            return v
+    return None

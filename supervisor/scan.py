@@ -1,0 +1,963 @@
+"""Incremental scanning of JSONL dataset files: counts, tokens, bad lines and a format verdict.
+
+Standard library only, Python >= 3.8: this module runs inside the host agent on GPU hosts. It may
+import :mod:`supervisor.formats` and nothing else from ``supervisor``.
+
+A :class:`Scanner` keeps per-file state between calls, so a refresh reads only the bytes appended
+since the last one:
+
+* ``offset`` - end of the last complete line counted; a partial last line is left for later (D1);
+* a fingerprint - ``(st_dev, st_ino)`` and a hash of the first bytes of the file;
+* a hash of the bytes just before ``offset`` (the tail of the last complete line).
+
+Before reading, the scanner checks the fingerprint, the size and both hashes. A new inode
+(replacement, rotation), a size below the offset (truncation, copytruncate) or changed bytes
+(truncate-then-regrow past the offset, inode reuse) start a clean rescan from zero with fresh
+counters: nothing is ever counted twice (D4, D5). The epoch in ``stream`` changes on every
+rescan, so the laptop knows to drop what it accumulated from earlier results.
+
+Cold and incremental scans take the same fast path: the big integer arrays of a format
+(``output_ids``; ``input_ids`` and ``loss_mask``) are located by byte search and cut out, and only
+the small rest of the line is parsed with :mod:`json`. Token counts come from the format's count
+field. A sample of records - the first and last complete line of every call, and one every
+``1/32`` of the bytes read (at least every MiB) - is fully validated: the arrays are parsed and
+their length checked against the count. ``validate="all"`` validates every record. A record that
+fails validation is reported as a bad line and not counted; corruption only a full parse can see
+(``[1,,2]`` inside an array) is therefore caught on validated records only.
+
+Memory is bounded by the longest line: the file is read in chunks (``chunk_size``), a line is
+buffered only until its newline arrives, and lines longer than ``max_line_bytes`` are skipped
+without being buffered. The set of ids seen grows with the number of distinct records (about
+100 bytes per id), which is what counting duplicates needs. A partial last line is read again by
+every call until its newline arrives (nothing of it is kept between calls).
+
+Bad lines (bad JSON, NUL blocks, invalid UTF-8, NaN/Infinity, duplicate keys, non-objects, bad
+token counts, a BOM, empty lines) are reported with byte offset, 1-based line number and reason,
+and counting continues. A missing, unreadable or non-regular file is a ``state``, never an
+exception.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import stat
+import time
+from typing import TYPE_CHECKING, Any
+
+from supervisor.formats import (
+    PROFILES,
+    Profile,
+    detect,
+    differing_keys,
+    finish_value,
+    get_profile,
+    lookup,
+    matches,
+    texts_of,
+    token_count,
+)
+
+DEFAULT_CHUNK = 1 << 20
+"""Bytes read per ``read()`` call."""
+HEAD_BYTES = 4096
+"""Bytes of the head of a file that fingerprint it."""
+TAIL_BYTES = 4096
+"""Bytes before the offset whose hash must match for an incremental read."""
+MAX_LINE_BYTES = 1 << 30
+"""Lines longer than this are reported and skipped without being held in memory."""
+MAX_BAD_LINES = 100
+"""Bad lines listed per file (all are counted in ``bad_lines_total``)."""
+MAX_TEXT_BYTES = 8 << 20
+"""Bytes of text handed back per call for tokenizer-counted formats; the rest waits for the next."""
+SAMPLES_PER_SCAN = 32
+MIN_SAMPLE_STRIDE = 1 << 20
+FULL_PARSE_MAX = 4 << 20
+"""Arrays larger than this are validated by a character check instead of a full parse."""
+
+if TYPE_CHECKING:  # annotations only: subscripting collections.abc fails on Python 3.8
+    from collections.abc import Callable
+
+    Progress = Callable[[int, int], None]
+
+
+class BadLine(Exception):
+    """A line that is not a countable record (the message is the reason)."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in d:
+            raise BadLine(f"duplicate key {k!r}")
+        d[k] = v
+    return d
+
+
+def _no_constant(name: str) -> Any:
+    raise BadLine(f"{name} is not valid JSON")
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+_FAST_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+"""Without the duplicate-key hook (a Python call per object): used where duplicates are ruled out
+by counting colons (see :func:`_parse`)."""
+_ARRAY_CHARS = b"0123456789,- \t\r\n"
+_WS = b" \t\r\n"
+
+
+def _parse(text: bytes | memoryview, brace: bool = False) -> Any:
+    """Strict JSON: UTF-8 without BOM, no NaN/Infinity, no duplicate keys.
+
+    ``text`` may be a memoryview into the read buffer (a long line is then decoded without a
+    copy). ``brace``: the text starts with ``{`` (no blanks to skip: the quicker entry point).
+    """
+    try:
+        s = str(text, "utf-8")
+    except UnicodeDecodeError as e:
+        raise BadLine(f"invalid UTF-8 (byte 0x{text[e.start]:02x})") from None
+    try:
+        if brace:
+            value, end = _FAST_DECODER.raw_decode(s)
+            if end != len(s) and not s[end:].isspace():
+                raise BadLine(f"bad JSON: extra data after the object (char {end})")
+            # Every key occurrence is followed by one colon, so when the text has no more colons
+            # than the object has keys, no key occurred twice (nor is any object nested).
+            # Otherwise parse again with the hook that names a duplicate key.
+            if isinstance(value, dict) and s.count(":") == len(value):
+                return value
+            value, end = _DECODER.raw_decode(s)
+            return value
+        return _DECODER.decode(s)
+    except ValueError as e:
+        msg = str(e)
+        if "BOM" in msg:
+            raise BadLine("UTF-8 BOM at start of line") from None
+        raise BadLine(f"bad JSON: {msg}") from None
+    except RecursionError:
+        raise BadLine("bad JSON: nested too deeply") from None
+
+
+def _check_int_array(buf: Any, lb: int, rb: int) -> int:
+    """Validate ``buf[lb:rb+1]`` as a JSON array of integers; its length."""
+    size = rb - lb + 1
+    if size <= FULL_PARSE_MAX:
+        text = bytes(buf[lb : rb + 1])
+        # Valid JSON made of digits, commas, minus signs and blanks only is a list of integers
+        # (floats need '.' or 'e', strings '"', constants letters): two C-speed passes.
+        if text[1:-1].translate(None, _ARRAY_CHARS):
+            raise BadLine("array holds something other than integers")
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            raise BadLine(f"bad JSON in array: {e}") from None
+        return len(value)
+    # Too big to materialise as Python ints: check characters and comma structure piecewise.
+    mv = memoryview(buf)
+    commas = 0
+    digits_seen = False
+    prev = b","
+    pos = lb + 1
+    while pos < rb:
+        end = min(pos + (1 << 20), rb)
+        piece = bytes(mv[pos:end])
+        if piece.translate(None, _ARRAY_CHARS):
+            raise BadLine("array holds something other than integers")
+        compact = piece.translate(None, _WS)
+        if compact:
+            joined = prev[-1:] + compact
+            if b",," in joined or b"-," in joined or b"--" in joined:
+                raise BadLine("array is not a list of integers")
+            digits_seen = True
+            prev = compact
+        commas += piece.count(b",")
+        pos = end
+    if digits_seen and prev.endswith((b",", b"-")):
+        raise BadLine("array is not a list of integers")
+    return commas + 1 if digits_seen else 0
+
+
+_ABSENT = object()
+
+
+def _id_key(value: Any) -> Any:
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        return value
+    return json.dumps(value, sort_keys=True)
+
+
+class _FileState:
+    """What the scanner remembers about one file between calls."""
+
+    def __init__(self, epoch: int, settings: tuple[Any, ...]) -> None:
+        self.epoch = epoch
+        self.settings = settings
+        self.dev = -1
+        self.ino = -1
+        self.head_len = 0
+        self.head_hash = b""
+        self.tail_len = 0
+        self.tail_hash = b""
+        self.offset = 0
+        self.lines = 0
+        self.records = 0
+        self.ids: set[Any] = set()
+        self.duplicates = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.texts_records = 0
+        self.finish: dict[str, int] = {}
+        self.formats: dict[str, int] = {}
+        self.kinds = {"current": 0, "legacy": 0, "other": 0}
+        self.bad: list[dict[str, Any]] = []
+        self.bad_total = 0
+        self.validated = 0
+        self.finished = False
+        self.expected: Profile | None = None
+        self.shapes: dict[tuple[str, ...], tuple[Profile | None, str]] = {}
+        self.cut_for: Profile | bool | None = False
+        self.cut_keys: list[tuple[str, bytes]] = []
+        self.first_offending: dict[str, Any] | None = None
+        self.first_unknown: tuple[int, int, list[str]] | None = None
+        self.texts: list[str] = []
+        self.text_bytes = 0
+
+
+class Scanner:
+    """Incremental scanner of dataset files; one instance keeps the state of many files.
+
+    Args:
+        chunk_size: bytes per read (tests make it tiny to split lines and characters).
+        max_line_bytes: longer lines are skipped and reported.
+        max_text_bytes: texts handed back per call for tokenizer-counted formats.
+    """
+
+    def __init__(
+        self,
+        chunk_size: int = DEFAULT_CHUNK,
+        max_line_bytes: int = MAX_LINE_BYTES,
+        max_text_bytes: int = MAX_TEXT_BYTES,
+    ) -> None:
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be positive")
+        self.chunk_size = chunk_size
+        self.max_line_bytes = max_line_bytes
+        self.max_text_bytes = max_text_bytes
+        self._files: dict[str, _FileState] = {}
+        self._epochs: dict[str, int] = {}
+        self._token = os.urandom(6).hex()
+        self._line_counts: dict[str, tuple[int, int, int, int]] = {}
+        self._want_texts = True
+
+    def forget(self, path: str) -> None:
+        """Drop the state of a file (its next scan is a cold scan)."""
+        self._files.pop(path, None)
+
+    # ------------------------------------------------------------------ public
+
+    def scan(
+        self,
+        path: str,
+        fmt: str | None = None,
+        expected: str | None = None,
+        validate: str = "sample",
+        profile: dict[str, Any] | None = None,
+        texts: bool = True,
+        progress: Progress | None = None,
+    ) -> dict[str, Any]:
+        """Scan the bytes of ``path`` appended since the last call; the JSON-able result.
+
+        Args:
+            path: the JSONL file.
+            fmt: the format the file is expected to hold (a built-in name, or the name of
+                ``profile``); None detects it from the first record.
+            expected: the format the verdict is relative to (default: ``fmt``).
+            validate: ``sample`` (first, last and spread records), ``all`` or ``none``.
+            profile: a user profile as a plain dict (see :func:`formats.profile_from_dict`).
+            texts: hand back texts of new records for tokenizer-counted formats.
+            progress: called with ``(bytes_done, bytes_total)`` after every chunk.
+        """
+        if validate not in ("sample", "all", "none"):
+            raise ValueError("validate must be sample, all or none")
+        want = expected or fmt
+        user = None
+        if want is not None:
+            try:
+                user = get_profile(want, profile if want not in PROFILES else None)
+            except ValueError as e:
+                return self._state_only(path, "error", str(e), want)
+        self._want_texts = texts
+        settings = (want, json.dumps(profile, sort_keys=True) if profile else None)
+        started = time.monotonic()
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except OSError as e:
+            return self._no_file(path, e, want)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                self._files.pop(path, None)
+                return self._state_only(path, "not-a-file", "not a regular file", want)
+            f = os.fdopen(fd, "rb", buffering=0)
+            fd = -1  # owned by f from here on
+            with f:
+                return self._scan_open(
+                    path, f, st, settings, user, validate, texts, progress, started
+                )
+        except OSError as e:
+            return self._no_file(path, e, want)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    # ------------------------------------------------------------------ states
+
+    def _state_only(
+        self, path: str, state: str, error: str | None, want: str | None
+    ) -> dict[str, Any]:
+        result = _empty_result(path, want)
+        result["state"] = state
+        result["error"] = error
+        result["verdict"] = "missing" if state == "missing" else "error"
+        result["verdict_detail"] = error
+        return result
+
+    def _no_file(self, path: str, e: OSError, want: str | None) -> dict[str, Any]:
+        self._files.pop(path, None)
+        if e.errno == errno.ENOENT:
+            return self._state_only(path, "missing", "no such file", want)
+        if e.errno in (errno.EACCES, errno.EPERM):
+            return self._state_only(path, "unreadable", "permission denied", want)
+        if e.errno in (errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.ENXIO):
+            return self._state_only(path, "not-a-file", os.strerror(e.errno), want)
+        return self._state_only(path, "error", e.strerror or str(e), want)
+
+    def _new_state(self, path: str, settings: tuple[Any, ...]) -> _FileState:
+        epoch = self._epochs.get(path, 0) + 1
+        self._epochs[path] = epoch
+        state = _FileState(epoch, settings)
+        self._files[path] = state
+        return state
+
+    # ------------------------------------------------------------------ scanning
+
+    def _scan_open(
+        self,
+        path: str,
+        f: Any,
+        st: os.stat_result,
+        settings: tuple[Any, ...],
+        want: Profile | None,
+        validate: str,
+        texts: bool,
+        progress: Progress | None,
+        started: float,
+    ) -> dict[str, Any]:
+        size = st.st_size
+        state = self._files.get(path)
+        reason: str | None = None
+        if state is not None:
+            reason = self._changed(state, f, st, settings)
+            if reason is not None:
+                state = None
+        if state is None:
+            state = self._new_state(path, settings)
+            state.expected = want
+            state.dev, state.ino = st.st_dev, st.st_ino
+        if state.head_len < HEAD_BYTES and size > state.head_len:
+            f.seek(0)
+            head = f.read(min(size, HEAD_BYTES))
+            state.head_len, state.head_hash = len(head), hashlib.sha1(head).digest()
+        start = state.offset
+        stopped = self._consume(state, f, start, size, validate, texts, progress)
+        if state.offset != start or state.tail_len == 0:
+            k = min(state.offset, TAIL_BYTES)
+            f.seek(state.offset - k)
+            state.tail_len, state.tail_hash = k, hashlib.sha1(f.read(k)).digest()
+        result = self._result(path, state, st, size)
+        if state.expected is not None and state.expected.companions:
+            result["companions"] = self._companions(path, state.expected.companions)
+        result["rescan_reason"] = reason
+        result["bytes_read"] = size - start
+        result["texts_more"] = stopped
+        if stopped:
+            result["partial_tail_bytes"] = 0
+        result["scan_seconds"] = round(time.monotonic() - started, 6)
+        state.texts = []
+        state.text_bytes = 0
+        return result
+
+    def _changed(
+        self, state: _FileState, f: Any, st: os.stat_result, settings: tuple[Any, ...]
+    ) -> str | None:
+        """Why the remembered state no longer applies to this file, or None."""
+        if state.settings != settings:
+            return "format changed"
+        if (st.st_dev, st.st_ino) != (state.dev, state.ino):
+            return "file replaced (new inode)"
+        if st.st_size < state.offset:
+            return "file truncated"
+        if state.head_len:
+            f.seek(0)
+            if hashlib.sha1(f.read(state.head_len)).digest() != state.head_hash:
+                return "file rewritten (head changed)"
+        if state.tail_len:
+            f.seek(state.offset - state.tail_len)
+            if hashlib.sha1(f.read(state.tail_len)).digest() != state.tail_hash:
+                return "file rewritten (bytes before the offset changed)"
+        return None
+
+    def _consume(
+        self,
+        state: _FileState,
+        f: Any,
+        start: int,
+        size: int,
+        validate: str,
+        texts: bool,
+        progress: Progress | None,
+    ) -> bool:
+        """Count the complete lines in ``[start, size)``; True when stopped early for texts."""
+        chunk = self.chunk_size
+        f.seek(start)
+        span = size - start
+        stride = max(span // SAMPLES_PER_SCAN, MIN_SAMPLE_STRIDE)
+        next_mark = start
+        all_ = validate == "all"
+        sample = validate == "sample"
+        first = True
+        pos = start  # file offset of data[0]
+        pending = bytearray()
+        pending_off = start
+        skipping = -1  # length of an over-long line being skipped, or -1
+        line = self._line
+        # One buffer for every read: bytes past `n` are stale, so every search is bounded by n.
+        data = bytearray(min(chunk, max(span, 1)))
+        view = memoryview(data)
+        while pos < size:
+            n = f.readinto(view[: min(len(data), size - pos)])
+            if not n:
+                break  # the file shrank while we read; the next call sees it
+            last_chunk = pos + n >= size
+            last_nl = data.rfind(b"\n", 0, n) if last_chunk else -2
+            i = 0
+            nl = data.find(b"\n", 0, n)
+            if skipping >= 0 or pending:
+                if nl < 0:
+                    if skipping >= 0:
+                        skipping += n
+                    else:
+                        pending += view[:n]
+                        if len(pending) > self.max_line_bytes:
+                            skipping = len(pending)
+                            pending = bytearray()
+                    pos += n
+                    if progress is not None:
+                        progress(pos - start, span)
+                    continue
+                if skipping >= 0:
+                    self._bad(
+                        state,
+                        pending_off,
+                        f"line longer than {self.max_line_bytes} bytes "
+                        f"({skipping + nl} bytes), skipped",
+                    )
+                    skipping = -1
+                else:
+                    pending += data[:nl]
+                    check = all_ or (
+                        sample and (first or pending_off >= next_mark or nl == last_nl)
+                    )
+                    if check and pending_off >= next_mark:
+                        next_mark = pending_off + stride
+                    if line(state, pending, 0, len(pending), pending_off, check):
+                        state.offset = pos + nl + 1
+                        return True
+                    first = False
+                pending = bytearray()
+                state.offset = pos + nl + 1
+                i = nl + 1
+                nl = data.find(b"\n", i, n)
+            while nl >= 0:
+                off = pos + i
+                check = all_ or (sample and (first or off >= next_mark or nl == last_nl))
+                if check and off >= next_mark:
+                    next_mark = off + stride
+                stop = line(state, data, i, nl, off, check)
+                first = False
+                state.offset = pos + nl + 1
+                if stop:
+                    return True
+                i = nl + 1
+                nl = data.find(b"\n", i, n)
+            if i < n:
+                pending_off = pos + i
+                if n - i > self.max_line_bytes:
+                    skipping = n - i
+                else:
+                    pending += view[i:n]
+            pos += n
+            if progress is not None:
+                progress(pos - start, span)
+        return False
+
+    def _companions(self, path: str, words: tuple[str, ...]) -> list[dict[str, Any]]:
+        """Line counts of the files beside ``path`` whose names hold one of ``words``."""
+        directory = os.path.dirname(path) or "."
+        base = os.path.basename(path)
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            return []
+        out = []
+        for name in names:
+            low = name.lower()
+            kind = next((w for w in words if w in low), None)
+            if kind is None or name == base or not low.endswith(".jsonl"):
+                continue
+            full = os.path.join(directory, name)
+            lines = self._count_lines(full)
+            if lines is not None:
+                out.append({"path": full, "kind": kind, "lines": lines})
+        return out
+
+    def _count_lines(self, path: str) -> int | None:
+        """Newlines in a file, counting only appended bytes since the last call."""
+        try:
+            with open(path, "rb", buffering=0) as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    return None
+                dev, ino, offset, lines = self._line_counts.get(path, (-1, -1, 0, 0))
+                if (dev, ino) != (st.st_dev, st.st_ino) or st.st_size < offset:
+                    offset = lines = 0
+                f.seek(offset)
+                while offset < st.st_size:
+                    data = f.read(min(self.chunk_size, st.st_size - offset))
+                    if not data:
+                        break
+                    lines += data.count(b"\n")
+                    offset += len(data)
+                self._line_counts[path] = (st.st_dev, st.st_ino, offset, lines)
+                return lines
+        except OSError:
+            return None
+
+    # ------------------------------------------------------------------ one line
+
+    def _bad(self, state: _FileState, offset: int, reason: str) -> None:
+        state.lines += 1
+        state.bad_total += 1
+        if len(state.bad) < MAX_BAD_LINES:
+            state.bad.append({"offset": offset, "line": state.lines, "reason": reason})
+
+    def _line(self, state: _FileState, buf: Any, s: int, e: int, off: int, check: bool) -> bool:
+        """Count one complete line ``buf[s:e]`` (newline excluded). True: stop for texts."""
+        try:
+            return self._record(state, buf, s, e, off, check)
+        except BadLine as err:
+            reason = str(err)
+            if reason.startswith(("bad JSON", "invalid UTF-8")) and buf.find(b"\x00", s, e) >= 0:
+                reason = "NUL bytes (zeroed block) inside the line"
+            self._bad(state, off, reason)
+            return False
+
+    def _record(self, state: _FileState, buf: Any, s: int, e: int, off: int, check: bool) -> bool:
+        if e > s and buf[e - 1] == 13:  # CRLF line ending
+            e -= 1
+        if e == s:
+            raise BadLine("empty line")
+        c = buf[s]
+        if c != 123:  # "{"
+            if c == 0:
+                raise BadLine("NUL bytes (zeroed block)")
+            if c == 0xEF and buf[s : s + 3] == b"\xef\xbb\xbf":
+                raise BadLine("UTF-8 BOM at start of line")
+            if e - s <= FULL_PARSE_MAX:
+                value = _parse(memoryview(buf)[s:e])
+                if isinstance(value, dict):
+                    return self._count(state, value, {}, buf, s, e, off, check, True)
+                raise BadLine(f"not a JSON object ({type(value).__name__})")
+            raise BadLine("bad JSON: line does not start with '{'")
+        if state.cut_for is not state.expected:
+            state.cut_keys = _cut_keys(state.expected)
+            state.cut_for = state.expected
+        cuts: list[tuple[int, int, str]] = []
+        for key, pattern in state.cut_keys:
+            k = buf.find(pattern, s, e)
+            if k < 0:
+                continue
+            p = k + len(pattern)
+            lb = buf.find(b"[", p, min(e, p + 64))
+            if lb < 0:
+                continue
+            # json.dumps writes '": [': skip the general check in that common case.
+            if not (lb == p + 2 and buf[p] == 58 and buf[p + 1] == 32) and (
+                bytes(buf[p:lb]).strip() != b":"
+            ):
+                continue
+            rb = buf.find(b"]", lb, e)
+            if rb < 0:
+                raise BadLine(f"bad JSON: unterminated array {key!r}")
+            cuts.append((lb, rb, key))
+        full = not cuts
+        if full:
+            obj = _parse(memoryview(buf)[s:e], True)
+        else:
+            if len(cuts) == 1:
+                lb, rb, _ = cuts[0]
+                text = bytes(buf[s : lb + 1]) + bytes(buf[rb:e])
+            else:
+                cuts.sort()
+                pieces = []
+                at = s
+                for lb, rb, _ in cuts:
+                    if lb < at:
+                        raise BadLine("bad JSON: overlapping arrays")
+                    pieces.append(bytes(buf[at : lb + 1]))
+                    at = rb
+                pieces.append(bytes(buf[at:e]))
+                text = b"".join(pieces)
+            try:
+                obj = _parse(text, True)
+            except BadLine:
+                if e - s <= FULL_PARSE_MAX:
+                    # The cut changed the meaning (nested arrays...): judge the line as written.
+                    obj = _parse(memoryview(buf)[s:e])
+                    full = True
+                else:
+                    raise
+        if not isinstance(obj, dict):
+            raise BadLine(f"not a JSON object ({type(obj).__name__})")
+        arrays = {} if full else {key: (lb, rb) for lb, rb, key in cuts}
+        return self._count(state, obj, arrays, buf, s, e, off, check, full)
+
+    def _count(
+        self,
+        state: _FileState,
+        obj: dict[str, Any],
+        arrays: dict[str, tuple[int, int]],
+        buf: Any,
+        s: int,
+        e: int,
+        off: int,
+        check: bool,
+        full: bool,
+    ) -> bool:
+        exp = state.expected
+        if len(obj) == 1:
+            marker = next(iter(obj))
+            if (exp is None or exp.end_marker == marker) and marker == "finished":
+                state.lines += 1
+                state.finished = True
+                return False
+        # Records of one file nearly always share their keys: classify a key set once.
+        shape = tuple(obj)
+        cached = state.shapes.get(shape) if exp is not None else None
+        if cached is not None:
+            prof, kind = cached
+        else:
+            prof = None
+            if exp is not None and matches(exp, obj):
+                prof = exp
+            elif exp is not None and exp.legacy is not None and matches(PROFILES[exp.legacy], obj):
+                prof = PROFILES[exp.legacy]
+            else:
+                prof = detect(obj)
+                if exp is None and prof is not None:
+                    state.expected = exp = prof
+                    early = state.first_unknown
+                    if early is not None:  # records before the first known one were unknown
+                        missing, extra = differing_keys(exp, early[2])
+                        state.first_offending = {
+                            "line": early[0],
+                            "offset": early[1],
+                            "format": None,
+                            "missing": missing,
+                            "extra": extra,
+                        }
+            kind = "other"
+            if prof is not None and prof is exp and all(k in obj for k in prof.required):
+                kind = "current"
+            elif prof is not None and exp is not None and prof.name == exp.legacy:
+                kind = "legacy"
+            if exp is not None and len(state.shapes) < 64:
+                state.shapes[shape] = (prof, kind)
+
+        lengths: dict[str, int] = {}
+
+        def length(key: str) -> int:
+            if key in lengths:
+                return lengths[key]
+            if key in arrays:
+                lb, rb = arrays[key]
+                n = _check_int_array(buf, lb, rb) if check else _count_items(buf, lb, rb)
+            else:
+                value = obj.get(key)
+                if not isinstance(value, list):
+                    raise BadLine(f"{key} is not a list")
+                n = len(value)
+            lengths[key] = n
+            return n
+
+        tokens = 0
+        prompt = 0
+        record_texts: list[str] | None = None
+        if prof is not None:
+            if prof.tokens_field is not None:
+                v = obj.get(prof.tokens_field, _ABSENT)  # a flat key: the common case
+                if v is _ABSENT:
+                    found, v = lookup(obj, prof.tokens_field)
+                    if not found:
+                        raise BadLine(f"missing {prof.tokens_field}")
+                if type(v) is int and v >= 0:
+                    tokens = v
+                else:
+                    n, why = token_count(v)
+                    if n is None:
+                        raise BadLine(f"{prof.tokens_field} {why}")
+                    tokens = n
+            elif prof.tokens_list_field is not None:
+                if (
+                    prof.tokens_list_field not in arrays
+                    and not lookup(obj, prof.tokens_list_field)[0]
+                ):
+                    raise BadLine(f"missing {prof.tokens_list_field}")
+                tokens = length(prof.tokens_list_field)
+            if prof.prompt_tokens_field is not None:
+                v = obj.get(prof.prompt_tokens_field, _ABSENT)
+                if v is _ABSENT:
+                    v = lookup(obj, prof.prompt_tokens_field)[1]
+                if type(v) is int and v >= 0:
+                    prompt = v
+                elif v is not None:  # null or absent: the endpoint gave no usage; count 0
+                    n, why = token_count(v)
+                    if n is None:
+                        raise BadLine(f"{prof.prompt_tokens_field} {why}")
+                    prompt = n
+            if check:
+                self._validate(prof, obj, arrays, buf, full, tokens, length)
+            if prof.text_field is not None:
+                record_texts = texts_of(prof, obj)
+        # Counted from here on: the line is a record.
+        state.lines += 1
+        state.records += 1
+        if check:
+            state.validated += 1
+        if prof is not None:
+            state.formats[prof.name] = state.formats.get(prof.name, 0) + 1
+            state.prompt_tokens += prompt
+            state.completion_tokens += tokens
+            found, ident = lookup(obj, prof.id_field)
+            if found:
+                key = _id_key(ident)
+                if key in state.ids:
+                    state.duplicates += 1
+                else:
+                    state.ids.add(key)
+            fr = finish_value(prof, obj)
+            if fr is not None:
+                state.finish[fr] = state.finish.get(fr, 0) + 1
+        else:
+            state.formats["unknown"] = state.formats.get("unknown", 0) + 1
+        state.kinds[kind] += 1
+        if exp is None and state.first_unknown is None:
+            state.first_unknown = (state.lines, off, list(obj))
+        if kind != "current" and state.first_offending is None and exp is not None:
+            missing, extra = differing_keys(exp, list(obj))
+            state.first_offending = {
+                "line": state.lines,
+                "offset": off,
+                "format": prof.name if prof is not None else None,
+                "missing": missing,
+                "extra": extra,
+            }
+        if record_texts is not None:
+            state.texts_records += 1
+            if self._want_texts:
+                state.texts.extend(record_texts)
+                state.text_bytes += sum(len(t) for t in record_texts)
+                return state.text_bytes >= self.max_text_bytes
+        return False
+
+    def _validate(
+        self,
+        prof: Profile,
+        obj: dict[str, Any],
+        arrays: dict[str, tuple[int, int]],
+        buf: Any,
+        full: bool,
+        tokens: int,
+        length: Callable[[str], int],
+    ) -> None:
+        """Full checks of one record (raises BadLine with an ``invalid record`` reason)."""
+        try:
+            for key in prof.big_lists:
+                if key in arrays:
+                    length(key)
+                elif key in obj:
+                    value = obj[key]
+                    if not isinstance(value, list) or not set(map(type, value)) <= {int}:
+                        raise BadLine(f"{key} is not a list of integers")
+            if prof.check_list_field is not None and prof.check_list_field in obj:
+                n = length(prof.check_list_field)
+                if n != tokens:
+                    raise BadLine(
+                        f"{prof.tokens_field} is {tokens} but {prof.check_list_field} has {n} items"
+                    )
+            if prof.name == "speculators" and "input_ids" in obj and "loss_mask" in obj:
+                a, b = length("input_ids"), length("loss_mask")
+                if a != b:
+                    raise BadLine(f"input_ids has {a} items but loss_mask has {b}")
+            if prof.text_field is not None:
+                found, v = lookup(obj, prof.text_field)
+                if found and not isinstance(v, (str, list)):
+                    raise BadLine(f"{prof.text_field} is neither text nor a list of messages")
+        except BadLine as err:
+            raise BadLine(f"invalid record: {err}") from None
+
+    # ------------------------------------------------------------------ results
+
+    def _result(
+        self, path: str, state: _FileState, st: os.stat_result, size: int
+    ) -> dict[str, Any]:
+        exp = state.expected
+        result = _empty_result(path, exp.name if exp is not None else None)
+        fmt = max(state.formats, key=lambda k: state.formats[k]) if state.formats else None
+        verdict, detail = _verdict(state)
+        result.update(
+            {
+                "state": "ok",
+                "format": fmt,
+                "expected": exp.name if exp is not None else None,
+                "verdict": verdict,
+                "verdict_detail": detail,
+                "records": state.records,
+                "unique_ids": len(state.ids),
+                "duplicates": state.duplicates,
+                "prompt_tokens": state.prompt_tokens,
+                "completion_tokens": state.completion_tokens,
+                "token_source": exp.token_source if exp is not None else None,
+                "texts_records": state.texts_records,
+                "finish_reasons": dict(state.finish),
+                "formats": dict(state.formats),
+                "kinds": dict(state.kinds),
+                "first_offending": state.first_offending,
+                "bad_lines": list(state.bad),
+                "bad_lines_total": state.bad_total,
+                "partial_tail_bytes": size - state.offset,
+                "lines": state.lines,
+                "offset": state.offset,
+                "size": size,
+                "mtime": st.st_mtime,
+                "validated": state.validated,
+                "finished": state.finished,
+                "stream": f"{self._token}:{state.epoch}",
+                "texts": list(state.texts),
+            }
+        )
+        return result
+
+
+_ALL_BIG_LISTS = tuple(dict.fromkeys(k for p in PROFILES.values() for k in p.big_lists))
+
+
+def _cut_keys(prof: Profile | None) -> list[tuple[str, bytes]]:
+    """The big arrays the fast path cuts out of a line, with their quoted keys as bytes."""
+    keys = prof.big_lists if prof is not None else _ALL_BIG_LISTS
+    if prof is not None and prof.legacy is not None:
+        keys = keys + PROFILES[prof.legacy].big_lists
+    return [(k, b'"' + k.encode() + b'"') for k in keys]
+
+
+def _count_items(buf: Any, lb: int, rb: int) -> int:
+    """Items of an integer array without parsing it: commas + 1, or 0 when empty."""
+    commas = buf.count(b",", lb, rb)
+    if commas:
+        return int(commas) + 1
+    return 0 if not bytes(buf[lb + 1 : rb]).strip() else 1
+
+
+def _verdict(state: _FileState) -> tuple[str, str | None]:
+    exp = state.expected
+    c, lg, o = state.kinds["current"], state.kinds["legacy"], state.kinds["other"]
+    first_bad = state.bad[0] if state.bad else None
+    bad_note = None
+    if first_bad is not None:
+        plural = "" if state.bad_total == 1 else "s"
+        bad_note = (
+            f"{state.bad_total} bad line{plural}, first at line {first_bad['line']} "
+            f"(offset {first_bad['offset']}): {first_bad['reason']}"
+        )
+    if c + lg + o == 0:
+        return ("corrupt", bad_note) if state.bad_total else ("empty", None)
+    off = state.first_offending
+    name = exp.name if exp is not None else "a known format"
+    if (c > 0) + (lg > 0) + (o > 0) > 1 and off is not None:
+        what = off["format"] or "unknown format"
+        missing = ", ".join(off["missing"]) or "none"
+        extra = ", ".join(off["extra"]) or "none"
+        detail = (
+            f"line {off['line']} (offset {off['offset']}) is {what}, not {name}: "
+            f"missing {missing}; extra {extra}"
+        )
+        return "mixed", detail + ("; " + bad_note if bad_note else "")
+    tail = "; " + bad_note if bad_note else ""
+    if lg:
+        return "legacy", f"records are {exp.legacy if exp else '?'}, expected {name}" + tail
+    if o:
+        detail = f"records do not match {name}"
+        if off is not None:
+            missing = ", ".join(off["missing"]) or "none"
+            extra = ", ".join(off["extra"]) or "none"
+            detail += f": missing {missing}; extra {extra}"
+        return "unknown", detail + tail
+    if state.bad_total:
+        return "corrupt", bad_note
+    return "current", None
+
+
+def _empty_result(path: str, fmt: str | None) -> dict[str, Any]:
+    return {
+        "path": path,
+        "state": "ok",
+        "error": None,
+        "format": fmt,
+        "expected": fmt,
+        "verdict": "empty",
+        "verdict_detail": None,
+        "records": 0,
+        "unique_ids": 0,
+        "duplicates": 0,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "token_source": None,
+        "texts_records": 0,
+        "finish_reasons": {},
+        "formats": {},
+        "kinds": {"current": 0, "legacy": 0, "other": 0},
+        "first_offending": None,
+        "bad_lines": [],
+        "bad_lines_total": 0,
+        "partial_tail_bytes": 0,
+        "lines": 0,
+        "offset": 0,
+        "size": 0,
+        "mtime": None,
+        "validated": 0,
+        "finished": False,
+        "stream": None,
+        "texts": [],
+        "texts_more": False,
+        "companions": [],
+        "rescan_reason": None,
+        "bytes_read": 0,
+        "scan_seconds": 0.0,
+    }
+
+
+def scan_file(path: str, **kwargs: Any) -> dict[str, Any]:
+    """A one-off cold scan (a fresh :class:`Scanner`)."""
+    return Scanner().scan(path, **kwargs)

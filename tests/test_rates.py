@@ -1,0 +1,353 @@
+"""Rates, ETAs, the over-budget projection and stalls, with injected time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import DatasetConfig, EndpointConfig
+from supervisor.model import RunFlags
+from supervisor.rates import (
+    CostInfo,
+    RateTracker,
+    Trackers,
+    build_dataset_view,
+    human_count,
+    human_duration,
+    project,
+)
+
+
+def scan(records: int, tokens: int, size: int | None = None, **extra: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "path": "/data/out/B2/raw_responses.jsonl",
+        "state": "ok",
+        "records": records,
+        "unique_ids": records,
+        "duplicates": 0,
+        "prompt_tokens": 0,
+        "completion_tokens": tokens,
+        "finish_reasons": {"stop": records},
+        "bad_lines": [],
+        "bad_lines_total": 0,
+        "partial_tail_bytes": 0,
+        "verdict": "current",
+        "verdict_detail": None,
+        "size": size if size is not None else tokens * 7,
+        "stream": "s:1",
+        "texts": [],
+    }
+    base.update(extra)
+    return base
+
+
+def test_windowed_rates_are_exact() -> None:
+    t = RateTracker()
+    for i in range(0, 1201, 10):  # 0.5 req/s, 175 tok/s for 20 minutes
+        t.observe(1000.0 + i, i // 2, i * 175)
+    r = t.rates(2200.0)
+    assert r.req_per_s_1m == pytest.approx(0.5)
+    assert r.req_per_s_10m == pytest.approx(0.5)
+    assert r.tok_per_s_all == pytest.approx(175)
+    assert len(t.history()) == 60 and t.history()[-1] == pytest.approx(175)
+
+
+def test_windows_see_a_change_of_pace() -> None:
+    t = RateTracker()
+    for i in range(0, 601, 10):
+        t.observe(float(i), i, i * 10)  # 1 req/s for 10 minutes
+    for i in range(610, 1201, 10):
+        t.observe(float(i), 600, 6000)  # then nothing
+    r = t.rates(1200.0)
+    assert r.req_per_s_1m == 0
+    assert r.req_per_s_10m == 0
+    assert r.req_per_s_all == pytest.approx(0.5)
+
+
+def test_no_rate_from_a_single_observation() -> None:
+    t = RateTracker()
+    t.observe(5.0, 10, 100)
+    assert t.rate(60, 5.0) == (None, None)
+    t.observe(5.5, 11, 110)  # closer than a second
+    assert t.rates(5.5).req_per_s_all is None
+
+
+def test_a_new_stream_or_a_shrinking_count_restarts_the_history() -> None:
+    t = RateTracker()
+    t.observe(0.0, 100, 1000, stream="a:1")
+    t.observe(60.0, 160, 1600, stream="a:1")
+    assert t.rates(60.0).req_per_s_all == pytest.approx(1.0)
+    t.observe(120.0, 10, 100, stream="a:2")  # rescanned after truncation
+    assert t.rates(120.0).req_per_s_all is None
+    t.observe(180.0, 70, 700, stream="a:2")
+    assert t.rates(180.0).req_per_s_all == pytest.approx(1.0)
+    t.observe(240.0, 5, 50, stream="a:2")  # count went down: no negative rates
+    assert t.rates(240.0).req_per_s_all is None
+
+
+def test_the_story_over_budget_without_token_budget() -> None:
+    """B2: past its 10 M budget, --max-samples far away, no --token-budget."""
+    tracker = RateTracker()
+    ds = DatasetConfig(token_budget=10_000_000, max_samples=4940)
+    flags = RunFlags(max_samples=4940)
+    build_dataset_view(scan(2040, 10_200_000), ds, flags, tracker, None, True, 0.0)
+    view = build_dataset_view(scan(2140, 10_700_000), ds, flags, tracker, None, True, 900.0)
+    p = view.projection
+    assert view.name == "B2"
+    assert view.over_budget
+    assert view.rates.req_per_s_all == pytest.approx(1 / 9)
+    assert p.stop_reason == "max_samples"
+    assert p.over_budget_tokens == 700_000
+    assert p.remaining_samples == 2800
+    assert p.remaining_tokens == 14_000_000
+    assert p.remaining_s == pytest.approx(7 * 3600)
+    assert p.waste_tokens == 14_700_000
+    assert p.waste_cost_usd is None
+    assert p.message == "10.7 M / 10 M, +14 M projected over 7 h - no --token-budget"
+
+
+def test_waste_is_priced_per_output_token_or_per_gpu_hour() -> None:
+    kw = dict(
+        done=2140,
+        tokens=10_700_000,
+        records=2140,
+        req_rate=1 / 9,
+        tok_rate=5000 / 9,
+        max_samples=4940,
+        run_token_budget=None,
+        budget=10_000_000,
+        prompts=None,
+        writer_alive=True,
+    )
+    api = project(**kw, cost=CostInfo(price_out_per_m=2.5))  # type: ignore[arg-type]
+    assert api.waste_cost_usd == pytest.approx(14.7 * 2.5)
+    assert api.message is not None and api.message.endswith("no --token-budget, ~$37 wasted")
+    gpu = project(**kw, cost=CostInfo(gpu_cost_per_hour=20.0))  # type: ignore[arg-type]
+    assert gpu.waste_cost_usd == pytest.approx(14_700_000 / (5000 / 9) / 3600 * 20)
+    ep = EndpointConfig(name="x", kind="api", base_url="http://h/v1", price_out_per_m=2.5)
+    assert CostInfo.from_endpoint(ep) == CostInfo(price_out_per_m=2.5)
+    assert CostInfo.from_endpoint(None) is None
+
+
+def test_a_run_with_token_budget_stops_there_and_wastes_nothing() -> None:
+    p = project(
+        done=1000,
+        tokens=8_000_000,
+        records=1000,
+        req_rate=0.25,
+        tok_rate=2000.0,
+        max_samples=7000,
+        run_token_budget=10_000_000,
+        budget=10_000_000,
+        prompts=None,
+        writer_alive=True,
+        cost=CostInfo(price_out_per_m=2.5),
+    )
+    assert p.stop_reason == "token_budget"
+    assert p.eta_s == pytest.approx(1000.0)
+    assert p.remaining_tokens == 2_000_000 and p.remaining_samples == 250
+    assert p.waste_tokens == 0 and p.waste_cost_usd is None
+    assert p.etas == {"max_samples": 24000.0, "token_budget": 1000.0}
+    assert p.message == "8 M / 10 M, stops at --token-budget in 17 min"
+
+
+def test_will_pass_the_budget_before_max_samples() -> None:
+    p = project(
+        done=1000,
+        tokens=8_000_000,
+        records=1000,
+        req_rate=0.25,
+        tok_rate=2000.0,
+        max_samples=2000,
+        run_token_budget=None,
+        budget=10_000_000,
+        prompts=None,
+        writer_alive=True,
+        cost=None,
+    )
+    assert p.stop_reason == "max_samples"
+    assert p.waste_tokens == 6_000_000
+    assert p.etas["budget"] == pytest.approx(1000.0)
+    assert p.message == (
+        "8 M / 10 M, passes budget in 17 min, +6 M over by --max-samples - no --token-budget"
+    )
+
+
+def test_prompts_running_out_come_first() -> None:
+    p = project(
+        done=900,
+        tokens=900_000,
+        records=900,
+        req_rate=1.0,
+        tok_rate=1000.0,
+        max_samples=7000,
+        run_token_budget=None,
+        budget=None,
+        prompts=1000,
+        writer_alive=True,
+        cost=None,
+    )
+    assert (p.stop_reason, p.eta_s, p.remaining_samples) == ("prompts", 100.0, 100)
+    assert p.message is None
+
+
+def test_stopped_writer_projects_nothing() -> None:
+    p = project(
+        done=2912,
+        tokens=10_700_000,
+        records=2912,
+        req_rate=None,
+        tok_rate=None,
+        max_samples=7000,
+        run_token_budget=None,
+        budget=10_000_000,
+        prompts=None,
+        writer_alive=False,
+        cost=None,
+    )
+    assert p.eta_s is None and p.over_budget_tokens == 700_000
+    assert p.waste_tokens == 700_000
+    assert p.message == "10.7 M / 10 M - over budget, stopped"
+
+
+def test_stall_needs_a_live_writer_and_no_growth() -> None:
+    tracker = RateTracker()
+    ds = DatasetConfig(token_budget=10_000_000)
+    for t in (0.0, 100.0, 200.0):
+        v = build_dataset_view(
+            scan(10, 1000, size=500), ds, None, tracker, None, True, t, stall_seconds=300
+        )
+        assert not v.stalled
+    v = build_dataset_view(
+        scan(10, 1000, size=500), ds, None, tracker, None, True, 300.0, stall_seconds=300
+    )
+    assert v.stalled
+    dead = build_dataset_view(
+        scan(10, 1000, size=500), ds, None, tracker, None, False, 400.0, stall_seconds=300
+    )
+    assert not dead.stalled
+    # A partial line being written is growth too.
+    v = build_dataset_view(
+        scan(10, 1000, size=600), ds, None, tracker, None, True, 500.0, stall_seconds=300
+    )
+    assert not v.stalled
+
+
+def test_tokenizer_formats_count_texts_once_per_stream() -> None:
+    tracker = RateTracker()
+    seen: list[list[str]] = []
+
+    def count(texts: list[str]) -> int:
+        seen.append(texts)
+        return sum(len(t.split()) for t in texts)
+
+    s1 = scan(2, 0, texts=["a b c", "d e"], stream="x:1")
+    v = build_dataset_view(s1, None, None, tracker, None, True, 0.0, count_texts=count)
+    assert v.completion_tokens == 5
+    s2 = scan(3, 0, texts=["f"], stream="x:1")
+    assert (
+        build_dataset_view(
+            s2, None, None, tracker, None, True, 10.0, count_texts=count
+        ).completion_tokens
+        == 6
+    )
+    s3 = scan(1, 0, texts=["g h"], stream="x:2")  # rescanned: start again
+    assert (
+        build_dataset_view(
+            s3, None, None, tracker, None, True, 20.0, count_texts=count
+        ).completion_tokens
+        == 2
+    )
+    assert seen == [["a b c", "d e"], ["f"], ["g h"]]
+
+
+def test_missing_file_view() -> None:
+    missing = {
+        "path": "/x/B9/raw_responses.jsonl",
+        "state": "missing",
+        "verdict": "missing",
+        "error": "no such file",
+    }
+    v = build_dataset_view(missing, None, None, RateTracker(), None, True, 0.0)
+    assert (v.name, v.state, v.verdict, v.records, v.stalled) == (
+        "B9",
+        "missing",
+        "missing",
+        0,
+        False,
+    )
+
+
+def test_progress_counts_distinct_ids() -> None:
+    v = build_dataset_view(
+        scan(10, 100, unique_ids=7, duplicates=3),
+        None,
+        RunFlags(max_samples=10),
+        RateTracker(),
+        None,
+        True,
+        0.0,
+    )
+    assert v.projection.remaining_samples == 3
+
+
+def test_trackers_registry() -> None:
+    reg = Trackers()
+    a = reg.get(("h", "/p"))
+    assert reg.get(("h", "/p")) is a
+    reg.drop(("h", "/p"))
+    assert reg.get(("h", "/p")) is not a
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (10_700_000, "10.7 M"),
+        (14_000_000, "14 M"),
+        (2_500, "2.5 k"),
+        (950, "950"),
+        (1_250_000_000, "1.2 G"),
+    ],
+)
+def test_human_count(n: int, text: str) -> None:
+    assert human_count(n) == text
+
+
+@pytest.mark.parametrize(
+    ("s", "text"),
+    [(45, "45 s"), (720, "12 min"), (7 * 3600, "7 h"), (27000, "7.5 h"), (3 * 86400, "3 d")],
+)
+def test_human_duration(s: float, text: str) -> None:
+    assert human_duration(s) == text
+
+
+def test_views_from_successive_real_scans(tmp_path: Path) -> None:
+    from supervisor.scan import Scanner
+    from tests.fixtures_data import raw_lines
+
+    lines, _ = raw_lines(90, seed=60)
+    path = tmp_path / "B4" / "raw_responses.jsonl"
+    path.parent.mkdir()
+    path.write_bytes(b"")
+    scanner, tracker = Scanner(), RateTracker()
+    ds = DatasetConfig(token_budget=10**9, max_samples=150)
+    views = []
+    for step in range(3):  # 30 records per minute
+        with path.open("ab") as f:
+            f.write(b"".join(lines[step * 30 : (step + 1) * 30]))
+        r = scanner.scan(str(path))
+        views.append(
+            build_dataset_view(r, ds, RunFlags(max_samples=150), tracker, None, True, 60.0 * step)
+        )
+    v = views[-1]
+    assert (v.name, v.records, v.unique_ids) == ("B4", 90, 90)
+    assert v.rates.req_per_s_1m == pytest.approx(0.5)
+    assert v.rates.req_per_s_all == pytest.approx(0.5)
+    tokens = sum(json.loads(x)["completion_tokens"] for x in lines)
+    assert v.completion_tokens == tokens
+    assert v.rates.tok_per_s_all == pytest.approx((tokens - views[0].completion_tokens) / 120.0)
+    assert v.projection.stop_reason == "max_samples"
+    assert v.projection.eta_s == pytest.approx(60 / 0.5)
+    assert v.history and not v.stalled and not v.over_budget
