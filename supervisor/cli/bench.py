@@ -1,0 +1,272 @@
+"""``runwatch bench`` (measure an endpoint) and ``runwatch compare`` (where should the rest run).
+
+Both import httpx and the engine inside the command, so ``runwatch --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from supervisor.cli._common import (
+    config_option,
+    get_config,
+    json_option,
+    print_json,
+    resolve_config_path,
+)
+
+if TYPE_CHECKING:
+    from supervisor.bench import BenchResult, LevelResult
+    from supervisor.compare import Comparison
+    from supervisor.config import Config
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected C[,C...] (integers), got {text!r}") from None
+    if not values or min(values) < 1:
+        raise click.BadParameter("concurrency levels must be positive integers")
+    return values
+
+
+def _optional_config(config_path: str | None, target: str) -> Config | None:
+    """The config; for a bare URL it is optional (prices and prompts then come from flags)."""
+    from supervisor.bench import is_url
+
+    path = resolve_config_path(config_path)
+    # "runwatch.toml" is the fallback when no config was named anywhere (-c, $RUNWATCH_CONFIG).
+    if is_url(target) and path == "runwatch.toml" and not Path(path).exists():
+        return None
+    return get_config(config_path)
+
+
+class _ProgressLine:
+    """``bench  c=64  123/400`` redrawn in place on stderr (only on a terminal)."""
+
+    def __init__(self) -> None:
+        self.enabled = sys.stderr.isatty()
+        self.started = time.monotonic()
+        self.drawn = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        pct = 100.0 * done / total if total else 100.0
+        elapsed = time.monotonic() - self.started
+        sys.stderr.write(f"\r  bench: {done}/{total} requests ({pct:.0f} %), {elapsed:.0f} s ")
+        sys.stderr.flush()
+        self.drawn = True
+
+    def clear(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+@click.command()
+@click.argument("target", metavar="ENDPOINT|URL")
+@config_option
+@click.option("--prompts", default=None, help="A dataset of the config, or a JSONL file.")
+@click.option(
+    "--requests",
+    "n_requests",
+    type=int,
+    default=100,
+    show_default=True,
+    help="Requests per concurrency level.",
+)
+@click.option(
+    "--concurrency",
+    default=None,
+    help="Concurrency levels, e.g. 8,32,64 (default: the endpoint's, else 8).",
+)
+@click.option(
+    "--max-tokens",
+    type=int,
+    default=None,
+    help="max_tokens of each request (default: the endpoint's).",
+)
+@click.option(
+    "--stream", is_flag=True, help="Stream responses: measures TTFT and inter-token latency."
+)
+@click.option("--no-warmup", is_flag=True, help="Skip the warm-up request per connection.")
+@click.option(
+    "--retries",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Retries of a request after 429, 5xx, timeout or connection error.",
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Seconds allowed for one request.",
+)
+@click.option(
+    "--api-key-env", default=None, help="Environment variable holding the API key (for a bare URL)."
+)
+@click.option("--no-save", is_flag=True, help="Do not append the result to the bench history.")
+@json_option
+def bench(
+    target: str,
+    config_path: str | None,
+    prompts: str | None,
+    n_requests: int,
+    concurrency: str | None,
+    max_tokens: int | None,
+    stream: bool,
+    no_warmup: bool,
+    retries: int,
+    timeout: float,
+    api_key_env: str | None,
+    no_save: bool,
+    as_json: bool,
+) -> None:
+    """Measure an endpoint with the run's own prompts and request shape.
+
+    Prints, per concurrency level: completed and failed requests (by kind), req/s, output and
+    total tokens/s, latency percentiles (TTFT and inter-token latency with --stream), achieved
+    concurrency, tokens by usage vs the tokenizer, and cost. The result is appended to the bench
+    history that `runwatch compare` reads.
+    """
+    from supervisor.bench import Options, run_bench
+    from supervisor.errors import UsageError
+
+    if n_requests < 1:
+        raise UsageError("--requests must be at least 1")
+    if retries < 0:
+        raise UsageError("--retries must be 0 or more")
+    config = _optional_config(config_path, target)
+    options = Options(
+        requests=n_requests,
+        concurrency=_levels(concurrency) if concurrency else [],
+        stream=stream,
+        warmup=not no_warmup,
+        timeout_s=timeout,
+        max_retries=retries,
+    )
+    line = _ProgressLine()
+    try:
+        result = asyncio.run(
+            run_bench(
+                config,
+                target,
+                prompts=prompts,
+                options=options,
+                max_tokens=max_tokens,
+                api_key_env=api_key_env,
+                progress=line,
+                save=not no_save,
+            )
+        )
+    finally:
+        line.clear()
+    if as_json:
+        print_json(result)
+    else:
+        click.echo(format_bench(result))
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if v >= 10_000:
+        return f"{v / 1000:.2f} s"
+    return f"{v:.1f} ms" if v < 10 else f"{v:.0f} ms"
+
+
+def _failed(lv: LevelResult) -> str:
+    parts = [f"{k}:{v}" for k, v in lv.failed.items()]
+    if lv.gave_up:
+        parts.append(f"gave up {lv.gave_up}")
+    return " ".join(parts) or "0"
+
+
+def format_bench(result: BenchResult) -> str:
+    """The text report of a bench."""
+    head = (
+        f"bench {result.endpoint}  model {result.model}  max_tokens {result.max_tokens}"
+        f"{'  streamed' if result.stream else ''}"
+    )
+    lines = [head, f"  prompts: {result.prompts or '-'} ({result.prompt_count} used)"]
+    cols = (
+        f"  {'conc':>5} {'done':>6} {'failed':<14} {'req/s':>8} {'out tok/s':>10} "
+        f"{'tot tok/s':>10} {'p50':>8} {'p90':>8} {'p99':>8} {'achieved':>8} {'cost':>10}"
+    )
+    lines.append(cols)
+    for lv in result.levels:
+        cost = "-" if lv.cost_usd is None else f"${lv.cost_usd:.4f}"
+        lines.append(
+            f"  {lv.concurrency:>5} {lv.completed:>6} {_failed(lv):<14} {lv.req_per_s:>8.2f} "
+            f"{lv.output_tok_per_s:>10,.0f} {lv.total_tok_per_s:>10,.0f} "
+            f"{_ms(lv.latency_ms.p50):>8} {_ms(lv.latency_ms.p90):>8} {_ms(lv.latency_ms.p99):>8} "
+            f"{lv.achieved_concurrency:>8.1f} {cost:>10}"
+        )
+    for lv in result.levels:
+        detail = [f"  c={lv.concurrency}:"]
+        if lv.ttft_ms is not None:
+            detail.append(f"TTFT p50 {_ms(lv.ttft_ms.p50)} p99 {_ms(lv.ttft_ms.p99)}")
+        if lv.itl_ms is not None and lv.itl_ms.p50 is not None:
+            detail.append(f"inter-chunk p50 {_ms(lv.itl_ms.p50)} p99 {_ms(lv.itl_ms.p99)}")
+        if lv.tpot_ms is not None and lv.tpot_ms.p50 is not None:
+            detail.append(f"per token p50 {lv.tpot_ms.p50:.1f} ms")
+        t = lv.tokens
+        tok = f"tokens: usage {t.usage_completion:,}"
+        if t.tokenizer_completion is not None:
+            tok += f", tokenizer {t.tokenizer_completion:,}"
+            if t.disagreement is not None:
+                tok += f" ({t.disagreement * 100:+.1f} %)"
+        detail.append(tok)
+        if lv.cost_source:
+            detail.append(f"cost from {lv.cost_source}")
+        if lv.retry_wait_s:
+            detail.append(f"waited {lv.retry_wait_s:.1f} s before retries")
+        lines.append(detail[0] + " " + "; ".join(detail[1:]))
+        if t.flagged and t.note:
+            lines.append(f"    ! {t.note}")
+    return "\n".join(lines)
+
+
+@click.command()
+@config_option
+@click.option(
+    "--sample",
+    "sample_s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Longest time spent measuring the live rates of running runs (at least 10 s of it).",
+)
+@json_option
+def compare(config_path: str | None, sample_s: float, as_json: bool) -> None:
+    """Time and cost to finish every dataset with budget left, on each endpoint.
+
+    Uses the live rates of running runs (their data files measure their endpoint), the latest
+    bench of endpoints that are not running, and the price tables.
+    """
+    from supervisor.compare import gather_comparison
+
+    config = get_config(config_path)
+    result = asyncio.run(
+        gather_comparison(config, sample_s=sample_s, min_sample_s=min(10.0, sample_s))
+    )
+    if as_json:
+        print_json(result)
+    else:
+        click.echo(format_compare(result))
+
+
+def format_compare(result: Comparison) -> str:
+    from supervisor.compare import format_lines
+
+    return "\n".join(format_lines(result))
