@@ -110,6 +110,10 @@ class RunConfig(_Section):
     """A dataset that has not grown for this long while its writer is alive is stalled."""
     env: dict[str, str] = {}
     """Extra environment variables for the launched command (never secrets: see api_key_env)."""
+    settle_seconds: float = 2.0
+    """After a launch, how long the new process must stay alive to count as started."""
+    stop_grace_seconds: float = 10.0
+    """A restart's stop: seconds between SIGTERM and SIGKILL."""
 
 
 class EndpointConfig(_Section):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def state_dir() -> Path:
-    """``$XDG_STATE_HOME/runwatch`` (default ``~/.local/state/runwatch``): audit log, bench history."""
+    """``$XDG_STATE_HOME/runwatch`` (default ``~/.local/state/runwatch``): audit, bench history."""
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "runwatch"
 
