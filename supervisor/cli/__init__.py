@@ -33,7 +33,7 @@ for _module, _names in (
     ("supervisor.cli.tui", ("tui",)),
     ("supervisor.cli.data", ("scan", "check")),
     ("supervisor.cli.hosts", ("ps", "kill", "status")),
-    ("supervisor.cli.actions", ("launch", "restart", "audit")),
+    ("supervisor.cli.actions", ("launch", "restart", "guard", "audit")),
     ("supervisor.cli.bench", ("bench", "compare")),
 ):
     try:

@@ -1,0 +1,134 @@
+"""The audit log: every kill, launch, restart, move-aside, repair and budget action, one JSON line
+each, appended to ``$XDG_STATE_HOME/runwatch/audit.jsonl``.
+
+A line is written with a single ``write`` on a file opened with ``O_APPEND``, so concurrent
+runwatch processes never interleave their lines. argv is stored masked (``***`` for secrets) and
+``detail`` strings are masked too; an API key never reaches this file.
+
+Record fields: ``time`` (Unix seconds), ``action`` (``kill``, ``launch``, ``restart``,
+``move-aside``, ``repair``, ``budget``), ``host``, ``run``, ``ok``, ``identity`` (the process acted
+on or started, or None), ``argv`` (masked), ``steps`` (``[{"name", "ok", "detail"}]``), plus any
+action-specific keys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from supervisor.hostops import mask_argv, mask_text
+from supervisor.paths import state_dir
+
+AUDIT_NAME = "audit.jsonl"
+
+
+def audit_path() -> Path:
+    """Where the audit log lives (``state_dir()/audit.jsonl``)."""
+    return state_dir() / AUDIT_NAME
+
+
+def _masked(value: Any, secrets: list[str]) -> Any:
+    if isinstance(value, str):
+        return mask_text(value, secrets)
+    if isinstance(value, list):
+        return [_masked(v, secrets) for v in value]
+    if isinstance(value, tuple):
+        return [_masked(v, secrets) for v in value]
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if k == "argv" and isinstance(v, (list, tuple)):
+                out[k] = mask_argv([str(a) for a in v], secrets)
+            else:
+                out[k] = _masked(v, secrets)
+        return out
+    return value
+
+
+def record(
+    action: str,
+    *,
+    host: str,
+    run: str | None,
+    ok: bool,
+    identity: dict[str, Any] | None = None,
+    argv: list[str] | None = None,
+    steps: list[dict[str, Any]] | None = None,
+    secrets: list[str] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Append one record and return it (as written). ``secrets`` are masked wherever they occur."""
+    entry: dict[str, Any] = {
+        "time": time.time(),
+        "action": action,
+        "host": host,
+        "run": run,
+        "ok": ok,
+        "identity": identity,
+        "argv": argv,
+        "steps": steps or [],
+    }
+    entry.update(extra)
+    masked = _masked(entry, [s for s in (secrets or []) if s])
+    append(masked)
+    return dict(masked)
+
+
+def append(entry: dict[str, Any]) -> None:
+    """Append one JSON line with a single ``O_APPEND`` write."""
+    path = audit_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(entry, sort_keys=True, default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        written = os.write(fd, line)
+        if written != len(line):  # pragma: no cover - a full disk
+            raise OSError(f"short write to {path}: {written} of {len(line)} bytes")
+    finally:
+        os.close(fd)
+
+
+def read(limit: int | None = None, path: Path | None = None) -> list[dict[str, Any]]:
+    """The records, oldest first (the last ``limit`` when given). Unparseable lines are skipped."""
+    p = path or audit_path()
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        return []
+    out: list[dict[str, Any]] = []
+    for line in raw.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    if limit is not None:
+        out = out[-limit:] if limit > 0 else []
+    return out
+
+
+def format_record(entry: dict[str, Any]) -> str:
+    """One line for humans: time, action, host/run, outcome, pid and the failing step if any."""
+    t = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(entry.get("time", 0))))
+    ident = entry.get("identity") or {}
+    pid = f" pid {ident.get('pid')}" if isinstance(ident, dict) and ident.get("pid") else ""
+    outcome = "ok" if entry.get("ok") else "FAILED"
+    where = f"{entry.get('host')}/{entry.get('run') or '-'}"
+    steps = entry.get("steps") or []
+    failed = next((s for s in steps if isinstance(s, dict) and not s.get("ok")), None)
+    detail = ""
+    if failed is not None:
+        detail = f" - {failed.get('name')}: {_first_line(failed.get('detail'))}"
+    elif entry.get("detail"):
+        detail = f" - {_first_line(entry.get('detail'))}"
+    return f"{t}  {entry.get('action', '?'):<10} {where:<24} {outcome}{pid}{detail}"
+
+
+def _first_line(text: Any) -> str:
+    return str(text).strip().split("\n", 1)[0]

@@ -1,0 +1,275 @@
+"""``runwatch launch``, ``runwatch restart``, ``runwatch guard`` and ``runwatch audit``.
+
+``launch`` and ``restart`` show the plan, ask for confirmation (``--yes`` skips it; without a
+terminal and without ``--yes`` they refuse with exit status 2), then run it step by step, printing
+each step's outcome as it completes. Exit status 0 only when the new run is confirmed running (for
+``--dry-run``: when every check passed), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from supervisor.cli._common import config_option, get_config, json_option, print_json
+from supervisor.errors import UsageError
+
+if TYPE_CHECKING:
+    from supervisor.actions import ActionResult, Plan, Step
+    from supervisor.config import Config
+
+__all__ = ["audit", "guard", "launch", "restart"]
+
+_MARK = {"ok": "ok", "failed": "FAILED", "skipped": "skip", "running": "..", "pending": "  "}
+
+
+def _print_step(step: Step) -> None:
+    if step.state == "running":
+        click.echo(f"  [..] {step.name}: {step.title}")
+        return
+    detail = step.detail.replace("\n", "\n       ")
+    click.echo(f"  [{_MARK[step.state]}] {step.name}: {detail}")
+
+
+def _confirm_allowed(yes: bool, dry_run: bool) -> None:
+    if yes or dry_run:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(
+            "refusing to act without confirmation: no terminal to ask on",
+            "pass --yes to confirm, or --dry-run to see the plan and the checks",
+        )
+
+
+def _run_action(
+    config: Config,
+    action: str,
+    run: str,
+    sets: tuple[str, ...],
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+    move_aside: bool = False,
+    allow_change: tuple[str, ...] = (),
+) -> None:
+    import asyncio
+
+    from supervisor import actions
+    from supervisor.engine import Engine
+
+    overrides = actions.parse_sets(sets)  # a bad --set fails before anything is contacted
+    _confirm_allowed(yes, dry_run)
+
+    async def main() -> ActionResult | None:
+        engine = Engine(config)
+        try:
+            plan: Plan = await actions.make_plan(
+                engine,
+                run,
+                action="launch" if action == "launch" else "restart",
+                overrides=overrides,
+                move_aside=move_aside,
+                allow_change=allow_change,
+            )
+            if not as_json:
+                click.echo("\n".join(plan.describe()))
+            if not (yes or dry_run) and not click.confirm(f"{action} {run}?", default=False):
+                click.echo("nothing done", err=True)
+                return None
+            if not as_json:
+                click.echo("dry run: checks only, nothing changes" if dry_run else "running:")
+            return await actions.execute(
+                engine, plan, dry_run=dry_run, on_step=None if as_json else _print_step
+            )
+        finally:
+            await engine.aclose()
+
+    result = asyncio.run(main())
+    if result is None:
+        sys.exit(1)
+    if as_json:
+        print_json(result.to_json())
+    else:
+        _print_outcome(result)
+    sys.exit(0 if result.ok else 1)
+
+
+def _print_outcome(result: ActionResult) -> None:
+    failed = result.failed_step
+    if result.dry_run:
+        click.echo("checks passed" if result.ok else f"blocked at {failed.name if failed else '?'}")
+        return
+    if result.ok and result.identity:
+        ident = result.identity
+        click.echo(
+            f"{result.run} is running on {result.host}: pid {ident.get('pid')} "
+            f"(start tick {ident.get('start_time')}, boot {str(ident.get('boot_id'))[:8]})"
+        )
+    elif failed is not None:
+        click.echo(f"{result.action} {result.run}: stopped at {failed.name}", err=True)
+
+
+_set_option = click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a flag of the run's argv: --set token-budget=10000000 -> --token-budget "
+    "10000000 (replaces the flag or adds it). Repeatable.",
+)
+_dry_option = click.option(
+    "--dry-run", is_flag=True, help="Show the plan and run the checks; change nothing."
+)
+_yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+
+
+@click.command()
+@click.argument("run")
+@_set_option
+@_dry_option
+@_yes_option
+@json_option
+@config_option
+def launch(
+    run: str,
+    sets: tuple[str, ...],
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+    config_path: str | None,
+) -> None:
+    """Launch RUN on its host, detached, after checking its data; confirm it runs.
+
+    The API key (the endpoint's api_key_env) goes in the run's environment, never in its argv.
+    """
+    _run_action(get_config(config_path), "launch", run, sets, dry_run, yes, as_json)
+
+
+@click.command()
+@click.argument("run")
+@_set_option
+@click.option(
+    "--move-aside",
+    is_flag=True,
+    help="Rename data files in another format to <file>.<format>-<timestamp> (nothing deleted).",
+)
+@click.option(
+    "--allow-change",
+    "allow_change",
+    multiple=True,
+    metavar="KEY",
+    help="Allow a change of model, sampling (or one parameter: temperature...), prompts or "
+    "format since the last launch. Repeatable.",
+)
+@_dry_option
+@_yes_option
+@json_option
+@config_option
+def restart(
+    run: str,
+    sets: tuple[str, ...],
+    move_aside: bool,
+    allow_change: tuple[str, ...],
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+    config_path: str | None,
+) -> None:
+    """Check RUN's data and settings, stop it by identity, repair a torn tail, relaunch it.
+
+    Checks come first, while the old run is alive: a blocked restart kills nothing.
+    """
+    _run_action(
+        get_config(config_path),
+        "restart",
+        run,
+        sets,
+        dry_run,
+        yes,
+        as_json,
+        move_aside=move_aside,
+        allow_change=allow_change,
+    )
+
+
+@click.command()
+@click.option("--limit", type=int, default=50, show_default=True, help="Last N records; 0: all.")
+@json_option
+def audit(limit: int, as_json: bool) -> None:
+    """Show the audit log: every kill, launch, restart, move-aside, repair and budget action."""
+    from supervisor import audit as audit_mod
+
+    entries: list[dict[str, Any]] = audit_mod.read(limit=None if limit <= 0 else limit)
+    if as_json:
+        print_json(entries)
+        return
+    if not entries:
+        click.echo(f"no audit records in {audit_mod.audit_path()}")
+        return
+    for e in entries:
+        click.echo(audit_mod.format_record(e))
+
+
+@click.command()
+@click.option(
+    "--watch",
+    "watch",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Keep refreshing every SECONDS and act on new events until Ctrl-C.",
+)
+@click.option("--dry-run", is_flag=True, help="Show the budget events; act on none.")
+@json_option
+@config_option
+def guard(watch: float | None, dry_run: bool, as_json: bool, config_path: str | None) -> None:
+    """Apply each run's budget_policy (warn, stop, restart-with-budget) to runs without
+    --token-budget whose datasets passed their budget. Each event is acted on once, ever."""
+    import asyncio
+
+    from supervisor.actions import BudgetGuard
+    from supervisor.engine import Engine
+
+    config = get_config(config_path)
+
+    async def main() -> list[dict[str, Any]]:
+        engine = Engine(config)
+        budget_guard = BudgetGuard(config)
+        seen: list[dict[str, Any]] = []
+        try:
+            while True:
+                snap = await engine.refresh()
+                new: list[dict[str, Any]] = []
+                if dry_run:
+                    for e in budget_guard.observe(snap):
+                        new.append({"event": e.to_json(), "acted": False, "ok": True})
+                        if not as_json:
+                            click.echo(f"{e.host}/{e.run}: would {e.policy}: {e.message}")
+                else:
+                    for outcome in await budget_guard.enforce(engine, snap):
+                        new.append(outcome.to_json())
+                        if not as_json:
+                            ev = outcome.event
+                            state = "done" if outcome.ok else "FAILED"
+                            click.echo(f"{ev.host}/{ev.run}: {ev.policy} {state}: {outcome.detail}")
+                if as_json and watch is not None:
+                    for item in new:  # one JSON line per outcome, as it happens
+                        print_json(item)
+                seen.extend(new)
+                if watch is None:
+                    return seen
+                await asyncio.sleep(watch)  # the refresh interval the user asked for
+        finally:
+            await engine.aclose()
+
+    try:
+        seen = asyncio.run(main())
+    except KeyboardInterrupt:
+        return
+    if as_json and watch is None:
+        print_json(seen)
+    elif not seen and not as_json:
+        click.echo("no budget events to act on")
+    sys.exit(0 if all(o.get("ok", True) for o in seen) else 1)

@@ -1,0 +1,298 @@
+"""Fixtures for launch, restart, repair and the budget guard: real processes and real files."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# A stand-in workload: prints, then runs until a stop file appears (or forever), ignoring nothing.
+WORKLOAD = r"""
+import os, sys, time
+print("workload started", " ".join(sys.argv[1:]), flush=True)
+print("key present" if os.environ.get("RW_TEST_KEY") else "no key", flush=True)
+stop = os.environ.get("RW_STOP_FILE")
+while not (stop and os.path.exists(stop)):
+    time.sleep(0.05)
+print("workload stopping", flush=True)
+"""
+
+
+def wait_for(cond: Callable[[], object], timeout: float = 15.0, interval: float = 0.02) -> None:
+    """Wait until ``cond()`` is truthy; fail the test with a clear message on timeout."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s: {cond}")
+        time.sleep(interval)
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` (relative path -> digest)."""
+    return {str(p.relative_to(root)): sha256_of(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def pid_alive(pid: int) -> bool:
+    """True when ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture
+def workload(tmp_path: Path) -> Path:
+    """A script that behaves like a long run: prints to stdout and waits for ``RW_STOP_FILE``."""
+    script = tmp_path / "workload.py"
+    script.write_text(WORKLOAD)
+    return script
+
+
+@pytest.fixture
+def python_exe() -> str:
+    return sys.executable
+
+
+@pytest.fixture
+def kill_after() -> Iterator[list[int]]:
+    """Append PIDs (session leaders) launched by a test; their groups are killed at teardown."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    for pid in pids:
+        wait_for(lambda pid=pid: not pid_alive(pid), timeout=10)  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------- a demo run to act on
+
+RUN_INFERENCE = Path(__file__).resolve().parent.parent / "supervisor" / "demo" / "run_inference.py"
+API_KEY = "sk-demo-secret-key-0123456789"
+KEY_ENV = "RW_DEMO_API_KEY"
+
+
+def raw_record(sample_id: str, tokens: int = 5) -> bytes:
+    """One complete line in the current (raw) format."""
+    import json
+
+    rec = {
+        "sample_id": sample_id,
+        "output_ids": list(range(tokens)),
+        "prompt_tokens": 3,
+        "completion_tokens": tokens,
+        "finish_reason": "stop",
+    }
+    return (json.dumps(rec) + "\n").encode()
+
+
+def legacy_record(sample_id: str) -> bytes:
+    """One complete line in the older text format."""
+    import json
+
+    rec = {
+        "sample_id": sample_id,
+        "text": "an older response",
+        "prompt_tokens": 3,
+        "completion_tokens": 3,
+        "finish_reason": "stop",
+    }
+    return (json.dumps(rec) + "\n").encode()
+
+
+class DemoRun:
+    """A workdir with demo prompts, a mock endpoint and a config whose run is the demo client."""
+
+    def __init__(
+        self,
+        root: Path,
+        url: str,
+        *,
+        datasets: tuple[str, ...] = ("B1", "B2"),
+        max_samples: int = 40,
+        prompts: int = 400,
+        concurrency: int = 2,
+        budgets: dict[str, int] | None = None,
+        policy: str = "warn",
+        host_toml: str = '[[hosts]]\nname = "local"\nlocal = true\n',
+        host_name: str = "local",
+        extra_argv: tuple[str, ...] = (),
+        run_toml: str = "",
+    ) -> None:
+        from supervisor.demo.prompts import write_prompts
+
+        self.root = root
+        self.workdir = root / "work"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        write_prompts(self.workdir / "prompts", datasets, prompts)
+        self.datasets = datasets
+        self.max_samples = max_samples
+        self.argv = [
+            sys.executable,
+            str(RUN_INFERENCE),
+            "--datasets",
+            ",".join(datasets),
+            "--api-base",
+            url,
+            "--api-key-env",
+            KEY_ENV,
+            "--model",
+            "demo-model",
+            "--max-samples",
+            str(max_samples),
+            "--concurrency",
+            str(concurrency),
+            "--output-dir",
+            "data",
+            "--prompts-dir",
+            "prompts",
+            "--report-seconds",
+            "1",
+            *extra_argv,
+        ]
+        lines = [
+            host_toml,
+            "[[runs]]",
+            'name = "demo"',
+            f'host = "{host_name}"',
+            f"workdir = {_toml_str(str(self.workdir))}",
+            "argv = [" + ", ".join(_toml_str(a) for a in self.argv) + "]",
+            'output_dir = "data"',
+            'log = "logs/run.log"',
+            'endpoint = "mock"',
+            f'budget_policy = "{policy}"',
+            run_toml,
+            "",
+            "[[endpoints]]",
+            'name = "mock"',
+            'kind = "api"',
+            f"base_url = {_toml_str(url)}",
+            f'api_key_env = "{KEY_ENV}"',
+            "",
+        ]
+        for ds, budget in (budgets or {}).items():
+            lines += [f"[datasets.{ds}]", f"token_budget = {budget}", ""]
+        self.config_path = root / "runwatch.toml"
+        self.config_path.write_text("\n".join(lines))
+
+    @property
+    def config(self) -> Any:
+        from supervisor.config import load_config
+
+        return load_config(self.config_path)
+
+    def data_file(self, ds: str) -> Path:
+        return self.workdir / "data" / ds / "raw_responses.jsonl"
+
+    def lines(self, ds: str) -> list[bytes]:
+        try:
+            return self.data_file(ds).read_bytes().splitlines(keepends=True)
+        except FileNotFoundError:
+            return []
+
+    def complete_ids(self, ds: str) -> list[str]:
+        import json
+
+        return [json.loads(line)["sample_id"] for line in self.lines(ds) if line.endswith(b"\n")]
+
+    def log_text(self) -> str:
+        try:
+            return (self.workdir / "logs" / "run.log").read_text()
+        except FileNotFoundError:
+            return ""
+
+
+def _toml_str(s: str) -> str:
+    import json
+
+    return json.dumps(s)  # a JSON string is a valid TOML basic string
+
+
+@pytest.fixture
+def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private XDG state dir (audit log, guard markers) with the demo API key set."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv(KEY_ENV, API_KEY)
+    return tmp_path / "state" / "runwatch"
+
+
+@pytest.fixture
+def mock_endpoint() -> Iterator[Any]:
+    """A paced mock server requiring the demo API key: about 0.4 s per response."""
+    from supervisor.demo.server import MockSettings, serve_in_thread
+
+    settings = MockSettings(decode_tps=100.0, mean_tokens=40, length_sigma=0.3, api_key=API_KEY)
+    with serve_in_thread(settings) as handle:
+        yield handle
+
+
+@pytest.fixture
+def slow_endpoint() -> Iterator[Any]:
+    """A mock server slow enough that a run stays mid-flight for the whole test (~1 s each)."""
+    from supervisor.demo.server import MockSettings, serve_in_thread
+
+    settings = MockSettings(decode_tps=40.0, mean_tokens=40, length_sigma=0.3, api_key=API_KEY)
+    with serve_in_thread(settings) as handle:
+        yield handle
+
+
+def run_pids(workdir: Path) -> list[int]:
+    """PIDs of live demo clients whose working directory is ``workdir``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if str(RUN_INFERENCE).encode() in argv and cwd == str(workdir) and pid_alive(pid):
+            found.append(pid)
+    return found
+
+
+@pytest.fixture
+def kill_runs_in() -> Iterator[list[Path]]:
+    """Append workdirs; every demo client still running in them is killed at teardown."""
+    dirs: list[Path] = []
+    yield dirs
+    for d in dirs:
+        for pid in run_pids(d):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        wait_for(lambda d=d: not run_pids(d), timeout=10)  # type: ignore[misc]
+
+
+def host_toml(cfg: Any) -> str:
+    """A ``[[hosts]]`` table for a HostConfig (e.g. the test sshd's)."""
+    import msgspec
+
+    lines = ["[[hosts]]"]
+    for key, value in msgspec.to_builtins(cfg).items():
+        if value is None or value == [] or value is False:
+            continue
+        if isinstance(value, list):
+            lines.append(f"{key} = [" + ", ".join(_toml_str(str(v)) for v in value) + "]")
+        elif isinstance(value, bool):
+            lines.append(f"{key} = true")
+        elif isinstance(value, (int, float)):
+            lines.append(f"{key} = {value}")
+        else:
+            lines.append(f"{key} = {_toml_str(str(value))}")
+    return "\n".join(lines) + "\n"
