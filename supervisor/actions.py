@@ -785,19 +785,13 @@ class _Runner:
         outcome = msgspec.to_builtins(res) if res is not None else None
         step.data["kill"] = outcome
         refused = _refused(outcome)
+        # A process already exiting when the kill arrived is waited for by the agent itself.
         probe = await self._probe(ident)
-        if refused and probe.get("alive"):
-            # A process on its way out (another runwatch stopped it) has already lost its
-            # argv, and the agent refuses a kill whose argv differs: give it time to finish.
-            deadline = time.monotonic() + plan.run.stop_grace_seconds
-            while probe.get("alive") and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)  # polling the host for a condition, bounded above
-                probe = await self._probe(ident)
         if refused and probe.get("alive"):
             raise StepFailed(
                 f"kill refused: {refused}",
                 "the process listed is no longer the run (PID reused, host rebooted, other "
-                "owner); refresh and check what runs",
+                "owner) or is still exiting; refresh and check what runs",
             )
         if refused:
             # The process named by the identity (same boot, pid and start time) is gone: it

@@ -147,6 +147,8 @@ class _Target:
         self.exit_code: int | None = None
         self.detail = ""
         self.not_permitted = False
+        self.exiting = False
+        """Already exiting when the kill arrived (argv released): waited for, never signalled."""
 
     def open(self) -> bool:
         """Pin the process with a pidfd; False when it is already gone or no longer this one."""
@@ -167,7 +169,7 @@ class _Target:
         if self.gone_at is not None:
             return True
         st = procs.read_stat(self.pid)
-        if st is not None and st.start_time == self.start_time and st.state not in "ZX":
+        if st is not None and st.start_time == self.start_time and _running(st):
             return False
         if st is not None and st.start_time == self.start_time and st.ppid == os.getpid():
             self._reap()
@@ -188,7 +190,7 @@ class _Target:
 
     def send(self, sig: int) -> bool:
         """Send ``sig``; False when the process turned out to be gone (nothing was sent)."""
-        if self.check_gone():
+        if self.exiting or self.check_gone():
             return False
         try:
             if self.fd is not None:
@@ -205,6 +207,12 @@ class _Target:
             return False
         self.signals.append(signal.Signals(sig).name)
         return True
+
+
+def _running(st: procs.Stat) -> bool:
+    """Not exited yet: not a zombie, or a zombie thread-group leader whose other threads still
+    run (its main thread ended; the process has not)."""
+    return st.state not in "ZX" or (st.state == "Z" and st.threads > 1)
 
 
 def _wait_gone(targets: Sequence[_Target], deadline: float) -> None:
@@ -278,10 +286,18 @@ def kill(agent: Agent, params: dict[str, Any]) -> dict[str, Any]:
                     f"listed {run.start_time})",
                 )
             return {"results": [_gone_result(run, "already gone: " + _gone_why(st))]}
-        live_argv = procs.read_argv(pid) or []
+        live_argv = procs.read_argv(pid)
         uid = procs.read_uid(pid)
+        if (live_argv is None or uid is None) and run.check_gone():
+            return {"results": [_gone_result(run, "already gone: no such process; no signal sent")]}
         if uid != ident.get("uid"):
             return _refuse(pid, f"refused: owner changed (uid {uid}, listed {ident.get('uid')})")
+        if not live_argv:
+            # The kernel releases a process's memory, argv included, while it exits, before it
+            # becomes a zombie. The pid, start time (checked by ``open``, pinned by the pidfd)
+            # and owner are the listed ones: it is the run, on its way out. Wait for it.
+            run.exiting = True
+            return _kill_tree(run, grace)
         want = list(ident.get("argv") or [])
         if want not in (procs.mask_argv(live_argv), live_argv):
             return _refuse(pid, "refused: argv changed (PID reused by another command?)")
@@ -336,11 +352,11 @@ def _kill_tree(run: _Target, grace: float) -> dict[str, Any]:
     try:
         started = time.monotonic()
         for t in targets:
-            if not t.send(signal.SIGTERM):
+            if not t.send(signal.SIGTERM) and not t.exiting:
                 t.detail = "already gone; no signal sent"
         _wait_gone(targets, started + max(grace, 0.0))
         alive = [t for t in targets if not t.not_permitted and not t.check_gone()]
-        if alive:
+        if any(not t.exiting for t in alive):
             # Workers forked during the grace period are killed too.
             late = _collect_children(alive, {t.pid for t in targets})
             targets.extend(late)
@@ -357,7 +373,17 @@ def _kill_tree(run: _Target, grace: float) -> dict[str, Any]:
 def _result(t: _Target, started: float) -> dict[str, Any]:
     gone = t.check_gone()
     after = round(t.gone_at - started, 4) if t.gone_at is not None and t.signals else None
-    if t.not_permitted and not gone:
+    if t.exiting:
+        # Never signalled: its argv could no longer be checked against the listed one.
+        after = round(t.gone_at - started, 4) if t.gone_at is not None else None
+        outcome = "already-gone" if gone else "refused"
+        detail = (
+            f"was already exiting (argv released); exit confirmed after {after} s; no signal sent"
+            if gone
+            else "refused: exiting (argv released) but still there after the grace period; "
+            "no signal sent; run the kill again"
+        )
+    elif t.not_permitted and not gone:
         outcome = "refused"
         detail = "not permitted to signal it (another user's process)"
     elif not t.signals:
@@ -399,7 +425,7 @@ def probe(agent: Agent, params: dict[str, Any]) -> dict[str, Any]:
             "children": [],
             "detail": f"exited; pid {pid} reused by another process",
         }
-    if st.state in "ZX":
+    if not _running(st):
         return {"state": "zombie", "alive": False, "children": [], "detail": "exited (zombie)"}
     table = procs.process_table()
     return {
@@ -490,7 +516,11 @@ class Agent:
         }
 
     def scan(self, params: dict[str, Any]) -> dict[str, Any]:
-        return {"time": time.time(), "files": self._scan_files(params.get("files") or [])}
+        """``files`` scanned; with ``fresh``, each from its first byte by a scanner of its own
+        (every complete line validated as the specs ask), leaving the incremental state of the
+        refreshes untouched."""
+        files = self._scan_files(params.get("files") or [], fresh=bool(params.get("fresh")))
+        return {"time": time.time(), "files": files}
 
     def _get_scanner(self) -> Any:
         if self.scanner is None and self.scanner_error is None:
@@ -502,12 +532,17 @@ class Agent:
                 self.scanner_error = f"{type(e).__name__}: {e}"
         return self.scanner
 
-    def _scan_files(self, specs: list[Any]) -> dict[str, Any]:
+    def _scan_files(self, specs: list[Any], fresh: bool = False) -> dict[str, Any]:
         if not isinstance(specs, list):
             raise OpFailed("files: expected a list", "bad-request")
         out: dict[str, Any] = {}
         with self.scan_lock:
             scanner = self._get_scanner()
+        if fresh and scanner is not None:
+            # A cold scan with a scanner of its own: an earlier sampled scan proves nothing, and
+            # a long full validation must not hold up the refreshes (no shared state, no lock).
+            scanner = type(scanner)()
+        with contextlib.nullcontext() if fresh else self.scan_lock:
             for spec in specs:
                 if not isinstance(spec, dict) or not isinstance(spec.get("path"), str):
                     raise OpFailed("files: each entry needs a string 'path'", "bad-request")

@@ -377,6 +377,13 @@ def prompts_for(
             if path is None:
                 raise UsageError(f"dataset {spec} has no prompts file in the config")
             return load_prompts(path, wanted), f"{spec} ({path})"
+        if not Path(spec).expanduser().exists():
+            known = ", ".join(config.datasets) if config is not None else ""
+            raise UsageError(
+                f"--prompts {spec}: no such file"
+                + (f", and not a dataset of the config ({known})" if known else ""),
+                "pass a dataset name or a JSONL file with prompt or messages",
+            )
         return load_prompts(spec, wanted), spec
     if config is None:
         raise UsageError(

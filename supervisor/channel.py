@@ -65,6 +65,7 @@ class AgentChannel:
         self._next_id = 1
         self._task: asyncio.Task[None] | None = None
         self._closed_reason: str | None = None
+        self._read_error: str | None = None
         self.hello: dict[str, Any] | None = None
         self.noise: deque[str] = deque(maxlen=20)
         """The last lines that were not protocol (banners...), for diagnostics."""
@@ -102,6 +103,12 @@ class AgentChannel:
             msg = await self._next_message()
             if msg is None:
                 self._closed_reason = "closed before hello"
+                if self._read_error is not None:
+                    raise HostError(
+                        f"{self.name}: connection lost before the agent was ready: "
+                        f"{self._read_error}",
+                        self._diag() or "check the host and retry",
+                    )
                 raise HostError(
                     f"{self.name}: the agent exited before it was ready",
                     self._diag() or "check the host's python (>= 3.8)",
@@ -124,6 +131,12 @@ class AgentChannel:
                 return None
             except (ValueError, asyncio.LimitOverrunError) as e:  # a line over the reader's limit
                 raise HostError(f"{self.name}: agent line too long: {e}") from None
+            except Exception as e:
+                # The transport's own errors (asyncssh's ConnectionLost, DisconnectError...) end
+                # the stream like a closed pipe: pending requests fail as HostError or
+                # OutcomeUnknown, never with the transport's exception.
+                self._read_error = str(e).splitlines()[0] if str(e) else type(e).__name__
+                return None
             if not raw:
                 return None
             text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
@@ -141,6 +154,7 @@ class AgentChannel:
             while True:
                 msg = await self._next_message()
                 if msg is None:
+                    reason = self._read_error or reason
                     break
                 rid = msg.get("id")
                 if not isinstance(rid, int) or rid not in self._pending:
@@ -194,7 +208,7 @@ class AgentChannel:
         try:
             self._writer.write(line.encode())
             await self._writer.drain()
-        except (ConnectionError, OSError, RuntimeError) as e:
+        except Exception as e:  # OSError, or the transport's own (asyncssh.ConnectionLost...)
             self._pending.pop(rid, None)
             if op in ACTING_OPS:
                 raise OutcomeUnknown(

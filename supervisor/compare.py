@@ -232,14 +232,12 @@ def duration(seconds: float | None) -> str:
 
 
 def money(usd: float | None) -> str:
-    """``$137``, ``$81``, ``$9.80``, ``$0.0404``, ``cost unknown``."""
+    """``$137``, ``$81``, ``$9.80``, ``$0.59``, ``$0.040``, ``cost unknown``."""
+    from supervisor.rates import human_money
+
     if usd is None:
         return "cost unknown"
-    if usd >= 10:
-        return f"${usd:,.0f}"
-    if usd >= 1:
-        return f"${usd:.2f}"
-    return f"${usd:.4f}"
+    return human_money(usd)
 
 
 def _labels(rates: Sequence[EndpointRate]) -> dict[str, str]:
@@ -263,7 +261,8 @@ def _answer(estimates: Sequence[Estimate], labels: dict[str, str]) -> str:
 
 
 def format_lines(result: Comparison) -> list[str]:
-    """The text report: one answer per dataset, the total, then where the numbers come from."""
+    """The text report: one answer per dataset, the total, which endpoint is faster and by how
+    much, then where the numbers come from (lines that fit 80 columns where the names do)."""
     lines: list[str] = []
     if not result.rates:
         return ["no [[endpoints]] in the config: nothing to compare the datasets on"]
@@ -273,20 +272,50 @@ def format_lines(result: Comparison) -> list[str]:
         lines.append(d.answer)
     if result.answer:
         lines.append(result.answer)
+        verdict = _verdict(result.totals, _labels(result.rates))
+        if verdict:
+            lines.append(verdict)
     for name, why in result.skipped.items():
         lines.append(f"  ({name}: {why})")
     lines.append("where the numbers come from:")
     for r in result.rates:
         rate = "-" if r.out_tok_per_s is None else f"{r.out_tok_per_s:,.0f} output tok/s"
-        cost = _cost_basis(r)
-        lines.append(f"  {r.endpoint} ({r.kind}): {rate} from {r.source}; cost from {cost}")
+        lines.append(f"  {r.endpoint} ({r.kind}): {rate} from {r.source};")
+        lines.append(f"    cost from {_cost_basis(r)}")
     return lines
+
+
+def _verdict(totals: Sequence[Estimate], labels: dict[str, str]) -> str:
+    """``=> API finishes 8.7x sooner: 3 min vs 26 min, $1.25 vs $8.59 of GPU time``."""
+    timed = sorted((e for e in totals if e.seconds), key=lambda e: e.seconds or 0.0)
+    if len(timed) < 2:
+        return ""
+    fast, slow = timed[0], timed[-1]
+    assert fast.seconds is not None and slow.seconds is not None
+    if slow.seconds <= fast.seconds:
+        return ""
+
+    def cost(e: Estimate) -> str:
+        gpu = e.cost_source is not None and e.cost_source.startswith("GPU time")
+        return money(e.cost_usd) + (" of GPU time" if gpu and e.cost_usd is not None else "")
+
+    name = labels.get(fast.endpoint, fast.endpoint)
+    return (
+        f"=> {name} finishes {slow.seconds / fast.seconds:.1f}x sooner: "
+        f"{duration(fast.seconds)} vs {duration(slow.seconds)}, {cost(fast)} vs {cost(slow)}"
+    )
+
+
+def _price(usd: float | None) -> str:
+    """``0.60``, ``2.50``, ``0.075``: cents always, more digits only when the price has them."""
+    v = usd or 0.0
+    return f"{v:.2f}" if round(v, 2) == v else f"{v:g}"
 
 
 def _cost_basis(r: EndpointRate) -> str:
     if r.price_in_per_m is not None or r.price_out_per_m is not None:
         return (
-            f"price table (${r.price_in_per_m or 0:g} in / ${r.price_out_per_m or 0:g} out "
+            f"price table (${_price(r.price_in_per_m)} in / ${_price(r.price_out_per_m)} out "
             "per M tokens)"
         )
     if r.gpu_cost_per_hour is not None:
@@ -488,6 +517,19 @@ def _running_with_endpoint(config: Config, snapshot: Snapshot) -> list[Any]:
     ]
 
 
+MIN_NEW_RESPONSES = 10
+"""Responses a running run must write while compare measures it, when time allows: its files grow
+a whole response at a time, so a rate measured over 3 or 4 of them is off by a third."""
+
+
+def _written(config: Config, snapshot: Snapshot) -> dict[str, int]:
+    """Responses on disk per running run that uses an endpoint."""
+    return {
+        run.name: sum(d.unique_ids or d.records for d in run.datasets)
+        for run in _running_with_endpoint(config, snapshot)
+    }
+
+
 def _needs_rates(config: Config, snapshot: Snapshot) -> bool:
     """True while a running run that uses an endpoint has no positive rate yet."""
     for run in _running_with_endpoint(config, snapshot):
@@ -503,7 +545,8 @@ async def gather_comparison(
 
     Live rates need several looks at a run's files: while a run that uses an endpoint is running,
     the hosts are refreshed every ``refresh_seconds`` for at least ``min_sample_s`` and until every
-    such run shows a positive rate, at most ``sample_s``. With none running it answers at once.
+    such run shows a positive rate and has written ``MIN_NEW_RESPONSES`` responses since the first
+    look, at most ``sample_s``. With none running it answers at once.
     (The TUI, which refreshes all the time, calls :func:`comparison_from` instead.)
     """
     from supervisor.bench import load_history
@@ -516,11 +559,14 @@ async def gather_comparison(
     try:
         start = time.monotonic()
         snapshot = await engine.refresh()
+        first = _written(config, snapshot)
         while _running_with_endpoint(config, snapshot):
             elapsed = time.monotonic() - start
             if elapsed >= sample_s:
                 break
-            if elapsed >= min_sample_s and not _needs_rates(config, snapshot):
+            now = _written(config, snapshot)
+            enough = all(n - first.get(run, n) >= MIN_NEW_RESPONSES for run, n in now.items())
+            if elapsed >= min_sample_s and enough and not _needs_rates(config, snapshot):
                 break
             await asyncio.sleep(max(0.2, config.refresh_seconds))  # the measuring interval
             snapshot = await engine.refresh()

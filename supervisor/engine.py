@@ -28,7 +28,7 @@ import msgspec
 from supervisor import processes, rates
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.errors import ConfigError, HostError, RunwatchError
-from supervisor.hosts import Host, make_host
+from supervisor.hosts import Host, make_host, match_run, set_backend
 from supervisor.kill import KillReport, kill_or_reconcile
 from supervisor.model import (
     DatasetView,
@@ -126,7 +126,8 @@ class Engine:
         files = [{**spec, "validate": "all"} for spec in self._file_specs(run, hc)]
         h = self.host(run.host)
         timeout = max(hc.command_timeout, 300.0)
-        result = await h.request("scan", {"files": files}, timeout=timeout)
+        # ``fresh``: validated from the first byte, however the refreshes sampled the file.
+        result = await h.request("scan", {"files": files, "fresh": True}, timeout=timeout)
         scanned: dict[str, dict[str, Any]] = result.get("files", {})
         return [scanned.get(f["path"], {"path": f["path"], "state": "error"}) for f in files]
 
@@ -274,6 +275,7 @@ class Engine:
         by_run: dict[str, ProcessInfo] = {}
         for p in procs:
             p.run = self._match(hc, runs, p)
+            set_backend(p, self.config)
             if p.run is not None and p.run not in by_run:
                 by_run[p.run] = p
         for run in runs:
@@ -345,37 +347,9 @@ class Engine:
         )
 
     def _match(self, hc: HostConfig, runs: list[RunConfig], p: ProcessInfo) -> str | None:
-        """The configured run ``p`` is: the same script, running in the run's workdir or writing
-        to the run's output directory (both resolved to absolute paths). Ties go to the run whose
-        argv after the script and datasets are the same too."""
-        argv = list(p.identity.argv)
-        idx = processes.script_index(argv, self.config.scripts)
-        if idx is None or p.cwd is None:
-            return None
-        script = posixpath.basename(argv[idx])
-        cwd = posixpath.normpath(p.cwd)
-        proc_out = posixpath.normpath(posixpath.join(cwd, p.flags.output_dir or "."))
-        best: tuple[int, str] | None = None
-        for run in runs:
-            ridx = processes.script_index(run.argv, self.config.scripts)
-            if ridx is None or posixpath.basename(run.argv[ridx]) != script:
-                continue
-            workdir = os.path.expanduser(run.workdir) if hc.local else run.workdir
-            run_out = posixpath.join(workdir, run.output_dir)
-            score = 0
-            if _same_path(cwd, workdir):
-                score += 2
-            if p.flags.output_dir is not None and _same_path(proc_out, run_out):
-                score += 2
-            if score == 0:
-                continue
-            if argv[idx + 1 :] == processes.mask_argv(run.argv[ridx + 1 :]):
-                score += 1
-            if sorted(p.flags.datasets) == sorted(self.config.run_datasets(run)):
-                score += 1
-            if best is None or score > best[0]:
-                best = (score, run.name)
-        return best[1] if best else None
+        """The configured run ``p`` is (``supervisor.hosts.match_run``: the one rule for every
+        front end, which needs the run's workdir or output directory as evidence)."""
+        return match_run(p, self.config, hc.name)
 
     def _dataset_view(
         self,
@@ -440,16 +414,6 @@ def _line_count(scan: dict[str, Any] | None) -> int | None:
         return None
     lines = scan.get("lines")
     return int(lines) if isinstance(lines, int) else None
-
-
-def _same_path(actual: str, configured: str) -> bool:
-    """``actual`` (absolute, from the host) is ``configured``; a ``~/x`` path of a remote host
-    matches any ``.../x`` (the remote home is not known here)."""
-    want = posixpath.normpath(configured)
-    if want.startswith("~"):
-        tail = want[1:].lstrip("/")
-        return bool(tail) and posixpath.normpath(actual).endswith("/" + tail)
-    return posixpath.normpath(actual) == want
 
 
 def _config_flags(run: RunConfig, scripts: list[str]) -> RunFlags:

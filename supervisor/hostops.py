@@ -80,24 +80,14 @@ def mask_argv(argv: list[str], secrets: list[str] | None = None) -> list[str]:
     return out
 
 
-_TEXT_SECRET = re.compile(
-    r"(sk-[A-Za-z0-9_\-]{12,}|sk_(live|test)_[A-Za-z0-9]{8,}|hf_[A-Za-z0-9]{16,}"
-    r"|gh[pousr]_[A-Za-z0-9]{16,}|xox[abpr]-[A-Za-z0-9\-]{8,}|AKIA[0-9A-Z]{16}"
-    r"|eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,})"
-)
-_TEXT_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{6,}")
-_TEXT_AUTH = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*)\S.*")
-
-
 def mask_text(text: str, secrets: list[str] | None = None) -> str:
-    """Free text (a log line, a message) with known secrets, key-shaped tokens, bearer tokens and
-    ``Authorization:`` values masked. Ordinary words ("token budget 10") are left alone."""
+    """Free text (a log line, a message) with the given ``secrets`` masked, and everything
+    ``processes.mask_text`` masks (``KEY=...``, ``--api-key ...``, ``sk-...``, ``Bearer ...``,
+    ``Authorization:`` values). Ordinary words ("token budget 10") are left alone."""
     for s in secrets or []:
         if s:
             text = text.replace(s, MASK)
-    text = _TEXT_AUTH.sub(lambda m: m.group(1) + MASK, text)
-    text = _TEXT_SECRET.sub(MASK, text)
-    return _TEXT_BEARER.sub(lambda m: m.group(1) + " " + MASK, text)
+    return _procs.mask_text(text)
 
 
 def _str(params: dict[str, Any], key: str, default: str | None = None) -> str:

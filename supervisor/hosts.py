@@ -17,6 +17,7 @@ import abc
 import asyncio
 import contextlib
 import os
+import posixpath
 import shlex
 import sys
 from collections import deque
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import msgspec
 
 from supervisor.channel import AgentChannel, LineReader, LineWriter
-from supervisor.errors import ConfigError, HostError
+from supervisor.errors import ConfigError, HostError, RunwatchError
 from supervisor.model import ProcessInfo
 
 if TYPE_CHECKING:
@@ -192,7 +193,11 @@ class AgentHost(abc.ABC):
                 writer.write(bundle_payload(self.python))
                 await writer.drain()
                 hello = await channel.start(self._hello_timeout())
-            except (ConnectionError, OSError) as e:
+            except RunwatchError:
+                await channel.close()
+                await self._close_transport()
+                raise
+            except Exception as e:  # OSError, or the transport's own (asyncssh.ConnectionLost...)
                 await channel.close()
                 await self._close_transport()
                 raise HostError(f"{self.name}: could not start the agent: {e}", diag()) from None
@@ -347,58 +352,97 @@ async def list_processes(host: Host, config: Config) -> list[ProcessInfo]:
     found = process_infos(result)
     for p in found:
         p.run = match_run(p, config, host.name)
+        set_backend(p, config)
     return found
 
 
-def _norm(path: str) -> str:
-    return os.path.normpath(path) if path else path
+def set_backend(proc: ProcessInfo, config: Config) -> None:
+    """Correct ``flags.backend`` from the config, which knows better than the URL's host.
+
+    The host guesses from ``--api-base`` (loopback and private addresses are ``local``); an API
+    reached through a local proxy or tunnel is still an API. A configured endpoint whose
+    ``base_url`` is the process's ``--api-base`` decides; else the endpoint of its config run.
+    """
+    base = (proc.flags.api_base or "").rstrip("/")
+    kind = None
+    for ep in config.endpoints:
+        if base and ep.base_url and ep.base_url.rstrip("/") == base:
+            kind = ep.kind
+            break
+    else:
+        run = next((r for r in config.runs if r.name == proc.run), None)
+        if run is not None and run.endpoint is not None:
+            ep_cfg = next((e for e in config.endpoints if e.name == run.endpoint), None)
+            kind = ep_cfg.kind if ep_cfg is not None else None
+    if kind in ("local", "api"):
+        proc.flags.backend = kind
+
+
+def _resolve(path: str, base: str | None, local: bool) -> str:
+    """``path`` (maybe relative to ``base``) as an absolute, normalised path of the host.
+
+    On this machine ``~`` is expanded and symlinks are resolved (the kernel reports a process's
+    cwd resolved). On a remote host neither is known here: a ``~/...`` path stays as it is and
+    :func:`_same_dir` compares what follows the ``~``.
+    """
+    if local:
+        path = os.path.expanduser(path)
+        if base is not None and not os.path.isabs(path):
+            path = os.path.join(os.path.expanduser(base), path)
+        return os.path.realpath(path) if os.path.isabs(path) else os.path.normpath(path)
+    if base is not None and not os.path.isabs(path) and not path.startswith("~"):
+        path = posixpath.join(base, path)
+    return posixpath.normpath(path)
 
 
 def _same_dir(seen: str, configured: str) -> bool:
-    """``seen`` (absolute, from the host) is ``configured`` (maybe ``~/...``, from the config)."""
-    seen, configured = _norm(seen), _norm(configured)
+    """``seen`` (absolute, from the host) is ``configured`` (resolved by :func:`_resolve`)."""
     if configured.startswith("~"):
-        # The laptop cannot expand the host's ``~``: compare what follows it.
+        # The laptop cannot expand a remote host's ``~``: compare what follows it.
         tail = configured[1:].lstrip("/")
         return bool(tail) and seen.endswith("/" + tail)
     return seen == configured
 
 
 def match_run(proc: ProcessInfo, config: Config, host_name: str) -> str | None:
-    """The name of the config run ``proc`` is, or None.
+    """The name of the config run ``proc`` is, or None. The one rule of every front end.
 
-    A run of the same host matches when the process executes the same script and either runs in
-    the run's workdir or writes to the run's output directory (resolved against each one's
-    working directory). Datasets only break ties: the same dataset names in another directory
-    are another run.
+    A run of the same host matches only on positive evidence that the process is that run: it
+    executes the same script AND either its working directory is the run's workdir or its
+    output directory (resolved against its cwd) is the run's output directory (resolved against
+    the run's workdir). The same datasets or the same arguments only break ties between runs
+    that both have that evidence: the same command in another directory is another run, and
+    ``runwatch kill RUN`` must never pick it.
     """
-    from supervisor.processes import script_index
+    from supervisor.processes import mask_argv, script_index
 
     argv = list(proc.identity.argv)
     idx = script_index(argv, config.scripts)
-    script = os.path.basename(argv[idx]) if idx is not None else None
+    if idx is None or not proc.cwd:
+        return None
+    script = posixpath.basename(argv[idx])
+    local = any(h.local for h in config.hosts if h.name == host_name)
+    cwd = _resolve(proc.cwd, None, local)
+    out = proc.flags.output_dir
+    seen_out = _resolve(out, proc.cwd, local) if out else None
     best: tuple[int, str] | None = None
     for run in config.runs:
         if run.host != host_name:
             continue
         ridx = script_index(run.argv, config.scripts)
-        if ridx is None or os.path.basename(run.argv[ridx]) != script or proc.cwd is None:
+        if ridx is None or posixpath.basename(run.argv[ridx]) != script:
             continue
         score = 0
-        if _same_dir(proc.cwd, run.workdir):
+        if _same_dir(cwd, _resolve(run.workdir, None, local)):
             score += 2
-        out = proc.flags.output_dir
-        if out is not None:
-            seen_out = out if os.path.isabs(out) else os.path.join(proc.cwd, out)
-            run_out = (
-                run.output_dir
-                if os.path.isabs(run.output_dir) or run.output_dir.startswith("~")
-                else os.path.join(run.workdir, run.output_dir)
-            )
-            if _same_dir(seen_out, run_out):
-                score += 2
+        if seen_out is not None and _same_dir(
+            seen_out, _resolve(run.output_dir, run.workdir, local)
+        ):
+            score += 2
         if score == 0:
-            continue
+            continue  # no evidence: whatever else is the same, it is not this run
+        if argv[idx + 1 :] == mask_argv(run.argv[ridx + 1 :]):
+            score += 1
         datasets = config.run_datasets(run)
         if datasets and sorted(datasets) == sorted(proc.flags.datasets):
             score += 1

@@ -58,7 +58,8 @@ _OPTS_WITH_VALUE = frozenset(("-W", "-X", "--check-hash-based-pycs"))
 _SECRET_WORDS = re.compile(r"(key|token|secret|passw(or)?d|credential|auth)", re.I)
 # Flag names that contain a secret word but hold counts or paths of public things.
 _NOT_SECRET_NAME = re.compile(
-    r"(budget|max|min|num|count|limit|tokenizer|tokens$|per_|_per|length|len$|keyword|monkey)",
+    r"(budget|max|min|num|count|limit|tokenizer|tokens$|per_|_per|length|len$|keyword|monkey"
+    r"|author(?!iz))",
     re.I,
 )
 _SECRET_VALUE = re.compile(
@@ -85,6 +86,50 @@ def mask_value(text: str) -> str:
     text = _BEARER.sub(lambda mm: mm.group(1) + " " + MASK, text)
     if "://" in text:
         text = _mask_url(text)
+    return text
+
+
+# Free text: ``NAME=value`` and ``--name=value`` (value quoted or up to a space, comma, ``;``,
+# ``&``), ``--name value``, ``"name": "value"`` (JSON, Python reprs), URLs inside the text.
+_TEXT_AUTH = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*)\S.*")
+_TEXT_ASSIGN = re.compile(
+    r"""(?<![\w.\-])((?:--?)?[A-Za-z_][\w\-]*)(\s*=\s*)("[^"]*"|'[^']*'|[^\s,;&]+)"""
+)
+_TEXT_FLAG = re.compile(r"(?<!\S)(--?[A-Za-z][\w\-]*)(\s+)(?!-)(\S+)")
+_TEXT_QUOTED = re.compile(r"""(["'])([A-Za-z_][\w\-]*)\1(\s*:\s*)(["'])(.*?)\4""")
+_TEXT_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+")
+
+
+def mask_text(text: str) -> str:
+    """Free text (a log line, an error message) with its secrets masked.
+
+    Masks the values of secret-named assignments and flags (``OPENAI_API_KEY=...``,
+    ``TOKEN=...``, ``--api-key ...``, ``--hf-token=...``, ``"api_key": "..."``), key-shaped tokens
+    anywhere (``sk-...``, ``hf_...``), ``Bearer``/``Basic`` tokens, ``Authorization`` values and
+    URL credentials. Words are never masked for what they are: ``token budget None``,
+    ``max_tokens=8192`` and ``--token-budget 10`` stay as they are.
+    """
+    text = _TEXT_AUTH.sub(lambda m: m.group(1) + MASK, text)
+    text = _TEXT_ASSIGN.sub(
+        lambda m: m.group(1) + m.group(2) + MASK if _is_secret_name(m.group(1)) else m.group(0),
+        text,
+    )
+    text = _TEXT_FLAG.sub(
+        lambda m: m.group(1) + m.group(2) + MASK if _is_secret_name(m.group(1)) else m.group(0),
+        text,
+    )
+    text = _TEXT_QUOTED.sub(
+        lambda m: (
+            m.group(0)[: m.start(5) - m.start(0)] + MASK + m.group(4)
+            if _is_secret_name(m.group(2))
+            else m.group(0)
+        ),
+        text,
+    )
+    text = _SECRET_VALUE.sub(MASK, text)
+    text = _BEARER.sub(lambda mm: mm.group(1) + " " + MASK, text)
+    if "://" in text:
+        text = _TEXT_URL.sub(lambda m: _mask_url(m.group(0)), text)
     return text
 
 

@@ -233,6 +233,16 @@ def human_duration(seconds: float) -> str:
     return f"{_one_decimal(seconds / 86400)} d"
 
 
+def human_money(usd: float) -> str:
+    """``$137``, ``$9.80``, ``$0.59``, ``$0.040``, ``$0.0085``: cents from $0.10 up, two
+    significant digits below (a small sum is not rounded to zero)."""
+    if usd >= 10:
+        return f"${usd:,.0f}"
+    if usd >= 0.1 or usd <= 0:
+        return f"${usd:.2f}"
+    return f"${usd:.{1 - math.floor(math.log10(usd))}f}"
+
+
 def _one_decimal(x: float) -> str:
     s = f"{x:.1f}"
     return s[:-2] if s.endswith(".0") else s
@@ -322,10 +332,12 @@ def _message(
     future: int,
 ) -> str:
     head = f"{human_count(tokens)} / {human_count(budget)}"
-    cost = f", ~${proj.waste_cost_usd:,.0f} wasted" if proj.waste_cost_usd else ""
+    cost = f", ~{human_money(proj.waste_cost_usd)} wasted" if proj.waste_cost_usd else ""
     if not writer_alive:
         return head + (" - over budget, stopped" if tokens > budget else " - stopped")
     if run_token_budget is not None:
+        if proj.stop_reason == "token_budget" and proj.eta_s == 0:
+            return f"{head}, --token-budget reached"
         if proj.stop_reason == "token_budget" and proj.eta_s is not None:
             return f"{head}, stops at --token-budget in {human_duration(proj.eta_s)}"
         return head
@@ -340,6 +352,12 @@ def _message(
             f"{head}, passes budget in {human_duration(passes)}, "
             f"+{human_count(proj.waste_tokens)} over by {_stop_name(proj.stop_reason)}"
             f" - no --token-budget{cost}"
+        )
+    if proj.waste_tokens:
+        # No rate yet (a single look at the files): the waste is known, its timing is not.
+        return (
+            f"{head}, +{human_count(proj.waste_tokens)} over budget by "
+            f"{_stop_name(proj.stop_reason)} - no --token-budget{cost}"
         )
     return head
 

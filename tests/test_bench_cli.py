@@ -151,3 +151,36 @@ def test_bench_a_bare_url_without_config(mock_server: Any, tmp_path: Path) -> No
     )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["model"] == "served/x"
+
+
+def test_bad_prompts_and_concurrency_are_usage_errors_that_say_which(
+    mock_server: Any, tmp_path: Path
+) -> None:
+    h = mock_server(mean_tokens=10)
+    cfg = _config(tmp_path, h.url)
+    p = _runwatch(tmp_path, "bench", "api", "-c", str(cfg), "--prompts", "B9")
+    assert p.returncode == 2
+    assert "--prompts B9: no such file, and not a dataset of the config (B1)" in p.stderr
+    assert "Traceback" not in p.stderr
+    p = _runwatch(tmp_path, "bench", h.url, "--prompts", str(tmp_path / "none.jsonl"))
+    assert p.returncode == 2 and "none.jsonl: no such file\n" in p.stderr
+    for bad in ("abc", "0", "4,-1"):
+        p = _runwatch(tmp_path, "bench", "api", "-c", str(cfg), "--concurrency", bad)
+        assert p.returncode == 2
+        assert "Invalid value for '--concurrency'" in p.stderr, p.stderr
+
+
+def test_text_report_fits_80_columns_and_warns_of_a_level_never_filled(
+    mock_server: Any, tmp_path: Path
+) -> None:
+    h = mock_server(mean_tokens=20, price_in=0.6, price_out=2.5)
+    cfg = _config(tmp_path, h.url)
+    args = ("bench", "api", "-c", str(cfg), "--requests", "3", "--concurrency", "4", "--no-save")
+    p = _runwatch(tmp_path, *args)
+    assert p.returncode == 0, p.stderr
+    assert "--requests 3 is below --concurrency 4" in p.stderr
+    lines = p.stdout.splitlines()
+    assert max(len(ln) for ln in lines) <= 80, p.stdout
+    (row,) = [ln for ln in lines if ln.split()[:2] == ["4", "3"]]
+    assert "$0.0" in row  # a cost of a few hundredths of a cent keeps its digits
+    assert "latency p50 " in p.stdout

@@ -72,11 +72,12 @@ def test_scan_text_is_human(out_dir: Path) -> None:
     assert "partial last line: 16 bytes (not counted)" in text
 
 
-def test_scan_missing_path_is_reported_not_raised(tmp_path: Path) -> None:
-    code, text = run("scan", str(tmp_path / "nope.jsonl"), "--json")
-    assert code == 0
-    (f,) = json.loads(text)["files"]
-    assert (f["state"], f["verdict"]) == ("missing", "missing")
+def test_scan_missing_path_is_a_usage_error(tmp_path: Path) -> None:
+    for args in (["--json"], []):
+        code, text = run("scan", str(tmp_path / "nope.jsonl"), *args)
+        assert code == 2
+        assert f"{tmp_path / 'nope.jsonl'}: no such file or directory" in text
+        assert "-> give a data file" in text
 
 
 def test_scan_empty_directory_is_a_usage_error(tmp_path: Path) -> None:
@@ -130,6 +131,25 @@ def test_check_fails_on_mixed_format_naming_line_and_keys(out_dir: Path) -> None
     assert data["files"][0]["problems"][0].startswith("format mixed: line 6")
 
 
+def test_check_directory_fails_when_its_files_differ_in_format(out_dir: Path) -> None:
+    """A directory mixing raw and raw-legacy datasets must not pass file by file."""
+    rng = random.Random(9)
+    make_raw(out_dir / "B1" / "raw_responses.jsonl", 20, seed=10)
+    make_raw(out_dir / "B2" / "raw_responses.jsonl", 20, seed=11)
+    (out_dir / "B3").mkdir()
+    legacy = out_dir / "B3" / "raw_responses.jsonl"
+    legacy.write_bytes(b"".join(dump(legacy_record(rng, f"old{i}")) for i in range(5)))
+    code, text = run("check", str(out_dir))
+    assert code == 1, text
+    assert f"FAIL  {legacy}" in text
+    assert "format raw-legacy, while the other files are raw" in text
+    assert text.count("ok    ") == 2
+    code, text = run("check", str(out_dir), "--format", "raw")  # said which: judged against it
+    assert code == 1 and "format legacy: records are raw-legacy, expected raw" in text
+    code, text = run("scan", str(out_dir))
+    assert code == 0 and "! format raw-legacy, while the other files are raw" in text
+
+
 def test_check_fails_on_corrupt_line_and_torn_tail(out_dir: Path) -> None:
     path = out_dir / "B1" / "raw_responses.jsonl"
     make_raw(path, 10, seed=8)
@@ -141,10 +161,10 @@ def test_check_fails_on_corrupt_line_and_torn_tail(out_dir: Path) -> None:
     assert "partial last line (24 bytes)" in text
 
 
-def test_check_missing_path_fails(tmp_path: Path) -> None:
+def test_check_missing_path_is_a_usage_error(tmp_path: Path) -> None:
     code, text = run("check", str(tmp_path / "x" / "raw_responses.jsonl"))
-    assert code == 1
-    assert "missing: no such file" in text
+    assert code == 2
+    assert "raw_responses.jsonl: no such file or directory" in text
 
 
 def test_check_run_from_config(tmp_path: Path) -> None:
@@ -255,3 +275,15 @@ def test_scan_with_a_user_format_from_the_config(tmp_path: Path) -> None:
     assert f["completion_tokens"] == 15
     code, text = run("-c", str(cfg), "scan", str(path), "--format", "theirs")
     assert code == 2 and "unknown format 'theirs'" in text
+
+
+def test_top_level_help_lists_each_command_in_full() -> None:
+    code, text = run("--help")
+    assert code == 0
+    # Whole first sentences, wrapped, never cut with "...".
+    assert "..." not in text.split("Commands:")[1]
+    flat = " ".join(text.split())
+    assert "scan Count records, ids, tokens and bad lines of dataset files (no config needed)" in (
+        flat
+    )
+    assert "``" not in text and "Default: $RUNWATCH_CONFIG" in text

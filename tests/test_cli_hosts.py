@@ -93,7 +93,7 @@ def test_kill_run_by_name_stops_it_and_proves_it(
 ) -> None:
     run = start_run(fake_runs, ignore_term=True, children=2, child_ignore_term=True)
     config = write_config(tmp_path / "rw.toml", os.path.dirname(run.argv[1]))
-    out = runwatch("kill", "eagle3", "-c", str(config), "--yes", "--grace", "0.2", "--json")
+    out = runwatch("kill", "eagle3", "-c", str(config), "-y", "--grace", "0.2", "--json")
     assert out.returncode == 0, out.stderr
     results = {r["pid"]: r for r in json.loads(out.stdout)["results"]}
     assert set(results) == {run.pid, *run.children}
@@ -127,16 +127,51 @@ def test_kill_by_pid_after_confirmation(fake_runs: FakeRuns, tmp_path: Path) -> 
     run = start_run(fake_runs)
     config = write_config(tmp_path / "rw.toml", os.path.dirname(run.argv[1]))
     script = (
-        "import pty, sys; sys.exit(pty.spawn([sys.executable, '-m', 'supervisor.cli', "
-        f"'kill', '-c', {str(config)!r}, '--host', 'local', '--pid', '{run.pid}']))"
+        "import os, pty, sys; sys.exit(os.waitstatus_to_exitcode(pty.spawn([sys.executable, "
+        f"'-m', 'supervisor.cli', 'kill', '-c', {str(config)!r}, '--host', 'local', '--pid', "
+        f"'{run.pid}'])))"
     )
     no = subprocess.run(
         [sys.executable, "-c", script], input="n\n", capture_output=True, text=True, timeout=60
     )
     assert f"pid {run.pid}" in no.stdout and "start" in no.stdout
+    # Declining is not an interruption: exit 1 and say nothing was done (as launch/restart do).
+    assert no.returncode == 1, no.stdout
+    assert "not confirmed: nothing was stopped" in no.stdout
     assert alive(run.pid, run.start_time)
     yes = subprocess.run(
         [sys.executable, "-c", script], input="y\n", capture_output=True, text=True, timeout=60
     )
     assert "terminated" in yes.stdout, yes.stdout
     assert gone(run.pid, run.start_time)
+
+
+def test_ps_backend_comes_from_the_configured_endpoint(fake_runs: FakeRuns, tmp_path: Path) -> None:
+    """An API reached on a loopback address (a proxy, a tunnel, the demo's mock) is an API."""
+    run = start_run(fake_runs, "--api-base", "http://127.0.0.1:8999/v1")
+    config = write_config(tmp_path / "rw.toml", os.path.dirname(run.argv[1]))
+    with config.open("a") as f:
+        f.write(
+            '\n[[endpoints]]\nname = "proxy"\nkind = "api"\n'
+            'base_url = "http://127.0.0.1:8999/v1/"\nmodel = "m"\n'
+        )
+    out = runwatch("ps", "-c", str(config), "--json")
+    assert out.returncode == 0, out.stderr
+    (p,) = [p for p in json.loads(out.stdout)["hosts"][0]["processes"] if p["pid"] == run.pid]
+    assert p["flags"]["api_base"] == "http://127.0.0.1:8999/v1"
+    assert p["flags"]["backend"] == "api"
+    text = runwatch("ps", "-c", str(config))
+    assert "backend api" in text.stdout and "up " in text.stdout and " MB" in text.stdout
+
+
+def test_ps_names_an_unreachable_host_once(tmp_path: Path) -> None:
+    from tests.fixtures_sshd import free_port
+
+    port = free_port()
+    config = tmp_path / "rw.toml"
+    config.write_text(
+        f'[[hosts]]\nname = "gone"\naddress = "127.0.0.1"\nport = {port}\nconnect_timeout = 5\n'
+    )
+    out = runwatch("ps", "-c", str(config))
+    assert out.returncode == 1
+    assert out.stdout == f"gone: unreachable: connection refused by 127.0.0.1:{port}\n"

@@ -209,12 +209,19 @@ def test_compare_answers_per_dataset_and_in_total() -> None:
     assert (
         result.answer == "all 2 datasets: API: 1 h 7 min, $41; local: 6 h 21 min, $127 of GPU time"
     )
-    text = "\n".join(format_lines(result))
+    lines = format_lines(result)
+    text = "\n".join(lines)
     assert "openrouter (api): 4,000 output tok/s from bench of 2026-11-30 01:23 (c=64)" in text
     assert (
-        "sglang (local): 700 output tok/s from live rate (run eagle3); cost from GPU time" in text
+        "sglang (local): 700 output tok/s from live rate (run eagle3);\n    cost from GPU time"
+        in (text)
     )
-    assert "price table ($0.6 in / $2.5 out per M tokens)" in text
+    assert "price table ($0.60 in / $2.50 out per M tokens)" in text
+    # The answer to the question compare exists for, in one line.
+    assert (
+        lines[3] == "=> API finishes 5.7x sooner: 1 h 7 min vs 6 h 21 min, $41 vs $127 of GPU time"
+    )
+    assert max(len(ln) for ln in lines) <= 80
 
 
 def test_two_endpoints_of_one_kind_are_named() -> None:
@@ -232,12 +239,16 @@ def test_words() -> None:
         "6 h 50 min",
         "3 d 4 h",
     ]
-    assert [money(v) for v in (None, 137.4, 81.0, 9.8, 0.04036)] == [
+    assert [money(v) for v in (None, 137.4, 81.0, 9.8, 0.5916, 0.1, 0.04036, 0.0085, 0.0)] == [
         "cost unknown",
         "$137",
         "$81",
         "$9.80",
-        "$0.0404",
+        "$0.59",  # not $0.5916
+        "$0.10",
+        "$0.040",
+        "$0.0085",
+        "$0.00",
     ]
 
 
@@ -492,7 +503,7 @@ price_out_per_m = 2.0
         env=env,
         timeout=120,
     ).stdout
-    assert "B1: local: 2 min, $1.00 of GPU time; API: 10 s, $0.0210" in text
+    assert "B1: local: 2 min, $1.00 of GPU time; API: 10 s, $0.021" in text
 
 
 async def test_a_running_run_measures_its_endpoint_live(
@@ -549,3 +560,58 @@ gpu_cost_per_hour = 36.0
     (est,) = b1.estimates
     assert est.seconds == pytest.approx(b1.work.remaining_tokens / rate.out_tok_per_s)
     assert est.cost_usd == pytest.approx(est.seconds / 100.0)  # $36/h = $0.01/s
+
+
+async def test_live_sampling_waits_for_enough_responses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose files grow one response per look is watched until it wrote 10 of them, not
+    stopped at the first positive rate (a rate over 2 or 3 responses is mostly noise)."""
+    from supervisor.compare import MIN_NEW_RESPONSES
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        """
+refresh_seconds = 0.01
+[[hosts]]
+name = "here"
+local = true
+[[runs]]
+name = "gen"
+host = "here"
+workdir = "/w"
+argv = ["python3", "run_inference.py", "--datasets", "B1"]
+endpoint = "local"
+[datasets.B1]
+token_budget = 1_000_000
+[[endpoints]]
+name = "local"
+kind = "local"
+base_url = "http://127.0.0.1:9/v1"
+gpu_cost_per_hour = 36.0
+"""
+    )
+    config = load_config(cfg)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+    class OneMorePerLook:
+        looks = 0
+
+        async def refresh(self) -> Snapshot:
+            self.looks += 1
+            n = 100 + self.looks
+            ds = DatasetView(
+                name="B1",
+                path="/w/out/B1/raw_responses.jsonl",
+                records=n,
+                unique_ids=n,
+                completion_tokens=n * 100,
+                rates=Rates(tok_per_s_1m=100.0, req_per_s_1m=1.0),
+            )
+            run = RunView(name="gen", host="here", state="running", datasets=[ds])
+            return Snapshot(time=0.0, hosts=[HostView(name="here", connected=True, runs=[run])])
+
+    engine = OneMorePerLook()
+    result = await gather_comparison(config, sample_s=60, min_sample_s=0, engine=engine)
+    assert engine.looks == MIN_NEW_RESPONSES + 1
+    assert result.rates[0].out_tok_per_s == 100.0

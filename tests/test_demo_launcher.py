@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 
@@ -116,6 +117,7 @@ def test_headless_demo_runs_prints_and_leaves_nothing_behind(
     assert "B5:" in api_log and "HTTP 401" not in api_log  # the key reached the API mock
     logs = "".join(p.read_text() for p in (demo_dir / "logs").iterdir())
     assert key not in out + r.stderr + logs + (demo_dir / "runwatch.toml").read_text()
+    assert not (demo_dir / launcher.API_KEY_FILE).exists()  # the user's own key stays theirs
 
 
 def test_sigterm_stops_the_demo_and_everything_it_started(
@@ -133,8 +135,24 @@ def test_sigterm_stops_the_demo_and_everything_it_started(
         wait_for(lambda: "runwatch demo in" in log.read_text(), 90, "the first report")
         # A run relaunched for the demo by someone else (as a restart from the TUI would do).
         _, urls = _started(log.read_text())
+        # The key the demo made up is kept for other terminals, never printed.
+        key_file = demo_dir / launcher.API_KEY_FILE
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        key = key_file.read_text().strip()
+        assert key.startswith("demo-") and key not in log.read_text()
+        assert f"export {launcher.API_KEY_ENV}=$(cat {key_file})" in log.read_text()
+        with httpx.Client() as client:
+            bare = [client.get(f"{u}/models").status_code for u in urls]
+            keyed = [
+                client.get(f"{u}/models", headers={"Authorization": f"Bearer {key}"}).status_code
+                for u in urls
+            ]
+        assert sorted(bare) == [200, 401] and keyed == [200, 200]  # it is the API mock's key
+        # Against the local mock: the API mock would refuse it (no key) and it would exit at
+        # once, before the demo's stop could find it.
+        (local_url,) = re.findall(r"mock local GPU +pid \d+ +running (\S+)", log.read_text())[:1]
         relaunched = spawn(
-            [sys.executable, str(launcher.CLIENT), "--datasets", "B4", "--api-base", urls[0]],
+            [sys.executable, str(launcher.CLIENT), "--datasets", "B4", "--api-base", local_url],
             cwd=demo_dir,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

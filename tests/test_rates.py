@@ -153,6 +153,65 @@ def test_a_run_with_token_budget_stops_there_and_wastes_nothing() -> None:
     assert p.message == "8 M / 10 M, stops at --token-budget in 17 min"
 
 
+def test_waste_is_said_before_any_rate_is_known() -> None:
+    """One look at the files (a one-shot status): no rate, but the waste is already certain."""
+    p = project(
+        done=86,
+        tokens=47_532,
+        records=86,
+        req_rate=None,
+        tok_rate=None,
+        max_samples=400,
+        run_token_budget=None,
+        budget=50_000,
+        prompts=None,
+        writer_alive=True,
+        cost=CostInfo(price_out_per_m=2.5),
+    )
+    assert p.eta_s is None and p.waste_tokens == 47_532 + 173_547 - 50_000
+    assert p.message == (
+        "47.5 k / 50 k, +171.1 k over budget by --max-samples - no --token-budget, ~$0.43 wasted"
+    )
+
+
+def test_small_waste_costs_keep_their_cents() -> None:
+    base = dict(
+        done=100,
+        tokens=60_000,
+        records=100,
+        req_rate=0.5,
+        tok_rate=300.0,
+        max_samples=110,
+        run_token_budget=None,
+        budget=50_000,
+        prompts=None,
+        writer_alive=True,
+    )
+    cheap = project(**base, cost=CostInfo(price_out_per_m=2.5))  # type: ignore[arg-type]
+    assert cheap.waste_cost_usd == pytest.approx(0.04)
+    assert cheap.message is not None and cheap.message.endswith("~$0.040 wasted")
+    tiny = project(**base, cost=CostInfo(price_out_per_m=0.25))  # type: ignore[arg-type]
+    assert tiny.message is not None and tiny.message.endswith("~$0.0040 wasted")
+
+
+def test_a_dataset_at_its_token_budget_says_so() -> None:
+    p = project(
+        done=184,
+        tokens=106_776,
+        records=184,
+        req_rate=None,
+        tok_rate=None,
+        max_samples=400,
+        run_token_budget=100_000,
+        budget=100_000,
+        prompts=None,
+        writer_alive=True,
+        cost=None,
+    )
+    assert (p.stop_reason, p.eta_s) == ("token_budget", 0.0)
+    assert p.message == "106.8 k / 100 k, --token-budget reached"
+
+
 def test_will_pass_the_budget_before_max_samples() -> None:
     p = project(
         done=1000,

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from supervisor.cli import cli
-from supervisor.cli.status import CLEAR, duration, human, render
+from supervisor.cli.status import CLEAR, duration, fit_screen, human, render
 from supervisor.model import DatasetView, HostView, Projection, RunView, Snapshot
 from tests.fixtures_data import make_raw
 from tests.fixtures_procs import FakeRuns
@@ -131,9 +131,10 @@ def test_status_text_over_ssh(
     (b1_line,) = [ln for ln in block if ln.strip().startswith("B1 ")]
     assert f"{len(truth.ids)}/7,000" in b1_line
     assert human(truth.completion_tokens) in b1_line
-    assert "OVER BUDGET" in b1_line and f"{truth.duplicates} dup" in b1_line
+    b1_note = block[block.index(b1_line) + 1]
+    assert b1_note.startswith(f"      ! [OVER BUDGET, {truth.duplicates} dup] ")
     (b2_line,) = [ln for ln in block if ln.strip().startswith("B2 ")]
-    assert "missing" in b2_line
+    assert "not started" in b2_line
 
 
 @pytest.mark.ssh
@@ -227,6 +228,131 @@ def test_render_shows_projection_and_stale_host() -> None:
     assert "error: gpu-box: connection lost during refresh: Keepalive timeout" in text
     (line,) = [ln for ln in text.splitlines() if ln.strip().startswith("B2 ")]
     assert "2,912/7,000" in line and "10.7 M" in line and "107%" in line
-    assert "7 h 00 m" in line and "OVER BUDGET" in line
-    assert "! 10.7 M / 10 M, +14 M projected over 7 h - no --token-budget" in text
+    assert "7 h 00 m" in line
+    assert "! [OVER BUDGET] 10.7 M / 10 M, +14 M projected over 7 h - no --token-budget" in text
     assert duration(59) == "59 s" and duration(61) == "1 m 01 s" and human(None) == "-"
+
+
+def _view(name: str, **kw: Any) -> DatasetView:
+    return DatasetView(name=name, path=f"/d/out/{name}/raw_responses.jsonl", **kw)
+
+
+def test_render_fits_80_columns_and_says_only_what_the_columns_do_not() -> None:
+    from supervisor.model import Rates
+
+    rates = Rates(req_per_s_1m=0.5, tok_per_s_1m=2315.6, req_per_s_all=0.5, tok_per_s_all=2315.6)
+    datasets = [
+        # finished: the note would only repeat the columns
+        _view(
+            "B1",
+            records=400,
+            unique_ids=400,
+            completion_tokens=239_677,
+            token_budget=300_000,
+            max_samples=400,
+            verdict="current",
+            projection=Projection(eta_s=0.0, message="239.7 k / 300 k"),
+            rates=rates,
+        ),
+        _view(
+            "B2",
+            records=2912,
+            unique_ids=2912,
+            completion_tokens=10_700_000,
+            token_budget=10_000_000,
+            max_samples=7000,
+            verdict="current",
+            over_budget=True,
+            projection=Projection(eta_s=85_000.0, message="10.7 M / 10 M, +14 M projected"),
+            rates=rates,
+        ),
+        _view(
+            "B4",
+            state="missing",
+            error="no such file",
+            verdict="missing",
+            verdict_detail="no such file",
+            token_budget=100_000,
+            max_samples=400,
+        ),
+    ]
+    from supervisor.model import Identity, ProcessInfo
+
+    proc = ProcessInfo(
+        identity=Identity(boot_id="b", pid=4242, start_time=1, uid=0, argv=("run_inference.py",)),
+        user="u",
+        uptime_s=694.0,
+        cpu_percent=1.0,
+        rss_mb=39.4,
+        state="S",
+    )
+    snap = Snapshot(
+        time=0.0,
+        hosts=[
+            HostView(
+                name="h",
+                connected=True,
+                runs=[
+                    RunView(name="r", host="h", state="running", process=proc, datasets=datasets)
+                ],
+            )
+        ],
+    )
+    text = render(snap)
+    # The warning comes before what a narrow terminal cuts off.
+    assert "  r  running  no --token-budget  pid 4242  up 11 m 34 s" in text
+    assert max(len(ln) for ln in text.splitlines()) <= 80
+    lines = text.splitlines()
+    (b1,) = [ln for ln in lines if ln.strip().startswith("B1 ")]
+    assert "239.7 k" in b1 and b1.split()[-2] == "done"
+    assert "! 239.7 k / 300 k" not in text  # nothing the columns do not say
+    (b2,) = [ln for ln in lines if ln.strip().startswith("B2 ")]
+    assert "2,316" in b2 and "0.50" in b2 and "23 h 36 m" in b2
+    assert "! [OVER BUDGET] 10.7 M / 10 M, +14 M projected" in text
+    (b4,) = [ln for ln in lines if ln.strip().startswith("B4 ")]
+    assert b4.endswith("not started")
+    assert "no such file" not in text  # a dataset not reached yet is not an error
+    assert "rates and ETA need" not in text
+
+
+def test_one_shot_render_says_how_to_get_rates() -> None:
+    ds = _view("B1", records=3, unique_ids=3, completion_tokens=30, verdict="current")
+    snap = Snapshot(
+        time=0.0,
+        hosts=[
+            HostView(
+                name="h",
+                connected=True,
+                runs=[RunView(name="r", host="h", state="running", datasets=[ds])],
+            )
+        ],
+    )
+    assert "rates and ETA need a second refresh: runwatch status --watch 2" in render(snap)
+    assert "rates and ETA need" not in render(snap, rates_hint=False)
+
+
+def test_watch_frames_are_cut_to_the_terminal() -> None:
+    text = "".join(f"line {i}\n" for i in range(100))
+    cut = fit_screen(text, 24).splitlines()
+    assert len(cut) == 23 and cut[0] == "line 0" and cut[21] == "line 21"
+    assert cut[-1] == "... 78 more lines: enlarge the terminal, or --json"
+    assert fit_screen("a\nb\n", 24) == "a\nb\n"
+    assert fit_screen("x" * 100 + "\nshort\n", 24, 80) == "x" * 79 + "…\nshort\n"
+
+
+def test_no_config_anywhere_says_where_it_looked(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RUNWATCH_CONFIG"}
+    p = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "status"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        timeout=60,
+    )
+    assert p.returncode == 2
+    assert p.stderr.startswith(
+        "runwatch: no config: no -c PATH, $RUNWATCH_CONFIG is not set, and there is no "
+        f"runwatch.toml or configs/runwatch.toml in {tmp_path}\n"
+    )
+    assert "runwatch demo" in p.stderr and "Traceback" not in p.stderr

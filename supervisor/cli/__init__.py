@@ -12,14 +12,39 @@ from supervisor.cli._common import run_cli
 from supervisor.cli.demo import demo
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-c", "--config", "config_path", default=None, help="Config file (TOML).")
+class _Group(click.Group):
+    """Lists each command with its whole first sentence (wrapped), not cut at ~45 characters."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit=200)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(
+    cls=_Group,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    default=None,
+    metavar="PATH",
+    help="Config file (TOML). Default: $RUNWATCH_CONFIG, else ./runwatch.toml.",
+)
 @click.version_option(package_name="runwatch")
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None) -> None:
     """Supervise long LLM data-generation runs on GPU hosts over SSH.
 
-    With no command, opens the dashboard (same as ``runwatch tui``).
+    With no command, opens the dashboard (same as `runwatch tui`). New here? Try `runwatch demo`.
     """
     if ctx.invoked_subcommand is None:
         from supervisor.cli.tui import open_tui

@@ -11,7 +11,7 @@ import click
 import msgspec
 
 from supervisor.config import Config, load_config
-from supervisor.errors import RunwatchError
+from supervisor.errors import ConfigError, RunwatchError
 
 DEFAULT_CONFIG_ENV = "RUNWATCH_CONFIG"
 
@@ -23,6 +23,7 @@ def config_option(f: Any) -> Any:
         "--config",
         "config_path",
         default=None,
+        metavar="PATH",
         help=f"Config file (TOML). Default: ${DEFAULT_CONFIG_ENV}, else ./runwatch.toml.",
     )(f)
 
@@ -31,7 +32,12 @@ def json_option(f: Any) -> Any:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(f)
 
 
+DEFAULT_CANDIDATES = ("runwatch.toml", "configs/runwatch.toml")
+
+
 def resolve_config_path(config_path: str | None) -> str:
+    """The config named by -c (here or before the command), else $RUNWATCH_CONFIG, else the
+    first of ./runwatch.toml, ./configs/runwatch.toml that exists, else ``runwatch.toml``."""
     if config_path:
         return config_path
     ctx = click.get_current_context(silent=True)
@@ -43,14 +49,22 @@ def resolve_config_path(config_path: str | None) -> str:
     env = os.environ.get(DEFAULT_CONFIG_ENV)
     if env:
         return env
-    for candidate in ("runwatch.toml", "configs/runwatch.toml"):
+    for candidate in DEFAULT_CANDIDATES:
         if Path(candidate).exists():
             return candidate
     return "runwatch.toml"
 
 
 def get_config(config_path: str | None) -> Config:
-    return load_config(resolve_config_path(config_path))
+    path = resolve_config_path(config_path)
+    if path == DEFAULT_CANDIDATES[0] and not Path(path).exists():
+        # Nothing named a config and there is none here: say where runwatch looked.
+        raise ConfigError(
+            f"no config: no -c PATH, ${DEFAULT_CONFIG_ENV} is not set, and there is no "
+            f"{' or '.join(DEFAULT_CANDIDATES)} in {Path.cwd()}",
+            "pass -c PATH, or try `runwatch demo`, which writes one",
+        )
+    return load_config(path)
 
 
 def print_json(value: Any) -> None:

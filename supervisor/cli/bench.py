@@ -31,9 +31,14 @@ def _levels(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise click.BadParameter(f"expected C[,C...] (integers), got {text!r}") from None
+        raise click.BadParameter(
+            f"expected C[,C...] (integers), got {text!r}", param_hint="'--concurrency'"
+        ) from None
     if not values or min(values) < 1:
-        raise click.BadParameter("concurrency levels must be positive integers")
+        raise click.BadParameter(
+            f"concurrency levels must be positive integers, got {text!r}",
+            param_hint="'--concurrency'",
+        )
     return values
 
 
@@ -146,10 +151,17 @@ def bench(
         raise UsageError("--requests must be at least 1")
     if retries < 0:
         raise UsageError("--retries must be 0 or more")
+    levels = _levels(concurrency) if concurrency else []
     config = _optional_config(config_path, target)
+    if levels and n_requests < max(levels):
+        click.echo(
+            f"note: --requests {n_requests} is below --concurrency {max(levels)}: that level "
+            "never has all its requests in flight (see 'achieved')",
+            err=True,
+        )
     options = Options(
         requests=n_requests,
-        concurrency=_levels(concurrency) if concurrency else [],
+        concurrency=levels,
         stream=stream,
         warmup=not no_warmup,
         timeout_s=timeout,
@@ -178,9 +190,12 @@ def bench(
 
 
 def _ms(v: float | None) -> str:
+    """``4.2 ms``, ``870 ms``, ``2.17 s``, ``51.5 s``."""
     if v is None:
         return "-"
     if v >= 10_000:
+        return f"{v / 1000:.1f} s"
+    if v >= 1000:
         return f"{v / 1000:.2f} s"
     return f"{v:.1f} ms" if v < 10 else f"{v:.0f} ms"
 
@@ -192,28 +207,49 @@ def _failed(lv: LevelResult) -> str:
     return " ".join(parts) or "0"
 
 
+def _pack(head: str, parts: list[str], width: int = 80) -> list[str]:
+    """``head part; part; ...`` on as few lines of ``width`` as fit, continuations aligned."""
+    out: list[str] = []
+    indent = " " * len(head)
+    line, fresh = head, True
+    for part in parts:
+        if not fresh and len(line) + 2 + len(part) + 1 > width:
+            out.append(line + ";")
+            line, fresh = indent, True
+        line += (" " if fresh else "; ") + part
+        fresh = False
+    out.append(line)
+    return out
+
+
 def format_bench(result: BenchResult) -> str:
     """The text report of a bench."""
+    from supervisor.compare import money
+
     head = (
         f"bench {result.endpoint}  model {result.model}  max_tokens {result.max_tokens}"
         f"{'  streamed' if result.stream else ''}"
     )
     lines = [head, f"  prompts: {result.prompts or '-'} ({result.prompt_count} used)"]
+    # 80 columns: the latency percentiles go on each level's own line below the table.
     cols = (
-        f"  {'conc':>5} {'done':>6} {'failed':<14} {'req/s':>8} {'out tok/s':>10} "
-        f"{'tot tok/s':>10} {'p50':>8} {'p90':>8} {'p99':>8} {'achieved':>8} {'cost':>10}"
+        f"  {'conc':>5} {'done':>5} {'failed':<12} {'req/s':>7} {'out tok/s':>9} "
+        f"{'tot tok/s':>9} {'achieved':>8} {'cost':>9}"
     )
     lines.append(cols)
     for lv in result.levels:
-        cost = "-" if lv.cost_usd is None else f"${lv.cost_usd:.4f}"
+        cost = "-" if lv.cost_usd is None else money(lv.cost_usd)
         lines.append(
-            f"  {lv.concurrency:>5} {lv.completed:>6} {_failed(lv):<14} {lv.req_per_s:>8.2f} "
-            f"{lv.output_tok_per_s:>10,.0f} {lv.total_tok_per_s:>10,.0f} "
-            f"{_ms(lv.latency_ms.p50):>8} {_ms(lv.latency_ms.p90):>8} {_ms(lv.latency_ms.p99):>8} "
-            f"{lv.achieved_concurrency:>8.1f} {cost:>10}"
+            f"  {lv.concurrency:>5} {lv.completed:>5} {_failed(lv):<12} {lv.req_per_s:>7.2f} "
+            f"{lv.output_tok_per_s:>9,.0f} {lv.total_tok_per_s:>9,.0f} "
+            f"{lv.achieved_concurrency:>8.1f} {cost:>9}"
         )
     for lv in result.levels:
-        detail = [f"  c={lv.concurrency}:"]
+        lat = lv.latency_ms
+        detail = [
+            f"  c={lv.concurrency}:",
+            f"latency p50 {_ms(lat.p50)} p90 {_ms(lat.p90)} p99 {_ms(lat.p99)}",
+        ]
         if lv.ttft_ms is not None:
             detail.append(f"TTFT p50 {_ms(lv.ttft_ms.p50)} p99 {_ms(lv.ttft_ms.p99)}")
         if lv.itl_ms is not None and lv.itl_ms.p50 is not None:
@@ -231,7 +267,7 @@ def format_bench(result: BenchResult) -> str:
             detail.append(f"cost from {lv.cost_source}")
         if lv.retry_wait_s:
             detail.append(f"waited {lv.retry_wait_s:.1f} s before retries")
-        lines.append(detail[0] + " " + "; ".join(detail[1:]))
+        lines.extend(_pack(detail[0], detail[1:]))
         if t.flagged and t.note:
             lines.append(f"    ! {t.note}")
     return "\n".join(lines)

@@ -51,6 +51,11 @@ def find_files(paths: tuple[str, ...] | list[str]) -> list[str]:
     out: list[str] = []
     for p in paths:
         path = Path(p)
+        if not path.exists():
+            raise UsageError(
+                f"{p}: no such file or directory",
+                f"give a data file (e.g. out/B1/{DATA_FILE}) or a directory that holds them",
+            )
         if not path.is_dir():
             out.append(p)
             continue
@@ -245,13 +250,37 @@ def scan(
     if as_json:
         print_json({"files": [_json_file(r) for r in results]})
         return
+    odd = odd_formats(results) if fmt is None else {}
     for i, r in enumerate(results):
         if i:
             click.echo("")
         click.echo("\n".join(_describe(r)))
+        if r["path"] in odd:
+            click.echo(f"  ! {odd[r['path']]}")
 
 
 # --------------------------------------------------------------------------- check
+
+
+def odd_formats(results: list[dict[str, Any]]) -> dict[str, str]:
+    """Path -> note, for files whose detected format differs from that of most files given.
+
+    Without ``--format`` each file is judged against its own detected format, so a directory that
+    mixes ``raw`` and ``raw-legacy`` datasets would pass file by file; this is what says so.
+    """
+    from collections import Counter
+
+    formats = Counter(
+        r["format"] for r in results if r.get("state", "ok") == "ok" and r.get("format")
+    )
+    if len(formats) < 2:
+        return {}
+    common, _ = formats.most_common(1)[0]
+    return {
+        r["path"]: f"format {r['format']}, while the other files are {common}"
+        for r in results
+        if r.get("state", "ok") == "ok" and r.get("format") not in (None, common)
+    }
 
 
 def problems_of(r: dict[str, Any], missing_ok: bool = False) -> list[str]:
@@ -302,10 +331,13 @@ def check(target: str, fmt: str | None, config_path: str | None, as_json: bool) 
     else:
         results = _check_run(target, config_path, fmt)
         missing_ok = True
+    odd = odd_formats(results) if fmt is None else {}
     report = []
     ok = True
     for r in results:
         problems = problems_of(r, missing_ok)
+        if r["path"] in odd and not problems:
+            problems.append(f"{odd[r['path']]}: pass --format NAME to say which is expected")
         ok = ok and not problems
         report.append((r, problems))
     if as_json:

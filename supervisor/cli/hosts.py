@@ -99,29 +99,36 @@ def _hosts_of(config: Config, host_name: str | None) -> list[HostConfig]:
 
 
 def _duration(seconds: float) -> str:
-    s = int(seconds)
-    if s >= 86400:
-        return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 60}m{s % 60:02d}s"
+    """``12 s``, ``4 m 10 s``, ``7 h 03 m``: as ``runwatch status`` writes them."""
+    from supervisor.cli.status import duration
+
+    return duration(seconds)
+
+
+def _error_text(name: str, error: str) -> str:
+    """The error without the host name it starts with (the line names the host already)."""
+    return error[len(name) + 2 :] if error.startswith(f"{name}: ") else error
 
 
 def _print_ps(entries: list[dict[str, Any]]) -> None:
     for entry in entries:
         procs: list[ProcessInfo] = entry["processes"]
         if entry["error"]:
-            click.echo(f"{entry['name']}: unreachable: {entry['error']}")
+            click.echo(
+                f"{entry['name']}: unreachable: {_error_text(entry['name'], entry['error'])}"
+            )
             continue
-        click.echo(f"{entry['name']}: {len(procs)} run(s)")
+        click.echo(f"{entry['name']}: {len(procs)} run{'' if len(procs) == 1 else 's'}")
         for p in procs:
             flags = p.flags
-            gpu = f" gpu={p.gpu_memory_mb:.0f}MiB" if p.gpu_memory_mb is not None else ""
-            mark = "" if p.killable else " (other user)"
+            gpu = f"  gpu {p.gpu_memory_mb:,.0f} MB" if p.gpu_memory_mb is not None else ""
+            mark = " (other user)" if not p.killable else ""
+            kids = len(p.children)
             click.echo(
-                f"  pid {p.identity.pid:<7} {p.run or '(unconfigured)':<20} {p.user}{mark} "
-                f"up {_duration(p.uptime_s)} cpu {p.cpu_percent:.0f}% rss {p.rss_mb:.0f}MiB{gpu} "
-                f"children {len(p.children)} backend {flags.backend}"
+                f"  pid {p.identity.pid:<7} {p.run or '(unconfigured)'}  {p.user}{mark}  "
+                f"up {_duration(p.uptime_s)}  cpu {p.cpu_percent:.0f}%  "
+                f"rss {p.rss_mb:,.0f} MB{gpu}  "
+                f"{kids} child{'' if kids == 1 else 'ren'}  backend {flags.backend}"
             )
             details = []
             if flags.datasets:
@@ -205,7 +212,8 @@ def _targets(
 
 async def _kill(
     config: Config, cfg: HostConfig, run: str | None, pid: int | None, grace: float, yes: bool
-) -> list[KillReport]:
+) -> list[KillReport] | None:
+    """The kill reports, or None when the confirmation was declined (nothing was sent)."""
     from supervisor.hosts import list_processes, make_host
     from supervisor.kill import audit_kill, kill_or_reconcile
 
@@ -227,7 +235,7 @@ async def _kill(
                 f"after {grace:g} s)?",
                 err=True,
             ):
-                raise click.exceptions.Abort()
+                return None
         reports = []
         for p in targets:
             report = await kill_or_reconcile(host, p.identity, grace, config.scripts)
@@ -246,7 +254,7 @@ async def _kill(
 @click.option(
     "--grace", type=float, default=10.0, show_default=True, help="Seconds before SIGKILL."
 )
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 def kill(
     config_path: str | None,
@@ -282,6 +290,9 @@ def kill(
         assert host_name is not None
         cfg = config.host(host_name)
     reports = asyncio.run(_kill(config, cfg, run, pid, grace, yes))
+    if reports is None:
+        click.echo("not confirmed: nothing was stopped", err=True)
+        sys.exit(1)
     results = [r for rep in reports for r in rep.results]
     if as_json:
         print_json(

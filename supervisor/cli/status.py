@@ -2,13 +2,16 @@
 
 Per dataset: responses, completion tokens, budget used, rates, ETA, the budget projection (how far
 past its budget a dataset without ``--token-budget`` will go) and the format verdict. ``--watch
-SECONDS`` redraws in place (plain text) until Ctrl-C. Exit status: 0 when every host answered,
-1 when one did not (its last values are shown, marked stale).
+SECONDS`` redraws in place (plain text) until Ctrl-C and applies each run's budget policy
+(``actions.BudgetGuard``: warn, stop or restart-with-budget, once per event, audited), showing
+what it did. Exit status: 0 when every host answered, 1 when one did not (its last values are
+shown, marked stale).
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,16 +27,14 @@ CLEAR = "\x1b[H\x1b[2J"
 
 
 def human(n: float | None) -> str:
-    """``10.7 M``, ``2,912``, ``-`` for None."""
+    """``10.7 M``, ``239.7 k``, ``2,912``, ``-`` for None (as the projection's messages write
+    counts from 100 k up, so that a column and its note agree)."""
     if n is None:
         return "-"
-    a = abs(n)
-    if a >= 1e9:
-        return f"{n / 1e9:.2f} G"
-    if a >= 1e6:
-        return f"{n / 1e6:.1f} M"
-    if a >= 1e5:
-        return f"{n / 1e3:.0f} k"
+    if abs(n) >= 1e5:
+        from supervisor.rates import human_count
+
+        return human_count(n)
     if float(n).is_integer():
         return f"{int(n):,}"
     return f"{n:,.1f}"
@@ -54,7 +55,30 @@ def duration(s: float | None) -> str:
 
 
 def rate(v: float | None, digits: int = 2) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
+    """``0.42``, ``292.6``, ``2,316`` (no decimals from 1,000 up), ``-`` for None."""
+    if v is None:
+        return "-"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}f}"
+
+
+def _eta(ds: DatasetView) -> str:
+    """Time to the first stop condition; ``done`` once one is reached."""
+    done = ds.unique_ids or ds.records
+    if ds.projection.eta_s == 0 or (ds.max_samples and done >= ds.max_samples):
+        return "done"
+    return duration(ds.projection.eta_s)
+
+
+def _plain_progress(ds: DatasetView) -> bool:
+    """True when the projection's message only repeats the tokens and budget columns."""
+    from supervisor.rates import human_count
+
+    if not ds.token_budget:
+        return False
+    head = f"{human_count(ds.completion_tokens)} / {human_count(ds.token_budget)}"
+    return ds.projection.message == head
 
 
 def _budget(ds: DatasetView) -> str:
@@ -80,25 +104,31 @@ def _run_lines(r: RunView) -> list[str]:
         head += "  (not in config)"
     p = r.process
     if p is not None:
+        # The warning first: the rest of the line is what a narrow terminal cuts.
+        if p.flags.token_budget is None:
+            head += "  no --token-budget"
         if r.configured:  # an unconfigured run is named after its pid already
             head += f"  pid {p.identity.pid}"
         head += f"  up {duration(p.uptime_s)}  cpu {p.cpu_percent:.0f}%  rss {human(p.rss_mb)} MB"
         if p.gpu_memory_mb is not None:
             head += f"  gpu {human(p.gpu_memory_mb)} MB"
-        if p.flags.token_budget is None:
-            head += "  no --token-budget"
     lines = [head]
     if not r.datasets:
         return lines
+    # The name column fits the longest name, so that the table fits 80 columns for short ones.
+    w = max(7, *(len(ds.name) for ds in r.datasets))
     lines.append(
-        f"    {'dataset':<12} {'responses':>10} {'tokens':>10} {'budget':>7} "
-        f"{'req/s':>7} {'tok/s':>9} {'ETA':>10}  verdict"
+        f"    {'dataset':<{w}} {'responses':>11} {'tokens':>8} {'budget':>6} "
+        f"{'req/s':>6} {'tok/s':>7} {'ETA':>9}  verdict"
     )
     for ds in r.datasets:
         responses = human(ds.unique_ids or ds.records)
         if ds.max_samples:
             responses = f"{responses}/{human(ds.max_samples)}"
-        verdict = ds.verdict if ds.state == "ok" else ds.state
+        if ds.state == "missing":
+            verdict = "not started"
+        else:
+            verdict = ds.verdict if ds.state == "ok" else ds.state
         flags = []
         if ds.over_budget:
             flags.append("OVER BUDGET")
@@ -112,22 +142,39 @@ def _run_lines(r: RunView) -> list[str]:
         req = rates.req_per_s_1m if rates.req_per_s_1m is not None else rates.req_per_s_all
         tok = rates.tok_per_s_1m if rates.tok_per_s_1m is not None else rates.tok_per_s_all
         lines.append(
-            f"    {ds.name:<12} {responses:>10} {human(ds.completion_tokens):>10} {_budget(ds):>7} "
-            f"{rate(req):>7} {rate(tok, 1):>9} {duration(ds.projection.eta_s):>10}  {verdict}"
-            + (f"  [{', '.join(flags)}]" if flags else "")
+            f"    {ds.name:<{w}} {responses:>11} {human(ds.completion_tokens):>8} "
+            f"{_budget(ds):>6} {rate(req):>6} {rate(tok, 1):>7} {_eta(ds):>9}  {verdict}"
         )
+        if ds.state == "missing":  # a dataset the run has not reached yet: nothing to say
+            continue
         notes = [ds.error]
+        if ds.state == "ok" and not _plain_progress(ds):
+            notes.append(ds.projection.message)
         if ds.verdict not in ("current", "empty"):
             notes.append(ds.verdict_detail)
-        if ds.state == "ok":
-            notes.append(ds.projection.message)
-        for note in dict.fromkeys(n for n in notes if n):
+        unique = [n for n in dict.fromkeys(notes) if n]
+        # The flags open the notes (not the row, which then fits 80 columns).
+        if flags:
+            tag = f"[{', '.join(flags)}]"
+            unique = [f"{tag} {unique[0]}", *unique[1:]] if unique else [tag]
+        for note in unique:
             lines.append(f"      ! {note}")
     return lines
 
 
-def render(snap: Snapshot) -> str:
-    """The text of ``runwatch status`` for one snapshot."""
+def _has_rates(snap: Snapshot) -> bool:
+    return any(
+        ds.rates.req_per_s_1m is not None or ds.rates.req_per_s_all is not None
+        for h in snap.hosts
+        for r in h.runs
+        for ds in r.datasets
+    )
+
+
+def render(snap: Snapshot, rates_hint: bool = True) -> str:
+    """The text of ``runwatch status`` for one snapshot.
+
+    ``rates_hint``: say how to get rates when the snapshot has none (a one-shot status)."""
     lines: list[str] = []
     for h in snap.hosts:
         lines.append(_host_line(h, snap.time))
@@ -138,24 +185,62 @@ def render(snap: Snapshot) -> str:
         lines.append("")
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.time))
     lines.append(f"as of {stamp}")
+    if rates_hint and not _has_rates(snap) and any(r.datasets for h in snap.hosts for r in h.runs):
+        # Rates come from successive looks at the files; one refresh has none to compare.
+        lines.append("rates and ETA need a second refresh: runwatch status --watch 2")
+    return "\n".join(lines) + "\n"
+
+
+def fit_screen(text: str, rows: int, cols: int = 0) -> str:
+    """``text`` cut to the terminal: lines longer than ``cols`` (when given) end in ``…``, and
+    past ``rows`` lines the last one says how many were left out (a redraw taller than the
+    terminal would scroll its top, the hosts, out of sight)."""
+    lines = text.splitlines()
+    if cols > 1:
+        lines = [ln if len(ln) <= cols else ln[: cols - 1] + "…" for ln in lines]
+    if rows >= 2 and len(lines) > rows - 1:
+        keep = rows - 2
+        lines = [
+            *lines[:keep],
+            f"... {len(lines) - keep} more lines: enlarge the terminal, or --json",
+        ]
     return "\n".join(lines) + "\n"
 
 
 async def _watch(config: Any, seconds: float, as_json: bool) -> None:
     import asyncio
 
+    from supervisor.actions import BudgetGuard
     from supervisor.engine import Engine
 
+    guard = BudgetGuard(config)
+    acted: list[str] = []  # what the budget guard did, shown under every redraw
     async with Engine(config) as engine:
         while True:
             started = time.monotonic()
             snap = await engine.refresh()
+            # Each run's budget policy (warn, stop, restart-with-budget), once per event, audited.
+            done = [o for o in await guard.enforce(engine, snap) if o.acted]
             if as_json:
                 print_json(snap)
+                for o in done:
+                    click.echo(f"budget {o.event.policy}: {o.detail}", err=True)
             else:
-                sys.stdout.write(CLEAR + render(snap))
+                acted = (acted + [_guard_line(o) for o in done])[-5:]
+                text = render(snap, rates_hint=False) + "".join(line + "\n" for line in acted)
+                if sys.stdout.isatty():
+                    size = shutil.get_terminal_size()
+                    text = fit_screen(text, size.lines, size.columns)
+                sys.stdout.write(CLEAR + text)
                 sys.stdout.flush()
             await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
+
+
+def _guard_line(outcome: Any) -> str:
+    """One line for what the budget guard did (``actions.GuardOutcome``)."""
+    stamp = time.strftime("%H:%M:%S")
+    mark = "" if outcome.ok else " (FAILED)"
+    return f"{stamp} budget {outcome.event.policy}{mark}: {outcome.detail}"
 
 
 @click.command()
@@ -167,7 +252,7 @@ async def _watch(config: Any, seconds: float, as_json: bool) -> None:
     type=click.FloatRange(min=0.1),
     default=None,
     metavar="SECONDS",
-    help="Refresh every SECONDS until Ctrl-C.",
+    help="Refresh every SECONDS until Ctrl-C, applying each run's budget policy.",
 )
 def status(config_path: str | None, as_json: bool, watch: float | None) -> None:
     """Runs and datasets of every host: responses, tokens, budget, rates, ETA, verdict."""

@@ -40,6 +40,9 @@ from supervisor.errors import RunwatchError
 TEMPLATE = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 CLIENT = Path(__file__).resolve().with_name("run_inference.py")
 API_KEY_ENV = "RUNWATCH_DEMO_API_KEY"
+API_KEY_FILE = "api-key"
+"""Where a key the demo made up is kept (mode 0600), so that another terminal can use the mock API
+(``runwatch bench api``) without the key ever being printed."""
 
 # Mock speeds: the local GPU is saturated (16 requests share 250 tokens/s); the API is fast.
 LOCAL_MOCK = {"decode_tps": 40, "capacity_tps": 250, "mean_tokens": 600, "seed": 1}
@@ -409,6 +412,16 @@ class Demo:
         return "\n".join(lines)
 
 
+def _write_key_file(path: Path, key: str) -> Path:
+    """``key`` in ``path``, readable by this user only (created so, never world-readable)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return path
+
+
 def new_demo(demo_dir: Path) -> Demo:
     """A demo in ``demo_dir`` that has started nothing yet."""
     return Demo(demo_dir, demo_dir / "runwatch.toml", Config(), [], [])
@@ -425,7 +438,10 @@ def start_demo(demo: Demo, out: IO[str]) -> None:
     tokenizer = ensure_demo_tokenizer()
     vocab = DemoVocab(tokenizer)
     write_prompts(demo_dir / "prompts", DATASETS, PROMPTS_PER_DATASET)
-    os.environ.setdefault(API_KEY_ENV, "demo-" + secrets.token_hex(12))
+    key_file = None
+    if not os.environ.get(API_KEY_ENV):
+        os.environ[API_KEY_ENV] = "demo-" + secrets.token_hex(12)
+        key_file = _write_key_file(demo_dir / API_KEY_FILE, os.environ[API_KEY_ENV])
 
     # The endpoints' models and prices come from the config, read once with placeholder URLs.
     provisional = load_config(
@@ -473,6 +489,12 @@ def start_demo(demo: Demo, out: IO[str]) -> None:
     print(f"runwatch demo: {demo_dir}", file=out)
     print(f"  config   {demo.config_path}", file=out)
     print(f"  watch it from another terminal: runwatch -c {demo.config_path} status", file=out)
+    if key_file is not None:
+        print(
+            f"  the mock API's key, for `runwatch bench api` there: "
+            f"export {API_KEY_ENV}=$(cat {key_file})",
+            file=out,
+        )
     print(f"  tokenizer {tokenizer}", file=out)
     for note in demo.notes:
         print(f"  {note}", file=out)

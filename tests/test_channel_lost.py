@@ -1,0 +1,108 @@
+"""A connection lost while the channel reads or writes surfaces as HostError (or OutcomeUnknown
+for an acting op), never as the transport's own exception. The transport here raises asyncssh's
+real ``ConnectionLost`` exactly where an SSH stream raises it (``readline``, ``drain``); the
+real-sshd drops are in tests/test_ssh_agent.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import asyncssh
+import pytest
+
+from supervisor.channel import AgentChannel, LineReader, LineWriter
+from supervisor.errors import HostError, OutcomeUnknown
+from supervisor.hosts import AgentHost
+from tests.fixtures_procs import local_host_config
+
+HELLO = json.dumps({"id": 0, "ok": True, "result": {"hello": "runwatch-agent"}}) + "\n"
+
+
+class Stream:
+    """Both ends of an agent transport: lines (or an exception) fed to ``readline``; ``drain``
+    raises ``drain_error`` once it is set."""
+
+    def __init__(self) -> None:
+        self.lines: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
+        self.drain_error: BaseException | None = None
+        self.sent: list[bytes] = []
+
+    async def readline(self) -> bytes:
+        item = await self.lines.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def write(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    async def drain(self) -> None:
+        if self.drain_error is not None:
+            raise self.drain_error
+
+
+def lost() -> asyncssh.ConnectionLost:
+    return asyncssh.ConnectionLost("Connection lost")
+
+
+class LostHost(AgentHost):
+    """An AgentHost whose transport loses its connection before the agent's hello."""
+
+    def __init__(self, stream: Stream) -> None:
+        super().__init__(local_host_config(connect_timeout=5.0, command_timeout=5.0))
+        self.stream = stream
+
+    async def _open_transport(self) -> tuple[LineReader, LineWriter, Any]:
+        return self.stream, self.stream, lambda: ""
+
+    async def _close_transport(self) -> None:
+        pass
+
+
+async def test_connection_lost_before_the_hello_is_a_host_error() -> None:
+    stream = Stream()
+    stream.lines.put_nowait(b"Welcome to the login banner\n")
+    stream.lines.put_nowait(lost())
+    with pytest.raises(HostError, match="connection lost before the agent was ready"):
+        await LostHost(stream).connect()
+
+
+async def test_connection_lost_while_sending_the_agent_is_a_host_error() -> None:
+    stream = Stream()
+    stream.drain_error = lost()
+    with pytest.raises(HostError, match="could not start the agent"):
+        await LostHost(stream).connect()
+
+
+async def _started() -> tuple[Stream, AgentChannel]:
+    stream = Stream()
+    channel = AgentChannel(stream, stream, name="h")
+    stream.lines.put_nowait(HELLO.encode())
+    await channel.start(5.0)
+    return stream, channel
+
+
+@pytest.mark.parametrize(("op", "error"), [("ps", HostError), ("kill", OutcomeUnknown)])
+async def test_connection_lost_during_a_read(op: str, error: type[Exception]) -> None:
+    stream, channel = await _started()
+    task = asyncio.ensure_future(channel.request(op, {}, timeout=30.0))
+    while not stream.sent:  # the request is on its way before the connection goes
+        await asyncio.sleep(0)
+    stream.lines.put_nowait(lost())
+    with pytest.raises(error, match="connection lost during " + op + ": Connection lost"):
+        await asyncio.wait_for(task, 10)
+    assert not channel.connected
+    with pytest.raises(HostError, match="not connected"):
+        await channel.request("ping", {}, timeout=1.0)
+    await channel.close()
+
+
+@pytest.mark.parametrize(("op", "error"), [("ps", HostError), ("kill", OutcomeUnknown)])
+async def test_connection_lost_during_a_send(op: str, error: type[Exception]) -> None:
+    stream, channel = await _started()
+    stream.drain_error = lost()
+    with pytest.raises(error, match="could not send " + op):
+        await channel.request(op, {}, timeout=5.0)
+    await channel.close()
