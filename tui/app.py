@@ -1,0 +1,245 @@
+"""The runwatch app: a dashboard of every host, run and dataset, with keyboard actions.
+
+Built by ``make_app(config, engine)``: the engine is injected, so tests drive the real app with a
+LocalHost engine (or, for screenshots, an engine returning fixed snapshots). All I/O happens in
+workers that post typed messages back; the UI thread only renders model objects.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.reactive import var
+from textual.screen import Screen
+from textual.worker import Worker, WorkerState
+
+from supervisor.config import Config
+from supervisor.model import HostView, RunView, Snapshot
+from tui.alerts import Alert, changes, stop_key
+from tui.commands import RunCommands
+from tui.engine import EngineLike
+from tui.messages import RefreshFailed, RunKilled, SnapshotRefreshed
+from tui.screens.dashboard import DashboardScreen
+from tui.widgets.fleet import run_key
+
+
+class RunwatchApp(App[None]):
+    """Watch the fleet; kill, restart and launch runs; compare endpoints."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "runwatch"
+    COMMANDS = App.COMMANDS | {RunCommands}
+    MODES: ClassVar[dict[str, type[Screen[None]]]] = {"dashboard": DashboardScreen}
+    DEFAULT_MODE = "dashboard"
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("question_mark", "help", "Help", key_display="?", tooltip="Every key, explained"),
+        Binding("r", "refresh", "Refresh", show=False, tooltip="Refresh every host now"),
+        Binding("C", "compare", "Compare", tooltip="Local GPUs vs API: rates and cost"),
+        Binding("q", "quit", "Quit", tooltip="Leave runwatch (runs keep running)"),
+    ]
+
+    snapshot: var[Snapshot | None] = var(None, always_update=True)
+    """The latest snapshot (None until the first refresh finishes)."""
+    refresh_error: var[str | None] = var(None)
+    """Why the last refresh failed, when it did."""
+
+    def __init__(
+        self,
+        config: Config,
+        engine: EngineLike,
+        *,
+        refresh_seconds: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.engine = engine
+        self.config_path = config.path
+        self.refresh_seconds = refresh_seconds or config.refresh_seconds
+        self.alerts: list[Alert] = []
+        """Every notification shown so far, oldest first."""
+        self.refreshes = 0
+        """Number of snapshots received (tests wait on it)."""
+        self._expected_stops: set[str] = set()
+        self._refreshing = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def on_mount(self) -> None:
+        self.refresh_now()
+        self.set_interval(self.refresh_seconds, self._tick, name="refresh")
+
+    async def on_unmount(self) -> None:
+        await self.engine.aclose()
+
+    def _tick(self) -> None:
+        # A refresh slower than the interval is not cancelled: the next tick is skipped instead.
+        if not self._refreshing:
+            self.refresh_now()
+
+    @work(group="refresh", exit_on_error=False)
+    async def refresh_now(self) -> None:
+        """Poll every host once, off the UI path; the result comes back as SnapshotRefreshed."""
+        self._refreshing = True
+        try:
+            snapshot = await self.engine.refresh()
+        except Exception as e:  # the engine itself failed (a host failing is in the snapshot)
+            self.post_message(RefreshFailed(f"{type(e).__name__}: {e}"))
+        else:
+            self.post_message(SnapshotRefreshed(snapshot))
+        finally:
+            self._refreshing = False
+
+    def on_snapshot_refreshed(self, message: SnapshotRefreshed) -> None:
+        before = self.snapshot
+        for alert in changes(before, message.snapshot, self._expected_stops):
+            self.alerts.append(alert)
+            self.notify(alert.message, title=alert.title, severity=alert.severity, markup=False)
+        # A deliberate stop is expected until that process is seen gone (or replaced).
+        live = {
+            stop_key(h.name, r.name, r.process.identity.pid)
+            for h in message.snapshot.hosts
+            for r in h.runs
+            if r.state == "running" and r.process is not None
+        }
+        self._expected_stops &= live
+        self.refresh_error = None
+        self.refreshes += 1
+        self.snapshot = message.snapshot
+
+    def on_refresh_failed(self, message: RefreshFailed) -> None:
+        self.refresh_error = message.error
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """One place for workers that died with an error nobody handled."""
+        if event.state == WorkerState.ERROR and event.worker.error is not None:
+            error = event.worker.error
+            self.notify(
+                f"{type(error).__name__}: {error}",
+                title=f"{event.worker.name} failed",
+                severity="error",
+                markup=False,
+            )
+
+    # ------------------------------------------------------------------ lookups
+
+    def find_run(self, key: str) -> tuple[HostView, RunView] | None:
+        """The host and run named ``host/run`` in the latest snapshot."""
+        if self.snapshot is None:
+            return None
+        for host in self.snapshot.hosts:
+            for run in host.runs:
+                if run_key(host.name, run.name) == key:
+                    return host, run
+        return None
+
+    def runs(self) -> list[tuple[HostView, RunView]]:
+        """Every run of the latest snapshot, in display order."""
+        if self.snapshot is None:
+            return []
+        return [(h, r) for h in self.snapshot.hosts for r in h.runs]
+
+    def selected_run(self) -> str | None:
+        """The run the current screen is about (the cursor's on the dashboard)."""
+        screen = self.screen
+        chooser = getattr(screen, "selected_run", None)
+        if callable(chooser):
+            key = chooser()
+            return key if isinstance(key, str) else None
+        return None
+
+    def _target(self, key: str | None) -> tuple[str, HostView, RunView] | None:
+        key = key or self.selected_run()
+        found = self.find_run(key) if key else None
+        if key is None or found is None:
+            self.notify("No run selected.", severity="warning")
+            return None
+        return key, found[0], found[1]
+
+    # ------------------------------------------------------------------ actions
+
+    def open_run(self, key: str, dataset: str | None = None) -> None:
+        """Open the detail screen of run ``host/run`` (its samples preview on ``dataset``)."""
+        from tui.screens.run_detail import RunDetailScreen
+
+        if self.find_run(key) is not None:
+            self.push_screen(RunDetailScreen(key, dataset))
+
+    def action_open_run(self, key: str) -> None:
+        self.open_run(key)
+
+    def action_refresh(self) -> None:
+        if not self._refreshing:
+            self.refresh_now()
+
+    def action_help(self) -> None:
+        from tui.screens.help import HelpScreen
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_kill(self, key: str | None = None) -> None:
+        """Ask to stop a run (the selected one by default)."""
+        from tui.screens.kill import KillScreen
+
+        target = self._target(key)
+        if target is None:
+            return
+        key, host, run = target
+        if run.process is None or run.state != "running":
+            self.notify(f"{run.name} is not running: nothing to kill.", severity="warning")
+            return
+        if not run.process.killable:
+            self.notify(
+                f"{run.name} belongs to {run.process.user}: not killable.", severity="error"
+            )
+            return
+        self.push_screen(KillScreen(host.name, run))
+
+    def expect_stop(self, host: str, run: str, pid: int) -> None:
+        """Process ``pid`` of a run is being stopped on purpose: its end is not a death."""
+        self._expected_stops.add(stop_key(host, run, pid))
+
+    def on_run_killed(self, message: RunKilled) -> None:
+        if message.error is None:
+            self.action_refresh()
+
+    def action_restart(self, key: str | None = None) -> None:
+        """Show the restart plan of a run and run it step by step."""
+        from tui.screens.restart import RestartScreen
+
+        target = self._target(key)
+        if target is not None:
+            self.push_screen(RestartScreen(target[1].name, target[2], mode="restart"))
+
+    def action_launch(self, key: str | None = None) -> None:
+        """Show the launch plan of a stopped run and run it step by step."""
+        from tui.screens.restart import RestartScreen
+
+        target = self._target(key)
+        if target is None:
+            return
+        _key, host, run = target
+        if run.state == "running":
+            self.notify(
+                f"{run.name} is already running; restart it instead (R).", severity="warning"
+            )
+            return
+        self.push_screen(RestartScreen(host.name, run, mode="launch"))
+
+    def action_compare(self) -> None:
+        """Open the local-vs-API comparison."""
+        from tui.screens.compare import CompareScreen
+
+        if not isinstance(self.screen, CompareScreen):
+            self.push_screen(CompareScreen())
+
+
+def make_app(
+    config: Config, engine: EngineLike, *, refresh_seconds: float | None = None
+) -> RunwatchApp:
+    """The app, with its engine injected (the real ``supervisor.engine.Engine`` in production)."""
+    return RunwatchApp(config, engine, refresh_seconds=refresh_seconds)

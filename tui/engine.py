@@ -1,0 +1,35 @@
+"""What the app needs from the engine, as a Protocol.
+
+The real engine is ``supervisor.engine.Engine``; tests of screenshots pass an engine that returns
+fixed snapshots. Beyond this Protocol, some screens use more of the real engine: the detail screen
+reads the log and samples through ``engine.host(name).request("tail_log", ...)``, and the restart
+and launch screens hand the engine to ``supervisor.actions`` (which also uses ``engine.config``).
+An engine without ``host`` gets a clear message in the detail screen instead of a crash.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from supervisor.model import Identity, Snapshot
+
+
+@runtime_checkable
+class EngineLike(Protocol):
+    """The engine operations the dashboard, the detail screen and the kill dialog use."""
+
+    async def refresh(self) -> Snapshot:
+        """Poll every host once and return what was seen."""
+        ...
+
+    async def kill(self, host: str, identity: Identity, grace: float) -> Any:
+        """Stop the process named by ``identity`` on ``host``; a report with per-pid results."""
+        ...
+
+    async def check_run(self, run: str) -> list[dict[str, Any]]:
+        """Validate every data file of a run; one scan result per dataset."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close every host connection."""
+        ...

@@ -1,0 +1,1 @@
+"""Screens of the runwatch app, one per file."""

@@ -1,0 +1,236 @@
+"""Local GPUs vs API: time and cost to finish each dataset on each endpoint; run a bench.
+
+The comparison is recomputed from every refresh (live rates of the running runs) and from the bench
+history; a bench started here shows its progress and lands in the same history.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, cast
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Button, DataTable, Footer, Input, Label, ProgressBar, Select, Static
+
+from tui.messages import BenchFinished, BenchProgressed
+from tui.widgets.format import error_text, human
+
+if TYPE_CHECKING:
+    from tui.app import RunwatchApp
+
+DEFAULT_REQUESTS = 20
+
+
+def sources_text(comparison: Any) -> Text:
+    """Where each endpoint's numbers come from (live rate, bench, price table), and what was
+    left out of the comparison and why."""
+    from supervisor.compare import format_lines
+
+    text = Text()
+    for name, why in comparison.skipped.items():
+        text.append(f"{name}: not compared, {why}\n", style="dim")
+    lines = format_lines(comparison)
+    marker = "where the numbers come from:"
+    if marker in lines:
+        text.append(marker + "\n", style="bold")
+        for line in lines[lines.index(marker) + 1 :]:
+            text.append(line + "\n")
+    return text
+
+
+class CompareScreen(Screen[None]):
+    """The comparison table, its sources, and a bench with a progress bar."""
+
+    CSS_PATH = "compare.tcss"
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("b", "bench", "Bench", tooltip="Measure the selected endpoint now"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: list[Any] | None = None
+        """Bench results from the history file (None until read)."""
+        self.comparison: Any = None
+        self.bench_result: Any = None
+        self.benching = False
+
+    @property
+    def rw(self) -> RunwatchApp:
+        return cast("RunwatchApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        endpoints = [(f"{e.name} ({e.kind})", e.name) for e in self.rw.config.endpoints]
+        yield Static(Text("Where should the rest of the work run?", style="bold"), id="title")
+        with VerticalScroll(id="body"):
+            yield Static(id="answer")
+            yield DataTable(id="table", cursor_type="row", zebra_stripes=True)
+            yield Static(id="sources")
+            with Horizontal(id="bench-row"):
+                yield Select(
+                    endpoints,
+                    value=endpoints[0][1] if endpoints else Select.NULL,
+                    allow_blank=not endpoints,
+                    id="endpoint",
+                    compact=True,
+                )
+                yield Label(" requests ", id="requests-label")
+                yield Input(str(DEFAULT_REQUESTS), type="integer", id="requests", compact=True)
+                yield Button("Bench", id="bench", variant="primary", compact=True)
+            yield ProgressBar(id="progress", show_eta=False)
+            yield Static(id="bench-result")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#progress", ProgressBar).display = False
+        self.watch(self.rw, "snapshot", self._recompute)
+        self._load_history()
+
+    @work(exclusive=True, group="history", exit_on_error=False)
+    async def _load_history(self) -> None:
+        import asyncio
+
+        from supervisor.bench import load_history
+
+        history = await asyncio.to_thread(load_history)
+        self.history = history
+        self._recompute(None)
+
+    def _recompute(self, _snapshot: object) -> None:
+        from supervisor.compare import comparison_from, duration, money
+
+        snapshot = self.rw.snapshot
+        if snapshot is None or self.history is None:
+            self.query_one("#answer", Static).update(Text("Gathering rates…", style="dim"))
+            return
+        self.comparison = comparison = comparison_from(self.rw.config, snapshot, self.history)
+        answer = Text()
+        if comparison.answer:
+            answer.append(comparison.answer, style="bold")
+        if not comparison.datasets:
+            answer.append("Nothing to compare: no dataset has budget left.", style="yellow")
+        self.query_one("#answer", Static).update(answer)
+        table = self.query_one("#table", DataTable)
+        table.clear(columns=True)
+        endpoints = [r.endpoint for r in comparison.rates]
+        table.add_columns("Dataset", "Left", "Ends at")
+        for name in endpoints:
+            table.add_column(Text(f"{name} time", justify="right"), key=f"{name}-t")
+            table.add_column(Text(f"{name} cost", justify="right"), key=f"{name}-c")
+
+        def cells(estimates: list[Any]) -> list[Text]:
+            by = {e.endpoint: e for e in estimates}
+            out: list[Text] = []
+            for name in endpoints:
+                e = by.get(name)
+                out.append(Text(duration(e.seconds) if e else "?", justify="right"))
+                out.append(Text(money(e.cost_usd) if e else "?", justify="right"))
+            return out
+
+        for d in comparison.datasets:
+            w = d.work
+            table.add_row(
+                Text(w.dataset, style="bold"),
+                Text(human(w.remaining_tokens), justify="right"),
+                Text(w.bound),
+                *cells(d.estimates),
+            )
+        if comparison.datasets:
+            table.add_row(Text("all", style="bold"), Text(""), Text(""), *cells(comparison.totals))
+        self.query_one("#sources", Static).update(sources_text(comparison))
+
+    # ------------------------------------------------------------------ bench
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        if event.button.id == "bench":
+            self.action_bench()
+
+    def action_bench(self) -> None:
+        if self.benching:
+            self.notify("A bench is already running.", severity="warning")
+            return
+        endpoint = self.query_one("#endpoint", Select).value
+        if not isinstance(endpoint, str):
+            self.notify("No endpoint in the config to bench.", severity="warning")
+            return
+        try:
+            requests = int(self.query_one("#requests", Input).value)
+        except ValueError:
+            requests = 0
+        if requests < 1:
+            self.notify("Requests must be a positive number.", severity="error")
+            return
+        self.benching = True
+        self.query_one("#bench", Button).disabled = True
+        bar = self.query_one("#progress", ProgressBar)
+        bar.display = True
+        bar.update(total=None, progress=0)
+        self.query_one("#bench-result", Static).update(
+            Text(f"Benching {endpoint} with {requests} requests…", style="yellow")
+        )
+        self._bench(endpoint, requests)
+
+    @work(exclusive=True, group="bench", exit_on_error=False)
+    async def _bench(self, endpoint: str, requests: int) -> None:
+        import asyncio
+
+        from supervisor.bench import Options, run_bench
+
+        config = self.rw.config
+        tokenizer = None
+        try:
+            if config.tokenizer:
+                from supervisor.tokens import load_tokenizer
+
+                # Loading a tokenizer takes a moment: off the event loop.
+                tokenizer = await asyncio.to_thread(
+                    load_tokenizer, config.tokenizer, config.trust_remote_code
+                )
+            result = await run_bench(
+                config,
+                endpoint,
+                options=Options(requests=requests),
+                progress=lambda done, total: self.post_message(BenchProgressed(done, total)),
+                tokenizer=tokenizer,
+            )
+        except Exception as e:  # shown under the bench controls
+            self.post_message(BenchFinished(None, error_text(e)))
+        else:
+            self.post_message(BenchFinished(result))
+
+    def on_bench_progressed(self, message: BenchProgressed) -> None:
+        self.query_one("#progress", ProgressBar).update(total=message.total, progress=message.done)
+
+    def on_bench_finished(self, message: BenchFinished) -> None:
+        message.stop()
+        self.benching = False
+        self.query_one("#bench", Button).disabled = False
+        out = self.query_one("#bench-result", Static)
+        if message.error is not None:
+            self.query_one("#progress", ProgressBar).display = False
+            out.update(Text(f"Bench failed: {message.error}", style="bold red"))
+            return
+        self.bench_result = result = message.result
+        bar = self.query_one("#progress", ProgressBar)
+        bar.update(total=1, progress=1)
+        lines = Text()
+        for lv in result.levels:
+            failed = sum(lv.failed.values())
+            lines.append(
+                f"{result.endpoint} c={lv.concurrency}: {lv.completed}/{lv.requests} done, "
+                f"{human(lv.output_tok_per_s)} output tok/s, {lv.req_per_s:.2f} req/s"
+                + (f", {failed} failed attempts" if failed else "")
+                + "\n",
+                style="green",
+            )
+        out.update(lines)
+        self.notify(f"Bench of {result.endpoint} finished.", title="bench")
+        if self.history is not None:
+            self.history.append(result)
+        self._recompute(None)

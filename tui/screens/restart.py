@@ -1,0 +1,335 @@
+"""Restart or launch a run: the plan, each check's result as it runs, the argv diff, remedies.
+
+Nothing changes until a button is pressed: the plan is computed first (``make_plan``), then either
+checked (dry run: only the checks run) or executed, and every step's state is shown as it changes.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+
+from rich.table import Table
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Button, Checkbox, Footer, Input, Label, Static
+
+from supervisor.model import RunView
+from tui.messages import PlanFinished, PlanMade, StepChanged
+from tui.widgets.format import error_text
+
+if TYPE_CHECKING:
+    from tui.app import RunwatchApp
+
+_STATE_STYLE = {
+    "pending": ("·", "dim"),
+    "running": ("…", "bold yellow"),
+    "ok": ("✓", "bold green"),
+    "skipped": ("–", "dim"),
+    "failed": ("✗", "bold red"),
+}
+
+REMEDIES = {
+    "format-check": (
+        "Remedy: press m to move those files aside (renamed to <file>.<format>-<time>, nothing "
+        "deleted) so the run starts them afresh, then run again. Or convert them first."
+    ),
+    "fingerprint": (
+        "Remedy: if the change is intended, list it under 'Allow changes' (model, sampling, "
+        "prompts, format...) and run again; otherwise restore the old flags."
+    ),
+    "stop": "Remedy: the old process was not confirmed gone; look at the host before retrying.",
+    "gpu-release": "Remedy: something still holds the GPUs; check nvidia-smi on the host.",
+    "data-repair": "Remedy: a data file could not be repaired; read the detail above.",
+    "launch": "Remedy: the run did not stay up; read its log (run detail, Log tab).",
+}
+
+
+def steps_table(steps: list[dict[str, str]]) -> Table:
+    """One line per step: number, state mark, name, and what happened (wrapped)."""
+    table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
+    table.add_column("", no_wrap=True, width=2)
+    table.add_column("step", no_wrap=True, style="bold")
+    table.add_column("result", ratio=1, overflow="fold")
+    for i, step in enumerate(steps, 1):
+        mark, style = _STATE_STYLE.get(step["state"], ("?", ""))
+        detail = step["detail"] or step["title"]
+        table.add_row(
+            Text(f"{mark}", style=style),
+            Text(f"{i}. {step['name']}"),
+            Text(detail, style="dim" if step["state"] == "pending" else ""),
+        )
+    return table
+
+
+def diff_text(plan: Any) -> Table:
+    """What runs now, the new argv (masked), the flags that change, and the log."""
+    from supervisor.hostops import mask_argv
+
+    table = Table.grid(padding=(0, 1))
+    table.add_column(style="dim", no_wrap=True, width=12)
+    table.add_column(overflow="fold")
+    if plan.old is not None:
+        table.add_row("running now", Text(f"pid {plan.old.identity.pid}", style="bold"))
+    else:
+        table.add_row("running now", "nothing")
+    table.add_row("new argv", " ".join(shlex.quote(a) for a in mask_argv(plan.argv, plan.secrets)))
+    changes = plan.argv_diff()
+    for d in changes:
+        old = "(absent)" if d["old"] is None else str(d["old"])
+        new = "(absent)" if d["new"] is None else str(d["new"])
+        table.add_row(
+            "changes",
+            Text.assemble((f"{d['flag']}: ", "bold"), (old, "red"), " → ", (new, "green")),
+        )
+    if not changes:
+        table.add_row("changes", "none: the same argv as " + ("now" if plan.old else "the config"))
+    table.add_row("log", str(plan.paths.get("log", "-")))
+    return table
+
+
+class RestartScreen(Screen[None]):
+    """The plan of a restart (or launch) of one run, and its execution step by step."""
+
+    CSS_PATH = "restart.tcss"
+    AUTO_FOCUS = "#back"
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "back", "Back"),
+        Binding("c", "check", "Check only", tooltip="Run the checks without changing anything"),
+        Binding("x", "execute", "Execute", tooltip="Run the plan: stop, repair, launch"),
+        Binding("m", "toggle_move_aside", "Move aside", tooltip="Rename files in another format"),
+        Binding("e", "edit_flags", "Edit flags", tooltip="Change flags, e.g. token-budget=1000000"),
+    ]
+
+    def __init__(
+        self, host: str, run: RunView, *, mode: Literal["restart", "launch"] = "restart"
+    ) -> None:
+        super().__init__()
+        self.host = host
+        self.run = run
+        self.mode = mode
+        self.plan: Any = None
+        """The current ``supervisor.actions.Plan`` (None until computed)."""
+        self.steps: list[dict[str, str]] = []
+        """Each step's name, title, state and detail, as last reported."""
+        self.result: Any = None
+        """The ``ActionResult`` once the plan ran."""
+        self.transitions: list[tuple[str, str]] = []
+        """Every (step, state) shown, in order."""
+        self.busy = False
+
+    @property
+    def rw(self) -> RunwatchApp:
+        return cast("RunwatchApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        verb = "Restart" if self.mode == "restart" else "Launch"
+        yield Static(
+            Text.assemble(f"{verb} ", (self.run.name, "bold"), " on ", (self.host, "bold")),
+            id="title",
+        )
+        with VerticalScroll(id="body"):
+            with Horizontal(classes="option"):
+                yield Label("Set flags", classes="option-label")
+                yield Input(
+                    placeholder="KEY=VALUE ... e.g. token-budget=100000", id="flags", compact=True
+                )
+            with Horizontal(classes="option"):
+                yield Label("Allow changes", classes="option-label")
+                yield Input(placeholder="model sampling prompts ...", id="allow", compact=True)
+            yield Checkbox(
+                "Move aside files in another format (nothing deleted)",
+                id="move-aside",
+                compact=True,
+            )
+            yield Static("Computing the plan…", id="diff")
+            yield Static(id="steps")
+            yield Static(id="problem")
+        with Horizontal(id="buttons"):
+            yield Button("Back", id="back", variant="primary", compact=True)
+            yield Button("Check only", id="check", compact=True)
+            yield Button(verb, id="execute", variant="warning", compact=True)
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self._plan()
+
+    # ------------------------------------------------------------------ planning
+
+    def _options(self) -> tuple[list[str], list[str], bool]:
+        flags = self.query_one("#flags", Input).value.split()
+        allow = self.query_one("#allow", Input).value.replace(",", " ").split()
+        return flags, allow, self.query_one("#move-aside", Checkbox).value
+
+    def _plan(self) -> None:
+        self.plan = None
+        self.result = None
+        self._set_buttons(enabled=False)
+        self.query_one("#problem", Static).update("")
+        flags, allow, move_aside = self._options()
+        self._make_plan(flags, allow, move_aside)
+
+    @work(exclusive=True, group="plan", exit_on_error=False)
+    async def _make_plan(self, flags: list[str], allow: list[str], move_aside: bool) -> None:
+        from supervisor.actions import make_plan
+
+        try:
+            plan = await make_plan(
+                cast(Any, self.rw.engine),
+                self.run.name,
+                action=self.mode,
+                overrides=flags,
+                move_aside=move_aside,
+                allow_change=allow,
+            )
+        except Exception as e:  # shown on the screen with its hint
+            self.post_message(PlanMade(None, error_text(e)))
+        else:
+            self.post_message(PlanMade(plan))
+
+    def on_plan_made(self, message: PlanMade) -> None:
+        message.stop()
+        if message.error is not None:
+            self.query_one("#diff", Static).update(Text("No plan.", style="bold red"))
+            self.query_one("#steps", Static).update("")
+            self._problem(message.error, None)
+            self.query_one("#check", Button).disabled = True
+            self.query_one("#execute", Button).disabled = True
+            return
+        self.plan = message.plan
+        self.steps = [
+            {"name": s.name, "title": s.title, "state": s.state, "detail": ""}
+            for s in message.plan.steps
+        ]
+        self.query_one("#diff", Static).update(diff_text(message.plan))
+        self._show_steps()
+        self._set_buttons(enabled=True)
+
+    def _show_steps(self) -> None:
+        self.query_one("#steps", Static).update(steps_table(self.steps))
+
+    def _set_buttons(self, *, enabled: bool) -> None:
+        for button_id in ("check", "execute"):
+            self.query_one(f"#{button_id}", Button).disabled = not enabled
+
+    def _problem(self, text: str, step: str | None) -> None:
+        body = Text(text, style="bold red")
+        remedy = REMEDIES.get(step or "")
+        if remedy:
+            body.append("\n" + remedy, style="yellow")
+        self.query_one("#problem", Static).update(body)
+
+    # ------------------------------------------------------------------ execution
+
+    def action_check(self) -> None:
+        self._run(dry_run=True)
+
+    def action_execute(self) -> None:
+        self._run(dry_run=False)
+
+    def _run(self, *, dry_run: bool) -> None:
+        if self.busy or self.plan is None:
+            return
+        if self.result is not None:
+            # A plan runs once; run again on a fresh look at the host.
+            self._plan()
+            self.notify("Plan recomputed: press again to run it.", timeout=3)
+            return
+        self.busy = True
+        self._set_buttons(enabled=False)
+        self.query_one("#problem", Static).update(
+            Text("Checking…" if dry_run else "Running the plan…", style="yellow")
+        )
+        if not dry_run and self.plan.old is not None:
+            self.rw.expect_stop(self.host, self.run.name, self.plan.old.identity.pid)
+        # Follow the steps as they report, like a log, until the user scrolls.
+        self.query_one("#body", VerticalScroll).anchor()
+        self._execute(self.plan, dry_run)
+
+    @work(exclusive=True, group="execute", exit_on_error=False)
+    async def _execute(self, plan: Any, dry_run: bool) -> None:
+        from supervisor.actions import execute
+
+        index = {s.name: i for i, s in enumerate(plan.steps)}
+
+        def on_step(step: Any) -> None:
+            self.post_message(StepChanged(index[step.name], step.name, step.state, step.detail))
+
+        try:
+            result = await execute(
+                cast(Any, self.rw.engine), plan, dry_run=dry_run, on_step=on_step
+            )
+        except Exception as e:  # the plan itself broke (not a step): shown on the screen
+            self.post_message(PlanFinished(False, None, error_text(e)))
+        else:
+            self.post_message(PlanFinished(bool(result.ok), result))
+
+    def on_step_changed(self, message: StepChanged) -> None:
+        message.stop()
+        step = self.steps[message.index]
+        self.transitions.append((message.name, message.state))
+        step["state"] = message.state
+        step["detail"] = message.detail
+        self._show_steps()
+
+    def on_plan_finished(self, message: PlanFinished) -> None:
+        message.stop()
+        self.busy = False
+        self.result = message.result
+        self._set_buttons(enabled=True)
+        problem = self.query_one("#problem", Static)
+        if message.error is not None:
+            self._problem(message.error, None)
+            return
+        result = message.result
+        failed = result.failed_step
+        if failed is not None:
+            number = [s["name"] for s in self.steps].index(failed.name) + 1
+            self._problem(f"✗ Blocked at step {number}, {failed.name} (detail above).", failed.name)
+        elif result.dry_run:
+            problem.update(Text("Every check passed. Press x to run the plan.", style="bold green"))
+        else:
+            pid = (result.identity or {}).get("pid")
+            done = "restarted" if self.mode == "restart" else "launched"
+            problem.update(Text(f"{self.run.name} {done}: pid {pid}.", style="bold green"))
+            self.notify(f"{self.run.name} {done} (pid {pid}).", title=self.host)
+        self.rw.action_refresh()
+
+    # ------------------------------------------------------------------ options
+
+    def action_toggle_move_aside(self) -> None:
+        box = self.query_one("#move-aside", Checkbox)
+        box.value = not box.value
+
+    def action_edit_flags(self) -> None:
+        self.query_one("#flags", Input).focus()
+
+    def on_checkbox_changed(self, event: Checkbox.Changed) -> None:
+        if not self.busy:
+            self._plan()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        if not self.busy:
+            self._plan()
+            self.query_one("#back", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        if event.button.id == "back":
+            self.action_back()
+        elif event.button.id == "check":
+            self.action_check()
+        elif event.button.id == "execute":
+            self.action_execute()
+
+    def action_back(self) -> None:
+        if self.busy:
+            self.notify("A step is running; wait for it to finish.", severity="warning")
+            return
+        self.dismiss(None)
