@@ -9,7 +9,7 @@ from pathlib import Path
 
 def _runwatch(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", *args],
+        [sys.executable, "-m", "tui.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -37,10 +37,9 @@ def test_tui_rejects_a_refresh_faster_than_the_floor() -> None:
     assert "--refresh" in out.stderr
 
 
-def test_the_command_module_does_not_import_the_ui() -> None:
+def test_the_console_script_does_not_import_textual_at_start_up() -> None:
     probe = (
-        "import sys, supervisor.cli.tui; "
-        "print(any(m.startswith(('tui', 'textual')) for m in sys.modules))"
+        "import sys, tui.cli; print(any(m.startswith(('tui.app', 'textual')) for m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

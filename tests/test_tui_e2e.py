@@ -62,7 +62,7 @@ def test_runwatch_demo_in_a_real_terminal(tmp_path: Path, demo_cache_env: dict[s
     socket = f"runwatch-e2e-{os.getpid()}"
     demo_dir = tmp_path / "demo"
     env = {**demo_cache_env, "XDG_STATE_HOME": str(tmp_path / "state"), "TERM": "xterm-256color"}
-    argv = [sys.executable, "-m", "supervisor.cli", "demo", "--dir", str(demo_dir)]
+    argv = [sys.executable, "-m", "tui.cli", "demo", "--dir", str(demo_dir)]
     try:
         # The command is given as separate arguments: tmux runs it directly, no shell.
         started = subprocess.run(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from supervisor.cli._common import run_cli
+from supervisor.cli._common import open_ui, run_cli
 from supervisor.cli.demo import demo
 
 
@@ -47,15 +47,12 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
     With no command, opens the dashboard (same as `runwatch tui`). New here? Try `runwatch demo`.
     """
     if ctx.invoked_subcommand is None:
-        from supervisor.cli.tui import open_tui
-
-        open_tui(config_path)
+        open_ui(config_path)
 
 
 cli.add_command(demo)
 
 for _module, _names in (
-    ("supervisor.cli.tui", ("tui",)),
     ("supervisor.cli.data", ("scan", "check")),
     ("supervisor.cli.hosts", ("ps", "kill", "status")),
     ("supervisor.cli.actions", ("launch", "restart", "guard", "audit")),

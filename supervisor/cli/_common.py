@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,33 @@ import click
 import msgspec
 
 from supervisor.config import Config, load_config
-from supervisor.errors import ConfigError, RunwatchError
+from supervisor.errors import ConfigError, RunwatchError, UsageError
 
 DEFAULT_CONFIG_ENV = "RUNWATCH_CONFIG"
+
+UiOpener = Callable[[str | None], None]
+"""Opens the dashboard on a config path and returns when the user quits."""
+_ui_opener: UiOpener | None = None
+
+
+def register_ui(opener: UiOpener) -> None:
+    """Called by the ``runwatch`` console script (``tui.cli``): the engine never imports the UI."""
+    global _ui_opener
+    _ui_opener = opener
+
+
+def ui_opener() -> UiOpener | None:
+    """The registered dashboard, or None when runwatch runs without one (``python -m``)."""
+    return _ui_opener
+
+
+def open_ui(config_path: str | None) -> None:
+    if _ui_opener is None:
+        raise UsageError(
+            "no dashboard here: this entry point runs the engine's commands only",
+            "run the `runwatch` console script, or `runwatch status --watch 2` for plain text",
+        )
+    _ui_opener(config_path)
 
 
 def config_option(f: Any) -> Any:

@@ -117,7 +117,7 @@ def main() -> None:
         tmux("kill-session", "-t", "bare")
 
         # The dashboard on the demo config (refresh_seconds = 1).
-        argv = [sys.executable, "-m", "supervisor.cli", "-c", str(demo.config_path), "tui"]
+        argv = [sys.executable, "-m", "tui.cli", "-c", str(demo.config_path), "tui"]
         t0, app = start("tui", argv, env)
 
         def painted(text: str) -> bool:
