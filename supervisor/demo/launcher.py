@@ -7,7 +7,7 @@ text format, then launches the two runs of ``configs/demo.toml`` exactly as conf
 one with ``--max-samples`` and no ``--token-budget`` (so B2 goes over its budget within the first
 minute and keeps going), the API one with ``--token-budget``.
 
-Then it opens the TUI on the demo's config when the TUI is installed; headless (or without a TUI)
+Then it opens the dashboard on the demo's config when one is registered; headless (or without one)
 it prints, every second, what it started and the files being written, as absolute paths with their
 line counts. When it ends (time is up, Ctrl-C, SIGTERM, an error) it stops every process it started
 - their whole process groups, exit confirmed - so no process and no port is left behind.
@@ -16,7 +16,6 @@ line counts. When it ends (time is up, Ctrl-C, SIGTERM, an error) it stops every
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import random
@@ -28,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -505,11 +504,13 @@ def start_demo(demo: Demo, out: IO[str]) -> None:
 
 def stop_demo(demo: Demo, out: IO[str]) -> bool:
     """Stop everything the demo started; True when every process is confirmed gone."""
-    problems = _stop_all(demo.started)
+    # Relaunched runs first, while the mock servers they talk to are still up: a client that
+    # loses its server may exit on its own a moment later, and would then go uncounted.
+    problems: list[str] = []
     relaunched = 0
     if demo.config.runs:
-        relaunched, more = _stop_strays(demo.config, {s.proc.pid for s in demo.started})
-        problems += more
+        relaunched, problems = _stop_strays(demo.config, {s.proc.pid for s in demo.started})
+    problems += _stop_all(demo.started)
     for p in problems:
         print(f"runwatch demo: could not stop {p}", file=out)
     if demo.started:
@@ -563,8 +564,17 @@ def _watch(demo: Demo, seconds: float | None, out: IO[str]) -> None:
         time.sleep(max(0.0, next_at - time.monotonic()))
 
 
-def run_demo(headless: bool, seconds: float | None, demo_dir: str | None) -> None:
-    """Run the demo until ``seconds`` pass (None: until Ctrl-C / the TUI quits); then clean up."""
+def run_demo(
+    headless: bool,
+    seconds: float | None,
+    demo_dir: str | None,
+    open_ui: Callable[[str], None] | None = None,
+) -> None:
+    """Run the demo until ``seconds`` pass (None: until Ctrl-C / the UI quits); then clean up.
+
+    ``open_ui`` opens the dashboard on a config path (the console script registers it); without
+    it, or with ``headless``, the demo prints what it runs every second instead.
+    """
     out = sys.stdout
     if demo_dir:
         directory = Path(demo_dir).expanduser().resolve()
@@ -576,14 +586,11 @@ def run_demo(headless: bool, seconds: float | None, demo_dir: str | None) -> Non
     with _signals_stop() as received:
         try:
             start_demo(demo, out)
-            tui = not headless and importlib.util.find_spec("supervisor.cli.tui") is not None
-            if tui:
-                from supervisor.cli.tui import open_tui
-
-                open_tui(str(demo.config_path))
+            if not headless and open_ui is not None:
+                open_ui(str(demo.config_path))
             else:
                 if not headless:
-                    print("runwatch demo: no TUI installed; printing instead", file=out)
+                    print("runwatch demo: no dashboard here; printing instead", file=out)
                 _watch(demo, seconds, out)
         except BaseException as e:
             if not (received or isinstance(e, KeyboardInterrupt)):
