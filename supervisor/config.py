@@ -183,7 +183,8 @@ class Config(_Section):
         for h in self.hosts:
             if h.name == name:
                 return h
-        raise ConfigError(f"{self.path}: no host named {name!r}")
+        known = ", ".join(h.name for h in self.hosts) or "none"
+        raise ConfigError(f"{self.path}: no host named {name!r} (hosts: {known})")
 
     def run(self, name: str) -> RunConfig:
         for r in self.runs:

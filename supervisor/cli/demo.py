@@ -7,7 +7,12 @@ import click
 
 @click.command()
 @click.option("--headless", is_flag=True, help="No UI: print what runs, every second.")
-@click.option("--seconds", type=float, default=None, help="Stop after this many seconds.")
+@click.option(
+    "--seconds",
+    type=float,
+    default=None,
+    help="Stop after this many seconds (default: until Ctrl-C).",
+)
 @click.option("--dir", "demo_dir", default=None, help="Demo directory (default: a fresh temp dir).")
 def demo(headless: bool, seconds: float | None, demo_dir: str | None) -> None:
     """Start mock local-GPU and API servers and two runs against them, then watch them."""
