@@ -32,7 +32,7 @@ import msgspec
 from supervisor.config import Config, EndpointConfig
 
 if TYPE_CHECKING:
-    from supervisor.bench import BenchResult, LevelResult
+    from supervisor.bench.results import BenchResult, LevelResult
     from supervisor.model import Snapshot
 
 
@@ -280,7 +280,8 @@ def format_lines(result: Comparison) -> list[str]:
     lines.append("where the numbers come from:")
     for r in result.rates:
         rate = "-" if r.out_tok_per_s is None else f"{r.out_tok_per_s:,.0f} output tok/s"
-        lines.append(f"  {r.endpoint} ({r.kind}): {rate} from {r.source};")
+        lines.append(f"  {r.endpoint} ({r.kind}): {rate}")
+        lines.append(f"    rate from {r.source}")
         lines.append(f"    cost from {_cost_basis(r)}")
     return lines
 
@@ -375,9 +376,10 @@ def endpoint_rates(
     live: dict[str, tuple[float, list[str]]],
     history: Sequence[BenchResult],
     live_note: str = "",
+    run_notes: dict[str, str] | None = None,
 ) -> list[EndpointRate]:
     """Each configured endpoint's rate: live when a run is using it, else its latest bench."""
-    from supervisor.bench import bench_label, latest_bench
+    from supervisor.bench.history import bench_label, latest_bench
 
     out = []
     for ep in config.endpoints:
@@ -385,7 +387,8 @@ def endpoint_rates(
         if ep.name in live and live[ep.name][0] > 0:
             tok, runs = live[ep.name]
             r.out_tok_per_s = tok
-            r.source = f"live rate (run {', '.join(runs)}{live_note})"
+            named = ", ".join(f"{run}{(run_notes or {}).get(run, '')}" for run in runs)
+            r.source = f"live rate (run {named}{live_note})"
         bench = latest_bench(ep.name, history)
         level = pick_level(bench, ep.concurrency) if bench is not None else None
         if bench is not None and level is not None:
@@ -495,13 +498,18 @@ def _bench_averages(history: Sequence[BenchResult]) -> tuple[float, float, str] 
 
 
 def comparison_from(
-    config: Config, snapshot: Snapshot, history: Sequence[BenchResult], live_note: str = ""
+    config: Config,
+    snapshot: Snapshot,
+    history: Sequence[BenchResult],
+    live_note: str = "",
+    run_notes: dict[str, str] | None = None,
 ) -> Comparison:
     """The comparison for a snapshot the caller already has (the TUI's latest refresh).
 
-    ``live_note`` is appended to the source of live rates (e.g. ``, over 12 s``)."""
+    ``live_note`` is appended to the source of live rates (e.g. ``, over 12 s``), and
+    ``run_notes[run]`` to the name of each run measured (e.g. ``: 14 new responses``)."""
     works, skipped = works_from_snapshot(config, snapshot, history)
-    rates = endpoint_rates(config, live_rates(config, snapshot), history, live_note)
+    rates = endpoint_rates(config, live_rates(config, snapshot), history, live_note, run_notes)
     result = compare(works, rates, now=snapshot.time)
     result.skipped = skipped
     return result
@@ -549,7 +557,7 @@ async def gather_comparison(
     look, at most ``sample_s``. With none running it answers at once.
     (The TUI, which refreshes all the time, calls :func:`comparison_from` instead.)
     """
-    from supervisor.bench import load_history
+    from supervisor.bench.history import load_history
 
     own = engine is None
     if engine is None:
@@ -575,4 +583,10 @@ async def gather_comparison(
         if own:
             await engine.aclose()
     note = f", measured over {sampled:.0f} s" if own else ""
-    return comparison_from(config, snapshot, load_history(), note)
+    # How many responses a live rate stands on: a rate from a handful of them is rough.
+    run_notes = {}
+    for run, n in _written(config, snapshot).items():
+        new = n - first.get(run, n)
+        few = "only " if new < MIN_NEW_RESPONSES else ""
+        run_notes[run] = f": {few}{new} new response{'' if new == 1 else 's'}"
+    return comparison_from(config, snapshot, load_history(), note, run_notes)

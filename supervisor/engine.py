@@ -28,7 +28,7 @@ import msgspec
 from supervisor import processes, rates
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.errors import ConfigError, HostError, RunwatchError
-from supervisor.hosts import Host, make_host, match_run, set_backend
+from supervisor.hosts import Host, make_host, match_run, run_backend, set_backend
 from supervisor.kill import KillReport, kill_or_reconcile
 from supervisor.model import (
     DatasetView,
@@ -282,7 +282,11 @@ class Engine:
             proc = by_run.get(run.name)
             if proc is not None:
                 taken.add(proc.identity.pid)
-            flags = proc.flags if proc is not None else _config_flags(run, self.config.scripts)
+            if proc is not None:
+                flags = proc.flags
+            else:
+                flags = _config_flags(run, self.config.scripts)
+                flags.backend = run_backend(self.config, run.name) or flags.backend
             datasets = []
             for ds, spec in zip(
                 self.config.run_datasets(run), self._file_specs(run, hc), strict=True

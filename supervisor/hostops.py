@@ -24,6 +24,7 @@ Ops:
 - ``read_fingerprint`` / ``write_fingerprint``: the ``.runwatch/launch.json`` sidecar.
 - ``lock_status``: whether a run's lock is held, and by whom.
 - ``tail_log``: the last lines of a log file, bounded in bytes.
+- ``tail_records``: the last complete records of a JSONL data file, bounded in bytes.
 - ``gpu_holders``: which processes hold GPU memory (nvidia-smi), for the restart's GPU wait.
 """
 
@@ -808,6 +809,72 @@ def tail_log(params: dict[str, Any]) -> dict[str, Any]:
     return {"path": path, "exists": True, "size": size, "lines": tail}
 
 
+def _last_records(f: Any, size: int, count: int, max_bytes: int) -> tuple[list[Any], int, int]:
+    """``(records oldest first, bad lines, window start)`` of :func:`tail_records`."""
+    window = min(size, max_bytes, 64 << 10)
+    while True:
+        begin = size - window
+        f.seek(begin)
+        data = f.read(window)
+        # Only newline-terminated lines; the first is cut unless the window starts the file.
+        lines = data[: data.rfind(b"\n") + 1].split(b"\n")[:-1]
+        if begin > 0 and lines:
+            lines = lines[1:]
+        records: list[Any] = []
+        bad = 0
+        for line in reversed(lines):
+            if len(records) >= count:
+                break
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                bad += 1
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                bad += 1
+        if len(records) >= count or begin == 0 or window >= max_bytes:
+            records.reverse()
+            return records, bad, begin
+        window = min(size, max_bytes, window * 2)
+
+
+def tail_records(params: dict[str, Any]) -> dict[str, Any]:
+    """``{path, workdir?, count?=3, max_bytes?=4 MiB}`` -> the last complete records of a JSONL
+    data file: ``{"path", "exists", "size", "records": [objects, oldest first], "bad_lines",
+    "complete"}``.
+
+    Reads backwards from the end, doubling a window from 64 KiB up to ``max_bytes``, until
+    ``count`` records are found: only lines ending in a newline count (a line still being written
+    is skipped), lines that are not JSON objects are counted in ``bad_lines``. ``complete`` is
+    false when fewer than ``count`` records fit in ``max_bytes`` although the file holds more.
+    Records are data, returned as written (not masked): the laptop masks what it shows.
+    """
+    path = resolve(_str(params, "path"), params.get("workdir"))
+    count = max(0, int(_number(params, "count", 3)))
+    max_bytes = max(1, int(_number(params, "max_bytes", 4 << 20)))
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            records, bad, begin = _last_records(f, size, count, max_bytes)
+    except FileNotFoundError:
+        return {"path": path, "exists": False, "size": 0, "records": [], "bad_lines": 0,
+                "complete": True}  # fmt: skip
+    except OSError as e:
+        raise OpError(f"cannot read {path}: {e.strerror}", "unreadable") from None
+    return {
+        "path": path,
+        "exists": True,
+        "size": size,
+        "records": records,
+        "bad_lines": bad,
+        "complete": len(records) >= count or begin == 0,
+    }
+
+
 # --------------------------------------------------------------------------- GPU
 
 
@@ -837,5 +904,6 @@ OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "write_fingerprint": write_fingerprint,
     "lock_status": lock_status,
     "tail_log": tail_log,
+    "tail_records": tail_records,
     "gpu_holders": gpu_holders,
 }

@@ -28,7 +28,7 @@ import msgspec
 
 from supervisor.channel import AgentChannel, LineReader, LineWriter
 from supervisor.errors import ConfigError, HostError, RunwatchError
-from supervisor.model import ProcessInfo
+from supervisor.model import Backend, ProcessInfo
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -360,22 +360,27 @@ def set_backend(proc: ProcessInfo, config: Config) -> None:
     """Correct ``flags.backend`` from the config, which knows better than the URL's host.
 
     The host guesses from ``--api-base`` (loopback and private addresses are ``local``); an API
-    reached through a local proxy or tunnel is still an API. A configured endpoint whose
-    ``base_url`` is the process's ``--api-base`` decides; else the endpoint of its config run.
+    reached through a local proxy or tunnel is still an API. Call after ``proc.run`` is matched:
+    the endpoint named by its config run decides; for a process of no config run (or of a run
+    naming no endpoint), a configured endpoint whose ``base_url`` is its ``--api-base``; else the
+    host's guess stands.
     """
-    base = (proc.flags.api_base or "").rstrip("/")
-    kind = None
-    for ep in config.endpoints:
-        if base and ep.base_url and ep.base_url.rstrip("/") == base:
-            kind = ep.kind
-            break
-    else:
-        run = next((r for r in config.runs if r.name == proc.run), None)
-        if run is not None and run.endpoint is not None:
-            ep_cfg = next((e for e in config.endpoints if e.name == run.endpoint), None)
-            kind = ep_cfg.kind if ep_cfg is not None else None
-    if kind in ("local", "api"):
+    kind = run_backend(config, proc.run) if proc.run is not None else None
+    if kind is None:
+        base = (proc.flags.api_base or "").rstrip("/")
+        ep = next((e for e in config.endpoints if base and e.base_url.rstrip("/") == base), None)
+        kind = ep.kind if ep is not None else None
+    if kind is not None:
         proc.flags.backend = kind
+
+
+def run_backend(config: Config, run_name: str) -> Backend | None:
+    """``local``/``api``: the ``kind`` of the endpoint config run ``run_name`` names, else None."""
+    run = next((r for r in config.runs if r.name == run_name), None)
+    if run is None or run.endpoint is None:
+        return None
+    ep = next((e for e in config.endpoints if e.name == run.endpoint), None)
+    return ep.kind if ep is not None else None
 
 
 def _resolve(path: str, base: str | None, local: bool) -> str:

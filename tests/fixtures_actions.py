@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,18 @@ def legacy_record(sample_id: str) -> bytes:
         "finish_reason": "stop",
     }
     return (json.dumps(rec) + "\n").encode()
+
+
+def write_legacy(path: Path, count: int) -> None:
+    """A new data file (and its directory) of ``count`` complete lines in the older text format,
+    sample ids ``B2-000000`` onwards."""
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"".join(legacy_record(f"B2-{i:06d}") for i in range(count)))
+
+
+def why(result: Any) -> str:
+    """The steps of a result, one per line, for assertion messages."""
+    return "\n".join(f"{s.name} {s.state}: {s.detail}" for s in result.steps)
 
 
 class DemoRun:
@@ -296,3 +308,15 @@ def host_toml(cfg: Any) -> str:
         else:
             lines.append(f"{key} = {_toml_str(str(value))}")
     return "\n".join(lines) + "\n"
+
+
+@contextlib.asynccontextmanager
+async def engine_for(demo: DemoRun) -> AsyncIterator[Any]:
+    """An engine over the demo's config, closed on the way out."""
+    from supervisor.engine import Engine
+
+    engine = Engine(demo.config)
+    try:
+        yield engine
+    finally:
+        await engine.aclose()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.config import Config, DatasetConfig, HostConfig, RunConfig
+from supervisor.config import Config, DatasetConfig, EndpointConfig, HostConfig, RunConfig
 from supervisor.model import (
     DatasetView,
     HostView,
@@ -187,6 +187,24 @@ def fixed_config() -> Config:
         ],
         datasets={n: DatasetConfig(token_budget=BUDGET, max_samples=MAX_SAMPLES) for n in NAMES},
     )  # fmt: skip
+
+
+def compare_config() -> Config:
+    """The fixed config with a local endpoint (GPU time priced) and a priced API, one per run."""
+    import msgspec
+
+    base = fixed_config()
+    endpoints = [
+        EndpointConfig(name="local-gpu", kind="local", base_url="http://127.0.0.1:30000/v1",
+                       gpu_cost_per_hour=20.0),
+        EndpointConfig(name="api", kind="api", base_url="https://api.example/v1",
+                       price_in_per_m=0.60, price_out_per_m=2.50),
+    ]  # fmt: skip
+    runs = [
+        msgspec.structs.replace(base.runs[0], endpoint="local-gpu"),
+        msgspec.structs.replace(base.runs[1], endpoint="api"),
+    ]
+    return msgspec.structs.replace(base, endpoints=endpoints, runs=runs)
 
 
 class FixedHost:

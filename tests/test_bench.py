@@ -18,22 +18,12 @@ import httpx
 import msgspec
 import pytest
 
-from supervisor.bench import (
-    Bench,
-    BenchResult,
-    Options,
-    Prompt,
-    Target,
-    append_history,
-    latest_bench,
-    load_history,
-    load_prompts,
-    mask_url,
-    percentile,
-    prompts_for,
-    resolve_target,
-    run_bench,
-)
+from supervisor.bench.history import append_history, latest_bench, load_history
+from supervisor.bench.prompts import Prompt, load_prompts, prompts_for
+from supervisor.bench.results import BenchResult
+from supervisor.bench.runner import Bench, Options, run_bench
+from supervisor.bench.stats import percentile
+from supervisor.bench.target import Target, mask_url, resolve_target
 from supervisor.config import load_config
 from supervisor.demo.prompts import write_prompts
 from supervisor.errors import EndpointError

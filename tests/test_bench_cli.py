@@ -184,3 +184,5 @@ def test_text_report_fits_80_columns_and_warns_of_a_level_never_filled(
     (row,) = [ln for ln in lines if ln.split()[:2] == ["4", "3"]]
     assert "$0.0" in row  # a cost of a few hundredths of a cent keeps its digits
     assert "latency p50 " in p.stdout
+    # Failed attempts that a retry made good are "errors", not lost requests.
+    assert lines[2].split()[:3] == ["conc", "done", "errors"]

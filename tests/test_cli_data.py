@@ -287,3 +287,15 @@ def test_top_level_help_lists_each_command_in_full() -> None:
         flat
     )
     assert "``" not in text and "Default: $RUNWATCH_CONFIG" in text
+
+
+def test_unknown_format_without_a_config_names_the_known_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RUNWATCH_CONFIG", raising=False)
+    make_raw(tmp_path / "B1.jsonl", 3, seed=12)
+    code, text = run("scan", "--format", "nope", str(tmp_path / "B1.jsonl"))
+    assert code == 2
+    assert "unknown format 'nope'" in text and "known formats: raw, raw-legacy" in text
+    assert "no config" not in text

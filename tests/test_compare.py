@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import datetime
@@ -12,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.bench import BenchResult, LevelResult, append_history
+from supervisor.bench.history import append_history
+from supervisor.bench.results import BenchResult, LevelResult
 from supervisor.compare import (
     EndpointRate,
     Work,
@@ -211,10 +213,15 @@ def test_compare_answers_per_dataset_and_in_total() -> None:
     )
     lines = format_lines(result)
     text = "\n".join(lines)
-    assert "openrouter (api): 4,000 output tok/s from bench of 2026-11-30 01:23 (c=64)" in text
     assert (
-        "sglang (local): 700 output tok/s from live rate (run eagle3);\n    cost from GPU time"
-        in (text)
+        "  openrouter (api): 4,000 output tok/s\n"
+        "    rate from bench of 2026-11-30 01:23 (c=64)\n"
+        "    cost from price table ($0.60 in / $2.50 out per M tokens)\n" in text + "\n"
+    )
+    assert (
+        "  sglang (local): 700 output tok/s\n"
+        "    rate from live rate (run eagle3)\n"
+        "    cost from GPU time at $20/h" in text
     )
     assert "price table ($0.60 in / $2.50 out per M tokens)" in text
     # The answer to the question compare exists for, in one line.
@@ -554,7 +561,7 @@ gpu_cost_per_hour = 36.0
     wait_for(lambda: data.exists() and data.stat().st_size > 0, 30, "the first responses")
     result = await gather_comparison(config, sample_s=20, min_sample_s=4)
     (rate,) = result.rates
-    assert rate.source.startswith("live rate (run gen, measured over ")
+    assert re.match(r"live rate \(run gen: \d+ new responses, measured over \d+ s\)", rate.source)
     assert rate.out_tok_per_s == pytest.approx(3000, rel=0.2)
     (b1,) = result.datasets
     (est,) = b1.estimates
@@ -615,3 +622,5 @@ gpu_cost_per_hour = 36.0
     result = await gather_comparison(config, sample_s=60, min_sample_s=0, engine=engine)
     assert engine.looks == MIN_NEW_RESPONSES + 1
     assert result.rates[0].out_tok_per_s == 100.0
+    # What the rate stands on is said (the fake engine is not "own": no duration note).
+    assert result.rates[0].source == f"live rate (run gen: {MIN_NEW_RESPONSES} new responses)"

@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from supervisor import actions, audit
-from supervisor.actions import BudgetGuard, GuardOutcome
-from tests.fixtures_actions import DemoRun, pid_alive, run_pids, wait_for
+from supervisor.guard import BudgetGuard, GuardOutcome
+from tests.fixtures_actions import DemoRun, engine_for, pid_alive, run_pids, wait_for
 
 BUDGET = 1200
-
-
-@contextlib.asynccontextmanager
-async def engine_for(demo: DemoRun) -> AsyncIterator[Any]:
-    from supervisor.engine import Engine
-
-    engine = Engine(demo.config)
-    try:
-        yield engine
-    finally:
-        await engine.aclose()
 
 
 async def until_acted(

@@ -424,6 +424,7 @@ def test_ops_table_names_every_op() -> None:
         "write_fingerprint",
         "lock_status",
         "tail_log",
+        "tail_records",
         "gpu_holders",
     }
 

@@ -3,37 +3,30 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from supervisor import actions, audit
-from supervisor.actions import Step
+from supervisor.argv import apply_overrides, argv_diff, parse_sets
+from supervisor.fingerprint import compare_fingerprints
+from supervisor.logtail import tail_log
+from supervisor.plan import Step, make_plan
+from supervisor.steps import execute
 from tests.fixtures_actions import (
     API_KEY,
     DemoRun,
-    legacy_record,
+    engine_for,
     pid_alive,
     raw_record,
     run_pids,
     sha256_of,
     wait_for,
+    why,
+    write_legacy,
 )
-
-
-@contextlib.asynccontextmanager
-async def engine_for(demo: DemoRun) -> AsyncIterator[Any]:
-    from supervisor.engine import Engine
-
-    engine = Engine(demo.config)
-    try:
-        yield engine
-    finally:
-        await engine.aclose()
 
 
 async def wait_async(cond: Any, timeout: float = 60.0) -> None:
@@ -46,11 +39,6 @@ async def started(engine: Any, demo: DemoRun, min_records: int = 3, ds: str = "B
     pid = result.identity["pid"] if result.identity else 0
     await wait_async(lambda: len(demo.complete_ids(ds)) >= min_records)
     return int(pid)
-
-
-def why(result: Any) -> str:
-    """The steps of a result, one per line, for assertion messages."""
-    return "\n".join(f"{s.name} {s.state}: {s.detail}" for s in result.steps)
 
 
 def assert_exact(demo: DemoRun, ds: str, count: int) -> None:
@@ -116,8 +104,7 @@ async def test_legacy_data_blocks_the_restart_and_changes_nothing(
     async with engine_for(demo) as engine:
         old_pid = await started(engine, demo, min_records=1)
         # older data of a dataset the running process has not reached yet
-        legacy.parent.mkdir(parents=True)
-        legacy.write_bytes(b"".join(legacy_record(f"B2-{i:06d}") for i in range(5)))
+        write_legacy(legacy, 5)
         b1_before = demo.data_file("B1").read_bytes()
         before = {p: sha256_of(p) for p in (tmp_path / "work").rglob("*") if p.is_file()}
         result = await actions.restart(engine, "demo", ["token-budget=5000"], move_aside=False)
@@ -148,8 +135,7 @@ async def test_move_aside_keeps_every_byte_then_restarts(
     legacy = demo.data_file("B2")
     async with engine_for(demo) as engine:
         old_pid = await started(engine, demo, min_records=1)
-        legacy.parent.mkdir(parents=True)
-        legacy.write_bytes(b"".join(legacy_record(f"B2-{i:06d}") for i in range(5)))
+        write_legacy(legacy, 5)
         digest = sha256_of(legacy)
         result = await actions.restart(engine, "demo", move_aside=True)
         assert result.ok, why(result)
@@ -256,10 +242,8 @@ async def test_concurrent_restarts_leave_exactly_one_run(
     kill_runs_in.append(demo.workdir)
     async with engine_for(demo) as first, engine_for(demo) as second:
         old_pid = await started(first, demo, min_records=1)
-        plans = [await actions.make_plan(e, "demo", action="restart") for e in (first, second)]
-        results = await asyncio.gather(
-            actions.execute(first, plans[0]), actions.execute(second, plans[1])
-        )
+        plans = [await make_plan(e, "demo", action="restart") for e in (first, second)]
+        results = await asyncio.gather(execute(first, plans[0]), execute(second, plans[1]))
     oks = [r for r in results if r.ok]
     assert len(oks) == 1, [r.to_json() for r in results]
     loser = next(r for r in results if not r.ok)
@@ -276,10 +260,8 @@ async def test_concurrent_launches_start_exactly_one(
     demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
     kill_runs_in.append(demo.workdir)
     async with engine_for(demo) as first, engine_for(demo) as second:
-        plans = [await actions.make_plan(e, "demo", action="launch") for e in (first, second)]
-        results = await asyncio.gather(
-            actions.execute(first, plans[0]), actions.execute(second, plans[1])
-        )
+        plans = [await make_plan(e, "demo", action="launch") for e in (first, second)]
+        results = await asyncio.gather(execute(first, plans[0]), execute(second, plans[1]))
     assert sorted(r.ok for r in results) == [False, True]
     loser = next(r for r in results if not r.ok)
     assert loser.failed_step is not None, why(loser)
@@ -346,8 +328,8 @@ async def test_missing_api_key_is_a_clear_error(
 
 def test_overrides_replace_or_append() -> None:
     argv = ["python3", "run_inference.py", "--max-samples", "7000", "--temperature=0.6"]
-    pairs = actions.parse_sets(["token-budget=10000000", "max-samples=10", "--temperature=1"])
-    assert actions.apply_overrides(argv, pairs) == [
+    pairs = parse_sets(["token-budget=10000000", "max-samples=10", "--temperature=1"])
+    assert apply_overrides(argv, pairs) == [
         "python3",
         "run_inference.py",
         "--max-samples",
@@ -356,19 +338,19 @@ def test_overrides_replace_or_append() -> None:
         "--token-budget",
         "10000000",
     ]
-    hostile = actions.apply_overrides(argv, actions.parse_sets(["note=$(touch /tmp/x); rm -rf ~"]))
+    hostile = apply_overrides(argv, parse_sets(["note=$(touch /tmp/x); rm -rf ~"]))
     assert hostile[-2:] == ["--note", "$(touch /tmp/x); rm -rf ~"]
     from supervisor.errors import UsageError
 
     for bad in ("token-budget", "=5", "a b=1"):
         with pytest.raises(UsageError):
-            actions.parse_sets([bad])
+            parse_sets([bad])
 
 
 def test_argv_diff() -> None:
     old = ["python3", "r.py", "--max-samples", "7000", "--model", "m"]
     new = ["python3", "r.py", "--max-samples", "7000", "--model", "n", "--token-budget", "5"]
-    assert actions.argv_diff(old, new) == [
+    assert argv_diff(old, new) == [
         {"flag": "--model", "old": "m", "new": "n"},
         {"flag": "--token-budget", "old": None, "new": "5"},
     ]
@@ -383,12 +365,12 @@ def test_compare_fingerprints() -> None:
     }
     new = {"model": "m", "format": "raw", "sampling": {"temperature": "0.6"}}
     same = {"B1": {"sha256": "aa"}, "B2": {"sha256": "bb"}}
-    assert actions.compare_fingerprints(stored, new, same) == ([], [])
+    assert compare_fingerprints(stored, new, same) == ([], [])
     changed = {"B1": {"sha256": "aa"}, "B2": {"sha256": "cc"}}
-    blocking, allowed = actions.compare_fingerprints(stored, new, changed)
+    blocking, allowed = compare_fingerprints(stored, new, changed)
     assert len(blocking) == 1 and "prompts of B2" in blocking[0] and allowed == []
-    assert actions.compare_fingerprints(stored, new, changed, ["prompts:B2"])[0] == []
-    assert actions.compare_fingerprints(None, new, changed) == ([], [])
+    assert compare_fingerprints(stored, new, changed, ["prompts:B2"])[0] == []
+    assert compare_fingerprints(None, new, changed) == ([], [])
 
 
 def test_step_json() -> None:
@@ -415,10 +397,10 @@ async def test_launch_whose_reply_is_lost_is_reconciled_never_repeated(
             return False
 
     async with engine_for(demo) as engine:
-        plan = await actions.make_plan(engine, "demo", action="launch")
+        plan = await make_plan(engine, "demo", action="launch")
         host = engine.host("local")
         agent = host.agent_pid
-        task = asyncio.create_task(actions.execute(engine, plan))
+        task = asyncio.create_task(execute(engine, plan))
         # the child is started and holds the lock; the agent dies before it can answer (P8)
         await wait_async(holder_running, timeout=30)
         os.kill(agent, signal.SIGKILL)
@@ -473,16 +455,16 @@ async def test_restart_waits_for_the_gpu_memory_to_be_released(
     async with engine_for(demo) as engine:
         old_pid = await started(engine, demo, min_records=1)
         assert engine.host("local").hello["has_nvidia_smi"] is True
-        plan = await actions.make_plan(engine, "demo", action="restart")
+        plan = await make_plan(engine, "demo", action="restart")
         # the stopped run's memory is released only after three more queries
         (gpu / "holders").write_text(f"{old_pid}, 70000\n")
         (gpu / "countdown").write_text("3\n")
-        result = await actions.execute(engine, plan)
+        result = await execute(engine, plan)
         assert result.ok, why(result)
         step = next(s for s in result.steps if s.name == "gpu-release")
         assert step.state == "ok" and "released after" in step.detail and "4 checks" in step.detail
         assert (gpu / "countdown").read_text().strip() == "0"
-        tail = await actions.tail_log(engine, "demo", 50)
+        tail = await tail_log(engine, "demo", 50)
     assert tail["exists"] and any("datasets B1,B2" in line for line in tail["lines"])
     assert all(API_KEY not in line for line in tail["lines"])
 

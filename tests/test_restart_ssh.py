@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,36 +12,23 @@ from supervisor import actions, audit
 from tests.fixtures_actions import (
     API_KEY,
     DemoRun,
+    engine_for,
     host_toml,
-    legacy_record,
     pid_alive,
     run_pids,
     sha256_of,
     wait_for,
+    why,
+    write_legacy,
 )
 
 pytestmark = pytest.mark.ssh
-
-
-@contextlib.asynccontextmanager
-async def engine_for(demo: DemoRun) -> AsyncIterator[Any]:
-    from supervisor.engine import Engine
-
-    engine = Engine(demo.config)
-    try:
-        yield engine
-    finally:
-        await engine.aclose()
 
 
 def ssh_demo(tmp_path: Path, url: str, ssh_host_cfg: Any, **kw: Any) -> DemoRun:
     return DemoRun(
         tmp_path, url, host_toml=host_toml(ssh_host_cfg), host_name=ssh_host_cfg.name, **kw
     )
-
-
-def why(result: Any) -> str:
-    return "\n".join(f"{s.name} {s.state}: {s.detail}" for s in result.steps)
 
 
 async def test_launched_run_outlives_the_ssh_connection(
@@ -115,8 +100,7 @@ async def test_legacy_blocks_over_ssh_and_move_aside_keeps_bytes(
         first = await actions.launch(engine, "demo")
         assert first.ok, why(first)
         old_pid = (first.identity or {})["pid"]
-        legacy.parent.mkdir(parents=True)
-        legacy.write_bytes(b"".join(legacy_record(f"B2-{i:06d}") for i in range(4)))
+        write_legacy(legacy, 4)
         digest = sha256_of(legacy)
         blocked = await actions.restart(engine, "demo")
         assert not blocked.ok and blocked.failed_step is not None

@@ -329,6 +329,8 @@ def test_one_shot_render_says_how_to_get_rates() -> None:
     )
     assert "rates and ETA need a second refresh: runwatch status --watch 2" in render(snap)
     assert "rates and ETA need" not in render(snap, rates_hint=False)
+    snap.hosts[0].runs[0].state = "stopped"  # nothing moves: no rate to wait for
+    assert "rates and ETA need" not in render(snap)
 
 
 def test_watch_frames_are_cut_to_the_terminal() -> None:

@@ -2,8 +2,10 @@
 
 The real engine is ``supervisor.engine.Engine``; tests of screenshots pass an engine that returns
 fixed snapshots. Beyond this Protocol, some screens use more of the real engine: the detail screen
-reads the log and samples through ``engine.host(name).request("tail_log", ...)``, and the restart
-and launch screens hand the engine to ``supervisor.actions`` (which also uses ``engine.config``).
+reads the log through ``engine.host(name).request("tail_log", ...)`` and the samples through
+``supervisor.samples.latest_samples`` (``engine.config``, ``engine.host``), and the restart
+and launch screens hand the engine to ``supervisor.plan`` and ``supervisor.steps`` (which also
+use ``engine.config``).
 An engine without ``host`` gets a clear message in the detail screen instead of a crash.
 """
 

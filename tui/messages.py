@@ -83,7 +83,7 @@ class PlanMade(Message):
     def __init__(self, plan: Any, error: str | None = None) -> None:
         super().__init__()
         self.plan = plan
-        """The ``supervisor.actions.Plan`` (None when ``error`` is set)."""
+        """The ``supervisor.plan.Plan`` (None when ``error`` is set)."""
         self.error = error
 
 
@@ -105,7 +105,7 @@ class PlanFinished(Message):
         super().__init__()
         self.ok = ok
         self.result = result
-        """The ``supervisor.actions.ActionResult`` (None when ``error`` is set)."""
+        """The ``supervisor.plan.ActionResult`` (None when ``error`` is set)."""
         self.error = error
 
 

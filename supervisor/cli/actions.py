@@ -17,8 +17,8 @@ from supervisor.cli._common import config_option, get_config, json_option, print
 from supervisor.errors import UsageError
 
 if TYPE_CHECKING:
-    from supervisor.actions import ActionResult, Plan, Step
     from supervisor.config import Config
+    from supervisor.plan import ActionResult, Plan, Step
 
 __all__ = ["audit", "guard", "launch", "restart"]
 
@@ -56,16 +56,18 @@ def _run_action(
 ) -> None:
     import asyncio
 
-    from supervisor import actions
+    from supervisor.argv import parse_sets
     from supervisor.engine import Engine
+    from supervisor.plan import make_plan
+    from supervisor.steps import execute
 
-    overrides = actions.parse_sets(sets)  # a bad --set fails before anything is contacted
+    overrides = parse_sets(sets)  # a bad --set fails before anything is contacted
     _confirm_allowed(yes, dry_run)
 
     async def main() -> ActionResult | None:
         engine = Engine(config)
         try:
-            plan: Plan = await actions.make_plan(
+            plan: Plan = await make_plan(
                 engine,
                 run,
                 action="launch" if action == "launch" else "restart",
@@ -80,7 +82,7 @@ def _run_action(
                 return None
             if not as_json:
                 click.echo("dry run: checks only, nothing changes" if dry_run else "running:")
-            return await actions.execute(
+            return await execute(
                 engine, plan, dry_run=dry_run, on_step=None if as_json else _print_step
             )
         finally:
@@ -229,8 +231,8 @@ def guard(watch: float | None, dry_run: bool, as_json: bool, config_path: str | 
     --token-budget whose datasets passed their budget. Each event is acted on once, ever."""
     import asyncio
 
-    from supervisor.actions import BudgetGuard
     from supervisor.engine import Engine
+    from supervisor.guard import BudgetGuard
 
     config = get_config(config_path)
 

@@ -22,7 +22,7 @@ from supervisor.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from supervisor.bench import BenchResult, LevelResult
+    from supervisor.bench.results import BenchResult, LevelResult
     from supervisor.compare import Comparison
     from supervisor.config import Config
 
@@ -44,7 +44,7 @@ def _levels(text: str) -> list[int]:
 
 def _optional_config(config_path: str | None, target: str) -> Config | None:
     """The config; for a bare URL it is optional (prices and prompts then come from flags)."""
-    from supervisor.bench import is_url
+    from supervisor.bench.target import is_url
 
     path = resolve_config_path(config_path)
     # "runwatch.toml" is the fallback when no config was named anywhere (-c, $RUNWATCH_CONFIG).
@@ -139,12 +139,13 @@ def bench(
 ) -> None:
     """Measure an endpoint with the run's own prompts and request shape.
 
-    Prints, per concurrency level: completed and failed requests (by kind), req/s, output and
-    total tokens/s, latency percentiles (TTFT and inter-token latency with --stream), achieved
-    concurrency, tokens by usage vs the tokenizer, and cost. The result is appended to the bench
-    history that `runwatch compare` reads.
+    Prints, per concurrency level: completed requests, errors by kind (each failed attempt,
+    retried or not; "gave up" counts the requests lost), req/s, output and total tokens/s,
+    latency percentiles (TTFT and inter-token latency with --stream), achieved concurrency,
+    tokens by usage vs the tokenizer, and cost. The result is appended to the bench history
+    that `runwatch compare` reads.
     """
-    from supervisor.bench import Options, run_bench
+    from supervisor.bench.runner import Options, run_bench
     from supervisor.errors import UsageError
 
     if n_requests < 1:
@@ -233,7 +234,7 @@ def format_bench(result: BenchResult) -> str:
     lines = [head, f"  prompts: {result.prompts or '-'} ({result.prompt_count} used)"]
     # 80 columns: the latency percentiles go on each level's own line below the table.
     cols = (
-        f"  {'conc':>5} {'done':>5} {'failed':<12} {'req/s':>7} {'out tok/s':>9} "
+        f"  {'conc':>5} {'done':>5} {'errors':<12} {'req/s':>7} {'out tok/s':>9} "
         f"{'tot tok/s':>9} {'achieved':>8} {'cost':>9}"
     )
     lines.append(cols)
@@ -281,7 +282,8 @@ def format_bench(result: BenchResult) -> str:
     type=float,
     default=30.0,
     show_default=True,
-    help="Longest time spent measuring the live rates of running runs (at least 10 s of it).",
+    help="Seconds at most spent measuring the live rate of running runs (at least 10 s, and "
+    "until each wrote 10 responses); more gives a steadier rate.",
 )
 @json_option
 def compare(config_path: str | None, sample_s: float, as_json: bool) -> None:

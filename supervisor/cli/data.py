@@ -83,6 +83,15 @@ def _profile_for(fmt: str | None, config_path: str | None) -> dict[str, Any] | N
         return None
     import msgspec
 
+    from supervisor.cli._common import DEFAULT_CANDIDATES, resolve_config_path
+
+    path = resolve_config_path(config_path)
+    if path == DEFAULT_CANDIDATES[0] and not Path(path).exists():
+        # No config to hold user formats: the name is simply not a format.
+        raise UsageError(
+            f"unknown format {fmt!r}",
+            f"known formats: {', '.join(BUILTIN_FORMATS)} (more in a config's [formats])",
+        )
     config = get_config(config_path)
     if fmt not in config.formats:
         known = ", ".join([*BUILTIN_FORMATS, *config.formats])

@@ -3,7 +3,7 @@
 Per dataset: responses, completion tokens, budget used, rates, ETA, the budget projection (how far
 past its budget a dataset without ``--token-budget`` will go) and the format verdict. ``--watch
 SECONDS`` redraws in place (plain text) until Ctrl-C and applies each run's budget policy
-(``actions.BudgetGuard``: warn, stop or restart-with-budget, once per event, audited), showing
+(``guard.BudgetGuard``: warn, stop or restart-with-budget, once per event, audited), showing
 what it did. Exit status: 0 when every host answered, 1 when one did not (its last values are
 shown, marked stale).
 """
@@ -185,7 +185,8 @@ def render(snap: Snapshot, rates_hint: bool = True) -> str:
         lines.append("")
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.time))
     lines.append(f"as of {stamp}")
-    if rates_hint and not _has_rates(snap) and any(r.datasets for h in snap.hosts for r in h.runs):
+    running = any(r.datasets and r.state == "running" for h in snap.hosts for r in h.runs)
+    if rates_hint and running and not _has_rates(snap):
         # Rates come from successive looks at the files; one refresh has none to compare.
         lines.append("rates and ETA need a second refresh: runwatch status --watch 2")
     return "\n".join(lines) + "\n"
@@ -210,8 +211,8 @@ def fit_screen(text: str, rows: int, cols: int = 0) -> str:
 async def _watch(config: Any, seconds: float, as_json: bool) -> None:
     import asyncio
 
-    from supervisor.actions import BudgetGuard
     from supervisor.engine import Engine
+    from supervisor.guard import BudgetGuard
 
     guard = BudgetGuard(config)
     acted: list[str] = []  # what the budget guard did, shown under every redraw
@@ -237,7 +238,7 @@ async def _watch(config: Any, seconds: float, as_json: bool) -> None:
 
 
 def _guard_line(outcome: Any) -> str:
-    """One line for what the budget guard did (``actions.GuardOutcome``)."""
+    """One line for what the budget guard did (``guard.GuardOutcome``)."""
     stamp = time.strftime("%H:%M:%S")
     mark = "" if outcome.ok else " (FAILED)"
     return f"{stamp} budget {outcome.event.policy}{mark}: {outcome.detail}"

@@ -3,8 +3,8 @@
 The mock server answers at once (no pacing, 16-token answers) and runs in its own process, so it
 does not share the GIL with the client. At each concurrency, taking turns over several rounds:
 
-1. ``engine``: ``supervisor.bench.Bench`` (what ``runwatch bench`` runs), warm-up included but
-   not timed, every response decoded and its usage kept;
+1. ``engine``: ``supervisor.bench.runner.Bench`` (what ``runwatch bench`` runs), warm-up included
+   but not timed, every response decoded and its usage kept;
 2. ``raw``: the minimal loop: one ``httpx.AsyncClient`` with a pool of C connections, C tasks doing
    ``await client.post(url, json=payload)`` (the response body read, nothing parsed);
 3. ``raw-1conn``: the same loop with one client (one connection) per task, the layout the engine
@@ -33,7 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import httpx
 import psutil
 
-from supervisor.bench import Bench, Options, Target, load_prompts
+from supervisor.bench.prompts import load_prompts
+from supervisor.bench.runner import Bench, Options
+from supervisor.bench.target import Target
 from supervisor.demo.prompts import write_prompts
 
 

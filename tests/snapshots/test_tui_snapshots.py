@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Footer, Input
+from textual.widgets import DataTable, Footer, Input
 from textual.widgets._footer import FooterKey
 
-from tests.fixtures_tui import FixedEngine, fixed_config, wait_for
+from tests.fixtures_tui import FixedEngine, compare_config, fixed_config, wait_for
 from tui.app import RunwatchApp, make_app
+from tui.screens.compare import CompareScreen
 from tui.screens.help import HelpScreen
 from tui.screens.kill import KillScreen
 from tui.screens.restart import RestartScreen
@@ -144,3 +145,24 @@ def test_restart_blocked_by_legacy_data(snap_compare, size: tuple[int, int]) -> 
         await _settled(pilot)
 
     assert snap_compare(_app(), terminal_size=size, run_before=blocked)
+
+
+def test_compare_fits_80x24(snap_compare, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    # No bench history: the numbers come from the fixed snapshot's live rates only.
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+    async def compare(pilot: Pilot[None]) -> None:
+        await _loaded(pilot)
+        await pilot.press("C")
+        app = pilot.app
+
+        def shown() -> bool:
+            screen = app.screen
+            return isinstance(screen, CompareScreen) and screen.query_one(DataTable).row_count > 0
+
+        await wait_for(shown, what="the comparison table")
+        _no_blink(pilot)
+        await _settled(pilot)
+
+    app = make_app(compare_config(), FixedEngine(config=compare_config()))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=compare)

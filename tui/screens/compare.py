@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -40,6 +41,75 @@ def sources_text(comparison: Any) -> Text:
         for line in lines[lines.index(marker) + 1 :]:
             text.append(line + "\n")
     return text
+
+
+class TableLayout:
+    """The comparison as one table: headers and rows of cells."""
+
+    def __init__(self, headers: list[Text], rows: list[list[Text]]) -> None:
+        self.headers = headers
+        self.rows = rows
+        self.header_height = max(len(h.plain.split("\n")) for h in headers)
+
+    def width(self) -> int:
+        """Cells the table takes: each column as wide as its widest line, plus its padding."""
+        widest = [
+            max(
+                max(cell_len(line) for line in h.plain.split("\n")),
+                *(r[i].cell_len for r in self.rows),
+            )
+            for i, h in enumerate(self.headers)
+        ]
+        return sum(w + 2 for w in widest)
+
+
+def table_layouts(comparison: Any) -> list[TableLayout]:
+    """The table from the widest layout to the narrowest; the screen shows the first that fits.
+
+    Full: ``<endpoint> time`` and ``<endpoint> cost`` headers, what ends each dataset. Compact:
+    the endpoint's name over ``time``/``cost`` on two header lines, ``budget``/``samples`` for
+    what ends it, ``?`` for an unknown cost. Narrowest: the compact one without the "Ends at"
+    column (the answer line above the table still says it all).
+    """
+    from supervisor.compare import duration, money
+
+    endpoints = [r.endpoint for r in comparison.rates]
+    short_bound = {"token_budget": "budget", "max_samples": "samples"}
+
+    def build(compact: bool, bound: bool) -> TableLayout:
+        headers = [Text("Dataset"), Text("Left", justify="right")]
+        if bound:
+            headers.append(Text("Ends at"))
+        for name in endpoints:
+            for what in ("time", "cost"):
+                label = f"{name}\n{what}" if compact else f"{name} {what}"
+                headers.append(Text(label, justify="right"))
+
+        def cells(estimates: list[Any]) -> list[Text]:
+            by = {e.endpoint: e for e in estimates}
+            out: list[Text] = []
+            for name in endpoints:
+                e = by.get(name)
+                cost = money(e.cost_usd) if e else "?"
+                if compact and e is not None and e.cost_usd is None:
+                    cost = "?"
+                out.append(Text(duration(e.seconds) if e else "?", justify="right"))
+                out.append(Text(cost, justify="right"))
+            return out
+
+        rows: list[list[Text]] = []
+        for d in comparison.datasets:
+            w = d.work
+            row = [Text(w.dataset, style="bold"), Text(human(w.remaining_tokens), justify="right")]
+            if bound:
+                row.append(Text(short_bound.get(w.bound, w.bound) if compact else w.bound))
+            rows.append(row + cells(d.estimates))
+        if comparison.datasets:
+            rows.append([Text("all", style="bold"), Text(""), *([Text("")] if bound else []),
+                         *cells(comparison.totals)])  # fmt: skip
+        return TableLayout(headers, rows)
+
+    return [build(False, True), build(True, True), build(True, False)]
 
 
 class CompareScreen(Screen[None]):
@@ -95,14 +165,14 @@ class CompareScreen(Screen[None]):
     async def _load_history(self) -> None:
         import asyncio
 
-        from supervisor.bench import load_history
+        from supervisor.bench.history import load_history
 
         history = await asyncio.to_thread(load_history)
         self.history = history
         self._recompute(None)
 
     def _recompute(self, _snapshot: object) -> None:
-        from supervisor.compare import comparison_from, duration, money
+        from supervisor.compare import comparison_from
 
         snapshot = self.rw.snapshot
         if snapshot is None or self.history is None:
@@ -115,34 +185,29 @@ class CompareScreen(Screen[None]):
         if not comparison.datasets:
             answer.append("Nothing to compare: no dataset has budget left.", style="yellow")
         self.query_one("#answer", Static).update(answer)
+        self._show_table()
+        self.query_one("#sources", Static).update(sources_text(comparison))
+
+    def on_resize(self) -> None:
+        self._show_table()
+
+    def _show_table(self) -> None:
+        """The comparison table in the first layout of :func:`table_layouts` that fits."""
+        comparison = self.comparison
+        if comparison is None:
+            return
+        # Room for the table: the body's padding and both scrollbars (body and table) taken off.
+        room = self.app.size.width - 6
+        for layout in table_layouts(comparison):
+            if layout.width() <= room:
+                break
         table = self.query_one("#table", DataTable)
         table.clear(columns=True)
-        endpoints = [r.endpoint for r in comparison.rates]
-        table.add_columns("Dataset", "Left", "Ends at")
-        for name in endpoints:
-            table.add_column(Text(f"{name} time", justify="right"), key=f"{name}-t")
-            table.add_column(Text(f"{name} cost", justify="right"), key=f"{name}-c")
-
-        def cells(estimates: list[Any]) -> list[Text]:
-            by = {e.endpoint: e for e in estimates}
-            out: list[Text] = []
-            for name in endpoints:
-                e = by.get(name)
-                out.append(Text(duration(e.seconds) if e else "?", justify="right"))
-                out.append(Text(money(e.cost_usd) if e else "?", justify="right"))
-            return out
-
-        for d in comparison.datasets:
-            w = d.work
-            table.add_row(
-                Text(w.dataset, style="bold"),
-                Text(human(w.remaining_tokens), justify="right"),
-                Text(w.bound),
-                *cells(d.estimates),
-            )
-        if comparison.datasets:
-            table.add_row(Text("all", style="bold"), Text(""), Text(""), *cells(comparison.totals))
-        self.query_one("#sources", Static).update(sources_text(comparison))
+        table.header_height = layout.header_height
+        for i, header in enumerate(layout.headers):
+            table.add_column(header, key=str(i))
+        for row in layout.rows:
+            table.add_row(*row)
 
     # ------------------------------------------------------------------ bench
 
@@ -180,7 +245,7 @@ class CompareScreen(Screen[None]):
     async def _bench(self, endpoint: str, requests: int) -> None:
         import asyncio
 
-        from supervisor.bench import Options, run_bench
+        from supervisor.bench.runner import Options, run_bench
 
         config = self.rw.config
         tokenizer = None

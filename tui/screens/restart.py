@@ -114,7 +114,7 @@ class RestartScreen(Screen[None]):
         self.run = run
         self.mode = mode
         self.plan: Any = None
-        """The current ``supervisor.actions.Plan`` (None until computed)."""
+        """The current ``supervisor.plan.Plan`` (None until computed)."""
         self.steps: list[dict[str, str]] = []
         """Each step's name, title, state and detail, as last reported."""
         self.result: Any = None
@@ -176,7 +176,7 @@ class RestartScreen(Screen[None]):
 
     @work(exclusive=True, group="plan", exit_on_error=False)
     async def _make_plan(self, flags: list[str], allow: list[str], move_aside: bool) -> None:
-        from supervisor.actions import make_plan
+        from supervisor.plan import make_plan
 
         try:
             plan = await make_plan(
@@ -253,7 +253,7 @@ class RestartScreen(Screen[None]):
 
     @work(exclusive=True, group="execute", exit_on_error=False)
     async def _execute(self, plan: Any, dry_run: bool) -> None:
-        from supervisor.actions import execute
+        from supervisor.steps import execute
 
         index = {s.name: i for i, s in enumerate(plan.steps)}
 

@@ -283,18 +283,18 @@ class RunDetailScreen(Screen[None]):
                 self.query_one("#samples-status", Static).update(
                     Text(f"{ds.name}: reading the latest samples…", style="dim")
                 )
-            self._read_samples(found[0].name, found[1].name, ds.name, ds.path)
+            self._read_samples(found[1], ds.name)
 
     @work(exclusive=True, group="samples", exit_on_error=False)
-    async def _read_samples(self, host: str, run: str, dataset: str, path: str) -> None:
+    async def _read_samples(self, run: RunView, dataset: str) -> None:
         from tui.sources import read_samples
 
         try:
-            samples = await read_samples(self.rw.engine, self.rw.config, host, run, path, SAMPLES)
+            samples = await read_samples(self.rw.engine, run, dataset, SAMPLES)
         except Exception as e:  # shown in the samples tab
-            self.post_message(SamplesRead(run, dataset, [], f"{type(e).__name__}: {e}"))
+            self.post_message(SamplesRead(run.name, dataset, [], f"{type(e).__name__}: {e}"))
         else:
-            self.post_message(SamplesRead(run, dataset, samples))
+            self.post_message(SamplesRead(run.name, dataset, samples))
 
     def on_samples_read(self, message: SamplesRead) -> None:
         status = self.query_one("#samples-status", Static)

@@ -1,10 +1,4 @@
-"""Benchmark an OpenAI-compatible endpoint with the run's own prompts and request shape.
-
-One bench sends ``requests`` chat completions at each concurrency level and reports, per level,
-what completed, what failed (by kind: ``429``, ``5xx``, ``4xx``, ``timeout``, ``connection``,
-``invalid``), request and token rates, latency percentiles (and TTFT / inter-token latency when
-streaming), the concurrency actually achieved, tokens by ``usage`` and by the local tokenizer (their
-disagreement flagged), and cost. Results are appended to ``<state_dir>/bench-history.jsonl``.
+"""The timed requests of a bench, level by level, and ``run_bench``, the one call front ends use.
 
 The tool must never be the bottleneck of what it measures, so the hot path is lean:
 
@@ -15,17 +9,6 @@ The tool must never be the bottleneck of what it measures, so the hot path is le
   one shared pool of C connections costs O(C) per request; C pools of one keep it O(1);
 - responses are decoded by a typed ``msgspec`` decoder that skips every field it does not need;
 - token counting with the tokenizer, percentiles and cost happen after the timed window.
-
-The API key is read from the environment variable the config names, sent as
-``Authorization: Bearer``, and masked (``***``) in every message this module produces.
-
-For front ends (CLI, TUI), everything goes through:
-
-- ``await run_bench(config, "endpoint-or-url", prompts=None, options=Options(requests=..,
-  concurrency=[..], stream=..), progress=fn)`` -> :class:`BenchResult` (also appended to the
-  history). ``fn(done, total)`` is a :data:`ProgressFn`, called on the bench's event loop;
-- ``load_history()`` (oldest first) and ``latest_bench(endpoint, history)``;
-- errors are ``EndpointError`` / ``UsageError`` / ``ConfigError`` with a message and a hint.
 """
 
 from __future__ import annotations
@@ -33,20 +16,30 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import math
-import os
 import ssl
 import time
-from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime, timezone
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from datetime import timezone
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
-from supervisor.config import Config, EndpointConfig, RunConfig
+from supervisor.bench.history import append_history
+from supervisor.bench.prompts import Prompt, prompts_for
+from supervisor.bench.results import BenchResult, FailureKind, LevelResult
+from supervisor.bench.stats import level_cost, percentiles_ms, token_check
+from supervisor.bench.target import Target, api_key, mask, mask_url, resolve_target
+from supervisor.bench.wire import (
+    Done,
+    Models,
+    Response,
+    Usage,
+    decode_models,
+    decode_response,
+    text_of,
+)
+from supervisor.config import Config
 from supervisor.errors import EndpointError, UsageError
-from supervisor.paths import state_dir
 
 if TYPE_CHECKING:
     import httpx
@@ -56,126 +49,7 @@ ProgressFn = Callable[[int, int], None]
 ``PROGRESS_INTERVAL_S`` and once at the end of each level. Runs on the bench's event loop."""
 
 PROGRESS_INTERVAL_S = 0.1
-HISTORY_FILE = "bench-history.jsonl"
-DISAGREEMENT_THRESHOLD = 0.02
-"""Relative difference between usage and tokenizer counts above which they are flagged."""
 WARMUP_MAX_TOKENS = 8
-DEFAULT_MAX_TOKENS = 512
-
-FailureKind = str
-"""One of ``429``, ``5xx``, ``4xx``, ``timeout``, ``connection``, ``invalid``."""
-
-
-# --------------------------------------------------------------------------- results
-
-
-class Percentiles(msgspec.Struct, kw_only=True):
-    """Milliseconds."""
-
-    p50: float | None = None
-    p90: float | None = None
-    p99: float | None = None
-
-
-class TokenCheck(msgspec.Struct, kw_only=True):
-    """Completion tokens as the server's ``usage`` says and as the local tokenizer counts them."""
-
-    responses: int = 0
-    with_usage: int = 0
-    """Responses that carried ``usage.completion_tokens``."""
-    usage_completion: int = 0
-    """Sum of ``usage.completion_tokens`` over the responses that carried it."""
-    tokenizer_completion: int | None = None
-    """Tokenizer count of the same responses' text (None: no tokenizer)."""
-    fallback_completion: int = 0
-    """Tokenizer count of responses WITHOUT usage (what they are counted as)."""
-    disagreement: float | None = None
-    """(tokenizer - usage) / usage over the responses with usage."""
-    mismatched_responses: int = 0
-    """Responses whose own counts differ by more than the threshold."""
-    flagged: bool = False
-    note: str | None = None
-    """One line for humans when something is off."""
-
-
-class LevelResult(msgspec.Struct, kw_only=True):
-    """What one concurrency level measured."""
-
-    concurrency: int
-    requests: int
-    completed: int = 0
-    failed: dict[str, int] = {}
-    """Failed attempts by kind (a request retried after a 429 counts one ``429`` per attempt)."""
-    gave_up: int = 0
-    """Requests that never succeeded within the retry policy."""
-    wall_s: float = 0.0
-    req_per_s: float = 0.0
-    output_tok_per_s: float = 0.0
-    total_tok_per_s: float = 0.0
-    latency_ms: Percentiles = msgspec.field(default_factory=Percentiles)
-    """End-to-end latency of the attempt that succeeded."""
-    ttft_ms: Percentiles | None = None
-    itl_ms: Percentiles | None = None
-    """Gaps between streamed chunks that carried text."""
-    tpot_ms: Percentiles | None = None
-    """Time per output token after the first: (latency - TTFT) / (completion tokens - 1)."""
-    achieved_concurrency: float = 0.0
-    """Sum of latencies / wall time: how many requests were really in flight on average."""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    """Usage where the response had it, the tokenizer's count where it did not."""
-    tokens: TokenCheck = msgspec.field(default_factory=TokenCheck)
-    cost_usd: float | None = None
-    cost_source: str | None = None
-    """``usage.cost``, ``usage.cost + price table``, ``price table``, ``GPU time`` or None."""
-    retry_wait_s: float = 0.0
-    """Seconds spent waiting before retries (Retry-After or backoff)."""
-    finish_reasons: dict[str, int] = {}
-
-
-class BenchResult(msgspec.Struct, kw_only=True):
-    """A whole bench: the ``--json`` output and one line of the history file."""
-
-    endpoint: str
-    base_url: str
-    """Masked: no credentials or query string."""
-    model: str
-    kind: str = "unknown"
-    time: float = 0.0
-    """Unix time the bench started."""
-    stream: bool = False
-    max_tokens: int = 0
-    temperature: float | None = None
-    prompts: str = ""
-    """Where the prompts came from."""
-    prompt_count: int = 0
-    levels: list[LevelResult] = []
-
-
-# --------------------------------------------------------------------------- inputs
-
-
-class Prompt(msgspec.Struct, kw_only=True, frozen=True):
-    """One prompt: chat messages, and their text for counting tokens when usage is missing."""
-
-    messages: list[dict[str, Any]]
-    text: str
-
-
-class Target(msgspec.Struct, kw_only=True):
-    """The endpoint to bench and the shape of the requests (like the run's)."""
-
-    name: str
-    base_url: str
-    kind: str = "unknown"
-    model: str | None = None
-    api_key_env: str | None = None
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    temperature: float | None = None
-    price_in_per_m: float | None = None
-    price_out_per_m: float | None = None
-    gpu_cost_per_hour: float | None = None
-    concurrency: int | None = None
 
 
 class Options(msgspec.Struct, kw_only=True):
@@ -197,284 +71,6 @@ class Options(msgspec.Struct, kw_only=True):
     """First wait before retrying a 5xx/timeout/connection error without Retry-After (doubles)."""
     max_wait_s: float = 120.0
     """Longest wait honoured from a Retry-After header."""
-
-
-def is_url(text: str) -> bool:
-    return text.startswith(("http://", "https://"))
-
-
-def mask_url(url: str) -> str:
-    """The URL without user:password and without a query string (keys hide there)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
-
-
-def mask(text: str, secrets: Iterable[str | None]) -> str:
-    """``text`` with every secret replaced by ``***``."""
-    for s in secrets:
-        if s:
-            text = text.replace(s, "***")
-    return text
-
-
-def resolve_target(
-    config: Config | None,
-    endpoint_or_url: str,
-    *,
-    max_tokens: int | None = None,
-    api_key_env: str | None = None,
-) -> Target:
-    """The endpoint named in config, or a bare URL (matched to a configured endpoint if one has
-    the same base URL, for its prices and request shape)."""
-    ep: EndpointConfig | None = None
-    if is_url(endpoint_or_url):
-        if config is not None:
-            want = endpoint_or_url.rstrip("/")
-            ep = next((e for e in config.endpoints if e.base_url.rstrip("/") == want), None)
-    else:
-        if config is None:
-            raise UsageError(
-                f"{endpoint_or_url!r} is not a URL and no config was given",
-                "pass -c CONFIG to bench a configured endpoint, or a URL ending in /v1",
-            )
-        ep = config.endpoint(endpoint_or_url)
-    if ep is None:
-        return Target(
-            name=mask_url(endpoint_or_url),
-            base_url=endpoint_or_url.rstrip("/"),
-            api_key_env=api_key_env,
-            max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
-        )
-    return Target(
-        name=ep.name,
-        base_url=ep.base_url.rstrip("/"),
-        kind=ep.kind,
-        model=ep.model,
-        api_key_env=api_key_env or ep.api_key_env,
-        max_tokens=max_tokens or ep.max_tokens or DEFAULT_MAX_TOKENS,
-        temperature=ep.temperature,
-        price_in_per_m=ep.price_in_per_m,
-        price_out_per_m=ep.price_out_per_m,
-        gpu_cost_per_hour=ep.gpu_cost_per_hour,
-        concurrency=ep.concurrency,
-    )
-
-
-def api_key(target: Target, env: dict[str, str] | None = None) -> str | None:
-    """The key from the environment variable the target names (never from config or argv)."""
-    if not target.api_key_env:
-        return None
-    source = os.environ if env is None else env
-    key = source.get(target.api_key_env)
-    if not key:
-        raise EndpointError(
-            f"environment variable {target.api_key_env} (API key of {target.name}) is not set",
-            f"export {target.api_key_env}=... before running the bench",
-        )
-    return key
-
-
-# --------------------------------------------------------------------------- prompts
-
-
-class _PromptLine(msgspec.Struct):
-    prompt: Any = None
-    messages: Any = None
-
-
-_prompt_line = msgspec.json.Decoder(_PromptLine)
-
-
-def _prompt_from(line: bytes) -> Prompt | None:
-    try:
-        rec = _prompt_line.decode(line)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    if isinstance(rec.messages, list) and rec.messages:
-        messages: list[dict[str, Any]] = []
-        texts: list[str] = []
-        for m in rec.messages:
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                return None
-            content = m.get("content")
-            if isinstance(content, str):
-                texts.append(content)
-            elif isinstance(content, list):
-                texts.extend(
-                    p["text"]
-                    for p in content
-                    if isinstance(p, dict) and isinstance(p.get("text"), str)
-                )
-            messages.append({"role": m["role"], "content": content})
-        return Prompt(messages=messages, text="\n".join(texts))
-    if isinstance(rec.prompt, str) and rec.prompt:
-        return Prompt(messages=[{"role": "user", "content": rec.prompt}], text=rec.prompt)
-    return None
-
-
-def load_prompts(path: str | os.PathLike[str], limit: int | None = None) -> list[Prompt]:
-    """Prompts of a JSONL file whose lines have ``messages`` (chat) or ``prompt`` (text).
-
-    Reads at most ``limit`` usable prompts. Lines that are neither are skipped; a file with none
-    is an error.
-    """
-    p = Path(path).expanduser()
-    out: list[Prompt] = []
-    try:
-        with p.open("rb") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                prompt = _prompt_from(line)
-                if prompt is not None:
-                    out.append(prompt)
-                    if limit is not None and len(out) >= limit:
-                        break
-    except FileNotFoundError:
-        raise EndpointError(f"prompts file {path} does not exist") from None
-    except OSError as e:
-        raise EndpointError(f"cannot read prompts file {path}: {e.strerror}") from None
-    if not out:
-        raise EndpointError(
-            f"prompts file {path} holds no prompts",
-            'expected JSON lines with a "messages" list or a "prompt" string',
-        )
-    return out
-
-
-def _dataset_prompt_path(config: Config, dataset: str) -> Path | None:
-    ds = config.datasets.get(dataset)
-    if ds is None or not ds.prompts:
-        return None
-    prompts = Path(ds.prompts).expanduser()
-    if prompts.is_absolute():
-        return prompts
-    runs: list[RunConfig] = [r for r in config.runs if dataset in config.run_datasets(r)]
-    local = [r for r in runs if config.host(r.host).local]
-    if not local:
-        where = ", ".join(sorted({r.host for r in runs})) or "no run's host"
-        raise EndpointError(
-            f"the prompts of dataset {dataset} are on {where}, not on this machine",
-            "copy the file here and pass --prompts FILE",
-        )
-    return Path(local[0].workdir).expanduser() / prompts
-
-
-def prompts_for(
-    config: Config | None, spec: str | None, target: Target, wanted: int
-) -> tuple[list[Prompt], str]:
-    """The prompts to send and where they came from.
-
-    ``spec`` is a dataset name of the config or a file. Without it: the datasets of the runs that
-    use this endpoint (else every dataset with prompts), interleaved.
-    """
-    if spec is not None:
-        if config is not None and spec in config.datasets:
-            path = _dataset_prompt_path(config, spec)
-            if path is None:
-                raise UsageError(f"dataset {spec} has no prompts file in the config")
-            return load_prompts(path, wanted), f"{spec} ({path})"
-        if not Path(spec).expanduser().exists():
-            known = ", ".join(config.datasets) if config is not None else ""
-            raise UsageError(
-                f"--prompts {spec}: no such file"
-                + (f", and not a dataset of the config ({known})" if known else ""),
-                "pass a dataset name or a JSONL file with prompt or messages",
-            )
-        return load_prompts(spec, wanted), spec
-    if config is None:
-        raise UsageError(
-            "no prompts to send", "pass --prompts FILE (JSONL with prompt or messages)"
-        )
-    names = [
-        d for r in config.runs if r.endpoint == target.name for d in config.run_datasets(r)
-    ] or list(config.datasets)
-    names = [n for n in dict.fromkeys(names) if n in config.datasets and config.datasets[n].prompts]
-    if not names:
-        raise UsageError(
-            "no dataset in the config has a prompts file",
-            "set [datasets.NAME].prompts or pass --prompts FILE",
-        )
-    per = max(1, math.ceil(wanted / len(names)))
-    lists: list[list[Prompt]] = []
-    for n in names:
-        path = _dataset_prompt_path(config, n)
-        if path is not None:
-            lists.append(load_prompts(path, per))
-    mixed = [p for group in _interleave(lists) for p in group]
-    return mixed[:wanted], ",".join(names)
-
-
-def _interleave(lists: list[list[Prompt]]) -> Iterable[list[Prompt]]:
-    for i in range(max((len(x) for x in lists), default=0)):
-        yield [x[i] for x in lists if i < len(x)]
-
-
-# --------------------------------------------------------------------------- wire shapes
-
-
-class _Usage(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cost: float | None = None
-
-
-class _Message(msgspec.Struct):
-    content: str | None = None
-    reasoning: str | None = None
-    reasoning_content: str | None = None
-
-
-class _Choice(msgspec.Struct):
-    message: _Message | None = None
-    delta: _Message | None = None
-    text: str | None = None
-    finish_reason: str | None = None
-
-
-class _Response(msgspec.Struct):
-    choices: list[_Choice] = []
-    usage: _Usage | None = None
-
-
-class _Model(msgspec.Struct):
-    id: str
-
-
-class _Models(msgspec.Struct):
-    data: list[_Model] = []
-
-
-_decode_response = msgspec.json.Decoder(_Response).decode
-_decode_models = msgspec.json.Decoder(_Models).decode
-
-
-def _text_of(m: _Message | None) -> str:
-    if m is None:
-        return ""
-    parts = [x for x in (m.reasoning_content, m.reasoning, m.content) if x]
-    return parts[0] if len(parts) == 1 else "".join(parts)
-
-
-class _Done(msgspec.Struct, array_like=True):
-    """One successful request (kept small: the timed window appends one per response)."""
-
-    latency: float
-    prompt: int
-    """Index of the prompt sent."""
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    cost: float | None
-    text: str | None
-    finish: str | None
-    ttft: float | None = None
-    gaps: list[float] | None = None
-
-
-# --------------------------------------------------------------------------- the run
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -509,7 +105,7 @@ class _Level:
     def __init__(self, total: int) -> None:
         self.total = total
         self.next = 0
-        self.done: list[_Done] = []
+        self.done: list[Done] = []
         self.failed: dict[str, int] = {}
         self.gave_up = 0
         self.retry_wait = 0.0
@@ -635,9 +231,9 @@ class Bench:
                 "set `model` for the endpoint in the config",
             )
         try:
-            models = _decode_models(resp.content)
+            models = decode_models(resp.content)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            models = _Models()
+            models = Models()
         if not models.data:
             raise EndpointError(
                 f"GET {mask_url(url)} lists no model", "set `model` for the endpoint in the config"
@@ -781,7 +377,7 @@ class Bench:
         import httpx
 
         perf = time.perf_counter
-        decode = _decode_response
+        decode = decode_response
         done = lv.done
         failed = lv.failed
         keep_text = self.tokenizer is not None
@@ -819,12 +415,12 @@ class Bench:
                             if ch is not None:
                                 finish = ch.finish_reason
                                 if keep_text:
-                                    text = ch.text if ch.text is not None else _text_of(ch.message)
+                                    text = ch.text if ch.text is not None else text_of(ch.message)
                             if u is None:
-                                done.append(_Done(t1 - t0, j, None, None, None, text, finish))
+                                done.append(Done(t1 - t0, j, None, None, None, text, finish))
                             else:
                                 done.append(
-                                    _Done(
+                                    Done(
                                         t1 - t0,
                                         j,
                                         u.prompt_tokens,
@@ -858,7 +454,7 @@ class Bench:
         import httpx
 
         perf = time.perf_counter
-        decode = _decode_response
+        decode = decode_response
         nreq = len(requests)
         while lv.next < lv.total:
             i = lv.next
@@ -877,7 +473,7 @@ class Bench:
                             await resp.aread()
                             kind = _kind_of_status(status)
                             after = _retry_after(resp.headers.get("retry-after"))
-                            outcome: _Done | None = None
+                            outcome: Done | None = None
                         else:
                             read = await self._read_stream(resp, t0, j, decode)
                             if isinstance(read, str):
@@ -905,8 +501,8 @@ class Bench:
                 attempt += 1
 
     async def _read_stream(
-        self, resp: httpx.Response, t0: float, j: int, decode: Callable[[bytes], _Response]
-    ) -> _Done | str:
+        self, resp: httpx.Response, t0: float, j: int, decode: Callable[[bytes], Response]
+    ) -> Done | str:
         """Read an SSE stream. A failure is its kind: ``invalid`` (a chunk is not JSON) or
         ``connection`` (the stream ended before ``[DONE]`` and before a finish reason)."""
         perf = time.perf_counter
@@ -914,7 +510,7 @@ class Bench:
         gaps: list[float] = []
         ttft: float | None = None
         last = 0.0
-        usage: _Usage | None = None
+        usage: Usage | None = None
         finish: str | None = None
         complete = False
         async for line in resp.aiter_lines():
@@ -931,7 +527,7 @@ class Bench:
             if chunk.usage is not None:
                 usage = chunk.usage
             for ch in chunk.choices:
-                piece = ch.text if ch.text is not None else _text_of(ch.delta)
+                piece = ch.text if ch.text is not None else text_of(ch.delta)
                 if ch.finish_reason:
                     finish = ch.finish_reason
                 if piece:
@@ -947,8 +543,8 @@ class Bench:
         t1 = perf()
         text = "".join(pieces)
         if usage is None:
-            return _Done(t1 - t0, j, None, None, None, text, finish, ttft, gaps)
-        return _Done(
+            return Done(t1 - t0, j, None, None, None, text, finish, ttft, gaps)
+        return Done(
             t1 - t0,
             j,
             usage.prompt_tokens,
@@ -1002,7 +598,7 @@ class Bench:
         out.cost_usd, out.cost_source = level_cost(done, self.target, wall, self.tokenizer)
         return out
 
-    def _prompt_tokens(self, done: list[_Done]) -> int:
+    def _prompt_tokens(self, done: list[Done]) -> int:
         total = sum(d.prompt_tokens for d in done if d.prompt_tokens is not None)
         missing = sum(1 for d in done if d.prompt_tokens is None)
         if missing and self.tokenizer is not None:
@@ -1012,164 +608,6 @@ class Bench:
             counts = count_tokens(self.tokenizer, [p.text for p in self.prompts])
             total += sum(counts[d.prompt] for d in done if d.prompt_tokens is None)
         return total
-
-
-# --------------------------------------------------------------------------- pure arithmetic
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (``q`` in 0..100) of already sorted values."""
-    if not sorted_values:
-        return None
-    if len(sorted_values) == 1:
-        return float(sorted_values[0])
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    frac = pos - lo
-    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac)
-
-
-def percentiles_ms(sorted_seconds: Sequence[float]) -> Percentiles:
-    def ms(q: float) -> float | None:
-        v = percentile(sorted_seconds, q)
-        return None if v is None else round(v * 1000.0, 3)
-
-    return Percentiles(p50=ms(50), p90=ms(90), p99=ms(99))
-
-
-def token_check(
-    done: Sequence[_Done], tokenizer: Any, threshold: float = DISAGREEMENT_THRESHOLD
-) -> tuple[TokenCheck, int]:
-    """Compare usage with the tokenizer; returns the check and the completion tokens to count
-    (usage where present, the tokenizer's count where not)."""
-    check = TokenCheck(responses=len(done))
-    with_usage = [d for d in done if d.completion_tokens is not None]
-    without = [d for d in done if d.completion_tokens is None]
-    check.with_usage = len(with_usage)
-    check.usage_completion = sum(d.completion_tokens or 0 for d in with_usage)
-    completion = check.usage_completion
-    notes: list[str] = []
-    if tokenizer is not None:
-        from supervisor.tokens import count_tokens
-
-        counts = count_tokens(tokenizer, [d.text or "" for d in done])
-        by_usage = [c for c, d in zip(counts, done, strict=True) if d.completion_tokens is not None]
-        check.tokenizer_completion = sum(by_usage)
-        check.fallback_completion = sum(
-            c for c, d in zip(counts, done, strict=True) if d.completion_tokens is None
-        )
-        completion += check.fallback_completion
-        for c, d in zip(counts, done, strict=True):
-            u = d.completion_tokens
-            if u is not None and abs(c - u) > max(1.0, threshold * u):
-                check.mismatched_responses += 1
-        if check.usage_completion > 0:
-            diff = (check.tokenizer_completion - check.usage_completion) / check.usage_completion
-            check.disagreement = diff
-            if abs(diff) > threshold:
-                check.flagged = True
-                notes.append(
-                    f"usage says {check.usage_completion:,} completion tokens, the tokenizer "
-                    f"counts {check.tokenizer_completion:,} ({diff * 100:+.1f} %): "
-                    "wrong tokenizer, or the server counts differently"
-                )
-    if without:
-        check.flagged = True
-        if tokenizer is not None:
-            notes.append(
-                f"{len(without)} of {len(done)} responses had no usage: counted with the tokenizer"
-            )
-        else:
-            notes.append(
-                f"{len(without)} of {len(done)} responses had no usage and no tokenizer is "
-                "configured: their tokens are not counted"
-            )
-    check.note = "; ".join(notes) or None
-    return check, completion
-
-
-def level_cost(
-    done: Sequence[_Done], target: Target, wall_s: float, tokenizer: Any = None
-) -> tuple[float | None, str | None]:
-    """Cost of a level: the sum of ``usage.cost``; for responses without it the price table; for a
-    local endpoint with no prices, its GPU time."""
-    costs = [d.cost for d in done if d.cost is not None]
-    priced = target.price_in_per_m is not None or target.price_out_per_m is not None
-    rest = [d for d in done if d.cost is None]
-    if costs and not rest:
-        return math.fsum(costs), "usage.cost"
-    if priced:
-        pin = target.price_in_per_m or 0.0
-        pout = target.price_out_per_m or 0.0
-        table = math.fsum(
-            ((d.prompt_tokens or 0) * pin + (d.completion_tokens or 0) * pout) / 1e6 for d in rest
-        )
-        if costs:
-            return math.fsum([*costs, table]), "usage.cost + price table"
-        return table, "price table"
-    if costs:
-        return math.fsum(costs), "usage.cost (partial)"
-    if target.gpu_cost_per_hour is not None:
-        return wall_s / 3600.0 * target.gpu_cost_per_hour, "GPU time"
-    return None, None
-
-
-# --------------------------------------------------------------------------- history
-
-
-def history_path() -> Path:
-    return state_dir() / HISTORY_FILE
-
-
-_encode_result = msgspec.json.Encoder().encode
-_decode_result = msgspec.json.Decoder(BenchResult).decode
-
-
-def append_history(result: BenchResult, path: Path | None = None) -> Path:
-    """Append one JSON line; the file and its directory are created private to the user."""
-    p = path or history_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, _encode_result(result) + b"\n")
-    finally:
-        os.close(fd)
-    return p
-
-
-def load_history(path: Path | None = None) -> list[BenchResult]:
-    """Every readable entry, oldest first (unreadable lines are skipped)."""
-    p = path or history_path()
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        return []
-    out: list[BenchResult] = []
-    for line in raw.splitlines():
-        if not line.strip():
-            continue
-        try:
-            out.append(_decode_result(line))
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            continue
-    return out
-
-
-def latest_bench(endpoint: str, history: Sequence[BenchResult]) -> BenchResult | None:
-    """The newest entry for ``endpoint`` that completed at least one request."""
-    for r in reversed(history):
-        if r.endpoint == endpoint and any(lv.completed for lv in r.levels):
-            return r
-    return None
-
-
-def bench_label(result: BenchResult) -> str:
-    """``bench of 2026-11-30 01:23`` (local time)."""
-    return "bench of " + datetime.fromtimestamp(result.time).strftime("%Y-%m-%d %H:%M")
-
-
-# --------------------------------------------------------------------------- one call
 
 
 async def run_bench(

@@ -1,0 +1,66 @@
+"""The bench history: one JSON line per bench in ``<state_dir>/bench-history.jsonl``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+import msgspec
+
+from supervisor.bench.results import BenchResult
+from supervisor.paths import state_dir
+
+HISTORY_FILE = "bench-history.jsonl"
+
+
+def history_path() -> Path:
+    return state_dir() / HISTORY_FILE
+
+
+_encode_result = msgspec.json.Encoder().encode
+_decode_result = msgspec.json.Decoder(BenchResult).decode
+
+
+def append_history(result: BenchResult, path: Path | None = None) -> Path:
+    """Append one JSON line; the file and its directory are created private to the user."""
+    p = path or history_path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, _encode_result(result) + b"\n")
+    finally:
+        os.close(fd)
+    return p
+
+
+def load_history(path: Path | None = None) -> list[BenchResult]:
+    """Every readable entry, oldest first (unreadable lines are skipped)."""
+    p = path or history_path()
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        return []
+    out: list[BenchResult] = []
+    for line in raw.splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(_decode_result(line))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+    return out
+
+
+def latest_bench(endpoint: str, history: Sequence[BenchResult]) -> BenchResult | None:
+    """The newest entry for ``endpoint`` that completed at least one request."""
+    for r in reversed(history):
+        if r.endpoint == endpoint and any(lv.completed for lv in r.levels):
+            return r
+    return None
+
+
+def bench_label(result: BenchResult) -> str:
+    """``bench of 2026-11-30 01:23`` (local time)."""
+    return "bench of " + datetime.fromtimestamp(result.time).strftime("%Y-%m-%d %H:%M")

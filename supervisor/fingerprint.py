@@ -1,0 +1,124 @@
+"""The launch fingerprint: what makes a run's data what it is, and how two compare.
+
+It is stored at the last launch of each dataset (``.runwatch/<dataset>.launch.json`` in the
+output dir: argv, model, sampling parameters, prompt-file hash, format) and compared with a new
+launch; a change of model, sampling or prompts blocks the launch unless allowed.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from supervisor.argv import show_value
+from supervisor.config import Config, RunConfig, flag_value
+from supervisor.hostops import mask_argv
+
+SAMPLING_FLAGS = (
+    "--temperature",
+    "--top-p",
+    "--top-k",
+    "--min-p",
+    "--max-tokens",
+    "--max-new-tokens",
+    "--presence-penalty",
+    "--frequency-penalty",
+    "--repetition-penalty",
+    "--seed",
+    "--reasoning-effort",
+    "--chat-template",
+    "--system-prompt",
+)
+"""Flags whose change alters what the run generates (fingerprinted)."""
+MODEL_FLAGS = ("--model", "--model-name")
+PROMPT_DIR_FLAGS = ("--prompts-dir", "--prompt-dir", "--prompts")
+
+
+def fingerprint_of(run: RunConfig, argv: Sequence[str], config: Config) -> dict[str, Any]:
+    """What makes the run's data what it is (without the prompt hashes, which the host adds)."""
+    model = None
+    for f in MODEL_FLAGS:
+        model = flag_value(list(argv), f) or model
+    if model is None and run.endpoint is not None:
+        model = config.endpoint(run.endpoint).model
+    sampling = {}
+    for f in SAMPLING_FLAGS:
+        v = flag_value(list(argv), f)
+        if v is not None:
+            sampling[f.lstrip("-")] = v
+    return {
+        "argv": mask_argv(list(argv)),
+        "model": model,
+        "sampling": sampling,
+        "format": run.format,
+        "run": run.name,
+    }
+
+
+def prompt_files(run: RunConfig, argv: Sequence[str], config: Config) -> dict[str, str]:
+    """Prompt file of each dataset (relative to workdir): from config, else ``--prompts-dir``."""
+    out: dict[str, str] = {}
+    pdir = None
+    for f in PROMPT_DIR_FLAGS:
+        pdir = flag_value(list(argv), f) or pdir
+    for ds in config.run_datasets(run):
+        dc = config.datasets.get(ds)
+        if dc is not None and dc.prompts:
+            out[ds] = dc.prompts
+        elif pdir:
+            out[ds] = posixpath.join(pdir, f"{ds}.jsonl")
+    return out
+
+
+def compare_fingerprints(
+    stored: dict[str, Any] | None,
+    new: dict[str, Any],
+    hashes: dict[str, Any],
+    allow: Iterable[str] = (),
+) -> tuple[list[str], list[str]]:
+    """(blocking changes, allowed changes) between the stored fingerprint and the new launch.
+
+    Keys: ``model``, ``format``, ``sampling`` (or one parameter: ``temperature``...), ``prompts``
+    (or ``prompts:B1``). ``hashes`` are the prompt files' hashes now (``read_fingerprint``).
+    """
+    allowed = {a.strip().lstrip("-") for a in allow}
+    changes: list[tuple[set[str], str]] = []
+    if stored is None:
+        return [], []
+    if stored.get("model") != new.get("model"):
+        changes.append(({"model"}, f"model {stored.get('model')!r} -> {new.get('model')!r}"))
+    if stored.get("format") is not None and stored.get("format") != new.get("format"):
+        changes.append(({"format"}, f"format {stored.get('format')} -> {new.get('format')}"))
+    old_s = stored.get("sampling") or {}
+    new_s = new.get("sampling") or {}
+    for k in sorted(set(old_s) | set(new_s)):
+        if old_s.get(k) != new_s.get(k):
+            text = f"{k} {show_value(old_s.get(k))} -> {show_value(new_s.get(k))}"
+            changes.append(({"sampling", k}, text))
+    old_p = stored.get("prompts") or {}
+    for ds in sorted(set(old_p) | set(hashes)):
+        before = (old_p.get(ds) or {}).get("sha256")
+        now = (hashes.get(ds) or {}).get("sha256")
+        if ds in old_p and ds in hashes and before != now:
+            changes.append(
+                (
+                    {"prompts", f"prompts:{ds}"},
+                    f"prompts of {ds} changed ({_short(before)} -> {_short(now)})",
+                )
+            )
+    blocking = [text for keys, text in changes if not keys & allowed]
+    allowed_changes = [text for keys, text in changes if keys & allowed]
+    return blocking, allowed_changes
+
+
+def grouped_changes(changes: dict[str, list[str]]) -> str:
+    """``{"model 'a' -> 'b'": ["B1", "B2"]}`` -> ``model 'a' -> 'b' (B1, B2)``."""
+    return "; ".join(
+        f"{text} ({', '.join(d for d in dss if d != '*')})" if dss != ["*"] else text
+        for text, dss in changes.items()
+    )
+
+
+def _short(digest: Any) -> str:
+    return str(digest)[:12] if digest else "missing"

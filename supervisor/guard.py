@@ -1,0 +1,241 @@
+"""The budget guard: acts once on each run that passed its token budget without enforcing it.
+
+Budget guard: ``BudgetGuard(config).observe(snapshot)`` returns the budget events not yet acted
+on (a run without ``--token-budget`` whose dataset passed its budget) with the action its policy
+asks for; ``await guard.act(engine, event)`` carries it out exactly once (an ``O_EXCL`` marker in
+the state dir, keyed by host, run, process identity and dataset, survives restarts of runwatch and
+keeps two runwatch instances from both acting); ``await guard.enforce(engine, snapshot)`` does
+both. ``warn`` events are audited once and otherwise left to the front ends to show.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+
+from supervisor import audit
+from supervisor.config import Config
+from supervisor.errors import RunwatchError
+from supervisor.model import Identity, Snapshot
+from supervisor.paths import state_dir
+from supervisor.plan import ActionResult, OnStep, make_plan
+from supervisor.steps import execute, kill_refused, kill_summary
+
+if TYPE_CHECKING:
+    from supervisor.engine import Engine
+
+
+@dataclass
+class BudgetEvent:
+    """A run without ``--token-budget`` whose dataset(s) passed their token budget."""
+
+    policy: Literal["warn", "stop", "restart-with-budget"]
+    host: str
+    run: str
+    identity: Identity
+    datasets: list[str]
+    budget: int
+    """The budget to enforce (``--token-budget`` of a restart-with-budget): the smallest budget
+    among the over-budget datasets, since the flag sets one budget for every dataset."""
+    tokens: dict[str, int]
+    """Completion tokens of each over-budget dataset."""
+    waste_tokens: int
+    message: str
+    keys: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "host": self.host,
+            "run": self.run,
+            "pid": self.identity.pid,
+            "datasets": self.datasets,
+            "budget": self.budget,
+            "tokens": self.tokens,
+            "waste_tokens": self.waste_tokens,
+            "message": self.message,
+        }
+
+
+@dataclass
+class GuardOutcome:
+    event: BudgetEvent
+    acted: bool
+    """False when another runwatch (or an earlier run of this one) already acted."""
+    ok: bool
+    detail: str
+    result: ActionResult | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "event": self.event.to_json(),
+            "acted": self.acted,
+            "ok": self.ok,
+            "detail": self.detail,
+            "result": self.result.to_json() if self.result else None,
+        }
+
+
+class BudgetGuard:
+    """Acts on budget events once each; see the module docstring."""
+
+    def __init__(self, config: Config, marker_dir: Path | None = None) -> None:
+        self.config = config
+        self.marker_dir = marker_dir or (state_dir() / "guard")
+
+    def _key(self, host: str, run: str, ident: Identity, dataset: str) -> str:
+        raw = json.dumps([host, run, ident.boot_id, ident.pid, ident.start_time, dataset])
+        return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+    def _marked(self, key: str) -> bool:
+        return (self.marker_dir / f"{key}.json").exists()
+
+    def _claim(self, event: BudgetEvent) -> bool:
+        """Atomically claim every key of the event; False when any was claimed before."""
+        self.marker_dir.mkdir(parents=True, exist_ok=True)
+        body = json.dumps({"time": time.time(), **event.to_json()}).encode()
+        first = self.marker_dir / f"{event.keys[0]}.json"
+        try:
+            fd = os.open(first, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, body)
+        finally:
+            os.close(fd)
+        for key in event.keys[1:]:
+            try:
+                fd = os.open(self.marker_dir / f"{key}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                continue
+            try:
+                os.write(fd, body)
+            finally:
+                os.close(fd)
+        return True
+
+    def observe(self, snapshot: Snapshot) -> list[BudgetEvent]:
+        """Budget events in ``snapshot`` not acted on yet (pure: changes nothing)."""
+        events: list[BudgetEvent] = []
+        runs = {r.name: r for r in self.config.runs}
+        for hv in snapshot.hosts:
+            if not hv.connected or hv.stale:
+                continue
+            for rv in hv.runs:
+                rc = runs.get(rv.name)
+                proc = rv.process
+                if rc is None or proc is None or rv.state != "running":
+                    continue
+                if proc.flags.token_budget is not None:
+                    continue  # the run enforces its own budget
+                over: dict[str, int] = {}
+                budgets: dict[str, int] = {}
+                waste = 0
+                for dv in rv.datasets:
+                    dc = self.config.datasets.get(dv.name)
+                    budget = dv.token_budget or (dc.token_budget if dc else None)
+                    if budget is None or dv.completion_tokens <= budget:
+                        continue
+                    key = self._key(hv.name, rv.name, proc.identity, dv.name)
+                    if self._marked(key):
+                        continue
+                    over[dv.name] = dv.completion_tokens
+                    budgets[dv.name] = budget
+                    waste += max(dv.projection.waste_tokens, dv.completion_tokens - budget)
+                if not over:
+                    continue
+                names = sorted(over)
+                budget = min(budgets.values())
+                parts = [f"{d} {over[d] / 1e6:.1f} M / {budgets[d] / 1e6:.1f} M" for d in names]
+                events.append(
+                    BudgetEvent(
+                        policy=rc.budget_policy,
+                        host=hv.name,
+                        run=rv.name,
+                        identity=proc.identity,
+                        datasets=names,
+                        budget=budget,
+                        tokens=over,
+                        waste_tokens=waste,
+                        message=f"{rv.name}: past the token budget with no --token-budget: "
+                        + ", ".join(parts),
+                        keys=[self._key(hv.name, rv.name, proc.identity, d) for d in names],
+                    )
+                )
+        return events
+
+    async def act(
+        self, engine: Engine, event: BudgetEvent, on_step: OnStep | None = None
+    ) -> GuardOutcome:
+        """Carry out the event's policy once (claimed atomically first) and audit it."""
+        if not self._claim(event):
+            return GuardOutcome(event, acted=False, ok=True, detail="already acted on")
+        result: ActionResult | None = None
+        if event.policy == "warn":
+            ok, detail = True, event.message
+        elif event.policy == "stop":
+            try:
+                grace = self.config.run(event.run).stop_grace_seconds
+                res = await engine.kill(event.host, event.identity, grace)
+                from supervisor.kill import audit_kill
+
+                audit_kill(res, event.run)
+                outcome = msgspec.to_builtins(res)
+                refused = kill_refused(outcome)
+                ok = refused is None
+                detail = f"stopped pid {event.identity.pid}: {kill_summary(outcome)}"
+                if refused:
+                    detail = f"kill refused: {refused}"
+            except RunwatchError as e:
+                ok, detail = False, f"stop failed: {e}"
+        else:
+            try:
+                plan = await make_plan(
+                    engine,
+                    event.run,
+                    action="restart",
+                    overrides=[("--token-budget", str(event.budget))],
+                )
+                if plan.old is None or plan.old.identity != event.identity:
+                    ok, detail = False, "the run changed since the event; not restarted"
+                else:
+                    plan.budget_reason = event.message
+                    result = await execute(engine, plan, on_step=on_step)
+                    ok = result.ok
+                    failed = result.failed_step
+                    detail = (
+                        f"restarted with --token-budget {event.budget}: pid "
+                        f"{(result.identity or {}).get('pid')}"
+                        if ok
+                        else f"restart with budget failed at {failed.name if failed else '?'}: "
+                        f"{failed.detail if failed else ''}"
+                    )
+            except RunwatchError as e:
+                ok, detail = False, f"restart with budget failed: {e}"
+        audit.record(
+            "budget",
+            host=event.host,
+            run=event.run,
+            ok=ok,
+            identity=msgspec.to_builtins(event.identity),
+            policy=event.policy,
+            datasets=event.datasets,
+            budget=event.budget,
+            tokens=event.tokens,
+            waste_tokens=event.waste_tokens,
+            detail=detail,
+        )
+        return GuardOutcome(event, acted=True, ok=ok, detail=detail, result=result)
+
+    async def enforce(
+        self, engine: Engine, snapshot: Snapshot, on_step: OnStep | None = None
+    ) -> list[GuardOutcome]:
+        """``observe`` then ``act`` on each event."""
+        return [await self.act(engine, e, on_step) for e in self.observe(snapshot)]

@@ -1,0 +1,29 @@
+"""The last lines of a run's log on its host (for a live log pane), with secrets masked."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from supervisor.hostops import mask_text
+from supervisor.runenv import api_key_names
+from supervisor.runpaths import run_paths
+
+if TYPE_CHECKING:
+    from supervisor.engine import Engine
+
+
+async def tail_log(engine: Engine, run_name: str, lines: int = 50) -> dict[str, Any]:
+    """The last ``lines`` of a run's log on its host: ``{"path", "exists", "size", "lines"}``.
+
+    Key-shaped tokens and the run's API key (when set here) are masked.
+    """
+    config = engine.config
+    run = config.run(run_name)
+    secrets = [os.environ[n] for n in api_key_names(config, run) if os.environ.get(n)]
+    path = run_paths(config, run)["log"]
+    reply: dict[str, Any] = await engine.host(run.host).request(
+        "tail_log", {"path": path, "lines": int(lines)}
+    )
+    reply["lines"] = [mask_text(str(line), secrets) for line in reply.get("lines") or []]
+    return reply

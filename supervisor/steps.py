@@ -1,0 +1,565 @@
+"""The step runner: runs a plan's steps in order, stopping at the first failure.
+
+``on_step(step)`` is called (it may be a coroutine function) every time a step changes state:
+``running`` when it starts, then ``ok``, ``failed`` or ``skipped`` with its ``detail`` - so a
+front end can show each check's result live. The same ``Step`` object is passed each time;
+copy what you keep (``step.to_json()``). ``result.ok`` is true only when the new run is confirmed
+running (for a dry run: when every check passed). Steps after a failed one stay ``pending``.
+
+Every executed (not dry-run) launch and restart is appended to the audit log with each step's
+outcome; so are the move-asides and repairs it does, and the budget guard's actions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from supervisor import audit
+from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
+from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
+from supervisor.hostops import mask_argv, mask_text
+from supervisor.model import Identity
+from supervisor.plan import ActionResult, OnStep, Plan, Step, StepFailed, StepState
+
+if TYPE_CHECKING:
+    from supervisor.engine import Engine
+
+BLOCKING_VERDICTS = ("legacy", "mixed", "unknown", "corrupt")
+"""Verdicts that make resuming on a file unsafe."""
+DEFAULT_GPU_WAIT_S = 120.0
+DEFAULT_LOCK_WAIT_S = 30.0
+
+
+class _Runner:
+    def __init__(self, engine: Engine, plan: Plan, dry_run: bool, on_step: OnStep | None) -> None:
+        self.engine = engine
+        self.plan = plan
+        self.dry_run = dry_run
+        self.on_step = on_step
+        self.host: Any = engine.host(plan.host)
+        self.hc = engine.config.host(plan.host)
+        self.blocking: list[dict[str, Any]] = []
+        self.identity: dict[str, Any] | None = None
+        self.side_records: list[dict[str, Any]] = []
+        """Audit records of the move-asides and repairs done by this plan."""
+
+    async def emit(self, step: Step) -> None:
+        if self.on_step is None:
+            return
+        r = self.on_step(step)
+        if inspect.isawaitable(r):
+            await r
+
+    async def set(self, step: Step, state: StepState, detail: str = "") -> None:
+        step.state = state
+        step.detail = mask_text(detail, self.plan.secrets)
+        await self.emit(step)
+
+    async def request(self, op: str, params: dict[str, Any], timeout: float | None = None) -> Any:
+        return await self.host.request(op, params, timeout=timeout)
+
+    async def run(self) -> ActionResult:
+        plan = self.plan
+        steps = {s.name: s for s in plan.steps}
+        fns: dict[str, Callable[[Step], Awaitable[None]]] = {
+            "format-check": self.format_check,
+            "fingerprint": self.fingerprint,
+            "stop": self.stop,
+            "gpu-release": self.gpu_release,
+            "data-repair": self.data_repair,
+            "launch": self.launch,
+        }
+        ok = True
+        for s in plan.steps:
+            if not ok:
+                break
+            acting = s.name in ("stop", "gpu-release", "data-repair", "launch")
+            if self.dry_run and acting:
+                await self.set(s, "skipped", "dry run: " + self.would(s.name))
+                continue
+            await self.set(s, "running", s.title)
+            try:
+                await fns[s.name](s)
+            except RunwatchError as e:
+                await self.set(s, "failed", str(e))
+                ok = False
+            except (OSError, asyncio.TimeoutError, KeyError, TypeError, ValueError) as e:
+                # Unexpected, but the outcome must still be shown and audited.
+                await self.set(s, "failed", f"{type(e).__name__}: {e}")
+                ok = False
+            else:
+                if s.state == "running":
+                    await self.set(s, "ok", s.detail)
+        confirmed = ok and (self.dry_run or self.identity is not None)
+        result = ActionResult(
+            action=plan.action,
+            run=plan.run.name,
+            host=plan.host,
+            ok=confirmed,
+            steps=[steps[s.name] for s in plan.steps],
+            identity=self.identity,
+            old_identity=msgspec.to_builtins(plan.old.identity) if plan.old else None,
+            argv=mask_argv(plan.argv, plan.secrets),
+            argv_diff=plan.argv_diff(),
+            dry_run=self.dry_run,
+        )
+        if not self.dry_run:
+            audit.record(
+                plan.action,
+                host=plan.host,
+                run=plan.run.name,
+                ok=confirmed,
+                identity=self.identity,
+                argv=plan.argv,
+                steps=[s.to_json() for s in result.steps],
+                secrets=plan.secrets,
+                old_identity=result.old_identity,
+                argv_diff=result.argv_diff,
+                reason=plan.budget_reason,
+            )
+        return result
+
+    def would(self, name: str) -> str:
+        p = self.plan
+        if name == "stop":
+            if p.old is None:
+                return "nothing running to stop"
+            return f"would stop pid {p.old.identity.pid} by identity and confirm its exit"
+        if name == "gpu-release":
+            return "would wait for the GPU memory of the stopped run to be released"
+        if name == "data-repair":
+            moves = [b["path"] for b in self.blocking]
+            text = "would repair a torn last line if one is left"
+            if moves:
+                text = f"would move aside {', '.join(moves)}; " + text
+            return text
+        return "would launch " + " ".join(mask_argv(p.argv, p.secrets))
+
+    # ------------------------------------------------------------ 1. format check
+
+    async def scan_all(self) -> list[dict[str, Any]]:
+        scans = await self.engine.check_run(self.plan.run.name)
+        return list(scans)
+
+    async def format_check(self, step: Step) -> None:
+        scans = await self.scan_all()
+        step.data["files"] = [_scan_summary(s) for s in scans]
+        self.blocking = [s for s in scans if _blocks(s)]
+        if not self.blocking:
+            counts: dict[str, int] = {}
+            for s in scans:
+                v = str(s.get("verdict") or s.get("state"))
+                counts[v] = counts.get(v, 0) + 1
+            step.detail = f"{len(scans)} file(s): " + ", ".join(
+                f"{n} {v}" for v, n in sorted(counts.items())
+            )
+            return
+        problems = "; ".join(_explain_block(s) for s in self.blocking)
+        if self.plan.move_aside:
+            step.detail = f"will move aside once no writer is alive: {problems}"
+            return
+        raise StepFailed(
+            f"{self.plan.action} blocked by data not in format {self.plan.run.format!r}: "
+            f"{problems}",
+            "convert or remove those files, or pass --move-aside to rename them to "
+            "<file>.<format>-<timestamp> (nothing is deleted) so the run starts them afresh",
+        )
+
+    # ------------------------------------------------------------ 2. fingerprint
+
+    async def fingerprint(self, step: Step) -> None:
+        plan = self.plan
+        config = self.engine.config
+        new = fingerprint_of(plan.run, plan.argv, config)
+        reply = await self.request(
+            "read_fingerprint",
+            {
+                "paths": plan.fingerprints,
+                "workdir": plan.paths["workdir"],
+                "hash_files": plan.prompt_files,
+            },
+        )
+        hashes: dict[str, Any] = reply.get("hashes") or {}
+        stored_all: dict[str, Any] = reply.get("fingerprints") or {}
+        # Launched without runwatch: compare with what the running process was told.
+        from_process = None
+        process_source = ""
+        if plan.old is not None:
+            from_process = fingerprint_of(plan.run, list(plan.old.identity.argv), config)
+            from_process.pop("format", None)
+            process_source = f"the running process (pid {plan.old.identity.pid})"
+        blocking: dict[str, list[str]] = {}
+        allowed: dict[str, list[str]] = {}
+        sources: set[str] = set()
+        for ds in plan.fingerprints:
+            stored = (stored_all.get(ds) or {}).get("fingerprint")
+            source = "the last launch"
+            if stored is None and from_process is not None:
+                stored, source = from_process, process_source
+            if stored is None:
+                continue
+            sources.add(source)
+            b, a = compare_fingerprints(
+                stored, new, {ds: hashes[ds]} if ds in hashes else {}, plan.allow_change
+            )
+            for text in b:
+                blocking.setdefault(text, []).append(ds)
+            for text in a:
+                allowed.setdefault(text, []).append(ds)
+        step.data.update(new=new, stored=stored_all, hashes=hashes)
+        if not sources:
+            step.detail = "no fingerprint recorded and nothing running; nothing to compare"
+            return
+        where = " and ".join(sorted(sources))
+        if blocking:
+            raise StepFailed(
+                f"the new launch differs from {where}: " + grouped_changes(blocking),
+                "data generated with different settings would be mixed in one dataset; "
+                "pass --allow-change KEY (model, sampling, temperature..., prompts, format) "
+                "if that is intended",
+            )
+        step.detail = f"same model, sampling and prompts as {where}" + (
+            f" (allowed changes: {grouped_changes(allowed)})" if allowed else ""
+        )
+
+    # ------------------------------------------------------------ 3. stop
+
+    async def stop(self, step: Step) -> None:
+        plan = self.plan
+        if plan.old is None:
+            await self.set(step, "skipped", "not running; nothing to stop")
+            return
+        ident = plan.old.identity
+        try:
+            res = await self.engine.kill(plan.host, ident, plan.run.stop_grace_seconds)
+        except OutcomeUnknown as e:
+            step.data["kill"] = {"unknown": str(e)}
+            res = None  # reconciled below: the probe tells whether it is gone
+        outcome = msgspec.to_builtins(res) if res is not None else None
+        step.data["kill"] = outcome
+        refused = kill_refused(outcome)
+        # A process already exiting when the kill arrived is waited for by the agent itself.
+        probe = await self._probe(ident)
+        if refused and probe.get("alive"):
+            raise StepFailed(
+                f"kill refused: {refused}",
+                "the process listed is no longer the run (PID reused, host rebooted, other "
+                "owner) or is still exiting; refresh and check what runs",
+            )
+        if refused:
+            # The process named by the identity (same boot, pid and start time) is gone: it
+            # exited on its own or was stopped by someone else while this plan ran.
+            outcome = {"results": [{"outcome": "already-gone", "detail": probe.get("detail")}]}
+        if probe.get("alive"):
+            raise StepFailed(
+                f"pid {ident.pid} is still alive after the kill ({probe.get('detail')})",
+                "nothing was launched; look at the process on the host",
+            )
+        lock = await self._wait_lock_free()
+        step.detail = f"pid {ident.pid}: {kill_summary(outcome)}; exit confirmed" + (
+            f"; {lock}" if lock else ""
+        )
+
+    async def _probe(self, ident: Identity) -> dict[str, Any]:
+        for attempt in range(3):
+            try:
+                reply: dict[str, Any] = await self.request(
+                    "probe", {"identity": msgspec.to_builtins(ident)}
+                )
+                return reply
+            except HostError:
+                if attempt == 2:
+                    raise
+                await self.host.connect()
+        return {}
+
+    async def _wait_lock_free(self) -> str:
+        deadline = time.monotonic() + DEFAULT_LOCK_WAIT_S
+        while True:
+            st = await self.request("lock_status", {"lock_paths": self.plan.locks})
+            path = st.get("lock_path")
+            if not st.get("held"):
+                return ""
+            holder = st.get("holder") or {}
+            hid = holder.get("identity")
+            old = self.plan.old.identity if self.plan.old else None
+            other = isinstance(hid, dict) and (
+                old is None or (hid.get("pid"), hid.get("start_time")) != (old.pid, old.start_time)
+            )
+            if holder.get("state") == "launching" or (other and st.get("holder_alive")):
+                who = f"pid {hid.get('pid')}" if isinstance(hid, dict) else "a launch in progress"
+                raise StepFailed(
+                    f"already running: {who} holds the run's lock {path} (started by another "
+                    "runwatch or launch)",
+                    "nothing was launched; refresh to see the process that runs now",
+                )
+            if time.monotonic() > deadline:
+                raise StepFailed(
+                    f"the run's lock {path} is still held by {st.get('holder')}",
+                    "a process of the old run still holds it; stop it before relaunching",
+                )
+            await asyncio.sleep(0.2)  # polling the host for a condition, bounded above
+
+    # ------------------------------------------------------------ 4. GPU
+
+    async def gpu_release(self, step: Step) -> None:
+        plan = self.plan
+        hello = getattr(self.host, "hello", None) or {}
+        if not hello.get("has_nvidia_smi"):
+            await self.set(step, "skipped", "no nvidia-smi on the host")
+            return
+        pids = [plan.old.identity.pid, *plan.old.children] if plan.old else []
+        if not pids:
+            await self.set(step, "skipped", "nothing was running")
+            return
+        began = time.monotonic()
+        deadline = began + DEFAULT_GPU_WAIT_S
+        checks = 0
+        while True:
+            reply = await self.request("gpu_holders", {"pids": pids})
+            checks += 1
+            if not reply.get("available"):
+                step.detail = "nvidia-smi gave no answer; not waiting"
+                return
+            holders = reply.get("holders") or {}
+            step.data["holders"] = holders
+            if not holders:
+                step.detail = "no process of the run holds GPU memory" + (
+                    f" (released after {time.monotonic() - began:.1f} s, {checks} checks)"
+                    if checks > 1
+                    else ""
+                )
+                return
+            if time.monotonic() > deadline:
+                raise StepFailed(
+                    f"GPU memory still held after {DEFAULT_GPU_WAIT_S:.0f} s by pid "
+                    + ", ".join(f"{p} ({mb:.0f} MiB)" for p, mb in holders.items()),
+                    "the old run is stopped; check nvidia-smi on the host, then launch",
+                )
+            await asyncio.sleep(0.5)  # polling nvidia-smi for a condition, bounded above
+
+    # ------------------------------------------------------------ 5. data repair
+
+    async def data_repair(self, step: Step) -> None:
+        plan = self.plan
+        # Touch data only when no run holds the lock (another runwatch may have launched it).
+        st = await self.request("lock_status", {"lock_paths": plan.locks})
+        if st.get("held"):
+            hid = (st.get("holder") or {}).get("identity")
+            who = f"pid {hid.get('pid')}" if isinstance(hid, dict) else "a launch in progress"
+            raise StepFailed(
+                f"already running: {who} holds the lock {st.get('lock_path')}",
+                "nothing was changed or launched; refresh to see the process that runs now",
+            )
+        scans = await self.scan_all()
+        notes: list[str] = []
+        for s in scans:
+            path = str(s.get("path"))
+            if _blocks(s):
+                if not plan.move_aside:
+                    raise StepFailed(
+                        f"{_explain_block(s)} appeared after the check",
+                        "the old run is stopped and nothing was launched; inspect the file",
+                    )
+                moved = await self.request(
+                    "move_aside",
+                    {"path": path, "format": str(s.get("verdict"))},
+                    timeout=self.hc.command_timeout,
+                )
+                self.side_records.append(
+                    audit.record(
+                        "move-aside",
+                        host=plan.host,
+                        run=plan.run.name,
+                        ok=bool(moved.get("moved")),
+                        detail=f"{path} -> {moved.get('to')}",
+                        path=path,
+                        to=moved.get("to"),
+                        size=moved.get("size"),
+                    )
+                )
+                notes.append(f"moved {path} -> {moved.get('to')}")
+                continue
+            if int(s.get("partial_tail_bytes") or 0) > 0 and s.get("state") == "ok":
+                fixed = await self.request(
+                    "repair_tail", {"path": path}, timeout=max(self.hc.command_timeout, 300.0)
+                )
+                self.side_records.append(
+                    audit.record(
+                        "repair",
+                        host=plan.host,
+                        run=plan.run.name,
+                        ok=True,
+                        detail=f"{path}: removed {fixed.get('removed_bytes')} bytes of a torn "
+                        f"last line; backup {fixed.get('backup')}",
+                        path=path,
+                        backup=fixed.get("backup"),
+                        sha256=fixed.get("sha256"),
+                    )
+                )
+                if fixed.get("repaired"):
+                    notes.append(
+                        f"repaired {path}: torn last line of {fixed.get('removed_bytes')} bytes "
+                        f"kept in {fixed.get('backup')}"
+                    )
+        step.data["actions"] = notes
+        step.detail = "; ".join(notes) if notes else "every tail ends with a complete line"
+
+    # ------------------------------------------------------------ 6. launch
+
+    async def launch(self, step: Step) -> None:
+        plan = self.plan
+        params = {
+            "workdir": plan.paths["workdir"],
+            "argv": plan.argv,
+            "env": plan.env,
+            "secret_env": plan.secret_env,
+            "log": plan.paths["log"],
+            "lock_paths": plan.locks,
+            "settle_s": plan.run.settle_seconds,
+            "lock_wait_s": 3.0,
+            "fingerprints": [
+                {
+                    "path": path,
+                    "data": dict(
+                        fingerprint_of(plan.run, plan.argv, self.engine.config), dataset=ds
+                    ),
+                    "hash_files": {ds: plan.prompt_files[ds]} if ds in plan.prompt_files else {},
+                }
+                for ds, path in plan.fingerprints.items()
+            ],
+        }
+        started = time.time()
+        timeout = plan.run.settle_seconds + 3.0 + self.hc.command_timeout
+        try:
+            reply = await self.request("launch", params, timeout=timeout)
+        except OutcomeUnknown as e:
+            # The reply was lost: never launch again blindly; the lock says what happened.
+            reply = await self._reconcile_launch(started, str(e))
+        step.data["launch"] = {k: v for k, v in reply.items() if k != "fingerprint"}
+        if reply.get("started"):
+            self.identity = reply["identity"]
+            assert self.identity is not None
+            step.detail = f"running as pid {self.identity['pid']} (log {reply.get('log')})"
+            if reply.get("reconciled"):
+                step.detail += f"; {reply['reconciled']}"
+            return
+        reason = reply.get("reason")
+        if reason == "already-running":
+            raise StepFailed(
+                reply.get("detail") or "already running",
+                "another runwatch (or a launch in progress) started it; refresh to see it",
+            )
+        tail = "\n    ".join(reply.get("log_tail") or []) or "(the log is empty)"
+        raise StepFailed(
+            f"{reply.get('detail') or reason}; last lines of {reply.get('log')}:\n    {tail}",
+            "fix the cause shown in the log, then launch again",
+        )
+
+    async def _reconcile_launch(self, started: float, why: str) -> dict[str, Any]:
+        await self.host.connect()
+        st = await self.request("lock_status", {"lock_paths": self.plan.locks})
+        holder = st.get("holder") or {}
+        ident = holder.get("identity")
+        fresh = float(holder.get("time", 0)) >= started
+        if st.get("held") and st.get("holder_alive") and fresh and isinstance(ident, dict):
+            # Ours (it took the lock after this launch began): confirm it stays alive for the
+            # settle time, as the host would have before answering.
+            deadline = time.monotonic() + self.plan.run.settle_seconds
+            while time.monotonic() < deadline:
+                probe = await self.request("probe", {"identity": ident})
+                if not probe.get("alive"):
+                    return {
+                        "started": False,
+                        "reason": "exited",
+                        "detail": f"the reply was lost ({why}) and the run it started exited",
+                        "log": holder.get("log") or self.plan.paths["log"],
+                    }
+                await asyncio.sleep(0.1)  # polling the host for a condition, bounded above
+            return {
+                "started": True,
+                "identity": ident,
+                "log": holder.get("log"),
+                "reconciled": f"reply lost ({why}); confirmed from the run's lock on the host",
+            }
+        return {
+            "started": False,
+            "reason": "unknown",
+            "detail": f"the connection dropped during the launch ({why}) and no run holds the "
+            "lock now",
+            "log": self.plan.paths["log"],
+        }
+
+
+def _blocks(scan: dict[str, Any]) -> bool:
+    if scan.get("state") in ("unreadable", "not-a-file", "error"):
+        return True
+    return scan.get("verdict") in BLOCKING_VERDICTS
+
+
+def _scan_summary(s: dict[str, Any]) -> dict[str, Any]:
+    keys = ("path", "state", "verdict", "verdict_detail", "records", "partial_tail_bytes")
+    return {k: s.get(k) for k in keys}
+
+
+def _explain_block(s: dict[str, Any]) -> str:
+    path = s.get("path")
+    verdict = s.get("verdict") if s.get("state") == "ok" else s.get("state")
+    off = s.get("first_offending")
+    parts = [f"{path}: {verdict}"]
+    if isinstance(off, dict):
+        parts.append(
+            f"line {off.get('line')} is {off.get('format') or 'an unknown format'} "
+            f"(missing keys: {', '.join(off.get('missing') or []) or 'none'}; "
+            f"extra keys: {', '.join(off.get('extra') or []) or 'none'})"
+        )
+    elif s.get("bad_lines"):
+        bad = s["bad_lines"][0]
+        parts.append(f"line {bad.get('line')}: {bad.get('reason')}")
+    if s.get("verdict_detail") and not isinstance(off, dict):
+        parts.append(str(s.get("verdict_detail")))
+    elif s.get("error"):
+        parts.append(str(s.get("error")))
+    return " - ".join(parts)
+
+
+def kill_refused(outcome: Any) -> str | None:
+    """Why the kill of the run's own process was refused, or None when it was not."""
+    for r in _results(outcome):
+        if r.get("outcome") == "refused" and r.get("role", "run") == "run":
+            return str(r.get("detail"))
+    return None
+
+
+def _results(outcome: Any) -> list[dict[str, Any]]:
+    if isinstance(outcome, dict):
+        res = outcome.get("results")
+        if isinstance(res, list):
+            return [r for r in res if isinstance(r, dict)]
+    if isinstance(outcome, list):
+        return [r for r in outcome if isinstance(r, dict)]
+    return []
+
+
+def kill_summary(outcome: Any) -> str:
+    """``1 terminated, 2 already-gone``: the outcomes of a kill, counted."""
+    rs = _results(outcome)
+    if not rs:
+        return "kill outcome unknown (connection dropped)"
+    counts: dict[str, int] = {}
+    for r in rs:
+        counts[str(r.get("outcome"))] = counts.get(str(r.get("outcome")), 0) + 1
+    return ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
+
+
+async def execute(
+    engine: Engine, plan: Plan, *, dry_run: bool = False, on_step: OnStep | None = None
+) -> ActionResult:
+    """Run the plan's steps in order, stopping at the first failure; see the module docstring."""
+    return await _Runner(engine, plan, dry_run, on_step).run()

@@ -1,0 +1,52 @@
+"""The compare table fits the terminal: every column shown without scrolling sideways at 80
+columns, the full headers where there is room, and the layout follows a resize."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from textual.containers import VerticalScroll
+from textual.widgets import DataTable
+
+from tests.fixtures_tui import FixedEngine, compare_config, wait_for
+from tui.app import RunwatchApp, make_app
+from tui.screens.compare import CompareScreen
+
+
+def _labels(table: DataTable[object]) -> list[str]:
+    return [c.label.plain for c in table.columns.values()]
+
+
+def _fits(screen: CompareScreen) -> bool:
+    table = screen.query_one("#table", DataTable)
+    body = screen.query_one("#body", VerticalScroll)
+    return table.size.width > 0 and table.max_scroll_x == 0 and body.max_scroll_x == 0
+
+
+async def test_compare_table_fits_80_columns_and_follows_a_resize(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # no bench history
+    app: RunwatchApp = make_app(compare_config(), FixedEngine(config=compare_config()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(lambda: app.refreshes >= 1, what="the first snapshot")
+        await pilot.press("C")
+        await wait_for(lambda: isinstance(app.screen, CompareScreen), what="the compare screen")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        table = screen.query_one("#table", DataTable)
+        await wait_for(lambda: table.row_count > 0, what="the comparison table")
+        await wait_for(lambda: _fits(screen), what="a table without sideways scrolling")
+        # Compact: the endpoint over time/cost, and the API cost column is there in full.
+        assert _labels(table)[-2:] == ["api\ntime", "api\ncost"]
+        assert table.header_height == 2
+        totals = table.get_row_at(table.row_count - 1)
+        assert totals[0].plain == "all" and totals[-1].plain == "$87"
+        assert table.virtual_size.width <= table.size.width
+
+        await pilot.resize_terminal(160, 48)
+        await wait_for(lambda: _labels(table)[-1] == "api cost", what="the full headers")
+        assert "Ends at" in _labels(table) and table.header_height == 1
+        assert {table.get_row_at(0)[2].plain} <= {"max_samples", "token_budget"}
+        await wait_for(lambda: _fits(screen), what="the wide table")
