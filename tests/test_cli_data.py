@@ -234,6 +234,7 @@ def test_progress_goes_to_stderr_only_on_a_terminal(
 ) -> None:
     import io
     import os
+    import select
 
     import supervisor.cli.data as data
 
@@ -245,7 +246,11 @@ def test_progress_goes_to_stderr_only_on_a_terminal(
     try:
         monkeypatch.setattr(sys, "stderr", tty)
         (r,) = data.scan_paths([str(path)], None, "sample", None)
-        shown = os.read(master, 65536).decode()
+        # A pty hands over what was written in pieces: read all of it that is there now.
+        chunks = []
+        while select.select([master], [], [], 0)[0]:
+            chunks.append(os.read(master, 65536))
+        shown = b"".join(chunks).decode()
     finally:
         tty.close()
         os.close(master)
