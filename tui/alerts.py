@@ -15,7 +15,7 @@ Severity = Literal["information", "warning", "error"]
 class Alert:
     """One notification: what happened, where, and how loud."""
 
-    kind: Literal["over-budget", "stalled", "run-died", "host-lost", "host-back"]
+    kind: Literal["over-budget", "stalled", "run-died", "host-lost", "host-back", "budget-policy"]
     title: str
     message: str
     severity: Severity

@@ -17,11 +17,12 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from supervisor.config import Config
+from supervisor.guard import BudgetGuard, GuardOutcome
 from supervisor.model import HostView, RunView, Snapshot
 from tui.alerts import Alert, changes, stop_key
 from tui.commands import RunCommands
 from tui.engine import EngineLike
-from tui.messages import RefreshFailed, RunKilled, SnapshotRefreshed
+from tui.messages import BudgetPolicyApplied, RefreshFailed, RunKilled, SnapshotRefreshed
 from tui.screens.dashboard import DashboardScreen
 from tui.widgets.fleet import run_key
 
@@ -65,6 +66,10 @@ class RunwatchApp(App[None]):
         """Number of snapshots received (tests wait on it)."""
         self._expected_stops: set[str] = set()
         self._refreshing = False
+        self.guard = BudgetGuard(config)
+        """Applies each run's budget_policy once per event (audited; shared with the CLI)."""
+        self._guarded = any(r.budget_policy != "warn" for r in config.runs)
+        self._guarding = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -109,6 +114,39 @@ class RunwatchApp(App[None]):
         self.refresh_error = None
         self.refreshes += 1
         self.snapshot = message.snapshot
+        if self._guarded and not self._guarding:
+            self._guarding = True
+            self.apply_budget_policy(message.snapshot)
+
+    @work(group="guard", exit_on_error=False)
+    async def apply_budget_policy(self, snapshot: Snapshot) -> None:
+        """Stop or restart runs past their budget as their policy says; ``warn`` is only shown."""
+        outcomes: list[GuardOutcome] = []
+        try:
+            for event in self.guard.observe(snapshot):
+                if event.policy == "warn":
+                    continue
+                # The stop is deliberate: not a "run died" alert.
+                self.expect_stop(event.host, event.run, event.identity.pid)
+                outcomes.append(await self.guard.act(self.engine, event))  # type: ignore[arg-type]
+        finally:
+            self._guarding = False
+        if outcomes:
+            self.post_message(BudgetPolicyApplied(outcomes))
+
+    def on_budget_policy_applied(self, message: BudgetPolicyApplied) -> None:
+        for outcome in message.outcomes:
+            if not outcome.acted:
+                continue  # another runwatch, or an earlier session, already acted
+            event = outcome.event
+            alert = Alert(
+                kind="budget-policy",
+                title=f"Budget policy {event.policy}: {event.run}",
+                message=f"{event.message}\n{outcome.detail}",
+                severity="information" if outcome.ok else "error",
+            )
+            self.alerts.append(alert)
+            self.notify(alert.message, title=alert.title, severity=alert.severity, markup=False)
 
     def on_refresh_failed(self, message: RefreshFailed) -> None:
         self.refresh_error = message.error

@@ -7,6 +7,7 @@ from typing import Any
 
 from textual.message import Message
 
+from supervisor.guard import GuardOutcome
 from supervisor.model import Snapshot
 
 
@@ -21,6 +22,15 @@ class SnapshotRefreshed(Message, bubble=False):
     def can_replace(self, message: Message) -> bool:
         # Only the newest snapshot matters: an older one still queued is dropped.
         return isinstance(message, SnapshotRefreshed)
+
+
+class BudgetPolicyApplied(Message, bubble=False):
+    """The budget guard acted on runs past their budget (``stop`` or ``restart-with-budget``)."""
+
+    def __init__(self, outcomes: list[GuardOutcome]) -> None:
+        super().__init__()
+        self.outcomes = outcomes
+        """One per budget event, in the order they were acted on."""
 
 
 class RefreshFailed(Message, bubble=False):
