@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import signal
 import sys
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tests.waiting import wait_until
+
+if TYPE_CHECKING:
+    from tests.fixtures_procs import FakeRun, FakeRuns
 
 # A stand-in workload: prints, then runs until a stop file appears (or forever), ignoring nothing.
 WORKLOAD = r"""
@@ -24,15 +29,6 @@ while not (stop and os.path.exists(stop)):
     time.sleep(0.05)
 print("workload stopping", flush=True)
 """
-
-
-def wait_for(cond: Callable[[], object], timeout: float = 15.0, interval: float = 0.02) -> None:
-    """Wait until ``cond()`` is truthy; fail the test with a clear message on timeout."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s: {cond}")
-        time.sleep(interval)
 
 
 def sha256_of(path: Path) -> str:
@@ -76,7 +72,7 @@ def kill_after() -> Iterator[list[int]]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
     for pid in pids:
-        wait_for(lambda pid=pid: not pid_alive(pid), timeout=10)  # type: ignore[misc]
+        wait_until(lambda pid=pid: not pid_alive(pid), timeout=10)  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------- a demo run to act on
@@ -288,7 +284,15 @@ def kill_runs_in() -> Iterator[list[Path]]:
         for pid in run_pids(d):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        wait_for(lambda d=d: not run_pids(d), timeout=10)  # type: ignore[misc]
+        wait_until(lambda d=d: not run_pids(d), timeout=10)  # type: ignore[misc]
+
+
+@pytest.fixture
+def slow_demo(tmp_path: Path, slow_endpoint: Any, kill_runs_in: list[Path]) -> DemoRun:
+    """A demo run of 300 samples against ``slow_endpoint``; its clients are killed at teardown."""
+    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
+    kill_runs_in.append(demo.workdir)
+    return demo
 
 
 def host_toml(cfg: Any) -> str:
@@ -320,3 +324,40 @@ async def engine_for(demo: DemoRun) -> AsyncIterator[Any]:
         yield engine
     finally:
         await engine.aclose()
+
+
+# --------------------------------------------------------------------------- a run past its budget
+
+OVER_BUDGET_ARGS = ("--datasets", "B1", "--output-dir", "out")
+
+
+def over_budget_stop_run(
+    tmp_path: Path, fake_runs: FakeRuns, *, seed: int, top: str = ""
+) -> tuple[FakeRun, Path]:
+    """A live fake run ``gen`` on this machine whose B1 data (40 records) is already twice its
+    token budget, under ``budget_policy = "stop"``: the run and its config ``<tmp>/rw.toml``."""
+    # Imported here: fixture modules are loaded as plugins, each before anything imports it.
+    from tests.fixtures_config import write_local_config
+    from tests.fixtures_data import make_raw
+
+    work = tmp_path / "w"
+    (work / "out" / "B1").mkdir(parents=True)
+    truth = make_raw(work / "out" / "B1" / "raw_responses.jsonl", 40, seed=seed)
+    run = fake_runs.start(*OVER_BUDGET_ARGS, cwd=work)
+    cfg = write_local_config(
+        tmp_path / "rw.toml",
+        f"""
+[datasets.B1]
+token_budget = {truth.completion_tokens // 2}
+
+[[runs]]
+name = "gen"
+host = "here"
+workdir = "{work}"
+argv = {json.dumps(["python3", "run_inference.py", *OVER_BUDGET_ARGS])}
+budget_policy = "stop"
+stop_grace_seconds = 5.0
+""",
+        top=f'scripts = ["run_inference.py"]\n{top}',
+    )
+    return run, cfg

@@ -1,5 +1,5 @@
 """Fixtures of the demo workload, for any test: the demo tokenizer, real mock OpenAI-compatible
-servers, demo prompts, the reference client as a real process, and a polling helper.
+servers, demo prompts and the reference client as a real process.
 
 - ``demo_tokenizer`` (session): the tiny tokenizer directory, built once into a temporary cache.
 - ``demo_cache_env`` (session): environment for subprocesses (``XDG_CACHE_HOME`` pointing at that
@@ -13,7 +13,8 @@ servers, demo prompts, the reference client as a real process, and a polling hel
   every group still alive after the test is killed.
 - ``reference_client_argv(api_base, prompts_dir, output_dir, datasets, *extra)``: the argv of
   ``run_inference.py`` run as a script by the test interpreter.
-- ``wait_for(predicate, timeout, what)``: poll a condition until true or fail with ``what``.
+
+Waiting on a condition: ``tests.waiting.wait_until``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,23 +36,6 @@ from supervisor.demo.tokenizer import ensure_demo_tokenizer
 REFERENCE_CLIENT = Path(__file__).resolve().parents[1] / "supervisor" / "demo" / "run_inference.py"
 
 T = TypeVar("T")
-
-
-def wait_for(
-    predicate: Callable[[], T],
-    timeout: float = 20.0,
-    what: str = "condition",
-    interval: float = 0.02,
-) -> T:
-    """Poll ``predicate`` until it returns something truthy (returned) or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)  # polling interval of a condition wait, not a synchronisation
 
 
 def reference_client_argv(

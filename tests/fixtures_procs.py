@@ -8,7 +8,7 @@ Fixtures:
   SIGTERM, with worker children, under a parent that never reaps, as another user) and decoys;
   everything is killed at teardown.
 
-Helpers: ``wait_until(cond, timeout)``, ``gone(pid, start_time)``, ``start_time_of(pid)``.
+Helpers: ``gone(pid, start_time)``, ``start_time_of(pid)``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ import pytest
 
 from supervisor.config import HostConfig
 from supervisor.hosts import LocalHost
+from tests.waiting import wait_until
 
 NOBODY_UID = 65534
 
@@ -83,15 +83,6 @@ subprocess.Popen(sys.argv[1:])
 while True:
     signal.pause()
 """
-
-
-def wait_until(cond: Callable[[], object], timeout: float = 15.0, interval: float = 0.01) -> None:
-    """Wait until ``cond()`` is truthy; fail with a clear message after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s: {cond}")
-        time.sleep(interval)
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
@@ -237,7 +228,7 @@ class FakeRuns:
         )
         self._track(popen)
         want = list(expect if expect is not None else argv)
-        wait_until(lambda: _argv(popen.pid) == want or popen.poll() is not None)
+        wait_until(lambda: _argv(popen.pid) == want or popen.poll() is not None, timeout=15)
         assert popen.poll() is None, f"decoy {argv} exited with {popen.returncode}"
         return popen
 

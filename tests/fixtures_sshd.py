@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,20 +43,6 @@ def sshd_missing_reason() -> str | None:
     if not os.access(KEYGEN_PATH, os.X_OK):
         return "ssh-keygen not found (install openssh-client)"
     return None
-
-
-def wait_until(
-    predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = ""
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy; TimeoutError after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {what or predicate}")
-        time.sleep(interval)
 
 
 def free_port() -> int:

@@ -6,11 +6,9 @@ timing); every flow test drives the real app against the real engine and real de
 
 from __future__ import annotations
 
-import asyncio
 import io
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -284,17 +282,6 @@ class FixedEngine:
 
     async def aclose(self) -> None:
         self.closed = True
-
-
-async def wait_for(
-    condition: Callable[[], object], timeout: float = 10.0, what: str = "condition"
-) -> None:
-    """Poll ``condition`` until it is truthy; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ from supervisor import hosts
 from supervisor.channel import AgentChannel
 from supervisor.errors import AgentError, ConfigError, HostError
 from supervisor.hosts import Host, LocalHost, bootstrap_argv, bundle_payload
-from tests.fixtures_procs import FakeRuns, gone, local_host_config, wait_until
+from tests.fixtures_procs import FakeRuns, gone, local_host_config
+from tests.waiting import wait_until
 
 
 def test_bootstrap_is_constant_and_has_no_shell_hazards() -> None:
@@ -166,7 +167,7 @@ def test_agent_finishes_an_in_flight_kill_when_stdin_closes(
     }
     request = {"id": 1, "op": "kill", "params": {"identity": ident, "grace": 0.5}}
     raw_agent.send(json.dumps(request).encode() + b"\n")
-    wait_until(lambda: run.term_count() >= 1)
+    wait_until(lambda: run.term_count() >= 1, timeout=15)
     raw_agent.stdin.close()
     assert raw_agent.proc.wait(timeout=30) == 0
     assert gone(run.pid, run.start_time)

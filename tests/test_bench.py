@@ -27,7 +27,8 @@ from supervisor.bench.target import Target, mask_url, resolve_target
 from supervisor.config import load_config
 from supervisor.demo.prompts import write_prompts
 from supervisor.errors import EndpointError
-from tests.fixtures_demo import wait_for
+from tests.fixtures_config import write_api_run_config
+from tests.waiting import wait_until
 
 # --------------------------------------------------------------------------- helpers
 
@@ -167,7 +168,7 @@ async def test_429_and_500_counted_by_kind_and_retry_after_honoured(
     assert n429 >= 3 and n500 >= 2  # the seed injects both kinds
     assert lv.failed == {"429": n429, "5xx": n500}
     want = {"200": 30, "429": n429, "500": n500}
-    wait_for(lambda: h.stats()["by_status"] == want, 5, f"the mock to count {want}")
+    wait_until(lambda: h.stats()["by_status"] == want, 5, what=f"the mock to count {want}")
     assert lv.completed == 30 and lv.gave_up == 0
     # After every 429 the next request waited at least the Retry-After the server sent.
     gaps = [
@@ -190,7 +191,7 @@ async def test_connection_reset_mid_body_counted_and_retried(
     r = await bench_once(h.url, load_prompts(prompt_files["B1"]), opts)
     (lv,) = r.levels
     attempts = lv.completed + sum(lv.failed.values())
-    wait_for(lambda: h.stats()["requests"] == attempts, 5, "the mock to count every attempt")
+    wait_until(lambda: h.stats()["requests"] == attempts, 5, what="the mock to count every attempt")
     resets = h.stats()["resets"]
     assert resets >= 2
     assert lv.failed == {"connection": resets}
@@ -344,31 +345,18 @@ async def test_requests_are_shaped_like_the_run(
 ) -> None:
     """Model, max_tokens and temperature come from the endpoint; prompts from the run's dataset."""
     h = mock_server(mean_tokens=1000, length_sigma=0)
-    write_prompts(tmp_path / "work" / "prompts", ["B7"], count=20)
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
-        f"""
-[[hosts]]
-name = "here"
-local = true
-[[runs]]
-name = "r"
-host = "here"
-workdir = "{tmp_path / "work"}"
-argv = ["python3", "run_inference.py", "--datasets", "B7"]
-endpoint = "api"
-[datasets.B7]
-token_budget = 1000
-prompts = "prompts/B7.jsonl"
-[[endpoints]]
-name = "api"
-kind = "api"
-base_url = "{h.url}"
+    cfg = write_api_run_config(
+        tmp_path,
+        h.url,
+        "B7",
+        prompts=20,
+        token_budget=1000,
+        endpoint="""
 model = "m-from-config"
 max_tokens = 33
 temperature = 0.6
 concurrency = 3
-"""
+""",
     )
     config = load_config(cfg)
     t = resolve_target(config, "api")

@@ -13,6 +13,7 @@ import pytest
 
 from supervisor.demo.prompts import write_prompts
 from supervisor.demo.server import MockServerHandle
+from tests.fixtures_config import write_api_run_config
 
 KEY = "sk-or-v1-RECOGNIZABLE-7f3a9c0e1d"
 
@@ -26,33 +27,19 @@ def keyed_mock(mock_server: Any) -> MockServerHandle:
 
 
 def _config(tmp_path: Path, url: str) -> Path:
-    write_prompts(tmp_path / "work" / "prompts", ["B1"], count=30)
-    cfg = tmp_path / "runwatch.toml"
-    cfg.write_text(
-        f"""
-[[hosts]]
-name = "here"
-local = true
-[[runs]]
-name = "api-run"
-host = "here"
-workdir = "{tmp_path / "work"}"
-argv = ["python3", "run_inference.py", "--datasets", "B1"]
-endpoint = "api"
-[datasets.B1]
-token_budget = 100000
-prompts = "prompts/B1.jsonl"
-[[endpoints]]
-name = "api"
-kind = "api"
-base_url = "{url}"
+    return write_api_run_config(
+        tmp_path,
+        url,
+        "B1",
+        prompts=30,
+        token_budget=100000,
+        endpoint="""
 api_key_env = "BENCH_TEST_KEY"
 price_in_per_m = 0.6
 price_out_per_m = 2.5
 max_tokens = 64
-"""
+""",
     )
-    return cfg
 
 
 def _runwatch(

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from supervisor.cli import cli
 from supervisor.errors import RunwatchError
+from tests.fixtures_config import write_local_config
 from tests.fixtures_data import dump, legacy_record, make_raw, raw_record, specforge_record
 
 
@@ -176,21 +177,17 @@ def test_check_run_from_config(tmp_path: Path) -> None:
     (work / "out" / "B2" / "raw_responses.jsonl").write_bytes(
         b"".join(dump(legacy_record(rng, f"l{i}")) for i in range(3))
     )
-    cfg = tmp_path / "runwatch.toml"
-    cfg.write_text(
+    cfg = write_local_config(
+        tmp_path / "runwatch.toml",
         f"""
-[[hosts]]
-name = "here"
-local = true
-python = "{sys.executable}"
-
 [[runs]]
 name = "gen"
 host = "here"
 workdir = "{work}"
 argv = ["python3", "run_inference.py", "--datasets", "B1,B2,B3"]
 format = "raw"
-"""
+""",
+        python=True,
     )
     code, text = run("-c", str(cfg), "check", "gen")
     assert code == 1, text

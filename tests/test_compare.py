@@ -32,7 +32,9 @@ from supervisor.compare import (
 )
 from supervisor.config import load_config
 from supervisor.model import DatasetView, HostView, Rates, RunView, Snapshot
-from tests.fixtures_demo import reference_client_argv, wait_for
+from tests.fixtures_config import write_local_config
+from tests.fixtures_demo import reference_client_argv
+from tests.waiting import wait_until
 
 API = EndpointRate(
     endpoint="openrouter",
@@ -263,12 +265,9 @@ def test_words() -> None:
 
 
 def _config(tmp_path: Path) -> Path:
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
+    return write_local_config(
+        tmp_path / "c.toml",
         f"""
-[[hosts]]
-name = "here"
-local = true
 [[runs]]
 name = "eagle3"
 host = "here"
@@ -304,9 +303,8 @@ concurrency = 64
 name = "unmeasured"
 kind = "api"
 base_url = "http://127.0.0.1:3/v1"
-"""
+""",
     )
-    return cfg
 
 
 def _ds(
@@ -437,14 +435,10 @@ def test_compare_command_reads_data_files_and_bench_history(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Real engine, real agent, real files: B1 half done, B2 over budget, benches in history."""
-    cfg = tmp_path / "c.toml"
     work = tmp_path / "work"
-    cfg.write_text(
+    cfg = write_local_config(
+        tmp_path / "c.toml",
         f"""
-[[hosts]]
-name = "here"
-local = true
-python = "{sys.executable}"
 [[runs]]
 name = "local-run"
 host = "here"
@@ -466,7 +460,8 @@ kind = "api"
 base_url = "http://127.0.0.1:2/v1"
 price_in_per_m = 1.0
 price_out_per_m = 2.0
-"""
+""",
+        python=True,
     )
     for name, n in (("B1", 10), ("B2", 5)):
         d = work / "out" / name
@@ -530,14 +525,9 @@ async def test_a_running_run_measures_its_endpoint_live(
     argv = reference_client_argv(
         h.url, prompts_dir, work / "out", "B1", "--concurrency", "10", "--max-tokens", "100"
     )
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
+    cfg = write_local_config(
+        tmp_path / "c.toml",
         f"""
-refresh_seconds = 0.5
-[[hosts]]
-name = "here"
-local = true
-python = "{sys.executable}"
 [[runs]]
 name = "gen"
 host = "here"
@@ -552,13 +542,15 @@ name = "local"
 kind = "local"
 base_url = "{h.url}"
 gpu_cost_per_hour = 36.0
-"""
+""",
+        top="refresh_seconds = 0.5",
+        python=True,
     )
     config = load_config(cfg)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     spawn(argv, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     data = work / "out" / "B1" / "raw_responses.jsonl"
-    wait_for(lambda: data.exists() and data.stat().st_size > 0, 30, "the first responses")
+    wait_until(lambda: data.exists() and data.stat().st_size > 0, 30, what="the first responses")
     result = await gather_comparison(config, sample_s=20, min_sample_s=4)
     (rate,) = result.rates
     assert re.match(r"live rate \(run gen: \d+ new responses, measured over \d+ s\)", rate.source)
@@ -576,13 +568,9 @@ async def test_live_sampling_waits_for_enough_responses(
     stopped at the first positive rate (a rate over 2 or 3 responses is mostly noise)."""
     from supervisor.compare import MIN_NEW_RESPONSES
 
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
+    cfg = write_local_config(
+        tmp_path / "c.toml",
         """
-refresh_seconds = 0.01
-[[hosts]]
-name = "here"
-local = true
 [[runs]]
 name = "gen"
 host = "here"
@@ -596,7 +584,8 @@ name = "local"
 kind = "local"
 base_url = "http://127.0.0.1:9/v1"
 gpu_cost_per_hour = 36.0
-"""
+""",
+        top="refresh_seconds = 0.01",
     )
     config = load_config(cfg)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))

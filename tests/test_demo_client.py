@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.fixtures_demo import reference_client_argv, wait_for
+from tests.fixtures_demo import reference_client_argv
+from tests.waiting import wait_until
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -142,7 +143,7 @@ def test_resume_after_sigkill_has_no_duplicates_and_no_torn_line(
     def lines() -> int:
         return data.read_bytes().count(b"\n") if data.exists() else 0
 
-    wait_for(lambda: lines() >= 5, what="the first responses")
+    wait_until(lambda: lines() >= 5, timeout=20, what="the first responses")
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(10)
     log.close()

@@ -19,9 +19,25 @@ import pytest
 from supervisor.config import load_config
 from supervisor.demo import launcher
 from supervisor.errors import RunwatchError
-from tests.fixtures_demo import wait_for
+from tests.waiting import wait_until
 
 RUNWATCH = [sys.executable, "-m", "supervisor.cli"]
+
+
+def _headless_demo(tmp_path: Path, env: dict[str, str], spawn: Any) -> tuple[Any, Path, Path]:
+    """``runwatch demo --headless`` in ``<tmp>/demo``, its output in ``<tmp>/demo.out``, once its
+    first report is out: (process, demo directory, output file)."""
+    demo_dir = tmp_path / "demo"
+    log = tmp_path / "demo.out"
+    with open(log, "wb") as f:
+        proc = spawn(
+            [*RUNWATCH, "demo", "--headless", "--dir", str(demo_dir)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    wait_until(lambda: "runwatch demo in" in log.read_text(), 90, what="the first report")
+    return proc, demo_dir, log
 
 
 def _env_for(tmp_path: Path, demo_tokenizer: Path) -> dict[str, str]:
@@ -123,42 +139,33 @@ def test_headless_demo_runs_prints_and_leaves_nothing_behind(
 def test_sigterm_stops_the_demo_and_everything_it_started(
     tmp_path: Path, demo_cache_env: dict[str, str], spawn: Any
 ) -> None:
-    demo_dir = tmp_path / "demo"
-    log = tmp_path / "demo.out"
-    with open(log, "wb") as f:
-        proc = spawn(
-            [*RUNWATCH, "demo", "--headless", "--dir", str(demo_dir)],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=demo_cache_env,
-        )
-        wait_for(lambda: "runwatch demo in" in log.read_text(), 90, "the first report")
-        # A run relaunched for the demo by someone else (as a restart from the TUI would do).
-        _, urls = _started(log.read_text())
-        # The key the demo made up is kept for other terminals, never printed.
-        key_file = demo_dir / launcher.API_KEY_FILE
-        assert key_file.stat().st_mode & 0o777 == 0o600
-        key = key_file.read_text().strip()
-        assert key.startswith("demo-") and key not in log.read_text()
-        assert f"export {launcher.API_KEY_ENV}=$(cat {key_file})" in log.read_text()
-        with httpx.Client() as client:
-            bare = [client.get(f"{u}/models").status_code for u in urls]
-            keyed = [
-                client.get(f"{u}/models", headers={"Authorization": f"Bearer {key}"}).status_code
-                for u in urls
-            ]
-        assert sorted(bare) == [200, 401] and keyed == [200, 200]  # it is the API mock's key
-        # Against the local mock: the API mock would refuse it (no key) and it would exit at
-        # once, before the demo's stop could find it.
-        (local_url,) = re.findall(r"mock local GPU +pid \d+ +running (\S+)", log.read_text())[:1]
-        relaunched = spawn(
-            [sys.executable, str(launcher.CLIENT), "--datasets", "B4", "--api-base", local_url],
-            cwd=demo_dir,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        os.kill(proc.pid, signal.SIGTERM)
-        assert proc.wait(60) == 0
+    proc, demo_dir, log = _headless_demo(tmp_path, demo_cache_env, spawn)
+    # A run relaunched for the demo by someone else (as a restart from the TUI would do).
+    _, urls = _started(log.read_text())
+    # The key the demo made up is kept for other terminals, never printed.
+    key_file = demo_dir / launcher.API_KEY_FILE
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    key = key_file.read_text().strip()
+    assert key.startswith("demo-") and key not in log.read_text()
+    assert f"export {launcher.API_KEY_ENV}=$(cat {key_file})" in log.read_text()
+    with httpx.Client() as client:
+        bare = [client.get(f"{u}/models").status_code for u in urls]
+        keyed = [
+            client.get(f"{u}/models", headers={"Authorization": f"Bearer {key}"}).status_code
+            for u in urls
+        ]
+    assert sorted(bare) == [200, 401] and keyed == [200, 200]  # it is the API mock's key
+    # Against the local mock: the API mock would refuse it (no key) and it would exit at
+    # once, before the demo's stop could find it.
+    (local_url,) = re.findall(r"mock local GPU +pid \d+ +running (\S+)", log.read_text())[:1]
+    relaunched = spawn(
+        [sys.executable, str(launcher.CLIENT), "--datasets", "B4", "--api-base", local_url],
+        cwd=demo_dir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(60) == 0
     out = log.read_text()
     pids, urls = _started(out)
     assert len(pids) == 4
@@ -210,19 +217,10 @@ def test_line_counter_follows_appends_and_replacement(tmp_path: Path) -> None:
 def test_children_die_with_the_demo_even_on_sigkill(
     tmp_path: Path, demo_cache_env: dict[str, str], spawn: Any
 ) -> None:
-    demo_dir = tmp_path / "demo"
-    log = tmp_path / "demo.out"
-    with open(log, "wb") as f:
-        proc = spawn(
-            [*RUNWATCH, "demo", "--headless", "--dir", str(demo_dir)],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=demo_cache_env,
-        )
-        wait_for(lambda: "runwatch demo in" in log.read_text(), 90, "the first report")
-        pids, urls = _started(log.read_text())
-        assert len(pids) == 4 and not any(_gone(p) for p in pids)
-        os.kill(proc.pid, signal.SIGKILL)  # no clean-up code runs: the kernel tells the children
-        proc.wait(10)
-    wait_for(lambda: all(_gone(p) for p in pids), 30, "the children to exit")
-    wait_for(lambda: all(_port_closed(u) for u in urls), 30, "the ports to close")
+    proc, _, log = _headless_demo(tmp_path, demo_cache_env, spawn)
+    pids, urls = _started(log.read_text())
+    assert len(pids) == 4 and not any(_gone(p) for p in pids)
+    os.kill(proc.pid, signal.SIGKILL)  # no clean-up code runs: the kernel tells the children
+    proc.wait(10)
+    wait_until(lambda: all(_gone(p) for p in pids), 30, what="the children to exit")
+    wait_until(lambda: all(_port_closed(u) for u in urls), 30, what="the ports to close")

@@ -291,9 +291,9 @@ def test_disconnected_client_frees_its_request(mock_server: Any) -> None:
                 await c.post(f"{h.url}/chat/completions", json={**CHAT, "max_tokens": 5000})
 
     asyncio.run(run())
-    from tests.fixtures_demo import wait_for
+    from tests.waiting import wait_until
 
-    wait_for(lambda: h.stats()["active"] == 0, what="the abandoned request to end")
+    wait_until(lambda: h.stats()["active"] == 0, timeout=20, what="the abandoned request to end")
     assert h.stats()["by_status"].get("client-gone") == 1
 
 

@@ -8,9 +8,27 @@ from typing import Any
 
 from supervisor import actions, audit
 from supervisor.guard import BudgetGuard, GuardOutcome
-from tests.fixtures_actions import DemoRun, engine_for, pid_alive, run_pids, wait_for
+from tests.fixtures_actions import DemoRun, engine_for, pid_alive, run_pids
+from tests.waiting import wait_until
 
 BUDGET = 1200
+
+
+def over_budget_demo(
+    tmp_path: Path, url: str, kill_runs_in: list[Path], datasets: tuple[str, ...], policy: str
+) -> DemoRun:
+    """A demo run of ``datasets`` that goes past ``BUDGET`` tokens on each, under ``policy``;
+    its clients are killed at teardown."""
+    demo = DemoRun(
+        tmp_path,
+        url,
+        datasets=datasets,
+        max_samples=300,
+        budgets=dict.fromkeys(datasets, BUDGET),
+        policy=policy,
+    )
+    kill_runs_in.append(demo.workdir)
+    return demo
 
 
 async def until_acted(
@@ -31,10 +49,7 @@ async def until_acted(
 async def test_warn_is_audited_once_and_changes_nothing(
     tmp_path: Path, state_home: Path, mock_endpoint: Any, kill_runs_in: list[Path]
 ) -> None:
-    demo = DemoRun(
-        tmp_path, mock_endpoint.url, datasets=("B2",), max_samples=300, budgets={"B2": BUDGET}
-    )
-    kill_runs_in.append(demo.workdir)
+    demo = over_budget_demo(tmp_path, mock_endpoint.url, kill_runs_in, ("B2",), "warn")
     async with engine_for(demo) as engine:
         launched = await actions.launch(engine, "demo")
         assert launched.ok
@@ -53,15 +68,7 @@ async def test_warn_is_audited_once_and_changes_nothing(
 async def test_stop_acts_exactly_once(
     tmp_path: Path, state_home: Path, mock_endpoint: Any, kill_runs_in: list[Path]
 ) -> None:
-    demo = DemoRun(
-        tmp_path,
-        mock_endpoint.url,
-        datasets=("B2",),
-        max_samples=300,
-        budgets={"B2": BUDGET},
-        policy="stop",
-    )
-    kill_runs_in.append(demo.workdir)
+    demo = over_budget_demo(tmp_path, mock_endpoint.url, kill_runs_in, ("B2",), "stop")
     async with engine_for(demo) as engine:
         launched = await actions.launch(engine, "demo")
         assert launched.ok
@@ -71,7 +78,7 @@ async def test_stop_acts_exactly_once(
         assert len(outcomes) == 1 and outcomes[0].acted and outcomes[0].ok, outcomes[0].detail
         assert outcomes[0].event.policy == "stop"
         assert "stopped pid" in outcomes[0].detail
-        wait_for(lambda: not pid_alive(pid))
+        wait_until(lambda: not pid_alive(pid), timeout=15)
         # the same event seen again - by this guard, or by a new runwatch with the same state dir
         again = BudgetGuard(demo.config)
         assert again.observe(snap) == []
@@ -89,15 +96,9 @@ async def test_stop_acts_exactly_once(
 async def test_restart_with_budget_acts_exactly_once(
     tmp_path: Path, state_home: Path, mock_endpoint: Any, kill_runs_in: list[Path]
 ) -> None:
-    demo = DemoRun(
-        tmp_path,
-        mock_endpoint.url,
-        datasets=("B2", "B3"),
-        max_samples=300,
-        budgets={"B2": BUDGET, "B3": BUDGET},
-        policy="restart-with-budget",
+    demo = over_budget_demo(
+        tmp_path, mock_endpoint.url, kill_runs_in, ("B2", "B3"), "restart-with-budget"
     )
-    kill_runs_in.append(demo.workdir)
     async with engine_for(demo) as engine:
         launched = await actions.launch(engine, "demo")
         assert launched.ok
@@ -117,7 +118,7 @@ async def test_restart_with_budget_acts_exactly_once(
             assert await guard.enforce(engine, await engine.refresh()) == []
         assert BudgetGuard(demo.config).observe(snap) == []
         # the new run goes on with B3 and never adds to B2, which is past its budget
-        wait_for(lambda: len(demo.complete_ids("B3")) >= 2, timeout=60)
+        wait_until(lambda: len(demo.complete_ids("B3")) >= 2, timeout=60)
         assert len(demo.complete_ids("B2")) == b2_after_restart
     kinds = [e["action"] for e in audit.read()]
     assert kinds == ["launch", "restart", "budget"]
@@ -146,15 +147,7 @@ def test_guard_command_acts_once(
             check=False,
         )
 
-    demo = DemoRun(
-        tmp_path,
-        mock_endpoint.url,
-        datasets=("B2",),
-        max_samples=300,
-        budgets={"B2": BUDGET},
-        policy="stop",
-    )
-    kill_runs_in.append(demo.workdir)
+    demo = over_budget_demo(tmp_path, mock_endpoint.url, kill_runs_in, ("B2",), "stop")
     launched = json.loads(runwatch("launch", "demo", "--yes", "--json").stdout)
     pid = launched["identity"]["pid"]
 
@@ -165,7 +158,7 @@ def test_guard_command_acts_once(
             if line.endswith(b"\n")
         )
 
-    wait_for(lambda: tokens() > BUDGET, timeout=90)
+    wait_until(lambda: tokens() > BUDGET, timeout=90)
     dry = runwatch("guard", "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     (event,) = json.loads(dry.stdout)
@@ -175,7 +168,7 @@ def test_guard_command_acts_once(
     assert acted.returncode == 0, acted.stderr
     (outcome,) = json.loads(acted.stdout)
     assert outcome["acted"] is True and outcome["ok"] is True
-    wait_for(lambda: not pid_alive(pid))
+    wait_until(lambda: not pid_alive(pid), timeout=15)
     again = runwatch("guard")
     assert again.returncode == 0 and "no budget events" in again.stdout
     assert [e["action"] for e in audit.read()] == ["launch", "kill", "budget"]

@@ -14,7 +14,8 @@ import pytest
 
 from supervisor import hostops
 from supervisor.hostops import OpError
-from tests.fixtures_actions import pid_alive, sha256_of, wait_for
+from tests.fixtures_actions import pid_alive, sha256_of
+from tests.waiting import wait_until
 
 SECRET = "sk-test-0123456789abcdef"
 
@@ -66,7 +67,7 @@ def test_launch_is_detached_locked_and_confirmed(
     assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
     log = tmp_path / "logs" / "run.log"
     assert os.readlink(f"/proc/{pid}/fd/1") == str(log)
-    wait_for(lambda: "key present" in log.read_text())
+    wait_until(lambda: "key present" in log.read_text(), timeout=15)
     # the key is in the child's environment, never in its argv nor in what the op returns
     environ = Path(f"/proc/{pid}/environ").read_bytes()
     assert f"RW_TEST_KEY={SECRET}".encode() in environ.split(b"\0")
@@ -101,8 +102,8 @@ def test_lock_is_released_when_the_run_ends_and_a_relaunch_works(
     pid = first["identity"]["pid"]
     kill_after.append(pid)
     (tmp_path / "stop").write_text("")
-    wait_for(lambda: not pid_alive(pid))
-    wait_for(lambda: not hostops.lock_status({"lock_path": lock})["held"])
+    wait_until(lambda: not pid_alive(pid), timeout=15)
+    wait_until(lambda: not hostops.lock_status({"lock_path": lock})["held"], timeout=15)
     (tmp_path / "stop").unlink()
     again = hostops.launch(_launch_params(tmp_path, workload, python_exe))
     assert again["started"], again
@@ -438,7 +439,7 @@ def test_is_alive_checks_start_time(
     assert hostops.is_alive(ident)
     assert not hostops.is_alive(dict(ident, start_time=ident["start_time"] + 1))
     os.killpg(ident["pid"], signal.SIGKILL)
-    wait_for(lambda: not hostops.is_alive(ident))
+    wait_until(lambda: not hostops.is_alive(ident), timeout=15)
 
 
 def test_gpu_holders_without_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -488,7 +489,7 @@ async def test_ops_through_the_agent(
             "lock_status", {"lock_path": params["lock_path"], "workdir": str(tmp_path)}
         )
         assert status["held"] and status["holder_alive"]
-        wait_for(lambda: "key present" in (tmp_path / "logs/run.log").read_text())
+        wait_until(lambda: "key present" in (tmp_path / "logs/run.log").read_text(), timeout=15)
         tail = await host.request("tail_log", {"path": str(tmp_path / "logs/run.log"), "lines": 5})
         assert any("workload started" in line for line in tail["lines"])
         # the workload holds its log open for writing: a repair of it is refused

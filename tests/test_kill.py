@@ -23,8 +23,8 @@ from tests.fixtures_procs import (
     start_time_of,
     state_of,
     system_python,
-    wait_until,
 )
+from tests.waiting import wait_until
 
 SCRIPTS = ["run_inference.py"]
 
@@ -165,7 +165,7 @@ async def test_p5_a_zombie_counts_as_exited(host: Host, fake_runs: FakeRuns) -> 
     run = fake_runs.start(never_reaped=True)
     ident = await identity_of(host, run)
     os.kill(run.pid, signal.SIGUSR1)
-    wait_until(lambda: state_of(run.pid) == "Z")
+    wait_until(lambda: state_of(run.pid) == "Z", timeout=15)
     report = await kill(host, ident, grace=1.0)
     assert outcomes(report) == {run.pid: "already-gone"}
     assert "zombie" in report.results[0].detail
@@ -216,7 +216,7 @@ async def test_a_kill_waiting_out_its_grace_never_blocks_a_ping(
     run = fake_runs.start(ignore_term=True)
     ident = await identity_of(host, run)
     task = asyncio.create_task(kill(host, ident, grace=60.0))
-    await asyncio.to_thread(wait_until, lambda: run.term_count() >= 1)
+    await asyncio.to_thread(wait_until, lambda: run.term_count() >= 1, 15)
     pong = await host.request("ping", timeout=10)
     assert pong["pong"] is True
     assert not task.done()  # the kill is still waiting out its grace period
@@ -235,7 +235,7 @@ async def test_p8_connection_dropped_mid_kill_is_reconciled_never_repeated(
         await h.connect()
         ident = await identity_of(h, run)
         task = asyncio.create_task(kill(h, ident, grace=60.0))
-        await asyncio.to_thread(wait_until, lambda: run.term_count() >= 1)
+        await asyncio.to_thread(wait_until, lambda: run.term_count() >= 1, 15)
         assert h.agent_pid is not None
         os.kill(h.agent_pid, signal.SIGKILL)  # the connection drops right after the kill was sent
         with pytest.raises(OutcomeUnknown):
@@ -249,7 +249,7 @@ async def test_p8_connection_dropped_mid_kill_is_reconciled_never_repeated(
         assert run.term_count() == 2  # exactly one more SIGTERM: the one explicit retry
         # The run ends; reconciling now says gone, and a repeated kill is harmless.
         os.kill(run.pid, signal.SIGKILL)
-        await asyncio.to_thread(wait_until, lambda: gone(run.pid, run.start_time))
+        await asyncio.to_thread(wait_until, lambda: gone(run.pid, run.start_time), 15)
         assert (await reconcile(h, ident)).alive is False
         again = await kill(h, ident, grace=1.0)
         assert outcomes(again) == {run.pid: "already-gone"} and again.all_gone
@@ -262,7 +262,7 @@ async def _drop_again(h: LocalHost, ident: Identity, run: FakeRun) -> KillReport
     alive and raises OutcomeUnknown instead of repeating the kill."""
     before = run.term_count()
     task = asyncio.create_task(kill_or_reconcile(h, ident, grace=60.0))
-    await asyncio.to_thread(wait_until, lambda: run.term_count() > before)
+    await asyncio.to_thread(wait_until, lambda: run.term_count() > before, 15)
     assert h.agent_pid is not None
     os.kill(h.agent_pid, signal.SIGKILL)
     return await asyncio.wait_for(task, 20)

@@ -20,7 +20,8 @@ import pytest
 from supervisor.hosts import Host, process_infos
 from supervisor.kill import kill
 from supervisor.model import Identity
-from tests.fixtures_procs import FakeRun, FakeRuns, alive, argv_of, state_of, wait_until
+from tests.fixtures_procs import FakeRun, FakeRuns, alive, argv_of, state_of
+from tests.waiting import wait_until
 
 SYS_EXIT = {"x86_64": 60, "aarch64": 93}.get(os.uname().machine)
 
@@ -68,7 +69,7 @@ async def _exiting_run(
     (ident,) = [p.identity for p in process_infos(result) if p.identity.pid == run.pid]
     assert "--go" in ident.argv
     await asyncio.to_thread(_poke, go)
-    await asyncio.to_thread(wait_until, lambda: argv_of(run.pid) == [])
+    await asyncio.to_thread(wait_until, lambda: argv_of(run.pid) == [], 15)
     assert alive(run.pid, run.start_time) or state_of(run.pid) == "Z"
     return run, ident, end
 

@@ -16,8 +16,8 @@ from tests.fixtures_actions import (
     pid_alive,
     run_pids,
     sha256_of,
-    wait_for,
 )
+from tests.waiting import wait_until
 
 
 def runwatch(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
@@ -76,7 +76,7 @@ def test_the_story_from_the_cli(
     assert pid_alive(pid) and first["ok"] is True
     assert API_KEY not in launched.stdout + launched.stderr
     assert API_KEY.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
-    wait_for(lambda: len(demo.complete_ids("B1")) >= 1, timeout=60)
+    wait_until(lambda: len(demo.complete_ids("B1")) >= 1, timeout=60)
 
     twice = runwatch("launch", "demo", "-c", cfg, "--yes")
     assert twice.returncode == 1 and "already running" in twice.stderr

@@ -23,14 +23,14 @@ from tests.fixtures_actions import (
     raw_record,
     run_pids,
     sha256_of,
-    wait_for,
     why,
     write_legacy,
 )
+from tests.waiting import wait_until
 
 
 async def wait_async(cond: Any, timeout: float = 60.0) -> None:
-    await asyncio.to_thread(wait_for, cond, timeout)
+    await asyncio.to_thread(wait_until, cond, timeout)
 
 
 async def started(engine: Any, demo: DemoRun, min_records: int = 3, ds: str = "B1") -> int:
@@ -96,16 +96,14 @@ async def test_restart_mid_flight_counts_every_sample_exactly_once(
 
 
 async def test_legacy_data_blocks_the_restart_and_changes_nothing(
-    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+    tmp_path: Path, state_home: Path, slow_demo: DemoRun
 ) -> None:
-    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
-    kill_runs_in.append(demo.workdir)
-    legacy = demo.data_file("B2")
-    async with engine_for(demo) as engine:
-        old_pid = await started(engine, demo, min_records=1)
+    legacy = slow_demo.data_file("B2")
+    async with engine_for(slow_demo) as engine:
+        old_pid = await started(engine, slow_demo, min_records=1)
         # older data of a dataset the running process has not reached yet
         write_legacy(legacy, 5)
-        b1_before = demo.data_file("B1").read_bytes()
+        b1_before = slow_demo.data_file("B1").read_bytes()
         before = {p: sha256_of(p) for p in (tmp_path / "work").rglob("*") if p.is_file()}
         result = await actions.restart(engine, "demo", ["token-budget=5000"], move_aside=False)
         assert not result.ok
@@ -116,10 +114,10 @@ async def test_legacy_data_blocks_the_restart_and_changes_nothing(
         assert "--move-aside" in failed.detail
         assert [s.state for s in result.steps][1:] == ["pending"] * 5
         # the old run was left alone, every byte is as it was
-        assert pid_alive(old_pid) and run_pids(demo.workdir) == [old_pid]
+        assert pid_alive(old_pid) and run_pids(slow_demo.workdir) == [old_pid]
         after = {p: sha256_of(p) for p in (tmp_path / "work").rglob("*") if p.is_file()}
-        b1 = demo.data_file("B1")
-        grown = {b1, demo.workdir / "logs" / "run.log"}  # written by the live run itself
+        b1 = slow_demo.data_file("B1")
+        grown = {b1, slow_demo.workdir / "logs" / "run.log"}  # written by the live run itself
         assert {p: h for p, h in after.items() if p not in grown} == {
             p: h for p, h in before.items() if p not in grown
         }
@@ -128,19 +126,17 @@ async def test_legacy_data_blocks_the_restart_and_changes_nothing(
 
 
 async def test_move_aside_keeps_every_byte_then_restarts(
-    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+    tmp_path: Path, state_home: Path, slow_demo: DemoRun, kill_runs_in: list[Path]
 ) -> None:
-    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
-    kill_runs_in.append(demo.workdir)
-    legacy = demo.data_file("B2")
-    async with engine_for(demo) as engine:
-        old_pid = await started(engine, demo, min_records=1)
+    legacy = slow_demo.data_file("B2")
+    async with engine_for(slow_demo) as engine:
+        old_pid = await started(engine, slow_demo, min_records=1)
         write_legacy(legacy, 5)
         digest = sha256_of(legacy)
         result = await actions.restart(engine, "demo", move_aside=True)
         assert result.ok, why(result)
         new_pid = result.identity["pid"] if result.identity else 0
-        kill_runs_in.append(demo.workdir)
+        kill_runs_in.append(slow_demo.workdir)
     assert not pid_alive(old_pid) and pid_alive(new_pid)
     moved = list(legacy.parent.glob("raw_responses.jsonl.legacy-*"))
     assert len(moved) == 1 and sha256_of(moved[0]) == digest
@@ -152,14 +148,12 @@ async def test_move_aside_keeps_every_byte_then_restarts(
 
 
 async def test_torn_tail_is_repaired_after_the_writer_is_gone(
-    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+    tmp_path: Path, state_home: Path, slow_demo: DemoRun
 ) -> None:
-    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
-    kill_runs_in.append(demo.workdir)
-    torn = demo.data_file("B2")
+    torn = slow_demo.data_file("B2")
     complete = b"".join(raw_record(f"B2-{i:06d}") for i in range(4))
-    async with engine_for(demo) as engine:
-        await started(engine, demo, min_records=1)
+    async with engine_for(slow_demo) as engine:
+        await started(engine, slow_demo, min_records=1)
         # a torn tail left by an earlier writer, in a dataset the live run has not reached
         torn.parent.mkdir(parents=True)
         torn.write_bytes(complete + raw_record("B2-000004")[:25])
@@ -188,12 +182,10 @@ async def test_torn_tail_is_repaired_after_the_writer_is_gone(
 
 
 async def test_fingerprint_change_blocks_unless_allowed(
-    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+    tmp_path: Path, state_home: Path, slow_demo: DemoRun
 ) -> None:
-    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
-    kill_runs_in.append(demo.workdir)
-    async with engine_for(demo) as engine:
-        old_pid = await started(engine, demo, min_records=1)
+    async with engine_for(slow_demo) as engine:
+        old_pid = await started(engine, slow_demo, min_records=1)
         blocked = await actions.restart(engine, "demo", ["temperature=0.9", "model=other-model"])
         assert not blocked.ok
         step = blocked.failed_step
@@ -213,21 +205,19 @@ async def test_fingerprint_change_blocks_unless_allowed(
         )
         assert allowed.ok, why(allowed)
         assert not pid_alive(old_pid)
-    stored = json.loads((demo.workdir / "data/.runwatch/B1.launch.json").read_text())
+    stored = json.loads((slow_demo.workdir / "data/.runwatch/B1.launch.json").read_text())
     assert stored["sampling"] == {"temperature": "0.9"}
     assert stored["identity"]["pid"] == (allowed.identity or {}).get("pid")
-    prompts = demo.workdir / "prompts" / "B1.jsonl"
+    prompts = slow_demo.workdir / "prompts" / "B1.jsonl"
     assert stored["prompts"]["B1"]["sha256"] == sha256_of(prompts)
 
 
 async def test_prompt_change_blocks_the_restart(
-    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+    tmp_path: Path, state_home: Path, slow_demo: DemoRun
 ) -> None:
-    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
-    kill_runs_in.append(demo.workdir)
-    async with engine_for(demo) as engine:
-        old_pid = await started(engine, demo, min_records=1)
-        prompts = demo.workdir / "prompts" / "B2.jsonl"
+    async with engine_for(slow_demo) as engine:
+        old_pid = await started(engine, slow_demo, min_records=1)
+        prompts = slow_demo.workdir / "prompts" / "B2.jsonl"
         prompts.write_bytes(prompts.read_bytes() + b'{"sample_id": "new", "messages": []}\n')
         result = await actions.restart(engine, "demo")
         assert result.failed_step is not None and result.failed_step.name == "fingerprint"
@@ -236,12 +226,10 @@ async def test_prompt_change_blocks_the_restart(
 
 
 async def test_concurrent_restarts_leave_exactly_one_run(
-    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+    tmp_path: Path, state_home: Path, slow_demo: DemoRun
 ) -> None:
-    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
-    kill_runs_in.append(demo.workdir)
-    async with engine_for(demo) as first, engine_for(demo) as second:
-        old_pid = await started(first, demo, min_records=1)
+    async with engine_for(slow_demo) as first, engine_for(slow_demo) as second:
+        old_pid = await started(first, slow_demo, min_records=1)
         plans = [await make_plan(e, "demo", action="restart") for e in (first, second)]
         results = await asyncio.gather(execute(first, plans[0]), execute(second, plans[1]))
     oks = [r for r in results if r.ok]
@@ -250,16 +238,14 @@ async def test_concurrent_restarts_leave_exactly_one_run(
     assert loser.failed_step is not None
     assert "already running" in loser.failed_step.detail
     assert not pid_alive(old_pid)
-    wait_for(lambda: len(run_pids(demo.workdir)) == 1)
-    assert run_pids(demo.workdir) == [(oks[0].identity or {}).get("pid")]
+    wait_until(lambda: len(run_pids(slow_demo.workdir)) == 1, timeout=15)
+    assert run_pids(slow_demo.workdir) == [(oks[0].identity or {}).get("pid")]
 
 
 async def test_concurrent_launches_start_exactly_one(
-    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+    tmp_path: Path, state_home: Path, slow_demo: DemoRun
 ) -> None:
-    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
-    kill_runs_in.append(demo.workdir)
-    async with engine_for(demo) as first, engine_for(demo) as second:
+    async with engine_for(slow_demo) as first, engine_for(slow_demo) as second:
         plans = [await make_plan(e, "demo", action="launch") for e in (first, second)]
         results = await asyncio.gather(execute(first, plans[0]), execute(second, plans[1]))
     assert sorted(r.ok for r in results) == [False, True]
@@ -269,27 +255,25 @@ async def test_concurrent_launches_start_exactly_one(
     assert loser.failed_step.name in ("data-repair", "launch"), why(loser)
     assert "already running" in loser.failed_step.detail
     winner = next(r for r in results if r.ok)
-    assert run_pids(demo.workdir) == [(winner.identity or {}).get("pid")]
+    assert run_pids(slow_demo.workdir) == [(winner.identity or {}).get("pid")]
 
 
 async def test_launch_refuses_a_running_run_and_survives_the_agent(
-    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+    tmp_path: Path, state_home: Path, slow_demo: DemoRun
 ) -> None:
     from supervisor.errors import LaunchError
 
-    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
-    kill_runs_in.append(demo.workdir)
-    async with engine_for(demo) as engine:
-        pid = await started(engine, demo, min_records=1)
+    async with engine_for(slow_demo) as engine:
+        pid = await started(engine, slow_demo, min_records=1)
         with pytest.raises(LaunchError) as e:
             await actions.launch(engine, "demo")
         assert "already running" in str(e.value) and "restart" in str(e.value)
         agent_pid = engine.host("local").agent_pid
     # the engine is closed: its agent exited, the run did not (P10)
-    wait_for(lambda: not pid_alive(agent_pid))
+    wait_until(lambda: not pid_alive(agent_pid), timeout=15)
     assert pid_alive(pid)
-    n = len(demo.complete_ids("B1"))
-    wait_for(lambda: len(demo.complete_ids("B1")) > n)
+    n = len(slow_demo.complete_ids("B1"))
+    wait_until(lambda: len(slow_demo.complete_ids("B1")) > n, timeout=15)
 
 
 async def test_a_run_that_dies_at_once_is_reported_with_its_log(
@@ -381,14 +365,12 @@ def test_step_json() -> None:
 
 
 async def test_launch_whose_reply_is_lost_is_reconciled_never_repeated(
-    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+    tmp_path: Path, state_home: Path, slow_demo: DemoRun
 ) -> None:
     import os
     import signal
 
-    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
-    kill_runs_in.append(demo.workdir)
-    lock = demo.workdir / "data" / ".runwatch" / "B1.lock"
+    lock = slow_demo.workdir / "data" / ".runwatch" / "B1.lock"
 
     def holder_running() -> bool:
         try:
@@ -396,7 +378,7 @@ async def test_launch_whose_reply_is_lost_is_reconciled_never_repeated(
         except (OSError, ValueError):
             return False
 
-    async with engine_for(demo) as engine:
+    async with engine_for(slow_demo) as engine:
         plan = await make_plan(engine, "demo", action="launch")
         host = engine.host("local")
         agent = host.agent_pid
@@ -410,7 +392,7 @@ async def test_launch_whose_reply_is_lost_is_reconciled_never_repeated(
         launch = result.steps[-1]
         assert "confirmed from the run's lock" in launch.detail
     pid = (result.identity or {})["pid"]
-    assert run_pids(demo.workdir) == [pid]
+    assert run_pids(slow_demo.workdir) == [pid]
     entries = audit.read()
     assert [e["action"] for e in entries] == ["launch"] and entries[0]["ok"] is True
 
@@ -435,8 +417,7 @@ esac
 async def test_restart_waits_for_the_gpu_memory_to_be_released(
     tmp_path: Path,
     state_home: Path,
-    slow_endpoint: Any,
-    kill_runs_in: list[Path],
+    slow_demo: DemoRun,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import os
@@ -450,10 +431,8 @@ async def test_restart_waits_for_the_gpu_memory_to_be_released(
     gpu.mkdir()
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("RW_GPU_DIR", str(gpu))
-    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
-    kill_runs_in.append(demo.workdir)
-    async with engine_for(demo) as engine:
-        old_pid = await started(engine, demo, min_records=1)
+    async with engine_for(slow_demo) as engine:
+        old_pid = await started(engine, slow_demo, min_records=1)
         assert engine.host("local").hello["has_nvidia_smi"] is True
         plan = await make_plan(engine, "demo", action="restart")
         # the stopped run's memory is released only after three more queries
@@ -470,32 +449,30 @@ async def test_restart_waits_for_the_gpu_memory_to_be_released(
 
 
 async def test_two_runs_sharing_an_output_dir_do_not_block_each_other(
-    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+    tmp_path: Path, state_home: Path, slow_demo: DemoRun
 ) -> None:
     from supervisor.demo.prompts import write_prompts
 
-    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
-    kill_runs_in.append(demo.workdir)
-    write_prompts(demo.workdir / "prompts", ["B3"], 50)
-    argv = list(demo.argv)
+    write_prompts(slow_demo.workdir / "prompts", ["B3"], 50)
+    argv = list(slow_demo.argv)
     argv[argv.index("--datasets") + 1] = "B3"
-    with demo.config_path.open("a") as f:
+    with slow_demo.config_path.open("a") as f:
         f.write(
             '\n[[runs]]\nname = "demo-b3"\nhost = "local"\n'
-            f"workdir = {json.dumps(str(demo.workdir))}\n"
+            f"workdir = {json.dumps(str(slow_demo.workdir))}\n"
             "argv = [" + ", ".join(json.dumps(a) for a in argv) + "]\n"
             'output_dir = "data"\nlog = "logs/b3.log"\nendpoint = "mock"\n'
         )
-    async with engine_for(demo) as engine:
+    async with engine_for(slow_demo) as engine:
         first = await actions.launch(engine, "demo")
         second = await actions.launch(engine, "demo-b3")
         assert first.ok and second.ok, why(second)
         again = await actions.restart(engine, "demo-b3")
         assert again.ok, why(again)
-    side = demo.workdir / "data" / ".runwatch"
+    side = slow_demo.workdir / "data" / ".runwatch"
     assert sorted(p.name for p in side.glob("*.lock")) == ["B1.lock", "B2.lock", "B3.lock"]
     assert json.loads((side / "B3.launch.json").read_text())["run"] == "demo-b3"
     assert json.loads((side / "B1.launch.json").read_text())["run"] == "demo"
     first_pid = (first.identity or {})["pid"]
     assert pid_alive(first_pid)
-    assert sorted(run_pids(demo.workdir)) == sorted([first_pid, (again.identity or {})["pid"]])
+    assert sorted(run_pids(slow_demo.workdir)) == sorted([first_pid, (again.identity or {})["pid"]])

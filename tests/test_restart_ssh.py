@@ -17,10 +17,10 @@ from tests.fixtures_actions import (
     pid_alive,
     run_pids,
     sha256_of,
-    wait_for,
     why,
     write_legacy,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.ssh
 
@@ -50,7 +50,7 @@ async def test_launched_run_outlives_the_ssh_connection(
     assert pid_alive(pid)
     assert pid not in sshd.session_pids()
     n = len(demo.complete_ids("B1"))
-    await asyncio.to_thread(wait_for, lambda: len(demo.complete_ids("B1")) > n + 1, 60)
+    await asyncio.to_thread(wait_until, lambda: len(demo.complete_ids("B1")) > n + 1, 60)
     assert run_pids(demo.workdir) == [pid]
     environ = Path(f"/proc/{pid}/environ").read_bytes()
     assert (
@@ -71,12 +71,12 @@ async def test_restart_over_ssh_counts_every_sample_once(
     async with engine_for(demo) as engine:
         first = await actions.launch(engine, "demo")
         assert first.ok, why(first)
-        await asyncio.to_thread(wait_for, lambda: len(demo.complete_ids("B1")) >= 3, 60)
+        await asyncio.to_thread(wait_until, lambda: len(demo.complete_ids("B1")) >= 3, 60)
         result = await actions.restart(engine, "demo", ["token-budget=100000000"])
         assert result.ok, why(result)
     new_pid = (result.identity or {})["pid"]
     assert not pid_alive((first.identity or {})["pid"])
-    await asyncio.to_thread(wait_for, lambda: not pid_alive(new_pid), 120)
+    await asyncio.to_thread(wait_until, lambda: not pid_alive(new_pid), 120)
     for ds in demo.datasets:
         raw = demo.data_file(ds).read_bytes()
         assert raw.endswith(b"\n")

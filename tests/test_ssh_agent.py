@@ -22,7 +22,8 @@ from supervisor.kill import kill, kill_or_reconcile, reconcile
 from supervisor.model import Identity
 from supervisor.ssh import SSHHost
 from tests.fixtures_data import make_raw
-from tests.fixtures_sshd import SshdPool, SshdServer, wait_until
+from tests.fixtures_sshd import SshdPool, SshdServer
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.ssh
 
@@ -334,7 +335,7 @@ async def test_s4_p8_kill_whose_connection_drops_is_reconciled(
         pending = asyncio.ensure_future(kill(host, identity, grace=3.0))
         # Wait until the agent has sent SIGTERM (the target ignores it), then cut the session.
         await asyncio.to_thread(
-            wait_until, lambda: runs.got_sigterm(target), 20, 0.02, "SIGTERM to arrive"
+            wait_until, lambda: runs.got_sigterm(target), 20, what="SIGTERM to arrive"
         )
         server.signal_sessions(signal.SIGKILL)
         with pytest.raises(OutcomeUnknown) as info:

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,30 @@ pytestmark = pytest.mark.ssh
 def _auth_attempted(server: SshdServer) -> bool:
     """Whether the client got as far as offering a key (sshd logs it at LogLevel VERBOSE)."""
     return bool(re.search(r"publickey|Accepted key|Failed ", server.log.read_text()))
+
+
+def _by_alias(
+    pool: SshdPool,
+    server: SshdServer,
+    entries: dict[str, dict[str, str]],
+    alias: str,
+    name: str | None = None,
+    **overrides: Any,
+) -> SSHHost:
+    """An SSHHost for ``server`` known only as ``alias`` of an ssh_config holding ``entries``:
+    its address, port, user and known hosts all come from that file."""
+    cfg_path = pool.write_ssh_config(entries)
+    return SSHHost(
+        server.host_config(
+            name or alias,
+            address=alias,
+            port=None,
+            user=None,
+            known_hosts=None,
+            ssh_config=str(cfg_path),
+            **overrides,
+        )
+    )
 
 
 @pytest.fixture
@@ -173,18 +198,8 @@ def test_known_hosts_none_appears_only_behind_the_flag() -> None:
 
 
 async def test_ssh_config_alias_user_port_identity(sshd_pool: SshdPool, sshd: SshdServer) -> None:
-    cfg_path = sshd_pool.write_ssh_config({"gpu-alias": sshd_pool.alias_entry(sshd)})
-    host = SSHHost(
-        sshd.host_config(
-            "aliased",
-            address="gpu-alias",
-            port=None,
-            user=None,
-            known_hosts=None,
-            identity_files=[],
-            ssh_config=str(cfg_path),
-        )
-    )
+    entries = {"gpu-alias": sshd_pool.alias_entry(sshd)}
+    host = _by_alias(sshd_pool, sshd, entries, "gpu-alias", name="aliased", identity_files=[])
     try:
         hello = await host.connect()
         assert hello["user"] == sshd.user
@@ -199,17 +214,7 @@ async def test_ssh_config_user_known_hosts_none_does_not_disable_checks(
 ) -> None:
     """``UserKnownHostsFile none`` would make asyncssh skip verification; runwatch never does."""
     entry = sshd_pool.alias_entry(fresh_sshd, UserKnownHostsFile="none", StrictHostKeyChecking="no")
-    cfg_path = sshd_pool.write_ssh_config({"sneaky": entry})
-    host = SSHHost(
-        fresh_sshd.host_config(
-            "sneaky",
-            address="sneaky",
-            port=None,
-            user=None,
-            known_hosts=None,
-            ssh_config=str(cfg_path),
-        )
-    )
+    host = _by_alias(sshd_pool, fresh_sshd, {"sneaky": entry}, "sneaky")
     with pytest.raises(HostKeyError, match="unknown host key"):
         await host.connect()
     assert not _auth_attempted(fresh_sshd)
@@ -223,17 +228,7 @@ async def test_proxyjump_from_ssh_config(sshd_pool: SshdPool, sshd: SshdServer) 
             "jumpbox": sshd_pool.alias_entry(sshd),
             "inner": sshd_pool.alias_entry(target, ProxyJump="jumpbox"),
         }
-        cfg_path = sshd_pool.write_ssh_config(entries)
-        host = SSHHost(
-            target.host_config(
-                "inner",
-                address="inner",
-                port=None,
-                user=None,
-                known_hosts=None,
-                ssh_config=str(cfg_path),
-            )
-        )
+        host = _by_alias(sshd_pool, target, entries, "inner")
         try:
             await host.connect()
             assert (await host.request("ping"))["pong"] is True
@@ -258,17 +253,7 @@ async def test_proxyjump_host_key_is_verified_too(
             "jumpbox": sshd_pool.alias_entry(sshd, UserKnownHostsFile="none"),
             "inner": sshd_pool.alias_entry(target, ProxyJump="jumpbox"),
         }
-        cfg_path = sshd_pool.write_ssh_config(entries)
-        host = SSHHost(
-            target.host_config(
-                "inner",
-                address="inner",
-                port=None,
-                user=None,
-                known_hosts=None,
-                ssh_config=str(cfg_path),
-            )
-        )
+        host = _by_alias(sshd_pool, target, entries, "inner")
         with pytest.raises(HostKeyError) as info:
             await host.connect()
         msg = str(info.value)

@@ -13,39 +13,13 @@ import threading
 from pathlib import Path
 
 from supervisor.cli.status import CLEAR
-from tests.fixtures_data import make_raw
-from tests.fixtures_procs import FakeRuns, gone, wait_until
-
-ARGS = ("--datasets", "B1", "--output-dir", "out")
+from tests.fixtures_actions import over_budget_stop_run
+from tests.fixtures_procs import FakeRuns, gone
+from tests.waiting import wait_until
 
 
 def test_watch_stops_an_over_budget_run_exactly_once(tmp_path: Path, fake_runs: FakeRuns) -> None:
-    work = tmp_path / "w"
-    (work / "out" / "B1").mkdir(parents=True)
-    truth = make_raw(work / "out" / "B1" / "raw_responses.jsonl", 40, seed=3)
-    budget = truth.completion_tokens // 2
-    run = fake_runs.start(*ARGS, cwd=work)
-    cfg = tmp_path / "rw.toml"
-    cfg.write_text(
-        f"""
-scripts = ["run_inference.py"]
-
-[[hosts]]
-name = "here"
-local = true
-
-[datasets.B1]
-token_budget = {budget}
-
-[[runs]]
-name = "gen"
-host = "here"
-workdir = "{work}"
-argv = {json.dumps(["python3", "run_inference.py", *ARGS])}
-budget_policy = "stop"
-stop_grace_seconds = 5.0
-"""
-    )
+    run, cfg = over_budget_stop_run(tmp_path, fake_runs, seed=3)
     state = tmp_path / "state"
     proc = subprocess.Popen(
         [sys.executable, "-m", "supervisor.cli", "status", "-c", str(cfg), "--watch", "0.2"],

@@ -9,7 +9,8 @@ import pytest
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable
 
-from tests.fixtures_tui import FixedEngine, compare_config, wait_for
+from tests.fixtures_tui import FixedEngine, compare_config
+from tests.waiting import wait_for
 from tui.app import RunwatchApp, make_app
 from tui.screens.compare import CompareScreen
 

@@ -15,7 +15,8 @@ from textual.command import CommandList, CommandPalette
 from textual.widgets import Button, DataTable, Input, Log, ProgressBar, Select, Static
 
 from supervisor.engine import Engine
-from tests.fixtures_tui import demo_process, wait_for
+from tests.fixtures_tui import demo_process
+from tests.waiting import wait_for
 from tui.app import RunwatchApp, make_app
 from tui.screens.compare import CompareScreen
 from tui.screens.dashboard import DashboardScreen
@@ -54,6 +55,17 @@ async def _select_run(app: RunwatchApp, pilot: Any, key: str) -> DatasetTable:
     table.focus()
     await pilot.pause()
     return table
+
+
+async def _open_restart(app: RunwatchApp, pilot: Any, key: str) -> RestartScreen:
+    """R on run ``key``: its restart screen, once the plan is shown."""
+    await _select_run(app, pilot, key)
+    await pilot.press("R")
+    await wait_for(lambda: isinstance(app.screen, RestartScreen), what="the restart screen")
+    screen = app.screen
+    assert isinstance(screen, RestartScreen)
+    await wait_for(lambda: screen.plan is not None, timeout=20, what="the plan")
+    return screen
 
 
 async def test_dashboard_navigation_help_and_palette(tui_demo: Any) -> None:
@@ -200,12 +212,7 @@ async def test_restart_blocked_by_legacy_data_shows_the_remedy(tui_demo: Any) ->
     app = _app(tui_demo)
     async with app.run_test(size=(100, 40)) as pilot:
         await _loaded(app, pilot)
-        await _select_run(app, pilot, "laptop/local-gpu")
-        await pilot.press("R")
-        await wait_for(lambda: isinstance(app.screen, RestartScreen), what="the restart screen")
-        screen = app.screen
-        assert isinstance(screen, RestartScreen)
-        await wait_for(lambda: screen.plan is not None, timeout=20, what="the plan")
+        screen = await _open_restart(app, pilot, "laptop/local-gpu")
         assert f"pid {local.pid}" in _text(screen.query_one("#diff", Static))
 
         # Check only: the format check fails on B3 and the screen says what to do.
@@ -262,12 +269,7 @@ async def test_restart_with_move_aside_relaunches_the_run(tui_demo: Any) -> None
     app = _app(tui_demo)
     async with app.run_test(size=(100, 40)) as pilot:
         await _loaded(app, pilot)
-        await _select_run(app, pilot, "laptop/local-gpu")
-        await pilot.press("R")
-        await wait_for(lambda: isinstance(app.screen, RestartScreen), what="the restart screen")
-        screen = app.screen
-        assert isinstance(screen, RestartScreen)
-        await wait_for(lambda: screen.plan is not None, timeout=20, what="the plan")
+        screen = await _open_restart(app, pilot, "laptop/local-gpu")
         await pilot.press("m")
         await wait_for(
             lambda: screen.plan is not None and screen.plan.move_aside, timeout=20, what="new plan"

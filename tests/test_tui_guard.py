@@ -11,12 +11,10 @@ import pytest
 
 from supervisor.config import load_config
 from supervisor.engine import Engine
-from tests.fixtures_data import make_raw
+from tests.fixtures_actions import over_budget_stop_run
 from tests.fixtures_procs import FakeRuns, gone
-from tests.fixtures_tui import wait_for
+from tests.waiting import wait_for
 from tui.app import make_app
-
-ARGS = ("--datasets", "B1", "--output-dir", "out")
 
 
 async def test_dashboard_stops_an_over_budget_run_exactly_once(
@@ -24,41 +22,16 @@ async def test_dashboard_stops_an_over_budget_run_exactly_once(
 ) -> None:
     state = tmp_path / "state"
     monkeypatch.setenv("XDG_STATE_HOME", str(state))
-    work = tmp_path / "w"
-    (work / "out" / "B1").mkdir(parents=True)
-    truth = make_raw(work / "out" / "B1" / "raw_responses.jsonl", 40, seed=5)
-    run = fake_runs.start(*ARGS, cwd=work)
-    cfg = tmp_path / "rw.toml"
-    cfg.write_text(
-        f"""
-scripts = ["run_inference.py"]
-refresh_seconds = 0.3
-
-[[hosts]]
-name = "here"
-local = true
-
-[datasets.B1]
-token_budget = {truth.completion_tokens // 2}
-
-[[runs]]
-name = "gen"
-host = "here"
-workdir = "{work}"
-argv = {json.dumps(["python3", "run_inference.py", *ARGS])}
-budget_policy = "stop"
-stop_grace_seconds = 5.0
-"""
-    )
+    run, cfg = over_budget_stop_run(tmp_path, fake_runs, seed=5, top="refresh_seconds = 0.3")
     config = load_config(cfg)
     app = make_app(config, Engine(config))
     async with app.run_test(size=(120, 36)):
         await wait_for(lambda: gone(run.pid, run.start_time), timeout=60, what="the stop")
         await wait_for(
-            lambda: any(a.kind == "budget-policy" for a in app.alerts), 30, "the notification"
+            lambda: any(a.kind == "budget-policy" for a in app.alerts), 30, what="the notification"
         )
         seen = app.refreshes
-        await wait_for(lambda: app.refreshes >= seen + 3, 30, "three more refreshes")
+        await wait_for(lambda: app.refreshes >= seen + 3, 30, what="three more refreshes")
     policy = [a for a in app.alerts if a.kind == "budget-policy"]
     assert len(policy) == 1, app.alerts
     assert "stop" in policy[0].title and policy[0].severity == "information"

@@ -11,7 +11,7 @@ from supervisor.config import Config, DatasetConfig, RunConfig
 from supervisor.engine import Engine
 from tests.fixtures_data import make_raw
 from tests.fixtures_sshd import SshdPool
-from tests.fixtures_tui import wait_for
+from tests.waiting import wait_for
 from tui.app import make_app
 from tui.widgets.dataset_table import DatasetTable
 from tui.widgets.fleet import HostCard

@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from supervisor.config import Config, DatasetConfig, HostConfig, RunConfig
 from supervisor.engine import Engine
-from tests.fixtures_sshd import SshdPool, SshdServer, wait_until
+from tests.fixtures_sshd import SshdPool, SshdServer
+from tests.waiting import wait_until
 
 DATASETS = [f"B{i}" for i in range(1, 9)]
 RECORDS_PER_FILE = 400

@@ -11,7 +11,8 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Footer, Input
 from textual.widgets._footer import FooterKey
 
-from tests.fixtures_tui import FixedEngine, compare_config, fixed_config, wait_for
+from tests.fixtures_tui import FixedEngine, compare_config, fixed_config
+from tests.waiting import wait_for
 from tui.app import RunwatchApp, make_app
 from tui.screens.compare import CompareScreen
 from tui.screens.help import HelpScreen

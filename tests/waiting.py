@@ -1,0 +1,69 @@
+"""Waiting on a condition with a timeout: the one way tests (and benchmarks) synchronise.
+
+- ``wait_until(condition, timeout=..., what=..., interval=...)`` polls ``condition()`` in the
+  calling thread (run it with ``asyncio.to_thread`` from a coroutine that must not block the loop).
+- ``await wait_for(condition, timeout=..., what=..., interval=...)`` polls it from a coroutine,
+  yielding to the event loop between polls (for a Textual app driven by Pilot).
+
+Both return the first truthy value of ``condition()`` and raise ``AssertionError`` naming what
+was awaited and the timeout when it does not come in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_INTERVAL = 0.02
+
+
+def _describe(condition: Callable[[], object]) -> str:
+    """The source of ``condition`` (a lambda reads best as its own text), else its repr."""
+    try:
+        return inspect.getsource(condition).strip()
+    except (OSError, TypeError):
+        return repr(condition)
+
+
+def _check(condition: Callable[[], T], deadline: float, timeout: float, what: str | None) -> T:
+    """One poll: the value of ``condition()``; ``AssertionError`` once ``deadline`` has passed."""
+    value = condition()
+    if not value and time.monotonic() > deadline:
+        raise AssertionError(
+            f"timed out after {timeout:g} s waiting for {what or _describe(condition)}"
+        )
+    return value
+
+
+def wait_until(
+    condition: Callable[[], T],
+    timeout: float = DEFAULT_TIMEOUT,
+    *,
+    what: str | None = None,
+    interval: float = DEFAULT_INTERVAL,
+) -> T:
+    """Poll ``condition`` until it returns something truthy (returned) or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not (value := _check(condition, deadline, timeout, what)):
+        time.sleep(interval)  # polling interval of a condition wait, not a synchronisation
+    return value
+
+
+async def wait_for(
+    condition: Callable[[], T],
+    timeout: float = DEFAULT_TIMEOUT,
+    *,
+    what: str | None = None,
+    interval: float = DEFAULT_INTERVAL,
+) -> T:
+    """``wait_until`` for coroutines: the event loop runs between polls."""
+    deadline = time.monotonic() + timeout
+    while not (value := _check(condition, deadline, timeout, what)):
+        await asyncio.sleep(interval)
+    return value
