@@ -630,36 +630,19 @@ class Lister:
                 cwd: str | None = os.readlink(f"{PROC}/{pid}/cwd")
             except OSError:
                 cwd = None
-            masked = mask_argv(argv)
-            gpu = None
-            if gpu_per_pid is not None:
-                gpu = sum(gpu_per_pid.get(p, 0.0) for p in [pid, *kids])
-            out.append(
-                {
-                    "identity": {
-                        "boot_id": self.boot_id,
-                        "pid": pid,
-                        "start_time": st.start_time,
-                        "uid": uid,
-                        "argv": masked,
-                    },
-                    "user": user_name(uid),
-                    "uptime_s": round(age, 2),
-                    "cpu_percent": round(max(cpu_pct, 0.0), 1),
-                    "rss_mb": round(st.rss_pages * _page_size() / 1048576.0, 1),
-                    "state": st.state,
-                    "cwd": cwd,
-                    "argv_masked": masked,
-                    "children": kids,
-                    "flags": parse_flags(argv, idx),
-                    "gpu_memory_mb": gpu,
-                    "run": None,
-                    "killable": uid == my_uid,
-                    "script": os.path.basename(argv[idx]),
-                    "ppid": st.ppid,
-                    "threads": st.threads,
-                }
+            record = process_record(
+                self.boot_id, pid, st.start_time, uid, my_uid, argv, idx, kids, gpu_per_pid
             )
+            record.update(
+                uptime_s=round(age, 2),
+                cpu_percent=round(max(cpu_pct, 0.0), 1),
+                rss_mb=round(st.rss_pages * _page_size() / 1048576.0, 1),
+                state=st.state,
+                cwd=cwd,
+                ppid=st.ppid,
+                threads=st.threads,
+            )
+            out.append(record)
         for key in list(self._cpu):
             if key not in seen:
                 del self._cpu[key]
@@ -695,35 +678,57 @@ class Lister:
                 continue
             argv = table[pid].argv
             kids = descendants(table, pid)
-            masked = mask_argv(argv)
-            gpu = None
-            if gpu_per_pid is not None:
-                gpu = sum(gpu_per_pid.get(k, 0.0) for k in [pid, *kids])
-            out.append(
-                {
-                    "identity": {
-                        "boot_id": self.boot_id,
-                        "pid": pid,
-                        "start_time": psutil_start_ticks(created, boot),
-                        "uid": uid,
-                        "argv": masked,
-                    },
-                    "user": user_name(uid),
-                    "uptime_s": round(max(time.time() - created, 0.0), 2),
-                    "cpu_percent": cpu,
-                    "rss_mb": round(mem / 1048576.0, 1),
-                    "state": state,
-                    "cwd": cwd,
-                    "argv_masked": masked,
-                    "children": kids,
-                    "flags": parse_flags(argv, idx),
-                    "gpu_memory_mb": gpu,
-                    "run": None,
-                    "killable": uid == my_uid,
-                    "script": os.path.basename(argv[idx]),
-                }
+            start = psutil_start_ticks(created, boot)
+            record = process_record(
+                self.boot_id, pid, start, uid, my_uid, argv, idx, kids, gpu_per_pid
             )
+            record.update(
+                uptime_s=round(max(time.time() - created, 0.0), 2),
+                cpu_percent=cpu,
+                rss_mb=round(mem / 1048576.0, 1),
+                state=state,
+                cwd=cwd,
+            )
+            out.append(record)
         return out
+
+
+def process_record(
+    boot_id: str,
+    pid: int,
+    start_time: int,
+    uid: int,
+    my_uid: int,
+    argv: list[str],
+    idx: int,
+    kids: list[int],
+    gpu_per_pid: dict[int, float] | None,
+) -> dict[str, Any]:
+    """The parts of a listed run that do not depend on where they were read (/proc or psutil).
+
+    The identity carries the masked argv, so secrets never leave the host.
+    """
+    masked = mask_argv(argv)
+    gpu = None
+    if gpu_per_pid is not None:
+        gpu = sum(gpu_per_pid.get(p, 0.0) for p in [pid, *kids])
+    return {
+        "identity": {
+            "boot_id": boot_id,
+            "pid": pid,
+            "start_time": start_time,
+            "uid": uid,
+            "argv": masked,
+        },
+        "user": user_name(uid),
+        "argv_masked": masked,
+        "children": kids,
+        "flags": parse_flags(argv, idx),
+        "gpu_memory_mb": gpu,
+        "run": None,
+        "killable": uid == my_uid,
+        "script": os.path.basename(argv[idx]),
+    }
 
 
 def psutil_start_ticks(create_time: float, boot_time: float) -> int:
