@@ -9,7 +9,12 @@ from __future__ import annotations
 import click
 
 from supervisor.cli._common import open_ui, run_cli
+from supervisor.cli.actions import audit, guard, launch, restart
+from supervisor.cli.bench import bench, compare
+from supervisor.cli.data import check, scan
 from supervisor.cli.demo import demo
+from supervisor.cli.hosts import kill, ps
+from supervisor.cli.status import status
 
 
 class _Group(click.Group):
@@ -52,20 +57,8 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 
 cli.add_command(demo)
 
-for _module, _names in (
-    ("supervisor.cli.data", ("scan", "check")),
-    ("supervisor.cli.hosts", ("ps", "kill", "status")),
-    ("supervisor.cli.actions", ("launch", "restart", "guard", "audit")),
-    ("supervisor.cli.bench", ("bench", "compare")),
-):
-    try:
-        _mod = __import__(_module, fromlist=list(_names))
-    except ModuleNotFoundError as _e:  # a command group not built yet
-        if _e.name != _module:
-            raise
-        continue
-    for _name in _names:
-        cli.add_command(getattr(_mod, _name))
+for _command in (scan, check, ps, kill, status, launch, restart, guard, audit, bench, compare):
+    cli.add_command(_command)
 
 
 def main() -> None:

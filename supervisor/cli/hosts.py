@@ -1,7 +1,4 @@
-"""``runwatch ps`` and ``runwatch kill``: the runs on each host, and stopping one with proof.
-
-``status`` lives in ``supervisor.cli.status`` and is re-exported here for the command registry.
-"""
+"""``runwatch ps`` and ``runwatch kill``: the runs on each host, and stopping one with proof."""
 
 from __future__ import annotations
 
@@ -12,27 +9,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from supervisor.cli._common import config_option, get_config, json_option, print_json
+from supervisor.cli.status import duration
 from supervisor.errors import KillRefused, RunwatchError, UsageError
 
 if TYPE_CHECKING:
     from supervisor.config import Config, HostConfig
     from supervisor.kill import KillReport
     from supervisor.model import ProcessInfo
-
-try:
-    from supervisor.cli.status import status
-except ModuleNotFoundError as _e:  # pragma: no cover - a build without the status command
-    if _e.name != "supervisor.cli.status":
-        raise
-
-    @click.command()
-    def status() -> None:
-        """Show every host, run and dataset (not available in this build)."""
-        raise RunwatchError("status is not available in this build")
-
-
-__all__ = ["kill", "ps", "status"]
-
 
 # --------------------------------------------------------------------------- ps
 
@@ -98,13 +81,6 @@ def _hosts_of(config: Config, host_name: str | None) -> list[HostConfig]:
     return list(config.hosts)
 
 
-def _duration(seconds: float) -> str:
-    """``12 s``, ``4 m 10 s``, ``7 h 03 m``: as ``runwatch status`` writes them."""
-    from supervisor.cli.status import duration
-
-    return duration(seconds)
-
-
 def _error_text(name: str, error: str) -> str:
     """The error without the host name it starts with (the line names the host already)."""
     return error[len(name) + 2 :] if error.startswith(f"{name}: ") else error
@@ -126,7 +102,7 @@ def _print_ps(entries: list[dict[str, Any]]) -> None:
             kids = len(p.children)
             click.echo(
                 f"  pid {p.identity.pid:<7} {p.run or '(unconfigured)'}  {p.user}{mark}  "
-                f"up {_duration(p.uptime_s)}  cpu {p.cpu_percent:.0f}%  "
+                f"up {duration(p.uptime_s)}  cpu {p.cpu_percent:.0f}%  "
                 f"rss {p.rss_mb:,.0f} MB{gpu}  "
                 f"{kids} child{'' if kids == 1 else 'ren'}  backend {flags.backend}"
             )
@@ -184,7 +160,7 @@ def describe(host: str, p: ProcessInfo) -> str:
         f"host {host}  pid {ident.pid}  run {p.run or '(unconfigured)'}  user {p.user} "
         f"(uid {ident.uid})\n"
         f"  started at tick {ident.start_time} of boot {ident.boot_id[:8]}, up "
-        f"{_duration(p.uptime_s)}, {len(p.children)} descendant(s)\n"
+        f"{duration(p.uptime_s)}, {len(p.children)} descendant(s)\n"
         f"  argv: {' '.join(p.argv_masked or ident.argv)}"
     )
 
