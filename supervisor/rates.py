@@ -269,20 +269,15 @@ def project(
     avg = tokens / records if records else None
     etas: dict[str, float] = {}
     remaining: dict[str, tuple[int | None, int | None]] = {}
-    if max_samples is not None:
-        left = max(0, max_samples - done)
-        remaining["max_samples"] = (left, round(left * avg) if avg is not None else None)
+    for stop, limit in (("max_samples", max_samples), ("prompts", prompts)):
+        if limit is None:
+            continue
+        left = max(0, limit - done)
+        remaining[stop] = (left, round(left * avg) if avg is not None else None)
         if req_rate:
-            etas["max_samples"] = left / req_rate
+            etas[stop] = left / req_rate
         elif left == 0:
-            etas["max_samples"] = 0.0
-    if prompts is not None:
-        left = max(0, prompts - done)
-        remaining["prompts"] = (left, round(left * avg) if avg is not None else None)
-        if req_rate:
-            etas["prompts"] = left / req_rate
-        elif left == 0:
-            etas["prompts"] = 0.0
+            etas[stop] = 0.0
     if run_token_budget is not None:
         left_tok = max(0, run_token_budget - tokens)
         samples = math.ceil(left_tok / avg) if avg else None
