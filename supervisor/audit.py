@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from supervisor.hostops import mask_argv, mask_text
+from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.paths import state_dir
 
 AUDIT_NAME = "audit.jsonl"

@@ -385,7 +385,7 @@ def _check_references(config: Config) -> None:
             seen.add(name)
     hosts = {h.name for h in config.hosts}
     endpoints = {e.name for e in config.endpoints}
-    from supervisor.formats import BUILTIN_FORMATS  # here: formats is bundled into the agent
+    from supervisor.agent.formats import BUILTIN_FORMATS  # here: formats is bundled into the agent
 
     formats = set(BUILTIN_FORMATS) | set(config.formats)
     for i, h in enumerate(config.hosts):

@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from supervisor import processes, rates
+from supervisor import rates
+from supervisor.agent.match import parse_flags, script_index
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.errors import ConfigError, HostError, RunwatchError
 from supervisor.hosts import Host, make_host, match_run, run_backend, set_backend
@@ -421,14 +422,14 @@ def _line_count(scan: dict[str, Any] | None) -> int | None:
 
 
 def _config_flags(run: RunConfig, scripts: list[str]) -> RunFlags:
-    idx = processes.script_index(run.argv, scripts)
-    raw = processes.parse_flags(run.argv, idx if idx is not None else 0)
+    idx = script_index(run.argv, scripts)
+    raw = parse_flags(run.argv, idx if idx is not None else 0)
     return msgspec.convert(raw, RunFlags)
 
 
 def _script_name(proc: ProcessInfo, scripts: list[str]) -> str:
     argv = list(proc.identity.argv)
-    idx = processes.script_index(argv, scripts)
+    idx = script_index(argv, scripts)
     return posixpath.basename(argv[idx]) if idx is not None else (argv[0] if argv else "?")
 
 

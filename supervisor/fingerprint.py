@@ -11,9 +11,9 @@ import posixpath
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from supervisor.agent.masking import mask_argv
 from supervisor.argv import show_value
 from supervisor.config import Config, RunConfig, flag_value
-from supervisor.hostops import mask_argv
 
 SAMPLING_FLAGS = (
     "--temperature",

@@ -1,8 +1,8 @@
 """Hosts: one interface for this machine and for SSH hosts, both talking to the same agent.
 
-The agent (``supervisor/agent.py`` and the stdlib-only modules it needs) is started by a constant
-command, :func:`bootstrap_argv`, that reads the interpreter path as the first line of its stdin and
-then the agent itself as a length-prefixed blob (:func:`bundle_payload`). No value from the config
+The agent (the stdlib-only package ``supervisor/agent/``) is started by a constant command,
+:func:`bootstrap_argv`, that reads the interpreter path as the first line of its stdin and then
+the agent itself as a length-prefixed blob (:func:`bundle_payload`). No value from the config
 or from the host ever becomes shell text: the python path is read by ``read -r`` into a variable
 and used quoted; everything else is data on stdin.
 
@@ -35,8 +35,9 @@ if TYPE_CHECKING:
 
     from supervisor.config import Config, HostConfig
 
-BUNDLE_MODULES = ("formats", "processes", "scan", "hostops", "agent")
-"""Modules of ``supervisor`` shipped to the host (those that exist), all standard-library only."""
+AGENT_PACKAGE = "supervisor.agent"
+"""The package shipped to the host: every ``*.py`` file of ``supervisor/agent/``."""
+_BUNDLE_PACKAGES = ("supervisor", AGENT_PACKAGE)
 
 # Python inside the bootstrap: no quote, ``$``, backslash, backtick or ``!`` (csh history), so the
 # command reads the same under sh, bash, dash, zsh, csh and fish login shells.
@@ -51,12 +52,13 @@ import importlib.abc
 import importlib.util
 
 _SOURCES = %s
+_PACKAGES = %s
 
 
 class _BundleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name, path=None, target=None):
         if name in _SOURCES:
-            return importlib.util.spec_from_loader(name, self, is_package=name == "supervisor")
+            return importlib.util.spec_from_loader(name, self, is_package=name in _PACKAGES)
         return None
 
     def create_module(self, spec):
@@ -69,9 +71,9 @@ class _BundleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 sys.meta_path.insert(0, _BundleFinder())
-import supervisor.agent
+import supervisor.agent.server
 
-supervisor.agent.main()
+supervisor.agent.server.main()
 """
 
 
@@ -86,13 +88,13 @@ def bootstrap_command() -> str:
 
 
 def bundle_sources() -> dict[str, str]:
-    """Dotted module name -> source of every module of the bundle."""
-    here = Path(__file__).parent
+    """Dotted module name -> source of every module of the bundle: the ``supervisor.agent``
+    package (its ``__init__`` and every other ``*.py`` file) under an empty ``supervisor``."""
+    package = Path(__file__).parent / "agent"
     sources = {"supervisor": '"""runwatch agent bundle."""\n'}
-    for name in BUNDLE_MODULES:
-        path = here / f"{name}.py"
-        if path.exists():
-            sources[f"supervisor.{name}"] = path.read_text(encoding="utf-8")
+    for path in sorted(package.glob("*.py")):
+        name = AGENT_PACKAGE if path.stem == "__init__" else f"{AGENT_PACKAGE}.{path.stem}"
+        sources[name] = path.read_text(encoding="utf-8")
     return sources
 
 
@@ -106,7 +108,7 @@ def bundle_payload(python: str) -> bytes:
             f"python: not an interpreter path: {python!r}",
             "set hosts[].python to the path or name of Python >= 3.8 on the host",
         )
-    stage2 = (_STAGE2 % repr(bundle_sources())).encode("utf-8")
+    stage2 = (_STAGE2 % (repr(bundle_sources()), repr(_BUNDLE_PACKAGES))).encode("utf-8")
     return python.encode("utf-8") + b"\n" + str(len(stage2)).encode() + b"\n" + stage2
 
 
@@ -419,7 +421,8 @@ def match_run(proc: ProcessInfo, config: Config, host_name: str) -> str | None:
     that both have that evidence: the same command in another directory is another run, and
     ``runwatch kill RUN`` must never pick it.
     """
-    from supervisor.processes import mask_argv, script_index
+    from supervisor.agent.masking import mask_argv
+    from supervisor.agent.match import script_index
 
     argv = list(proc.identity.argv)
     idx = script_index(argv, config.scripts)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
+from supervisor.agent.protocol import KILL_CONFIRM_S
 from supervisor.errors import AgentError, HostError, OutcomeUnknown
 from supervisor.model import Identity
 
@@ -23,8 +24,6 @@ if TYPE_CHECKING:
 
 Outcome = Literal["terminated", "killed", "already-gone", "refused"]
 GONE_OUTCOMES = frozenset(("terminated", "killed", "already-gone"))
-KILL_CONFIRM_S = 5.0
-"""The agent waits this long for the exit after SIGKILL (``supervisor.agent.KILL_CONFIRM_S``)."""
 
 
 class KillResult(msgspec.Struct, kw_only=True):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from supervisor.hostops import mask_text
+from supervisor.agent.masking import mask_text
 from supervisor.runenv import api_key_names
 from supervisor.runpaths import run_paths
 

@@ -33,11 +33,11 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from supervisor.agent.masking import mask_argv
 from supervisor.argv import apply_overrides, argv_diff, parse_sets, show_value
 from supervisor.config import RunConfig
 from supervisor.errors import HostError, LaunchError, RunwatchError
 from supervisor.fingerprint import prompt_files
-from supervisor.hostops import mask_argv
 from supervisor.model import ProcessInfo, RunView, Snapshot
 from supervisor.runenv import launch_env
 from supervisor.runpaths import run_paths, run_sidecars

@@ -8,7 +8,7 @@ Stable API (the engine calls it once per dataset per refresh)::
     trackers = Trackers()                        # keep for the life of the engine
     tracker = trackers.get((host, path))         # one RateTracker per dataset file
     view = build_dataset_view(
-        scan,          # dict: the scanner's result for the dataset file (supervisor.scan)
+        scan,          # dict: the scanner's result for the dataset file (supervisor.agent.scan)
         dataset,       # config.DatasetConfig | None: token budget and samples wanted, prompts
         flags,         # model.RunFlags | None: the run's real stop flags (--max-samples...)
         tracker,       # RateTracker: history of this file; fed by this call

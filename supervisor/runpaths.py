@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import posixpath
 
+from supervisor.agent.protocol import FINGERPRINT_NAME, LOCK_NAME, SIDECAR_DIR
 from supervisor.config import Config, RunConfig
-from supervisor.hostops import FINGERPRINT_NAME, LOCK_NAME, SIDECAR_DIR
 
 
 def _host_path(hc_local: bool, path: str) -> str:

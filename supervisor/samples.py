@@ -2,7 +2,7 @@
 
 The host reads the last complete records of the data file (the agent's ``tail_records`` op,
 bounded in bytes and read from the end); here they are described with the run's record format
-(``supervisor.formats``) and their token ids decoded with the configured tokenizer
+(``supervisor.agent.formats``) and their token ids decoded with the configured tokenizer
 (``supervisor.tokens``). Front ends only render the result.
 """
 
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from supervisor import formats
+from supervisor.agent import formats
+from supervisor.agent.masking import mask_text
 from supervisor.errors import RunwatchError
-from supervisor.processes import mask_text
 
 if TYPE_CHECKING:
     from supervisor.config import Config

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from supervisor import audit
+from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
 from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
-from supervisor.hostops import mask_argv, mask_text
 from supervisor.model import Identity
 from supervisor.plan import ActionResult, OnStep, Plan, Step, StepFailed, StepState
 

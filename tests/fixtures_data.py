@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.scan import Scanner
+from supervisor.agent.scan import Scanner
 
 
 @dataclass

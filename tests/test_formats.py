@@ -13,11 +13,17 @@ from typing import Any
 
 import pytest
 
-import supervisor.formats as formats
-import supervisor.scan as scan
+import supervisor.agent.formats as formats
+import supervisor.agent.scan as scan
+from supervisor.agent.formats import (
+    BUILTIN_FORMATS,
+    PROFILES,
+    detect,
+    get_profile,
+    profile_from_dict,
+)
+from supervisor.agent.scan import Scanner, scan_file
 from supervisor.config import FormatProfile
-from supervisor.formats import BUILTIN_FORMATS, PROFILES, detect, get_profile, profile_from_dict
-from supervisor.scan import Scanner, scan_file
 from tests.fixtures_data import (
     dump,
     legacy_record,
@@ -219,7 +225,7 @@ def test_agent_modules_import_only_the_standard_library(module: Any) -> None:
     for name in names:
         top = name.split(".")[0]
         if top == "supervisor":
-            assert name == "supervisor.formats", name
+            assert name == "supervisor.agent.formats", name
         else:
             assert top in sys.stdlib_module_names or top == "__future__", name
 
@@ -249,7 +255,7 @@ def test_agent_modules_load_from_source_alone(tmp_path: Path, python: str) -> No
         "for name, path in json.loads(sys.argv[1]):\n"
         "    m = types.ModuleType(name); sys.modules[name] = m\n"
         "    exec(compile(open(path).read(), path, 'exec'), m.__dict__)\n"
-        "r = sys.modules['supervisor.scan'].Scanner(chunk_size=5).scan(sys.argv[2], "
+        "r = sys.modules['supervisor.agent.scan'].Scanner(chunk_size=5).scan(sys.argv[2], "
         "validate='all')\n"
         "print(json.dumps([r['records'], r['completion_tokens'], r['bad_lines_total']]))\n"
     )
@@ -259,8 +265,9 @@ def test_agent_modules_load_from_source_alone(tmp_path: Path, python: str) -> No
     mods = json.dumps(
         [
             ["supervisor", "/dev/null"],
-            ["supervisor.formats", formats.__file__],
-            ["supervisor.scan", scan.__file__],
+            ["supervisor.agent", "/dev/null"],
+            ["supervisor.agent.formats", formats.__file__],
+            ["supervisor.agent.scan", scan.__file__],
         ]
     )
     out = subprocess.run(

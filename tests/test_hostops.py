@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from supervisor import hostops
-from supervisor.hostops import OpError
+from supervisor.agent import datafiles, gpu, launch, masking, proc
+from supervisor.agent.protocol import FINGERPRINT_VERSION, OP_SHAPES, AgentOpError
+from supervisor.agent.server import Agent
 from tests.fixtures_actions import pid_alive, sha256_of
 from tests.waiting import wait_until
 
@@ -34,25 +35,26 @@ def _launch_params(tmp_path: Path, workload: Path, python_exe: str, **kw: Any) -
     return {k: v for k, v in params.items() if v is not None}
 
 
-def test_the_module_is_python_38_syntax() -> None:
-    source = Path(hostops.__file__).read_text()
+@pytest.mark.parametrize("module", [datafiles, gpu, launch, masking, proc])
+def test_the_module_is_python_38_syntax(module: Any) -> None:
+    source = Path(module.__file__).read_text()
     ast.parse(source, feature_version=(3, 8))
     tree = ast.parse(source)
     imported = {
-        n.names[0].name.split(".")[0] if isinstance(n, ast.Import) else (n.module or "")
+        n.names[0].name if isinstance(n, ast.Import) else (n.module or "")
         for n in ast.walk(tree)
         if isinstance(n, (ast.Import, ast.ImportFrom))
     }
-    # the agent bundle carries only the standard library and the bundle's own modules
-    bundle = {"supervisor", "supervisor.processes", "supervisor.formats", "supervisor.scan"}
-    assert {m for m in imported if m.startswith("supervisor")} <= bundle
-    assert {"msgspec", "psutil", "click"}.isdisjoint(imported)
+    # the agent package carries only the standard library and its own modules
+    assert all(m.startswith("supervisor.agent") for m in imported if m.startswith("supervisor"))
+    assert {"msgspec", "click"}.isdisjoint(imported)
+    assert "psutil" not in imported or module is proc  # optional there, never elsewhere
 
 
 def test_launch_is_detached_locked_and_confirmed(
     tmp_path: Path, workload: Path, python_exe: str, kill_after: list[int]
 ) -> None:
-    result = hostops.launch(_launch_params(tmp_path, workload, python_exe))
+    result = launch.launch(_launch_params(tmp_path, workload, python_exe))
     assert result["started"] is True, result
     ident = result["identity"]
     pid = ident["pid"]
@@ -61,7 +63,7 @@ def test_launch_is_detached_locked_and_confirmed(
     assert ident["argv"] == [python_exe, str(workload), "--max-samples", "7"]
     assert result["argv_matches"] is True
     assert ident["uid"] == os.getuid()
-    assert ident["boot_id"] == hostops.boot_id() != ""
+    assert ident["boot_id"] == proc.boot_id() != ""
     # new session, stdin from /dev/null, output appended to the log
     assert os.getsid(pid) == pid != os.getsid(0)
     assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
@@ -74,7 +76,7 @@ def test_launch_is_detached_locked_and_confirmed(
     assert SECRET.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
     assert SECRET not in json.dumps(result)
     # the lock is held by the child and names it
-    status = hostops.lock_status({"lock_path": str(tmp_path / "out/.runwatch/run.lock")})
+    status = launch.lock_status({"lock_path": str(tmp_path / "out/.runwatch/run.lock")})
     assert status["held"] is True and status["holder_alive"] is True
     assert status["holder"]["identity"]["pid"] == pid
     assert status["holder"]["identity"]["start_time"] == ident["start_time"]
@@ -83,10 +85,10 @@ def test_launch_is_detached_locked_and_confirmed(
 def test_second_launch_is_already_running_with_the_holder(
     tmp_path: Path, workload: Path, python_exe: str, kill_after: list[int]
 ) -> None:
-    first = hostops.launch(_launch_params(tmp_path, workload, python_exe))
+    first = launch.launch(_launch_params(tmp_path, workload, python_exe))
     assert first["started"], first
     kill_after.append(first["identity"]["pid"])
-    second = hostops.launch(_launch_params(tmp_path, workload, python_exe, lock_wait_s=0.2))
+    second = launch.launch(_launch_params(tmp_path, workload, python_exe, lock_wait_s=0.2))
     assert second["started"] is False
     assert second["reason"] == "already-running"
     assert second["holder"]["identity"]["pid"] == first["identity"]["pid"]
@@ -98,14 +100,14 @@ def test_lock_is_released_when_the_run_ends_and_a_relaunch_works(
     tmp_path: Path, workload: Path, python_exe: str, kill_after: list[int]
 ) -> None:
     lock = str(tmp_path / "out/.runwatch/run.lock")
-    first = hostops.launch(_launch_params(tmp_path, workload, python_exe))
+    first = launch.launch(_launch_params(tmp_path, workload, python_exe))
     pid = first["identity"]["pid"]
     kill_after.append(pid)
     (tmp_path / "stop").write_text("")
     wait_until(lambda: not pid_alive(pid), timeout=15)
-    wait_until(lambda: not hostops.lock_status({"lock_path": lock})["held"], timeout=15)
+    wait_until(lambda: not launch.lock_status({"lock_path": lock})["held"], timeout=15)
     (tmp_path / "stop").unlink()
-    again = hostops.launch(_launch_params(tmp_path, workload, python_exe))
+    again = launch.launch(_launch_params(tmp_path, workload, python_exe))
     assert again["started"], again
     kill_after.append(again["identity"]["pid"])
     assert again["identity"]["pid"] != pid
@@ -122,7 +124,7 @@ def test_concurrent_launches_start_exactly_one(
 
     def go() -> None:
         barrier.wait()
-        results.append(hostops.launch(_launch_params(tmp_path, workload, python_exe)))
+        results.append(launch.launch(_launch_params(tmp_path, workload, python_exe)))
 
     threads = [threading.Thread(target=go) for _ in range(4)]
     for t in threads:
@@ -142,7 +144,7 @@ def test_a_run_that_dies_at_once_is_reported_with_its_log(tmp_path: Path, python
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "run.log").write_text("an older launch's line\n")
     code = f"import sys; print('loading', flush=True); print('boom {SECRET}'); sys.exit(3)"
-    result = hostops.launch(
+    result = launch.launch(
         {
             "workdir": str(tmp_path),
             "argv": [python_exe, "-c", code],
@@ -157,7 +159,7 @@ def test_a_run_that_dies_at_once_is_reported_with_its_log(tmp_path: Path, python
     assert result["reason"] == "exited" and result["exit_code"] == 3
     # only this launch's lines, secrets masked
     assert result["log_tail"] == ["loading", "boom ***"]
-    assert not hostops.lock_status({"lock_path": str(tmp_path / "out/.runwatch/run.lock")})["held"]
+    assert not launch.lock_status({"lock_path": str(tmp_path / "out/.runwatch/run.lock")})["held"]
 
 
 def test_a_missing_program_is_exec_failed_and_frees_the_lock(tmp_path: Path) -> None:
@@ -167,10 +169,10 @@ def test_a_missing_program_is_exec_failed_and_frees_the_lock(tmp_path: Path) -> 
         "log": "run.log",
         "lock_path": "out/.runwatch/run.lock",
     }
-    result = hostops.launch(params)
+    result = launch.launch(params)
     assert result["started"] is False and result["reason"] == "exec-failed"
     assert "no-such-program" in result["detail"]
-    assert not hostops.lock_status({"lock_path": str(tmp_path / "out/.runwatch/run.lock")})["held"]
+    assert not launch.lock_status({"lock_path": str(tmp_path / "out/.runwatch/run.lock")})["held"]
 
 
 @pytest.mark.parametrize(
@@ -192,8 +194,8 @@ def test_launch_rejects_bad_params(tmp_path: Path, params: dict[str, Any]) -> No
         "lock_path": "run.lock",
     }
     base.update(params)
-    with pytest.raises(OpError) as e:
-        hostops.launch(base)
+    with pytest.raises(AgentOpError) as e:
+        launch.launch(base)
     assert e.value.kind == "bad-params"
 
 
@@ -203,7 +205,7 @@ def test_hostile_strings_are_data(tmp_path: Path, python_exe: str) -> None:
     weird_dir = tmp_path / "dir with spaces and ünïcode; $(x)"
     weird_dir.mkdir()
     code = "import sys; print(repr(sys.argv[1:]))"
-    result = hostops.launch(
+    result = launch.launch(
         {
             "workdir": str(weird_dir),
             "argv": [python_exe, "-c", code, hostile, "-leading", "new\nline"],
@@ -227,7 +229,7 @@ def test_repair_tail_keeps_a_byte_identical_backup(tmp_path: Path) -> None:
     complete = b'{"sample_id": "a"}\n{"sample_id": "b"}\n'
     f.write_bytes(complete + b'{"sample_id": "c", "outp')
     before = sha256_of(f)
-    result = hostops.repair_tail({"path": str(f)})
+    result = datafiles.repair_tail({"path": str(f)})
     assert result["repaired"] is True
     backup = Path(result["backup"])
     assert backup.name == "raw_responses.jsonl.broken"
@@ -238,7 +240,7 @@ def test_repair_tail_keeps_a_byte_identical_backup(tmp_path: Path) -> None:
     # a second torn tail later never overwrites the first backup
     with f.open("ab") as out:
         out.write(b'{"sample_id": "d"')
-    second = hostops.repair_tail({"path": str(f)})
+    second = datafiles.repair_tail({"path": str(f)})
     assert Path(second["backup"]).name == "raw_responses.jsonl.broken.2"
     assert sha256_of(backup) == before
     assert f.read_bytes() == complete
@@ -248,7 +250,7 @@ def test_repair_tail_keeps_a_byte_identical_backup(tmp_path: Path) -> None:
 def test_repair_tail_leaves_clean_files_alone(tmp_path: Path, content: bytes, reason: str) -> None:
     f = tmp_path / "d.jsonl"
     f.write_bytes(content)
-    result = hostops.repair_tail({"path": str(f)})
+    result = datafiles.repair_tail({"path": str(f)})
     assert result["repaired"] is False and result["reason"] == reason
     assert f.read_bytes() == content
     assert not list(tmp_path.glob("*.broken*"))
@@ -257,7 +259,7 @@ def test_repair_tail_leaves_clean_files_alone(tmp_path: Path, content: bytes, re
 def test_repair_tail_without_any_newline_truncates_to_empty(tmp_path: Path) -> None:
     f = tmp_path / "d.jsonl"
     f.write_bytes(b'{"partial": tru')
-    result = hostops.repair_tail({"path": str(f)})
+    result = datafiles.repair_tail({"path": str(f)})
     assert result["repaired"] and f.read_bytes() == b""
     assert Path(result["backup"]).read_bytes() == b'{"partial": tru'
 
@@ -266,8 +268,8 @@ def test_repair_tail_is_refused_while_a_writer_is_alive(tmp_path: Path) -> None:
     f = tmp_path / "d.jsonl"
     f.write_bytes(b'{"a": 1}\n{"b"')
     with f.open("ab") as writer:
-        with pytest.raises(OpError) as e:
-            hostops.repair_tail({"path": str(f)})
+        with pytest.raises(AgentOpError) as e:
+            datafiles.repair_tail({"path": str(f)})
         assert e.value.kind == "writer-alive"
         assert str(os.getpid()) in str(e.value)
         writer.write(b"")
@@ -275,12 +277,12 @@ def test_repair_tail_is_refused_while_a_writer_is_alive(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.broken*"))
     # readers do not count as writers
     with f.open("rb"):
-        assert hostops.repair_tail({"path": str(f)})["repaired"]
+        assert datafiles.repair_tail({"path": str(f)})["repaired"]
 
 
 def test_repair_tail_of_a_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(OpError) as e:
-        hostops.repair_tail({"path": str(tmp_path / "nope.jsonl")})
+    with pytest.raises(AgentOpError) as e:
+        datafiles.repair_tail({"path": str(tmp_path / "nope.jsonl")})
     assert e.value.kind == "missing"
 
 
@@ -292,14 +294,14 @@ def test_move_aside_renames_and_keeps_every_byte(tmp_path: Path) -> None:
     f.parent.mkdir()
     f.write_bytes(b'{"sample_id": "x", "text": "legacy"}\n')
     digest = sha256_of(f)
-    result = hostops.move_aside({"path": str(f), "format": "raw-legacy", "timestamp": "T1"})
+    result = datafiles.move_aside({"path": str(f), "format": "raw-legacy", "timestamp": "T1"})
     assert result["moved"] is True
     target = Path(result["to"])
     assert target.name == "raw_responses.jsonl.raw-legacy-T1"
     assert not f.exists() and sha256_of(target) == digest
     # a second move with the same stamp never overwrites the first
     f.write_bytes(b"second\n")
-    again = hostops.move_aside({"path": str(f), "format": "raw-legacy", "timestamp": "T1"})
+    again = datafiles.move_aside({"path": str(f), "format": "raw-legacy", "timestamp": "T1"})
     assert Path(again["to"]).name == "raw_responses.jsonl.raw-legacy-T1.2"
     assert sha256_of(target) == digest
     assert Path(again["to"]).read_bytes() == b"second\n"
@@ -309,8 +311,8 @@ def test_move_aside_is_refused_while_a_writer_is_alive(tmp_path: Path) -> None:
     f = tmp_path / "d.jsonl"
     f.write_bytes(b"x\n")
     with f.open("ab"):
-        with pytest.raises(OpError) as e:
-            hostops.move_aside({"path": str(f), "format": "legacy"})
+        with pytest.raises(AgentOpError) as e:
+            datafiles.move_aside({"path": str(f), "format": "legacy"})
         assert e.value.kind == "writer-alive"
     assert f.read_bytes() == b"x\n" and len(list(tmp_path.iterdir())) == 1
 
@@ -318,11 +320,11 @@ def test_move_aside_is_refused_while_a_writer_is_alive(tmp_path: Path) -> None:
 def test_move_aside_default_stamp_and_missing_file(tmp_path: Path) -> None:
     f = tmp_path / "d.jsonl"
     f.write_text("x\n")
-    moved = hostops.move_aside({"path": str(f), "format": "mixed"})
+    moved = datafiles.move_aside({"path": str(f), "format": "mixed"})
     assert Path(moved["to"]).name.startswith("d.jsonl.mixed-20")
-    assert hostops.move_aside({"path": str(f), "format": "mixed"})["moved"] is False
-    with pytest.raises(OpError):
-        hostops.move_aside({"path": str(f), "format": "../evil"})
+    assert datafiles.move_aside({"path": str(f), "format": "mixed"})["moved"] is False
+    with pytest.raises(AgentOpError):
+        datafiles.move_aside({"path": str(f), "format": "../evil"})
 
 
 # --------------------------------------------------------------------------- fingerprint
@@ -339,29 +341,29 @@ def test_fingerprint_round_trip_with_prompt_hashes(tmp_path: Path) -> None:
         "format": "raw",
     }
     files = {"B1": "prompts/B1.jsonl", "B2": "prompts/B2.jsonl"}
-    written = hostops.write_fingerprint(
+    written = launch.write_fingerprint(
         {"path": sidecar, "workdir": str(tmp_path), "data": data, "hash_files": files}
     )
     fp = written["fingerprint"]
-    assert fp["version"] == hostops.FINGERPRINT_VERSION
+    assert fp["version"] == FINGERPRINT_VERSION
     assert fp["prompts"]["B1"]["sha256"] == sha256_of(tmp_path / "prompts" / "B1.jsonl")
     assert fp["prompts"]["B2"]["sha256"] is None and fp["prompts"]["B2"]["error"]
     assert SECRET not in (tmp_path / sidecar).read_text()
-    got = hostops.read_fingerprint({"path": sidecar, "workdir": str(tmp_path), "hash_files": files})
+    got = launch.read_fingerprint({"path": sidecar, "workdir": str(tmp_path), "hash_files": files})
     assert got["exists"] and got["fingerprint"] == json.loads((tmp_path / sidecar).read_text())
     assert got["hashes"]["B1"]["sha256"] == fp["prompts"]["B1"]["sha256"]
     (tmp_path / "prompts" / "B1.jsonl").write_text('{"prompt": "changed"}\n')
-    changed = hostops.read_fingerprint(
+    changed = launch.read_fingerprint(
         {"path": sidecar, "workdir": str(tmp_path), "hash_files": files}
     )
     assert changed["hashes"]["B1"]["sha256"] != fp["prompts"]["B1"]["sha256"]
 
 
 def test_read_fingerprint_missing_and_corrupt(tmp_path: Path) -> None:
-    missing = hostops.read_fingerprint({"path": str(tmp_path / "launch.json")})
+    missing = launch.read_fingerprint({"path": str(tmp_path / "launch.json")})
     assert missing["exists"] is False and missing["fingerprint"] is None
     (tmp_path / "launch.json").write_text("{not json")
-    corrupt = hostops.read_fingerprint({"path": str(tmp_path / "launch.json")})
+    corrupt = launch.read_fingerprint({"path": str(tmp_path / "launch.json")})
     assert corrupt["exists"] and corrupt["fingerprint"] is None and "not JSON" in corrupt["error"]
 
 
@@ -377,7 +379,7 @@ def test_launch_writes_the_fingerprint_once_confirmed(
             "data": {"argv": ["x"], "model": "m", "sampling": {}, "format": "raw"},
         },
     )
-    result = hostops.launch(params)
+    result = launch.launch(params)
     kill_after.append(result["identity"]["pid"])
     stored = json.loads((tmp_path / "out/.runwatch/launch.json").read_text())
     assert stored["identity"]["pid"] == result["identity"]["pid"]
@@ -390,17 +392,17 @@ def test_launch_writes_the_fingerprint_once_confirmed(
 def test_tail_log_is_bounded_and_masked(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     log.write_text("".join(f"line {i}\n" for i in range(1000)) + f"auth {SECRET}\n")
-    result = hostops.tail_log({"path": str(log), "lines": 3})
+    result = datafiles.tail_log({"path": str(log), "lines": 3})
     assert result["lines"] == ["line 998", "line 999", "auth ***"]
-    small = hostops.tail_log({"path": str(log), "lines": 1000, "max_bytes": 40})
+    small = datafiles.tail_log({"path": str(log), "lines": 1000, "max_bytes": 40})
     assert small["lines"][-1] == "auth ***" and len(small["lines"]) < 5
     assert all(line.startswith(("line ", "auth")) for line in small["lines"])
-    assert hostops.tail_log({"path": str(tmp_path / "none.log")})["exists"] is False
+    assert datafiles.tail_log({"path": str(tmp_path / "none.log")})["exists"] is False
 
 
 def test_mask_argv() -> None:
     argv = ["x", "--api-key", SECRET, "--token=abc", "--token-budget", "10000000", "ok"]
-    assert hostops.mask_argv(argv) == [
+    assert masking.mask_argv(argv) == [
         "x",
         "--api-key",
         "***",
@@ -409,45 +411,35 @@ def test_mask_argv() -> None:
         "10000000",
         "ok",
     ]
-    assert hostops.mask_argv(["--x", "pre-hidden-post"], ["hidden"]) == ["--x", "pre-***-post"]
-    assert hostops.mask_text("Authorization: Bearer abcdefghijkl") == "Authorization: ***"
-    assert hostops.mask_text("using Bearer abcdefghijkl") == "using Bearer ***"
-    assert hostops.mask_text("token budget None, max tokens 5") == "token budget None, max tokens 5"
-    assert hostops.mask_text(f"key={SECRET}") == "key=***"
+    assert masking.mask_argv(["--x", "pre-hidden-post"], ["hidden"]) == ["--x", "pre-***-post"]
+    assert masking.mask_text("Authorization: Bearer abcdefghijkl") == "Authorization: ***"
+    assert masking.mask_text("using Bearer abcdefghijkl") == "using Bearer ***"
+    assert masking.mask_text("token budget None, max tokens 5") == "token budget None, max tokens 5"
+    assert masking.mask_text(f"key={SECRET}") == "key=***"
 
 
 def test_ops_table_names_every_op() -> None:
-    assert set(hostops.OPS) == {
-        "launch",
-        "repair_tail",
-        "move_aside",
-        "read_fingerprint",
-        "write_fingerprint",
-        "lock_status",
-        "tail_log",
-        "tail_records",
-        "gpu_holders",
-    }
+    assert set(Agent().ops) == set(OP_SHAPES)
 
 
 def test_is_alive_checks_start_time(
     tmp_path: Path, workload: Path, python_exe: str, kill_after: list[int]
 ) -> None:
-    result = hostops.launch(_launch_params(tmp_path, workload, python_exe))
+    result = launch.launch(_launch_params(tmp_path, workload, python_exe))
     ident = result["identity"]
     kill_after.append(ident["pid"])
-    assert hostops.is_alive(ident)
-    assert not hostops.is_alive(dict(ident, start_time=ident["start_time"] + 1))
+    assert proc.is_alive(ident)
+    assert not proc.is_alive(dict(ident, start_time=ident["start_time"] + 1))
     os.killpg(ident["pid"], signal.SIGKILL)
-    wait_until(lambda: not hostops.is_alive(ident), timeout=15)
+    wait_until(lambda: not proc.is_alive(ident), timeout=15)
 
 
 def test_gpu_holders_without_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    result = hostops.gpu_holders({"pids": [1, 2]})
+    result = gpu.gpu_holders({"pids": [1, 2]})
     assert result == {"available": False, "holders": {}, "detail": None}
-    with pytest.raises(OpError):
-        hostops.gpu_holders({"pids": ["1"]})
+    with pytest.raises(AgentOpError):
+        gpu.gpu_holders({"pids": ["1"]})
 
 
 def test_gpu_holders_reads_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -459,8 +451,8 @@ def test_gpu_holders_reads_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path:
     )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    assert hostops.gpu_holders({"pids": [12, 13]}) == {"available": True, "holders": {"12": 250.0}}
-    assert hostops.gpu_holders({})["holders"] == {"11": 500.0, "12": 250.0}
+    assert gpu.gpu_holders({"pids": [12, 13]}) == {"available": True, "holders": {"12": 250.0}}
+    assert gpu.gpu_holders({})["holders"] == {"11": 500.0, "12": 250.0}
 
 
 # --------------------------------------------------------------------------- through the agent
@@ -476,7 +468,7 @@ async def test_ops_through_the_agent(
     host = LocalHost(HostConfig(name="local", local=True))
     hello = await host.connect()
     try:
-        assert set(hostops.OPS) <= set(hello["ops"])
+        assert set(OP_SHAPES) == set(hello["ops"])
         params = _launch_params(tmp_path, workload, python_exe)
         result = await host.request("launch", params, timeout=30)
         assert result["started"] is True
@@ -515,7 +507,7 @@ def test_one_lock_per_dataset(
     tmp_path: Path, workload: Path, python_exe: str, kill_after: list[int]
 ) -> None:
     side = "out/.runwatch"
-    first = hostops.launch(
+    first = launch.launch(
         _launch_params(
             tmp_path,
             workload,
@@ -527,7 +519,7 @@ def test_one_lock_per_dataset(
     assert first["started"], first
     kill_after.append(first["identity"]["pid"])
     # another run sharing the output dir but writing other datasets is not blocked
-    other = hostops.launch(
+    other = launch.launch(
         _launch_params(
             tmp_path, workload, python_exe, lock_path=None, lock_paths=[f"{side}/B3.lock"]
         )
@@ -535,7 +527,7 @@ def test_one_lock_per_dataset(
     assert other["started"], other
     kill_after.append(other["identity"]["pid"])
     # a third writing B2 (and B4) is: B2's writer is named, B4's lock is left free
-    third = hostops.launch(
+    third = launch.launch(
         _launch_params(
             tmp_path,
             workload,
@@ -548,7 +540,7 @@ def test_one_lock_per_dataset(
     assert third["reason"] == "already-running"
     assert third["lock_path"] == str(tmp_path / side / "B2.lock")
     assert third["holder"]["identity"]["pid"] == first["identity"]["pid"]
-    status = hostops.lock_status(
+    status = launch.lock_status(
         {"workdir": str(tmp_path), "lock_paths": [f"{side}/B4.lock", f"{side}/B1.lock"]}
     )
     assert status["held"] and status["holder"]["identity"]["pid"] == first["identity"]["pid"]
@@ -560,10 +552,10 @@ def test_one_lock_per_dataset(
 
 def test_read_many_fingerprints(tmp_path: Path) -> None:
     for ds in ("B1", "B2"):
-        hostops.write_fingerprint(
+        launch.write_fingerprint(
             {"path": f".runwatch/{ds}.launch.json", "workdir": str(tmp_path), "data": {"model": ds}}
         )
-    got = hostops.read_fingerprint(
+    got = launch.read_fingerprint(
         {
             "workdir": str(tmp_path),
             "paths": {

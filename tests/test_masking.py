@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import hostops
-from supervisor import processes as procs
+from supervisor.agent import masking
 from supervisor.hosts import Host
 
 SECRET = "sk-or-v1-0123456789abcdef0123456789abcdef"
@@ -31,8 +30,7 @@ SECRET = "sk-or-v1-0123456789abcdef0123456789abcdef"
     ],
 )
 def test_mask_text(text: str, masked: str) -> None:
-    assert procs.mask_text(text) == masked
-    assert hostops.mask_text(text) == masked
+    assert masking.mask_text(text) == masked
 
 
 @pytest.mark.parametrize(
@@ -46,12 +44,11 @@ def test_mask_text(text: str, masked: str) -> None:
     ],
 )
 def test_ordinary_words_are_not_secrets(text: str) -> None:
-    assert procs.mask_text(text) == text
-    assert hostops.mask_text(text) == text
+    assert masking.mask_text(text) == text
 
 
 def test_known_secrets_are_masked_wherever_they_appear() -> None:
-    assert hostops.mask_text("key was hunter2!", ["hunter2"]) == "key was ***!"
+    assert masking.mask_text("key was hunter2!", ["hunter2"]) == "key was ***!"
 
 
 async def test_a_log_tail_is_masked_but_keeps_its_words(host: Host, tmp_path: Path) -> None:

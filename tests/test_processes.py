@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from supervisor import processes as procs
+from supervisor.agent import gpu, masking, match
+from supervisor.agent import proc as procs
+from supervisor.agent.protocol import DEFAULT_SCRIPTS
 from supervisor.hosts import Host, LocalHost, process_infos
 from tests.fixtures_procs import (
     FakeRuns,
@@ -21,7 +23,7 @@ from tests.fixtures_procs import (
     system_python,
 )
 
-SCRIPTS = list(procs.DEFAULT_SCRIPTS)
+SCRIPTS = list(DEFAULT_SCRIPTS)
 
 
 # --------------------------------------------------------------------------- the rule
@@ -59,7 +61,7 @@ SCRIPTS = list(procs.DEFAULT_SCRIPTS)
 def test_script_index_matches_only_an_executed_script(
     argv: list[str], expected: int | None
 ) -> None:
-    assert procs.script_index(argv, SCRIPTS) == expected
+    assert match.script_index(argv, SCRIPTS) == expected
 
 
 def test_flags_of_a_run() -> None:
@@ -73,7 +75,7 @@ def test_flags_of_a_run() -> None:
         "--api-base", "http://127.0.0.1:30000/v1",
         "--model", "moonshotai/Kimi-K2.5",
     ]  # fmt: skip
-    flags = procs.parse_flags(argv, 1)
+    flags = match.parse_flags(argv, 1)
     assert flags == {
         "datasets": ["B1", "B2", "B3"],
         "max_samples": 7000,
@@ -84,7 +86,7 @@ def test_flags_of_a_run() -> None:
         "model": "moonshotai/Kimi-K2.5",
         "backend": "local",
     }
-    assert procs.parse_flags(["python", "run_inference.py"], 1)["token_budget"] is None
+    assert match.parse_flags(["python", "run_inference.py"], 1)["token_budget"] is None
 
 
 @pytest.mark.parametrize(
@@ -103,7 +105,7 @@ def test_flags_of_a_run() -> None:
     ],
 )
 def test_backend_from_api_base(base: str | None, backend: str) -> None:
-    assert procs.backend_of(base) == backend
+    assert match.backend_of(base) == backend
 
 
 SECRET = "sk-or-v1-0123456789abcdef0123456789abcdef"
@@ -134,7 +136,7 @@ SECRET = "sk-or-v1-0123456789abcdef0123456789abcdef"
     ],
 )
 def test_mask_argv(argv: list[str], masked: list[str]) -> None:
-    assert procs.mask_argv(argv) == masked
+    assert masking.mask_argv(argv) == masked
 
 
 # --------------------------------------------------------------------------- real processes
@@ -304,8 +306,8 @@ async def test_agent_on_another_python_lists_the_same_identity(
 
 def test_gpu_memory_parsing() -> None:
     apps = "1234, 20480\n1234, 1024\n999, [N/A]\n\ngarbage\n"
-    assert procs.parse_gpu_apps(apps) == {1234: 21504.0}
-    gpus = procs.parse_gpus("0, NVIDIA H100 80GB HBM3, 70000, 81559, 97\n")
+    assert gpu.parse_gpu_apps(apps) == {1234: 21504.0}
+    gpus = gpu.parse_gpus("0, NVIDIA H100 80GB HBM3, 70000, 81559, 97\n")
     assert gpus == [
         {
             "index": 0,
@@ -374,5 +376,5 @@ async def test_hostile_arguments_are_data(host: Host, fake_runs: FakeRuns) -> No
 
 def test_masking_leaves_lookalikes_alone() -> None:
     argv = ["--datasets", "disk-usage-0123456789abcdef", "--note", "token budget matters"]
-    assert procs.mask_argv(argv) == argv
-    assert procs.mask_argv(["x", "Bearer abcdefghijk"]) == ["x", "Bearer ***"]
+    assert masking.mask_argv(argv) == argv
+    assert masking.mask_argv(["x", "Bearer abcdefghijk"]) == ["x", "Bearer ***"]

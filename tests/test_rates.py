@@ -383,7 +383,7 @@ def test_human_duration(s: float, text: str) -> None:
 
 
 def test_views_from_successive_real_scans(tmp_path: Path) -> None:
-    from supervisor.scan import Scanner
+    from supervisor.agent.scan import Scanner
     from tests.fixtures_data import raw_lines
 
     lines, _ = raw_lines(90, seed=60)

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from supervisor import hostops
+from supervisor.agent import datafiles
+from supervisor.agent.protocol import AgentOpError
 from supervisor.config import Config, DatasetConfig, HostConfig, RunConfig
 from supervisor.engine import Engine
 from supervisor.errors import RunwatchError
@@ -36,18 +37,18 @@ def test_tail_records_reads_only_complete_records_from_the_end(tmp_path: Path) -
     with data.open("ab") as f:
         f.write(b"not json\n[1, 2]\n")  # two lines that are not records
         f.write(dump(recs[0])[:-9])  # a record still being written: no newline yet
-    got = hostops.tail_records({"path": str(data), "count": 3})
+    got = datafiles.tail_records({"path": str(data), "count": 3})
     assert got["exists"] and got["size"] == data.stat().st_size
     assert got["records"] == recs[-3:]  # oldest first, the torn tail skipped
     assert got["bad_lines"] == 2 and got["complete"] is True
-    assert hostops.tail_records({"path": str(data), "count": 0})["records"] == []
+    assert datafiles.tail_records({"path": str(data), "count": 0})["records"] == []
     # Relative paths are taken from the workdir; a missing file is a result, not an error.
-    rel = hostops.tail_records({"path": data.name, "workdir": str(tmp_path), "count": 1})
+    rel = datafiles.tail_records({"path": data.name, "workdir": str(tmp_path), "count": 1})
     assert rel["records"] == recs[-1:]
-    missing = hostops.tail_records({"path": str(tmp_path / "none.jsonl")})
+    missing = datafiles.tail_records({"path": str(tmp_path / "none.jsonl")})
     assert missing["exists"] is False and missing["records"] == []
-    with pytest.raises(hostops.OpError) as e:
-        hostops.tail_records({"path": str(tmp_path)})
+    with pytest.raises(AgentOpError) as e:
+        datafiles.tail_records({"path": str(tmp_path)})
     assert e.value.kind == "unreadable"
 
 
@@ -55,12 +56,12 @@ def test_tail_records_grows_its_window_up_to_max_bytes(tmp_path: Path) -> None:
     data = tmp_path / "big.jsonl"
     recs = _records(data, 12, tokens=5000)  # ~35 KB a record: the first 64 KiB window holds 1
     assert len(dump(recs[-1])) > 30_000
-    got = hostops.tail_records({"path": str(data), "count": 6})
+    got = datafiles.tail_records({"path": str(data), "count": 6})
     assert got["records"] == recs[-6:] and got["complete"] is True
     # Whole file smaller than asked: everything, complete.
-    assert hostops.tail_records({"path": str(data), "count": 50})["records"] == recs
+    assert datafiles.tail_records({"path": str(data), "count": 50})["records"] == recs
     # Bounded: what fits in max_bytes, and it says older records were left unread.
-    small = hostops.tail_records({"path": str(data), "count": 6, "max_bytes": 100_000})
+    small = datafiles.tail_records({"path": str(data), "count": 6, "max_bytes": 100_000})
     assert small["records"] == recs[-len(small["records"]) :]
     assert 1 <= len(small["records"]) < 6 and small["complete"] is False
 
@@ -74,7 +75,7 @@ async def test_tail_records_through_the_agent(tmp_path: Path) -> None:
         assert "tail_records" in hello["ops"]
         got = await host.request("tail_records", {"path": str(data), "count": 4})
         assert got["records"] == recs[-4:]
-        assert got == hostops.tail_records({"path": str(data), "count": 4})
+        assert got == datafiles.tail_records({"path": str(data), "count": 4})
     finally:
         await host.close()
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.scan import Scanner, scan_file
+from supervisor.agent.scan import Scanner, scan_file
 from tests.fixtures_data import Truth, dump, legacy_record, make_raw, raw_lines, raw_record
 
 
@@ -577,7 +577,7 @@ def test_result_is_json_able(tmp_path: Path) -> None:
 def test_validated_arrays_must_hold_integers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, array: bytes, ok: bool, big_path: bool
 ) -> None:
-    import supervisor.scan as scan_mod
+    import supervisor.agent.scan as scan_mod
 
     if big_path:  # the piecewise check used for arrays too big to parse
         monkeypatch.setattr(scan_mod, "FULL_PARSE_MAX", 4)

@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor.scan import Scanner
+from supervisor.agent.scan import Scanner
 from tests.fixtures_data import dump, legacy_record, raw_record
 
 _RNG = random.Random(40)

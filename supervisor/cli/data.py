@@ -77,7 +77,7 @@ def find_files(paths: tuple[str, ...] | list[str]) -> list[str]:
 
 def _profile_for(fmt: str | None, config_path: str | None) -> dict[str, Any] | None:
     """A user format from the config, when NAME is not built in."""
-    from supervisor.formats import BUILTIN_FORMATS
+    from supervisor.agent.formats import BUILTIN_FORMATS
 
     if fmt is None or fmt in BUILTIN_FORMATS:
         return None
@@ -139,7 +139,7 @@ def scan_paths(
     texts: bool = True,
 ) -> list[dict[str, Any]]:
     """Cold-scan each file to its end; tokenizer formats are counted with ``tokenizer``."""
-    from supervisor.scan import Scanner
+    from supervisor.agent.scan import Scanner
 
     scanner = Scanner()
     results = []

@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from supervisor.scan import Scanner  # noqa: E402
+from supervisor.agent.scan import Scanner  # noqa: E402
 
 MEAN_TOKENS = 3500
 MAX_ID = 163_840
@@ -124,7 +124,7 @@ def json_loop(path: Path) -> int:
 CHILD = """
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[2])
-from supervisor.scan import Scanner
+from supervisor.agent.scan import Scanner
 t = time.perf_counter()
 r = Scanner().scan(sys.argv[1])
 dt = time.perf_counter() - t

@@ -68,7 +68,7 @@ def steps_table(steps: list[dict[str, str]]) -> Table:
 
 def diff_text(plan: Any) -> Table:
     """What runs now, the new argv (masked), the flags that change, and the log."""
-    from supervisor.hostops import mask_argv
+    from supervisor.agent.masking import mask_argv
 
     table = Table.grid(padding=(0, 1))
     table.add_column(style="dim", no_wrap=True, width=12)

@@ -1,55 +1,31 @@
-"""The host agent: one long-lived process per host that answers JSON-line requests on stdin/stdout.
+"""Stopping a run: the ``kill`` and ``probe`` ops, process pinning with pidfds.
 
-Standard library only and Python >= 3.8. It is shipped to the host as data (see
-``supervisor.hosts.bootstrap_argv`` and ``bundle_payload``) together with ``supervisor.formats``,
-``supervisor.scan``, ``supervisor.hostops`` and ``supervisor.processes``, and exits when its stdin
-closes, so a dropped connection leaves nothing behind (an in-flight kill or launch is finished
-first: stopping half-way would leave a run SIGTERMed but never SIGKILLed).
-
-Protocol. Request ``{"id": int, "op": str, "params": {...}}``; reply ``{"id": int, "ok": true,
-"result": {...}}`` or ``{"id": int, "ok": false, "error": str, "kind": str}``. Lines that are not
-such objects are ignored. Once ready the agent prints ``{"id": 0, "ok": true, "result": {"hello":
-...}}``. Requests run on threads, so a kill waiting out its grace period never delays a ping;
-scanner ops are serialized (the scanner keeps per-file state across requests). Every reply is
-written as one whole line under a lock.
-
-Ops: ``ping``, ``ps``, ``refresh``, ``scan``, ``kill``, ``probe``, plus ``supervisor.hostops.OPS``.
+Standard library only, Python >= 3.8 (runs on the host inside the agent). A kill names the run by
+its identity (boot id, pid, start time, uid, masked argv); it is refused when the live process
+differs, and every process of the tree is pinned with a pidfd before it is signalled, so a
+recycled PID is never hit. Each process is reported with its outcome and the proof of its exit.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import platform
 import select
 import signal
-import socket
 import sys
-import threading
 import time
-import traceback
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
-from supervisor import processes as procs
+from supervisor.agent import proc as procs
+from supervisor.agent.masking import mask_argv
+from supervisor.agent.match import script_index
+from supervisor.agent.protocol import DEFAULT_SCRIPTS, KILL_CONFIRM_S
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-PROTOCOL = 1
-# Ops that act on the host: finished even when stdin closes mid-way.
-DURABLE_OPS = frozenset(("kill", "launch", "repair_tail", "move_aside", "write_fingerprint"))
-KILL_CONFIRM_S = 5.0
-"""How long to wait for the exit after SIGKILL before reporting it unconfirmed (state D...)."""
+    from supervisor.agent.server import Agent
+
 _FALLBACK_POLL_S = 0.005
-
-
-class OpFailed(Exception):
-    """A request that cannot be carried out; ``kind`` names the reason for the laptop."""
-
-    def __init__(self, message: str, kind: str = "failed") -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 # --------------------------------------------------------------------------- pidfd
@@ -121,6 +97,7 @@ def pidfd_send_signal(fd: int, sig: int) -> None:
 
 
 def has_pidfd() -> bool:
+    """Whether this kernel and Python give pidfds (a kill then never signals a recycled PID)."""
     try:
         fd = pidfd_open(os.getpid())
     except OSError:
@@ -271,7 +248,7 @@ def kill(agent: Agent, params: dict[str, Any]) -> dict[str, Any]:
     ident = params["identity"]
     pid = int(ident["pid"])
     grace = float(params.get("grace", 10.0))
-    scripts = params.get("scripts") or list(procs.DEFAULT_SCRIPTS)
+    scripts = params.get("scripts") or list(DEFAULT_SCRIPTS)
     why = check_identity(agent, ident)
     if why:
         return _refuse(pid, why)
@@ -299,9 +276,9 @@ def kill(agent: Agent, params: dict[str, Any]) -> dict[str, Any]:
             run.exiting = True
             return _kill_tree(run, grace)
         want = list(ident.get("argv") or [])
-        if want not in (procs.mask_argv(live_argv), live_argv):
+        if want not in (mask_argv(live_argv), live_argv):
             return _refuse(pid, "refused: argv changed (PID reused by another command?)")
-        if procs.script_index(live_argv, scripts) is None:
+        if script_index(live_argv, scripts) is None:
             return _refuse(
                 pid, "refused: not a run (no argv element executes " + ", ".join(scripts) + ")"
             )
@@ -434,235 +411,3 @@ def probe(agent: Agent, params: dict[str, Any]) -> dict[str, Any]:
         "children": procs.descendants(table, pid),
         "detail": "still running",
     }
-
-
-# --------------------------------------------------------------------------- the agent
-
-
-class Agent:
-    """State kept across requests: the scanner, the process lister, the output lock."""
-
-    def __init__(self, out: IO[bytes] | None = None) -> None:
-        self.out = out
-        self.boot_id = procs.boot_id()
-        self.lister = procs.Lister()
-        self.write_lock = threading.Lock()
-        self.scan_lock = threading.Lock()
-        self.list_lock = threading.Lock()  # the lister keeps CPU times between calls
-        self.scanner: Any = None
-        self.scanner_error: str | None = None
-        self.ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-            "ping": self.ping,
-            "ps": self.ps,
-            "refresh": self.refresh,
-            "scan": self.scan,
-            "kill": lambda p: kill(self, p),
-            "probe": lambda p: probe(self, p),
-        }
-        try:
-            from supervisor import hostops
-        except ImportError:
-            hostops = None  # type: ignore[assignment]
-        if hostops is not None:
-            for name, fn in getattr(hostops, "OPS", {}).items():
-                self.ops.setdefault(name, fn)
-
-    # ------------------------------------------------------------ ops
-
-    def hello(self) -> dict[str, Any]:
-        return {
-            "hello": "runwatch-agent",
-            "protocol": PROTOCOL,
-            "boot_id": self.boot_id,
-            "python": platform.python_version(),
-            "executable": sys.executable,
-            "has_psutil": procs.HAS_PSUTIL,
-            "proc_source": "proc" if procs.uses_proc() else "psutil",
-            "has_nvidia_smi": procs.nvidia_smi() is not None,
-            "has_pidfd": has_pidfd(),
-            "has_scanner": self._get_scanner() is not None,
-            "uid": os.getuid(),
-            "user": procs.user_name(os.getuid()),
-            "pid": os.getpid(),
-            "hostname": socket.gethostname(),
-            "ops": sorted(self.ops),
-        }
-
-    def ping(self, params: dict[str, Any]) -> dict[str, Any]:
-        return {"pong": True, "time": time.time()}
-
-    def _list(self, params: dict[str, Any], with_gpu: bool) -> tuple[list[Any], Any]:
-        scripts = params.get("scripts") or list(procs.DEFAULT_SCRIPTS)
-        if not isinstance(scripts, list) or not all(isinstance(s, str) for s in scripts):
-            raise OpFailed("scripts: expected a list of strings", "bad-request")
-        gpu_pids, gpu = procs.query_gpu() if with_gpu else (None, None)
-        with self.list_lock:
-            found = self.lister.list_runs(scripts, bool(params.get("show_other_users")), gpu_pids)
-        return found, gpu
-
-    def ps(self, params: dict[str, Any]) -> dict[str, Any]:
-        found, gpu = self._list(params, bool(params.get("gpu", True)))
-        return {"time": time.time(), "boot_id": self.boot_id, "processes": found, "gpu": gpu}
-
-    def refresh(self, params: dict[str, Any]) -> dict[str, Any]:
-        found, gpu = self._list(params, bool(params.get("gpu", True)))
-        files = self._scan_files(params.get("files") or [])
-        return {
-            "time": time.time(),
-            "boot_id": self.boot_id,
-            "processes": found,
-            "files": files,
-            "gpu": gpu,
-        }
-
-    def scan(self, params: dict[str, Any]) -> dict[str, Any]:
-        """``files`` scanned; with ``fresh``, each from its first byte by a scanner of its own
-        (every complete line validated as the specs ask), leaving the incremental state of the
-        refreshes untouched."""
-        files = self._scan_files(params.get("files") or [], fresh=bool(params.get("fresh")))
-        return {"time": time.time(), "files": files}
-
-    def _get_scanner(self) -> Any:
-        if self.scanner is None and self.scanner_error is None:
-            try:
-                from supervisor.scan import Scanner  # type: ignore[attr-defined,unused-ignore]
-
-                self.scanner = Scanner()
-            except Exception as e:  # the scanner module is missing or broken on this build
-                self.scanner_error = f"{type(e).__name__}: {e}"
-        return self.scanner
-
-    def _scan_files(self, specs: list[Any], fresh: bool = False) -> dict[str, Any]:
-        if not isinstance(specs, list):
-            raise OpFailed("files: expected a list", "bad-request")
-        out: dict[str, Any] = {}
-        with self.scan_lock:
-            scanner = self._get_scanner()
-        if fresh and scanner is not None:
-            # A cold scan with a scanner of its own: an earlier sampled scan proves nothing, and
-            # a long full validation must not hold up the refreshes (no shared state, no lock).
-            scanner = type(scanner)()
-        with contextlib.nullcontext() if fresh else self.scan_lock:
-            for spec in specs:
-                if not isinstance(spec, dict) or not isinstance(spec.get("path"), str):
-                    raise OpFailed("files: each entry needs a string 'path'", "bad-request")
-                path = spec["path"]
-                if scanner is None:
-                    out[path] = {
-                        "path": path,
-                        "state": "error",
-                        "error": f"no scanner: {self.scanner_error}",
-                    }
-                    continue
-                kwargs: dict[str, Any] = {}
-                for key, arg in (
-                    ("format", "fmt"),
-                    ("validate", "validate"),
-                    ("profile", "profile"),
-                    ("expected", "expected"),
-                    ("texts", "texts"),
-                ):
-                    if spec.get(key) is not None:
-                        kwargs[arg] = spec[key]
-                try:
-                    out[path] = scanner.scan(os.path.expanduser(path), **kwargs)
-                except Exception as e:  # one bad file never fails the whole refresh
-                    out[path] = {
-                        "path": path,
-                        "state": "error",
-                        "error": f"{type(e).__name__}: {e}",
-                    }
-        return out
-
-    # ------------------------------------------------------------ serving
-
-    def write(self, obj: dict[str, Any]) -> None:
-        line = (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
-        with self.write_lock:
-            if self.out is None:
-                return
-            try:
-                self.out.write(line)
-                self.out.flush()
-            except (BrokenPipeError, ValueError, OSError):
-                self.out = None  # the laptop went away; finish quietly
-
-    def handle(self, rid: int, op: str, params: dict[str, Any]) -> None:
-        fn = self.ops.get(op)
-        if fn is None:
-            self.write(
-                {"id": rid, "ok": False, "error": f"unknown op {op!r}", "kind": "unknown-op"}
-            )
-            return
-        try:
-            result = fn(params)
-        except Exception as e:
-            kind = getattr(e, "kind", None)
-            if not isinstance(kind, str):
-                kind = (
-                    "bad-request"
-                    if isinstance(e, (KeyError, TypeError, ValueError))
-                    else "exception"
-                )
-            if kind == "exception":
-                traceback.print_exc(file=sys.stderr)
-            self.write({"id": rid, "ok": False, "error": f"{type(e).__name__}: {e}", "kind": kind})
-            return
-        self.write({"id": rid, "ok": True, "result": result})
-
-    def serve(self, inp: IO[bytes]) -> None:
-        """Answer requests until ``inp`` closes; then finish durable ops and return."""
-        durable: list[threading.Thread] = []
-        # A newline first ends any partial line a login banner left behind.
-        if self.out is not None:
-            with contextlib.suppress(OSError):
-                self.out.write(b"\n")
-        self.write({"id": 0, "ok": True, "result": self.hello()})
-        while True:
-            raw = inp.readline()
-            if not raw:
-                break
-            line = raw.strip()
-            if not line.startswith(b"{"):
-                continue
-            try:
-                msg = json.loads(line.decode("utf-8", "replace"))
-            except ValueError:
-                continue
-            if not isinstance(msg, dict):
-                continue
-            rid, op, params = msg.get("id"), msg.get("op"), msg.get("params")
-            if not isinstance(rid, int) or isinstance(rid, bool):
-                continue
-            if not isinstance(op, str) or not isinstance(params, (dict, type(None))):
-                self.write(
-                    {"id": rid, "ok": False, "error": "malformed request", "kind": "bad-request"}
-                )
-                continue
-            th = threading.Thread(
-                target=self.handle,
-                args=(rid, op, params or {}),
-                name=f"op-{op}-{rid}",
-                daemon=op not in DURABLE_OPS,
-            )
-            th.start()
-            if op in DURABLE_OPS:
-                durable = [t for t in durable if t.is_alive()]
-                durable.append(th)
-        for th in durable:
-            th.join()
-
-
-def main() -> None:
-    """Serve on stdin/stdout; stray prints of any module go to stderr, never into the protocol."""
-    out = sys.stdout.buffer
-    sys.stdout = sys.stderr
-    agent = Agent(out)
-    agent.serve(sys.stdin.buffer)
-    with contextlib.suppress(OSError):
-        out.flush()
-    os._exit(0)  # do not wait for daemon threads still reading a large file
-
-
-if __name__ == "__main__":  # pragma: no cover - the bundle calls main()
-    main()

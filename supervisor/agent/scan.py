@@ -47,7 +47,7 @@ import stat
 import time
 from typing import TYPE_CHECKING, Any
 
-from supervisor.formats import (
+from supervisor.agent.formats import (
     PROFILES,
     Profile,
     detect,

@@ -1,0 +1,354 @@
+"""Operations on run data files: torn-tail repair, move-aside, and bounded tails of logs and
+JSONL files; plus the path and hashing helpers the other host-side ops share.
+
+Standard library only, Python >= 3.8 (runs on the host inside the agent). Every path arrives as
+data in a JSON request and goes to the kernel as data (``os.open``, ``os.link``...).
+
+Ops:
+- ``repair_tail``: the only write to run data. Copies the file to a byte-identical ``.broken``
+  backup (verified by hashing both), truncates at the last newline, fsyncs file and directory.
+  Refused while any process has the file open for writing.
+- ``move_aside``: rename ``<file>`` to ``<file>.<format>-<UTC timestamp>``; never overwrites.
+- ``tail_log``: the last lines of a log file, bounded in bytes.
+- ``tail_records``: the last complete records of a JSONL data file, bounded in bytes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import hashlib
+import json
+import os
+import re
+from typing import Any
+
+from supervisor.agent.masking import mask_text
+from supervisor.agent.protocol import AgentOpError, param_number, param_str
+
+_CHUNK = 1 << 20
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def resolve(path: str, base: str | None = None) -> str:
+    """``~`` expanded; relative paths taken from ``base`` (else the agent's working directory)."""
+    p = os.path.expanduser(path)
+    if not os.path.isabs(p) and base is not None:
+        p = os.path.join(os.path.expanduser(base), p)
+    return os.path.abspath(p)
+
+
+def fsync_dir(path: str) -> None:
+    """fsync the directory holding ``path`` (makes a create, rename or unlink durable)."""
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _utc_stamp() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def sha256_file(path: str, limit: int | None = None) -> str:
+    """sha256 of a file's bytes (the first ``limit`` bytes when given)."""
+    h = hashlib.sha256()
+    remaining = limit
+    with open(path, "rb") as f:
+        while remaining is None or remaining > 0:
+            n = _CHUNK if remaining is None else min(_CHUNK, remaining)
+            block = f.read(n)
+            if not block:
+                break
+            h.update(block)
+            if remaining is not None:
+                remaining -= len(block)
+    return h.hexdigest()
+
+
+def writers_of(path: str) -> list[int]:
+    """PIDs (of those this user can see) that hold ``path`` open for writing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    found: list[int] = []
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                fst = os.stat(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+                continue
+            try:
+                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                    info = f.read()
+            except OSError:
+                continue
+            m = re.search(r"^flags:\s*([0-7]+)", info, re.M)
+            if m and int(m.group(1), 8) & (os.O_WRONLY | os.O_RDWR):
+                found.append(pid)
+                break
+    return found
+
+
+def tail_bytes(path: str, lines: int, max_bytes: int, start: int = 0) -> list[str]:
+    """The last ``lines`` whole lines of ``path`` after offset ``start``, reading at most
+    ``max_bytes`` from the end ([] when the file cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            begin = max(start, size - max_bytes)
+            f.seek(begin)
+            data = f.read(size - begin)
+    except OSError:
+        return []
+    text = data.decode("utf-8", "replace")
+    parts = text.splitlines()
+    if begin > start and parts:
+        parts = parts[1:]  # the first line is cut
+    return parts[-lines:] if lines > 0 else []
+
+
+# --------------------------------------------------------------------------- repair and move
+
+
+def _last_newline(fd: int, size: int) -> int:
+    """Offset just past the last ``\\n`` in the file (0 when there is none)."""
+    pos = size
+    while pos > 0:
+        start = max(0, pos - 65536)
+        block = os.pread(fd, pos - start, start)
+        i = block.rfind(b"\n")
+        if i >= 0:
+            return start + i + 1
+        pos = start
+    return 0
+
+
+def _free_name(base: str) -> str:
+    if not os.path.lexists(base):
+        return base
+    n = 2
+    while os.path.lexists(f"{base}.{n}"):
+        n += 1
+    return f"{base}.{n}"
+
+
+def repair_tail(params: dict[str, Any]) -> dict[str, Any]:
+    """``{path}`` -> repair a torn last line; refused while a writer has the file open.
+
+    Result: ``{"path", "repaired": false, "reason": "clean"|"empty"}`` or ``{"path",
+    "repaired": true, "backup", "sha256", "size_before", "size_after", "removed_bytes"}``.
+    """
+    path = resolve(param_str(params, "path"))
+    writers = writers_of(path)
+    if writers:
+        raise AgentOpError(
+            f"{path} is open for writing by pid {', '.join(str(p) for p in writers)}; "
+            "a torn tail is repaired only with no writer alive",
+            "writer-alive",
+        )
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise AgentOpError(f"{path} does not exist", "missing") from None
+    except OSError as e:
+        raise AgentOpError(f"cannot open {path}: {e.strerror}", "unreadable") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return {"path": path, "repaired": False, "reason": "empty", "size_before": 0}
+        if os.pread(fd, 1, size - 1) == b"\n":
+            return {"path": path, "repaired": False, "reason": "clean", "size_before": size}
+        keep = _last_newline(fd, size)
+        backup = _free_name(path + ".broken")
+        src_hash = hashlib.sha256()
+        bfd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            off = 0
+            while off < size:
+                block = os.pread(fd, min(_CHUNK, size - off), off)
+                if not block:
+                    break
+                src_hash.update(block)
+                view = memoryview(block)
+                while view:
+                    n = os.write(bfd, view)
+                    view = view[n:]
+                off += len(block)
+            os.fsync(bfd)
+        finally:
+            os.close(bfd)
+        fsync_dir(backup)
+        digest = src_hash.hexdigest()
+        if off != size or os.fstat(fd).st_size != size:
+            raise AgentOpError(
+                f"{path} changed size while it was copied; a writer is alive. "
+                f"The backup {backup} is kept.",
+                "writer-alive",
+            )
+        backup_digest = sha256_file(backup)
+        if backup_digest != digest or os.stat(backup).st_size != size:
+            raise AgentOpError(
+                f"the backup {backup} does not match {path} "
+                f"(sha256 {backup_digest} != {digest}); nothing was truncated",
+                "io",
+            )
+        os.ftruncate(fd, keep)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(path)
+    return {
+        "path": path,
+        "repaired": True,
+        "backup": backup,
+        "sha256": digest,
+        "size_before": size,
+        "size_after": keep,
+        "removed_bytes": size - keep,
+    }
+
+
+def move_aside(params: dict[str, Any]) -> dict[str, Any]:
+    """``{path, format}`` -> rename to ``<path>.<format>-<UTC timestamp>``; never overwrites.
+    Refused while a process has the file open for writing.
+
+    Result: ``{"path", "moved": bool, "to", "size", "inode"}`` (``moved`` false when the file does
+    not exist).
+    """
+    path = resolve(param_str(params, "path"))
+    fmt = param_str(params, "format")
+    if "/" in fmt or fmt in (".", ".."):
+        raise AgentOpError(f"format {fmt!r} cannot be part of a file name", "bad-params")
+    stamp = params.get("timestamp") or _utc_stamp()
+    if not isinstance(stamp, str) or "/" in stamp:
+        raise AgentOpError("parameter 'timestamp': expected a string without '/'", "bad-params")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return {"path": path, "moved": False, "to": None, "reason": "missing"}
+    writers = writers_of(path)
+    if writers:
+        # A live writer would go on appending to the moved file: stop it first.
+        raise AgentOpError(
+            f"{path} is open for writing by pid {', '.join(str(p) for p in writers)}; "
+            "files are moved aside only with no writer alive",
+            "writer-alive",
+        )
+    target = _free_name(f"{path}.{fmt}-{stamp}")
+    try:
+        # link + unlink never replaces an existing file, unlike rename
+        os.link(path, target, follow_symlinks=False)
+        os.unlink(path)
+    except FileExistsError:
+        raise AgentOpError(f"{target} appeared while moving {path}; nothing moved", "io") from None
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise AgentOpError(f"cannot move {path}: {e.strerror}", "io") from None
+        if os.path.lexists(target):
+            raise AgentOpError(f"{target} exists; nothing moved", "io") from None
+        os.rename(path, target)
+    fsync_dir(path)
+    return {"path": path, "moved": True, "to": target, "size": st.st_size, "inode": st.st_ino}
+
+
+# --------------------------------------------------------------------------- tails
+
+
+def tail_log(params: dict[str, Any]) -> dict[str, Any]:
+    """``{path, lines?=50, max_bytes?=65536}`` -> ``{"path", "exists", "size", "lines"}``.
+
+    Reads at most ``max_bytes`` from the end; key-shaped tokens are masked.
+    """
+    path = resolve(param_str(params, "path"), params.get("workdir"))
+    lines = int(param_number(params, "lines", 50))
+    max_bytes = int(param_number(params, "max_bytes", 65536))
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        return {"path": path, "exists": False, "size": 0, "lines": []}
+    except OSError as e:
+        raise AgentOpError(f"cannot read {path}: {e.strerror}", "unreadable") from None
+    tail = [mask_text(line) for line in tail_bytes(path, lines, max_bytes)]
+    return {"path": path, "exists": True, "size": size, "lines": tail}
+
+
+def _last_records(f: Any, size: int, count: int, max_bytes: int) -> tuple[list[Any], int, int]:
+    """``(records oldest first, bad lines, window start)`` of :func:`tail_records`."""
+    window = min(size, max_bytes, 64 << 10)
+    while True:
+        begin = size - window
+        f.seek(begin)
+        data = f.read(window)
+        # Only newline-terminated lines; the first is cut unless the window starts the file.
+        lines = data[: data.rfind(b"\n") + 1].split(b"\n")[:-1]
+        if begin > 0 and lines:
+            lines = lines[1:]
+        records: list[Any] = []
+        bad = 0
+        for line in reversed(lines):
+            if len(records) >= count:
+                break
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                bad += 1
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                bad += 1
+        if len(records) >= count or begin == 0 or window >= max_bytes:
+            records.reverse()
+            return records, bad, begin
+        window = min(size, max_bytes, window * 2)
+
+
+def tail_records(params: dict[str, Any]) -> dict[str, Any]:
+    """``{path, workdir?, count?=3, max_bytes?=4 MiB}`` -> the last complete records of a JSONL
+    data file: ``{"path", "exists", "size", "records": [objects, oldest first], "bad_lines",
+    "complete"}``.
+
+    Reads backwards from the end, doubling a window from 64 KiB up to ``max_bytes``, until
+    ``count`` records are found: only lines ending in a newline count (a line still being written
+    is skipped), lines that are not JSON objects are counted in ``bad_lines``. ``complete`` is
+    false when fewer than ``count`` records fit in ``max_bytes`` although the file holds more.
+    Records are data, returned as written (not masked): the laptop masks what it shows.
+    """
+    path = resolve(param_str(params, "path"), params.get("workdir"))
+    count = max(0, int(param_number(params, "count", 3)))
+    max_bytes = max(1, int(param_number(params, "max_bytes", 4 << 20)))
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            records, bad, begin = _last_records(f, size, count, max_bytes)
+    except FileNotFoundError:
+        return {"path": path, "exists": False, "size": 0, "records": [], "bad_lines": 0,
+                "complete": True}  # fmt: skip
+    except OSError as e:
+        raise AgentOpError(f"cannot read {path}: {e.strerror}", "unreadable") from None
+    return {
+        "path": path,
+        "exists": True,
+        "size": size,
+        "records": records,
+        "bad_lines": bad,
+        "complete": len(records) >= count or begin == 0,
+    }

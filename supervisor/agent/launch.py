@@ -1,0 +1,449 @@
+"""Launching runs: a detached start under the run's locks, lock status and launch fingerprints.
+
+Standard library only, Python >= 3.8 (runs on the host inside the agent). Every path, argument and
+environment value arrives as data in a JSON request and goes to the kernel as data
+(``subprocess.Popen`` with a list, ``os.open``...); nothing is ever shell text.
+
+Ops:
+- ``launch``: start a run detached (new session, stdin from /dev/null, stdout and stderr appended
+  to its log) while holding ``flock`` on the run's lock file. The lock's file descriptor is passed
+  to the child, so the lock lives exactly as long as the run (and its descendants that keep it);
+  a second launch sees the lock taken and reports the holder written in the lock file. The launch
+  is confirmed after a settle time: the child is alive with the identity read back from /proc,
+  or it died and the result carries the last lines it wrote to the log.
+- ``lock_status``: whether a run's lock is held, and by whom.
+- ``read_fingerprint`` / ``write_fingerprint``: the ``.runwatch/launch.json`` sidecar.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import subprocess
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from supervisor.agent.datafiles import fsync_dir, resolve, sha256_file, tail_bytes
+from supervisor.agent.masking import mask_argv, mask_text
+from supervisor.agent.proc import boot_id, identity_of, is_alive
+from supervisor.agent.protocol import (
+    FINGERPRINT_VERSION,
+    AgentOpError,
+    param_number,
+    param_str,
+    param_str_dict,
+    param_str_list,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+def poll_until(cond: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
+    """Wait until ``cond()`` is true or ``timeout`` seconds passed; return the last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if cond():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        threading.Event().wait(interval)
+
+
+# --------------------------------------------------------------------------- lock
+
+
+def _read_holder(lock_path: str) -> dict[str, Any] | None:
+    try:
+        with open(lock_path, "rb") as f:
+            raw = f.read(65536)
+    except OSError:
+        return None
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _write_holder(fd: int, holder: dict[str, Any]) -> None:
+    data = (json.dumps(holder, sort_keys=True) + "\n").encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+    os.fsync(fd)
+
+
+def _holder_is_live(holder: dict[str, Any] | None) -> bool:
+    if not holder:
+        return False
+    ident = holder.get("identity")
+    return bool(isinstance(ident, dict) and is_alive(ident))
+
+
+def _try_flock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _lock_one(lock_path: str) -> dict[str, Any]:
+    holder = _read_holder(lock_path)
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return {"lock_path": lock_path, "held": False, "holder": None, "holder_alive": False}
+    except OSError as e:
+        raise AgentOpError(f"cannot open lock {lock_path}: {e.strerror}", "unreadable") from None
+    try:
+        # A shared probe: it conflicts with the launcher's exclusive lock, never with another probe.
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            held = False
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            held = True
+    finally:
+        os.close(fd)
+    return {
+        "lock_path": lock_path,
+        "held": held,
+        "holder": holder,
+        "holder_alive": _holder_is_live(holder),
+    }
+
+
+def _lock_paths(params: dict[str, Any], base: str | None) -> list[str]:
+    """``lock_paths`` (a list) or ``lock_path``, resolved, without duplicates, in sorted order
+    (every launcher takes them in the same order)."""
+    raw = params.get("lock_paths")
+    if raw is None:
+        return [resolve(param_str(params, "lock_path"), base)]
+    if not isinstance(raw, list) or not raw or not all(isinstance(p, str) and p for p in raw):
+        raise AgentOpError(
+            "parameter 'lock_paths': expected a non-empty list of paths", "bad-params"
+        )
+    return sorted({resolve(p, base) for p in raw})
+
+
+def lock_status(params: dict[str, Any]) -> dict[str, Any]:
+    """``{lock_path}`` or ``{lock_paths: [...]}`` (``workdir`` optional) -> whether any is held.
+
+    Result: ``{"held", "lock_path", "holder", "holder_alive", "locks": [per lock the same]}``;
+    the top-level ``lock_path``/``holder`` are those of the first held lock.
+    """
+    locks = [_lock_one(p) for p in _lock_paths(params, params.get("workdir"))]
+    held = [lk for lk in locks if lk["held"]]
+    first = held[0] if held else locks[0]
+    return {
+        "held": bool(held),
+        "lock_path": first["lock_path"],
+        "holder": first["holder"] if held else None,
+        "holder_alive": any(lk["holder_alive"] for lk in held),
+        "locks": locks,
+    }
+
+
+# --------------------------------------------------------------------------- launch
+
+
+def launch(params: dict[str, Any]) -> dict[str, Any]:
+    """Start a run detached under its lock and confirm it.
+
+    Params: ``workdir``, ``argv`` (list), ``env`` (extra variables; secrets go here, never in argv),
+    ``log`` and ``lock_paths`` (a list; or one ``lock_path``; relative to workdir unless absolute:
+    one lock per dataset the run writes, so two runs sharing an output dir never block each other
+    while two writers of one dataset do), ``settle_s`` (default 2), ``lock_wait_s`` (default 3:
+    how long to wait for a concurrent launcher to name its child), ``tail_lines`` (default 30),
+    ``fingerprints`` (optional list of ``{"path", "data", "hash_files"}``, or one
+    ``fingerprint``, written once the child is confirmed), ``secret_env`` (names of ``env``
+    entries that are secrets: their values are masked in every line returned).
+
+    Result: ``{"started": true, "identity", "log", "lock_path", "log_offset", "argv_matches"}``, or
+    ``{"started": false, "reason": "already-running" | "exited" | "exec-failed", ...}`` with the
+    holder (already-running), the exit code and last log lines (exited), or the error.
+    """
+    workdir = resolve(param_str(params, "workdir"))
+    argv = param_str_list(params, "argv")
+    env_extra = param_str_dict(params, "env")
+    secret_names = params.get("secret_env") or []
+    secrets = [v for k, v in env_extra.items() if k in secret_names and v]
+    log = resolve(param_str(params, "log"), workdir)
+    lock_paths = _lock_paths(params, workdir)
+    settle_s = param_number(params, "settle_s", 2.0)
+    lock_wait_s = param_number(params, "lock_wait_s", 3.0)
+    tail_lines = int(param_number(params, "tail_lines", 30))
+    if not os.path.isdir(workdir):
+        raise AgentOpError(f"workdir {workdir} is not a directory", "bad-params")
+    fds: dict[str, int] = {}
+    try:
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        for path in lock_paths:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fds[path] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        for fd in fds.values():
+            os.close(fd)
+        raise AgentOpError(f"cannot create {e.filename}: {e.strerror}", "io") from None
+    lock_path = lock_paths[0]
+    taken: set[str] = set()
+    conflict: list[str | None] = [None]
+
+    def acquired_or_live_holder() -> bool:
+        for path in lock_paths:
+            if path in taken:
+                continue
+            if not _try_flock(fds[path]):
+                conflict[0] = path
+                return _holder_is_live(_read_holder(path))
+            taken.add(path)
+        conflict[0] = None
+        return True
+
+    def write_all(holder: dict[str, Any]) -> None:
+        for fd in fds.values():
+            _write_holder(fd, holder)
+
+    try:
+        poll_until(acquired_or_live_holder, lock_wait_s)
+        busy = conflict[0]
+        if busy is not None:
+            return {
+                "started": False,
+                "reason": "already-running",
+                "detail": f"already running: {_describe(busy)} holds {busy}",
+                "holder": _read_holder(busy),
+                "lock_path": busy,
+            }
+        write_all(
+            {
+                "state": "launching",
+                "agent_pid": os.getpid(),
+                "boot_id": boot_id(),
+                "time": time.time(),
+            }
+        )
+        try:
+            log_fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise AgentOpError(f"cannot open log {log}: {e.strerror}", "io") from None
+        log_offset = os.fstat(log_fd).st_size
+        env = dict(os.environ)
+        env.update(env_extra)
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=tuple(fds.values()),
+            )
+        except OSError as e:
+            write_all({"state": "failed", "time": time.time()})
+            return {
+                "started": False,
+                "reason": "exec-failed",
+                "detail": mask_text(f"cannot start {argv[0]}: {e.strerror}", secrets),
+                "lock_path": lock_path,
+            }
+        finally:
+            os.close(log_fd)
+        # Popen returns as soon as the child's exec has begun (vfork), possibly before the
+        # kernel has set up its new argv: wait for the argv (bounded), so the identity is whole.
+        seen: list[dict[str, Any] | None] = [None]
+
+        def argv_ready() -> bool:
+            seen[0] = identity_of(proc.pid)
+            return seen[0] is None or bool(seen[0]["argv"])
+
+        poll_until(argv_ready, 2.0, 0.005)
+        identity = seen[0]
+        if identity is None:  # it exited before it could be read: still report what it wrote
+            identity = {
+                "boot_id": boot_id(),
+                "pid": proc.pid,
+                "start_time": 0,
+                "uid": os.getuid(),
+                "argv": argv,
+            }
+        write_all(
+            {
+                "state": "running",
+                "identity": identity,
+                "argv": mask_argv(argv, secrets),
+                "workdir": workdir,
+                "log": log,
+                "time": time.time(),
+            }
+        )
+    finally:
+        # The child holds its own copies of the locks (and releases them when it ends); ours go.
+        for fd in fds.values():
+            os.close(fd)
+    try:
+        code: int | None = proc.wait(timeout=settle_s)
+    except subprocess.TimeoutExpired:
+        code = None
+    if code is None:
+        # Reap it when it ends, so a finished run never lingers as a zombie of the agent.
+        threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+    masked_tail = [
+        mask_text(line, secrets)
+        for line in tail_bytes(log, tail_lines, 64 * 1024, start=log_offset)
+    ]
+    if code is not None or not is_alive(identity):
+        return {
+            "started": False,
+            "reason": "exited",
+            "exit_code": code,
+            "identity": dict(identity, argv=mask_argv(identity["argv"], secrets)),
+            "detail": (f"the process exited with status {code}" if code is not None else "it died")
+            + f" within {settle_s:.1f} s of its start",
+            "log_tail": masked_tail,
+            "log": log,
+            "lock_path": lock_path,
+        }
+    cmd = identity["argv"]
+    result: dict[str, Any] = {
+        "started": True,
+        "identity": identity,
+        "argv_matches": _same_command(cmd, argv),
+        "log": log,
+        "log_offset": log_offset,
+        "lock_path": lock_path,
+        "log_tail": masked_tail,
+    }
+    fps = params.get("fingerprints")
+    if not isinstance(fps, list):
+        fps = [params["fingerprint"]] if isinstance(params.get("fingerprint"), dict) else []
+    written = []
+    for fp in fps:
+        if not isinstance(fp, dict):
+            continue
+        fp_params = dict(fp)
+        fp_params.setdefault("workdir", workdir)
+        data = dict(fp_params.get("data") or {})
+        data["identity"] = dict(identity, argv=mask_argv(identity["argv"], secrets))
+        fp_params["data"] = data
+        written.append(write_fingerprint(fp_params)["path"])
+    result["fingerprints"] = written
+    return result
+
+
+def _same_command(cmdline: list[str], argv: list[str]) -> bool:
+    """The process runs ``argv``: exactly, or through an interpreter named by a ``#!`` line."""
+    if cmdline == argv:
+        return True
+    rest = argv[1:]
+    return len(cmdline) > len(argv) and cmdline[len(cmdline) - len(rest) :] == rest
+
+
+def _describe(lock_path: str) -> str:
+    holder = _read_holder(lock_path)
+    if not holder:
+        return "another launch"
+    ident = holder.get("identity")
+    if isinstance(ident, dict):
+        return "pid {} (started at tick {}, boot {})".format(
+            ident.get("pid"),
+            ident.get("start_time"),
+            str(ident.get("boot_id", ""))[:8],
+        )
+    return "a launch in progress (agent pid {})".format(holder.get("agent_pid"))
+
+
+# --------------------------------------------------------------------------- fingerprint
+
+
+def _hashes(files: dict[str, str], base: str | None) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for key, raw in sorted(files.items()):
+        p = resolve(raw, base)
+        try:
+            out[key] = {"path": raw, "sha256": sha256_file(p), "size": os.path.getsize(p)}
+        except OSError as e:
+            out[key] = {"path": raw, "sha256": None, "error": e.strerror or str(e)}
+    return out
+
+
+def read_fingerprint(params: dict[str, Any]) -> dict[str, Any]:
+    """``{path | paths: {key: path}, workdir?, hash_files?: {key: path}}`` -> the stored
+    sidecar(s) and current hashes.
+
+    Result: ``{"path", "exists", "fingerprint": dict | None, "error": str | None,
+    "hashes": {key: {"path", "sha256" | None, ...}}}``; with ``paths``, ``{"fingerprints": {key:
+    {"path", "exists", "fingerprint", "error"}}, "hashes": ...}``. ``hashes`` lets the laptop
+    compare the prompt files as they are now with those recorded at the last launch, in one round
+    trip.
+    """
+    workdir = params.get("workdir")
+    files = param_str_dict(params, "hash_files")
+    many = param_str_dict(params, "paths")
+    if many:
+        result: dict[str, Any] = {
+            "fingerprints": {k: _read_one(resolve(p, workdir)) for k, p in many.items()}
+        }
+    else:
+        result = _read_one(resolve(param_str(params, "path"), workdir))
+    result["hashes"] = _hashes(files, workdir)
+    return result
+
+
+def _read_one(path: str) -> dict[str, Any]:
+    result: dict[str, Any] = {"path": path, "exists": False, "fingerprint": None, "error": None}
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(1 << 20)
+        result["exists"] = True
+        value = json.loads(raw.decode("utf-8"))
+        if isinstance(value, dict):
+            result["fingerprint"] = value
+        else:
+            result["error"] = "not a JSON object"
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        result["error"] = e.strerror or str(e)
+    except (UnicodeDecodeError, ValueError) as e:
+        result["error"] = f"not JSON: {e}"
+    return result
+
+
+def write_fingerprint(params: dict[str, Any]) -> dict[str, Any]:
+    """``{path, data, workdir?, hash_files?}`` -> write ``data`` (plus ``prompts`` hashes, a
+    version and the time) atomically to the sidecar. Result ``{"path", "fingerprint"}``."""
+    workdir = params.get("workdir")
+    path = resolve(param_str(params, "path"), workdir)
+    data = params.get("data")
+    if not isinstance(data, dict):
+        raise AgentOpError("parameter 'data': expected a table", "bad-params")
+    fingerprint = dict(data)
+    fingerprint["version"] = FINGERPRINT_VERSION
+    fingerprint["time"] = time.time()
+    files = param_str_dict(params, "hash_files")
+    if files:
+        fingerprint["prompts"] = _hashes(files, workdir)
+    if isinstance(fingerprint.get("argv"), list):
+        fingerprint["argv"] = mask_argv([str(a) for a in fingerprint["argv"]])
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, (json.dumps(fingerprint, sort_keys=True, indent=1) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path)
+    return {"path": path, "fingerprint": fingerprint}

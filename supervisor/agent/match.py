@@ -1,0 +1,191 @@
+"""Which processes are runs, and what they were told: argv matching and flag parsing.
+
+Standard library only, Python >= 3.8 (runs on the host inside the agent).
+
+What is a run. A process is a run when it *executes* a configured script:
+
+* ``argv[0]``'s basename is a Python interpreter (``python``, ``python3.11``, ``pypy3``...) and
+  the first argument after the interpreter's own options is a path whose basename equals the
+  script name (``python -u /data/run_inference.py --datasets B1``); ``-c`` and ``-m`` end the
+  search (``python -c "...run_inference.py..."`` runs a string, not the script); or
+* ``argv[0]``'s basename equals the script name (a script executed directly).
+
+So ``grep run_inference.py``, ``tail -f run_inference.py.log``, ``vim run_inference.py``, ``bash -c
+'python run_inference.py; ...'`` (the shell itself; its child python *is* a run), and the agent
+(``python -c LOADER``) are never runs. A matching process whose ancestor is itself a run (a forked
+worker with the same argv) is listed as that run's child, not as a second run. The caller's own
+process and its ancestors are never runs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from supervisor.agent.masking import mask_value
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from supervisor.agent.proc import ProcRow
+
+_INTERPRETER = re.compile(r"^(python|pypy)(\d+(\.\d+)*)?[a-z]?(\.exe)?$")
+# Interpreter options that take the next argument as their value.
+_OPTS_WITH_VALUE = frozenset(("-W", "-X", "--check-hash-based-pycs"))
+
+
+def script_index(argv: Sequence[str], scripts: Iterable[str]) -> int | None:
+    """Index of the argv element that is the executed script, or None when not a run."""
+    names = set(scripts)
+    if not argv or not names:
+        return None
+    first = os.path.basename(argv[0])
+    if first in names:
+        return 0
+    if not _INTERPRETER.match(first):
+        return None
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg in _OPTS_WITH_VALUE:
+            i += 2
+            continue
+        if arg.startswith("--"):
+            i += 1
+            continue
+        if arg.startswith("-") and arg != "-":
+            # A cluster of short options (``-uB``, ``-Wignore``, ``-uc CODE``).
+            step = 1
+            for j, ch in enumerate(arg[1:], start=1):
+                if ch in "cm":
+                    return None  # runs a string or a module, not a script file
+                if ch in "WX":
+                    step = 2 if j == len(arg) - 1 else 1
+                    break
+            i += step
+            continue
+        break
+    if i < len(argv) and os.path.basename(argv[i]) in names:
+        return i
+    return None
+
+
+def _flag(args: Sequence[str], names: Sequence[str]) -> str | None:
+    found = None
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                found = args[i + 1]
+            elif arg.startswith(name + "="):
+                found = arg[len(name) + 1 :]
+    return found
+
+
+def parse_int(value: str | None) -> int | None:
+    """An integer from a flag value (``1_000``, ``1,000``, ``1e3``); None when it is none."""
+    if value is None:
+        return None
+    v = value.strip().replace("_", "").replace(",", "")
+    try:
+        return int(v)
+    except ValueError:
+        pass
+    try:
+        f = float(v)
+    except ValueError:
+        return None
+    return int(f) if f == f and abs(f) != float("inf") else None
+
+
+def backend_of(api_base: str | None) -> str:
+    """``local`` for loopback, private-network and single-label hosts; ``api`` otherwise."""
+    if not api_base:
+        return "unknown"
+    try:
+        host = urlsplit(api_base if "://" in api_base else "http://" + api_base).hostname
+    except ValueError:
+        return "unknown"
+    if not host:
+        return "unknown"
+    host = host.lower()
+    if host in ("localhost", "localhost.localdomain") or host.endswith(
+        (".localhost", ".local", ".lan", ".internal", ".home.arpa")
+    ):
+        return "local"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return "local" if "." not in host else "api"
+    return "local" if ip.is_loopback or ip.is_private or ip.is_link_local else "api"
+
+
+def parse_flags(argv: Sequence[str], start: int = 0) -> dict[str, Any]:
+    """The flags of a run that matter to supervision (``model.RunFlags`` shape).
+
+    ``start`` is the index of the script in argv; only what follows it is read.
+    """
+    args = list(argv[start + 1 :])
+    datasets: list[str] = []
+    for i, arg in enumerate(args):
+        values: list[str] = []
+        if arg == "--datasets" or arg == "--dataset":
+            for nxt in args[i + 1 :]:
+                if nxt.startswith("-"):
+                    break
+                values.append(nxt)
+            datasets = []
+        elif arg.startswith(("--datasets=", "--dataset=")):
+            values = [arg.split("=", 1)[1]]
+            datasets = []
+        for v in values:
+            datasets.extend(d for d in v.split(",") if d)
+    api_base = _flag(args, ("--api-base", "--base-url", "--api-url", "--endpoint"))
+    masked_base = mask_value(api_base) if api_base is not None else None
+    return {
+        "datasets": datasets,
+        "max_samples": parse_int(_flag(args, ("--max-samples", "--max_samples"))),
+        "token_budget": parse_int(_flag(args, ("--token-budget", "--token_budget"))),
+        "concurrency": parse_int(_flag(args, ("--concurrency", "--max-concurrency"))),
+        "output_dir": _flag(args, ("--output-dir", "--output_dir", "--out-dir", "--out")),
+        "api_base": masked_base,
+        "model": _flag(args, ("--model", "--model-name")),
+        "backend": backend_of(api_base),
+    }
+
+
+def ancestors(table: dict[int, ProcRow], pid: int) -> list[int]:
+    """Ancestors of ``pid`` in ``table``, nearest first."""
+    out: list[int] = []
+    seen = {pid}
+    row = table.get(pid)
+    while row is not None and row.ppid not in seen and row.ppid > 0:
+        out.append(row.ppid)
+        seen.add(row.ppid)
+        row = table.get(row.ppid)
+    return out
+
+
+def find_runs(
+    table: dict[int, ProcRow], scripts: Sequence[str], exclude: Iterable[int] = ()
+) -> list[tuple[int, int]]:
+    """``(pid, script index)`` of every run in ``table``; ``exclude`` (self and ancestors) never.
+
+    A matching process with a matching ancestor is a worker of that run, not a run.
+    """
+    excluded = set(exclude)
+    matches: dict[int, int] = {}
+    for row in table.values():
+        idx = script_index(row.argv, scripts)
+        if idx is not None and row.pid not in excluded:
+            matches[row.pid] = idx
+    return sorted(
+        (pid, idx)
+        for pid, idx in matches.items()
+        if not any(a in matches for a in ancestors(table, pid))
+    )

@@ -1,0 +1,375 @@
+"""Process listing and identity, read from ``/proc`` (psutil where a host has no ``/proc``).
+
+Standard library only and Python >= 3.8 (runs on the host inside the agent). It reads ``/proc``
+on Linux; where ``/proc`` is absent it uses psutil when the host has it. On Linux ``/proc`` is
+read even when psutil is installed: a process identity is defined in ``/proc`` terms (start time
+in clock ticks since boot, boot id) and psutil only exposes the start time as a float of
+wall-clock seconds, which cannot be compared exactly. Which processes are runs is decided by
+:mod:`supervisor.agent.match`.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import time
+from typing import TYPE_CHECKING, Any
+
+from supervisor.agent.masking import mask_argv
+from supervisor.agent.match import find_runs, parse_flags
+from supervisor.agent.protocol import DEFAULT_SCRIPTS
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+try:  # optional on the host
+    import psutil  # type: ignore[import-untyped,unused-ignore]
+
+    HAS_PSUTIL = True
+except ImportError:  # pragma: no cover - depends on the host
+    psutil = None  # type: ignore[assignment,unused-ignore]
+    HAS_PSUTIL = False
+
+PROC = "/proc"
+
+
+def clock_ticks() -> int:
+    try:
+        return int(os.sysconf("SC_CLK_TCK"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 100
+
+
+CLK_TCK = clock_ticks()
+
+
+def boot_id() -> str:
+    """The kernel's boot id (changes on every boot); empty where the kernel has none."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def uses_proc() -> bool:
+    return os.path.exists(PROC + "/self/stat")
+
+
+class Stat:
+    """The fields of ``/proc/PID/stat`` the listing uses."""
+
+    __slots__ = ("ppid", "rss_pages", "start_time", "state", "stime", "threads", "utime")
+
+    def __init__(self, raw: bytes) -> None:
+        # comm may contain spaces and parentheses: the fields start after the LAST ')'.
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        self.state = fields[0].decode("ascii", "replace")
+        self.ppid = int(fields[1])
+        self.utime = int(fields[11])
+        self.stime = int(fields[12])
+        self.threads = int(fields[17])
+        self.start_time = int(fields[19])
+        self.rss_pages = int(fields[21])
+
+
+def read_stat(pid: int) -> Stat | None:
+    """``/proc/PID/stat`` parsed, or None when the process is gone."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as f:
+            return Stat(f.read())
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def read_argv(pid: int) -> list[str] | None:
+    """argv of a process (None when gone; empty for kernel threads and zombies)."""
+    try:
+        with open(f"{PROC}/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    if not raw:
+        return []
+    parts = raw.split(b"\0")
+    if parts[-1] == b"":
+        parts.pop()
+    # backslashreplace: always valid text for JSON, and the same string on every read.
+    return [p.decode("utf-8", "backslashreplace") for p in parts]
+
+
+def read_uid(pid: int) -> int | None:
+    try:
+        with open(f"{PROC}/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def uptime_s() -> float:
+    try:
+        with open(PROC + "/uptime") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+class ProcRow:
+    """One process of the host as seen in one pass."""
+
+    __slots__ = ("argv", "pid", "ppid")
+
+    def __init__(self, pid: int, ppid: int, argv: list[str]) -> None:
+        self.pid = pid
+        self.ppid = ppid
+        self.argv = argv
+
+
+def process_table() -> dict[int, ProcRow]:
+    """Every process of the host: pid -> (ppid, argv); those that vanish mid-read are skipped."""
+    table: dict[int, ProcRow] = {}
+    if uses_proc():
+        for name in os.listdir(PROC):
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            st = read_stat(pid)
+            if st is None:
+                continue
+            argv = read_argv(pid)
+            if argv is None:
+                continue
+            table[pid] = ProcRow(pid, st.ppid, argv)
+        return table
+    if psutil is None:  # pragma: no cover - neither /proc nor psutil
+        raise RuntimeError("cannot list processes: no /proc and no psutil on this host")
+    for p in psutil.process_iter(["pid", "ppid", "cmdline"]):  # pragma: no cover - non-Linux
+        info = p.info
+        table[info["pid"]] = ProcRow(info["pid"], info["ppid"] or 0, list(info["cmdline"] or []))
+    return table
+
+
+def descendants(table: dict[int, ProcRow], pid: int) -> list[int]:
+    """Every descendant of ``pid`` in ``table``, breadth first."""
+    kids: dict[int, list[int]] = {}
+    for row in table.values():
+        kids.setdefault(row.ppid, []).append(row.pid)
+    out: list[int] = []
+    queue = list(kids.get(pid, []))
+    seen = {pid}
+    while queue:
+        p = queue.pop(0)
+        if p in seen:
+            continue
+        seen.add(p)
+        out.append(p)
+        queue.extend(kids.get(p, []))
+    return out
+
+
+def ancestors_live(pid: int) -> list[int]:
+    """Ancestors of ``pid`` read directly from /proc (for the agent's own chain)."""
+    out: list[int] = []
+    seen = {pid}
+    st = read_stat(pid)
+    while st is not None and st.ppid > 0 and st.ppid not in seen:
+        out.append(st.ppid)
+        seen.add(st.ppid)
+        st = read_stat(st.ppid)
+    return out
+
+
+def identity_of(pid: int) -> dict[str, Any] | None:
+    """``{boot_id, pid, start_time, uid, argv}`` of a live process, or None when it is gone."""
+    st = read_stat(pid)
+    argv = read_argv(pid)
+    uid = read_uid(pid)
+    if st is None or argv is None or uid is None or st.state in "ZX":
+        return None  # gone, or a zombie: it has exited
+    return {"boot_id": boot_id(), "pid": pid, "start_time": st.start_time, "uid": uid, "argv": argv}
+
+
+def is_alive(identity: dict[str, Any]) -> bool:
+    """True when the process named by ``identity`` (same boot, pid and start time) still runs."""
+    pid = identity.get("pid")
+    if not isinstance(pid, int):
+        return False
+    now = identity_of(pid)
+    return (
+        now is not None
+        and now["start_time"] == identity.get("start_time")
+        and now["boot_id"] == identity.get("boot_id", now["boot_id"])
+    )
+
+
+class Lister:
+    """Lists runs across refreshes (keeps the CPU time of each process to compute CPU %)."""
+
+    def __init__(self, self_pid: int | None = None) -> None:
+        self.self_pid = os.getpid() if self_pid is None else self_pid
+        self.boot_id = boot_id()
+        self._cpu: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def excluded(self) -> set[int]:
+        return {self.self_pid, *ancestors_live(self.self_pid)}
+
+    def list_runs(
+        self,
+        scripts: Sequence[str] = DEFAULT_SCRIPTS,
+        show_other_users: bool = False,
+        gpu_per_pid: dict[int, float] | None = None,
+    ) -> list[dict[str, Any]]:
+        """ProcessInfo-shaped dicts of every run on the host."""
+        if not uses_proc():  # pragma: no cover - non-Linux hosts
+            return self._list_psutil(scripts, show_other_users, gpu_per_pid)
+        table = process_table()
+        my_uid = os.getuid()
+        now_boot = uptime_s()
+        now = time.monotonic()
+        out: list[dict[str, Any]] = []
+        seen: set[tuple[int, int]] = set()
+        for pid, idx in find_runs(table, scripts, self.excluded()):
+            st = read_stat(pid)
+            uid = read_uid(pid)
+            if st is None or uid is None:
+                continue  # exited while listing
+            if uid != my_uid and not show_other_users:
+                continue
+            argv = table[pid].argv
+            kids = descendants(table, pid)
+            cpu_s = (st.utime + st.stime) / CLK_TCK
+            started_s = st.start_time / CLK_TCK
+            age = max(now_boot - started_s, 0.0)
+            key = (pid, st.start_time)
+            seen.add(key)
+            prev = self._cpu.get(key)
+            if prev is not None and now > prev[1]:
+                cpu_pct = 100.0 * (cpu_s - prev[0]) / (now - prev[1])
+            else:
+                cpu_pct = 100.0 * cpu_s / age if age > 0 else 0.0
+            self._cpu[key] = (cpu_s, now)
+            try:
+                cwd: str | None = os.readlink(f"{PROC}/{pid}/cwd")
+            except OSError:
+                cwd = None
+            record = process_record(
+                self.boot_id, pid, st.start_time, uid, my_uid, argv, idx, kids, gpu_per_pid
+            )
+            record.update(
+                uptime_s=round(age, 2),
+                cpu_percent=round(max(cpu_pct, 0.0), 1),
+                rss_mb=round(st.rss_pages * _page_size() / 1048576.0, 1),
+                state=st.state,
+                cwd=cwd,
+                ppid=st.ppid,
+                threads=st.threads,
+            )
+            out.append(record)
+        for key in list(self._cpu):
+            if key not in seen:
+                del self._cpu[key]
+        return out
+
+    def _list_psutil(  # pragma: no cover - non-Linux hosts
+        self,
+        scripts: Sequence[str],
+        show_other_users: bool,
+        gpu_per_pid: dict[int, float] | None,
+    ) -> list[dict[str, Any]]:
+        assert psutil is not None
+        table = process_table()
+        my_uid = os.getuid()
+        boot = psutil.boot_time()
+        out: list[dict[str, Any]] = []
+        for pid, idx in find_runs(table, scripts, self.excluded()):
+            try:
+                p = psutil.Process(pid)
+                with p.oneshot():
+                    uid = p.uids().real
+                    created = p.create_time()
+                    mem = p.memory_info().rss
+                    state = p.status()
+                    cpu = p.cpu_percent(None)
+                    try:
+                        cwd: str | None = p.cwd()
+                    except psutil.Error:
+                        cwd = None
+            except psutil.Error:
+                continue
+            if uid != my_uid and not show_other_users:
+                continue
+            argv = table[pid].argv
+            kids = descendants(table, pid)
+            start = psutil_start_ticks(created, boot)
+            record = process_record(
+                self.boot_id, pid, start, uid, my_uid, argv, idx, kids, gpu_per_pid
+            )
+            record.update(
+                uptime_s=round(max(time.time() - created, 0.0), 2),
+                cpu_percent=cpu,
+                rss_mb=round(mem / 1048576.0, 1),
+                state=state,
+                cwd=cwd,
+            )
+            out.append(record)
+        return out
+
+
+def process_record(
+    boot_id: str,
+    pid: int,
+    start_time: int,
+    uid: int,
+    my_uid: int,
+    argv: list[str],
+    idx: int,
+    kids: list[int],
+    gpu_per_pid: dict[int, float] | None,
+) -> dict[str, Any]:
+    """The parts of a listed run that do not depend on where they were read (/proc or psutil).
+
+    The identity carries the masked argv, so secrets never leave the host.
+    """
+    masked = mask_argv(argv)
+    gpu = None
+    if gpu_per_pid is not None:
+        gpu = sum(gpu_per_pid.get(p, 0.0) for p in [pid, *kids])
+    return {
+        "identity": {
+            "boot_id": boot_id,
+            "pid": pid,
+            "start_time": start_time,
+            "uid": uid,
+            "argv": masked,
+        },
+        "user": user_name(uid),
+        "argv_masked": masked,
+        "children": kids,
+        "flags": parse_flags(argv, idx),
+        "gpu_memory_mb": gpu,
+        "run": None,
+        "killable": uid == my_uid,
+        "script": os.path.basename(argv[idx]),
+    }
+
+
+def psutil_start_ticks(create_time: float, boot_time: float) -> int:
+    """Start time in clock ticks from psutil's wall-clock floats (hosts without /proc)."""
+    return round((create_time - boot_time) * CLK_TCK)
+
+
+def _page_size() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        return 4096

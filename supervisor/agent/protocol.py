@@ -1,0 +1,523 @@
+"""The agent's wire protocol: constants, the error class and the shape of every op.
+
+Standard library only, Python >= 3.8 (this module travels to the host with the package).
+
+A request is one JSON line ``{"id": int, "op": str, "params": {...}}``; the reply is ``{"id": int,
+"ok": true, "result": {...}}`` or ``{"id": int, "ok": false, "error": str, "kind": str}``. Once
+ready the agent prints ``{"id": 0, "ok": true, "result": Hello}``. For each op below, ``<Op>Params``
+is the shape of ``params`` and ``<Op>Result`` the shape of ``result``; :data:`OP_SHAPES` maps every
+op name to the pair. The laptop decodes replies against the same shapes
+(``supervisor.replies``).
+
+An op raises :class:`AgentOpError` (with a ``kind``) for a request it cannot carry out; expected
+outcomes such as "already running" are results, not errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+PROTOCOL = 1
+"""Version of this protocol, sent in the hello."""
+DURABLE_OPS = frozenset(("kill", "launch", "repair_tail", "move_aside", "write_fingerprint"))
+"""Ops that act on the host: finished even when stdin closes mid-way."""
+KILL_CONFIRM_S = 5.0
+"""How long the agent waits for the exit after SIGKILL before reporting it unconfirmed (state D)."""
+DEFAULT_SCRIPTS = ("run_inference.py", "regenerate_train_data.py", "server_generate.py")
+"""Script names that make a process a run when no ``scripts`` are configured."""
+MASK = "***"
+"""What a masked secret is replaced by."""
+SIDECAR_DIR = ".runwatch"
+"""runwatch's own files in a run's output dir: ``<dataset>.lock``, ``<dataset>.launch.json``."""
+LOCK_NAME = "run.lock"
+"""Lock of a run whose datasets are unknown."""
+FINGERPRINT_NAME = "launch.json"
+"""Fingerprint of a run whose datasets are unknown."""
+FINGERPRINT_VERSION = 1
+"""Version written into every launch fingerprint."""
+
+
+class AgentOpError(Exception):
+    """A request the host cannot carry out. ``kind`` names the reason for the laptop
+    (``bad-params``, ``bad-request``, ``missing``, ``unreadable``, ``writer-alive``, ``io``...)."""
+
+    def __init__(self, message: str, kind: str = "failed") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+# --------------------------------------------------------------------------- reading params
+
+
+def param_str(params: dict[str, Any], key: str, default: str | None = None) -> str:
+    value = params.get(key, default)
+    if not isinstance(value, str) or not value:
+        raise AgentOpError(f"parameter {key!r}: expected a non-empty string", "bad-params")
+    return value
+
+
+def param_str_list(params: dict[str, Any], key: str) -> list[str]:
+    value = params.get(key)
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise AgentOpError(f"parameter {key!r}: expected a non-empty list of strings", "bad-params")
+    return list(value)
+
+
+def param_str_dict(params: dict[str, Any], key: str) -> dict[str, str]:
+    value = params.get(key) or {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise AgentOpError(f"parameter {key!r}: expected a table of strings", "bad-params")
+    return dict(value)
+
+
+def param_number(params: dict[str, Any], key: str, default: float) -> float:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise AgentOpError(f"parameter {key!r}: expected a non-negative number", "bad-params")
+    return float(value)
+
+
+# --------------------------------------------------------------------------- shapes
+# Annotations stay strings (``from __future__ import annotations``), so ``X | None`` is fine on
+# Python 3.8. ``total=False`` marks keys a request may leave out or a reply may not carry.
+
+
+class Identity(TypedDict):
+    """What pins a process across PID reuse and reboots; ``argv`` is masked."""
+
+    boot_id: str
+    pid: int
+    start_time: int
+    uid: int
+    argv: list[str]
+
+
+class Hello(TypedDict):
+    """The agent's first line (``id`` 0)."""
+
+    hello: str
+    protocol: int
+    boot_id: str
+    python: str
+    executable: str
+    has_psutil: bool
+    proc_source: str
+    has_nvidia_smi: bool
+    has_pidfd: bool
+    has_scanner: bool
+    uid: int
+    user: str
+    pid: int
+    hostname: str
+    ops: list[str]
+
+
+class PingParams(TypedDict, total=False):
+    pass
+
+
+class PingResult(TypedDict):
+    pong: bool
+    time: float
+
+
+class RunFlags(TypedDict):
+    """The flags of a run that matter to supervision (``match.parse_flags``)."""
+
+    datasets: list[str]
+    max_samples: int | None
+    token_budget: int | None
+    concurrency: int | None
+    output_dir: str | None
+    api_base: str | None
+    model: str | None
+    backend: str
+
+
+class _ProcessRequired(TypedDict):
+    identity: Identity
+    user: str
+    argv_masked: list[str]
+    children: list[int]
+    flags: RunFlags
+    gpu_memory_mb: float | None
+    run: str | None
+    killable: bool
+    script: str
+
+
+class Process(_ProcessRequired, total=False):
+    """One listed run (``proc.process_record`` plus what the lister read)."""
+
+    uptime_s: float
+    cpu_percent: float
+    rss_mb: float
+    state: str
+    cwd: str | None
+    ppid: int
+    threads: int
+
+
+class GpuInfo(TypedDict, total=False):
+    index: int | None
+    name: str
+    memory_used_mb: float | None
+    memory_total_mb: float | None
+    utilization_pct: float | None
+
+
+class GpuSummary(TypedDict, total=False):
+    gpus: list[GpuInfo]
+    error: str
+
+
+class PsParams(TypedDict, total=False):
+    scripts: list[str]
+    show_other_users: bool
+    gpu: bool
+
+
+class PsResult(TypedDict):
+    time: float
+    boot_id: str
+    processes: list[Process]
+    gpu: GpuSummary | None
+
+
+class _FileSpecRequired(TypedDict):
+    path: str
+
+
+class FileSpec(_FileSpecRequired, total=False):
+    """One file to scan."""
+
+    format: str
+    validate: str
+    profile: dict[str, Any]
+    expected: str
+    texts: int
+
+
+class BadLine(TypedDict, total=False):
+    offset: int
+    line: int
+    reason: str
+
+
+class _ScanFileRequired(TypedDict):
+    path: str
+    state: str
+
+
+class ScanFile(_ScanFileRequired, total=False):
+    """The scanner's result for one file (``scan.Scanner.scan``); ``state`` is ``ok``,
+    ``missing``, ``unreadable``, ``not-a-file`` or ``error`` (then ``error`` says why)."""
+
+    error: str | None
+    format: str | None
+    expected: str | None
+    verdict: str
+    verdict_detail: str | None
+    records: int
+    unique_ids: int
+    duplicates: int
+    prompt_tokens: int
+    completion_tokens: int
+    token_source: str | None
+    texts_records: int
+    finish_reasons: dict[str, int]
+    formats: dict[str, int]
+    kinds: dict[str, int]
+    first_offending: Any
+    bad_lines: list[BadLine]
+    bad_lines_total: int
+    partial_tail_bytes: int
+    lines: int
+    offset: int
+    size: int
+    mtime: float | None
+    validated: int
+    finished: bool
+    stream: str | None
+    texts: list[str]
+    texts_more: bool
+    companions: list[Any]
+    rescan_reason: str | None
+    bytes_read: int
+    scan_seconds: float
+
+
+class RefreshParams(PsParams, total=False):
+    files: list[FileSpec]
+
+
+class RefreshResult(PsResult):
+    files: dict[str, ScanFile]
+
+
+class ScanParams(TypedDict, total=False):
+    files: list[FileSpec]
+    fresh: bool
+
+
+class ScanResult(TypedDict):
+    time: float
+    files: dict[str, ScanFile]
+
+
+class _KillParamsRequired(TypedDict):
+    identity: Identity
+
+
+class KillParams(_KillParamsRequired, total=False):
+    grace: float
+    scripts: list[str]
+
+
+class KillExit(TypedDict):
+    confirmed: bool
+    code: int | None
+    after_s: float | None
+
+
+class KillTarget(TypedDict):
+    """One process of a kill; ``outcome`` is ``terminated``, ``killed``, ``already-gone`` or
+    ``refused``, ``role`` is ``run`` or ``child``."""
+
+    pid: int
+    role: str
+    outcome: str
+    detail: str
+    signals: list[str]
+    exit: KillExit
+
+
+class KillResult(TypedDict):
+    results: list[KillTarget]
+
+
+class ProbeParams(TypedDict):
+    identity: Identity
+
+
+class ProbeResult(TypedDict):
+    """``state``: ``alive``, ``gone``, ``zombie`` or ``rebooted``."""
+
+    state: str
+    alive: bool
+    children: list[int]
+    detail: str
+
+
+class FingerprintSpec(TypedDict, total=False):
+    path: str
+    data: dict[str, Any]
+    hash_files: dict[str, str]
+    workdir: str
+
+
+class _LaunchParamsRequired(TypedDict):
+    workdir: str
+    argv: list[str]
+    log: str
+
+
+class LaunchParams(_LaunchParamsRequired, total=False):
+    env: dict[str, str]
+    secret_env: list[str]
+    lock_path: str
+    lock_paths: list[str]
+    settle_s: float
+    lock_wait_s: float
+    tail_lines: int
+    fingerprint: FingerprintSpec
+    fingerprints: list[FingerprintSpec]
+
+
+class _LaunchResultRequired(TypedDict):
+    started: bool
+    lock_path: str
+
+
+class LaunchResult(_LaunchResultRequired, total=False):
+    """``started`` true, or false with ``reason`` ``already-running`` (``holder``), ``exited``
+    (``exit_code``, ``log_tail``) or ``exec-failed`` (``detail``)."""
+
+    reason: str
+    detail: str
+    identity: Identity
+    argv_matches: bool
+    log: str
+    log_offset: int
+    log_tail: list[str]
+    exit_code: int | None
+    holder: dict[str, Any] | None
+    fingerprints: list[str]
+
+
+class LockStatusParams(TypedDict, total=False):
+    lock_path: str
+    lock_paths: list[str]
+    workdir: str
+
+
+class LockState(TypedDict):
+    lock_path: str
+    held: bool
+    holder: dict[str, Any] | None
+    holder_alive: bool
+
+
+class LockStatusResult(LockState):
+    """The top-level ``lock_path``/``holder`` are those of the first held lock."""
+
+    locks: list[LockState]
+
+
+class _PathParams(TypedDict):
+    path: str
+
+
+class RepairTailParams(_PathParams):
+    pass
+
+
+class _RepairTailRequired(TypedDict):
+    path: str
+    repaired: bool
+
+
+class RepairTailResult(_RepairTailRequired, total=False):
+    reason: str
+    backup: str
+    sha256: str
+    size_before: int
+    size_after: int
+    removed_bytes: int
+
+
+class MoveAsideParams(_PathParams, total=False):
+    format: str
+    timestamp: str
+
+
+class _MoveAsideRequired(TypedDict):
+    path: str
+    moved: bool
+    to: str | None
+
+
+class MoveAsideResult(_MoveAsideRequired, total=False):
+    reason: str
+    size: int
+    inode: int
+
+
+class FileHash(TypedDict, total=False):
+    path: str
+    sha256: str | None
+    size: int
+    error: str
+
+
+class ReadFingerprintParams(TypedDict, total=False):
+    path: str
+    paths: dict[str, str]
+    workdir: str
+    hash_files: dict[str, str]
+
+
+class StoredFingerprint(TypedDict):
+    path: str
+    exists: bool
+    fingerprint: dict[str, Any] | None
+    error: str | None
+
+
+class ReadFingerprintResult(TypedDict, total=False):
+    """One sidecar (``path`` ...) or several (``fingerprints``), and the current ``hashes``."""
+
+    path: str
+    exists: bool
+    fingerprint: dict[str, Any] | None
+    error: str | None
+    fingerprints: dict[str, StoredFingerprint]
+    hashes: dict[str, FileHash]
+
+
+class _WriteFingerprintRequired(TypedDict):
+    path: str
+    data: dict[str, Any]
+
+
+class WriteFingerprintParams(_WriteFingerprintRequired, total=False):
+    workdir: str
+    hash_files: dict[str, str]
+
+
+class WriteFingerprintResult(TypedDict):
+    path: str
+    fingerprint: dict[str, Any]
+
+
+class TailLogParams(_PathParams, total=False):
+    workdir: str
+    lines: int
+    max_bytes: int
+
+
+class TailLogResult(TypedDict):
+    path: str
+    exists: bool
+    size: int
+    lines: list[str]
+
+
+class TailRecordsParams(_PathParams, total=False):
+    workdir: str
+    count: int
+    max_bytes: int
+
+
+class TailRecordsResult(TypedDict):
+    path: str
+    exists: bool
+    size: int
+    records: list[dict[str, Any]]
+    bad_lines: int
+    complete: bool
+
+
+class GpuHoldersParams(TypedDict, total=False):
+    pids: list[int]
+
+
+class _GpuHoldersRequired(TypedDict):
+    available: bool
+    holders: dict[str, float]
+
+
+class GpuHoldersResult(_GpuHoldersRequired, total=False):
+    detail: str | None
+
+
+OP_SHAPES: dict[str, tuple[type, type]] = {
+    "ping": (PingParams, PingResult),
+    "ps": (PsParams, PsResult),
+    "refresh": (RefreshParams, RefreshResult),
+    "scan": (ScanParams, ScanResult),
+    "kill": (KillParams, KillResult),
+    "probe": (ProbeParams, ProbeResult),
+    "launch": (LaunchParams, LaunchResult),
+    "lock_status": (LockStatusParams, LockStatusResult),
+    "repair_tail": (RepairTailParams, RepairTailResult),
+    "move_aside": (MoveAsideParams, MoveAsideResult),
+    "read_fingerprint": (ReadFingerprintParams, ReadFingerprintResult),
+    "write_fingerprint": (WriteFingerprintParams, WriteFingerprintResult),
+    "tail_log": (TailLogParams, TailLogResult),
+    "tail_records": (TailRecordsParams, TailRecordsResult),
+    "gpu_holders": (GpuHoldersParams, GpuHoldersResult),
+}
+"""Op name -> (params shape, result shape)."""

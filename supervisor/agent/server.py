@@ -1,0 +1,264 @@
+"""The host agent: one long-lived process per host that answers JSON-line requests on stdin/stdout.
+
+Standard library only and Python >= 3.8. The whole ``supervisor.agent`` package is shipped to the
+host as data (see ``supervisor.hosts.bootstrap_argv`` and ``bundle_payload``), and :func:`main`
+exits when its stdin closes, so a dropped connection leaves nothing behind (an in-flight kill or
+launch is finished first: stopping half-way would leave a run SIGTERMed but never SIGKILLed).
+
+Requests and replies are described in :mod:`supervisor.agent.protocol`. Lines that are not
+requests are ignored. Requests run on threads, so a kill waiting out its grace period never delays
+a ping; scanner ops are serialized (the scanner keeps per-file state across requests). Every reply
+is written as one whole line under a lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import IO, TYPE_CHECKING, Any
+
+from supervisor.agent import datafiles, gpu, kill, launch
+from supervisor.agent import proc as procs
+from supervisor.agent.protocol import DEFAULT_SCRIPTS, DURABLE_OPS, PROTOCOL, AgentOpError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+class Agent:
+    """State kept across requests: the scanner, the process lister, the output lock."""
+
+    def __init__(self, out: IO[bytes] | None = None) -> None:
+        self.out = out
+        self.boot_id = procs.boot_id()
+        self.lister = procs.Lister()
+        self.write_lock = threading.Lock()
+        self.scan_lock = threading.Lock()
+        self.list_lock = threading.Lock()  # the lister keeps CPU times between calls
+        self.scanner: Any = None
+        self.scanner_error: str | None = None
+        self.ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "ping": self.ping,
+            "ps": self.ps,
+            "refresh": self.refresh,
+            "scan": self.scan,
+            "kill": lambda p: kill.kill(self, p),
+            "probe": lambda p: kill.probe(self, p),
+            "launch": launch.launch,
+            "lock_status": launch.lock_status,
+            "read_fingerprint": launch.read_fingerprint,
+            "write_fingerprint": launch.write_fingerprint,
+            "repair_tail": datafiles.repair_tail,
+            "move_aside": datafiles.move_aside,
+            "tail_log": datafiles.tail_log,
+            "tail_records": datafiles.tail_records,
+            "gpu_holders": gpu.gpu_holders,
+        }
+        """Op name -> handler ``params -> result``; the shapes are in ``protocol.OP_SHAPES``."""
+
+    # ------------------------------------------------------------ ops
+
+    def hello(self) -> dict[str, Any]:
+        return {
+            "hello": "runwatch-agent",
+            "protocol": PROTOCOL,
+            "boot_id": self.boot_id,
+            "python": platform.python_version(),
+            "executable": sys.executable,
+            "has_psutil": procs.HAS_PSUTIL,
+            "proc_source": "proc" if procs.uses_proc() else "psutil",
+            "has_nvidia_smi": gpu.nvidia_smi() is not None,
+            "has_pidfd": kill.has_pidfd(),
+            "has_scanner": self._get_scanner() is not None,
+            "uid": os.getuid(),
+            "user": procs.user_name(os.getuid()),
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "ops": sorted(self.ops),
+        }
+
+    def ping(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"pong": True, "time": time.time()}
+
+    def _list(self, params: dict[str, Any], with_gpu: bool) -> tuple[list[Any], Any]:
+        scripts = params.get("scripts") or list(DEFAULT_SCRIPTS)
+        if not isinstance(scripts, list) or not all(isinstance(s, str) for s in scripts):
+            raise AgentOpError("scripts: expected a list of strings", "bad-request")
+        gpu_pids, summary = gpu.query_gpu() if with_gpu else (None, None)
+        with self.list_lock:
+            found = self.lister.list_runs(scripts, bool(params.get("show_other_users")), gpu_pids)
+        return found, summary
+
+    def ps(self, params: dict[str, Any]) -> dict[str, Any]:
+        found, summary = self._list(params, bool(params.get("gpu", True)))
+        return {"time": time.time(), "boot_id": self.boot_id, "processes": found, "gpu": summary}
+
+    def refresh(self, params: dict[str, Any]) -> dict[str, Any]:
+        found, summary = self._list(params, bool(params.get("gpu", True)))
+        files = self._scan_files(params.get("files") or [])
+        return {
+            "time": time.time(),
+            "boot_id": self.boot_id,
+            "processes": found,
+            "files": files,
+            "gpu": summary,
+        }
+
+    def scan(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``files`` scanned; with ``fresh``, each from its first byte by a scanner of its own
+        (every complete line validated as the specs ask), leaving the incremental state of the
+        refreshes untouched."""
+        files = self._scan_files(params.get("files") or [], fresh=bool(params.get("fresh")))
+        return {"time": time.time(), "files": files}
+
+    def _get_scanner(self) -> Any:
+        if self.scanner is None and self.scanner_error is None:
+            try:
+                from supervisor.agent.scan import Scanner
+
+                self.scanner = Scanner()
+            except Exception as e:  # the scanner module is missing or broken on this build
+                self.scanner_error = f"{type(e).__name__}: {e}"
+        return self.scanner
+
+    def _scan_files(self, specs: list[Any], fresh: bool = False) -> dict[str, Any]:
+        if not isinstance(specs, list):
+            raise AgentOpError("files: expected a list", "bad-request")
+        out: dict[str, Any] = {}
+        with self.scan_lock:
+            scanner = self._get_scanner()
+        if fresh and scanner is not None:
+            # A cold scan with a scanner of its own: an earlier sampled scan proves nothing, and
+            # a long full validation must not hold up the refreshes (no shared state, no lock).
+            scanner = type(scanner)()
+        with contextlib.nullcontext() if fresh else self.scan_lock:
+            for spec in specs:
+                if not isinstance(spec, dict) or not isinstance(spec.get("path"), str):
+                    raise AgentOpError("files: each entry needs a string 'path'", "bad-request")
+                path = spec["path"]
+                if scanner is None:
+                    out[path] = {
+                        "path": path,
+                        "state": "error",
+                        "error": f"no scanner: {self.scanner_error}",
+                    }
+                    continue
+                kwargs: dict[str, Any] = {}
+                for key, arg in (
+                    ("format", "fmt"),
+                    ("validate", "validate"),
+                    ("profile", "profile"),
+                    ("expected", "expected"),
+                    ("texts", "texts"),
+                ):
+                    if spec.get(key) is not None:
+                        kwargs[arg] = spec[key]
+                try:
+                    out[path] = scanner.scan(os.path.expanduser(path), **kwargs)
+                except Exception as e:  # one bad file never fails the whole refresh
+                    out[path] = {
+                        "path": path,
+                        "state": "error",
+                        "error": f"{type(e).__name__}: {e}",
+                    }
+        return out
+
+    # ------------------------------------------------------------ serving
+
+    def write(self, obj: dict[str, Any]) -> None:
+        line = (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
+        with self.write_lock:
+            if self.out is None:
+                return
+            try:
+                self.out.write(line)
+                self.out.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                self.out = None  # the laptop went away; finish quietly
+
+    def handle(self, rid: int, op: str, params: dict[str, Any]) -> None:
+        fn = self.ops.get(op)
+        if fn is None:
+            self.write(
+                {"id": rid, "ok": False, "error": f"unknown op {op!r}", "kind": "unknown-op"}
+            )
+            return
+        try:
+            result = fn(params)
+        except Exception as e:
+            kind = getattr(e, "kind", None)
+            if not isinstance(kind, str):
+                kind = (
+                    "bad-request"
+                    if isinstance(e, (KeyError, TypeError, ValueError))
+                    else "exception"
+                )
+            if kind == "exception":
+                traceback.print_exc(file=sys.stderr)
+            self.write({"id": rid, "ok": False, "error": f"{type(e).__name__}: {e}", "kind": kind})
+            return
+        self.write({"id": rid, "ok": True, "result": result})
+
+    def serve(self, inp: IO[bytes]) -> None:
+        """Answer requests until ``inp`` closes; then finish durable ops and return."""
+        durable: list[threading.Thread] = []
+        # A newline first ends any partial line a login banner left behind.
+        if self.out is not None:
+            with contextlib.suppress(OSError):
+                self.out.write(b"\n")
+        self.write({"id": 0, "ok": True, "result": self.hello()})
+        while True:
+            raw = inp.readline()
+            if not raw:
+                break
+            line = raw.strip()
+            if not line.startswith(b"{"):
+                continue
+            try:
+                msg = json.loads(line.decode("utf-8", "replace"))
+            except ValueError:
+                continue
+            if not isinstance(msg, dict):
+                continue
+            rid, op, params = msg.get("id"), msg.get("op"), msg.get("params")
+            if not isinstance(rid, int) or isinstance(rid, bool):
+                continue
+            if not isinstance(op, str) or not isinstance(params, (dict, type(None))):
+                self.write(
+                    {"id": rid, "ok": False, "error": "malformed request", "kind": "bad-request"}
+                )
+                continue
+            th = threading.Thread(
+                target=self.handle,
+                args=(rid, op, params or {}),
+                name=f"op-{op}-{rid}",
+                daemon=op not in DURABLE_OPS,
+            )
+            th.start()
+            if op in DURABLE_OPS:
+                durable = [t for t in durable if t.is_alive()]
+                durable.append(th)
+        for th in durable:
+            th.join()
+
+
+def main() -> None:
+    """Serve on stdin/stdout; stray prints of any module go to stderr, never into the protocol."""
+    out = sys.stdout.buffer
+    sys.stdout = sys.stderr
+    agent = Agent(out)
+    agent.serve(sys.stdin.buffer)
+    with contextlib.suppress(OSError):
+        out.flush()
+    os._exit(0)  # do not wait for daemon threads still reading a large file
+
+
+if __name__ == "__main__":  # pragma: no cover - the bundle calls main()
+    main()
