@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 from supervisor.agent.protocol import KILL_CONFIRM_S
-from supervisor.errors import AgentError, HostError, OutcomeUnknown
+from supervisor.errors import HostError, OutcomeUnknown
 from supervisor.model import Identity
+from supervisor.replies import Kill, Probe, decode
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -66,14 +67,8 @@ class KillReport(msgspec.Struct, kw_only=True):
         return any(r.outcome == "refused" for r in self.results)
 
 
-class Reconciliation(msgspec.Struct, kw_only=True):
-    """What re-checking an identity found."""
-
-    state: Literal["alive", "gone", "zombie", "rebooted"]
-    alive: bool
-    detail: str
-    children: list[int] = []
-    """Live descendants, when the process is alive."""
+Reconciliation = Probe
+"""What re-checking an identity found (the ``probe`` reply)."""
 
 
 def identity_params(identity: Identity) -> dict[str, Any]:
@@ -87,29 +82,20 @@ def identity_params(identity: Identity) -> dict[str, Any]:
 
 
 def _results(host: Host, raw: Any) -> list[KillResult]:
-    out: list[KillResult] = []
-    if not isinstance(raw, list):
-        raise AgentError(f"{host.name}: kill reply without results")
-    for item in raw:
-        exit_info = item.get("exit") or {}
-        try:
-            out.append(
-                KillResult(
-                    pid=int(item["pid"]),
-                    outcome=item["outcome"],
-                    detail=str(item.get("detail") or ""),
-                    role=item.get("role", "run"),
-                    signals=list(item.get("signals") or []),
-                    confirmed=bool(exit_info.get("confirmed")),
-                    exit_code=exit_info.get("code"),
-                    after_s=exit_info.get("after_s"),
-                )
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise AgentError(f"{host.name}: malformed kill result {item!r}: {e}") from None
-        if out[-1].outcome not in ("terminated", "killed", "already-gone", "refused"):
-            raise AgentError(f"{host.name}: unknown kill outcome {out[-1].outcome!r}")
-    return out
+    reply = decode(raw, Kill, host.name, "kill")
+    return [
+        KillResult(
+            pid=t.pid,
+            outcome=t.outcome,
+            detail=t.detail,
+            role=t.role,
+            signals=t.signals,
+            confirmed=t.exit.confirmed,
+            exit_code=t.exit.code,
+            after_s=t.exit.after_s,
+        )
+        for t in reply.results
+    ]
 
 
 async def kill(
@@ -128,9 +114,7 @@ async def kill(
         params["scripts"] = list(scripts)
     timeout = float(grace) + KILL_CONFIRM_S + host.cfg.command_timeout
     result = await host.request("kill", params, timeout=timeout)
-    return KillReport(
-        host=host.name, identity=identity, results=_results(host, result.get("results"))
-    )
+    return KillReport(host=host.name, identity=identity, results=_results(host, result))
 
 
 async def reconcile(host: Host, identity: Identity, timeout: float | None = None) -> Reconciliation:
@@ -139,10 +123,7 @@ async def reconcile(host: Host, identity: Identity, timeout: float | None = None
         result = await host.request("probe", {"identity": identity_params(identity)}, timeout)
     except OutcomeUnknown as e:  # pragma: no cover - probe does not act
         raise HostError(e.message) from None
-    try:
-        return msgspec.convert(result, Reconciliation, strict=False)
-    except msgspec.ValidationError as e:
-        raise AgentError(f"{host.name}: malformed probe reply: {e}") from None
+    return decode(result, Probe, host.name, "probe")
 
 
 async def kill_or_reconcile(

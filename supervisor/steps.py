@@ -16,7 +16,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -26,9 +26,12 @@ from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
 from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
 from supervisor.model import Identity
 from supervisor.plan import ActionResult, OnStep, Plan, Step, StepFailed, StepState
+from supervisor.replies import GpuHolders, LockHolder, LockStatus, decode
 
 if TYPE_CHECKING:
     from supervisor.engine import Engine
+
+T = TypeVar("T")
 
 BLOCKING_VERDICTS = ("legacy", "mixed", "unknown", "corrupt")
 """Verdicts that make resuming on a file unsafe."""
@@ -63,6 +66,10 @@ class _Runner:
 
     async def request(self, op: str, params: dict[str, Any], timeout: float | None = None) -> Any:
         return await self.host.request(op, params, timeout=timeout)
+
+    async def reply(self, op: str, params: dict[str, Any], shape: type[T]) -> T:
+        """:meth:`request`, its result decoded as ``shape`` (a ``supervisor.replies`` Struct)."""
+        return decode(await self.request(op, params), shape, self.host.name, op)
 
     async def run(self) -> ActionResult:
         plan = self.plan
@@ -282,18 +289,18 @@ class _Runner:
     async def _wait_lock_free(self) -> str:
         deadline = time.monotonic() + DEFAULT_LOCK_WAIT_S
         while True:
-            st = await self.request("lock_status", {"lock_paths": self.plan.locks})
-            path = st.get("lock_path")
-            if not st.get("held"):
+            st = await self.reply("lock_status", {"lock_paths": self.plan.locks}, LockStatus)
+            path = st.lock_path
+            if not st.held:
                 return ""
-            holder = st.get("holder") or {}
-            hid = holder.get("identity")
+            holder = st.holder or LockHolder()
+            hid = holder.identity
             old = self.plan.old.identity if self.plan.old else None
-            other = isinstance(hid, dict) and (
-                old is None or (hid.get("pid"), hid.get("start_time")) != (old.pid, old.start_time)
+            other = hid is not None and (
+                old is None or (hid.pid, hid.start_time) != (old.pid, old.start_time)
             )
-            if holder.get("state") == "launching" or (other and st.get("holder_alive")):
-                who = f"pid {hid.get('pid')}" if isinstance(hid, dict) else "a launch in progress"
+            if holder.state == "launching" or (other and st.holder_alive):
+                who = f"pid {hid.pid}" if hid is not None else "a launch in progress"
                 raise StepFailed(
                     f"already running: {who} holds the run's lock {path} (started by another "
                     "runwatch or launch)",
@@ -301,7 +308,7 @@ class _Runner:
                 )
             if time.monotonic() > deadline:
                 raise StepFailed(
-                    f"the run's lock {path} is still held by {st.get('holder')}",
+                    f"the run's lock {path} is still held by {msgspec.to_builtins(st.holder)}",
                     "a process of the old run still holds it; stop it before relaunching",
                 )
             await asyncio.sleep(0.2)  # polling the host for a condition, bounded above
@@ -322,12 +329,12 @@ class _Runner:
         deadline = began + DEFAULT_GPU_WAIT_S
         checks = 0
         while True:
-            reply = await self.request("gpu_holders", {"pids": pids})
+            reply = await self.reply("gpu_holders", {"pids": pids}, GpuHolders)
             checks += 1
-            if not reply.get("available"):
+            if not reply.available:
                 step.detail = "nvidia-smi gave no answer; not waiting"
                 return
-            holders = reply.get("holders") or {}
+            holders = reply.holders
             step.data["holders"] = holders
             if not holders:
                 step.detail = "no process of the run holds GPU memory" + (
@@ -349,12 +356,12 @@ class _Runner:
     async def data_repair(self, step: Step) -> None:
         plan = self.plan
         # Touch data only when no run holds the lock (another runwatch may have launched it).
-        st = await self.request("lock_status", {"lock_paths": plan.locks})
-        if st.get("held"):
-            hid = (st.get("holder") or {}).get("identity")
-            who = f"pid {hid.get('pid')}" if isinstance(hid, dict) else "a launch in progress"
+        st = await self.reply("lock_status", {"lock_paths": plan.locks}, LockStatus)
+        if st.held:
+            hid = st.holder.identity if st.holder else None
+            who = f"pid {hid.pid}" if hid is not None else "a launch in progress"
             raise StepFailed(
-                f"already running: {who} holds the lock {st.get('lock_path')}",
+                f"already running: {who} holds the lock {st.lock_path}",
                 "nothing was changed or launched; refresh to see the process that runs now",
             )
         scans = await self.scan_all()

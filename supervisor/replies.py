@@ -1,0 +1,174 @@
+"""The agent's replies as the laptop reads them: msgspec Structs mirroring ``agent.protocol``.
+
+``supervisor.agent.protocol`` describes every request and reply with TypedDicts (the host side is
+standard library only); the Structs here mirror the replies the laptop reads, so a reply is
+checked once, where it arrives, instead of with ``.get()`` chains. A listed process decodes into
+``model.ProcessInfo`` (the mirror of ``protocol.Process``). Fields the laptop does not read are
+left out (msgspec ignores them); defaults cover keys a reply may not carry.
+
+:func:`decode` turns a reply into its Struct or raises ``AgentError`` naming the op and the
+field that does not fit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from supervisor.errors import AgentError
+from supervisor.model import Identity, ProcessInfo
+
+T = TypeVar("T")
+
+
+def decode(result: Any, shape: type[T], host: str, op: str) -> T:
+    """``result`` (the ``result`` of an ``op`` reply from ``host``) as ``shape``."""
+    try:
+        return msgspec.convert(result, shape, strict=False)
+    except msgspec.ValidationError as e:
+        raise AgentError(
+            f"{host}: malformed {op} reply: {e}",
+            "the agent and this runwatch disagree on the protocol; reinstall runwatch",
+        ) from None
+
+
+class Hello(msgspec.Struct, kw_only=True):
+    """``protocol.Hello``: the agent's first line."""
+
+    hello: str
+    protocol: int
+    boot_id: str
+    python: str
+    uid: int
+    user: str
+    pid: int
+    hostname: str = ""
+    executable: str = ""
+    has_psutil: bool = False
+    proc_source: str = "proc"
+    has_nvidia_smi: bool = False
+    has_pidfd: bool = False
+    has_scanner: bool = False
+    ops: list[str] = []
+
+
+class Processes(msgspec.Struct, kw_only=True):
+    """The part of ``protocol.PsResult`` / ``RefreshResult`` the listing reads."""
+
+    processes: list[ProcessInfo] = []
+
+
+class KillExit(msgspec.Struct, kw_only=True):
+    """``protocol.KillExit``."""
+
+    confirmed: bool = False
+    code: int | None = None
+    after_s: float | None = None
+
+
+class KillTarget(msgspec.Struct, kw_only=True):
+    """``protocol.KillTarget``: one process of a kill."""
+
+    pid: int
+    outcome: Literal["terminated", "killed", "already-gone", "refused"]
+    detail: str = ""
+    role: Literal["run", "child"] = "run"
+    signals: list[str] = []
+    exit: KillExit = msgspec.field(default_factory=KillExit)
+
+
+class Kill(msgspec.Struct, kw_only=True):
+    """``protocol.KillResult``."""
+
+    results: list[KillTarget]
+
+
+class Probe(msgspec.Struct, kw_only=True):
+    """``protocol.ProbeResult``: what re-checking an identity found."""
+
+    state: Literal["alive", "gone", "zombie", "rebooted"]
+    alive: bool
+    detail: str
+    children: list[int] = []
+    """Live descendants, when the process is alive."""
+
+
+class LockHolder(msgspec.Struct, kw_only=True):
+    """What a launcher wrote into a lock file: ``launching`` (``agent_pid``), then ``running``
+    (``identity`` of the run it started), or ``failed``."""
+
+    state: str | None = None
+    identity: Identity | None = None
+    agent_pid: int | None = None
+    log: str | None = None
+    time: float = 0.0
+
+
+class LockState(msgspec.Struct, kw_only=True):
+    """``protocol.LockState``."""
+
+    lock_path: str
+    held: bool
+    holder: LockHolder | None = None
+    holder_alive: bool = False
+
+
+class LockStatus(LockState, kw_only=True):
+    """``protocol.LockStatusResult``; the top-level fields are those of the first held lock."""
+
+    locks: list[LockState] = []
+
+
+class Launch(msgspec.Struct, kw_only=True):
+    """``protocol.LaunchResult``."""
+
+    started: bool
+    lock_path: str = ""
+    reason: str | None = None
+    detail: str | None = None
+    identity: Identity | None = None
+    argv_matches: bool = True
+    log: str | None = None
+    log_offset: int = 0
+    log_tail: list[str] = []
+    exit_code: int | None = None
+    fingerprints: list[str] = []
+
+
+class GpuHolders(msgspec.Struct, kw_only=True):
+    """``protocol.GpuHoldersResult``: GPU MiB per pid (as a string key)."""
+
+    available: bool
+    holders: dict[str, float] = {}
+    detail: str | None = None
+
+
+class ScanFile(msgspec.Struct, kw_only=True):
+    """The fields of ``protocol.ScanFile`` that decide what a dataset file is."""
+
+    path: str
+    state: str
+    error: str | None = None
+    format: str | None = None
+    expected: str | None = None
+    verdict: str | None = None
+    verdict_detail: str | None = None
+    records: int = 0
+    unique_ids: int = 0
+    duplicates: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    bad_lines_total: int = 0
+    partial_tail_bytes: int = 0
+    offset: int = 0
+    size: int = 0
+    mtime: float | None = None
+    finished: bool = False
+    stream: str | None = None
+
+
+class Scan(msgspec.Struct, kw_only=True):
+    """``protocol.ScanResult``: one result per requested path."""
+
+    files: dict[str, ScanFile] = {}
