@@ -217,6 +217,21 @@ def compare_config() -> Config:
     return msgspec.structs.replace(base, endpoints=endpoints, runs=runs)
 
 
+class FixedHost:
+    """A host whose log tail is a fixed text (screenshots of the detail screen)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def request(
+        self, op: str, params: dict[str, Any], timeout: float | None = None
+    ) -> dict[str, Any]:
+        if op == "tail_log":
+            lines = [f"[00:0{i}:00] B2 wrote 50 responses ({i * 50} total)" for i in range(1, 6)]
+            return {"path": params["path"], "exists": True, "size": 1000, "lines": lines}
+        raise NotImplementedError(op)
+
+
 class FixedEngine:
     """Returns the same snapshot on every refresh and records what it was asked to do.
 
@@ -268,12 +283,26 @@ class FixedEngine:
         allow_change: Iterable[str] = (),
         environ: dict[str, str] | None = None,
     ) -> Plan:
-        raise NotImplementedError("plan")
+        # The real planner over the fixed snapshot (it needs only config and refresh).
+        from supervisor.plan import make_plan
+
+        return await make_plan(
+            self,  # type: ignore[arg-type]
+            run,
+            action=action,
+            overrides=overrides,
+            move_aside=move_aside,
+            allow_change=allow_change,
+            environ=environ,
+        )
 
     async def execute(
         self, plan: Plan, *, dry_run: bool = False, on_step: OnStep | None = None
     ) -> ActionResult:
-        raise NotImplementedError("execute")
+        # The real steps: the checks read ``check_run``; the first failing one stops the plan.
+        from supervisor.steps import execute
+
+        return await execute(self, plan, dry_run=dry_run, on_step=on_step)  # type: ignore[arg-type]
 
     async def tail_log(self, host: str, run: str, lines: int = 50) -> LogTail:
         shown = [f"[00:0{i}:00] B2 wrote 50 responses ({i * 50} total)" for i in range(1, 6)]
@@ -323,6 +352,10 @@ class FixedEngine:
                         }
                     )
         return out
+
+    def host(self, name: str) -> FixedHost:
+        """What the real plan steps ask the host (not part of ``EngineLike``)."""
+        return FixedHost(name)
 
     async def aclose(self) -> None:
         self.closed = True
