@@ -9,7 +9,14 @@ timeouts. A host that fails keeps its last values, marked stale, and is retried 
 backoff (1 s, 2 s, 4 s ... up to ``MAX_BACKOFF_S``); between retries the refresh answers at once
 with the stale values.
 
-The TUI and every CLI command use only this class (``Engine``) and ``run_once``.
+This module is the front door of the engine: ``tui/`` and ``supervisor/cli/`` use only it (plus
+``supervisor.model``, ``supervisor.config``, ``supervisor.errors`` and the formatting module), an
+import contract in ``pyproject.toml`` enforces it. ``Engine`` holds everything that talks to a
+host: refresh, list, kill (audited here, a lost reply included), check, plan and execute a launch
+or restart (audited by ``supervisor.steps``), the log tail (secrets masked), the latest samples and
+the budget policy. The functions below it serve what needs no host connection of its own: bench,
+compare, the audit log, scanning local files, tokenizers. The types front ends see are re-exported
+here.
 """
 
 from __future__ import annotations
@@ -19,18 +26,29 @@ import contextlib
 import os
 import posixpath
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
 
-from supervisor import rates
+from supervisor import audit, rates
+from supervisor import kill as kill_ops
+from supervisor.agent.formats import BUILTIN_FORMATS
+from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.match import parse_flags, script_index
+from supervisor.agent.scan import Scanner
+from supervisor.argv import parse_sets
+from supervisor.bench.history import load_history
+from supervisor.bench.results import BenchResult, LevelResult
+from supervisor.bench.runner import Options as BenchOptions
+from supervisor.bench.target import is_url
+from supervisor.compare import Comparison, comparison_from, format_lines, gather_comparison
 from supervisor.config import Config, HostConfig, RunConfig
-from supervisor.errors import ConfigError, HostError, RunwatchError
-from supervisor.hosts import Host, make_host, match_run, run_backend, set_backend
-from supervisor.kill import KillReport, kill_or_reconcile
+from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
+from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
+from supervisor.hosts import Host, list_processes, make_host, match_run, run_backend, set_backend
+from supervisor.kill import KillReport, KillResult
 from supervisor.model import (
     DatasetView,
     HostView,
@@ -41,11 +59,26 @@ from supervisor.model import (
     RunView,
     Snapshot,
 )
+from supervisor.plan import Action, ActionResult, OnStep, Plan, Step, make_plan
+from supervisor.runpaths import run_paths
+from supervisor.samples import LatestSamples, SamplePreview, latest_samples
+from supervisor.steps import execute as execute_plan
+from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
 
 MAX_BACKOFF_S = 30.0
 """Longest wait between reconnection attempts to a failing host."""
 
 T = TypeVar("T")
+
+
+class LogTail(msgspec.Struct, kw_only=True):
+    """The last lines of a run's log on its host, secrets masked."""
+
+    path: str
+    """The log file on the host: the run's ``log =``, else the launch log
+    ``<out>/.runwatch/run.log`` where runwatch's launches write the run's output."""
+    exists: bool
+    lines: list[str] = []
 
 
 @dataclass
@@ -89,6 +122,7 @@ class Engine:
         self._tokenizer: Any = None
         self.last: Snapshot | None = None
         self._inflight: asyncio.Future[Snapshot] | None = None
+        self._guard: BudgetGuard | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -116,21 +150,161 @@ class Engine:
         self.last = snap
         return snap
 
-    async def kill(self, host: str, identity: Identity, grace: float = 10.0) -> KillReport:
-        """Stop the process named by ``identity`` on ``host`` (see ``supervisor.kill``)."""
-        return await kill_or_reconcile(self.host(host), identity, grace, self.config.scripts)
+    async def list_processes(self, host: str) -> list[ProcessInfo]:
+        """The runs on ``host`` (every process executing a configured script), each matched to
+        the configured run it is (``ProcessInfo.run``); bounded by the host's timeouts."""
+        h = self.host(host)
+        hc = self.config.host(host)
+        bound = hc.connect_timeout + hc.command_timeout
+        try:
+            return await asyncio.wait_for(list_processes(h, self.config), bound)
+        except asyncio.TimeoutError:
+            raise HostError(f"{host}: no answer within {bound:g} s") from None
 
-    async def check_run(self, run_name: str) -> list[dict[str, Any]]:
+    async def kill(
+        self, host: str, identity: Identity, grace: float = 10.0, *, run: str | None = None
+    ) -> KillReport:
+        """Stop the process named by ``identity`` on ``host`` and audit it (action ``kill``).
+
+        A kill whose reply was lost is audited with outcome ``unknown`` at once, then the host is
+        re-checked: gone gives a reconciled report (audited too); still alive is audited again
+        and raised as OutcomeUnknown. ``run`` names the run in the audit record (default: the
+        run the latest snapshot shows with that pid).
+        """
+        h = self.host(host)
+        run = run if run is not None else self._run_of(host, identity)
+        try:
+            report = await kill_ops.kill(h, identity, grace, self.config.scripts)
+        except OutcomeUnknown as lost:
+            kill_ops.audit_kill_unknown(host, identity, run, lost.message)
+            try:
+                report = await kill_ops.after_lost_reply(h, identity, lost)
+            except OutcomeUnknown as alive:
+                kill_ops.audit_kill_unknown(host, identity, run, alive.message, reconciled=True)
+                raise
+        kill_ops.audit_kill(report, run)
+        return report
+
+    async def kill_within_plan(self, host: str, identity: Identity, grace: float) -> KillReport:
+        """The stop step of a restart: :meth:`kill` without its own audit record (the plan's
+        record holds the stop); a lost reply is reconciled the same way."""
+        return await kill_ops.kill_or_reconcile(
+            self.host(host), identity, grace, self.config.scripts
+        )
+
+    def _run_of(self, host: str, identity: Identity) -> str | None:
+        for hv in self.last.hosts if self.last is not None else []:
+            for rv in hv.runs if hv.name == host else []:
+                if rv.process is not None and rv.process.identity.pid == identity.pid:
+                    return rv.name
+        return None
+
+    async def check_run(self, run: str) -> list[dict[str, Any]]:
         """Scan every dataset file of a run with full validation; returns the scan results."""
-        run = self.config.run(run_name)
-        hc = self.config.host(run.host)
-        files = [{**spec, "validate": "all"} for spec in self._file_specs(run, hc)]
-        h = self.host(run.host)
+        rc = self.config.run(run)
+        hc = self.config.host(rc.host)
+        files = [{**spec, "validate": "all"} for spec in self._file_specs(rc, hc)]
+        h = self.host(rc.host)
         timeout = max(hc.command_timeout, 300.0)
         # ``fresh``: validated from the first byte, however the refreshes sampled the file.
         result = await h.request("scan", {"files": files, "fresh": True}, timeout=timeout)
         scanned: dict[str, dict[str, Any]] = result.get("files", {})
         return [scanned.get(f["path"], {"path": f["path"], "state": "error"}) for f in files]
+
+    async def plan(
+        self,
+        run: str,
+        *,
+        action: Action = "restart",
+        overrides: Iterable[str] | Iterable[tuple[str, str]] = (),
+        move_aside: bool = False,
+        allow_change: Iterable[str] = (),
+        environ: dict[str, str] | None = None,
+    ) -> Plan:
+        """Look at ``run`` as it is now and build its launch or restart plan (changes nothing;
+        see ``supervisor.plan``). ``overrides``: ``KEY=VALUE`` strings or ``(--flag, value)``."""
+        return await make_plan(
+            self,
+            run,
+            action=action,
+            overrides=overrides,
+            move_aside=move_aside,
+            allow_change=allow_change,
+            environ=environ,
+        )
+
+    async def execute(
+        self, plan: Plan, *, dry_run: bool = False, on_step: OnStep | None = None
+    ) -> ActionResult:
+        """Run ``plan`` step by step, stopping at the first failure; audited (one record per
+        launch or restart, and per move-aside or repair). ``dry_run``: the checks only."""
+        return await execute_plan(self, plan, dry_run=dry_run, on_step=on_step)
+
+    async def tail_log(self, host: str, run: str, lines: int = 50) -> LogTail:
+        """The last ``lines`` lines of ``run``'s log on ``host``.
+
+        The log is the run's ``log =``, else the launch log ``<out>/.runwatch/run.log``. Key-shaped
+        tokens and the value of every endpoint's ``api_key_env`` set here are masked. Raises
+        UsageError for a run that is not configured (its log is unknown).
+        """
+        try:
+            rc = self.config.run(run)
+        except RunwatchError:
+            raise UsageError(
+                f"{run} is not a configured run: its log is unknown",
+                "add it to the config with log = PATH",
+            ) from None
+        if rc.host != host:
+            raise UsageError(f"run {run} is on host {rc.host}, not {host}")
+        path = run_paths(self.config, rc)["log"]
+        reply = await self.host(host).request("tail_log", {"path": path, "lines": int(lines)})
+        secrets = self.secret_values()
+        return LogTail(
+            path=str(reply.get("path", path)),
+            exists=bool(reply.get("exists", False)),
+            lines=[mask_text(str(line), secrets) for line in reply.get("lines") or []],
+        )
+
+    def secret_values(self) -> list[str]:
+        """The values of every endpoint's ``api_key_env`` set in this environment (masked
+        wherever host text is shown)."""
+        names = {ep.api_key_env for ep in self.config.endpoints if ep.api_key_env}
+        return [os.environ[n] for n in sorted(names) if os.environ.get(n)]
+
+    async def samples(self, run: RunView, dataset: str, count: int) -> LatestSamples:
+        """The last ``count`` complete records of ``dataset`` of ``run``, newest first, decoded
+        for a preview (see ``supervisor.samples``)."""
+        return await latest_samples(self, run, dataset, count)
+
+    def budget_events(self, snapshot: Snapshot) -> list[BudgetEvent]:
+        """Budget events in ``snapshot`` not acted on yet (changes nothing)."""
+        return self._budget_guard().observe(snapshot)
+
+    async def enforce_budget(
+        self,
+        snapshot: Snapshot,
+        on_step: OnStep | None = None,
+        *,
+        before_act: Callable[[BudgetEvent], None] | None = None,
+    ) -> list[GuardOutcome]:
+        """Apply each run's ``budget_policy`` to the budget events of ``snapshot``, each event
+        once ever (``supervisor.guard``), audited: ``warn`` is recorded, ``stop`` kills by
+        identity, ``restart-with-budget`` restarts with ``--token-budget``. ``before_act`` is
+        called with each event just before it is acted on (a front end marks the stop as
+        deliberate); ``on_step`` follows a restart's steps. The one implementation used by
+        ``status --watch``, ``guard`` and the dashboard."""
+        guard = self._budget_guard()
+        outcomes = []
+        for event in guard.observe(snapshot):
+            if before_act is not None:
+                before_act(event)
+            outcomes.append(await guard.act(self, event, on_step))
+        return outcomes
+
+    def _budget_guard(self) -> BudgetGuard:
+        if self._guard is None:
+            self._guard = BudgetGuard(self.config)
+        return self._guard
 
     async def aclose(self) -> None:
         """Close every host (a refresh still running is cancelled)."""
@@ -454,4 +628,91 @@ def run_sync(config: Config, action: Callable[[Engine], Awaitable[T]]) -> T:
     return asyncio.run(run_once(config, action))
 
 
-__all__ = ["MAX_BACKOFF_S", "Engine", "HostError", "dataset_path", "run_once", "run_sync"]
+# ---------------------------------------------------------------------- without a host of its own
+
+
+async def bench(
+    config: Config | None,
+    endpoint_or_url: str,
+    *,
+    options: BenchOptions | None = None,
+    prompts: str | None = None,
+    max_tokens: int | None = None,
+    api_key_env: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    save: bool = True,
+    tokenizer: Tokenizer | None = None,
+) -> BenchResult:
+    """Measure an endpoint (a config endpoint's name, or a URL with ``config`` None) with the
+    runs' own prompts; the result is appended to the bench history (``save``). See
+    ``supervisor.bench.runner``."""
+    from supervisor.bench.runner import run_bench
+
+    return await run_bench(
+        config,
+        endpoint_or_url,
+        prompts=prompts,
+        options=options,
+        max_tokens=max_tokens,
+        api_key_env=api_key_env,
+        progress=progress,
+        save=save,
+        tokenizer=tokenizer,
+    )
+
+
+def audit_records(limit: int | None = None) -> list[dict[str, Any]]:
+    """The audit log's records, oldest first (the last ``limit`` when given)."""
+    return audit.read(limit=limit)
+
+
+def audit_line(record: dict[str, Any]) -> str:
+    """One audit record as one line for humans."""
+    return audit.format_record(record)
+
+
+def audit_location() -> str:
+    """Where the audit log is kept."""
+    return str(audit.audit_path())
+
+
+__all__ = [
+    "BUILTIN_FORMATS",
+    "MAX_BACKOFF_S",
+    "Action",
+    "ActionResult",
+    "BenchOptions",
+    "BenchResult",
+    "BudgetEvent",
+    "Comparison",
+    "Engine",
+    "GuardOutcome",
+    "HostError",
+    "KillReport",
+    "KillResult",
+    "LatestSamples",
+    "LevelResult",
+    "LogTail",
+    "OnStep",
+    "Plan",
+    "SamplePreview",
+    "Scanner",
+    "Step",
+    "Tokenizer",
+    "audit_line",
+    "audit_location",
+    "audit_records",
+    "bench",
+    "comparison_from",
+    "count_tokens",
+    "dataset_path",
+    "format_lines",
+    "gather_comparison",
+    "is_url",
+    "load_history",
+    "load_tokenizer",
+    "mask_argv",
+    "parse_sets",
+    "run_once",
+    "run_sync",
+]

@@ -60,9 +60,5 @@ class LaunchError(RunwatchError):
     """A run could not be launched, or did not stay alive long enough to be confirmed."""
 
 
-class DataFormatError(RunwatchError):
-    """Data on disk is not in the format the run writes; resuming on it would be unsafe."""
-
-
 class EndpointError(RunwatchError):
     """An OpenAI-compatible endpoint could not be benchmarked."""

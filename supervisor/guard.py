@@ -183,10 +183,7 @@ class BudgetGuard:
         elif event.policy == "stop":
             try:
                 grace = self.config.run(event.run).stop_grace_seconds
-                res = await engine.kill(event.host, event.identity, grace)
-                from supervisor.kill import audit_kill
-
-                audit_kill(res, event.run)
+                res = await engine.kill(event.host, event.identity, grace, run=event.run)
                 outcome = msgspec.to_builtins(res)
                 refused = kill_refused(outcome)
                 ok = refused is None

@@ -140,24 +140,32 @@ async def kill_or_reconcile(
     try:
         return await kill(host, identity, grace, scripts)
     except OutcomeUnknown as lost:
-        state = await reconcile(host, identity)
-        if state.alive:
-            raise OutcomeUnknown(
-                f"{host.name}: the kill of pid {identity.pid} was sent but its reply was lost, "
-                f"and the process is still running ({lost.message})",
-                "run the kill again: it names the identity, so it cannot hit another process",
-            ) from None
-        result = KillResult(
-            pid=identity.pid,
-            outcome="already-gone",
-            detail=f"reply lost; re-checked after reconnect: {state.detail}",
-            confirmed=True,
-        )
-        return KillReport(host=host.name, identity=identity, results=[result], reconciled=True)
+        return await after_lost_reply(host, identity, lost)
+
+
+async def after_lost_reply(host: Host, identity: Identity, lost: OutcomeUnknown) -> KillReport:
+    """The report of a kill whose reply was lost, from re-checking the host (reconnecting).
+
+    Gone: a reconciled ``already-gone`` report. Still alive: OutcomeUnknown saying so.
+    """
+    state = await reconcile(host, identity)
+    if state.alive:
+        raise OutcomeUnknown(
+            f"{host.name}: the kill of pid {identity.pid} was sent but its reply was lost, "
+            f"and the process is still running ({lost.message})",
+            "run the kill again: it names the identity, so it cannot hit another process",
+        ) from None
+    result = KillResult(
+        pid=identity.pid,
+        outcome="already-gone",
+        detail=f"reply lost; re-checked after reconnect: {state.detail}",
+        confirmed=True,
+    )
+    return KillReport(host=host.name, identity=identity, results=[result], reconciled=True)
 
 
 def audit_kill(report: KillReport, run: str | None = None) -> dict[str, Any]:
-    """Append ``report`` to the audit log (action ``kill``); front ends call this once per kill."""
+    """Append ``report`` to the audit log (action ``kill``); ``Engine.kill`` calls this."""
     from supervisor import audit
 
     return audit.record(
@@ -172,4 +180,27 @@ def audit_kill(report: KillReport, run: str | None = None) -> dict[str, Any]:
             for r in report.results
         ],
         reconciled=report.reconciled,
+    )
+
+
+def audit_kill_unknown(
+    host: str, identity: Identity, run: str | None, detail: str, *, reconciled: bool = False
+) -> dict[str, Any]:
+    """Append a kill whose outcome is not known (action ``kill``, ``outcome: "unknown"``).
+
+    Written when the reply was lost, before the host is re-checked (``reconciled=False``), and
+    again when the re-check finds the process still alive (``reconciled=True``).
+    """
+    from supervisor import audit
+
+    return audit.record(
+        "kill",
+        host=host,
+        run=run,
+        ok=False,
+        identity=identity_params(identity),
+        argv=list(identity.argv),
+        outcome="unknown",
+        detail=detail,
+        reconciled=reconciled,
     )

@@ -11,8 +11,8 @@ alive, so that a blocked restart kills nothing and changes nothing:
    (``.runwatch/<dataset>.launch.json`` in the output dir: argv, model, sampling parameters,
    prompt-file hash, format) is compared with the new launch; a change of model, sampling or
    prompts blocks unless allowed. Never launched by runwatch: compared with the running process.
-3. ``stop`` - the old process is stopped by identity (``Engine.kill``) and its exit confirmed
-   (``probe``), then its lock on the host is seen released.
+3. ``stop`` - the old process is stopped by identity (``Engine.kill_within_plan``) and its exit
+   confirmed (``probe``), then its lock on the host is seen released.
 4. ``gpu-release`` - where the host has nvidia-smi, wait until no process of the stopped run
    holds GPU memory (bounded by ``steps.DEFAULT_GPU_WAIT_S``).
 5. ``data-repair`` - the tails are checked again now that no writer is alive: blocking files are

@@ -244,7 +244,7 @@ class _Runner:
             return
         ident = plan.old.identity
         try:
-            res = await self.engine.kill(plan.host, ident, plan.run.stop_grace_seconds)
+            res = await self.engine.kill_within_plan(plan.host, ident, plan.run.stop_grace_seconds)
         except OutcomeUnknown as e:
             step.data["kill"] = {"unknown": str(e)}
             res = None  # reconciled below: the probe tells whether it is gone

@@ -8,7 +8,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -222,6 +222,31 @@ class DemoRun:
             return (self.workdir / "logs" / "run.log").read_text()
         except FileNotFoundError:
             return ""
+
+
+async def launch(
+    engine: Any, run: str, overrides: Iterable[str] = (), *, dry_run: bool = False
+) -> Any:
+    """Plan and execute a launch through the front door, as ``runwatch launch --yes`` does."""
+    plan = await engine.plan(run, action="launch", overrides=overrides)
+    return await engine.execute(plan, dry_run=dry_run)
+
+
+async def restart(
+    engine: Any,
+    run: str,
+    overrides: Iterable[str] = (),
+    *,
+    move_aside: bool = False,
+    allow_change: Iterable[str] = (),
+    dry_run: bool = False,
+    on_step: Any = None,
+) -> Any:
+    """Plan and execute a restart through the front door, as ``runwatch restart --yes`` does."""
+    plan = await engine.plan(
+        run, action="restart", overrides=overrides, move_aside=move_aside, allow_change=allow_change
+    )
+    return await engine.execute(plan, dry_run=dry_run, on_step=on_step)
 
 
 def _toml_str(s: str) -> str:

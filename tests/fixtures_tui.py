@@ -8,13 +8,25 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from supervisor.config import Config, DatasetConfig, EndpointConfig, HostConfig, RunConfig
+from supervisor.engine import (
+    Action,
+    ActionResult,
+    BudgetEvent,
+    GuardOutcome,
+    KillReport,
+    KillResult,
+    LatestSamples,
+    LogTail,
+    OnStep,
+    Plan,
+)
 from supervisor.model import (
     DatasetView,
     HostView,
@@ -221,7 +233,10 @@ class FixedHost:
 
 
 class FixedEngine:
-    """Returns the same snapshot on every refresh and records what it was asked to do."""
+    """Returns the same snapshot on every refresh and records what it was asked to do.
+
+    Implements ``tui.engine.EngineLike`` whole (mypy checks it where the app is made); the
+    operations the screenshots never reach say so."""
 
     def __init__(self, snapshot: Snapshot | None = None, config: Config | None = None) -> None:
         self.snapshot = snapshot or fixed_snapshot()
@@ -232,23 +247,84 @@ class FixedEngine:
     async def refresh(self) -> Snapshot:
         return self.snapshot
 
-    async def kill(self, host: str, identity: Identity, grace: float) -> dict[str, Any]:
+    async def list_processes(self, host: str) -> list[ProcessInfo]:
+        return [
+            r.process
+            for h in self.snapshot.hosts
+            for r in h.runs
+            if h.name == host and r.process is not None
+        ]
+
+    async def kill(
+        self, host: str, identity: Identity, grace: float = 10.0, *, run: str | None = None
+    ) -> KillReport:
         self.kills.append((host, identity, grace))
-        return {
-            "results": [
-                {
-                    "pid": identity.pid,
-                    "outcome": "terminated",
-                    "detail": "exited on TERM after 0.4 s",
-                },
-                {
-                    "pid": identity.pid + 1,
-                    "outcome": "terminated",
-                    "detail": "exited with its parent",
-                },
-                {"pid": identity.pid + 2, "outcome": "killed", "detail": "KILL after 10 s grace"},
-            ]
-        }
+        return KillReport(
+            host=host,
+            identity=identity,
+            results=[
+                KillResult(
+                    pid=identity.pid, outcome="terminated", detail="exited on TERM after 0.4 s"
+                ),
+                KillResult(
+                    pid=identity.pid + 1, outcome="terminated", detail="exited with its parent"
+                ),
+                KillResult(pid=identity.pid + 2, outcome="killed", detail="KILL after 10 s grace"),
+            ],
+        )
+
+    async def plan(
+        self,
+        run: str,
+        *,
+        action: Action = "restart",
+        overrides: Iterable[str] | Iterable[tuple[str, str]] = (),
+        move_aside: bool = False,
+        allow_change: Iterable[str] = (),
+        environ: dict[str, str] | None = None,
+    ) -> Plan:
+        # The real planner over the fixed snapshot (it needs only config and refresh).
+        from supervisor.plan import make_plan
+
+        return await make_plan(
+            self,  # type: ignore[arg-type]
+            run,
+            action=action,
+            overrides=overrides,
+            move_aside=move_aside,
+            allow_change=allow_change,
+            environ=environ,
+        )
+
+    async def execute(
+        self, plan: Plan, *, dry_run: bool = False, on_step: OnStep | None = None
+    ) -> ActionResult:
+        # The real steps: the checks read ``check_run``; the first failing one stops the plan.
+        from supervisor.steps import execute
+
+        return await execute(self, plan, dry_run=dry_run, on_step=on_step)  # type: ignore[arg-type]
+
+    async def tail_log(self, host: str, run: str, lines: int = 50) -> LogTail:
+        shown = [f"[00:0{i}:00] B2 wrote 50 responses ({i * 50} total)" for i in range(1, 6)]
+        return LogTail(path=f"/data/{run}.log", exists=True, lines=shown[-lines:])
+
+    def secret_values(self) -> list[str]:
+        return []
+
+    async def samples(self, run: RunView, dataset: str, count: int) -> LatestSamples:
+        raise NotImplementedError("tail_records")
+
+    def budget_events(self, snapshot: Snapshot) -> list[BudgetEvent]:
+        return []
+
+    async def enforce_budget(
+        self,
+        snapshot: Snapshot,
+        on_step: OnStep | None = None,
+        *,
+        before_act: Callable[[BudgetEvent], None] | None = None,
+    ) -> list[GuardOutcome]:
+        return []
 
     async def check_run(self, run: str) -> list[dict[str, Any]]:
         # What a full validation finds: B3 still holds records of the legacy text format.
@@ -278,6 +354,7 @@ class FixedEngine:
         return out
 
     def host(self, name: str) -> FixedHost:
+        """What the real plan steps ask the host (not part of ``EngineLike``)."""
         return FixedHost(name)
 
     async def aclose(self) -> None:

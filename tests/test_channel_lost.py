@@ -106,3 +106,70 @@ async def test_connection_lost_during_a_send(op: str, error: type[Exception]) ->
     with pytest.raises(error, match="could not send " + op):
         await channel.request(op, {}, timeout=5.0)
     await channel.close()
+
+
+class KillLostStream(Stream):
+    """An agent transport that answers like a host whose kill went through but whose reply was
+    lost: the hello to every (re)connection, the connection lost after ``kill``, and ``probe``
+    answered with ``probe_result``."""
+
+    def __init__(self, probe_result: dict[str, Any]) -> None:
+        super().__init__()
+        self.probe_result = probe_result
+        self.ops: list[str] = []
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        try:
+            msg = json.loads(data)
+        except ValueError:  # the agent's bundle: a (re)connection
+            self.lines.put_nowait(HELLO.encode())
+            return
+        self.ops.append(msg["op"])
+        if msg["op"] == "kill":
+            self.lines.put_nowait(lost())
+        elif msg["op"] == "probe":
+            reply = {"id": msg["id"], "ok": True, "result": self.probe_result}
+            self.lines.put_nowait((json.dumps(reply) + "\n").encode())
+
+
+def _identity() -> Any:
+    from supervisor.model import Identity
+
+    return Identity(boot_id="b" * 32, pid=4242, start_time=777, uid=1000, argv=["python", "x.py"])
+
+
+@pytest.mark.parametrize("alive", [False, True])
+async def test_engine_kill_whose_reply_was_lost_is_audited_unknown_then_reconciled(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, alive: bool
+) -> None:
+    from supervisor import audit
+    from supervisor.config import Config
+    from supervisor.engine import Engine
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    probe = {"state": "alive" if alive else "gone", "alive": alive, "detail": "re-checked"}
+    stream = KillLostStream(probe)
+    host = LostHost(stream)
+    engine = Engine(Config(path="t.toml", hosts=[host.cfg]), hosts={host.cfg.name: host})
+    ident = _identity()
+    try:
+        if alive:
+            with pytest.raises(OutcomeUnknown, match="still running"):
+                await engine.kill(host.cfg.name, ident, 1.0, run="demo")
+        else:
+            report = await engine.kill(host.cfg.name, ident, 1.0, run="demo")
+            assert report.reconciled and report.all_gone
+    finally:
+        await engine.aclose()
+    assert stream.ops == ["kill", "probe"]  # reconciled, never sent again
+    records = audit.read()
+    assert [r["action"] for r in records] == ["kill", "kill"]
+    first, second = records
+    assert first["outcome"] == "unknown" and first["ok"] is False and not first["reconciled"]
+    assert first["identity"]["pid"] == 4242 and first["run"] == "demo"
+    assert second["reconciled"] is True
+    if alive:
+        assert second["outcome"] == "unknown" and second["ok"] is False
+    else:
+        assert second["ok"] is True and "already-gone" in second["steps"][0]["detail"]

@@ -6,8 +6,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from supervisor import actions, audit
+from supervisor import audit
 from supervisor.guard import BudgetGuard, GuardOutcome
+from tests import fixtures_actions as actions
 from tests.fixtures_actions import DemoRun, engine_for, pid_alive, run_pids
 from tests.waiting import wait_until
 

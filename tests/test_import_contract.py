@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -43,3 +44,35 @@ def test_cli_start_up_does_not_import_heavy_libraries() -> None:
     loaded = _modules_after("import supervisor.cli")
     heavy = {"transformers", "textual", "asyncssh", "httpx", "torch", "uvicorn"} & loaded
     assert heavy == set()
+
+
+def _contracts() -> dict[str, dict[str, Any]]:
+    from pathlib import Path
+
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    return {c["name"]: c for c in config["tool"]["importlinter"]["contracts"]}
+
+
+def test_the_front_door_contract_forbids_every_engine_internal() -> None:
+    contract = _contracts()["The front ends use the engine only through its front door"]
+    assert contract["source_modules"] == ["tui", "supervisor.cli"]
+    forbidden = set(contract["forbidden_modules"])
+    allowed = {"engine", "model", "config", "errors", "display", "demo", "cli"}
+    internals = {m.split(".")[1] for m in _engine_modules()} - allowed
+    missing = {f"supervisor.{m}" for m in internals} - forbidden
+    assert missing == set(), f"engine modules the front ends could import: {sorted(missing)}"
+
+
+def test_the_import_contracts_pass() -> None:
+    import shutil
+    from pathlib import Path
+
+    assert "The engine never imports the UI" in _contracts()
+    root = Path(__file__).resolve().parent.parent
+    exe = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+    done = subprocess.run([exe], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert " 0 broken" in done.stdout

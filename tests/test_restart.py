@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from supervisor import actions, audit
+from supervisor import audit
 from supervisor.argv import apply_overrides, argv_diff, parse_sets
 from supervisor.fingerprint import compare_fingerprints
-from supervisor.logtail import tail_log
 from supervisor.plan import Step, make_plan
 from supervisor.steps import execute
+from tests import fixtures_actions as actions
 from tests.fixtures_actions import (
     API_KEY,
     DemoRun,
@@ -443,9 +443,9 @@ async def test_restart_waits_for_the_gpu_memory_to_be_released(
         step = next(s for s in result.steps if s.name == "gpu-release")
         assert step.state == "ok" and "released after" in step.detail and "4 checks" in step.detail
         assert (gpu / "countdown").read_text().strip() == "0"
-        tail = await tail_log(engine, "demo", 50)
-    assert tail["exists"] and any("datasets B1,B2" in line for line in tail["lines"])
-    assert all(API_KEY not in line for line in tail["lines"])
+        tail = await engine.tail_log("local", "demo", 50)
+    assert tail.exists and any("datasets B1,B2" in line for line in tail.lines)
+    assert all(API_KEY not in line for line in tail.lines)
 
 
 async def test_two_runs_sharing_an_output_dir_do_not_block_each_other(

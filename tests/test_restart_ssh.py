@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from supervisor import actions, audit
+from supervisor import audit
+from tests import fixtures_actions as actions
 from tests.fixtures_actions import (
     API_KEY,
     DemoRun,

@@ -4,16 +4,19 @@ runs of the reference client on this machine (LocalHost agent), real files growi
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 from pathlib import Path
 from typing import Any
 
 import psutil
+from click.testing import CliRunner
 from rich.console import Console
 from textual.command import CommandList, CommandPalette
 from textual.widgets import Button, DataTable, Input, Log, ProgressBar, Select, Static
 
+from supervisor.cli import cli
 from supervisor.engine import Engine
 from tests.fixtures_tui import demo_process
 from tests.waiting import wait_for
@@ -160,6 +163,13 @@ async def test_kill_flow_stops_exactly_the_chosen_run(tui_demo: Any) -> None:
         assert wait_for_exit is not None
         assert not psutil.pid_exists(local.pid) or psutil.Process(local.pid).status() == "zombie"
         assert api.poll() is None
+        # The kill is in `runwatch audit` (the engine audits it, whichever front end asked).
+        shown = CliRunner().invoke(cli, ["audit", "--json"])
+        assert shown.exit_code == 0, shown.output
+        kills = [r for r in json.loads(shown.output) if r["action"] == "kill"]
+        assert [(r["run"], r["identity"]["pid"], r["ok"]) for r in kills] == [
+            ("local-gpu", local.pid, True)
+        ]
 
         await pilot.press("escape")
         await wait_for(lambda: isinstance(app.screen, DashboardScreen), what="dialog closed")

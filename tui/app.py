@@ -7,7 +7,8 @@ workers that post typed messages back; the UI thread only renders model objects.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from textual import work
 from textual.app import App
@@ -17,7 +18,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from supervisor.config import Config
-from supervisor.guard import BudgetGuard, GuardOutcome
+from supervisor.engine import BudgetEvent, GuardOutcome
 from supervisor.model import HostView, RunView, Snapshot
 from tui.alerts import Alert, changes, stop_key
 from tui.commands import RunCommands
@@ -33,7 +34,7 @@ class RunwatchApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "runwatch"
     COMMANDS = App.COMMANDS | {RunCommands}
-    MODES: ClassVar[dict[str, type[Screen[None]]]] = {"dashboard": DashboardScreen}
+    MODES: ClassVar[dict[str, str | Callable[[], Screen[Any]]]] = {"dashboard": DashboardScreen}
     DEFAULT_MODE = "dashboard"
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -66,8 +67,6 @@ class RunwatchApp(App[None]):
         """Number of snapshots received (tests wait on it)."""
         self._expected_stops: set[str] = set()
         self._refreshing = False
-        self.guard = BudgetGuard(config)
-        """Applies each run's budget_policy once per event (audited; shared with the CLI)."""
         self._guarded = any(r.budget_policy != "warn" for r in config.runs)
         self._guarding = False
 
@@ -120,15 +119,17 @@ class RunwatchApp(App[None]):
 
     @work(group="guard", exit_on_error=False)
     async def apply_budget_policy(self, snapshot: Snapshot) -> None:
-        """Stop or restart runs past their budget as their policy says; ``warn`` is only shown."""
+        """Apply each run's budget policy (``Engine.enforce_budget``, the same as ``runwatch
+        guard``): stop or restart runs past their budget, once per event, audited."""
+
+        def deliberate(event: BudgetEvent) -> None:
+            # A stop by the policy is deliberate: not a "run died" alert.
+            if event.policy != "warn":
+                self.expect_stop(event.host, event.run, event.identity.pid)
+
         outcomes: list[GuardOutcome] = []
         try:
-            for event in self.guard.observe(snapshot):
-                if event.policy == "warn":
-                    continue
-                # The stop is deliberate: not a "run died" alert.
-                self.expect_stop(event.host, event.run, event.identity.pid)
-                outcomes.append(await self.guard.act(self.engine, event))  # type: ignore[arg-type]
+            outcomes = await self.engine.enforce_budget(snapshot, before_act=deliberate)
         finally:
             self._guarding = False
         if outcomes:
@@ -137,7 +138,9 @@ class RunwatchApp(App[None]):
     def on_budget_policy_applied(self, message: BudgetPolicyApplied) -> None:
         for outcome in message.outcomes:
             if not outcome.acted:
-                continue  # another runwatch, or an earlier session, already acted
+                continue  # another runwatch, or an earlier one, already acted
+            if outcome.event.policy == "warn":
+                continue  # the over-budget alert says it already
             event = outcome.event
             alert = Alert(
                 kind="budget-policy",
@@ -182,11 +185,11 @@ class RunwatchApp(App[None]):
 
     def selected_run(self) -> str | None:
         """The run the current screen is about (the cursor's on the dashboard)."""
+        from tui.screens.run_detail import RunDetailScreen
+
         screen = self.screen
-        chooser = getattr(screen, "selected_run", None)
-        if callable(chooser):
-            key = chooser()
-            return key if isinstance(key, str) else None
+        if isinstance(screen, DashboardScreen | RunDetailScreen):
+            return screen.selected_run()
         return None
 
     def _target(self, key: str | None) -> tuple[str, HostView, RunView] | None:
@@ -274,6 +277,13 @@ class RunwatchApp(App[None]):
 
         if not isinstance(self.screen, CompareScreen):
             self.push_screen(CompareScreen())
+
+
+def runwatch_app(app: object) -> RunwatchApp:
+    """``app`` as the RunwatchApp it is (the screens and commands of this package run in one)."""
+    if not isinstance(app, RunwatchApp):
+        raise TypeError(f"expected the runwatch app, got {type(app).__name__}")
+    return app
 
 
 def make_app(

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from tui.widgets.fleet import run_key
 
 if TYPE_CHECKING:
-    from tui.app import RunwatchApp
+    pass
 
 
 class RunCommands(Provider):
     """Refresh, help, compare, and open / kill / restart / launch for each run."""
 
     def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
-        app = cast("RunwatchApp", self.app)
+        from tui.app import runwatch_app
+
+        app = runwatch_app(self.app)
         commands: list[tuple[str, str, Callable[[], object]]] = [
             ("Refresh now", "Poll every host now", app.action_refresh),
             ("Help: keys", "Every key of every screen", app.action_help),

@@ -1,35 +1,95 @@
-"""What the app needs from the engine, as a Protocol.
+"""What the app needs from the engine, as a Protocol: the methods of ``supervisor.engine.Engine``.
 
-The real engine is ``supervisor.engine.Engine``; tests of screenshots pass an engine that returns
-fixed snapshots. Beyond this Protocol, some screens use more of the real engine: the detail screen
-reads the log through ``engine.host(name).request("tail_log", ...)`` and the samples through
-``supervisor.samples.latest_samples`` (``engine.config``, ``engine.host``), and the restart
-and launch screens hand the engine to ``supervisor.plan`` and ``supervisor.steps`` (which also
-use ``engine.config``).
-An engine without ``host`` gets a clear message in the detail screen instead of a crash.
+The real engine is ``supervisor.engine.Engine``; screenshot tests pass an engine that returns fixed
+snapshots (and implements the rest of this Protocol). Screens use the engine only through this
+Protocol; what needs no host of its own (bench, the comparison, the bench history, tokenizers) are
+the functions of ``supervisor.engine``. ``Engine.host`` and ``Engine.kill_within_plan`` are not
+here: they serve the engine's own plans and previews, never a screen.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
-from supervisor.model import Identity, Snapshot
+from supervisor.engine import (
+    Action,
+    ActionResult,
+    BudgetEvent,
+    GuardOutcome,
+    KillReport,
+    LatestSamples,
+    LogTail,
+    OnStep,
+    Plan,
+)
+from supervisor.model import Identity, ProcessInfo, RunView, Snapshot
 
 
-@runtime_checkable
 class EngineLike(Protocol):
-    """The engine operations the dashboard, the detail screen and the kill dialog use."""
+    """Every engine operation a front end may ask for (``supervisor.engine.Engine``'s methods)."""
 
     async def refresh(self) -> Snapshot:
         """Poll every host once and return what was seen."""
         ...
 
-    async def kill(self, host: str, identity: Identity, grace: float) -> Any:
-        """Stop the process named by ``identity`` on ``host``; a report with per-pid results."""
+    async def list_processes(self, host: str) -> list[ProcessInfo]:
+        """The runs on ``host``, each matched to its configured run."""
+        ...
+
+    async def kill(
+        self, host: str, identity: Identity, grace: float = 10.0, *, run: str | None = None
+    ) -> KillReport:
+        """Stop the process named by ``identity`` on ``host``, audited; per-pid results."""
         ...
 
     async def check_run(self, run: str) -> list[dict[str, Any]]:
         """Validate every data file of a run; one scan result per dataset."""
+        ...
+
+    async def plan(
+        self,
+        run: str,
+        *,
+        action: Action = "restart",
+        overrides: Iterable[str] | Iterable[tuple[str, str]] = (),
+        move_aside: bool = False,
+        allow_change: Iterable[str] = (),
+        environ: dict[str, str] | None = None,
+    ) -> Plan:
+        """The launch or restart plan of ``run`` as it is now (changes nothing)."""
+        ...
+
+    async def execute(
+        self, plan: Plan, *, dry_run: bool = False, on_step: OnStep | None = None
+    ) -> ActionResult:
+        """Run a plan step by step (audited); ``dry_run``: the checks only."""
+        ...
+
+    async def tail_log(self, host: str, run: str, lines: int = 50) -> LogTail:
+        """The last lines of the run's log (or launch log), secrets masked."""
+        ...
+
+    def secret_values(self) -> list[str]:
+        """API key values set here (masked wherever host text is shown)."""
+        ...
+
+    async def samples(self, run: RunView, dataset: str, count: int) -> LatestSamples:
+        """The latest records of a dataset, newest first, decoded for a preview."""
+        ...
+
+    def budget_events(self, snapshot: Snapshot) -> list[BudgetEvent]:
+        """Budget events of ``snapshot`` not acted on yet."""
+        ...
+
+    async def enforce_budget(
+        self,
+        snapshot: Snapshot,
+        on_step: OnStep | None = None,
+        *,
+        before_act: Callable[[BudgetEvent], None] | None = None,
+    ) -> list[GuardOutcome]:
+        """Apply each run's budget policy to the events of ``snapshot``, once each, audited."""
         ...
 
     async def aclose(self) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from textual.message import Message
 
-from supervisor.guard import GuardOutcome
+from supervisor.engine import GuardOutcome
 from supervisor.model import Snapshot
 
 

@@ -18,7 +18,7 @@ from supervisor.errors import UsageError
 
 if TYPE_CHECKING:
     from supervisor.config import Config
-    from supervisor.plan import ActionResult, Plan, Step
+    from supervisor.engine import ActionResult, Plan, Step
 
 __all__ = ["audit", "guard", "launch", "restart"]
 
@@ -56,10 +56,7 @@ def _run_action(
 ) -> None:
     import asyncio
 
-    from supervisor.argv import parse_sets
-    from supervisor.engine import Engine
-    from supervisor.plan import make_plan
-    from supervisor.steps import execute
+    from supervisor.engine import Engine, parse_sets
 
     overrides = parse_sets(sets)  # a bad --set fails before anything is contacted
     _confirm_allowed(yes, dry_run)
@@ -67,8 +64,7 @@ def _run_action(
     async def main() -> ActionResult | None:
         engine = Engine(config)
         try:
-            plan: Plan = await make_plan(
-                engine,
+            plan: Plan = await engine.plan(
                 run,
                 action="launch" if action == "launch" else "restart",
                 overrides=overrides,
@@ -82,8 +78,8 @@ def _run_action(
                 return None
             if not as_json:
                 click.echo("dry run: checks only, nothing changes" if dry_run else "running:")
-            return await execute(
-                engine, plan, dry_run=dry_run, on_step=None if as_json else _print_step
+            return await engine.execute(
+                plan, dry_run=dry_run, on_step=None if as_json else _print_step
             )
         finally:
             await engine.aclose()
@@ -201,17 +197,17 @@ def restart(
 @json_option
 def audit(limit: int, as_json: bool) -> None:
     """Show the audit log: every kill, launch, restart, move-aside, repair and budget action."""
-    from supervisor import audit as audit_mod
+    from supervisor.engine import audit_line, audit_location, audit_records
 
-    entries: list[dict[str, Any]] = audit_mod.read(limit=None if limit <= 0 else limit)
+    entries = audit_records(limit=None if limit <= 0 else limit)
     if as_json:
         print_json(entries)
         return
     if not entries:
-        click.echo(f"no audit records in {audit_mod.audit_path()}")
+        click.echo(f"no audit records in {audit_location()}")
         return
     for e in entries:
-        click.echo(audit_mod.format_record(e))
+        click.echo(audit_line(e))
 
 
 @click.command()
@@ -232,25 +228,23 @@ def guard(watch: float | None, dry_run: bool, as_json: bool, config_path: str | 
     import asyncio
 
     from supervisor.engine import Engine
-    from supervisor.guard import BudgetGuard
 
     config = get_config(config_path)
 
     async def main() -> list[dict[str, Any]]:
         engine = Engine(config)
-        budget_guard = BudgetGuard(config)
         seen: list[dict[str, Any]] = []
         try:
             while True:
                 snap = await engine.refresh()
                 new: list[dict[str, Any]] = []
                 if dry_run:
-                    for e in budget_guard.observe(snap):
+                    for e in engine.budget_events(snap):
                         new.append({"event": e.to_json(), "acted": False, "ok": True})
                         if not as_json:
                             click.echo(f"{e.host}/{e.run}: would {e.policy}: {e.message}")
                 else:
-                    for outcome in await budget_guard.enforce(engine, snap):
+                    for outcome in await engine.enforce_budget(snap):
                         new.append(outcome.to_json())
                         if not as_json:
                             ev = outcome.event

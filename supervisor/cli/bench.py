@@ -22,9 +22,8 @@ from supervisor.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from supervisor.bench.results import BenchResult, LevelResult
-    from supervisor.compare import Comparison
     from supervisor.config import Config
+    from supervisor.engine import BenchResult, Comparison, LevelResult
 
 
 def _levels(text: str) -> list[int]:
@@ -44,7 +43,7 @@ def _levels(text: str) -> list[int]:
 
 def _optional_config(config_path: str | None, target: str) -> Config | None:
     """The config; for a bare URL it is optional (prices and prompts then come from flags)."""
-    from supervisor.bench.target import is_url
+    from supervisor.engine import is_url
 
     path = resolve_config_path(config_path)
     # "runwatch.toml" is the fallback when no config was named anywhere (-c, $RUNWATCH_CONFIG).
@@ -145,7 +144,8 @@ def bench(
     tokens by usage vs the tokenizer, and cost. The result is appended to the bench history
     that `runwatch compare` reads.
     """
-    from supervisor.bench.runner import Options, run_bench
+    from supervisor.engine import BenchOptions
+    from supervisor.engine import bench as run_bench
     from supervisor.errors import UsageError
 
     if n_requests < 1:
@@ -160,7 +160,7 @@ def bench(
             "never has all its requests in flight (see 'achieved')",
             err=True,
         )
-    options = Options(
+    options = BenchOptions(
         requests=n_requests,
         concurrency=levels,
         stream=stream,
@@ -292,7 +292,7 @@ def compare(config_path: str | None, sample_s: float, as_json: bool) -> None:
     Uses the live rates of running runs (their data files measure their endpoint), the latest
     bench of endpoints that are not running, and the price tables.
     """
-    from supervisor.compare import gather_comparison
+    from supervisor.engine import gather_comparison
 
     config = get_config(config_path)
     result = asyncio.run(
@@ -305,6 +305,6 @@ def compare(config_path: str | None, sample_s: float, as_json: bool) -> None:
 
 
 def format_compare(result: Comparison) -> str:
-    from supervisor.compare import format_lines
+    from supervisor.engine import format_lines
 
     return "\n".join(format_lines(result))

@@ -77,7 +77,7 @@ def find_files(paths: tuple[str, ...] | list[str]) -> list[str]:
 
 def _profile_for(fmt: str | None, config_path: str | None) -> dict[str, Any] | None:
     """A user format from the config, when NAME is not built in."""
-    from supervisor.agent.formats import BUILTIN_FORMATS
+    from supervisor.engine import BUILTIN_FORMATS
 
     if fmt is None or fmt in BUILTIN_FORMATS:
         return None
@@ -139,7 +139,7 @@ def scan_paths(
     texts: bool = True,
 ) -> list[dict[str, Any]]:
     """Cold-scan each file to its end; tokenizer formats are counted with ``tokenizer``."""
-    from supervisor.agent.scan import Scanner
+    from supervisor.engine import Scanner
 
     scanner = Scanner()
     results = []
@@ -152,7 +152,7 @@ def scan_paths(
                     path, fmt, validate=validate, profile=profile, texts=texts, progress=progress
                 )
                 if tokenizer is not None and r["texts"]:
-                    from supervisor.tokens import count_tokens
+                    from supervisor.engine import count_tokens
 
                     extra += sum(count_tokens(tokenizer, r["texts"]))
                 if not r.get("texts_more"):
@@ -252,7 +252,7 @@ def scan(
     profile = _profile_for(fmt, config_path)
     tok = None
     if tokenizer is not None:
-        from supervisor.tokens import load_tokenizer
+        from supervisor.engine import load_tokenizer
 
         tok = load_tokenizer(tokenizer)
     results = scan_paths(files, fmt, validate, profile, tok, texts=tok is not None)

@@ -14,7 +14,7 @@ from supervisor.errors import KillRefused, RunwatchError, UsageError
 
 if TYPE_CHECKING:
     from supervisor.config import Config, HostConfig
-    from supervisor.kill import KillReport
+    from supervisor.engine import Engine, KillReport
     from supervisor.model import ProcessInfo
 
 # --------------------------------------------------------------------------- ps
@@ -44,32 +44,13 @@ def process_json(p: ProcessInfo) -> dict[str, Any]:
     }
 
 
-async def _ps_host(config: Config, cfg: HostConfig) -> dict[str, Any]:
-    from supervisor.hosts import list_processes, make_host
-
-    entry: dict[str, Any] = {"name": cfg.name, "connected": False, "error": None, "processes": []}
+async def _ps_host(engine: Engine, name: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": name, "connected": False, "error": None, "processes": []}
     try:
-        host = make_host(cfg)
-    except RunwatchError as e:
-        entry["error"] = e.message
-        return entry
-    try:
-        found = await asyncio.wait_for(
-            list_processes(host, config), cfg.connect_timeout + cfg.command_timeout
-        )
+        entry["processes"] = await engine.list_processes(name)
         entry["connected"] = True
-        entry["processes"] = found
     except RunwatchError as e:
         entry["error"] = e.message
-    except asyncio.TimeoutError:
-        entry["error"] = (
-            f"{cfg.name}: no answer within {cfg.connect_timeout + cfg.command_timeout:g} s"
-        )
-    finally:
-        try:
-            await host.close()
-        except Exception as e:  # closing must not hide the answer already obtained
-            entry["error"] = entry["error"] or f"{cfg.name}: close failed: {e}"
     return entry
 
 
@@ -133,7 +114,10 @@ def ps(config_path: str | None, host_name: str | None, as_json: bool) -> None:
     targets = _hosts_of(config, host_name)
 
     async def gather() -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*(_ps_host(config, h) for h in targets)))
+        from supervisor.engine import Engine
+
+        async with Engine(config) as engine:
+            return list(await asyncio.gather(*(_ps_host(engine, h.name) for h in targets)))
 
     entries = asyncio.run(gather())
     if as_json:
@@ -190,12 +174,11 @@ async def _kill(
     config: Config, cfg: HostConfig, run: str | None, pid: int | None, grace: float, yes: bool
 ) -> list[KillReport] | None:
     """The kill reports, or None when the confirmation was declined (nothing was sent)."""
-    from supervisor.hosts import list_processes, make_host
-    from supervisor.kill import audit_kill, kill_or_reconcile
+    from supervisor.engine import Engine
 
-    host = make_host(cfg)
+    engine = Engine(config)
     try:
-        procs = await list_processes(host, config)
+        procs = await engine.list_processes(cfg.name)
         targets = _targets(config, procs, run, pid, cfg.name)
         for p in targets:
             if not p.killable:
@@ -212,14 +195,10 @@ async def _kill(
                 err=True,
             ):
                 return None
-        reports = []
-        for p in targets:
-            report = await kill_or_reconcile(host, p.identity, grace, config.scripts)
-            audit_kill(report, p.run)
-            reports.append(report)
-        return reports
+        # Each kill is audited by the engine, a lost reply included.
+        return [await engine.kill(cfg.name, p.identity, grace, run=p.run) for p in targets]
     finally:
-        await host.close()
+        await engine.aclose()
 
 
 @click.command()

@@ -3,7 +3,7 @@
 Per dataset: responses, completion tokens, budget used, rates, ETA, the budget projection (how far
 past its budget a dataset without ``--token-budget`` will go) and the format verdict. ``--watch
 SECONDS`` redraws in place (plain text) until Ctrl-C and applies each run's budget policy
-(``guard.BudgetGuard``: warn, stop or restart-with-budget, once per event, audited), showing
+(``Engine.enforce_budget``: warn, stop or restart-with-budget, once per event, audited), showing
 what it did. Exit status: 0 when every host answered, 1 when one did not (its last values are
 shown, marked stale).
 """
@@ -212,16 +212,14 @@ async def _watch(config: Any, seconds: float, as_json: bool) -> None:
     import asyncio
 
     from supervisor.engine import Engine
-    from supervisor.guard import BudgetGuard
 
-    guard = BudgetGuard(config)
     acted: list[str] = []  # what the budget guard did, shown under every redraw
     async with Engine(config) as engine:
         while True:
             started = time.monotonic()
             snap = await engine.refresh()
             # Each run's budget policy (warn, stop, restart-with-budget), once per event, audited.
-            done = [o for o in await guard.enforce(engine, snap) if o.acted]
+            done = [o for o in await engine.enforce_budget(snap) if o.acted]
             if as_json:
                 print_json(snap)
                 for o in done:
@@ -238,7 +236,7 @@ async def _watch(config: Any, seconds: float, as_json: bool) -> None:
 
 
 def _guard_line(outcome: Any) -> str:
-    """One line for what the budget guard did (``guard.GuardOutcome``)."""
+    """One line for what the budget guard did (``GuardOutcome``)."""
     stamp = time.strftime("%H:%M:%S")
     mark = "" if outcome.ok else " (FAILED)"
     return f"{stamp} budget {outcome.event.policy}{mark}: {outcome.detail}"

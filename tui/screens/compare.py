@@ -6,7 +6,7 @@ history; a bench started here shows its progress and lands in the same history.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.cells import cell_len
 from rich.text import Text
@@ -17,6 +17,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, ProgressBar, Select, Static
 
+from supervisor.engine import BenchResult, Comparison
 from tui.messages import BenchFinished, BenchProgressed
 from tui.widgets.format import error_text, human
 
@@ -26,10 +27,10 @@ if TYPE_CHECKING:
 DEFAULT_REQUESTS = 20
 
 
-def sources_text(comparison: Any) -> Text:
+def sources_text(comparison: Comparison) -> Text:
     """Where each endpoint's numbers come from (live rate, bench, price table), and what was
     left out of the comparison and why."""
-    from supervisor.compare import format_lines
+    from supervisor.engine import format_lines
 
     text = Text()
     for name, why in comparison.skipped.items():
@@ -63,7 +64,7 @@ class TableLayout:
         return sum(w + 2 for w in widest)
 
 
-def table_layouts(comparison: Any) -> list[TableLayout]:
+def table_layouts(comparison: Comparison) -> list[TableLayout]:
     """The table from the widest layout to the narrowest; the screen shows the first that fits.
 
     Full: ``<endpoint> time`` and ``<endpoint> cost`` headers, what ends each dataset. Compact:
@@ -124,15 +125,17 @@ class CompareScreen(Screen[None]):
 
     def __init__(self) -> None:
         super().__init__()
-        self.history: list[Any] | None = None
+        self.history: list[BenchResult] | None = None
         """Bench results from the history file (None until read)."""
-        self.comparison: Any = None
-        self.bench_result: Any = None
+        self.comparison: Comparison | None = None
+        self.bench_result: BenchResult | None = None
         self.benching = False
 
     @property
     def rw(self) -> RunwatchApp:
-        return cast("RunwatchApp", self.app)
+        from tui.app import runwatch_app
+
+        return runwatch_app(self.app)
 
     def compose(self) -> ComposeResult:
         endpoints = [(f"{e.name} ({e.kind})", e.name) for e in self.rw.config.endpoints]
@@ -165,14 +168,14 @@ class CompareScreen(Screen[None]):
     async def _load_history(self) -> None:
         import asyncio
 
-        from supervisor.bench.history import load_history
+        from supervisor.engine import load_history
 
         history = await asyncio.to_thread(load_history)
         self.history = history
         self._recompute(None)
 
     def _recompute(self, _snapshot: object) -> None:
-        from supervisor.compare import comparison_from
+        from supervisor.engine import comparison_from
 
         snapshot = self.rw.snapshot
         if snapshot is None or self.history is None:
@@ -245,13 +248,18 @@ class CompareScreen(Screen[None]):
     async def _bench(self, endpoint: str, requests: int) -> None:
         import asyncio
 
-        from supervisor.bench.runner import Options, run_bench
+        from supervisor.engine import BenchOptions
+        from supervisor.engine import bench as run_bench
 
         config = self.rw.config
         tokenizer = None
+
+        def progress(done: int, total: int) -> None:
+            self.post_message(BenchProgressed(done, total))
+
         try:
             if config.tokenizer:
-                from supervisor.tokens import load_tokenizer
+                from supervisor.engine import load_tokenizer
 
                 # Loading a tokenizer takes a moment: off the event loop.
                 tokenizer = await asyncio.to_thread(
@@ -260,8 +268,8 @@ class CompareScreen(Screen[None]):
             result = await run_bench(
                 config,
                 endpoint,
-                options=Options(requests=requests),
-                progress=lambda done, total: self.post_message(BenchProgressed(done, total)),
+                options=BenchOptions(requests=requests),
+                progress=progress,
                 tokenizer=tokenizer,
             )
         except Exception as e:  # shown under the bench controls

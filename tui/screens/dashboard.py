@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -14,7 +14,7 @@ from textual.widgets import Footer, Static
 
 from supervisor.model import Snapshot
 from tui.widgets.dataset_table import DatasetTable
-from tui.widgets.fleet import Fleet, RunCard, update_static
+from tui.widgets.fleet import Fleet, update_static
 
 if TYPE_CHECKING:
     from tui.app import RunwatchApp
@@ -61,7 +61,9 @@ class DashboardScreen(Screen[None]):
 
     @property
     def rw(self) -> RunwatchApp:
-        return cast("RunwatchApp", self.app)
+        from tui.app import runwatch_app
+
+        return runwatch_app(self.app)
 
     def compose(self) -> ComposeResult:
         yield Static(id="status")
@@ -131,9 +133,3 @@ class DashboardScreen(Screen[None]):
     def on_dataset_table_chosen(self, event: DatasetTable.Chosen) -> None:
         event.stop()
         self.rw.open_run(event.table.run_key, event.dataset)
-
-    def run_card(self, key: str) -> RunCard | None:
-        for card in self.query_one(Fleet).run_cards():
-            if card.run_key == key:
-                return card
-        return None

@@ -3,7 +3,7 @@ results."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.table import Table
 from rich.text import Text
@@ -14,6 +14,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Static
 
+from supervisor.engine import KillReport
 from supervisor.model import RunView
 from tui.messages import PidOutcome, RunKilled
 from tui.widgets.format import error_text
@@ -30,18 +31,9 @@ _OUTCOME_STYLE = {
 }
 
 
-def outcomes_of(report: Any) -> list[PidOutcome]:
-    """The per-pid results of a kill report (an object with ``results`` or its JSON dict)."""
-    results = (
-        report.get("results", []) if isinstance(report, dict) else getattr(report, "results", [])
-    )
-    out: list[PidOutcome] = []
-    for r in results or []:
-        get = r.get if isinstance(r, dict) else (lambda k, d=None, r=r: getattr(r, k, d))
-        out.append(
-            PidOutcome(int(get("pid", 0)), str(get("outcome", "?")), str(get("detail", "") or ""))
-        )
-    return out
+def outcomes_of(report: KillReport) -> list[PidOutcome]:
+    """The per-pid results of a kill report."""
+    return [PidOutcome(r.pid, r.outcome, r.detail) for r in report.results]
 
 
 def identity_table(run: RunView) -> Table:
@@ -80,7 +72,9 @@ class KillScreen(ModalScreen[bool]):
 
     @property
     def rw(self) -> RunwatchApp:
-        return cast("RunwatchApp", self.app)
+        from tui.app import runwatch_app
+
+        return runwatch_app(self.app)
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="dialog"):
@@ -163,7 +157,9 @@ class KillScreen(ModalScreen[bool]):
     async def _kill(self, grace: float) -> None:
         assert self.run.process is not None
         try:
-            report = await self.rw.engine.kill(self.host, self.run.process.identity, grace)
+            report = await self.rw.engine.kill(
+                self.host, self.run.process.identity, grace, run=self.run.name
+            )
         except Exception as e:  # shown in the dialog: the user must see that nothing is confirmed
             self.post_message(RunKilled(self.host, self.run.name, [], error_text(e)))
         else:

@@ -7,7 +7,7 @@ checked (dry run: only the checks run) or executed, and every step's state is sh
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from rich.table import Table
 from rich.text import Text
@@ -18,6 +18,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Checkbox, Footer, Input, Label, Static
 
+from supervisor.engine import ActionResult, Plan, Step
 from supervisor.model import RunView
 from tui.messages import PlanFinished, PlanMade, StepChanged
 from tui.widgets.format import error_text
@@ -66,9 +67,9 @@ def steps_table(steps: list[dict[str, str]]) -> Table:
     return table
 
 
-def diff_text(plan: Any) -> Table:
+def diff_text(plan: Plan) -> Table:
     """What runs now, the new argv (masked), the flags that change, and the log."""
-    from supervisor.agent.masking import mask_argv
+    from supervisor.engine import mask_argv
 
     table = Table.grid(padding=(0, 1))
     table.add_column(style="dim", no_wrap=True, width=12)
@@ -113,11 +114,11 @@ class RestartScreen(Screen[None]):
         self.host = host
         self.run = run
         self.mode = mode
-        self.plan: Any = None
-        """The current ``supervisor.plan.Plan`` (None until computed)."""
+        self.plan: Plan | None = None
+        """The current plan (None until computed)."""
         self.steps: list[dict[str, str]] = []
         """Each step's name, title, state and detail, as last reported."""
-        self.result: Any = None
+        self.result: ActionResult | None = None
         """The ``ActionResult`` once the plan ran."""
         self.transitions: list[tuple[str, str]] = []
         """Every (step, state) shown, in order."""
@@ -125,7 +126,9 @@ class RestartScreen(Screen[None]):
 
     @property
     def rw(self) -> RunwatchApp:
-        return cast("RunwatchApp", self.app)
+        from tui.app import runwatch_app
+
+        return runwatch_app(self.app)
 
     def compose(self) -> ComposeResult:
         verb = "Restart" if self.mode == "restart" else "Launch"
@@ -176,11 +179,8 @@ class RestartScreen(Screen[None]):
 
     @work(exclusive=True, group="plan", exit_on_error=False)
     async def _make_plan(self, flags: list[str], allow: list[str], move_aside: bool) -> None:
-        from supervisor.plan import make_plan
-
         try:
-            plan = await make_plan(
-                cast(Any, self.rw.engine),
+            plan = await self.rw.engine.plan(
                 self.run.name,
                 action=self.mode,
                 overrides=flags,
@@ -252,18 +252,14 @@ class RestartScreen(Screen[None]):
         self._execute(self.plan, dry_run)
 
     @work(exclusive=True, group="execute", exit_on_error=False)
-    async def _execute(self, plan: Any, dry_run: bool) -> None:
-        from supervisor.steps import execute
-
+    async def _execute(self, plan: Plan, dry_run: bool) -> None:
         index = {s.name: i for i, s in enumerate(plan.steps)}
 
-        def on_step(step: Any) -> None:
+        def on_step(step: Step) -> None:
             self.post_message(StepChanged(index[step.name], step.name, step.state, step.detail))
 
         try:
-            result = await execute(
-                cast(Any, self.rw.engine), plan, dry_run=dry_run, on_step=on_step
-            )
+            result = await self.rw.engine.execute(plan, dry_run=dry_run, on_step=on_step)
         except Exception as e:  # the plan itself broke (not a step): shown on the screen
             self.post_message(PlanFinished(False, None, error_text(e)))
         else:

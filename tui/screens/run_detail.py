@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.table import Table
 from rich.text import Text
@@ -140,7 +140,9 @@ class RunDetailScreen(Screen[None]):
 
     @property
     def rw(self) -> RunwatchApp:
-        return cast("RunwatchApp", self.app)
+        from tui.app import runwatch_app
+
+        return runwatch_app(self.app)
 
     def selected_run(self) -> str:
         return self.key
@@ -217,7 +219,7 @@ class RunDetailScreen(Screen[None]):
         from tui.sources import read_log_tail
 
         try:
-            lines = await read_log_tail(self.rw.engine, self.rw.config, host, run, LOG_LINES)
+            lines = await read_log_tail(self.rw.engine, host, run, LOG_LINES)
         except Exception as e:  # shown in the log tab; the next poll tries again
             self.post_message(LogTailRead(run, [], f"{type(e).__name__}: {e}"))
         else:

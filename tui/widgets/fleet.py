@@ -193,11 +193,11 @@ class HostCard(Vertical):
             if key not in wanted:
                 card.remove()
         for key, run in wanted.items():
-            card = cards.get(key)
-            if card is None:
+            existing = cards.get(key)
+            if existing is None:
                 self.mount(RunCard(host.name, run, stale=host.stale, wide=self._wide))
             else:
-                card.show(run, stale=host.stale, wide=self._wide)
+                existing.show(run, stale=host.stale, wide=self._wide)
 
 
 class Fleet(VerticalScroll, can_focus=False):
@@ -223,11 +223,11 @@ class Fleet(VerticalScroll, can_focus=False):
             if name not in wanted:
                 card.remove()
         for name, host in wanted.items():
-            card = cards.get(name)
-            if card is None:
+            existing = cards.get(name)
+            if existing is None:
                 self.mount(HostCard(host, snapshot.time, wide=wide))
             else:
-                card.show(host, snapshot.time, wide=wide)
+                existing.show(host, snapshot.time, wide=wide)
 
     def run_cards(self) -> list[RunCard]:
         """Every run card, top to bottom."""
