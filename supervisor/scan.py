@@ -43,8 +43,10 @@ import errno
 import hashlib
 import json
 import os
+import re
 import stat
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from supervisor.formats import (
@@ -76,6 +78,11 @@ SAMPLES_PER_SCAN = 32
 MIN_SAMPLE_STRIDE = 1 << 20
 FULL_PARSE_MAX = 4 << 20
 """Arrays larger than this are validated by a character check instead of a full parse."""
+BATCH_LINE_MAX = 8 << 10
+"""Lines up to this long are counted in batches by a line template; longer ones one by one (two
+``memchr`` passes and a small parse beat a regular expression walking a long array)."""
+MAX_TEMPLATES = 16
+"""Record shapes per file for which a line template is built (or found impossible)."""
 
 if TYPE_CHECKING:  # annotations only: subscripting collections.abc fails on Python 3.8
     from collections.abc import Callable
@@ -188,6 +195,138 @@ def _id_key(value: Any) -> Any:
     return json.dumps(value, sort_keys=True)
 
 
+_T_TEXT = rb"[\x20\x21\x23-\x5b\x5d-\x7e]*"
+"""Printable ASCII without quote or backslash: a JSON string body that is its own value."""
+_T_PLAIN = re.compile(_T_TEXT.decode() + r"\Z")
+_T_NUMBER = rb"-?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+"""Integers of up to 18 digits: longer ones go one by one (Python limits int() of a string)."""
+_T_COUNT = rb"(0|[1-9][0-9]{0,17})"
+_T_INT = rb"(-?(?:0|[1-9][0-9]{0,17}))"
+_T_ARRAY = rb"\[[^\]]*\]"
+"""A big array as the fast path cuts it: up to its first ``]`` (its items are not read)."""
+
+
+class _Template:
+    """A regular expression matching the lines of one record shape that need no JSON parse.
+
+    Built from a record just counted one by one: the same keys in the same order and with the
+    same separators; strings of printable ASCII without escapes; numbers where it had numbers
+    (token counts as non-negative integers); ``true``/``false``/``null`` where it had them; big
+    arrays as the fast path cuts them. Such a line parses to the same keys, is of the same
+    profile and kind, and counts exactly as :meth:`Scanner._count` would count it unvalidated:
+    its numbers (tokens, prompt tokens), id and finish reason are captured and summed per batch.
+    Anything else (nested objects, escapes, non-ASCII text, other spacing) fails to match and is
+    counted one by one.
+    """
+
+    def __init__(
+        self,
+        pattern: re.Pattern[bytes],
+        prof: Profile,
+        kind: str,
+        roles: dict[str, int],
+        int_id: bool,
+        finish: str | None,
+    ) -> None:
+        self.pattern = pattern
+        self.prof = prof
+        self.kind = kind
+        self.roles = roles
+        self.int_id = int_id
+        self.finish = finish
+
+    @classmethod
+    def build(
+        cls,
+        prof: Profile,
+        kind: str,
+        obj: dict[str, Any],
+        arrays: dict[str, tuple[int, int]],
+        line: bytes,
+    ) -> _Template | None:
+        """The template of ``line`` (parsed as ``obj``), or None when its shape has none."""
+        tokens = prof.tokens_field
+        if tokens is None or prof.text_field is not None or type(obj.get(tokens)) is not int:
+            return None
+        fields = {"id": prof.id_field, "tokens": tokens}
+        if prof.prompt_tokens_field is not None:
+            fields["prompt"] = prof.prompt_tokens_field
+        if prof.finish_reason_field is not None:
+            fields["finish"] = prof.finish_reason_field
+        role_of = {f: r for r, f in fields.items()}
+        if len(role_of) != len(fields) or any("." in f for f in role_of):
+            return None
+        for colon, comma in ((b": ", b", "), (b":", b",")):
+            parts = [rb"(?m)^\{"]
+            roles: dict[str, int] = {}
+            int_id = False
+            for k, v in obj.items():
+                if not _T_PLAIN.match(k):
+                    return None
+                if len(parts) > 1:
+                    parts.append(re.escape(comma))
+                parts.append(re.escape(b'"' + k.encode() + b'"' + colon))
+                role = role_of.get(k)
+                if k in arrays and isinstance(v, list):
+                    if role is not None:
+                        return None
+                    parts.append(_T_ARRAY)
+                elif v is None or isinstance(v, bool):
+                    if role in ("id", "tokens") or (role == "prompt" and v is not None):
+                        return None
+                    parts.append(re.escape(json.dumps(v).encode()))
+                elif isinstance(v, int):
+                    if role == "finish" or (role in ("tokens", "prompt") and v < 0):
+                        return None
+                    if role is not None:
+                        roles[role] = len(roles) + 1
+                    int_id = int_id or role == "id"
+                    parts.append(_T_INT if role == "id" else _T_COUNT if role else _T_NUMBER)
+                elif isinstance(v, float) and role is None:
+                    parts.append(_T_NUMBER)
+                elif isinstance(v, str) and role in (None, "id", "finish"):
+                    if role is not None:
+                        roles[role] = len(roles) + 1
+                    parts.append(b'"(' + _T_TEXT + b')"' if role else b'"' + _T_TEXT + b'"')
+                else:
+                    return None
+            parts.append(rb"\}\r?\n")
+            pattern = re.compile(b"".join(parts))
+            if pattern.fullmatch(line + b"\n"):
+                finish = None if "finish" in roles else finish_value(prof, obj)
+                return cls(pattern, prof, kind, roles, int_id, finish)
+        return None
+
+    def add(self, state: _FileState, rows: list[Any]) -> None:
+        """Count the matches of :attr:`pattern` (``findall`` rows) as records of ``state``."""
+        n = len(rows)
+        if not n:
+            return
+        state.lines += n
+        state.records += n
+        name = self.prof.name
+        state.formats[name] = state.formats.get(name, 0) + n
+        state.kinds[self.kind] += n
+        roles = self.roles
+        cols = list(zip(*rows, strict=True)) if len(roles) > 1 else [rows]
+        state.completion_tokens += sum(map(int, cols[roles["tokens"] - 1]))
+        if "prompt" in roles:
+            state.prompt_tokens += sum(map(int, cols[roles["prompt"] - 1]))
+        if "id" in roles:
+            col = cols[roles["id"] - 1]
+            ids = map(int, col) if self.int_id else b"\n".join(col).decode().split("\n")
+            before = len(state.ids)
+            state.ids.update(ids)
+            state.duplicates += n - (len(state.ids) - before)
+        finish = state.finish
+        if "finish" in roles:
+            for value, count in Counter(cols[roles["finish"] - 1]).items():
+                key = value.decode()
+                finish[key] = finish.get(key, 0) + count
+        elif self.finish is not None:
+            finish[self.finish] = finish.get(self.finish, 0) + n
+
+
 class _FileState:
     """What the scanner remembers about one file between calls."""
 
@@ -223,6 +362,8 @@ class _FileState:
         self.first_unknown: tuple[int, int, list[str]] | None = None
         self.texts: list[str] = []
         self.text_bytes = 0
+        self.template: _Template | None = None
+        self.templates: dict[tuple[str, ...], _Template | None] = {}
 
 
 class Scanner:
@@ -232,6 +373,8 @@ class Scanner:
         chunk_size: bytes per read (tests make it tiny to split lines and characters).
         max_line_bytes: longer lines are skipped and reported.
         max_text_bytes: texts handed back per call for tokenizer-counted formats.
+        batch: count runs of plain lines in batches (see :class:`_Template`); False counts every
+            line on its own, the reference the batches are tested against.
     """
 
     def __init__(
@@ -239,10 +382,12 @@ class Scanner:
         chunk_size: int = DEFAULT_CHUNK,
         max_line_bytes: int = MAX_LINE_BYTES,
         max_text_bytes: int = MAX_TEXT_BYTES,
+        batch: bool = True,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be positive")
         self.chunk_size = chunk_size
+        self.batch = batch
         self.max_line_bytes = max_line_bytes
         self.max_text_bytes = max_text_bytes
         self._files: dict[str, _FileState] = {}
@@ -433,6 +578,7 @@ class Scanner:
         pending_off = start
         skipping = -1  # length of an over-long line being skipped, or -1
         line = self._line
+        batch = self.batch
         # One buffer for every read: bytes past `n` are stale, so every search is bounded by n.
         data = bytearray(min(chunk, max(span, 1)))
         view = memoryview(data)
@@ -483,6 +629,22 @@ class Scanner:
             while nl >= 0:
                 off = pos + i
                 check = all_ or (sample and (first or off >= next_mark or nl == last_nl))
+                if not check and batch and state.template is not None and nl - i <= BATCH_LINE_MAX:
+                    # The lines from here that need no check: up to the last complete line of
+                    # the buffer, stopping before the last line of the call and before the line
+                    # at the next sample mark.
+                    end = data.rfind(b"\n", i, n) + 1
+                    if sample and last_nl >= 0:
+                        end = min(end, data.rfind(b"\n", i, last_nl) + 1)
+                    if sample and next_mark - pos < end:
+                        end = data.find(b"\n", next_mark - pos - 1, end) + 1
+                    stop, i = self._batch(state, data, i, end, pos)
+                    state.offset = pos + i
+                    if stop:
+                        return True
+                    first = False
+                    nl = data.find(b"\n", i, n)
+                    continue
                 if check and off >= next_mark:
                     next_mark = off + stride
                 stop = line(state, data, i, nl, off, check)
@@ -502,6 +664,54 @@ class Scanner:
             if progress is not None:
                 progress(pos - start, span)
         return False
+
+    def _batch(
+        self, state: _FileState, data: bytearray, i: int, end: int, pos: int
+    ) -> tuple[bool, int]:
+        """Count the whole lines of ``data[i:end]``, plain ones by the file's template.
+
+        Returns ``(stopped for texts, index after the last line counted)``. One ``findall`` over
+        the span counts it when every line is plain (as many matches as newlines: a match starts
+        at a line start and holds at least its closing newline). Otherwise the matches are
+        walked and the lines between them go one by one through :meth:`_line`, in file order so
+        that line numbers stay right.
+        """
+        tpl = state.template
+        assert tpl is not None
+        rows = tpl.pattern.findall(data, i, end)
+        if len(rows) == data.count(b"\n", i, end):
+            tpl.add(state, rows)
+            return False, end
+        rows = []
+        at = i
+        one = tpl.pattern.groups == 1
+        for m in tpl.pattern.finditer(data, i, end):
+            s0, e0 = m.span()
+            if data.find(b"\n", s0, e0 - 1) >= 0:
+                continue  # an array ran into the next line: those lines are not plain
+            if s0 != at:
+                tpl.add(state, rows)
+                rows = []
+                stop, at = self._lines(state, data, at, s0, pos)
+                if stop:
+                    return True, at
+            rows.append(m.group(1) if one else m.groups())
+            at = e0
+        tpl.add(state, rows)
+        if at < end:
+            return self._lines(state, data, at, end, pos)
+        return False, end
+
+    def _lines(
+        self, state: _FileState, data: bytearray, i: int, end: int, pos: int
+    ) -> tuple[bool, int]:
+        """Count the whole lines of ``data[i:end]`` one by one (none of them sampled)."""
+        while i < end:
+            nl = data.find(b"\n", i, end)
+            if self._line(state, data, i, nl, pos + i, False):
+                return True, nl + 1
+            i = nl + 1
+        return False, end
 
     def _companions(self, path: str, words: tuple[str, ...]) -> list[dict[str, Any]]:
         """Line counts of the files beside ``path`` whose names hold one of ``words``."""
@@ -774,6 +984,19 @@ class Scanner:
                 "missing": missing,
                 "extra": extra,
             }
+        if (
+            prof is not None
+            and exp is not None
+            and record_texts is None
+            and e - s <= BATCH_LINE_MAX
+        ):
+            tpl = state.templates.get(shape, _ABSENT)
+            if tpl is _ABSENT and len(state.templates) < MAX_TEMPLATES:
+                tpl = state.templates[shape] = _Template.build(
+                    prof, kind, obj, arrays, bytes(buf[s:e])
+                )
+            if isinstance(tpl, _Template):
+                state.template = tpl
         if record_texts is not None:
             state.texts_records += 1
             if self._want_texts:
