@@ -47,6 +47,7 @@ import re
 import stat
 import time
 from collections import Counter
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from supervisor.formats import (
@@ -79,13 +80,16 @@ MIN_SAMPLE_STRIDE = 1 << 20
 FULL_PARSE_MAX = 4 << 20
 """Arrays larger than this are validated by a character check instead of a full parse."""
 BATCH_LINE_MAX = 8 << 10
-"""Lines up to this long are counted in batches by a line template; longer ones one by one (two
-``memchr`` passes and a small parse beat a regular expression walking a long array)."""
+"""Lines up to this long are counted in batches by a line template; longer ones one by one, by
+the template's head and tail around a ``memchr`` for the end of the array (a regular expression
+walking a long array is slower than ``memchr``)."""
+TEMPLATE_LINE_MAX = 1 << 20
+"""Templates are built from lines up to this long (building copies the line)."""
 MAX_TEMPLATES = 16
 """Record shapes per file for which a line template is built (or found impossible)."""
 
 if TYPE_CHECKING:  # annotations only: subscripting collections.abc fails on Python 3.8
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     Progress = Callable[[int, int], None]
 
@@ -234,6 +238,8 @@ class _Template:
         self.roles = roles
         self.int_id = int_id
         self.finish = finish
+        self.head: re.Pattern[bytes] | None = None
+        self.tail: re.Pattern[bytes] | None = None
 
     @classmethod
     def build(
@@ -257,13 +263,13 @@ class _Template:
         if len(role_of) != len(fields) or any("." in f for f in role_of):
             return None
         for colon, comma in ((b": ", b", "), (b":", b",")):
-            parts = [rb"(?m)^\{"]
+            parts = [rb"(?m)^", rb"\{"]
             roles: dict[str, int] = {}
             int_id = False
             for k, v in obj.items():
                 if not _T_PLAIN.match(k):
                     return None
-                if len(parts) > 1:
+                if len(parts) > 2:
                     parts.append(re.escape(comma))
                 parts.append(re.escape(b'"' + k.encode() + b'"' + colon))
                 role = role_of.get(k)
@@ -294,8 +300,27 @@ class _Template:
             pattern = re.compile(b"".join(parts))
             if pattern.fullmatch(line + b"\n"):
                 finish = None if "finish" in roles else finish_value(prof, obj)
-                return cls(pattern, prof, kind, roles, int_id, finish)
+                tpl = cls(pattern, prof, kind, roles, int_id, finish)
+                if parts.count(_T_ARRAY) == 1:
+                    at = parts.index(_T_ARRAY)
+                    tpl.head = re.compile(b"".join(parts[1:at]) + rb"\[")
+                    tpl.tail = re.compile(rb"\]" + b"".join(parts[at + 1 :]))
+                return tpl
         return None
+
+    def long_row(self, data: bytearray, s: int, e: int) -> Any:
+        """The row of the line ``data[s:e]`` (newline at ``e``) if it is plain, else None: the
+        head and tail matched around one ``memchr`` for the first ``]`` (a long line)."""
+        assert self.head is not None and self.tail is not None
+        m = self.head.match(data, s, e)
+        if m is None:
+            return None
+        rb = data.find(b"]", m.end(), e)
+        t = self.tail.match(data, rb, e + 1) if rb >= 0 else None
+        if t is None:
+            return None
+        row = m.groups() + t.groups()
+        return row if len(row) > 1 else row[0]
 
     def add(self, state: _FileState, rows: list[Any]) -> None:
         """Count the matches of :attr:`pattern` (``findall`` rows) as records of ``state``."""
@@ -308,23 +333,30 @@ class _Template:
         state.formats[name] = state.formats.get(name, 0) + n
         state.kinds[self.kind] += n
         roles = self.roles
-        cols = list(zip(*rows, strict=True)) if len(roles) > 1 else [rows]
-        state.completion_tokens += sum(map(int, cols[roles["tokens"] - 1]))
+        many = len(roles) > 1
+
+        def col(role: str) -> Iterable[bytes]:
+            return map(itemgetter(roles[role] - 1), rows) if many else rows
+
+        state.completion_tokens += sum(map(int, col("tokens")))
         if "prompt" in roles:
-            state.prompt_tokens += sum(map(int, cols[roles["prompt"] - 1]))
+            state.prompt_tokens += sum(map(int, col("prompt")))
         if "id" in roles:
-            col = cols[roles["id"] - 1]
-            ids = map(int, col) if self.int_id else b"\n".join(col).decode().split("\n")
+            ids = map(int, col("id")) if self.int_id else b"\n".join(col("id")).decode().split("\n")
             before = len(state.ids)
             state.ids.update(ids)
             state.duplicates += n - (len(state.ids) - before)
         finish = state.finish
         if "finish" in roles:
-            for value, count in Counter(cols[roles["finish"] - 1]).items():
+            for value, count in Counter(col("finish")).items():
                 key = value.decode()
                 finish[key] = finish.get(key, 0) + count
         elif self.finish is not None:
             finish[self.finish] = finish.get(self.finish, 0) + n
+
+
+_NO_TEMPLATE = _Template(re.compile(b"$^"), PROFILES["raw"], "other", {}, False, None)
+"""A template with no rows: a placeholder where one is expected."""
 
 
 class _FileState:
@@ -579,6 +611,8 @@ class Scanner:
         skipping = -1  # length of an over-long line being skipped, or -1
         line = self._line
         batch = self.batch
+        rows: list[Any] = []  # rows of long plain lines not yet counted, of template rows_of
+        rows_of = _NO_TEMPLATE
         # One buffer for every read: bytes past `n` are stale, so every search is bounded by n.
         data = bytearray(min(chunk, max(span, 1)))
         view = memoryview(data)
@@ -629,7 +663,23 @@ class Scanner:
             while nl >= 0:
                 off = pos + i
                 check = all_ or (sample and (first or off >= next_mark or nl == last_nl))
-                if not check and batch and state.template is not None and nl - i <= BATCH_LINE_MAX:
+                tpl = state.template if batch and not check else None
+                if tpl is not None and tpl.tail is not None and nl - i > BATCH_LINE_MAX:
+                    row = tpl.long_row(data, i, nl)
+                    if row is not None:
+                        if rows_of is not tpl:
+                            rows_of.add(state, rows)
+                            rows, rows_of = [], tpl
+                        rows.append(row)
+                        first = False
+                        state.offset = pos + nl + 1
+                        i = nl + 1
+                        nl = data.find(b"\n", i, n)
+                        continue
+                # Rows held back are counted before any other line, in file order.
+                rows_of.add(state, rows)
+                rows = []
+                if tpl is not None and nl - i <= BATCH_LINE_MAX:
                     # The lines from here that need no check: up to the last complete line of
                     # the buffer, stopping before the last line of the call and before the line
                     # at the next sample mark.
@@ -654,6 +704,8 @@ class Scanner:
                     return True
                 i = nl + 1
                 nl = data.find(b"\n", i, n)
+            rows_of.add(state, rows)
+            rows = []
             if i < n:
                 pending_off = pos + i
                 if n - i > self.max_line_bytes:
@@ -668,18 +720,31 @@ class Scanner:
     def _batch(
         self, state: _FileState, data: bytearray, i: int, end: int, pos: int
     ) -> tuple[bool, int]:
-        """Count the whole lines of ``data[i:end]``, plain ones by the file's template.
+        """Count the short whole lines of ``data[i:end]``, plain ones by the file's template.
 
-        Returns ``(stopped for texts, index after the last line counted)``. One ``findall`` over
-        the span counts it when every line is plain (as many matches as newlines: a match starts
-        at a line start and holds at least its closing newline). Otherwise the matches are
-        walked and the lines between them go one by one through :meth:`_line`, in file order so
-        that line numbers stay right.
+        Stops before the first line longer than :data:`BATCH_LINE_MAX` (those are matched one
+        by one, see :meth:`_Template.long_row`). Returns ``(stopped for texts, index after the
+        last line counted)``. One ``findall`` over the span counts it when every line is plain
+        (as many matches as newlines: a match starts at a line start and holds at least its
+        closing newline). Otherwise the matches are walked and the lines between them go one by
+        one through :meth:`_line`, in file order so that line numbers stay right.
         """
         tpl = state.template
         assert tpl is not None
+        # Newlines by memchr, line by line: faster than bytes.count (a byte loop) on lines of a
+        # few hundred bytes and more, and it finds the first long line.
+        lines = 0
+        at = i
+        find = data.find
+        while at < end:
+            nl = find(b"\n", at, end)
+            if nl - at > BATCH_LINE_MAX:
+                break
+            lines += 1
+            at = nl + 1
+        end = at
         rows = tpl.pattern.findall(data, i, end)
-        if len(rows) == data.count(b"\n", i, end):
+        if len(rows) == lines:
             tpl.add(state, rows)
             return False, end
         rows = []
@@ -988,7 +1053,7 @@ class Scanner:
             prof is not None
             and exp is not None
             and record_texts is None
-            and e - s <= BATCH_LINE_MAX
+            and e - s <= TEMPLATE_LINE_MAX
         ):
             tpl = state.templates.get(shape, _ABSENT)
             if tpl is _ABSENT and len(state.templates) < MAX_TEMPLATES:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import random
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from supervisor import scan
 from supervisor.scan import Scanner
 from tests.fixtures_data import dump, legacy_record, raw_record
 
@@ -158,12 +160,20 @@ _RESULT_KEYS = (*_KEYS, "formats", "kinds", "validated", "format", "unique_ids",
     chunk=st.sampled_from([1, 5, 64, 200, 1 << 20]),
     validate=st.sampled_from(["sample", "none", "all"]),
     expected=st.sampled_from([None, "raw"]),
+    long_from=st.sampled_from([scan.BATCH_LINE_MAX, 0, 60]),
 )
 def test_batches_count_exactly_as_one_by_one(
-    body: list[bytes], tail: bytes, chunk: int, validate: str, expected: str | None
+    body: list[bytes],
+    tail: bytes,
+    chunk: int,
+    validate: str,
+    expected: str | None,
+    long_from: int,
 ) -> None:
+    """Batches of short lines and head/tail matches of long ones (every line counts as long with
+    ``long_from`` 0) count exactly as the one-by-one path."""
     stream = b"".join(body) + tail
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as d, mock.patch.object(scan, "BATCH_LINE_MAX", long_from):
         path = Path(d) / "raw_responses.jsonl"
         path.write_bytes(stream)
         fast = Scanner(chunk_size=chunk).scan(str(path), fmt=expected, validate=validate)
@@ -194,3 +204,25 @@ def test_plain_lines_are_counted_in_batches(tmp_path: Path) -> None:
     assert (r["unique_ids"], r["duplicates"]) == (50, 250)
     assert r["finish_reasons"] == {"stop": 300}
     assert len(calls) == r["validated"] == 2  # only the first and last line, one by one
+
+
+def test_long_plain_lines_are_counted_without_a_parse(tmp_path: Path) -> None:
+    """Lines longer than BATCH_LINE_MAX take the head/tail match, not the one-by-one path."""
+    path = tmp_path / "raw_responses.jsonl"
+    ids = b"[" + b", ".join(b"%d" % (i % 1000) for i in range(3000)) + b"]"
+    lines = [_raw(b'"L-%d"' % (i % 7), ids, b"%d" % i, b"3000") for i in range(40)]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    assert len(lines[0]) > scan.BATCH_LINE_MAX
+    scanner = Scanner()
+    calls = []
+    real = scanner._line
+
+    def counted(*args: object) -> bool:
+        calls.append(args)
+        return real(*args)  # type: ignore[arg-type]
+
+    scanner._line = counted  # type: ignore[method-assign]
+    r = scanner.scan(str(path))
+    assert (r["records"], r["completion_tokens"], r["prompt_tokens"]) == (40, 120_000, 780)
+    assert (r["unique_ids"], r["duplicates"]) == (7, 33)
+    assert len(calls) == r["validated"] == 2
