@@ -25,6 +25,16 @@ their length checked against the count. ``validate="all"`` validates every recor
 fails validation is reported as a bad line and not counted; corruption only a full parse can see
 (``[1,,2]`` inside an array) is therefore caught on validated records only.
 
+Plain lines skip even that parse. After a record is counted one by one, its shape (keys in order,
+separators, value types) becomes a template: a regular expression matching exactly the lines that
+would parse to the same keys and count the same way unvalidated (strings of printable ASCII
+without escapes, integer token counts, the big array cut at its first ``]``). Runs of short lines
+are matched by one ``findall`` over the chunk and their tokens, ids and finish reasons summed per
+batch; a long line by the template's head and tail around one ``memchr`` for its array's end. A
+line that does not match (escapes, UTF-8 text, other spacing, anything malformed) goes one by one
+as before, in file order; sampled lines are never batched. ``Scanner(batch=False)`` counts every
+line one by one: the reference the batches are tested against.
+
 Memory is bounded by the longest line: the file is read in chunks (``chunk_size``), a line is
 buffered only until its newline arrives, and lines longer than ``max_line_bytes`` are skipped
 without being buffered. The set of ids seen grows with the number of distinct records (about
