@@ -204,7 +204,11 @@ _ABSENT = object()
 
 
 def _id_key(value: Any) -> Any:
-    if isinstance(value, (str, int)) and not isinstance(value, bool):
+    """What a record's id is remembered as: an int, the UTF-8 bytes of a string (a template
+    captures them as they are in the line), else its JSON text."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    if isinstance(value, int) and not isinstance(value, bool):
         return value
     return json.dumps(value, sort_keys=True)
 
@@ -352,7 +356,7 @@ class _Template:
         if "prompt" in roles:
             state.prompt_tokens += sum(map(int, col("prompt")))
         if "id" in roles:
-            ids = map(int, col("id")) if self.int_id else b"\n".join(col("id")).decode().split("\n")
+            ids = map(int, col("id")) if self.int_id else col("id")
             before = len(state.ids)
             state.ids.update(ids)
             state.duplicates += n - (len(state.ids) - before)
