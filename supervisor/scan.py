@@ -216,8 +216,9 @@ def _id_key(value: Any) -> Any:
 _T_TEXT = rb"[\x20\x21\x23-\x5b\x5d-\x7e]*"
 """Printable ASCII without quote or backslash: a JSON string body that is its own value."""
 _T_PLAIN = re.compile(_T_TEXT.decode() + r"\Z")
+# Numbers; integer parts of up to 18 digits (longer ones go one by one: Python limits the digits
+# int() and json read). Token counts are non-negative integers, ids integers.
 _T_NUMBER = rb"-?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
-"""Integers of up to 18 digits: longer ones go one by one (Python limits int() of a string)."""
 _T_COUNT = rb"(0|[1-9][0-9]{0,17})"
 _T_INT = rb"(-?(?:0|[1-9][0-9]{0,17}))"
 _T_ARRAY = rb"\[[^\]]*\]"
