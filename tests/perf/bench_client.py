@@ -178,7 +178,7 @@ def main() -> int:
             proc.terminate()
             proc.wait(10)
     print(f"targets {'met' if ok else 'MISSED'}; took {time.monotonic() - started:.0f} s")
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

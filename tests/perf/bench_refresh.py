@@ -273,7 +273,7 @@ async def bench_fleet(pool: SshdPool, base: Path) -> dict[str, float]:
     }
 
 
-async def main() -> None:
+async def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="bench-refresh-"))
     pool = SshdPool()
     try:
@@ -293,6 +293,7 @@ async def main() -> None:
             f"(max {max(delays) * 1000:.1f} ms; "
             f"target < 100 ms: {'met' if med < 0.1 else 'NOT met'})"
         )
+        met = ratio >= 10 and med < 0.1
         f = await bench_fleet(pool, base)
         print(
             f"fleet: {FLEET} sshd hosts x 1 run x {len(DATASETS)} files, every {FLEET_PERIOD:g} s "
@@ -308,7 +309,8 @@ async def main() -> None:
         import shutil
 
         shutil.rmtree(base, ignore_errors=True)
+    return 0 if met else 1
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(asyncio.run(main()))

@@ -95,7 +95,7 @@ def steady(proc: psutil.Process, seconds: float) -> tuple[float, float, dict[int
     return cpu, peak / 2**20, kid_cpu
 
 
-def main() -> None:
+def main() -> int:
     from supervisor.demo.launcher import new_demo, start_demo, stop_demo
 
     tmp = Path(tempfile.mkdtemp(prefix="runwatch-bench-tui-"))
@@ -150,7 +150,8 @@ def main() -> None:
         f"  host agent CPU   {agent_cpu:6.1f} %   (local agent subprocess; on a fleet it runs "
         "on the host)"
     )
+    return 0 if paint <= 1 and cpu <= 5 and rss <= 150 else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
