@@ -122,7 +122,7 @@ class _Progress:
             return
         self.last = now
         self.shown = True
-        sys.stderr.write(f"\rscanning {self.path}  {100 * done // max(total, 1):3d}%")
+        sys.stderr.write(f"\rscanning {self.path}  {display.share(done, total):>4}")
         sys.stderr.flush()
 
     def close(self) -> None:
