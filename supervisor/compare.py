@@ -168,7 +168,7 @@ def estimate(work: Work, rate: EndpointRate) -> Estimate:
     elif rate.gpu_cost_per_hour is not None:
         if out.seconds is not None:
             out.cost_usd = out.seconds / 3600.0 * rate.gpu_cost_per_hour
-            out.cost_source = f"GPU time at {display.money(rate.gpu_cost_per_hour)}/h"
+            out.cost_source = f"GPU time at ${rate.gpu_cost_per_hour:g}/h"
     elif rate.cost_per_request is not None and rate.completion_per_request:
         # Cost per completion token as the bench paid it, scaled to this dataset's tokens.
         per_token = rate.cost_per_request / rate.completion_per_request
@@ -285,15 +285,20 @@ def _verdict(totals: Sequence[Estimate], labels: dict[str, str]) -> str:
     )
 
 
+def _price(usd: float | None) -> str:
+    """``0.60``, ``2.50``, ``0.075``: cents always, more digits only when the price has them."""
+    v = usd or 0.0
+    return f"{v:.2f}" if round(v, 2) == v else f"{v:g}"
+
+
 def _cost_basis(r: EndpointRate) -> str:
     if r.price_in_per_m is not None or r.price_out_per_m is not None:
         return (
-            f"price table ({display.money(r.price_in_per_m or 0.0)} in / "
-            f"{display.money(r.price_out_per_m or 0.0)} out "
+            f"price table (${_price(r.price_in_per_m)} in / ${_price(r.price_out_per_m)} out "
             "per M tokens)"
         )
     if r.gpu_cost_per_hour is not None:
-        return f"GPU time at {display.money(r.gpu_cost_per_hour)}/h"
+        return f"GPU time at ${r.gpu_cost_per_hour:g}/h"
     if r.cost_per_request is not None:
         return "usage.cost of the bench"
     return "nothing (no prices, no GPU cost in config)"
