@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from supervisor import display
 from supervisor.config import Config, EndpointConfig
 
 if TYPE_CHECKING:
@@ -214,32 +215,6 @@ def compare(works: Sequence[Work], rates: Sequence[EndpointRate], now: float = 0
 # --------------------------------------------------------------------------- words
 
 
-def duration(seconds: float | None) -> str:
-    """``45 s``, ``24 min``, ``6 h 50 min``, ``3 d 4 h``, ``?``."""
-    if seconds is None:
-        return "?"
-    s = max(0.0, seconds)
-    if s < 60:
-        return f"{s:.0f} s"
-    m = round(s / 60)
-    if m < 60:
-        return f"{m} min"
-    h, m = divmod(m, 60)
-    if h < 48:
-        return f"{h} h {m} min" if m else f"{h} h"
-    d, h = divmod(h, 24)
-    return f"{d} d {h} h" if h else f"{d} d"
-
-
-def money(usd: float | None) -> str:
-    """``$137``, ``$81``, ``$9.80``, ``$0.59``, ``$0.040``, ``cost unknown``."""
-    from supervisor.rates import human_money
-
-    if usd is None:
-        return "cost unknown"
-    return human_money(usd)
-
-
 def _labels(rates: Sequence[EndpointRate]) -> dict[str, str]:
     kinds = [r.kind for r in rates]
     names = {"api": "API", "local": "local"}
@@ -253,10 +228,10 @@ def _labels(rates: Sequence[EndpointRate]) -> dict[str, str]:
 def _answer(estimates: Sequence[Estimate], labels: dict[str, str]) -> str:
     parts = []
     for e in estimates:
-        cost = money(e.cost_usd)
+        cost = "cost unknown" if e.cost_usd is None else display.money(e.cost_usd)
         if e.cost_usd is not None and e.cost_source and e.cost_source.startswith("GPU time"):
             cost += " of GPU time"
-        parts.append(f"{labels.get(e.endpoint, e.endpoint)}: {duration(e.seconds)}, {cost}")
+        parts.append(f"{labels.get(e.endpoint, e.endpoint)}: {display.duration(e.seconds)}, {cost}")
     return "; ".join(parts)
 
 
@@ -279,7 +254,7 @@ def format_lines(result: Comparison) -> list[str]:
         lines.append(f"  ({name}: {why})")
     lines.append("where the numbers come from:")
     for r in result.rates:
-        rate = "-" if r.out_tok_per_s is None else f"{r.out_tok_per_s:,.0f} output tok/s"
+        rate = display.rate(r.out_tok_per_s, "output tok/s")
         lines.append(f"  {r.endpoint} ({r.kind}): {rate}")
         lines.append(f"    rate from {r.source}")
         lines.append(f"    cost from {_cost_basis(r)}")
@@ -298,12 +273,15 @@ def _verdict(totals: Sequence[Estimate], labels: dict[str, str]) -> str:
 
     def cost(e: Estimate) -> str:
         gpu = e.cost_source is not None and e.cost_source.startswith("GPU time")
-        return money(e.cost_usd) + (" of GPU time" if gpu and e.cost_usd is not None else "")
+        if e.cost_usd is None:
+            return "cost unknown"
+        return display.money(e.cost_usd) + (" of GPU time" if gpu else "")
 
     name = labels.get(fast.endpoint, fast.endpoint)
     return (
         f"=> {name} finishes {slow.seconds / fast.seconds:.1f}x sooner: "
-        f"{duration(fast.seconds)} vs {duration(slow.seconds)}, {cost(fast)} vs {cost(slow)}"
+        f"{display.duration(fast.seconds)} vs {display.duration(slow.seconds)}, "
+        f"{cost(fast)} vs {cost(slow)}"
     )
 
 
@@ -582,7 +560,7 @@ async def gather_comparison(
     finally:
         if own:
             await engine.aclose()
-    note = f", measured over {sampled:.0f} s" if own else ""
+    note = f", measured over {display.duration(sampled)}" if own else ""
     # How many responses a live rate stands on: a rate from a handful of them is rough.
     run_notes = {}
     for run, n in _written(config, snapshot).items():

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from supervisor import audit
+from supervisor import audit, display
 from supervisor.config import Config
 from supervisor.errors import RunwatchError
 from supervisor.model import Identity, Snapshot
@@ -153,7 +153,7 @@ class BudgetGuard:
                     continue
                 names = sorted(over)
                 budget = min(budgets.values())
-                parts = [f"{d} {over[d] / 1e6:.1f} M / {budgets[d] / 1e6:.1f} M" for d in names]
+                parts = [f"{d} {display.budget(over[d], budgets[d])}" for d in names]
                 events.append(
                     BudgetEvent(
                         policy=rc.budget_policy,

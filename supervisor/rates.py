@@ -53,6 +53,7 @@ from typing import Any, get_args
 
 import msgspec
 
+from supervisor import display
 from supervisor.config import DatasetConfig, EndpointConfig
 from supervisor.model import DatasetView, Projection, Rates, RunFlags, Verdict
 
@@ -211,43 +212,6 @@ class Trackers:
         self._by_key.pop(key, None)
 
 
-# --------------------------------------------------------------------------- formatting
-
-
-def human_count(n: float) -> str:
-    """``10.7 M``, ``14 M``, ``2.5 k``, ``950``: one decimal, ``.0`` dropped."""
-    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= div:
-            return f"{_one_decimal(n / div)} {unit}"
-    return f"{round(n):d}"
-
-
-def human_duration(seconds: float) -> str:
-    """``45 s``, ``12 min``, ``7 h``, ``7.5 h``, ``3 d``."""
-    if seconds < 60:
-        return f"{round(seconds):d} s"
-    if seconds < 3600:
-        return f"{round(seconds / 60):d} min"
-    if seconds < 48 * 3600:
-        return f"{_one_decimal(seconds / 3600)} h"
-    return f"{_one_decimal(seconds / 86400)} d"
-
-
-def human_money(usd: float) -> str:
-    """``$137``, ``$9.80``, ``$0.59``, ``$0.040``, ``$0.0085``: cents from $0.10 up, two
-    significant digits below (a small sum is not rounded to zero)."""
-    if usd >= 10:
-        return f"${usd:,.0f}"
-    if usd >= 0.1 or usd <= 0:
-        return f"${usd:.2f}"
-    return f"${usd:.{1 - math.floor(math.log10(usd))}f}"
-
-
-def _one_decimal(x: float) -> str:
-    s = f"{x:.1f}"
-    return s[:-2] if s.endswith(".0") else s
-
-
 # --------------------------------------------------------------------------- projection
 
 
@@ -326,32 +290,32 @@ def _message(
     writer_alive: bool,
     future: int,
 ) -> str:
-    head = f"{human_count(tokens)} / {human_count(budget)}"
-    cost = f", ~{human_money(proj.waste_cost_usd)} wasted" if proj.waste_cost_usd else ""
+    head = display.budget(tokens, budget)
+    cost = f", ~{display.money(proj.waste_cost_usd)} wasted" if proj.waste_cost_usd else ""
     if not writer_alive:
         return head + (" - over budget, stopped" if tokens > budget else " - stopped")
     if run_token_budget is not None:
         if proj.stop_reason == "token_budget" and proj.eta_s == 0:
             return f"{head}, --token-budget reached"
         if proj.stop_reason == "token_budget" and proj.eta_s is not None:
-            return f"{head}, stops at --token-budget in {human_duration(proj.eta_s)}"
+            return f"{head}, stops at --token-budget in {display.duration(proj.eta_s)}"
         return head
-    when = f" over {human_duration(proj.remaining_s)}" if proj.remaining_s is not None else ""
+    when = f" over {display.duration(proj.remaining_s)}" if proj.remaining_s is not None else ""
     if tokens > budget:
         if future:
-            return f"{head}, +{human_count(future)} projected{when} - no --token-budget{cost}"
+            return f"{head}, +{display.compact(future)} projected{when} - no --token-budget{cost}"
         return f"{head} - over budget, no --token-budget{cost}"
     passes = proj.etas.get("budget")
     if proj.waste_tokens and passes is not None:
         return (
-            f"{head}, passes budget in {human_duration(passes)}, "
-            f"+{human_count(proj.waste_tokens)} over by {_stop_name(proj.stop_reason)}"
+            f"{head}, passes budget in {display.duration(passes)}, "
+            f"+{display.compact(proj.waste_tokens)} over by {_stop_name(proj.stop_reason)}"
             f" - no --token-budget{cost}"
         )
     if proj.waste_tokens:
         # No rate yet (a single look at the files): the waste is known, its timing is not.
         return (
-            f"{head}, +{human_count(proj.waste_tokens)} over budget by "
+            f"{head}, +{display.compact(proj.waste_tokens)} over budget by "
             f"{_stop_name(proj.stop_reason)} - no --token-budget{cost}"
         )
     return head

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from supervisor import audit
+from supervisor import audit, display
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
 from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
@@ -338,15 +338,16 @@ class _Runner:
             step.data["holders"] = holders
             if not holders:
                 step.detail = "no process of the run holds GPU memory" + (
-                    f" (released after {time.monotonic() - began:.1f} s, {checks} checks)"
+                    f" (released after {display.latency((time.monotonic() - began) * 1000)}, "
+                    f"{checks} checks)"
                     if checks > 1
                     else ""
                 )
                 return
             if time.monotonic() > deadline:
                 raise StepFailed(
-                    f"GPU memory still held after {DEFAULT_GPU_WAIT_S:.0f} s by pid "
-                    + ", ".join(f"{p} ({mb:.0f} MiB)" for p, mb in holders.items()),
+                    f"GPU memory still held after {display.duration(DEFAULT_GPU_WAIT_S)} by pid "
+                    + ", ".join(f"{p} ({display.mebibytes(mb)})" for p, mb in holders.items()),
                     "the old run is stopped; check nvidia-smi on the host, then launch",
                 )
             await asyncio.sleep(0.5)  # polling nvidia-smi for a condition, bounded above

@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-TOKENS = re.compile(r"\b\d[\d,.]*k?/\d[\d,.]*k\b")
+TOKENS = re.compile(r"\b\d[\d,.]*(?: [kM])? / \d[\d,.]* [kM]\b")
 """A tokens / budget cell such as ``47.5k/50k``."""
 
 

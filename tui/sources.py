@@ -7,6 +7,7 @@ SSH hosts.
 
 from __future__ import annotations
 
+from supervisor import display
 from supervisor.engine import SamplePreview
 from supervisor.errors import RunwatchError
 from supervisor.model import RunView
@@ -34,7 +35,7 @@ async def read_samples(engine: EngineLike, run: RunView, dataset: str, count: in
         return [f"(no data file yet at {found.path})"]
     shown = [render_sample(s) for s in found.samples]
     if found.bad_lines:
-        shown.append(f"({found.bad_lines} unreadable lines among the last ones)")
+        shown.append(f"({display.count(found.bad_lines)} unreadable lines among the last ones)")
     if not found.complete:
         shown.append("(older records are too large to read)")
     return shown
@@ -44,6 +45,6 @@ def render_sample(sample: SamplePreview) -> str:
     """``<id>  finish=<reason>  <n> tokens`` and the text (or why there is none) under it."""
     head = f"{sample.id or '?'}  finish={sample.finish_reason or '?'}"
     if sample.tokens is not None:
-        head += f"  {sample.tokens} tokens"
+        head += f"  {display.count(sample.tokens)} tokens"
     body = sample.text if sample.text is not None else f"({sample.note})"
     return f"{head}\n{body}"

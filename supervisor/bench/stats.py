@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from supervisor import display
 from supervisor.bench.results import Percentiles, TokenCheck
 from supervisor.bench.target import Target
 from supervisor.bench.wire import Done
@@ -67,8 +68,9 @@ def token_check(
             if abs(diff) > threshold:
                 check.flagged = True
                 notes.append(
-                    f"usage says {check.usage_completion:,} completion tokens, the tokenizer "
-                    f"counts {check.tokenizer_completion:,} ({diff * 100:+.1f} %): "
+                    f"usage says {display.count(check.usage_completion)} completion tokens, the "
+                    f"tokenizer counts {display.count(check.tokenizer_completion)} "
+                    f"({display.signed_percent(diff)}): "
                     "wrong tokenizer, or the server counts differently"
                 )
     if without:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from supervisor import display
 from supervisor.cli._common import (
     config_option,
     get_config,
@@ -63,9 +64,11 @@ class _ProgressLine:
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:
             return
-        pct = 100.0 * done / total if total else 100.0
         elapsed = time.monotonic() - self.started
-        sys.stderr.write(f"\r  bench: {done}/{total} requests ({pct:.0f} %), {elapsed:.0f} s ")
+        sys.stderr.write(
+            f"\r  bench: {display.count(done)}/{display.count(total)} requests "
+            f"({display.share(done, total)}), {display.duration(elapsed)} "
+        )
         sys.stderr.flush()
         self.drawn = True
 
@@ -190,17 +193,6 @@ def bench(
         click.echo(format_bench(result))
 
 
-def _ms(v: float | None) -> str:
-    """``4.2 ms``, ``870 ms``, ``2.17 s``, ``51.5 s``."""
-    if v is None:
-        return "-"
-    if v >= 10_000:
-        return f"{v / 1000:.1f} s"
-    if v >= 1000:
-        return f"{v / 1000:.2f} s"
-    return f"{v:.1f} ms" if v < 10 else f"{v:.0f} ms"
-
-
 def _failed(lv: LevelResult) -> str:
     parts = [f"{k}:{v}" for k, v in lv.failed.items()]
     if lv.gave_up:
@@ -225,8 +217,6 @@ def _pack(head: str, parts: list[str], width: int = 80) -> list[str]:
 
 def format_bench(result: BenchResult) -> str:
     """The text report of a bench."""
-    from supervisor.compare import money
-
     head = (
         f"bench {result.endpoint}  model {result.model}  max_tokens {result.max_tokens}"
         f"{'  streamed' if result.stream else ''}"
@@ -239,35 +229,37 @@ def format_bench(result: BenchResult) -> str:
     )
     lines.append(cols)
     for lv in result.levels:
-        cost = "-" if lv.cost_usd is None else money(lv.cost_usd)
+        cost = display.money(lv.cost_usd)
         lines.append(
-            f"  {lv.concurrency:>5} {lv.completed:>5} {_failed(lv):<12} {lv.req_per_s:>7.2f} "
-            f"{lv.output_tok_per_s:>9,.0f} {lv.total_tok_per_s:>9,.0f} "
+            f"  {lv.concurrency:>5} {lv.completed:>5} {_failed(lv):<12} "
+            f"{display.rate(lv.req_per_s):>7} "
+            f"{display.rate(lv.output_tok_per_s):>9} {display.rate(lv.total_tok_per_s):>9} "
             f"{lv.achieved_concurrency:>8.1f} {cost:>9}"
         )
+    ms = display.latency
     for lv in result.levels:
         lat = lv.latency_ms
         detail = [
             f"  c={lv.concurrency}:",
-            f"latency p50 {_ms(lat.p50)} p90 {_ms(lat.p90)} p99 {_ms(lat.p99)}",
+            f"latency p50 {ms(lat.p50)} p90 {ms(lat.p90)} p99 {ms(lat.p99)}",
         ]
         if lv.ttft_ms is not None:
-            detail.append(f"TTFT p50 {_ms(lv.ttft_ms.p50)} p99 {_ms(lv.ttft_ms.p99)}")
+            detail.append(f"TTFT p50 {ms(lv.ttft_ms.p50)} p99 {ms(lv.ttft_ms.p99)}")
         if lv.itl_ms is not None and lv.itl_ms.p50 is not None:
-            detail.append(f"inter-chunk p50 {_ms(lv.itl_ms.p50)} p99 {_ms(lv.itl_ms.p99)}")
+            detail.append(f"inter-chunk p50 {ms(lv.itl_ms.p50)} p99 {ms(lv.itl_ms.p99)}")
         if lv.tpot_ms is not None and lv.tpot_ms.p50 is not None:
-            detail.append(f"per token p50 {lv.tpot_ms.p50:.1f} ms")
+            detail.append(f"per token p50 {ms(lv.tpot_ms.p50)}")
         t = lv.tokens
-        tok = f"tokens: usage {t.usage_completion:,}"
+        tok = f"tokens: usage {display.count(t.usage_completion)}"
         if t.tokenizer_completion is not None:
-            tok += f", tokenizer {t.tokenizer_completion:,}"
+            tok += f", tokenizer {display.count(t.tokenizer_completion)}"
             if t.disagreement is not None:
-                tok += f" ({t.disagreement * 100:+.1f} %)"
+                tok += f" ({display.signed_percent(t.disagreement)})"
         detail.append(tok)
         if lv.cost_source:
             detail.append(f"cost from {lv.cost_source}")
         if lv.retry_wait_s:
-            detail.append(f"waited {lv.retry_wait_s:.1f} s before retries")
+            detail.append(f"waited {ms(lv.retry_wait_s * 1000)} before retries")
         lines.extend(_pack(detail[0], detail[1:]))
         if t.flagged and t.note:
             lines.append(f"    ! {t.note}")

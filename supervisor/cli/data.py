@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from supervisor import display
 from supervisor.cli._common import config_option, get_config, json_option, print_json
 from supervisor.errors import UsageError
 
@@ -121,7 +122,7 @@ class _Progress:
             return
         self.last = now
         self.shown = True
-        sys.stderr.write(f"\rscanning {self.path}  {100 * done // max(total, 1):3d}%")
+        sys.stderr.write(f"\rscanning {self.path}  {display.share(done, total):>4}")
         sys.stderr.flush()
 
     def close(self) -> None:
@@ -168,19 +169,8 @@ def scan_paths(
 # --------------------------------------------------------------------------- text output
 
 
-def human(n: int | None) -> str:
-    """``2,912`` below a million, ``10.7 M`` above; ``-`` for unknown."""
-    if n is None:
-        return "-"
-    if abs(n) >= 1_000_000:
-        from supervisor.rates import human_count
-
-        return human_count(n)
-    return f"{n:,}"
-
-
 def _records(n: int) -> str:
-    return f"{human(n)} record{'' if n == 1 else 's'}"
+    return f"{display.count(n)} record{'' if n == 1 else 's'}"
 
 
 def _describe(r: dict[str, Any]) -> list[str]:
@@ -190,30 +180,40 @@ def _describe(r: dict[str, Any]) -> list[str]:
     lines = [head + f"{r.get('format') or 'unknown format'}  {r['verdict']}"]
     counts = f"  {_records(r['records'])}"
     if r["unique_ids"] != r["records"] or r["duplicates"]:
-        counts += f" ({human(r['unique_ids'])} distinct ids, {human(r['duplicates'])} duplicates)"
+        counts += (
+            f" ({display.count(r['unique_ids'])} distinct ids, "
+            f"{display.count(r['duplicates'])} duplicates)"
+        )
     if r["completion_tokens"] is None:
         counts += " · completion tokens not counted (pass --tokenizer DIR)"
     else:
-        counts += f" · {human(r['completion_tokens'])} completion tokens"
+        counts += f" · {display.compact(r['completion_tokens'])} completion tokens"
     if r["prompt_tokens"]:
-        counts += f" · {human(r['prompt_tokens'])} prompt tokens"
+        counts += f" · {display.compact(r['prompt_tokens'])} prompt tokens"
     lines.append(counts)
     if r["finish_reasons"]:
         items = sorted(r["finish_reasons"].items(), key=lambda kv: -kv[1])
-        lines.append("  finish: " + " · ".join(f"{k} {human(v)}" for k, v in items))
+        lines.append("  finish: " + " · ".join(f"{k} {display.count(v)}" for k, v in items))
     if r.get("verdict_detail") and r["verdict"] != "corrupt":  # corrupt: the bad lines below
         lines.append(f"  {r['verdict_detail']}")
     for b in r["bad_lines"][:5]:
-        lines.append(f"  bad line {b['line']:,} (offset {b['offset']:,}): {b['reason']}")
+        lines.append(
+            f"  bad line {display.count(b['line'])} (offset {display.count(b['offset'])}): "
+            f"{b['reason']}"
+        )
     more = r.get("bad_lines_total", 0) - min(5, len(r["bad_lines"]))
     if more > 0:
-        lines.append(f"  ... and {more:,} more bad lines")
+        lines.append(f"  ... and {display.count(more)} more bad lines")
     if r["partial_tail_bytes"]:
-        lines.append(f"  partial last line: {r['partial_tail_bytes']:,} bytes (not counted)")
+        lines.append(
+            f"  partial last line: {display.count(r['partial_tail_bytes'])} bytes (not counted)"
+        )
     if r.get("finished"):
         lines.append("  finished marker present")
     for c in r.get("companions") or ():
-        lines.append(f"  beside it: {Path(c['path']).name}  {human(c['lines'])} {c['kind']} lines")
+        lines.append(
+            f"  beside it: {Path(c['path']).name}  {display.count(c['lines'])} {c['kind']} lines"
+        )
     return lines
 
 
@@ -308,12 +308,14 @@ def problems_of(r: dict[str, Any], missing_ok: bool = False) -> list[str]:
     if total:
         first = (r.get("bad_lines") or [{}])[0]
         out.append(
-            f"{total:,} bad line{'s' if total != 1 else ''}, first at line "
-            f"{first.get('line', 0):,} (offset {first.get('offset', 0):,}): {first.get('reason')}"
+            f"{display.count(total)} bad line{'s' if total != 1 else ''}, first at line "
+            f"{display.count(first.get('line', 0))} "
+            f"(offset {display.count(first.get('offset', 0))}): {first.get('reason')}"
         )
     if r.get("partial_tail_bytes"):
         out.append(
-            f"partial last line ({r['partial_tail_bytes']:,} bytes): a writer is mid-line, or "
+            f"partial last line ({display.count(r['partial_tail_bytes'])} bytes): "
+            "a writer is mid-line, or "
             "the file was torn and needs repair before resuming"
         )
     return out
@@ -358,7 +360,8 @@ def check(target: str, fmt: str | None, config_path: str | None, as_json: bool) 
             if not p:
                 state = "not started" if r.get("state") == "missing" else r.get("verdict")
                 click.echo(
-                    f"ok    {where}  {r.get('format') or '-'} {state}, {human(records)} records"
+                    f"ok    {where}  {r.get('format') or '-'} {state}, "
+                    f"{display.count(records)} records"
                 )
             else:
                 click.echo(f"FAIL  {where}")

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from supervisor import display
 from supervisor.cli._common import config_option, get_config, json_option, print_json
-from supervisor.cli.status import duration
 from supervisor.errors import KillRefused, RunwatchError, UsageError
 
 if TYPE_CHECKING:
@@ -78,13 +78,15 @@ def _print_ps(entries: list[dict[str, Any]]) -> None:
         click.echo(f"{entry['name']}: {len(procs)} run{'' if len(procs) == 1 else 's'}")
         for p in procs:
             flags = p.flags
-            gpu = f"  gpu {p.gpu_memory_mb:,.0f} MB" if p.gpu_memory_mb is not None else ""
+            gpu = (
+                f"  gpu {display.mebibytes(p.gpu_memory_mb)}" if p.gpu_memory_mb is not None else ""
+            )
             mark = " (other user)" if not p.killable else ""
             kids = len(p.children)
             click.echo(
                 f"  pid {p.identity.pid:<7} {p.run or '(unconfigured)'}  {p.user}{mark}  "
-                f"up {duration(p.uptime_s)}  cpu {p.cpu_percent:.0f}%  "
-                f"rss {p.rss_mb:,.0f} MB{gpu}  "
+                f"up {display.duration(p.uptime_s)}  cpu {display.percent(p.cpu_percent)}  "
+                f"rss {display.mebibytes(p.rss_mb)}{gpu}  "
                 f"{kids} child{'' if kids == 1 else 'ren'}  backend {flags.backend}"
             )
             details = []
@@ -144,7 +146,7 @@ def describe(host: str, p: ProcessInfo) -> str:
         f"host {host}  pid {ident.pid}  run {p.run or '(unconfigured)'}  user {p.user} "
         f"(uid {ident.uid})\n"
         f"  started at tick {ident.start_time} of boot {ident.boot_id[:8]}, up "
-        f"{duration(p.uptime_s)}, {len(p.children)} descendant(s)\n"
+        f"{display.duration(p.uptime_s)}, {len(p.children)} descendant(s)\n"
         f"  argv: {' '.join(p.argv_masked or ident.argv)}"
     )
 

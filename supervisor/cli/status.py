@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from supervisor import display
 from supervisor.cli._common import config_option, get_config, json_option, print_json
 
 if TYPE_CHECKING:
@@ -26,74 +27,29 @@ if TYPE_CHECKING:
 CLEAR = "\x1b[H\x1b[2J"
 
 
-def human(n: float | None) -> str:
-    """``10.7 M``, ``239.7 k``, ``2,912``, ``-`` for None (as the projection's messages write
-    counts from 100 k up, so that a column and its note agree)."""
-    if n is None:
-        return "-"
-    if abs(n) >= 1e5:
-        from supervisor.rates import human_count
-
-        return human_count(n)
-    if float(n).is_integer():
-        return f"{int(n):,}"
-    return f"{n:,.1f}"
-
-
-def duration(s: float | None) -> str:
-    """``7 h 03 m``, ``4 m 10 s``, ``12 s``, ``-``."""
-    if s is None:
-        return "-"
-    s = max(0.0, s)
-    if s >= 86400:
-        return f"{int(s // 86400)} d {int(s % 86400 // 3600):02d} h"
-    if s >= 3600:
-        return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} m"
-    if s >= 60:
-        return f"{int(s // 60)} m {int(s % 60):02d} s"
-    return f"{s:.0f} s"
-
-
-def rate(v: float | None, digits: int = 2) -> str:
-    """``0.42``, ``292.6``, ``2,316`` (no decimals from 1,000 up), ``-`` for None."""
-    if v is None:
-        return "-"
-    if abs(v) >= 1000:
-        return f"{v:,.0f}"
-    return f"{v:.{digits}f}"
-
-
 def _eta(ds: DatasetView) -> str:
     """Time to the first stop condition; ``done`` once one is reached."""
     done = ds.unique_ids or ds.records
     if ds.projection.eta_s == 0 or (ds.max_samples and done >= ds.max_samples):
         return "done"
-    return duration(ds.projection.eta_s)
+    return display.duration(ds.projection.eta_s)
 
 
 def _plain_progress(ds: DatasetView) -> bool:
     """True when the projection's message only repeats the tokens and budget columns."""
-    from supervisor.rates import human_count
-
     if not ds.token_budget:
         return False
-    head = f"{human_count(ds.completion_tokens)} / {human_count(ds.token_budget)}"
+    head = display.budget(ds.completion_tokens, ds.token_budget)
     return ds.projection.message == head
-
-
-def _budget(ds: DatasetView) -> str:
-    if not ds.token_budget:
-        return "-"
-    return f"{100.0 * ds.completion_tokens / ds.token_budget:.0f}%"
 
 
 def _host_line(h: HostView, now: float) -> str:
     if h.connected:
-        rtt = f"  rtt {h.rtt_ms:.1f} ms" if h.rtt_ms is not None else ""
+        rtt = f"  rtt {display.latency(h.rtt_ms)}" if h.rtt_ms is not None else ""
         return f"{h.name}  connected{rtt}"
     parts = [f"{h.name}  DISCONNECTED"]
     if h.stale and h.last_ok is not None:
-        parts.append(f"(stale: last ok {duration(now - h.last_ok)} ago)")
+        parts.append(f"(stale: last ok {display.ago(now, h.last_ok)})")
     line = "  ".join(parts)
     return f"{line}\n  error: {h.error}" if h.error else line
 
@@ -109,9 +65,10 @@ def _run_lines(r: RunView) -> list[str]:
             head += "  no --token-budget"
         if r.configured:  # an unconfigured run is named after its pid already
             head += f"  pid {p.identity.pid}"
-        head += f"  up {duration(p.uptime_s)}  cpu {p.cpu_percent:.0f}%  rss {human(p.rss_mb)} MB"
+        head += f"  up {display.duration(p.uptime_s)}  cpu {display.percent(p.cpu_percent)}"
+        head += f"  rss {display.mebibytes(p.rss_mb)}"
         if p.gpu_memory_mb is not None:
-            head += f"  gpu {human(p.gpu_memory_mb)} MB"
+            head += f"  gpu {display.mebibytes(p.gpu_memory_mb)}"
     lines = [head]
     if not r.datasets:
         return lines
@@ -119,12 +76,12 @@ def _run_lines(r: RunView) -> list[str]:
     w = max(7, *(len(ds.name) for ds in r.datasets))
     lines.append(
         f"    {'dataset':<{w}} {'responses':>11} {'tokens':>8} {'budget':>6} "
-        f"{'req/s':>6} {'tok/s':>7} {'ETA':>9}  verdict"
+        f"{'req/s':>6} {'tok/s':>7} {'ETA':>10}  verdict"
     )
     for ds in r.datasets:
-        responses = human(ds.unique_ids or ds.records)
+        responses = display.count(ds.unique_ids or ds.records)
         if ds.max_samples:
-            responses = f"{responses}/{human(ds.max_samples)}"
+            responses = f"{responses}/{display.count(ds.max_samples)}"
         if ds.state == "missing":
             verdict = "not started"
         else:
@@ -135,15 +92,16 @@ def _run_lines(r: RunView) -> list[str]:
         if ds.stalled:
             flags.append("STALLED")
         if ds.duplicates:
-            flags.append(f"{ds.duplicates} dup")
+            flags.append(f"{display.count(ds.duplicates)} dup")
         if ds.bad_lines:
-            flags.append(f"{ds.bad_lines} bad lines")
+            flags.append(f"{display.count(ds.bad_lines)} bad lines")
         rates = ds.rates
         req = rates.req_per_s_1m if rates.req_per_s_1m is not None else rates.req_per_s_all
         tok = rates.tok_per_s_1m if rates.tok_per_s_1m is not None else rates.tok_per_s_all
         lines.append(
-            f"    {ds.name:<{w}} {responses:>11} {human(ds.completion_tokens):>8} "
-            f"{_budget(ds):>6} {rate(req):>6} {rate(tok, 1):>7} {_eta(ds):>9}  {verdict}"
+            f"    {ds.name:<{w}} {responses:>11} {display.compact(ds.completion_tokens):>8} "
+            f"{display.share(ds.completion_tokens, ds.token_budget):>6} "
+            f"{display.rate(req):>6} {display.rate(tok):>7} {_eta(ds):>10}  {verdict}"
         )
         if ds.state == "missing":  # a dataset the run has not reached yet: nothing to say
             continue

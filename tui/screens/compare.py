@@ -17,9 +17,10 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, ProgressBar, Select, Static
 
+from supervisor import display
 from supervisor.engine import BenchResult, Comparison
 from tui.messages import BenchFinished, BenchProgressed
-from tui.widgets.format import error_text, human
+from tui.widgets.format import error_text
 
 if TYPE_CHECKING:
     from tui.app import RunwatchApp
@@ -69,11 +70,9 @@ def table_layouts(comparison: Comparison) -> list[TableLayout]:
 
     Full: ``<endpoint> time`` and ``<endpoint> cost`` headers, what ends each dataset. Compact:
     the endpoint's name over ``time``/``cost`` on two header lines, ``budget``/``samples`` for
-    what ends it, ``?`` for an unknown cost. Narrowest: the compact one without the "Ends at"
+    what ends it. Narrowest: the compact one without the "Ends at"
     column (the answer line above the table still says it all).
     """
-    from supervisor.compare import duration, money
-
     endpoints = [r.endpoint for r in comparison.rates]
     short_bound = {"token_budget": "budget", "max_samples": "samples"}
 
@@ -91,17 +90,18 @@ def table_layouts(comparison: Comparison) -> list[TableLayout]:
             out: list[Text] = []
             for name in endpoints:
                 e = by.get(name)
-                cost = money(e.cost_usd) if e else "?"
-                if compact and e is not None and e.cost_usd is None:
-                    cost = "?"
-                out.append(Text(duration(e.seconds) if e else "?", justify="right"))
+                cost = display.money(e.cost_usd) if e else "?"
+                out.append(Text(display.duration(e.seconds) if e else "?", justify="right"))
                 out.append(Text(cost, justify="right"))
             return out
 
         rows: list[list[Text]] = []
         for d in comparison.datasets:
             w = d.work
-            row = [Text(w.dataset, style="bold"), Text(human(w.remaining_tokens), justify="right")]
+            row = [
+                Text(w.dataset, style="bold"),
+                Text(display.compact(w.remaining_tokens), justify="right"),
+            ]
             if bound:
                 row.append(Text(short_bound.get(w.bound, w.bound) if compact else w.bound))
             rows.append(row + cells(d.estimates))
@@ -296,8 +296,10 @@ class CompareScreen(Screen[None]):
         for lv in result.levels:
             failed = sum(lv.failed.values())
             lines.append(
-                f"{result.endpoint} c={lv.concurrency}: {lv.completed}/{lv.requests} done, "
-                f"{human(lv.output_tok_per_s)} output tok/s, {lv.req_per_s:.2f} req/s"
+                f"{result.endpoint} c={lv.concurrency}: {display.count(lv.completed)}/"
+                f"{display.count(lv.requests)} done, "
+                f"{display.rate(lv.output_tok_per_s, 'output tok/s')}, "
+                f"{display.rate(lv.req_per_s, 'req/s')}"
                 + (f", {failed} failed attempts" if failed else "")
                 + "\n",
                 style="green",

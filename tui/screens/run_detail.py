@@ -13,11 +13,11 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Log, Static, TabbedContent, TabPane
 
+from supervisor import display
 from supervisor.model import DatasetView, HostView, RunView
 from tui.messages import LogTailRead, SamplesRead
 from tui.widgets.dataset_table import warning_text
 from tui.widgets.fleet import host_header, run_header
-from tui.widgets.format import duration, eta, human, memory_mb, rate
 
 if TYPE_CHECKING:
     from tui.app import RunwatchApp
@@ -41,9 +41,13 @@ def process_table(run: RunView) -> Table:
         return table
     table.add_row("pid", Text(f"{p.identity.pid}", style="bold"))
     table.add_row("user", f"{p.user} (uid {p.identity.uid})")
-    table.add_row("uptime", duration(p.uptime_s))
-    table.add_row("cpu / rss", f"{p.cpu_percent:.0f}%  {memory_mb(p.rss_mb)}")
-    gpu = "no nvidia-smi on the host" if p.gpu_memory_mb is None else memory_mb(p.gpu_memory_mb)
+    table.add_row("uptime", display.duration(p.uptime_s))
+    table.add_row("cpu / rss", f"{display.percent(p.cpu_percent)}  {display.mebibytes(p.rss_mb)}")
+    gpu = (
+        "no nvidia-smi on the host"
+        if p.gpu_memory_mb is None
+        else display.mebibytes(p.gpu_memory_mb)
+    )
     table.add_row("GPU memory", gpu)
     table.add_row(
         "backend", f"{p.flags.backend}" + (f"  {p.flags.api_base}" if p.flags.api_base else "")
@@ -69,27 +73,32 @@ def detail_row(ds: DatasetView) -> list[Text]:
     def r(v: str) -> Text:
         return Text(v, justify="right")
 
-    reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(ds.finish_reasons.items())) or "-"
+    reasons = (
+        ", ".join(f"{k} {display.count(v)}" for k, v in sorted(ds.finish_reasons.items())) or "-"
+    )
     pr = ds.projection
     return [
         Text(ds.name, style="bold red" if ds.over_budget else "bold"),
-        r(f"{ds.records:,}" + (f"/{ds.max_samples:,}" if ds.max_samples else "")),
-        r(human(ds.completion_tokens)),
-        r(human(ds.token_budget)),
+        r(
+            display.count(ds.records)
+            + (f"/{display.count(ds.max_samples)}" if ds.max_samples else "")
+        ),
+        r(display.compact(ds.completion_tokens)),
+        r(display.compact(ds.token_budget)),
         Text(ds.verdict, style="green" if ds.verdict == "current" else "bold red"),
-        r(rate(ds.rates.tok_per_s_1m)),
-        r(rate(ds.rates.tok_per_s_10m)),
-        r(rate(ds.rates.tok_per_s_all)),
-        r(rate(ds.rates.req_per_s_1m)),
-        r(eta(pr.eta_s)),
+        r(display.rate(ds.rates.tok_per_s_1m)),
+        r(display.rate(ds.rates.tok_per_s_10m)),
+        r(display.rate(ds.rates.tok_per_s_all)),
+        r(display.rate(ds.rates.req_per_s_1m)),
+        r(display.eta(pr.eta_s)),
         Text(pr.stop_reason or "-"),
-        r(human(pr.remaining_tokens)),
-        r(f"{ds.unique_ids:,}"),
-        r(f"{ds.duplicates:,}"),
-        r(human(ds.prompt_tokens)),
+        r(display.compact(pr.remaining_tokens)),
+        r(display.count(ds.unique_ids)),
+        r(display.count(ds.duplicates)),
+        r(display.compact(ds.prompt_tokens)),
         Text(reasons),
-        r(f"{ds.bad_lines:,}"),
-        r(f"{ds.partial_tail_bytes:,}"),
+        r(display.count(ds.bad_lines)),
+        r(display.count(ds.partial_tail_bytes)),
     ]
 
 

@@ -15,8 +15,9 @@ from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
 
+from supervisor import display
 from supervisor.model import DatasetView, RunView
-from tui.widgets.format import bar, eta, human, percent, rate, sparkline
+from tui.widgets.format import bar, sparkline
 
 _BAR = 6
 _TREND = 14
@@ -45,11 +46,11 @@ class Column:
 COLUMNS = (
     Column("dataset", "Dataset", None),
     Column("responses", "Responses", 11, right=True),
-    Column("tokens", "Tokens / budget", _BAR + 11),
+    Column("tokens", "Tokens / budget", _BAR + 14),
     Column("tok_s", "tok/s", 6, right=True),
     Column("req_s", "req/s", 5, wide_only=True, right=True),
     Column("trend", "Trend", _TREND, wide_only=True),
-    Column("eta", "ETA", 6, right=True),
+    Column("eta", "ETA", 10, right=True),
     Column("length", "len", 4, right=True),
     Column("verdict", "Format", 7),
     Column("warning", "Warning", None, wide_only=True),
@@ -67,7 +68,7 @@ def warning_text(ds: DatasetView) -> str:
     if ds.verdict in ("legacy", "mixed", "corrupt"):
         return f"⚠ {ds.verdict_detail or ds.verdict + ' format'}"
     if ds.bad_lines:
-        return f"⚠ {ds.bad_lines} bad lines"
+        return f"⚠ {display.count(ds.bad_lines)} bad lines"
     return ""
 
 
@@ -78,34 +79,33 @@ def dataset_cells(ds: DatasetView, *, live: bool, stale: bool, wide: bool) -> li
     def cell(value: str, style: str = "", right: bool = False) -> Text:
         return Text(value, style=f"{style} {dim}".strip(), justify="right" if right else "left")
 
-    responses = (
-        f"{ds.records:,}" if ds.max_samples is None else f"{ds.records:,}/{ds.max_samples:,}"
-    )
-    tokens = human(ds.completion_tokens, compact=True)
+    responses = display.count(ds.records)
+    if ds.max_samples is not None:
+        responses += f"/{display.count(ds.max_samples)}"
     if ds.token_budget:
         fraction = ds.completion_tokens / ds.token_budget
         colour = "red" if ds.over_budget else ("yellow" if fraction >= 0.9 else "green")
         tokens_cell = Text.assemble(
             (bar(fraction, _BAR), f"{colour} {dim}".strip()),
             (
-                f" {tokens}/{human(ds.token_budget, compact=True)}",
+                f" {display.budget(ds.completion_tokens, ds.token_budget)}",
                 "bold red" if ds.over_budget else dim,
             ),
         )
     else:
-        tokens_cell = Text(" " * _BAR + f" {tokens}", style=dim)
+        tokens_cell = Text(" " * _BAR + f" {display.compact(ds.completion_tokens)}", style=dim)
     reasons_total = sum(ds.finish_reasons.values())
-    length = percent(ds.finish_reasons.get("length", 0), reasons_total)
+    length = display.share(ds.finish_reasons.get("length", 0), reasons_total)
     warn = warning_text(ds)
     name_style = "bold red" if ds.over_budget else ("yellow" if ds.stalled else "bold")
     cells: dict[str, Text] = {
         "dataset": cell(("⚠ " if warn else "") + ds.name, name_style),
         "responses": cell(responses, right=True),
         "tokens": tokens_cell,
-        "tok_s": cell(rate(ds.rates.tok_per_s_1m) if live else "-", right=True),
-        "req_s": cell(rate(ds.rates.req_per_s_1m) if live else "-", right=True),
+        "tok_s": cell(display.rate(ds.rates.tok_per_s_1m) if live else display.UNKNOWN, right=True),
+        "req_s": cell(display.rate(ds.rates.req_per_s_1m) if live else display.UNKNOWN, right=True),
         "trend": cell(sparkline(ds.history, _TREND) if live else "", "cyan"),
-        "eta": cell(eta(ds.projection.eta_s) if live else "-", right=True),
+        "eta": cell(display.eta(ds.projection.eta_s) if live else display.UNKNOWN, right=True),
         "length": cell(length, "yellow" if ds.finish_reasons.get("length") else "", right=True),
         "verdict": cell(ds.verdict, _VERDICT_STYLE.get(ds.verdict, "")),
         "warning": cell(warn.removeprefix("⚠ "), "bold red" if ds.over_budget else "yellow"),

@@ -7,9 +7,9 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
 
+from supervisor import display
 from supervisor.model import HostView, RunView, Snapshot
 from tui.widgets.dataset_table import DatasetTable, warning_text
-from tui.widgets.format import ago, duration, human, memory_mb
 
 _STATE_STYLE = {"running": "bold green", "stopped": "yellow", "zombie": "red", "unknown": "dim"}
 
@@ -30,7 +30,8 @@ def run_key(host: str, run: str) -> str:
 
 
 def run_header(run: RunView, *, stale: bool) -> Text:
-    """``eagle3-kimi  running  pid 4242  local  up 3h12m  --max-samples 7,000 · no --token-budget``.
+    """``eagle3-kimi  running  pid 4242  local  up 3 h 12 min  --max-samples 7,000 · no
+    --token-budget``.
 
     The flags shown are those that decide when the run stops and how fast it goes.
     """
@@ -46,18 +47,18 @@ def run_header(run: RunView, *, stale: bool) -> Text:
         text.append(f"  pid {p.identity.pid}", style=dim.strip())
         backend = p.flags.backend
         text.append(f"  {backend if backend != 'unknown' else '?'}", style="cyan" + dim)
-        text.append(f"  up {duration(p.uptime_s)}", style=dim.strip())
+        text.append(f"  up {display.duration(p.uptime_s)}", style=dim.strip())
         flags: list[tuple[str, str]] = []
         if p.flags.max_samples is not None:
-            flags.append((f"--max-samples {p.flags.max_samples:,}", ""))
+            flags.append((f"--max-samples {display.count(p.flags.max_samples)}", ""))
         if p.flags.token_budget is not None:
-            flags.append((f"--token-budget {human(p.flags.token_budget)}", ""))
+            flags.append((f"--token-budget {display.compact(p.flags.token_budget)}", ""))
         elif any(d.token_budget for d in run.datasets):
             flags.append(("no --token-budget", "bold yellow"))
         if p.flags.concurrency is not None:
             flags.append((f"--concurrency {p.flags.concurrency}", ""))
         if p.gpu_memory_mb:
-            flags.append((f"GPU {memory_mb(p.gpu_memory_mb)}", ""))
+            flags.append((f"GPU {display.mebibytes(p.gpu_memory_mb)}", ""))
         for i, (flag, style) in enumerate(flags):
             text.append("  " if i == 0 else " · ", style="dim")
             text.append(flag, style=(style + dim).strip())
@@ -67,21 +68,21 @@ def run_header(run: RunView, *, stale: bool) -> Text:
 
 
 def host_header(host: HostView, now: float) -> Text:
-    """``● gpu-box  connected  rtt 12 ms`` or ``○ gpu-box  lost  stale · last ok 2m ago: why``."""
+    """``● gpu-box  connected  rtt 12 ms`` or ``○ gpu-box  lost  last ok 2 min ago: why``."""
     text = Text(no_wrap=True, overflow="ellipsis")
     if host.connected and not host.stale:
         text.append("● ", style="bold green")
         text.append(host.name, style="bold")
         text.append("  connected", style="green")
         if host.rtt_ms is not None:
-            text.append(f"  rtt {host.rtt_ms:.0f} ms", style="dim")
+            text.append(f"  rtt {display.latency(host.rtt_ms)}", style="dim")
     else:
         text.append("○ ", style="bold red")
         text.append(host.name, style="bold")
         text.append("  disconnected", style="bold red")
         if host.stale:
             text.append("  STALE", style="reverse yellow")
-        text.append(f"  last ok {ago(now, host.last_ok)}", style="dim")
+        text.append(f"  last ok {display.ago(now, host.last_ok)}", style="dim")
         if host.error:
             text.append(f"  {host.error}", style="red")
     if host.has_gpu:
