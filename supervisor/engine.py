@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from supervisor import rates
+from supervisor import rates, slurm
 from supervisor.agent.match import parse_flags, script_index
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.errors import ConfigError, HostError, RunwatchError
@@ -119,6 +119,23 @@ class Engine:
     async def kill(self, host: str, identity: Identity, grace: float = 10.0) -> KillReport:
         """Stop the process named by ``identity`` on ``host`` (see ``supervisor.kill``)."""
         return await kill_or_reconcile(self.host(host), identity, grace, self.config.scripts)
+
+    async def cancel_job(self, run_name: str, grace: float | None = None) -> dict[str, Any]:
+        """``scancel`` the Slurm job of a run on a ``kind = "slurm"`` host, as the last refresh
+        saw it (TERM, KILL after ``grace``, default the run's ``stop_grace_seconds``), and
+        confirm it ended: the agent's ``slurm_cancel`` result (``outcome``, ``confirmed``...)."""
+        run = self.config.run(run_name)
+        hc = self.config.host(run.host)
+        snap = self.last if self.last is not None else await self.refresh()
+        rv = next((r for h in snap.hosts for r in h.runs if r.name == run_name), None)
+        if hc.kind != "slurm" or rv is None or rv.job is None:
+            raise RunwatchError(
+                f"run {run_name!r} has no Slurm job on {run.host}",
+                f"see `runwatch status {run_name}`",
+            )
+        files = [spec["path"] for spec in self._file_specs(run, hc)]
+        wait = run.stop_grace_seconds if grace is None else grace
+        return await slurm.cancel(self.host(run.host), rv.job, wait, files, hc.command_timeout)
 
     async def check_run(self, run_name: str) -> list[dict[str, Any]]:
         """Scan every dataset file of a run with full validation; returns the scan results."""
@@ -226,6 +243,9 @@ class Engine:
         if not host.connected:
             await host.connect()
         started = time.monotonic()
+        if hc.kind == "slurm":
+            result = await slurm.refresh(host, params, hc.command_timeout)
+            return result, time.monotonic() - started
         result = await host.request("refresh", params, timeout=hc.command_timeout)
         rtt = time.monotonic() - started
         scanned = result.setdefault("files", {})
@@ -279,8 +299,11 @@ class Engine:
             set_backend(p, self.config)
             if p.run is not None and p.run not in by_run:
                 by_run[p.run] = p
+        jobs = slurm.job_views(result.get("slurm")) if hc.kind == "slurm" else {}
         for run in runs:
             proc = by_run.get(run.name)
+            job = jobs.get(run.name)
+            run_ds = self.config.run_datasets(run)
             if proc is not None:
                 taken.add(proc.identity.pid)
             if proc is not None:
@@ -297,18 +320,30 @@ class Engine:
                 )
                 prompt_spec = self._prompt_specs(run, hc).get(ds)
                 prompts = _line_count(scanned.get(prompt_spec["path"])) if prompt_spec else None
+                alive = slurm.dataset_alive(job, ds, run_ds) if hc.kind == "slurm" else None
                 datasets.append(
-                    self._dataset_view(hc.name, run, ds, scan, flags, proc, prompts=prompts)
+                    self._dataset_view(
+                        hc.name, run, ds, scan, flags, proc, prompts=prompts, alive=alive
+                    )
                 )
             state: RunState
-            if proc is None:
+            if hc.kind == "slurm":
+                state = slurm.run_state(job)
+            elif proc is None:
                 state = "stopped"
             elif proc.state.startswith("Z"):
                 state = "zombie"
             else:
                 state = "running"
             run_views.append(
-                RunView(name=run.name, host=hc.name, state=state, process=proc, datasets=datasets)
+                RunView(
+                    name=run.name,
+                    host=hc.name,
+                    state=state,
+                    process=proc,
+                    datasets=datasets,
+                    job=job,
+                )
             )
         discovered: dict[str, dict[str, Any]] = {}
         for proc in procs:
@@ -365,7 +400,9 @@ class Engine:
         flags: RunFlags,
         proc: ProcessInfo | None,
         prompts: int | None = None,
+        alive: bool | None = None,
     ) -> DatasetView:
+        """``alive``: whether the dataset's writer runs (default: ``proc`` is alive)."""
         endpoint = self.config.endpoint(run.endpoint) if run.endpoint is not None else None
         tracker = self._trackers.get((host, str(scan.get("path") or dataset)))
         counter = self._count_texts if scan.get("texts") else None
@@ -381,7 +418,7 @@ class Engine:
             flags,
             tracker,
             rates.CostInfo.from_endpoint(endpoint),
-            proc is not None and not proc.state.startswith("Z"),
+            alive if alive is not None else proc is not None and not proc.state.startswith("Z"),
             time.time(),
             name=dataset,
             stall_seconds=run.stall_seconds,

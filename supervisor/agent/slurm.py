@@ -507,6 +507,12 @@ def slurm_submit(params: dict[str, Any]) -> dict[str, Any]:
                 "jobs": active,
             }
         os.makedirs(os.path.dirname(script_path), exist_ok=True)
+        for key in ("output", "error"):
+            # slurmstepd does not create the directory of the job's output: a job whose output
+            # cannot be opened fails at once, with nothing written.
+            where = options.get(key)
+            if isinstance(where, str) and "%" not in os.path.dirname(where):
+                os.makedirs(os.path.join(workdir, os.path.dirname(where)), exist_ok=True)
         tmp = f"{script_path}.tmp-{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
