@@ -135,7 +135,9 @@ class Engine:
             )
         files = [spec["path"] for spec in self._file_specs(run, hc)]
         wait = run.stop_grace_seconds if grace is None else grace
-        return await slurm.cancel(self.host(run.host), rv.job, wait, files, hc.command_timeout)
+        out = await slurm.cancel(self.host(run.host), rv.job, wait, files, hc.command_timeout)
+        slurm.audit_cancel(run.host, run_name, rv.job, out)
+        return out
 
     async def check_run(self, run_name: str) -> list[dict[str, Any]]:
         """Scan every dataset file of a run with full validation; returns the scan results."""

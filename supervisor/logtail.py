@@ -22,6 +22,10 @@ async def tail_log(engine: Engine, run_name: str, lines: int = 50) -> dict[str, 
     run = config.run(run_name)
     secrets = [os.environ[n] for n in api_key_names(config, run) if os.environ.get(n)]
     path = run_paths(config, run)["log"]
+    if config.host(run.host).kind == "slurm":  # the job's output file (scontrol's StdOut)
+        from supervisor.slurm import job_output
+
+        path = job_output(engine.last, run_name) or path
     reply: dict[str, Any] = await engine.host(run.host).request(
         "tail_log", {"path": path, "lines": int(lines)}
     )

@@ -27,7 +27,7 @@ from supervisor.argv import apply_overrides
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.errors import OutcomeUnknown
 from supervisor.fingerprint import fingerprint_of
-from supervisor.model import JobTask, JobView, RunState
+from supervisor.model import JobTask, JobView, RunState, Snapshot
 from supervisor.plan import StepFailed
 
 if TYPE_CHECKING:
@@ -146,6 +146,15 @@ def dataset_alive(job: JobView | None, dataset: str, datasets: list[str]) -> boo
     return job.state in RUNNING_STATES
 
 
+def job_output(snapshot: Snapshot | None, run: str) -> str | None:
+    """The output file of a run's job in ``snapshot`` (its first array task's), if known."""
+    for h in snapshot.hosts if snapshot is not None else []:
+        for r in h.runs:
+            if r.name == run and r.job is not None:
+                return r.job.stdout
+    return None
+
+
 def describe(job: JobView) -> str:
     """``job 12 RUNNING on vm, 0:42 of 2:00:00`` / ``job 12 PENDING (Resources)``."""
     text = f"job {job.job_id} {job.state}"
@@ -181,6 +190,28 @@ async def cancel(
     timeout = grace + 3 * KILL_CONFIRM_S + command_timeout
     params = {"identity": job.identity, "grace": grace, "files": files}
     return await host.request("slurm_cancel", params, timeout=timeout)
+
+
+def audit_cancel(host: str, run: str, job: JobView, out: dict[str, Any]) -> dict[str, Any]:
+    """Append a cancel to the audit log (action ``kill``, the job's identity)."""
+    from supervisor import audit
+
+    return audit.record(
+        "kill",
+        host=host,
+        run=run,
+        ok=bool(out.get("confirmed")),
+        identity=job.identity,
+        steps=[
+            {
+                "name": f"job {job.job_id}",
+                "ok": bool(out.get("confirmed")),
+                "detail": f"{out.get('outcome')}: {out.get('detail')}",
+            }
+        ],
+        signals=out.get("signals"),
+        state=out.get("state"),
+    )
 
 
 # --------------------------------------------------------------------------- submit

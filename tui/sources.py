@@ -35,13 +35,18 @@ async def read_log_tail(
         rc = config.run(run)
     except RunwatchError:
         return ["(this process is not a configured run: its log is unknown)"]
-    if rc.log is None:
+    path = rc.log
+    if config.host(rc.host).kind == "slurm":  # the job's output file
+        from supervisor.slurm import job_output
+
+        path = job_output(getattr(engine, "last", None), run) or path
+    if path is None:
         return [f"(run {run} has no log = ... in the config)"]
     result = await _host(engine, host).request(
-        "tail_log", {"path": rc.log, "workdir": rc.workdir, "lines": lines}
+        "tail_log", {"path": path, "workdir": rc.workdir, "lines": lines}
     )
     if not result.get("exists", False):
-        return [f"(no log yet at {result.get('path', rc.log)})"]
+        return [f"(no log yet at {result.get('path', path)})"]
     return [str(line) for line in result.get("lines", [])]
 
 

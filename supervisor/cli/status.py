@@ -112,6 +112,10 @@ def _run_lines(r: RunView) -> list[str]:
         head += f"  up {duration(p.uptime_s)}  cpu {p.cpu_percent:.0f}%  rss {human(p.rss_mb)} MB"
         if p.gpu_memory_mb is not None:
             head += f"  gpu {human(p.gpu_memory_mb)} MB"
+    elif r.job is not None:
+        from supervisor.slurm import describe
+
+        head += "  " + describe(r.job)
     lines = [head]
     if not r.datasets:
         return lines
