@@ -143,6 +143,8 @@ def dataset_alive(job: JobView | None, dataset: str, datasets: list[str]) -> boo
     for t in job.tasks:
         if t.task is not None and t.task < len(datasets) and datasets[t.task] == dataset:
             return t.state in RUNNING_STATES
+    if any(t.job_id.endswith("]") or t.task is not None for t in job.tasks):
+        return False  # an array whose task for this dataset is still pending (or unknown)
     return job.state in RUNNING_STATES
 
 

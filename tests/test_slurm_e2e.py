@@ -147,3 +147,41 @@ async def test_slurm_array_one_task_per_dataset_locally(
         assert out["confirmed"], out
         assert run_pids(demo.workdir) == []
         assert os.path.exists(demo.data_file("B1")) and os.path.exists(demo.data_file("B2"))
+
+
+async def test_slurm_restart_cancels_the_job_and_submits_the_new_argv(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    slurm_env: SlurmCluster,
+    kill_runs_in: list[Path],
+) -> None:
+    demo = DemoRun(
+        tmp_path, slow_endpoint.url, max_samples=300, host_name="login",
+        host_toml='[[hosts]]\nname = "login"\nlocal = true\nkind = "slurm"\n', run_toml=SLURM_RUN,
+    )  # fmt: skip
+    kill_runs_in.append(demo.workdir)
+    async with engine_for(demo) as engine:
+        launched = await actions.launch(engine, "demo")
+        assert launched.ok, why(launched)
+        old_job = str((launched.identity or {})["job_id"])
+        await refresh_until(engine, _producing("B1"), 60.0, "tokens for B1")
+        before = demo.data_file("B1").read_bytes()
+        restarted = await actions.restart(engine, "demo", overrides=["token-budget=5000"])
+        assert restarted.ok, why(restarted)
+        steps = {s.name: s for s in restarted.steps}
+        assert steps["stop"].detail.startswith(f"job {old_job}: terminated")
+        assert steps["gpu-release"].state == "skipped"
+        new_job = str((restarted.identity or {})["job_id"])
+        assert new_job != old_job
+        assert slurm_env.job_state(old_job) in ("CANCELLED", "FAILED")
+        assert slurm_env.job_state(new_job) == "RUNNING"
+        assert demo.data_file("B1").read_bytes().startswith(before)  # nothing lost
+        rv = await refresh_until(
+            engine, lambda r: r.job is not None and r.job.job_id == new_job, 15.0, "the new job"
+        )
+        assert rv.state == "running"
+        (pid,) = run_pids(demo.workdir)
+        assert b"--token-budget\x005000" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        out = await engine.cancel_job("demo")
+        assert out["confirmed"], out
