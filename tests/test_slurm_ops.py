@@ -204,3 +204,15 @@ async def test_ops_reach_the_agent(slurm_env: SlurmCluster) -> None:
         assert {"slurm_jobs", "slurm_submit", "slurm_cancel"} <= set(host.hello["ops"])  # type: ignore[index]
         reply = await host.request("slurm_jobs", {"all_states": True})
         assert reply["source"] in ("json", "format") and isinstance(reply["jobs"], list)
+
+
+def test_listing_without_all_states_shows_only_active_jobs(
+    slurm_env: SlurmCluster, tmp_path: Path
+) -> None:
+    job = _submit(tmp_path, "runwatch:ended")["job"]
+    slurmops.slurm_cancel({"identity": _ident(job), "grace": 5.0})
+    for force in (False, True):
+        active = slurmops.slurm_jobs({"force_format": force})["jobs"]
+        every = slurmops.slurm_jobs({"force_format": force, "all_states": True})["jobs"]
+        assert job["job_id"] not in [j["job_id"] for j in active]
+        assert job["job_id"] in [j["job_id"] for j in every]

@@ -347,7 +347,8 @@ def _squeue(env: dict[str, str] | None, params: dict[str, Any]) -> tuple[list[di
             if isinstance(data, dict) and isinstance(data.get("jobs"), list):
                 with _lock:
                     _json_ok = True
-                return parse_json_jobs(data, time.time()), "json", []
+                jobs = parse_json_jobs(data, time.time())
+                return _filter(jobs, params, ids), "json", []
         if ids and b"Invalid job id" in done.stderr:
             return [], "json", []
         with _lock:
@@ -372,6 +373,23 @@ def _add_stdout(jobs: list[dict[str, Any]], env: dict[str, str] | None) -> None:
         rec = by_key.get(j["job_id"])
         if rec is not None and rec.get("StdOut"):
             j["stdout"] = rec["StdOut"]
+
+
+def _filter(jobs: list[dict[str, Any]], params: dict[str, Any], ids: list[str]
+            ) -> list[dict[str, Any]]:  # fmt: skip
+    """The jobs squeue's options select, applied again here: ``squeue --json`` of some Slurm
+    versions (22.05) lists every job it knows whatever the user, state or id asked for."""
+    out = []
+    for j in jobs:
+        if not params.get("all_users") and j["uid"] is not None and j["uid"] != os.getuid():
+            continue
+        if not params.get("all_states") and j["state"] not in ACTIVE_STATES:
+            continue
+        if ids and not any(j["job_id"] == i or j["array_job_id"] == i or
+                           j["job_id"].startswith(i + "_") for i in ids):  # fmt: skip
+            continue
+        out.append(j)
+    return out
 
 
 def slurm_jobs(params: dict[str, Any]) -> dict[str, Any]:
