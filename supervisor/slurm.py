@@ -386,7 +386,7 @@ async def submit(runner: _Runner, step: Step) -> None:
         )
     runner.identity = identity
     where = f" on {job['nodes']}" if job.get("nodes") else ""
-    why = f" ({job['reason']})" if job.get("reason") else ""
+    why = f" ({job.get('reason') or 'not scheduled yet'})" if state == "PENDING" else ""
     step.detail = f"job {job_id} {state or 'submitted'}{why}{where} (output {job.get('stdout')})"
 
 

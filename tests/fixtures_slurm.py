@@ -169,6 +169,9 @@ class SlurmCluster:
             "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/none",
             "SchedulerType=sched/backfill",
+            # Scheduling passes every second (default 60 s): a job submitted while another one
+            # still completes starts as soon as the node is free, not a minute later.
+            "SchedulerParameters=sched_interval=1,bf_interval=1",
             "ReturnToService=2",
             "KillWait=5",
             "MinJobAge=300",
@@ -279,10 +282,15 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 
 
 @pytest.fixture
-def slurm_env(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
-    """``SLURM_CONF`` in this process's environment for one test (LocalHost agents inherit it)."""
+def slurm_env(
+    slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[SlurmCluster]:
+    """``SLURM_CONF`` in this process's environment for one test (LocalHost agents inherit it);
+    every job still queued or running at its end is cancelled, so that the next test finds the
+    node free."""
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
-    return slurm_cluster
+    yield slurm_cluster
+    slurm_cluster.cancel_all()
 
 
 @pytest.fixture(scope="session")

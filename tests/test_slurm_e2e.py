@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -61,7 +62,7 @@ async def test_slurm_run_over_ssh_shows_tokens_is_gated_and_cancelled(
     tmp_path: Path,
     state_home: Path,
     slow_endpoint: Any,
-    slurm_cluster: SlurmCluster,
+    slurm_env: SlurmCluster,
     slurm_sshd: SshdServer,
     kill_runs_in: list[Path],
 ) -> None:
@@ -75,13 +76,15 @@ async def test_slurm_run_over_ssh_shows_tokens_is_gated_and_cancelled(
         launched = await actions.launch(engine, "demo")
         assert launched.ok, why(launched)
         job_id = str((launched.identity or {})["job_id"])
-        assert slurm_cluster.job_state(job_id) == "RUNNING"
+        # confirmed running, or reported pending with its reason while the node frees up
+        assert re.match(rf"job {job_id} (RUNNING on |PENDING \()", launched.steps[-1].detail)
+        wait_until(lambda: slurm_env.job_state(job_id) == "RUNNING", timeout=30.0)
 
         # status: the scheduler's state and the per-dataset tokens and rate
         # (the client writes its datasets one after the other)
         rv = await refresh_until(engine, _producing("B1"), 60.0, "tokens and a rate for B1")
         assert rv.job is not None and rv.job.job_id == job_id
-        assert rv.job.state == "RUNNING" and rv.job.nodes == slurm_cluster.node
+        assert rv.job.state == "RUNNING" and rv.job.nodes == slurm_env.node
         assert rv.job.time_limit_s == 1800 and rv.job.elapsed_s is not None
         assert rv.job.stdout == str(demo.workdir / "logs" / "run.log")
         assert rv.process is None
@@ -99,14 +102,14 @@ async def test_slurm_run_over_ssh_shows_tokens_is_gated_and_cancelled(
         assert [s.state for s in refused.steps if s.name in ("stop", "launch")] == [
             "pending", "pending"
         ]  # fmt: skip
-        assert slurm_cluster.job_state(job_id) == "RUNNING"
+        assert slurm_env.job_state(job_id) == "RUNNING"
         assert _run(await engine.refresh()).state == "running"
 
         # kill: scancel with grace, confirmed by the job's terminal state
         out = await engine.cancel_job("demo")
         assert out["outcome"] == "terminated" and out["confirmed"], out
         assert out["signals"] == ["SIGTERM"] and out["writers"] == {}
-        assert slurm_cluster.job_state(job_id) in ("CANCELLED", "FAILED", "COMPLETED")
+        assert slurm_env.job_state(job_id) in ("CANCELLED", "FAILED", "COMPLETED")
         assert run_pids(demo.workdir) == []
         rv = await refresh_until(engine, lambda r: r.state == "stopped", 15.0, "stopped")
         assert rv.job is not None and rv.job.state == out["state"]
@@ -175,7 +178,7 @@ async def test_slurm_restart_cancels_the_job_and_submits_the_new_argv(
         new_job = str((restarted.identity or {})["job_id"])
         assert new_job != old_job
         assert slurm_env.job_state(old_job) in ("CANCELLED", "FAILED")
-        assert slurm_env.job_state(new_job) == "RUNNING"
+        wait_until(lambda: slurm_env.job_state(new_job) == "RUNNING", timeout=30.0)
         assert demo.data_file("B1").read_bytes().startswith(before)  # nothing lost
         rv = await refresh_until(
             engine, lambda r: r.job is not None and r.job.job_id == new_job, 15.0, "the new job"
