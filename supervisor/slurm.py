@@ -20,8 +20,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-import msgspec
-
+from supervisor import replies
 from supervisor.agent.slurm import ACTIVE_STATES, KILL_CONFIRM_S, TAG_PREFIX, TERMINAL_STATES
 from supervisor.argv import apply_overrides
 from supervisor.config import Config, HostConfig, RunConfig
@@ -60,6 +59,7 @@ async def refresh(host: Host, params: dict[str, Any], timeout: float) -> dict[st
         host.request("scan", {"files": params.get("files") or []}, timeout=timeout),
         host.request("slurm_jobs", {"all_states": True}, timeout=timeout),
     )
+    replies.decode(jobs, replies.SlurmJobs, host.name, "slurm_jobs")
     return {"processes": [], "files": scan.get("files", {}), "gpu": None, "slurm": jobs}
 
 
@@ -191,7 +191,9 @@ async def cancel(
     """``scancel`` the job (every task) with grace; the agent's ``slurm_cancel`` result."""
     timeout = grace + 3 * KILL_CONFIRM_S + command_timeout
     params = {"identity": job.identity, "grace": grace, "files": files}
-    return await host.request("slurm_cancel", params, timeout=timeout)
+    out = await host.request("slurm_cancel", params, timeout=timeout)
+    replies.decode(out, replies.SlurmCancel, host.name, "slurm_cancel")
+    return out
 
 
 def audit_cancel(host: str, run: str, job: JobView, out: dict[str, Any]) -> dict[str, Any]:
@@ -355,6 +357,7 @@ async def submit(runner: _Runner, step: Step) -> None:
         reply = await runner.request("slurm_submit", params, timeout=timeout)
     except OutcomeUnknown as e:
         reply = await _reconcile(runner, started, str(e))
+    replies.decode(reply, replies.SlurmSubmit, runner.hc.name, "slurm_submit")
     step.data["submit"] = reply
     if not reply.get("submitted"):
         raise StepFailed(
@@ -394,11 +397,14 @@ async def _reconcile(runner: _Runner, started: float, why: str) -> dict[str, Any
     """The submission's outcome when its reply was lost: a job of the run's tag submitted since."""
     await runner.host.connect()
     reply = await runner.request("slurm_jobs", {})
-    views = job_views(reply)
-    job = views.get(runner.plan.run.name)
-    if job is not None and (job.submit_time or 0) >= int(started) - 1:
-        head = msgspec.to_builtins(job)
-        head.update(stdout=job.stdout, nodes=job.nodes)
-        return {"submitted": True, "job_id": job.job_id, "job": head, "reconciled": why}
+    tag = tag_of(runner.plan.run.name)
+    mine = [
+        j
+        for j in reply.get("jobs") or []
+        if j.get("comment") == tag and (j.get("submit_time") or 0) >= int(started) - 1
+    ]
+    if mine:
+        job_id = str(mine[0].get("array_job_id") or mine[0].get("job_id"))
+        return {"submitted": True, "job_id": job_id, "job": mine[0], "detail": f"reconciled: {why}"}
     return {"submitted": False, "detail": f"the connection dropped during sbatch ({why}) and "
             "no job of the run is queued now"}  # fmt: skip

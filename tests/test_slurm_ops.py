@@ -198,12 +198,47 @@ def test_array_tasks_listed_and_cancelled_together(slurm_env: SlurmCluster, tmp_
     assert out["outcome"] == "terminated" and out["confirmed"], out
 
 
-async def test_ops_reach_the_agent(slurm_env: SlurmCluster) -> None:
+async def test_real_replies_through_the_agent_fit_the_protocol_shapes(
+    slurm_env: SlurmCluster, tmp_path: Path
+) -> None:
+    from supervisor import replies
+    from supervisor.agent import protocol
+    from tests.test_agent_package import _misfit
+
+    (tmp_path / "child.py").write_text(CHILD)
     host = LocalHost(HostConfig(name="login", local=True))
     async with host:
         assert {"slurm_jobs", "slurm_submit", "slurm_cancel"} <= set(host.hello["ops"])  # type: ignore[index]
-        reply = await host.request("slurm_jobs", {"all_states": True})
-        assert reply["source"] in ("json", "format") and isinstance(reply["jobs"], list)
+        submitted = await host.request(
+            "slurm_submit",
+            {
+                "workdir": str(tmp_path), "tag": "runwatch:shapes", "name": "rw-shapes",
+                "argv": [sys.executable, "child.py", "plain", str(tmp_path / "a.json")],
+                "script_path": "job.sh", "lock_path": "job.lock", "settle_s": 10.0,
+                "options": {"output": "out/%j.log"},
+            },
+            timeout=60,
+        )  # fmt: skip
+        refused = await host.request(
+            "slurm_submit",
+            {"workdir": str(tmp_path), "tag": "runwatch:shapes", "name": "x", "argv": ["true"],
+             "script_path": "job.sh", "lock_path": "job.lock"},
+        )  # fmt: skip
+        listed = {
+            force: await host.request("slurm_jobs", {"all_states": True, "force_format": force})
+            for force in (False, True)
+        }
+        job = submitted["job"]
+        cancelled = await host.request("slurm_cancel", {"identity": _ident(job)}, timeout=60)
+        for op, reply in [("slurm_submit", submitted), ("slurm_submit", refused),
+                          ("slurm_jobs", listed[False]), ("slurm_jobs", listed[True]),
+                          ("slurm_cancel", cancelled)]:  # fmt: skip
+            why = _misfit(reply, protocol.OP_SHAPES[op][1], op)
+            assert why is None, why
+        assert replies.decode(submitted, replies.SlurmSubmit, "login", "x").job is not None
+        assert replies.decode(refused, replies.SlurmSubmit, "login", "x").submitted is False
+        assert replies.decode(cancelled, replies.SlurmCancel, "login", "x").confirmed
+        assert (tmp_path / "out" / f"{job['job_id']}.log").exists()  # its directory was made
 
 
 def test_listing_without_all_states_shows_only_active_jobs(
@@ -216,3 +251,17 @@ def test_listing_without_all_states_shows_only_active_jobs(
         every = slurmops.slurm_jobs({"force_format": force, "all_states": True})["jobs"]
         assert job["job_id"] not in [j["job_id"] for j in active]
         assert job["job_id"] in [j["job_id"] for j in every]
+
+
+def test_laptop_structs_mirror_the_slurm_shapes() -> None:
+    from supervisor import replies
+    from supervisor.agent import protocol
+    from tests.test_agent_package import test_each_laptop_struct_mirrors_its_protocol_shape as same
+
+    for struct, shape in [
+        (replies.SlurmJob, protocol.SlurmJob),
+        (replies.SlurmJobs, protocol.SlurmJobsResult),
+        (replies.SlurmSubmit, protocol.SlurmSubmitResult),
+        (replies.SlurmCancel, protocol.SlurmCancelResult),
+    ]:
+        same(struct, shape)

@@ -588,8 +588,11 @@ class SlurmSubmitParams(_SlurmSubmitRequired, total=False):
     settle_s: float
 
 
-class SlurmSubmitResult(TypedDict, total=False):
+class _SlurmSubmitResultRequired(TypedDict):
     submitted: bool
+
+
+class SlurmSubmitResult(_SlurmSubmitResultRequired, total=False):
     job_id: str
     job: SlurmJob | None
     script: str

@@ -586,7 +586,7 @@ def _settle(job_id: str, settle_s: float) -> dict[str, Any] | None:
         tasks = _job_tasks(job_id)
         if tasks:
             _add_stdout(tasks, None)
-            job = dict(tasks[0], state=aggregate_state(tasks), tasks=len(tasks))
+            job = dict(tasks[0], state=aggregate_state(tasks))
             if job["state"] == "RUNNING" or job["state"] in TERMINAL_STATES:
                 return job
         if time.monotonic() >= deadline:
