@@ -80,6 +80,8 @@ VALID_SETS = {
     "token-budget": ["100000000", "500000000"],
     "report-seconds": ["5", "10"],
 }
+SAMPLING_SETS = ("max-tokens", "temperature")
+"""Flags the launch fingerprint covers: a restart changing them needs --allow-change."""
 INVALID_SETS = [
     "token-buget=50000",  # typo in the flag name
     "concurency=2",
@@ -129,9 +131,15 @@ def make_plan(seed: int, slots: int, runs: list[str]) -> list[Fault]:
             keys = rng.sample(sorted(VALID_SETS), rng.randint(1, 2))
             sets = [f"{k}={rng.choice(VALID_SETS[k])}" for k in keys]
             if rng.random() < 0.4:
-                sets.insert(rng.randint(0, len(sets)), rng.choice(INVALID_SETS))
+                bad = rng.choice(INVALID_SETS)
+                # A later --set of the same flag would replace the bad value: keep it alone.
+                sets = [x for x in sets if x.split("=")[0] != bad.split("=")[0]]
+                sets.insert(rng.randint(0, len(sets)), bad)
             params["sets"] = sets
             params["invalid"] = any(s in INVALID_SETS for s in sets)
+            # Sampling changes are blocked by the fingerprint gate unless allowed: allow most.
+            if any(k in SAMPLING_SETS for k in keys) and rng.random() < 0.75:
+                params["allow_change"] = "sampling"
         elif kind == "kill":
             params["relaunch_after"] = round(rng.uniform(1.0, 4.0), 1)
         elif kind == "sshd-freeze":
@@ -447,6 +455,8 @@ class Soak:
         if f.kind == "restart":
             before = run.processes()
             args = [a for s in f.params["sets"] for a in ("--set", s)]
+            if "allow_change" in f.params:
+                args += ["--allow-change", f.params["allow_change"]]
             action = self.cli(label, "restart", run.name, *args, "--yes")
             self.check_left_down(run, action, before)
         elif f.kind == "kill":
@@ -676,16 +686,25 @@ class Soak:
         return None
 
     def _bytes_at(self, e: dict[str, Any]) -> str:
+        """What is now at the entry's offset in the file that has its inode (a rename moves
+        the line with the inode), else at its path."""
+        path = e["file"]
+        for candidate in self.root.rglob(f"{DATA_FILE}*"):
+            with contextlib.suppress(OSError):
+                st = candidate.stat()
+                if (st.st_dev, st.st_ino) == (e["dev"], e["ino"]):
+                    path = str(candidate)
+                    break
         try:
-            with open(e["file"], "rb") as f:
+            with open(path, "rb") as f:
                 f.seek(e["offset"])
                 data = f.read(e["length"])
-            st = os.stat(e["file"])
+            st = os.stat(path)
         except OSError as err:
-            return f"{e['file']}: {err.strerror}"
+            return f"{path}: {err.strerror}"
         return (
-            f"{e['file']} now inode {st.st_ino}, size {st.st_size}; bytes there: "
-            f"{data[:120]!r} (sha1 {hashlib.sha1(data).hexdigest()})"
+            f"{path} (inode {st.st_ino}, size {st.st_size}) holds there {data[:120]!r} "
+            f"(sha1 {hashlib.sha1(data).hexdigest()})"
         )
 
     # ------------------------------------------------------------------ main loop
