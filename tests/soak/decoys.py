@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,6 +93,8 @@ class Neighbourhood:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.decoys: list[Decoy] = []
         self._n = 0
+        self.lock = threading.Lock()
+        """Held while a decoy starts: whoever holds it sees every decoy process as one."""
 
     def _start(
         self,
@@ -103,27 +106,28 @@ class Neighbourhood:
         pass_fds: tuple[int, ...] = (),
         env: dict[str, str] | None = None,
     ) -> Decoy:
-        self._n += 1
-        record = self.dir / f"{self._n:03d}-{kind}.signals"
-        record.touch()
-        if user is not None:
-            shutil.chown(record, user)
-        log = open(self.dir / f"{self._n:03d}-{kind}.log", "ab")  # noqa: SIM115 - child owns it
-        proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            env={**(env or os.environ), "SOAK_DECOY_RECORD": str(record)},
-            user=user,
-            pass_fds=pass_fds,
-        )
-        log.close()
-        s = procs.stat(proc.pid)
-        decoy = Decoy(kind, proc, argv, str(cwd), record, s[1] if s else -1)
-        self.decoys.append(decoy)
+        with self.lock:
+            self._n += 1
+            record = self.dir / f"{self._n:03d}-{kind}.signals"
+            record.touch()
+            if user is not None:
+                shutil.chown(record, user)
+            log = open(self.dir / f"{self._n:03d}-{kind}.log", "ab")  # noqa: SIM115 - child owns it
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                env={**(env or os.environ), "SOAK_DECOY_RECORD": str(record)},
+                user=user,
+                pass_fds=pass_fds,
+            )
+            log.close()
+            s = procs.stat(proc.pid)
+            decoy = Decoy(kind, proc, argv, str(cwd), record, s[1] if s else -1)
+            self.decoys.append(decoy)
         return decoy
 
     def python_lookalike(self, cwd: Path, datasets: str) -> Decoy:

@@ -244,6 +244,7 @@ class Soak:
         self.other_user: str | None = None
         self.runs: dict[str, Run] = {}
         self.env = dict(os.environ)
+        self.elapsed = 0.0
 
     # ------------------------------------------------------------------ set-up
 
@@ -436,6 +437,13 @@ class Soak:
     def recover(self, run: Run) -> None:
         """Bring a run that is down back (the operator's launch), so the soak goes on."""
         action = self.cli("launch (recovery)", "launch", run.name, "--yes")
+        if action.rc != 0 and "stopped at fingerprint" in action.output:
+            # The config's argv differs from the last launch (a restart's --set is not kept)
+            # and launch has no --allow-change: what an operator can do is a restart.
+            action = self.cli(
+                "restart (recovery, --allow-change sampling)",
+                *("restart", run.name, "--allow-change", "sampling", "--yes"),
+            )
         if action.rc == 0 and self.wait_running(run, BOUND_S) is not None:
             return
         first = action.output.strip().splitlines()[:1]
@@ -600,8 +608,10 @@ class Soak:
             )
 
     def check_writers(self) -> None:
-        decoys = {d.pid: d for d in self.hood.decoys}
-        for (dev, ino), found in procs.writers_under(str(self.root), DATA_FILE).items():
+        with self.hood.lock:  # no decoy starts between listing the decoys and the writers
+            decoys = {d.pid: d for d in self.hood.decoys}
+            writers = procs.writers_under(str(self.root), DATA_FILE)
+        for (dev, ino), found in writers.items():
             ws = [w for w in found if w.pid != os.getpid()]  # the soak's own rotation
             if len(ws) < 2:
                 continue
@@ -734,6 +744,7 @@ class Soak:
         self.stop.set()
         checker.join(30)
         ledger = self.check_ledgers()
+        self.elapsed = time.monotonic() - t0
         self.report(ledger)
         return 1 if self.violations.items else 0
 
@@ -742,6 +753,7 @@ class Soak:
         print("\n== soak report")
         print(f"seed {self.seed}; replay: python -m tests.soak.run --seed {self.seed} "
               f"--minutes {self.minutes:g} --interval {self.interval:g}")  # fmt: skip
+        print(f"ran {self.elapsed / 60:.1f} min ({self.interval:g} s between planned faults)")
         print("faults injected:")
         for k, n in sorted((k, n) for k, n in self.faults.items() if n):
             print(f"  {k:<24} {n}")
