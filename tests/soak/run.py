@@ -23,8 +23,10 @@ same order; the processes' timing does not change the plan):
 Invariants, checked continuously by a thread polling /proc and the files (and at the end for
 the ledgers):
 
-- ``two-writers``: never two processes writing one dataset file, unless both were there before
-  runwatch acted (a decoy writer the soak put on a file that the run was already writing);
+- ``two-writers``: no process (other than a decoy) writes a dataset file that another process,
+  started before it, also holds open for writing: a run launched beside an existing writer is
+  reported once per launched process (processes are ordered by start time, not by the time they
+  opened the file; a decoy writer the soak puts beside a running run is its own doing);
 - ``decoy-signalled``: no decoy ever receives a signal, dies or is stopped;
 - ``line-lost``: every line of a client's ledger is in a data file or a backup beside it (a rotated
   copy, ``.broken``, ``.torn``, a moved-aside file), except lines the soak's own copytruncate
@@ -232,7 +234,6 @@ class Soak:
         self.notes: list[str] = []
         self.history: list[Action] = []
         self.rotations: list[dict[str, Any]] = []
-        self.tolerated_pairs: set[Any] = set()
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.server: subprocess.Popen[bytes] | None = None
@@ -490,9 +491,6 @@ class Soak:
                 self.skip(label, f"{f.describe()}: {path} missing")
                 return
             decoy = self.hood.other_user_writer(self.other_user, path)
-            # The pair (run's current writer, this decoy) is the soak's own making.
-            for pid, start, _ in run.processes():
-                self.tolerated_pairs.add(((pid, start), (decoy.pid, decoy.start)))
             timer = threading.Timer(f.params["seconds"], decoy.retire)
             timer.daemon = True
             timer.start()
@@ -613,41 +611,39 @@ class Soak:
             writers = procs.writers_under(str(self.root), DATA_FILE)
         for (dev, ino), found in writers.items():
             ws = [w for w in found if w.pid != os.getpid()]  # the soak's own rotation
-            if len(ws) < 2:
-                continue
-            ids = frozenset((w.pid, w.start) for w in ws)
-            runs = [w for w in ws if w.pid not in decoys]
-            others = [w for w in ws if w.pid in decoys]
-            if len(runs) < 2:
-                if not runs:
-                    continue
-                r = runs[0]
-                tolerated = all(
-                    ((r.pid, r.start), (o.pid, o.start)) in self.tolerated_pairs
-                    or r.start < o.start
-                    for o in others
+            # A writer that joined a file another process was already writing (it started
+            # later) is the fault; a decoy never is (the soak put it there on purpose).
+            joined = [
+                w
+                for w in ws
+                if w.pid not in decoys and any(o.pid != w.pid and o.start <= w.start for o in ws)
+            ]
+            for w in joined:
+                self.violations.add(
+                    "two-writers",
+                    f"pid {w.pid} started writing {w.path} (inode {ino}) beside "
+                    f"{len(ws) - 1} other writer(s): "
+                    + ", ".join(
+                        f"pid {x.pid}" + (f" ({decoys[x.pid].kind})" if x.pid in decoys else "")
+                        for x in ws
+                        if x is not w
+                    ),
+                    {
+                        "file": w.path,
+                        "dev": dev,
+                        "ino": ino,
+                        "writers": [
+                            {
+                                **x.to_json(),
+                                "decoy": decoys[x.pid].kind if x.pid in decoys else None,
+                                "joined_last": x is w,
+                            }
+                            for x in ws
+                        ],
+                        "runwatch": self.recent_actions(time.time() - 30),
+                    },
+                    key=(ino, w.pid, w.start),
                 )
-                if tolerated:
-                    continue
-            self.violations.add(
-                "two-writers",
-                f"{len(ws)} processes write {ws[0].path} (inode {ino}): "
-                + ", ".join(
-                    f"pid {w.pid}" + (f" ({decoys[w.pid].kind})" if w.pid in decoys else "")
-                    for w in ws
-                ),
-                {
-                    "file": ws[0].path,
-                    "dev": dev,
-                    "ino": ino,
-                    "writers": [
-                        {**w.to_json(), "decoy": decoys[w.pid].kind if w.pid in decoys else None}
-                        for w in ws
-                    ],
-                    "runwatch": self.recent_actions(time.time() - 30),
-                },
-                key=(ino, ids),
-            )
 
     # ------------------------------------------------------------------ the ledgers
 
