@@ -390,9 +390,11 @@ class Soak:
         self.actions[f"{label} rc={action.rc if action.rc is not None else 'timeout'}"] += 1
         return action
 
-    def recent_actions(self, since: float) -> list[dict[str, Any]]:
+    def recent_actions(self, since: float) -> list[Action]:
+        """The last runwatch commands running or ended since ``since`` (rendered at report time,
+        so that one still running when a violation is seen shows how it ended)."""
         with self.lock:
-            return [a.evidence() for a in self.history if a.ended == 0.0 or a.ended >= since][-3:]
+            return [a for a in self.history if a.ended == 0.0 or a.ended >= since][-3:]
 
     def wait_running(self, run: Run, bound: float) -> tuple[int, int, list[str]] | None:
         """The run's process once one has been alive for ``STABLE_S``, or None after ``bound``."""
@@ -745,7 +747,9 @@ class Soak:
         return 1 if self.violations.items else 0
 
     def report(self, ledger: dict[str, int]) -> None:
-        (self.root / "violations.json").write_text(json.dumps(self.violations.items, indent=1))
+        (self.root / "violations.json").write_text(
+            json.dumps(self.violations.items, indent=1, default=_render)
+        )
         print("\n== soak report")
         print(f"seed {self.seed}; replay: python -m tests.soak.run --seed {self.seed} "
               f"--minutes {self.minutes:g} --interval {self.interval:g}")  # fmt: skip
@@ -764,9 +768,8 @@ class Soak:
         print(f"violations: {len(self.violations.items)} {dict(kinds)}")
         for n, v in enumerate(self.violations.items, 1):
             print(f"\n-- violation {n}: {v['kind']}: {v['summary']}")
-            print(
-                json.dumps({k: x for k, x in v.items() if k not in ("kind", "summary")}, indent=1)
-            )
+            rest = {k: x for k, x in v.items() if k not in ("kind", "summary")}
+            print(json.dumps(rest, indent=1, default=_render))
         for note, n in Counter(self.notes).items():
             print(f"note: {note}" + (f" (x{n})" if n > 1 else ""))
         print(f"\nevidence also in {self.root / 'violations.json'}; every runwatch command and "
@@ -789,6 +792,12 @@ class Soak:
             self.server.wait(10)
         if self.pool is not None:
             self.pool.close()
+
+
+def _render(obj: object) -> object:
+    if isinstance(obj, Action):
+        return obj.evidence()
+    raise TypeError(f"not JSON: {type(obj).__name__}")
 
 
 def main(argv: list[str] | None = None) -> int:
