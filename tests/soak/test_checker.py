@@ -81,3 +81,45 @@ def _handles_term(pid: int) -> bool:
         if line.startswith("SigCgt:"):
             return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
     return False
+
+
+def test_a_ledger_line_in_no_file_is_a_lost_line_with_its_offset(tmp_path: Path) -> None:
+    import hashlib
+    import json
+    import time
+
+    from tests.soak.run import Run, Soak
+
+    soak = Soak(tmp_path, seed=1, minutes=1, interval=5)
+    run = Run("r", "here", tmp_path / "work", ["A1"], tmp_path / "work" / "ledger.jsonl")
+    soak.runs = {"r": run}
+    data = run.data_file()
+    data.parent.mkdir(parents=True)
+    lines = [json.dumps({"sample_id": f"A1-{i}"}).encode() + b"\n" for i in range(3)]
+    data.write_bytes(b"".join(lines))
+    st = data.stat()
+    entries, offset = [], 0
+    for i, line in enumerate(lines):
+        entries.append(
+            {
+                "sample_id": f"A1-{i}",
+                "file": str(data),
+                "dev": st.st_dev,
+                "ino": st.st_ino,
+                "offset": offset,
+                "length": len(line),
+                "sha1": hashlib.sha1(line).hexdigest(),
+                "time": time.time(),
+            }
+        )
+        offset += len(line)
+    run.ledger.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    # the first line moved to a backup beside the file is kept; the last one is gone
+    (data.parent / "raw_responses.jsonl.broken").write_bytes(lines[0])
+    data.write_bytes(lines[1])
+    stats = soak.check_ledgers()
+    assert stats == {"r ledger lines": 3, "r found": 2, "r lost": 1}
+    [lost] = soak.violations.items
+    assert lost["kind"] == "line-lost" and lost["ledger_entry"]["sample_id"] == "A1-2"
+    assert lost["ledger_entry"]["offset"] == len(lines[0]) + len(lines[1])
+    assert "size" in lost["at_offset_now"]
