@@ -31,6 +31,8 @@ from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.errors import ConfigError, HostError, RunwatchError
 from supervisor.hosts import Host, make_host, match_run, run_backend, set_backend
 from supervisor.kill import KillReport, kill_or_reconcile
+from supervisor.launchspec import launch_argv
+from supervisor.layout import RunLayout, layout_of
 from supervisor.model import (
     DatasetView,
     HostView,
@@ -54,13 +56,6 @@ class _HostState:
     failures: int = 0
     next_try: float = 0.0
     discovered: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-def dataset_path(run: RunConfig, dataset: str, local: bool) -> str:
-    """``<workdir>/<output_dir>/<dataset>/<data_file>`` as seen on the run's host."""
-    workdir = os.path.expanduser(run.workdir) if local else run.workdir
-    out = os.path.expanduser(run.output_dir) if local else run.output_dir
-    return posixpath.normpath(posixpath.join(workdir, out, dataset, run.data_file))
 
 
 class Engine:
@@ -120,11 +115,16 @@ class Engine:
         """Stop the process named by ``identity`` on ``host`` (see ``supervisor.kill``)."""
         return await kill_or_reconcile(self.host(host), identity, grace, self.config.scripts)
 
-    async def check_run(self, run_name: str) -> list[dict[str, Any]]:
-        """Scan every dataset file of a run with full validation; returns the scan results."""
+    async def check_run(self, run_name: str, argv: list[str] | None = None) -> list[dict[str, Any]]:
+        """Scan every dataset file of a run with full validation; returns the scan results.
+
+        The files are those ``argv`` writes (default: the run's launch argv, ``launch_argv``);
+        ConfigError when they cannot be determined: a check never passes on nothing."""
         run = self.config.run(run_name)
         hc = self.config.host(run.host)
-        files = [{**spec, "validate": "all"} for spec in self._file_specs(run, hc)]
+        layout = layout_of(self.config, run, argv if argv is not None else launch_argv(run))
+        layout.require_files()
+        files = [{**spec, "validate": "all"} for spec in self._file_specs(run, hc, layout)]
         h = self.host(run.host)
         timeout = max(hc.command_timeout, 300.0)
         # ``fresh``: validated from the first byte, however the refreshes sampled the file.
@@ -153,12 +153,17 @@ class Engine:
         with contextlib.suppress(asyncio.TimeoutError, OSError, RunwatchError):
             await asyncio.wait_for(host.close(), 5.0)
 
-    def _file_specs(self, run: RunConfig, hc: HostConfig) -> list[dict[str, Any]]:
+    def _file_specs(
+        self, run: RunConfig, hc: HostConfig, layout: RunLayout | None = None
+    ) -> list[dict[str, Any]]:
+        """Scan specs of the run's data files (``supervisor.layout``), one per dataset."""
         specs = []
         profile = self.config.formats.get(run.format)
-        for ds in self.config.run_datasets(run):
+        if layout is None:
+            layout = layout_of(self.config, run, launch_argv(run))
+        for path in layout.data_files.values():
             spec: dict[str, Any] = {
-                "path": dataset_path(run, ds, hc.local),
+                "path": path,
                 "format": run.format,
                 "validate": "sample",
             }
@@ -170,7 +175,7 @@ class Engine:
     def _prompt_specs(self, run: RunConfig, hc: HostConfig) -> dict[str, dict[str, Any]]:
         """Dataset -> scan spec of its prompts file (its line count bounds the samples)."""
         specs = {}
-        for ds in self.config.run_datasets(run):
+        for ds in layout_of(self.config, run, launch_argv(run)).datasets:
             ds_cfg = self.config.datasets.get(ds)
             if ds_cfg is None or not ds_cfg.prompts:
                 continue
@@ -256,8 +261,9 @@ class Engine:
             connected=False,
             stale=last.last_ok is not None,
             error=message,
+            # Nothing is known of a run on a host that does not answer: not "stopped".
             runs=[
-                msgspec.structs.replace(r, state="unknown" if r.state == "running" else r.state)
+                msgspec.structs.replace(r, state="unknown", state_detail="host unreachable")
                 for r in last.runs
             ],
         )
@@ -289,9 +295,8 @@ class Engine:
                 flags = _config_flags(run, self.config.scripts)
                 flags.backend = run_backend(self.config, run.name) or flags.backend
             datasets = []
-            for ds, spec in zip(
-                self.config.run_datasets(run), self._file_specs(run, hc), strict=True
-            ):
+            layout = layout_of(self.config, run, launch_argv(run))
+            for ds, spec in zip(layout.data_files, self._file_specs(run, hc, layout), strict=True):
                 scan = scanned.get(
                     spec["path"], {"path": spec["path"], "state": "error", "error": "not scanned"}
                 )
@@ -387,6 +392,7 @@ class Engine:
             stall_seconds=run.stall_seconds,
             prompts=prompts,
             count_texts=counter,
+            writer=(proc.identity.pid, proc.identity.start_time) if proc is not None else None,
         )
         if problem is not None and view.error is None:
             view.error = f"tokens not counted: {problem}"
@@ -454,4 +460,4 @@ def run_sync(config: Config, action: Callable[[Engine], Awaitable[T]]) -> T:
     return asyncio.run(run_once(config, action))
 
 
-__all__ = ["MAX_BACKOFF_S", "Engine", "HostError", "dataset_path", "run_once", "run_sync"]
+__all__ = ["MAX_BACKOFF_S", "Engine", "HostError", "run_once", "run_sync"]

@@ -503,6 +503,24 @@ class GpuHoldersResult(_GpuHoldersRequired, total=False):
     detail: str | None
 
 
+class _HelpFlagsParamsRequired(TypedDict):
+    workdir: str
+    argv: list[str]
+    """The run's command up to its script (interpreter and script); ``--help`` is appended."""
+
+
+class HelpFlagsParams(_HelpFlagsParamsRequired, total=False):
+    env: dict[str, str]
+    timeout_s: float
+
+
+class HelpFlagsResult(TypedDict):
+    exit_code: int | None
+    timed_out: bool
+    output: str
+    """stdout then stderr, bounded."""
+
+
 OP_SHAPES: dict[str, tuple[type, type]] = {
     "ping": (PingParams, PingResult),
     "ps": (PsParams, PsResult),
@@ -519,5 +537,6 @@ OP_SHAPES: dict[str, tuple[type, type]] = {
     "tail_log": (TailLogParams, TailLogResult),
     "tail_records": (TailRecordsParams, TailRecordsResult),
     "gpu_holders": (GpuHoldersParams, GpuHoldersResult),
+    "help_flags": (HelpFlagsParams, HelpFlagsResult),
 }
 """Op name -> (params shape, result shape)."""
