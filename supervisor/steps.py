@@ -202,9 +202,9 @@ class _Runner:
         for f, value in plan.spec.sets:
             takes = known.get(f)
             if value is None and takes:
-                problems.append(f"{f} needs a value (--set {f.lstrip('-')}=VALUE)")
+                problems.append(f"{f}: needs a value (--set {f.lstrip('-')}=VALUE)")
             elif value is not None and takes is False:
-                problems.append(f"{f} takes no value (--set {f.lstrip('-')})")
+                problems.append(f"{f}: takes no value (--set {f.lstrip('-')})")
         if problems:
             raise StepFailed(
                 "the new command line would not start: "
@@ -734,7 +734,8 @@ class _Runner:
 
 def _unknown_flag(flag: str, known: dict[str, bool | None]) -> str:
     close = difflib.get_close_matches(flag, sorted(known), n=1, cutoff=0.6)
-    return f"{flag} is not a flag of the client" + (f" (did you mean {close[0]}?)" if close else "")
+    # "FLAG: ..." - a word right after a flag name would read as its value (and be masked).
+    return f"{flag}: not a flag of the client" + (f" (did you mean {close[0]}?)" if close else "")
 
 
 def _blocks(scan: dict[str, Any]) -> bool:

@@ -42,7 +42,7 @@ def test_no_terminal_and_no_yes_refuses(
         assert "no terminal" in out.stderr and "--yes" in out.stderr
     assert run_pids(demo.workdir) == []
     bad = runwatch("launch", "demo", "-c", str(demo.config_path), "--set", "token-budget", "--yes")
-    assert bad.returncode == 1 and "--token-budget needs a value" in bad.stdout, bad.stdout
+    assert bad.returncode == 1 and "--token-budget: needs a value" in bad.stdout, bad.stdout
     assert run_pids(demo.workdir) == []
 
 
