@@ -9,12 +9,13 @@ API for front ends (the CLI and the TUI use only these; ``make_plan`` is in ``su
 ``execute`` in ``supervisor.steps``)::
 
     plan = await make_plan(engine, "eagle3-kimi", action="restart",
-                           overrides=["token-budget=10000000"], move_aside=False,
-                           allow_change=[])
+                           overrides=["token-budget=10000000"], unsets=["temperature"],
+                           reset=False, force=False, move_aside=False, allow_change=[])
     plan.describe()          # lines for humans: steps, old -> new argv (masked), flag diff
     result = await execute(engine, plan, dry_run=False, on_step=callback)
     result.to_json()         # {"ok", "action", "run", "host", "steps": [{"name", "ok",
-                             #  "detail"}], "identity", "argv", "argv_diff", "dry_run"}
+                             #  "detail"}], "identity", "argv", "argv_diff",
+                             #  "last_launch_diff", "dry_run", "nothing_to_do", "rollback"}
 
 ``launch(...)`` and ``restart(...)`` (here) do both at once. ``supervisor.logtail.tail_log``
 gives the last lines of a run's log on its host (for a live log pane).
@@ -39,9 +40,22 @@ async def launch(
     dry_run: bool = False,
     on_step: OnStep | None = None,
     environ: dict[str, str] | None = None,
+    *,
+    unsets: Iterable[str] = (),
+    reset: bool = False,
+    force: bool = False,
 ) -> ActionResult:
     """Check and launch a run that is not running (raises LaunchError when it is)."""
-    plan = await make_plan(engine, run_name, action="launch", overrides=overrides, environ=environ)
+    plan = await make_plan(
+        engine,
+        run_name,
+        action="launch",
+        overrides=overrides,
+        unsets=unsets,
+        reset=reset,
+        force=force,
+        environ=environ,
+    )
     return await execute(engine, plan, dry_run=dry_run, on_step=on_step)
 
 
@@ -55,13 +69,20 @@ async def restart(
     dry_run: bool = False,
     on_step: OnStep | None = None,
     environ: dict[str, str] | None = None,
+    unsets: Iterable[str] = (),
+    reset: bool = False,
+    force: bool = False,
 ) -> ActionResult:
-    """Check, stop, repair and relaunch a run (launch it when it is not running)."""
+    """Check, stop, repair and relaunch a run (launch it when it is not running); a relaunch
+    that fails after the stop is rolled back (``result.rollback``)."""
     plan = await make_plan(
         engine,
         run_name,
         action="restart",
         overrides=overrides,
+        unsets=unsets,
+        reset=reset,
+        force=force,
         move_aside=move_aside,
         allow_change=allow_change,
         environ=environ,

@@ -662,6 +662,8 @@ class _Runner:
                 reply = await self.request("launch", params, timeout=timeout)
             except OutcomeUnknown as e:
                 reply = await self._reconcile_launch(time.time(), str(e))
+        except HostError as e:
+            reply = {"started": False, "detail": f"cannot reach {plan.host} ({e.message})"}
         except (RunwatchError, OSError, asyncio.TimeoutError) as e:
             reply = {"started": False, "detail": str(e)}
         if reply.get("started"):

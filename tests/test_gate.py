@@ -212,6 +212,53 @@ def test_inv5_typo_in_set_is_refused_before_the_stop(
     assert out.returncode == 1 and "did you mean --temperature?" in out.stdout
 
 
+GEN = """
+import argparse
+p = argparse.ArgumentParser()
+p.add_argument("--datasets", required=True)
+p.add_argument("--output-dir", default="out")
+p.add_argument("--num_threads", type=int)
+p.add_argument("--resume", action="store_true")
+p.parse_args()
+"""
+
+
+@pytest.mark.ssh
+async def test_inv5_flags_come_from_the_script_on_the_host(
+    tmp_path: Path, state_home: Path, ssh_host_cfg: Any
+) -> None:
+    """Over SSH: the script named relative to the run's workdir answers ``--help`` there."""
+    from tests.fixtures_actions import host_toml
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "gen.py").write_text(GEN)
+    cfg = tmp_path / "rw.toml"
+    argv = [sys.executable, "gen.py", "--datasets", "B1"]
+    cfg.write_text(
+        'scripts = ["gen.py"]\n'
+        + host_toml(ssh_host_cfg)
+        + f'[[runs]]\nname = "gen"\nhost = "{ssh_host_cfg.name}"\n'
+        f"workdir = {json.dumps(str(work))}\nargv = {json.dumps(argv)}\n"
+    )
+    from supervisor.engine import Engine
+
+    async with Engine(load_config(cfg)) as engine:
+        bad = await actions.launch(
+            engine, "gen", ["num-threads=4", "resume"], dry_run=True, unsets=["output_dir"]
+        )
+        good = await actions.launch(
+            engine, "gen", ["num_threads=4", "resume"], dry_run=True, unsets=["output-dir"]
+        )
+    pre = step(bad, "preflight")
+    assert pre.state == "failed", why(bad)
+    assert "--num-threads: not a flag of the client (did you mean --num_threads?)" in pre.detail
+    assert "--output_dir: not a flag of the client (did you mean --output-dir?)" in pre.detail
+    assert "gen.py --help on" in pre.detail
+    assert step(good, "preflight").state == "ok", why(good)
+    assert good.ok, why(good)
+
+
 def test_inv5_help_flags_parses_argparse_help() -> None:
     text = (
         "usage: gen.py [-h] --datasets DATASETS [--resume] [--num_threads N]\n"

@@ -377,8 +377,8 @@ def check(target: str, fmt: str | None, config_path: str | None, as_json: bool) 
 def _check_run(run_name: str, config_path: str | None, fmt: str | None) -> list[dict[str, Any]]:
     import asyncio
 
-    config = get_config(config_path, need="runs")
-    run = config.run(run_name)  # ConfigError naming the known runs
+    config = get_config(config_path)
+    run = config.run(run_name)  # ConfigError naming the known runs (or "runs: none")
     if fmt is not None and fmt != run.format:
         raise UsageError(
             f"run {run_name} writes format {run.format!r}; --format {fmt} does not apply",
