@@ -34,6 +34,10 @@ _STATE_STYLE = {
 }
 
 REMEDIES = {
+    "preflight": (
+        "Remedy: fix the flag named above (it is not one the client accepts, or needs a value); "
+        "nothing was stopped."
+    ),
     "format-check": (
         "Remedy: press m to move those files aside (renamed to <file>.<format>-<time>, nothing "
         "deleted) so the run starts them afresh, then run again. Or convert them first."
@@ -290,7 +294,12 @@ class RestartScreen(Screen[None]):
         failed = result.failed_step
         if failed is not None:
             number = [s["name"] for s in self.steps].index(failed.name) + 1
-            self._problem(f"✗ Blocked at step {number}, {failed.name} (detail above).", failed.name)
+            text = f"✗ Blocked at step {number}, {failed.name} (detail above)."
+            if result.rollback is not None:
+                text += f"\n{result.rollback['detail']}"
+            self._problem(text, failed.name)
+        elif result.nothing_to_do:
+            problem.update(Text(f"{self.run.name}: nothing to do: all datasets done."))
         elif result.dry_run:
             problem.update(Text("Every check passed. Press x to run the plan.", style="bold green"))
         else:
