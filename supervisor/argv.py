@@ -64,32 +64,39 @@ def apply_overrides(argv: Sequence[str], overrides: Iterable[tuple[str, str | No
     """argv with each ``(flag, value)`` replacing every ``flag VALUE`` / ``flag=VALUE`` (or
     added); a value of None sets the flag without value (``--resume``).
 
-    The argv is a list; values are never split or quoted, so any string stays one argument.
+    The argv is a list; values are never split or quoted, so any string stays one argument. A
+    value that would read as an option (``-x``, ``--y``) is joined to its flag (``--flag=-x``).
     """
     out = list(argv)
     for flag, value in overrides:
         found = False
+        joined = value is not None and not _is_value(value)
         i = 0
         while i < len(out):
             arg = out[i]
             if arg == flag:
                 found = True
                 has_value = i + 1 < len(out) and _is_value(out[i + 1])
-                if value is None:
+                if value is None or joined:
                     if has_value:
                         del out[i + 1]
+                    if joined:
+                        out[i] = f"{flag}={value}"
                 elif has_value:
                     out[i + 1] = value
                 else:
                     out.insert(i + 1, value)
-                i += 1 if value is None else 2
+                i += 1 if value is None or joined else 2
                 continue
             if arg.startswith(flag + "="):
                 out[i] = flag if value is None else f"{flag}={value}"
                 found = True
             i += 1
         if not found:
-            out += [flag] if value is None else [flag, value]
+            if value is None:
+                out.append(flag)
+            else:
+                out += [f"{flag}={value}"] if joined else [flag, value]
     return out
 
 

@@ -89,9 +89,13 @@ class RunLayout:
             )
 
     def has_budget_flag(self) -> bool:
-        """True when the argv carries the client's token-budget flag."""
+        """True when the argv gives the client's token-budget flag a value."""
         flag = self.client.budget_flag
-        return flag is not None and flag_value(list(self.argv), flag) is not None
+        if flag is None:
+            return False
+        start = self.script_index if self.script_index is not None else 0
+        spelled = match.parse_flags(list(self.argv), start).get("token_budget") is not None
+        return spelled or flag_value(list(self.argv), flag) is not None
 
 
 def _host_path(local: bool, path: str) -> str:

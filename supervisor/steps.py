@@ -216,7 +216,11 @@ class _Runner:
 
     async def _help_flags(self, step: Step) -> tuple[dict[str, bool | None], str] | None:
         """The flags the client's ``--help`` lists, or None when the step was settled by
-        ``--force`` (the flags could not be read)."""
+        ``--force`` (the flags could not be read).
+
+        Only the interpreter and the script run, with ``--help`` alone, bounded in time; a
+        script that ignores ``--help`` would start working, which is why a client profile's
+        known flags, where there is one, are used instead."""
         plan = self.plan
         idx = plan.layout.script_index
         problem = None

@@ -358,6 +358,12 @@ def test_inv7_bare_flags_set_and_unset() -> None:
         "gen.py",
     ]
     assert apply_overrides(argv, [("--temperature", None)])[2:4] == ["--temperature", "--top-k=-1"]
+    # a value that reads as an option is joined to its flag, so the client parses it as a value
+    assert apply_overrides(["gen.py", "--note", "x"], parse_sets(["note=--evil"])) == [
+        "gen.py",
+        "--note=--evil",
+    ]
+    assert apply_overrides(["gen.py"], parse_sets(["seed=-3"])) == ["gen.py", "--seed", "-3"]
 
 
 async def test_inv7_set_becomes_the_launch_spec(
