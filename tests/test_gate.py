@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import actions, audit, launchspec
+from supervisor import audit, launchspec
 from supervisor.argv import apply_overrides, parse_help_flags, parse_sets, remove_flags
 from supervisor.config import load_config
 from supervisor.errors import ConfigError
@@ -51,12 +51,26 @@ def runwatch(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess[
     )
 
 
+async def launch(
+    engine: Any, run: str, overrides: Any = (), *, dry_run: bool = False, **kw: Any
+) -> Any:
+    plan = await make_plan(engine, run, action="launch", overrides=overrides, **kw)
+    return await execute(engine, plan, dry_run=dry_run)
+
+
+async def restart(
+    engine: Any, run: str, overrides: Any = (), *, on_step: Any = None, **kw: Any
+) -> Any:
+    plan = await make_plan(engine, run, action="restart", overrides=overrides, **kw)
+    return await execute(engine, plan, on_step=on_step)
+
+
 async def wait_async(cond: Any, timeout: float = 60.0) -> None:
     await asyncio.to_thread(wait_until, cond, timeout)
 
 
 async def launched(engine: Any, demo: DemoRun, min_records: int = 2) -> int:
-    result = await actions.launch(engine, "demo")
+    result = await launch(engine, "demo")
     assert result.ok, why(result)
     assert result.identity is not None
     await wait_async(lambda: len(demo.complete_ids("B1")) >= min_records)
@@ -115,7 +129,7 @@ async def test_inv1_plan_checks_effective_argv_output_dir(
         assert all(p.startswith(side) for p in plan.fingerprints.values())
         result = await execute(engine, plan)
         # the same launch without the override is fine: the config's output dir is empty
-        fine = await actions.launch(engine, "demo", dry_run=True)
+        fine = await launch(engine, "demo", dry_run=True)
     assert not result.ok and result.failed_step is not None
     assert result.failed_step.name == "format-check" and str(other) in result.failed_step.detail
     assert run_pids(demo.workdir) == []
@@ -244,10 +258,10 @@ async def test_inv5_flags_come_from_the_script_on_the_host(
     from supervisor.engine import Engine
 
     async with Engine(load_config(cfg)) as engine:
-        bad = await actions.launch(
+        bad = await launch(
             engine, "gen", ["num-threads=4", "resume"], dry_run=True, unsets=["output_dir"]
         )
-        good = await actions.launch(
+        good = await launch(
             engine, "gen", ["num_threads=4", "resume"], dry_run=True, unsets=["output-dir"]
         )
     pre = step(bad, "preflight")
@@ -287,7 +301,7 @@ async def test_inv6_failed_relaunch_is_rolled_back(
     kill_runs_in.append(demo.workdir)
     async with engine_for(demo) as engine:
         old_pid = await launched(engine, demo)
-        result = await actions.restart(engine, "demo", ["concurrency=two"])
+        result = await restart(engine, "demo", ["concurrency=two"])
         assert not result.ok
         failed = result.failed_step
         assert failed is not None and failed.name == "launch", why(result)
@@ -326,7 +340,7 @@ async def test_inv6_a_failed_rollback_says_the_run_is_down(
 
     async with engine_for(demo) as engine:
         await launched(engine, demo)
-        result = await actions.restart(
+        result = await restart(
             engine, "demo", ["token-budget=100000000"], on_step=break_prompts_once_stopped
         )
     assert not result.ok and result.failed_step is not None
@@ -374,7 +388,7 @@ async def test_inv7_set_becomes_the_launch_spec(
     kill_runs_in.append(demo.workdir)
     async with engine_for(demo) as engine:
         await launched(engine, demo)
-        result = await actions.restart(
+        result = await restart(
             engine, "demo", ["token-budget=100000000"], allow_change=["temperature"]
         )
         assert result.ok, why(result)
@@ -412,12 +426,12 @@ async def test_inv7_over_budget_launch_needs_a_budget_flag_or_force(
     data.parent.mkdir(parents=True)
     data.write_bytes(b"".join(raw_record(f"B1-{i:06d}", tokens=10) for i in range(3)))
     async with engine_for(demo) as engine:
-        refused = await actions.launch(engine, "demo", dry_run=True)
+        refused = await launch(engine, "demo", dry_run=True)
         assert not refused.ok and refused.failed_step is not None
         assert refused.failed_step.name == "format-check"
         assert "B1: 30 completion tokens, budget 20" in refused.failed_step.detail
         assert "--set token-budget=N" in refused.failed_step.detail
-        with_flag = await actions.launch(engine, "demo", ["token-budget=20"], dry_run=True)
+        with_flag = await launch(engine, "demo", ["token-budget=20"], dry_run=True)
         assert with_flag.ok, why(with_flag)
         plan = await make_plan(engine, "demo", action="launch", force=True)
         forced = await execute(engine, plan, dry_run=True)
@@ -488,10 +502,10 @@ async def test_inv11_all_done_client_reports_nothing_to_do(
     demo = DemoRun(tmp_path, mock_endpoint.url, datasets=("B1",), max_samples=3)
     kill_runs_in.append(demo.workdir)
     async with engine_for(demo) as engine:
-        first = await actions.launch(engine, "demo")
+        first = await launch(engine, "demo")
         assert first.ok, why(first)
         await wait_async(lambda: not run_pids(demo.workdir) and len(demo.complete_ids("B1")) == 3)
-        again = await actions.launch(engine, "demo")
+        again = await launch(engine, "demo")
     assert again.ok and again.nothing_to_do, why(again)
     assert "nothing to do: all datasets done" in step(again, "launch").detail
     assert again.rollback is None

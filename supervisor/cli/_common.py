@@ -123,6 +123,8 @@ def print_json(value: Any) -> None:
 def run_cli(group: click.Group) -> None:
     """Run the CLI; a RunwatchError becomes one clear message on stderr and its exit status
     (under ``--json``: ``{"error", "hint"}`` on stdout, with the same exit status)."""
+    global _json_wanted
+    _json_wanted = False  # set by the --json option of the command that runs
     try:
         group.main(standalone_mode=False)
     except RunwatchError as e:
