@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from supervisor import audit, launchspec
+from supervisor.agent import match
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import MASK
 from supervisor.argv import parse_help_flags
@@ -620,9 +621,17 @@ class _Runner:
             return
         reason = reply.get("reason")
         if reason == "exited" and reply.get("exit_code") == 0:
-            # The client found nothing left to generate: not a failed launch.
-            self.nothing_to_do = True
+            # The client says it has nothing left to generate: true when every dataset has
+            # reached its target; a dataset known to be short makes it a failed launch.
             last = (reply.get("log_tail") or ["(the log is empty)"])[-1]
+            short = await self.unfinished(await self.scan_all())
+            if short:
+                raise StepFailed(
+                    f"the client exited 0 at once, but not every dataset is done: "
+                    f"{'; '.join(short)}; its last log line: {last}",
+                    "read the run's log: it stopped without generating",
+                )
+            self.nothing_to_do = True
             step.detail = (
                 "nothing to do: all datasets done (the client exited 0 at once; "
                 f"its last log line: {last})"
@@ -639,6 +648,44 @@ class _Runner:
             f"{reply.get('detail') or reason}; last lines of {reply.get('log')}:\n    {tail}",
             "fix the cause shown in the log, then launch again",
         )
+
+    async def unfinished(self, scans: list[dict[str, Any]]) -> list[str]:
+        """Datasets known to be short of their target (``B2: 97/400 responses``): fewer
+        responses than both the sample target (``--max-samples`` or the config's) and the
+        prompts file's lines. Unknown when the prompts file is not known or not readable."""
+        plan = self.plan
+        layout = plan.layout
+        start = layout.script_index if layout.script_index is not None else 0
+        flag_target = match.parse_flags(list(plan.argv), start).get("max_samples")
+        prompts = {
+            ds: posixpath.normpath(posixpath.join(layout.workdir, rel))
+            for ds, rel in layout.prompt_files.items()
+        }
+        found: dict[str, Any] = {}
+        if prompts:
+            specs = [{"path": p, "validate": "sample", "texts": False} for p in prompts.values()]
+            reply = await self.request(
+                "scan", {"files": specs}, timeout=max(self.hc.command_timeout, 60.0)
+            )
+            found = reply.get("files") or {}
+        lines = {
+            ds: found[p].get("lines") if (found.get(p) or {}).get("state") == "ok" else None
+            for ds, p in prompts.items()
+        }
+        by_path = {p: ds for ds, p in layout.data_files.items()}
+        short = []
+        for scan in scans:
+            ds = by_path.get(str(scan.get("path")))
+            total = lines.get(ds) if ds is not None else None
+            if ds is None or not isinstance(total, int):
+                continue
+            dc = self.engine.config.datasets.get(ds)
+            target = flag_target or (dc.max_samples if dc is not None else None)
+            want = min(total, target) if isinstance(target, int) else total
+            done = int(scan.get("unique_ids") or scan.get("records") or 0)
+            if done < want:
+                short.append(f"{ds}: {done}/{want} responses")
+        return short
 
     # ------------------------------------------------------------ rollback
 

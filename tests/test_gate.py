@@ -514,6 +514,24 @@ async def test_inv11_all_done_client_reports_nothing_to_do(
     assert "demo: nothing to do: all datasets done" in out.stdout
 
 
+async def test_inv11_exit_0_with_work_left_is_a_failed_launch(
+    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+) -> None:
+    """A client that exits 0 at once (here: ``--help``) while a dataset is short is no success."""
+    demo = DemoRun(tmp_path, slow_endpoint.url, datasets=("B1",), max_samples=40)
+    kill_runs_in.append(demo.workdir)
+    data = demo.data_file("B1")
+    data.parent.mkdir(parents=True)
+    data.write_bytes(raw_record("B1-000000") + raw_record("B1-000001"))
+    async with engine_for(demo) as engine:
+        result = await launch(engine, "demo", ["help"])
+    assert not result.ok and not result.nothing_to_do
+    failed = result.failed_step
+    assert failed is not None and failed.name == "launch", why(result)
+    assert "exited 0 at once, but not every dataset is done: B1: 2/40 responses" in failed.detail
+    assert launchspec.load("demo").sets == []  # a failed launch is not kept
+
+
 def test_inv11_errors_under_json_are_json(tmp_path: Path, state_home: Path) -> None:
     missing = tmp_path / "nope.toml"
     for args in (("status", "--json"), ("check", "gen", "--json"), ("launch", "x", "--json")):
