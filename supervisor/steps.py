@@ -37,7 +37,7 @@ from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import Identity
 from supervisor.plan import ActionResult, OnStep, Plan, Step, StepFailed, StepState
-from supervisor.replies import GpuHolders, LockHolder, LockStatus, decode
+from supervisor.replies import GpuHolders, HelpFlags, LockHolder, LockStatus, decode
 
 if TYPE_CHECKING:
     from supervisor.engine import Engine
@@ -225,27 +225,28 @@ class _Runner:
         plan = self.plan
         idx = plan.layout.script_index
         problem = None
-        reply: dict[str, Any] = {}
+        output = ""
         if idx is None:
             problem = "the script of the command line is not one of the configured scripts"
         else:
             env = {k: v for k, v in plan.env.items() if k not in plan.secret_env}
-            reply = await self.request(
-                "help_flags",
-                {
-                    "workdir": plan.paths["workdir"],
-                    "argv": plan.argv[: idx + 1],
-                    "env": env,
-                    "timeout_s": HELP_TIMEOUT_S,
-                },
-                timeout=HELP_TIMEOUT_S + self.hc.command_timeout,
+            help_params = {
+                "workdir": plan.paths["workdir"],
+                "argv": plan.argv[: idx + 1],
+                "env": env,
+                "timeout_s": HELP_TIMEOUT_S,
+            }
+            raw = await self.request(
+                "help_flags", help_params, timeout=HELP_TIMEOUT_S + self.hc.command_timeout
             )
-            known = parse_help_flags(str(reply.get("output") or ""))
-            step.data["help"] = {k: reply.get(k) for k in ("exit_code", "timed_out")}
-            if reply.get("timed_out"):
+            reply = decode(raw, HelpFlags, plan.host, "help_flags")
+            output = reply.output
+            known = parse_help_flags(reply.output)
+            step.data["help"] = {"exit_code": reply.exit_code, "timed_out": reply.timed_out}
+            if reply.timed_out:
                 problem = f"its --help did not answer within {HELP_TIMEOUT_S:g} s"
             elif not known:
-                problem = f"its --help (exit status {reply.get('exit_code')}) lists no flags"
+                problem = f"its --help (exit status {reply.exit_code}) lists no flags"
             else:
                 script = posixpath.basename(plan.argv[idx])
                 return known, f"{script} --help on {plan.host}"
@@ -256,7 +257,7 @@ class _Runner:
                 f"flags NOT checked (--force): cannot read the client's flags: {problem}",
             )
             return None
-        tail = "\n    ".join(str(reply.get("output") or "").splitlines()[-5:])
+        tail = "\n    ".join(output.splitlines()[-5:])
         raise StepFailed(
             f"cannot check the flags: {problem}" + (f"; its output:\n    {tail}" if tail else ""),
             "nothing was stopped or launched; check the flags by hand and pass --force to "
