@@ -313,7 +313,17 @@ class Engine:
             else:
                 state = "running"
             run_views.append(
-                RunView(name=run.name, host=hc.name, state=state, process=proc, datasets=datasets)
+                RunView(
+                    name=run.name,
+                    host=hc.name,
+                    state=state,
+                    # Nothing is scanned for such a run: say so rather than show no datasets.
+                    state_detail=f"data files unknown: {layout.problem}"
+                    if layout.problem
+                    else None,
+                    process=proc,
+                    datasets=datasets,
+                )
             )
         discovered: dict[str, dict[str, Any]] = {}
         for proc in procs:

@@ -157,6 +157,11 @@ def test_inv4_run_without_data_files_is_an_error(tmp_path: Path, state_home: Pat
         assert out.returncode == 2, (args, out.stdout, out.stderr)
         assert "cannot determine the run's data files" in out.stderr, out.stderr
         assert "datasets = [...]" in out.stderr  # how to declare them
+    # status says the run's data files are unknown, instead of showing no datasets
+    out = runwatch("status", "-c", str(cfg), "--json")
+    [run] = [r for r in json.loads(out.stdout)["hosts"][0]["runs"] if r["name"] == "gen"]
+    assert run["state"] == "stopped" and run["datasets"] == []
+    assert run["state_detail"].startswith("data files unknown: no `datasets` key"), run
     # a dataset name from the argv that escapes the output dir is no data file either
     cfg = _no_datasets_config(tmp_path, ["python3", "run_inference.py", "--datasets", "B1,.."])
     out = runwatch("check", "gen", "-c", str(cfg))
