@@ -92,6 +92,18 @@ def diff_text(plan: Any) -> Table:
         )
     if not changes:
         table.add_row("changes", "none: the same argv as " + ("now" if plan.old else "the config"))
+    last = plan.last_launch_diff()
+    if last is None:
+        table.add_row("last launch", "none recorded by runwatch")
+    elif not last:
+        table.add_row("last launch", "the same argv")
+    for d in last or []:
+        old = "(absent)" if d["old"] is None else str(d["old"])
+        new = "(absent)" if d["new"] is None else str(d["new"])
+        table.add_row(
+            "last launch",
+            Text.assemble((f"{d['flag']}: ", "bold"), (old, "red"), " → ", (new, "green")),
+        )
     table.add_row("log", str(plan.paths.get("log", "-")))
     return table
 
