@@ -244,6 +244,36 @@ class Config(_Section):
         value = flag_value(run.argv, "--datasets")
         return [d for d in value.split(",") if d] if value else []
 
+    def require_hosts(self) -> None:
+        """ConfigError when the config names no host (nothing to watch)."""
+        if not self.hosts:
+            raise ConfigError(
+                f"{self.path}: no [[hosts]] in the config: nothing to watch",
+                "add a [[hosts]] entry (local = true for this machine), or try `runwatch demo`",
+            )
+
+    def require_runs(self) -> None:
+        """ConfigError when the config names no host or no run (nothing to act on)."""
+        self.require_hosts()
+        if not self.runs:
+            raise ConfigError(
+                f"{self.path}: no [[runs]] in the config: nothing to check or act on",
+                "add a [[runs]] entry (name, host, workdir, argv, datasets)",
+            )
+
+
+def bad_name(name: str) -> str | None:
+    """Why ``name`` cannot be a file or directory name inside a directory (None: it can)."""
+    if not name:
+        return "is empty"
+    if name in (".", ".."):
+        return f"{name!r} is not a name"
+    if "/" in name or "\\" in name:
+        return f"{name!r} contains a path separator"
+    if "\0" in name:
+        return f"{name!r} contains a NUL byte"
+    return None
+
 
 def flag_value(argv: list[str], flag: str) -> str | None:
     """The value of ``--flag VALUE`` or ``--flag=VALUE`` in argv (the last one wins)."""
@@ -450,9 +480,25 @@ def _check_references(config: Config) -> None:
             )
         _check_slurm(config, i, r)
         for j, d in enumerate(r.datasets):
-            if not d or "/" in d or d in (".", ".."):
-                raise ConfigError(f"{shown}: runs[{i}].datasets[{j}]: not a dataset name: {d!r}")
+            why = bad_name(d)
+            if why is not None:
+                raise ConfigError(
+                    f"{shown}: runs[{i}].datasets[{j}]: not a dataset name: {why} "
+                    "(it would escape the output dir)"
+                )
+        why = bad_name(r.data_file)
+        if why is not None:
+            raise ConfigError(
+                f"{shown}: runs[{i}].data_file: not a file name: {why} "
+                "(it would escape the dataset directory)"
+            )
     for name, ds in config.datasets.items():
+        why = bad_name(name)
+        if why is not None:
+            raise ConfigError(
+                f"{shown}: datasets.{name}: not a dataset name: {why} "
+                "(it would escape the output dir)"
+            )
         for key in ("token_budget", "max_samples"):
             v = getattr(ds, key)
             if v is not None and v <= 0:
@@ -464,6 +510,7 @@ def _check_references(config: Config) -> None:
                 "expected the NAME of an environment variable",
                 "put the key in the environment, never in the config",
             )
+    _check_numbers(config)
     for name, prof in config.formats.items():
         sources = [prof.tokens_field, prof.tokens_list_field, prof.text_field]
         if sum(s is not None for s in sources) != 1:
@@ -511,3 +558,56 @@ def _check_slurm(config: Config, i: int, run: RunConfig) -> None:
             f"{shown}: runs[{i}].slurm.array: the run names no datasets",
             "list them in datasets = [...] or --datasets in argv",
         )
+
+
+_POSITIVE = "a number > 0"
+_NON_NEGATIVE = "a number >= 0"
+_NUMBER_RULES: dict[str, dict[str, str]] = {
+    "": {"refresh_seconds": _POSITIVE},
+    "hosts": {
+        "connect_timeout": _POSITIVE,
+        "command_timeout": _POSITIVE,
+        "keepalive_interval": _POSITIVE,
+        "keepalive_count_max": _POSITIVE,
+    },
+    "runs": {
+        "stall_seconds": _POSITIVE,
+        "settle_seconds": _POSITIVE,
+        "stop_grace_seconds": _NON_NEGATIVE,
+    },
+    "endpoints": {
+        "price_in_per_m": _NON_NEGATIVE,
+        "price_out_per_m": _NON_NEGATIVE,
+        "gpu_cost_per_hour": _NON_NEGATIVE,
+        "max_tokens": _POSITIVE,
+        "temperature": _NON_NEGATIVE,
+        "concurrency": _POSITIVE,
+    },
+}
+"""Bounds of the numeric keys, by section (timeouts, graces and intervals are never negative;
+an interval or timeout of 0 would spin or never wait)."""
+
+
+def _check_numbers(config: Config) -> None:
+    """Every number is finite (TOML allows nan and inf) and within its key's bounds."""
+    sections: list[tuple[str, str, Any]] = [("", "", config)]
+    sections += [("hosts", f"hosts[{i}].", h) for i, h in enumerate(config.hosts)]
+    sections += [("runs", f"runs[{i}].", r) for i, r in enumerate(config.runs)]
+    sections += [("endpoints", f"endpoints[{i}].", e) for i, e in enumerate(config.endpoints)]
+    for section, prefix, struct in sections:
+        rules = _NUMBER_RULES[section]
+        for key in struct.__struct_fields__:
+            value = getattr(struct, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            rule = rules.get(key)
+            bad = value != value or value in (float("inf"), float("-inf"))
+            if rule == _POSITIVE:
+                bad = bad or value <= 0
+            elif rule == _NON_NEGATIVE:
+                bad = bad or value < 0
+            if bad:
+                raise ConfigError(
+                    f"{config.path}: {prefix}{key}: expected {rule or 'a finite number'}, "
+                    f"got {value}"
+                )

@@ -38,7 +38,7 @@ from supervisor.agent.formats import BUILTIN_FORMATS
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.match import parse_flags, script_index
 from supervisor.agent.scan import Scanner
-from supervisor.argv import parse_sets
+from supervisor.argv import parse_sets, parse_unsets
 from supervisor.bench.history import load_history
 from supervisor.bench.results import BenchResult, LevelResult
 from supervisor.bench.runner import Options as BenchOptions
@@ -49,6 +49,8 @@ from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchEr
 from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
 from supervisor.hosts import Host, list_processes, make_host, match_run, run_backend, set_backend
 from supervisor.kill import KillReport, KillResult
+from supervisor.launchspec import launch_argv
+from supervisor.layout import RunLayout, layout_of
 from supervisor.model import (
     DatasetView,
     HostView,
@@ -88,13 +90,6 @@ class _HostState:
     failures: int = 0
     next_try: float = 0.0
     discovered: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-def dataset_path(run: RunConfig, dataset: str, local: bool) -> str:
-    """``<workdir>/<output_dir>/<dataset>/<data_file>`` as seen on the run's host."""
-    workdir = os.path.expanduser(run.workdir) if local else run.workdir
-    out = os.path.expanduser(run.output_dir) if local else run.output_dir
-    return posixpath.normpath(posixpath.join(workdir, out, dataset, run.data_file))
 
 
 class Engine:
@@ -230,12 +225,17 @@ class Engine:
         slurm.audit_cancel(run.host, run_name, rv.job, out)
         return out
 
-    async def check_run(self, run: str) -> list[dict[str, Any]]:
-        """Scan every dataset file of a run with full validation; returns the scan results."""
-        rc = self.config.run(run)
-        hc = self.config.host(rc.host)
-        files = [{**spec, "validate": "all"} for spec in self._file_specs(rc, hc)]
-        h = self.host(rc.host)
+    async def check_run(self, run_name: str, argv: list[str] | None = None) -> list[dict[str, Any]]:
+        """Scan every dataset file of a run with full validation; returns the scan results.
+
+        The files are those ``argv`` writes (default: the run's launch argv, ``launch_argv``);
+        ConfigError when they cannot be determined: a check never passes on nothing."""
+        run = self.config.run(run_name)
+        hc = self.config.host(run.host)
+        layout = layout_of(self.config, run, argv if argv is not None else launch_argv(run))
+        layout.require_files()
+        files = [{**spec, "validate": "all"} for spec in self._file_specs(run, hc, layout)]
+        h = self.host(run.host)
         timeout = max(hc.command_timeout, 300.0)
         # ``fresh``: validated from the first byte, however the refreshes sampled the file.
         result = await h.request("scan", {"files": files, "fresh": True}, timeout=timeout)
@@ -247,18 +247,26 @@ class Engine:
         run: str,
         *,
         action: Action = "restart",
-        overrides: Iterable[str] | Iterable[tuple[str, str]] = (),
+        overrides: Iterable[str] | Iterable[tuple[str, str | None]] = (),
+        unsets: Iterable[str] = (),
+        reset: bool = False,
+        force: bool = False,
         move_aside: bool = False,
         allow_change: Iterable[str] = (),
         environ: dict[str, str] | None = None,
     ) -> Plan:
         """Look at ``run`` as it is now and build its launch or restart plan (changes nothing;
-        see ``supervisor.plan``). ``overrides``: ``KEY=VALUE`` strings or ``(--flag, value)``."""
+        see ``supervisor.plan``). ``overrides``: ``KEY=VALUE`` strings or ``(--flag, value)``;
+        ``unsets``: flags to drop; ``reset``: forget the stored launch spec; ``force``: launch
+        over a budget or without the script's ``--help``."""
         return await make_plan(
             self,
             run,
             action=action,
             overrides=overrides,
+            unsets=unsets,
+            reset=reset,
+            force=force,
             move_aside=move_aside,
             allow_change=allow_change,
             environ=environ,
@@ -360,12 +368,17 @@ class Engine:
         with contextlib.suppress(asyncio.TimeoutError, OSError, RunwatchError):
             await asyncio.wait_for(host.close(), 5.0)
 
-    def _file_specs(self, run: RunConfig, hc: HostConfig) -> list[dict[str, Any]]:
+    def _file_specs(
+        self, run: RunConfig, hc: HostConfig, layout: RunLayout | None = None
+    ) -> list[dict[str, Any]]:
+        """Scan specs of the run's data files (``supervisor.layout``), one per dataset."""
         specs = []
         profile = self.config.formats.get(run.format)
-        for ds in self.config.run_datasets(run):
+        if layout is None:
+            layout = layout_of(self.config, run, launch_argv(run))
+        for path in layout.data_files.values():
             spec: dict[str, Any] = {
-                "path": dataset_path(run, ds, hc.local),
+                "path": path,
                 "format": run.format,
                 "validate": "sample",
             }
@@ -377,7 +390,7 @@ class Engine:
     def _prompt_specs(self, run: RunConfig, hc: HostConfig) -> dict[str, dict[str, Any]]:
         """Dataset -> scan spec of its prompts file (its line count bounds the samples)."""
         specs = {}
-        for ds in self.config.run_datasets(run):
+        for ds in layout_of(self.config, run, launch_argv(run)).datasets:
             ds_cfg = self.config.datasets.get(ds)
             if ds_cfg is None or not ds_cfg.prompts:
                 continue
@@ -466,8 +479,9 @@ class Engine:
             connected=False,
             stale=last.last_ok is not None,
             error=message,
+            # Nothing is known of a run on a host that does not answer: not "stopped".
             runs=[
-                msgspec.structs.replace(r, state="unknown" if r.state == "running" else r.state)
+                msgspec.structs.replace(r, state="unknown", state_detail="host unreachable")
                 for r in last.runs
             ],
         )
@@ -502,9 +516,8 @@ class Engine:
                 flags = _config_flags(run, self.config.scripts)
                 flags.backend = run_backend(self.config, run.name) or flags.backend
             datasets = []
-            for ds, spec in zip(
-                self.config.run_datasets(run), self._file_specs(run, hc), strict=True
-            ):
+            layout = layout_of(self.config, run, launch_argv(run))
+            for ds, spec in zip(layout.data_files, self._file_specs(run, hc, layout), strict=True):
                 scan = scanned.get(
                     spec["path"], {"path": spec["path"], "state": "error", "error": "not scanned"}
                 )
@@ -530,6 +543,10 @@ class Engine:
                     name=run.name,
                     host=hc.name,
                     state=state,
+                    # Nothing is scanned for such a run: say so rather than show no datasets.
+                    state_detail=f"data files unknown: {layout.problem}"
+                    if layout.problem
+                    else None,
                     process=proc,
                     datasets=datasets,
                     job=job,
@@ -614,6 +631,7 @@ class Engine:
             stall_seconds=run.stall_seconds,
             prompts=prompts,
             count_texts=counter,
+            writer=(proc.identity.pid, proc.identity.start_time) if proc is not None else None,
         )
         if problem is not None and view.error is None:
             view.error = f"tokens not counted: {problem}"
@@ -758,7 +776,6 @@ __all__ = [
     "bench",
     "comparison_from",
     "count_tokens",
-    "dataset_path",
     "describe_job",
     "format_lines",
     "gather_comparison",
@@ -767,6 +784,7 @@ __all__ = [
     "load_tokenizer",
     "mask_argv",
     "parse_sets",
+    "parse_unsets",
     "run_once",
     "run_sync",
 ]

@@ -172,11 +172,18 @@ class RunView(msgspec.Struct, kw_only=True):
     name: str
     host: str
     state: RunState = "unknown"
+    state_detail: str | None = None
+    """Why the state is what it is, when that is not obvious (``host unreachable``)."""
     process: ProcessInfo | None = None
     datasets: list[DatasetView] = []
     configured: bool = True
     job: JobView | None = None
     """The run's Slurm job (``kind = "slurm"`` hosts): the active one, else the last seen."""
+
+    @property
+    def state_text(self) -> str:
+        """``running``, ``unknown (host unreachable)``..."""
+        return f"{self.state} ({self.state_detail})" if self.state_detail else self.state
 
 
 class HostView(msgspec.Struct, kw_only=True):

@@ -98,6 +98,20 @@ class RateTracker:
         self._text_stream: str | None = None
         self._size: int | None = None
         self._last_growth: float | None = None
+        self._writer: object = None
+        self._written = False
+        """The file grew while watched, under the current writer (it has started)."""
+
+    def note_writer(self, writer: object) -> None:
+        """The process writing the file now (any key); a new one has not written it yet."""
+        if writer != self._writer:
+            self._writer = writer
+            self._written = False
+
+    @property
+    def written(self) -> bool:
+        """True once the file grew while watched under the current writer."""
+        return self._written
 
     # ------------------------------------------------------------------ feeding
 
@@ -135,6 +149,7 @@ class RateTracker:
         )
         if grew:
             self._last_growth = now
+            self._written = self._written or last is not None
         self._size = size
         sample = _Sample(now, records, tokens)
         if last is not None and now <= last.t:
@@ -341,8 +356,13 @@ def build_dataset_view(
     stall_seconds: float = 300.0,
     prompts: int | None = None,
     count_texts: Callable[[list[str]], int] | None = None,
+    writer: object = None,
 ) -> DatasetView:
-    """The :class:`model.DatasetView` of one dataset at ``now`` (feeds ``tracker``)."""
+    """The :class:`model.DatasetView` of one dataset at ``now`` (feeds ``tracker``).
+
+    ``writer`` names the live process (any key): a dataset is stalled only when it has grown
+    under that writer (it started) and is not finished, then stopped growing for
+    ``stall_seconds``; one not started yet, or done, is never stalled."""
     path = str(scan.get("path") or "")
     view_name = name or os.path.basename(os.path.dirname(path)) or path
     state = scan.get("state", "ok")
@@ -361,6 +381,7 @@ def build_dataset_view(
         max_samples = dataset.max_samples
     run_budget = flags.token_budget if flags is not None else None
     budget = dataset.token_budget if dataset is not None and dataset.token_budget else run_budget
+    tracker.note_writer(writer if writer_alive else None)
     if state == "ok":
         tracker.observe(now, done, tokens, scan.get("size"), stream)
     rates = tracker.rates(now)
@@ -402,8 +423,23 @@ def build_dataset_view(
         rates=rates,
         projection=projection,
         over_budget=budget is not None and tokens > budget,
-        stalled=writer_alive and state == "ok" and tracker.since_growth(now) >= stall_seconds,
+        stalled=writer_alive
+        and state == "ok"
+        and tracker.written
+        and not _finished(done, tokens, max_samples, prompts, run_budget)
+        and tracker.since_growth(now) >= stall_seconds,
         history=tracker.history(),
+    )
+
+
+def _finished(
+    done: int, tokens: int, max_samples: int | None, prompts: int | None, budget: int | None
+) -> bool:
+    """A stop condition is reached: the dataset is done."""
+    return (
+        (max_samples is not None and done >= max_samples)
+        or (prompts is not None and done >= prompts)
+        or (budget is not None and tokens >= budget)
     )
 
 

@@ -144,6 +144,14 @@ class GpuHolders(msgspec.Struct, kw_only=True):
     detail: str | None = None
 
 
+class HelpFlags(msgspec.Struct, kw_only=True):
+    """``protocol.HelpFlagsResult``: what the client's ``--help`` printed."""
+
+    exit_code: int | None
+    timed_out: bool
+    output: str
+
+
 class ScanFile(msgspec.Struct, kw_only=True):
     """The fields of ``protocol.ScanFile`` that decide what a dataset file is."""
 

@@ -623,6 +623,24 @@ class SlurmCancelResult(TypedDict):
     writers: dict[str, list[int]]
 
 
+class _HelpFlagsParamsRequired(TypedDict):
+    workdir: str
+    argv: list[str]
+    """The run's command up to its script (interpreter and script); ``--help`` is appended."""
+
+
+class HelpFlagsParams(_HelpFlagsParamsRequired, total=False):
+    env: dict[str, str]
+    timeout_s: float
+
+
+class HelpFlagsResult(TypedDict):
+    exit_code: int | None
+    timed_out: bool
+    output: str
+    """stdout then stderr, bounded."""
+
+
 OP_SHAPES: dict[str, tuple[type, type]] = {
     "ping": (PingParams, PingResult),
     "ps": (PsParams, PsResult),
@@ -642,5 +660,6 @@ OP_SHAPES: dict[str, tuple[type, type]] = {
     "slurm_jobs": (SlurmJobsParams, SlurmJobsResult),
     "slurm_submit": (SlurmSubmitParams, SlurmSubmitResult),
     "slurm_cancel": (SlurmCancelParams, SlurmCancelResult),
+    "help_flags": (HelpFlagsParams, HelpFlagsResult),
 }
 """Op name -> (params shape, result shape)."""

@@ -66,6 +66,7 @@ class Agent:
             "lock_status": launch.lock_status,
             "read_fingerprint": launch.read_fingerprint,
             "write_fingerprint": launch.write_fingerprint,
+            "help_flags": launch.help_flags,
             "repair_tail": datafiles.repair_tail,
             "move_aside": datafiles.move_aside,
             "tail_log": datafiles.tail_log,

@@ -135,7 +135,7 @@ def _print_jobs(name: str, jobs: list[dict[str, Any]]) -> None:
 @json_option
 def ps(config_path: str | None, host_name: str | None, as_json: bool) -> None:
     """List the runs on every host: identity, owner, CPU, memory, GPU, children and flags."""
-    config = get_config(config_path)
+    config = get_config(config_path, need="hosts")
     targets = _hosts_of(config, host_name)
 
     async def gather() -> list[dict[str, Any]]:
@@ -262,7 +262,7 @@ def kill(
             "refusing to kill without confirmation: stdin is not a terminal",
             "pass --yes to confirm on the command line",
         )
-    config = get_config(config_path)
+    config = get_config(config_path, need="hosts")
     if run is not None:
         run_cfg = config.run(run)
         cfg = config.host(host_name or run_cfg.host)

@@ -56,7 +56,7 @@ def _host_line(h: HostView, now: float) -> str:
 
 
 def _run_lines(r: RunView) -> list[str]:
-    head = f"  {r.name}  {r.state}"
+    head = f"  {r.name}  {r.state_text}"
     if not r.configured:
         head += "  (not in config)"
     p = r.process
@@ -220,7 +220,7 @@ def status(config_path: str | None, as_json: bool, watch: float | None) -> None:
 
     from supervisor.engine import run_sync
 
-    config = get_config(config_path)
+    config = get_config(config_path, need="hosts")
     if watch is not None:
         # Ctrl-C is how --watch ends: not an error.
         with contextlib.suppress(KeyboardInterrupt):

@@ -35,8 +35,12 @@ def process_table(run: RunView) -> Table:
     table.add_column(overflow="fold")
     p = run.process
     if p is None:
+        known = run.state != "unknown"
         table.add_row(
-            "process", Text("none: no process writes this run's datasets", style="yellow")
+            "process",
+            Text("none: no process writes this run's datasets", style="yellow")
+            if known
+            else Text(f"unknown: {run.state_detail or 'not listed yet'}", style="dim"),
         )
         return table
     table.add_row("pid", Text(f"{p.identity.pid}", style="bold"))

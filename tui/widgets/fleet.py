@@ -47,7 +47,7 @@ def run_header(run: RunView, *, stale: bool) -> Text:
     if not run.configured:
         text.append(" (not in config)", style="dim")
     text.append("  ")
-    text.append(run.state, style=_STATE_STYLE.get(run.state, "") + dim)
+    text.append(run.state_text, style=_STATE_STYLE.get(run.state, "") + dim)
     p = run.process
     if p is not None:
         text.append(f"  pid {p.identity.pid}", style=dim.strip())
@@ -72,7 +72,7 @@ def run_header(run: RunView, *, stale: bool) -> Text:
         from supervisor.engine import describe_job as describe
 
         text.append("  Slurm " + describe(run.job), style=dim.strip())
-    else:
+    elif run.state != "unknown":
         text.append("  no process writes these datasets", style="dim")
     return text
 
