@@ -440,6 +440,7 @@ def build_dataset_view(
         over_budget=budget is not None and tokens > budget,
         stalled=writer_alive and state == "ok" and tracker.since_growth(now) >= stall_seconds,
         history=tracker.history(),
+        idle_s=tracker.since_growth(now),
     )
 
 
