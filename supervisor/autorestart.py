@@ -86,19 +86,21 @@ class AutoRestart:
         }
         for name, st in self._runs.items():
             if name in running:
-                # Back (by hand, or by the restart just made): a later death counts afresh
-                # after a give-up.
-                st.gave_up = False
+                # Back: by the restart just made (its count stays), or by hand after a give-up
+                # (a later death starts a new count).
+                if st.gave_up:
+                    st.gave_up = False
+                    st.times.clear()
                 st.due = None
                 continue
             if st.due is None or now < st.due:
                 continue
             st.due = None
             st.times.append(now)
-            out.append(await self._restart(name, st))
+            out.extend(await self._restart(name, st))
         return out
 
-    async def _restart(self, name: str, st: _Restarts) -> Event:
+    async def _restart(self, name: str, st: _Restarts) -> list[Event]:
         rc = self.engine.config.run(name)
         count = len(st.times)
         why = f"on_exit = restart: restart {count} of at most {rc.restart_max}"
@@ -125,12 +127,15 @@ class AutoRestart:
             identity=result.identity if result is not None else None,
             detail=f"{why}; {detail}",
         )
-        event = restart_event(self.engine.config, st.host, name, result, f"{why}; {detail}")
-        if not ok and len(st.times) < rc.restart_max:
+        events = [restart_event(self.engine.config, st.host, name, result, f"{why}; {detail}")]
+        if ok:
+            return events
+        if len(st.times) < rc.restart_max:
             st.due = self.clock() + rc.restart_backoff_seconds * (2 ** len(st.times))
-        elif not ok:
+        else:
             st.gave_up = True
-        return event
+            events.append(self._gave_up(st.host, name, len(st.times)))
+        return events
 
     def _gave_up(self, host: str, run: str, count: int) -> Event:
         rc = self.engine.config.run(run)

@@ -212,9 +212,11 @@ class Watcher:
         for rec in audit.read(limit=1000):
             if float(rec.get("time") or 0) < self.started - 60:
                 continue
-            ident = rec.get("old_identity") if rec.get("action") == "restart" else None
-            ident = ident or rec.get("identity")
-            if rec.get("action") in ("kill", "restart", "budget") and isinstance(ident, dict):
+            action = rec.get("action")
+            if action == "budget" and rec.get("policy") == "warn":
+                continue  # recorded, nothing stopped
+            ident = rec.get("old_identity") if action == "restart" else rec.get("identity")
+            if action in ("kill", "restart", "budget") and isinstance(ident, dict):
                 out.add(stop_key(str(rec.get("host")), str(rec.get("run")), int(ident["pid"])))
         return out
 
@@ -255,10 +257,13 @@ async def watch(
     standby: bool = False,
     lock: WatchLock | None = None,
     interval: float | None = None,
+    watcher: Watcher | None = None,
 ) -> Watcher:
-    """Take the config's lock (waiting for it with ``standby``), then watch until ``stop``."""
+    """Take the config's lock (waiting for it with ``standby``), then watch until ``stop``.
+
+    ``watcher``: the one to run (default: a new one with ``emit``, ``as_json``, ``interval``)."""
     lock = lock or WatchLock(engine.config.path)
-    watcher = Watcher(engine, emit=emit, as_json=as_json, interval=interval)
+    watcher = watcher or Watcher(engine, emit=emit, as_json=as_json, interval=interval)
     if not lock.try_acquire():
         if not standby:
             lock.acquire()  # raises WatchLocked naming the holder
