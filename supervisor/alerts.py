@@ -1,7 +1,8 @@
 """Alerts: events sent through apprise (ntfy, Slack, Telegram, email, desktop, JSON webhooks...).
 
 ``Alerter(config.alerts)`` filters events (``events``, ``min_severity``), drops an event whose key
-was sent less than ``REPEAT_SECONDS`` ago (a condition that flaps), sends at most
+was sent already and not forgotten since (the watcher forgets a condition's key when it clears,
+:meth:`Alerter.keep_only`), sends at most
 ``max_per_minute`` messages a minute (the rest wait for the next :meth:`Alerter.flush`) and folds
 more than ``digest_over`` events at once into one digest message. Every message ends with the
 command that acts on the event. The URLs usually hold tokens: they are only ever shown through
@@ -24,8 +25,6 @@ from supervisor.config import AlertsConfig
 from supervisor.errors import ConfigError
 from supervisor.events import EVENT_KINDS, Event, severity_rank
 
-REPEAT_SECONDS = 600.0
-"""An event key sent this recently is not sent again (a condition that clears and comes back)."""
 SEND_TIMEOUT_S = 20.0
 
 Sender = Callable[[str, str, str], bool]
@@ -144,12 +143,17 @@ class Alerter:
         for ev in events:
             if not self.enabled or not self.wanted(ev):
                 continue
-            last = self._keys.get(ev.key)
-            if last is not None and now - last < REPEAT_SECONDS:
+            if ev.key in self._keys:
                 continue
             self._keys[ev.key] = now
             self.pending.append(ev)
         return await self.flush()
+
+    def keep_only(self, active: Iterable[str]) -> None:
+        """Forget the sent keys not in ``active`` (conditions that cleared: news again when
+        they come back)."""
+        keep = set(active)
+        self._keys = {k: t for k, t in self._keys.items() if k in keep}
 
     async def flush(self) -> list[Delivery]:
         """Send pending events within the rate limit: one message each, or one digest."""

@@ -155,6 +155,10 @@ class EventTracker:
         self._records: dict[tuple[str, str, str], int] = {}
         self._started = False
 
+    def active(self) -> set[str]:
+        """Keys of the conditions true now (kept as they were for hosts that did not answer)."""
+        return set(self._active)
+
     def cmd(self, *args: str) -> str:
         return " ".join([self._prefix, *(shlex.quote(a) for a in args)])
 

@@ -197,6 +197,7 @@ class Watcher:
         for ev in events:
             self._show(ev)
         self.events.extend(events)
+        self.alerter.keep_only(self.tracker.active())
         deliveries = await self.alerter.submit(events)
         for d in deliveries:
             if not d.ok:
