@@ -149,6 +149,8 @@ class Watcher:
         self.ticks = 0
         self.started = time.time()
         self._expected: set[str] = set()
+        self._audit_stamp: tuple[int, int, int] | None = None
+        self._audit_stops: set[str] = set()
 
     def note(self, text: str) -> None:
         """A line about the watcher itself (not an event): plain text, or JSON with ``--json``."""
@@ -208,7 +210,19 @@ class Watcher:
 
     def audited_stops(self) -> set[str]:
         """Processes stopped through runwatch (kill, restart, budget stop) since this watcher
-        started, from the audit log: their end is not a death."""
+        started, from the audit log: their end is not a death. The log is read again only when
+        it changed."""
+        try:
+            st = audit.audit_path().stat()
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            stamp = (0, 0, 0)
+        if stamp != self._audit_stamp:
+            self._audit_stamp = stamp
+            self._audit_stops = self._read_stops()
+        return self._audit_stops
+
+    def _read_stops(self) -> set[str]:
         out = set()
         for rec in audit.read(limit=1000):
             if float(rec.get("time") or 0) < self.started - 60:

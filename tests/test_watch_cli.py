@@ -4,6 +4,7 @@ exits 3, or stands by and takes over), a clean exit on SIGTERM and SIGINT, JSON 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -76,9 +77,19 @@ def test_json_lines_name_the_command(
     from tests.fixtures_actions import raw_record
 
     data.write_bytes(raw_record("B1-1") + raw_record("B1-1") + raw_record("B1-2"))
+    # An alert URL holding a token, from the environment: never shown.
+    token = "tok-0123456789abcdef"
+    text_cfg = demo.config_path.read_text()
+    demo.config_path.write_text(
+        text_cfg + '\n[alerts]\nurls = ["json://bot:${RW_HOOK_TOKEN}@127.0.0.1:9/x"]\n'
+    )
     out = tmp_path / "json.out"
+    err = tmp_path / "json.err"
     proc = spawn(
-        watch_argv(demo.config_path, "--json"), stdout=out.open("wb"), stderr=subprocess.PIPE
+        watch_argv(demo.config_path, "--json"),
+        stdout=out.open("wb"),
+        stderr=err.open("wb"),
+        env={**os.environ, "RW_HOOK_TOKEN": token},
     )
     wait_until(lambda: '"duplicates"' in text(out), 30, what="the duplicates event")
     proc.send_signal(signal.SIGTERM)
@@ -89,3 +100,6 @@ def test_json_lines_name_the_command(
     assert dup["command"] == f"runwatch -c {demo.config_path.resolve()} check demo"
     assert "1 duplicate sample ids" in dup["message"]
     assert lines[0]["note"].startswith("watching") and lines[-1]["note"] == "stopped"
+    assert "alerts to json://127.0.0.1/***" in lines[0]["note"]
+    assert token not in text(out) + text(err)
+    assert any(e.get("note", "").startswith("alert not delivered") for e in lines)
