@@ -5,8 +5,9 @@ notifications and its events panel. ``EventTracker(config).update(snapshot, expe
 returns the events of one refresh:
 
 - conditions, reported once when they start and again only after they have cleared: a dataset
-  over its budget (while its writer runs), projected waste above a threshold, stalled,
-  duplicate ids, dataset done, all done, host lost (its clearing is ``host-back``);
+  over its budget (while its writer runs without ``--token-budget``), projected waste above a
+  threshold, stalled, duplicate ids, dataset done, all done, host lost (its clearing is
+  ``host-back``);
 - transitions between two refreshes: a run died (seen running, then seen gone, not stopped on
   purpose: ``expected_stops`` holds :func:`stop_key` keys of processes runwatch stopped), a data
   file shrank.
@@ -262,7 +263,9 @@ class EventTracker:
 
         writing = run.state == "running"
         budget = ds.token_budget
-        if writing and ds.over_budget:
+        # A run with --token-budget stops each dataset at it (a few in-flight responses over).
+        unenforced = run.process is not None and run.process.flags.token_budget is None
+        if writing and unenforced and ds.over_budget:
             set_budget = f"token-budget={budget}" if budget else "token-budget=N"
             yield event(
                 "over-budget",

@@ -184,3 +184,13 @@ def test_a_run_that_finished_its_datasets_did_not_die_and_all_done_is_said_once(
         ],
     )
     assert tracker.update(stopped) == []
+
+
+def test_a_run_enforcing_its_own_budget_is_not_alerted_over_budget() -> None:
+    snap = fixed_snapshot()
+    proc = snap.hosts[0].runs[0].process
+    assert proc is not None
+    proc.flags.token_budget = 10_000_000  # the run stops each dataset at it
+    kinds = {(e.kind, e.title) for e in EventTracker(CONFIG).update(snap)}
+    assert ("over-budget", "eagle3-kimi B2") not in kinds
+    assert ("stalled", "eagle3-kimi B6") in kinds
