@@ -446,6 +446,40 @@ def restart_event(
     )
 
 
+def audited_restart_event(config: Config, record: dict[str, Any]) -> Event | None:
+    """The event of a restart made by someone else (``runwatch restart``, the dashboard, a
+    restart-with-budget), from its audit record: done, failed or rolled back."""
+    if record.get("action") != "restart":
+        return None
+    host, run = str(record.get("host")), str(record.get("run"))
+    steps = [s for s in record.get("steps") or [] if isinstance(s, dict)]
+    ident = record.get("identity") if isinstance(record.get("identity"), dict) else {}
+    prefix = command_prefix(config)
+    failed = next((s for s in steps if s.get("ok") is False), None)
+    rolled = any(s.get("name") == "rollback" and s.get("ok") for s in steps)
+    kind: EventKind
+    severity: Severity
+    if record.get("ok"):
+        kind, severity = "restart-done", "info"
+        message = f"Restarted: pid {(ident or {}).get('pid')}"
+    else:
+        kind = "restart-rolled-back" if rolled else "restart-failed"
+        severity = "critical"
+        where = f" at {failed.get('name')}: {failed.get('detail')}" if failed else ""
+        message = f"Restart failed{where}" + (" (rolled back)" if rolled else "")
+    return Event(
+        kind=kind,
+        severity=severity,
+        host=host,
+        run=run,
+        title=run,
+        message=message,
+        command=f"{prefix} audit",
+        key=f"{kind}|{host}|{run}|{record.get('time')}",
+        time=float(record.get("time") or time.time()),
+    )
+
+
 def gave_up_event(config: Config, host: str, run: str, count: int, window: float) -> Event:
     """A run that keeps dying: no more automatic restarts."""
     prefix = command_prefix(config)

@@ -31,7 +31,14 @@ from supervisor import audit
 from supervisor.alerts import Alerter, Delivery, check_alerts
 from supervisor.autorestart import AutoRestart
 from supervisor.errors import RunwatchError
-from supervisor.events import Event, EventTracker, budget_event, stop_key, with_lines
+from supervisor.events import (
+    Event,
+    EventTracker,
+    audited_restart_event,
+    budget_event,
+    stop_key,
+    with_lines,
+)
 from supervisor.paths import state_dir
 
 if TYPE_CHECKING:
@@ -151,6 +158,8 @@ class Watcher:
         self._expected: set[str] = set()
         self._audit_stamp: tuple[int, int, int] | None = None
         self._audit_stops: set[str] = set()
+        self._audit_seen: set[tuple[str, float]] = set()
+        self._audit_events: list[Event] = []
 
     def note(self, text: str) -> None:
         """A line about the watcher itself (not an event): plain text, or JSON with ``--json``."""
@@ -189,6 +198,8 @@ class Watcher:
 
         outcomes = await engine.enforce_budget(snap, before_act=deliberate)
         events = self.tracker.update(snap, self._expected | self.audited_stops())
+        events += self._audit_events
+        self._audit_events = []
         for outcome in outcomes:
             ev = budget_event(outcome, engine.config)
             if ev is not None:
@@ -219,14 +230,22 @@ class Watcher:
             stamp = (0, 0, 0)
         if stamp != self._audit_stamp:
             self._audit_stamp = stamp
-            self._audit_stops = self._read_stops()
+            self._audit_stops = self._read_audit()
         return self._audit_stops
 
-    def _read_stops(self) -> set[str]:
+    def _read_audit(self) -> set[str]:
+        """The stops of the audit log since start; restarts made by others become events."""
         out = set()
         for rec in audit.read(limit=1000):
-            if float(rec.get("time") or 0) < self.started - 60:
+            at = float(rec.get("time") or 0)
+            if at < self.started - 60:
                 continue
+            seen = (str(rec.get("run")), at)
+            if at >= self.started and seen not in self._audit_seen:
+                self._audit_seen.add(seen)
+                ev = audited_restart_event(self.engine.config, rec)
+                if ev is not None:
+                    self._audit_events.append(ev)
             action = rec.get("action")
             if action == "budget" and rec.get("policy") == "warn":
                 continue  # recorded, nothing stopped

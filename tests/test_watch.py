@@ -194,3 +194,35 @@ async def test_a_run_that_keeps_dying_is_given_up_not_looped(
     launches = [r for r in audit.read() if r["action"] == "launch"]
     assert len(launches) == 3  # the first by hand, two automatic, no more
     assert sum("gave up after 2 restarts" in m for m in receiver.messages()) == 1
+
+
+async def test_a_restart_through_runwatch_is_reported_done_not_died(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    receiver: Receiver,
+) -> None:
+    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300, run_toml=RESTART_TOML)
+    kill_runs_in.append(demo.workdir)
+    with_alerts(demo, receiver)
+    async with actions.engine_for(demo) as engine:
+        launched = await actions.launch(engine, "demo")
+        assert launched.ok, actions.why(launched)
+        pid = (launched.identity or {})["pid"]
+        async with watching(engine, tmp_path) as (watcher, _lines):
+            await wait_for(lambda: running_pid(engine) == pid, 30, what="the run seen running")
+            result = await actions.restart(engine, "demo")
+            assert result.ok, actions.why(result)
+            new = (result.identity or {})["pid"]
+            await wait_for(lambda: running_pid(engine) == new, 30, what="the new process seen")
+            done = await wait_for(
+                lambda: [e for e in watcher.events if e.kind == "restart-done"], 30
+            )
+            assert f"Restarted: pid {new}" in done[0].message
+            seen = watcher.ticks
+            await wait_for(lambda: watcher.ticks >= seen + 3, 30, what="three more refreshes")
+            # Stopped through runwatch: not a death, and not restarted by the policy.
+            assert not [e for e in watcher.events if e.kind in ("run-died", "restart-failed")]
+            assert run_pids(demo.workdir) == [new]
+    assert [r["action"] for r in audit.read()] == ["launch", "restart"]
