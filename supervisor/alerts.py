@@ -185,8 +185,10 @@ class Alerter:
                     asyncio.to_thread(self._deliver, title, body, severity), SEND_TIMEOUT_S
                 )
                 error = None if ok else "not delivered to every URL"
-            except (asyncio.TimeoutError, OSError, ConfigError) as e:
-                ok, error = False, f"{type(e).__name__}: {e}"
+            except asyncio.TimeoutError:
+                ok, error = False, f"no answer within {SEND_TIMEOUT_S:g} s"
+            except Exception as e:  # a notifier's failure must not stop the watcher
+                ok, error = False, type(e).__name__
             delivery = Delivery(ok=ok, title=title, events=batch, error=error)
             self.deliveries.append(delivery)
             out.append(delivery)

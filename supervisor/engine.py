@@ -16,7 +16,8 @@ host: refresh, list, kill (audited here, a lost reply included), check, plan and
 or restart (audited by ``supervisor.steps``), the log tail (secrets masked), the latest samples and
 the budget policy. The functions below it serve what needs no host connection of its own: bench,
 compare, the audit log, scanning local files, tokenizers. The types front ends see are re-exported
-here.
+here, with the events every front end reports (``supervisor.events``), the alerts and the headless
+watcher (``supervisor.alerts``, ``supervisor.watch``).
 """
 
 from __future__ import annotations

@@ -182,6 +182,8 @@ class Watcher:
                 await self.tick()
             except RunwatchError as e:
                 self.note(f"refresh failed: {e}")
+            except Exception as e:  # a watcher keeps going: say what failed, try again next tick
+                self.note(f"refresh failed: {type(e).__name__}: {e}")
             left = max(0.0, self.interval - (time.monotonic() - started))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), left)

@@ -226,3 +226,29 @@ async def test_a_restart_through_runwatch_is_reported_done_not_died(
             assert not [e for e in watcher.events if e.kind in ("run-died", "restart-failed")]
             assert run_pids(demo.workdir) == [new]
     assert [r["action"] for r in audit.read()] == ["launch", "restart"]
+
+
+async def test_the_budget_policy_stop_is_alerted_once_and_is_not_a_death(
+    tmp_path: Path, state_home: Path, fake_runs: Any, receiver: Receiver
+) -> None:
+    from supervisor.config import load_config
+    from tests.fixtures_actions import over_budget_stop_run
+    from tests.fixtures_procs import gone
+
+    run, cfg = over_budget_stop_run(tmp_path, fake_runs, seed=7)
+    cfg.write_text(cfg.read_text() + f'\n[alerts]\nurls = ["{receiver.url()}"]\n')
+    engine = Engine(load_config(cfg))
+    try:
+        async with watching(engine, tmp_path) as (watcher, _lines):
+            await wait_for(lambda: gone(run.pid, run.start_time), 60, what="the stop")
+            await wait_for(lambda: [e for e in watcher.events if e.kind == "budget-policy"], 30)
+            seen = watcher.ticks
+            await wait_for(lambda: watcher.ticks >= seen + 3, 30, what="three more refreshes")
+    finally:
+        await engine.aclose()
+    kinds = [e.kind for e in watcher.events]
+    assert kinds.count("budget-policy") == 1 and "run-died" not in kinds
+    assert kinds.count("over-budget") <= 1
+    policy = [m for m in receiver.messages() if "Budget policy stop: gen" in m]
+    assert len(policy) == 1 and "stopped pid" in policy[0]
+    assert not [m for m in receiver.messages() if "Run stopped" in m]
