@@ -48,7 +48,7 @@ from supervisor.bench.target import is_url
 from supervisor.compare import Comparison, comparison_from, format_lines, gather_comparison
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
-from supervisor.events import EVENT_KINDS, Event, EventTracker, budget_event, changes, stop_key
+from supervisor.events import EVENT_KINDS, Event, EventTracker, budget_event, stop_key
 from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
 from supervisor.hosts import Host, list_processes, make_host, match_run, run_backend, set_backend
 from supervisor.kill import KillReport, KillResult
@@ -716,7 +716,6 @@ __all__ = [
     "audit_records",
     "bench",
     "budget_event",
-    "changes",
     "comparison_from",
     "count_tokens",
     "dataset_path",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -142,7 +142,7 @@ class EventTracker:
         *,
         report_initial: bool = True,
         thresholds: Thresholds | None = None,
-        clock: Any = time.time,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.report_initial = report_initial
@@ -371,18 +371,6 @@ class EventTracker:
             key=f"run-died|{host}|{run.name}|{was.identity.pid}",
             time=now,
         )
-
-
-def changes(
-    before: Snapshot | None, after: Snapshot, expected_stops: Container[str], config: Config
-) -> list[Event]:
-    """Events from ``before`` to ``after`` alone, as the dashboard reports them (conditions
-    true in ``before`` are known already)."""
-    tracker = EventTracker(config, report_initial=False)
-    if before is None:
-        return []
-    tracker.update(before)
-    return tracker.update(after, expected_stops)
 
 
 def with_lines(event: Event, lines: list[str]) -> Event:

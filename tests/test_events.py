@@ -5,11 +5,24 @@ from __future__ import annotations
 
 import msgspec
 
-from supervisor.engine import EventTracker, changes, stop_key
+from supervisor.config import Config
+from supervisor.engine import Event, EventTracker, stop_key
 from supervisor.model import DatasetView, HostView, Projection, RunView, Snapshot
 from tests.fixtures_tui import fixed_config, fixed_snapshot
 
 CONFIG = fixed_config()
+
+
+def changes(
+    before: Snapshot | None, after: Snapshot, expected_stops: set[str], config: Config
+) -> list[Event]:
+    """The events from ``before`` to ``after`` as the dashboard reports them (conditions true in
+    ``before`` are known already)."""
+    if before is None:
+        return []
+    tracker = EventTracker(config, report_initial=False)
+    tracker.update(before)
+    return tracker.update(after, expected_stops)
 
 
 def _with(snapshot: Snapshot, **changes_by_path: object) -> Snapshot:
