@@ -207,3 +207,28 @@ def test_a_run_enforcing_its_own_budget_is_not_alerted_over_budget() -> None:
     kinds = {(e.kind, e.title) for e in EventTracker(CONFIG).update(snap)}
     assert ("over-budget", "eagle3-kimi B2") not in kinds
     assert ("stalled", "eagle3-kimi B6") in kinds
+
+
+def test_waste_and_stall_multiple_thresholds() -> None:
+    from supervisor.config import AlertsConfig
+
+    cfg = msgspec.structs.replace(
+        CONFIG, alerts=AlertsConfig(waste_tokens=5_000_000, waste_usd=50.0, stall_multiple=10)
+    )
+    snap = _with(
+        fixed_snapshot(),
+        gpu_box__eagle3_kimi__B1__projection=Projection(waste_tokens=6_000_000),
+        gpu_box__eagle3_kimi__B4__projection=Projection(waste_tokens=10, waste_cost_usd=80.0),
+        gpu_box__eagle3_kimi__B5__projection=Projection(waste_tokens=4_000_000),
+    )
+    b3 = next(d for d in snap.hosts[0].runs[0].datasets if d.name == "B3")
+    b3.rates.req_per_s_10m = 0.5  # one response every 2 s: 10x is 20 s
+    b3.idle_s = 25.0
+    b3.stalled = False
+    events = EventTracker(cfg).update(snap)
+    waste = sorted(e.title for e in events if e.kind == "waste")
+    assert waste == ["eagle3-kimi B1", "eagle3-kimi B2", "eagle3-kimi B4"]  # B2: +14 M
+    assert any(e.kind == "stalled" and e.title == "eagle3-kimi B3" for e in events)
+    b3.idle_s = 15.0
+    events = EventTracker(cfg).update(snap)
+    assert not any(e.kind == "stalled" and e.title == "eagle3-kimi B3" for e in events)
