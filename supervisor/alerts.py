@@ -53,7 +53,7 @@ def check_alerts(alerts: AlertsConfig, where: str = "[alerts]") -> None:
             f"known: {', '.join(EVENT_KINDS)}",
         )
     if alerts.urls:
-        _apprise_for(alerts.urls)
+        _apprise_for(alerts.urls, where)
 
 
 def _import_apprise() -> Any:
@@ -64,7 +64,7 @@ def _import_apprise() -> Any:
     return apprise
 
 
-def _apprise_for(urls: Iterable[str]) -> Any:
+def _apprise_for(urls: Iterable[str], where: str = "[alerts]") -> Any:
     """An ``apprise.Apprise`` for ``urls`` (its plugins load here, on the calling thread)."""
     apprise = _import_apprise()
     logging.getLogger("apprise").setLevel(logging.CRITICAL + 1)
@@ -74,7 +74,7 @@ def _apprise_for(urls: Iterable[str]) -> Any:
         for url in urls:
             if not app.add(url):
                 raise ConfigError(
-                    f"[alerts].urls: apprise does not understand {mask_url(url)}",
+                    f"{where}.urls: apprise does not understand {mask_url(url)}",
                     "see https://github.com/caronc/apprise/wiki for the URL of each service",
                 )
     return app

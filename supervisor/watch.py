@@ -143,7 +143,7 @@ class Watcher:
     ) -> None:
         self.engine = engine
         config = engine.config
-        check_alerts(config.alerts)
+        check_alerts(config.alerts, f"{config.path or 'config'}: [alerts]")
         self.emit = emit
         self.as_json = as_json
         self.alerter = alerter or Alerter(config.alerts)

@@ -252,3 +252,46 @@ async def test_the_budget_policy_stop_is_alerted_once_and_is_not_a_death(
     policy = [m for m in receiver.messages() if "Budget policy stop: gen" in m]
     assert len(policy) == 1 and "stopped pid" in policy[0]
     assert not [m for m in receiver.messages() if "Run stopped" in m]
+
+
+async def test_a_run_killed_through_runwatch_or_finished_is_not_restarted(
+    tmp_path: Path,
+    state_home: Path,
+    mock_endpoint: Any,
+    kill_runs_in: list[Path],
+    receiver: Receiver,
+) -> None:
+    # Ten responses: it finishes (exit 0) a few seconds after its launch.
+    demo = DemoRun(
+        tmp_path, mock_endpoint.url, datasets=("B1",), max_samples=10, run_toml=RESTART_TOML
+    )
+    kill_runs_in.append(demo.workdir)
+    with_alerts(demo, receiver)
+    async with actions.engine_for(demo) as engine:
+        launched = await actions.launch(engine, "demo")
+        assert launched.ok, actions.why(launched)
+        async with watching(engine, tmp_path) as (watcher, _lines):
+            await wait_for(
+                lambda: [e for e in watcher.events if e.kind == "all-done"], 60, what="all done"
+            )
+            assert running_pid(engine) is None
+            relaunched = await actions.launch(engine, "demo", ["max-samples=400"])
+            assert relaunched.ok, actions.why(relaunched)
+            pid = (relaunched.identity or {})["pid"]
+            await wait_for(lambda: running_pid(engine) == pid, 30, what="the run seen running")
+            identity = next(
+                r.process.identity
+                for h in (engine.last.hosts if engine.last else [])
+                for r in h.runs
+                if r.name == "demo" and r.process is not None
+            )
+            report = await engine.kill("local", identity, 5.0, run="demo")
+            assert report.results
+            await wait_for(lambda: running_pid(engine) is None, 30, what="the run seen gone")
+            seen = watcher.ticks
+            await wait_for(lambda: watcher.ticks >= seen + 4, 30, what="four more refreshes")
+    kinds = [e.kind for e in watcher.events]
+    assert "run-died" not in kinds and "restart-done" not in kinds, kinds
+    assert "dataset-done" in kinds
+    assert [r["action"] for r in audit.read()] == ["launch", "launch", "kill"]
+    assert not run_pids(demo.workdir)
