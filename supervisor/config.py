@@ -30,6 +30,7 @@ else:  # pragma: no cover - Python 3.10
 DEFAULT_SCRIPTS = ("run_inference.py", "regenerate_train_data.py", "server_generate.py")
 BudgetPolicy = Literal["warn", "stop", "restart-with-budget"]
 HostKind = Literal["processes", "slurm"]
+OnExit = Literal["alert", "restart"]
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -151,6 +152,17 @@ class RunConfig(_Section):
     """A restart's stop: seconds between SIGTERM and SIGKILL."""
     slurm: SlurmRunConfig | None = None
     """sbatch options of a run on a ``kind = "slurm"`` host."""
+    on_exit: OnExit = "alert"
+    """When ``runwatch watch`` sees the run gone without anyone stopping it (not through
+    runwatch, not because every dataset is done): ``alert``, or ``restart`` it (through the same
+    checks as ``runwatch launch``, audited) after ``restart_backoff_seconds``."""
+    restart_backoff_seconds: float = 10.0
+    """Wait before an automatic restart; doubled for each restart already made in the window."""
+    restart_max: int = 3
+    """Automatic restarts allowed within ``restart_window_seconds``; one more death gives up
+    (alerted, never looped)."""
+    restart_window_seconds: float = 3600.0
+    """The window ``restart_max`` counts in."""
 
 
 class EndpointConfig(_Section):
@@ -197,6 +209,29 @@ class FormatProfile(_Section):
     """Keys every record must have (default: the fields named above)."""
 
 
+class AlertsConfig(_Section):
+    """Where ``runwatch watch`` sends alerts, and which (``[alerts]``)."""
+
+    urls: list[str] = []
+    """Apprise URLs (``ntfy://...``, ``slack://...``, ``json://host/path``, ``mailto://...``).
+    They often hold tokens: write ``${VAR}`` and set VAR in the environment; shown masked."""
+    events: list[str] = []
+    """Event kinds to send (default: every kind; see ``runwatch watch --help``)."""
+    min_severity: Literal["info", "warning", "critical"] = "info"
+    """Events below this severity are shown but not sent."""
+    waste_tokens: int | None = None
+    """Alert ``waste`` when a dataset's projected tokens past its budget exceed this."""
+    waste_usd: float | None = None
+    """Alert ``waste`` when a dataset's projected cost past its budget exceeds this (USD)."""
+    stall_multiple: float = 0.0
+    """Also call a dataset stalled when its writer is alive and nothing new came for this many
+    times its usual interval between records (0: only ``stall_seconds`` of the run)."""
+    max_per_minute: int = 10
+    """At most this many messages a minute; the rest wait and go out as one digest."""
+    digest_over: int = 3
+    """More events than this at once are sent as one digest message."""
+
+
 class Config(_Section):
     """The whole configuration file."""
 
@@ -213,6 +248,7 @@ class Config(_Section):
     datasets: dict[str, DatasetConfig] = {}
     endpoints: list[EndpointConfig] = []
     formats: dict[str, FormatProfile] = {}
+    alerts: AlertsConfig = msgspec.field(default_factory=AlertsConfig)
     path: str = ""
     """Where the config was read from (set by the loader, not a key of the file)."""
 
@@ -491,6 +527,11 @@ def _check_references(config: Config) -> None:
             raise ConfigError(
                 f"{shown}: runs[{i}].data_file: not a file name: {why} "
                 "(it would escape the dataset directory)"
+            )
+        if r.restart_max < 0 or r.restart_backoff_seconds < 0 or r.restart_window_seconds <= 0:
+            raise ConfigError(
+                f"{shown}: runs[{i}]: restart_max and restart_backoff_seconds must be >= 0 and "
+                "restart_window_seconds > 0"
             )
     for name, ds in config.datasets.items():
         why = bad_name(name)

@@ -16,7 +16,8 @@ host: refresh, list, kill (audited here, a lost reply included), check, plan and
 or restart (audited by ``supervisor.steps``), the log tail (secrets masked), the latest samples and
 the budget policy. The functions below it serve what needs no host connection of its own: bench,
 compare, the audit log, scanning local files, tokenizers. The types front ends see are re-exported
-here.
+here, with the events every front end reports (``supervisor.events``), the alerts and the headless
+watcher (``supervisor.alerts``, ``supervisor.watch``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from supervisor.agent.formats import BUILTIN_FORMATS
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.match import parse_flags, script_index
 from supervisor.agent.scan import Scanner
+from supervisor.alerts import Alerter, Delivery, mask_url
 from supervisor.argv import parse_sets, parse_unsets
 from supervisor.bench.history import load_history
 from supervisor.bench.results import BenchResult, LevelResult
@@ -46,6 +48,7 @@ from supervisor.bench.target import is_url
 from supervisor.compare import Comparison, comparison_from, format_lines, gather_comparison
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
+from supervisor.events import EVENT_KINDS, Event, EventTracker, budget_event, stop_key
 from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
 from supervisor.hosts import Host, list_processes, make_host, match_run, run_backend, set_backend
 from supervisor.kill import KillReport, KillResult
@@ -67,6 +70,7 @@ from supervisor.samples import LatestSamples, SamplePreview, latest_samples
 from supervisor.slurm import describe as describe_job
 from supervisor.steps import execute as execute_plan
 from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
+from supervisor.watch import Watcher, WatchLock, WatchLocked, watch
 
 MAX_BACKOFF_S = 30.0
 """Longest wait between reconnection attempts to a failing host."""
@@ -749,14 +753,19 @@ def audit_location() -> str:
 
 __all__ = [
     "BUILTIN_FORMATS",
+    "EVENT_KINDS",
     "MAX_BACKOFF_S",
     "Action",
     "ActionResult",
+    "Alerter",
     "BenchOptions",
     "BenchResult",
     "BudgetEvent",
     "Comparison",
+    "Delivery",
     "Engine",
+    "Event",
+    "EventTracker",
     "GuardOutcome",
     "HostError",
     "KillReport",
@@ -770,10 +779,14 @@ __all__ = [
     "Scanner",
     "Step",
     "Tokenizer",
+    "WatchLock",
+    "WatchLocked",
+    "Watcher",
     "audit_line",
     "audit_location",
     "audit_records",
     "bench",
+    "budget_event",
     "comparison_from",
     "count_tokens",
     "describe_job",
@@ -783,8 +796,11 @@ __all__ = [
     "load_history",
     "load_tokenizer",
     "mask_argv",
+    "mask_url",
     "parse_sets",
     "parse_unsets",
     "run_once",
     "run_sync",
+    "stop_key",
+    "watch",
 ]

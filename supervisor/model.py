@@ -121,6 +121,8 @@ class DatasetView(msgspec.Struct, kw_only=True):
     stalled: bool = False
     history: list[float] = []
     """Tokens/s per interval over the last minutes, oldest first (for a sparkline)."""
+    idle_s: float = 0.0
+    """Seconds since the file last grew (0 before it was seen twice)."""
 
 
 class JobTask(msgspec.Struct, kw_only=True):

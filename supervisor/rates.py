@@ -429,6 +429,7 @@ def build_dataset_view(
         and not _finished(done, tokens, max_samples, prompts, run_budget)
         and tracker.since_growth(now) >= stall_seconds,
         history=tracker.history(),
+        idle_s=tracker.since_growth(now),
     )
 
 

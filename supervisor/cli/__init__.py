@@ -15,6 +15,7 @@ from supervisor.cli.data import check, scan
 from supervisor.cli.demo import demo
 from supervisor.cli.hosts import kill, ps
 from supervisor.cli.status import status
+from supervisor.cli.watch import watch
 
 
 class _Group(click.Group):
@@ -57,7 +58,20 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 
 cli.add_command(demo)
 
-for _command in (scan, check, ps, kill, status, launch, restart, guard, audit, bench, compare):
+for _command in (
+    scan,
+    check,
+    ps,
+    kill,
+    status,
+    launch,
+    restart,
+    guard,
+    audit,
+    bench,
+    compare,
+    watch,
+):
     cli.add_command(_command)
 
 
