@@ -417,9 +417,7 @@ def restart_event(
             title=run,
             time=now,
         )
-    rolled = result is not None and any(
-        s.name == "rollback" and s.state == "ok" for s in result.steps
-    )
+    rolled = result is not None and bool((result.rollback or {}).get("ok"))
     kind: EventKind = "restart-rolled-back" if rolled else "restart-failed"
     return Event(
         kind=kind,
@@ -444,7 +442,8 @@ def audited_restart_event(config: Config, record: dict[str, Any]) -> Event | Non
     ident = record.get("identity") if isinstance(record.get("identity"), dict) else {}
     prefix = command_prefix(config)
     failed = next((s for s in steps if s.get("ok") is False), None)
-    rolled = any(s.get("name") == "rollback" and s.get("ok") for s in steps)
+    rollback = record.get("rollback")
+    rolled = isinstance(rollback, dict) and bool(rollback.get("ok"))
     kind: EventKind
     severity: Severity
     if record.get("ok"):

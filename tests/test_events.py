@@ -232,3 +232,20 @@ def test_waste_and_stall_multiple_thresholds() -> None:
     b3.idle_s = 15.0
     events = EventTracker(cfg).update(snap)
     assert not any(e.kind == "stalled" and e.title == "eagle3-kimi B3" for e in events)
+
+
+def test_an_audited_restart_is_done_failed_or_rolled_back() -> None:
+    from supervisor.events import audited_restart_event
+
+    config = fixed_config()
+    base = {"action": "restart", "host": "gpu-box", "run": "eagle3-kimi"}
+    done = audited_restart_event(config, {**base, "ok": True, "identity": {"pid": 42}, "steps": []})
+    failed_step = {"name": "launch", "ok": False, "detail": "exited at once"}
+    failed = audited_restart_event(config, {**base, "ok": False, "steps": [failed_step]})
+    rolled = audited_restart_event(
+        config, {**base, "ok": False, "steps": [failed_step], "rollback": {"ok": True}}
+    )
+    assert done is not None and done.kind == "restart-done" and "42" in done.message
+    assert failed is not None and failed.kind == "restart-failed"
+    assert rolled is not None and rolled.kind == "restart-rolled-back"
+    assert "(rolled back)" in rolled.message and "exited at once" in rolled.message
