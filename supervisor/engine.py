@@ -29,7 +29,17 @@ from supervisor import rates
 from supervisor.agent.match import parse_flags, script_index
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.errors import ConfigError, HostError, RunwatchError
-from supervisor.hosts import Host, make_host, match_run, run_backend, set_backend
+from supervisor.hosts import (
+    Host,
+    assign_runs,
+    make_host,
+    match_run,
+    run_backend,
+    run_files,
+    run_specs,
+    secret_env_names,
+    set_backend,
+)
 from supervisor.kill import KillReport, kill_or_reconcile
 from supervisor.model import (
     DatasetView,
@@ -41,6 +51,7 @@ from supervisor.model import (
     RunView,
     Snapshot,
 )
+from supervisor.runenv import note_secrets
 
 MAX_BACKOFF_S = 30.0
 """Longest wait between reconnection attempts to a failing host."""
@@ -68,6 +79,7 @@ class Engine:
 
     def __init__(self, config: Config, hosts: dict[str, Host] | None = None) -> None:
         self.config = config
+        note_secrets(config)  # their values are masked in everything runwatch prints or writes
         self._hosts: dict[str, Host] = dict(hosts or {})
         for hc in config.hosts:
             if hc.name not in self._hosts:
@@ -117,8 +129,18 @@ class Engine:
         return snap
 
     async def kill(self, host: str, identity: Identity, grace: float = 10.0) -> KillReport:
-        """Stop the process named by ``identity`` on ``host`` (see ``supervisor.kill``)."""
-        return await kill_or_reconcile(self.host(host), identity, grace, self.config.scripts)
+        """Stop the process named by ``identity`` on ``host`` (see ``supervisor.kill``), and
+        whatever holds the data files or locks of the run it was listed as."""
+        files = run_files(self.config, self._listed_run(host, identity))
+        return await kill_or_reconcile(self.host(host), identity, grace, self.config.scripts, files)
+
+    def _listed_run(self, host: str, identity: Identity) -> str | None:
+        """The config run ``identity`` was matched to at the last refresh."""
+        for hv in self.last.hosts if self.last is not None else []:
+            for p in hv.processes if hv.name == host else []:
+                if p.identity.pid == identity.pid and p.identity.start_time == identity.start_time:
+                    return p.run
+        return None
 
     async def check_run(self, run_name: str) -> list[dict[str, Any]]:
         """Scan every dataset file of a run with full validation; returns the scan results."""
@@ -200,6 +222,8 @@ class Engine:
             "scripts": list(self.config.scripts),
             "show_other_users": hc.show_other_users,
             "files": files,
+            "runs": run_specs(self.config, name),
+            "secret_env": secret_env_names(self.config),
         }
         bound = hc.connect_timeout + hc.command_timeout + 5.0
         try:
@@ -273,16 +297,14 @@ class Engine:
         scanned: dict[str, dict[str, Any]] = result.get("files", {})
         taken: set[int] = set()
         run_views: list[RunView] = []
-        by_run: dict[str, ProcessInfo] = {}
+        candidates = assign_runs(procs, self.config, hc.name)
         for p in procs:
-            p.run = self._match(hc, runs, p)
             set_backend(p, self.config)
-            if p.run is not None and p.run not in by_run:
-                by_run[p.run] = p
         for run in runs:
-            proc = by_run.get(run.name)
-            if proc is not None:
-                taken.add(proc.identity.pid)
+            cands = candidates.get(run.name, [])
+            taken.update(p.identity.pid for p in cands)
+            # Two processes that could each be the run: neither is shown as it (ambiguous).
+            proc = cands[0] if len(cands) == 1 else None
             if proc is not None:
                 flags = proc.flags
             else:
@@ -301,14 +323,23 @@ class Engine:
                     self._dataset_view(hc.name, run, ds, scan, flags, proc, prompts=prompts)
                 )
             state: RunState
-            if proc is None:
+            if len(cands) > 1:
+                state = "ambiguous"
+            elif proc is None:
                 state = "stopped"
             elif proc.state.startswith("Z"):
                 state = "zombie"
             else:
                 state = "running"
             run_views.append(
-                RunView(name=run.name, host=hc.name, state=state, process=proc, datasets=datasets)
+                RunView(
+                    name=run.name,
+                    host=hc.name,
+                    state=state,
+                    process=proc,
+                    datasets=datasets,
+                    candidates=[p.identity.pid for p in cands] if len(cands) > 1 else [],
+                )
             )
         discovered: dict[str, dict[str, Any]] = {}
         for proc in procs:
@@ -352,8 +383,8 @@ class Engine:
         )
 
     def _match(self, hc: HostConfig, runs: list[RunConfig], p: ProcessInfo) -> str | None:
-        """The configured run ``p`` is (``supervisor.hosts.match_run``: the one rule for every
-        front end, which needs the run's workdir or output directory as evidence)."""
+        """The configured run ``p`` could be (``supervisor.hosts.match_run``: the one rule for
+        every front end, on the evidence the host reported)."""
         return match_run(p, self.config, hc.name)
 
     def _dataset_view(

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 from supervisor.agent.masking import mask_text
-from supervisor.runenv import api_key_names
+from supervisor.runenv import known_secrets
 from supervisor.runpaths import run_paths
 
 if TYPE_CHECKING:
@@ -16,11 +15,11 @@ if TYPE_CHECKING:
 async def tail_log(engine: Engine, run_name: str, lines: int = 50) -> dict[str, Any]:
     """The last ``lines`` of a run's log on its host: ``{"path", "exists", "size", "lines"}``.
 
-    Key-shaped tokens and the run's API key (when set here) are masked.
+    Key-shaped tokens and every endpoint's API key (when set here) are masked.
     """
     config = engine.config
     run = config.run(run_name)
-    secrets = [os.environ[n] for n in api_key_names(config, run) if os.environ.get(n)]
+    secrets = known_secrets(config)
     path = run_paths(config, run)["log"]
     reply: dict[str, Any] = await engine.host(run.host).request(
         "tail_log", {"path": path, "lines": int(lines)}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import posixpath
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -429,6 +430,9 @@ class _Runner:
             "secret_env": plan.secret_env,
             "log": plan.paths["log"],
             "lock_paths": plan.locks,
+            "data_files": [
+                posixpath.join(plan.paths["out"], ds, plan.run.data_file) for ds in plan.datasets
+            ],
             "settle_s": plan.run.settle_seconds,
             "lock_wait_s": 3.0,
             "fingerprints": [
@@ -456,8 +460,16 @@ class _Runner:
             step.detail = f"running as pid {self.identity['pid']} (log {reply.get('log')})"
             if reply.get("reconciled"):
                 step.detail += f"; {reply['reconciled']}"
+            if reply.get("warning"):
+                step.detail += f"; warning: {reply['warning']}"
             return
         reason = reply.get("reason")
+        if reason == "writer-alive":
+            raise StepFailed(
+                reply.get("detail") or "a data file is open for writing",
+                "one writer per data file: stop that process first (`runwatch ps`, "
+                "`runwatch kill RUN --pid PID`)",
+            )
         if reason == "already-running":
             raise StepFailed(
                 reply.get("detail") or "already running",

@@ -13,6 +13,7 @@ import msgspec
 
 from supervisor.config import Config, load_config
 from supervisor.errors import ConfigError, RunwatchError, UsageError
+from supervisor.runenv import mask_known, note_secrets
 
 DEFAULT_CONFIG_ENV = "RUNWATCH_CONFIG"
 
@@ -89,11 +90,14 @@ def get_config(config_path: str | None) -> Config:
             f"{' or '.join(DEFAULT_CANDIDATES)} in {Path.cwd()}",
             "pass -c PATH, or try `runwatch demo`, which writes one",
         )
-    return load_config(path)
+    config = load_config(path)
+    note_secrets(config)
+    return config
 
 
 def print_json(value: Any) -> None:
-    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+    """``value`` as one JSON line, every known secret value masked (``runenv.mask_known``)."""
+    sys.stdout.write(msgspec.json.encode(mask_known(msgspec.to_builtins(value))).decode() + "\n")
 
 
 def run_cli(group: click.Group) -> None:

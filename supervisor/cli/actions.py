@@ -53,6 +53,7 @@ def _run_action(
     as_json: bool,
     move_aside: bool = False,
     allow_change: tuple[str, ...] = (),
+    pid: int | None = None,
 ) -> None:
     import asyncio
 
@@ -74,6 +75,7 @@ def _run_action(
                 overrides=overrides,
                 move_aside=move_aside,
                 allow_change=allow_change,
+                pid=pid,
             )
             if not as_json:
                 click.echo("\n".join(plan.describe()))
@@ -165,6 +167,9 @@ def launch(
     help="Allow a change of model, sampling (or one parameter: temperature...), prompts or "
     "format since the last launch. Repeatable.",
 )
+@click.option(
+    "--pid", type=int, default=None, help="Which process RUN is, when several could be it."
+)
 @_dry_option
 @_yes_option
 @json_option
@@ -174,6 +179,7 @@ def restart(
     sets: tuple[str, ...],
     move_aside: bool,
     allow_change: tuple[str, ...],
+    pid: int | None,
     dry_run: bool,
     yes: bool,
     as_json: bool,
@@ -181,7 +187,8 @@ def restart(
 ) -> None:
     """Check RUN's data and settings, stop it by identity, repair a torn tail, relaunch it.
 
-    Checks come first, while the old run is alive: a blocked restart kills nothing.
+    Checks come first, while the old run is alive: a blocked restart kills nothing. When several
+    processes could each be RUN, nothing is stopped until one is named with --pid.
     """
     _run_action(
         get_config(config_path),
@@ -193,6 +200,7 @@ def restart(
         as_json,
         move_aside=move_aside,
         allow_change=allow_change,
+        pid=pid,
     )
 
 
