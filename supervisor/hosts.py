@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import msgspec
 
+from supervisor.agent.protocol import AGENT_LOADER
 from supervisor.channel import AgentChannel, LineReader, LineWriter
 from supervisor.errors import ConfigError, HostError, RunwatchError
 from supervisor.model import Backend, ProcessInfo
@@ -40,7 +41,7 @@ _BUNDLE_PACKAGES = ("supervisor", AGENT_PACKAGE)
 
 # Python inside the bootstrap: no quote, ``$``, backslash, backtick or ``!`` (csh history), so the
 # command reads the same under sh, bash, dash, zsh, csh and fish login shells.
-_LOADER = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"
+_LOADER = AGENT_LOADER
 _BOOTSTRAP_SCRIPT = 'IFS= read -r py; exec "$py" -c "' + _LOADER + '"'
 
 _STAGE2 = """\

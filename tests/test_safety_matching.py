@@ -180,6 +180,8 @@ def test_inv2_kill_by_run_name_refuses_when_ambiguous_until_a_pid_is_named(
     first = fake_runs.start("--datasets", "B1", "--output-dir", "out", cwd=work)
     second = fake_runs.start("--datasets", "B1", "--output-dir", "out", cwd=work)
     config = _write_config(tmp_path / "rw.toml", work)
+    status = _cli(config, tmp_path, "status")
+    assert "gen  ambiguous: pids" in status.stdout, status.stdout + status.stderr
     done = _cli(config, tmp_path, "kill", "gen", "--yes")
     assert done.returncode != 0
     assert "ambiguous" in done.stderr and str(first.pid) in done.stderr, done.stderr

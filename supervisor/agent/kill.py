@@ -9,6 +9,7 @@ recycled PID is never hit. Each process is reported with its outcome and the pro
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
@@ -19,7 +20,12 @@ from typing import TYPE_CHECKING, Any
 from supervisor.agent import proc as procs
 from supervisor.agent.masking import masked_equal
 from supervisor.agent.match import script_index
-from supervisor.agent.protocol import DEFAULT_SCRIPTS, KILL_CONFIRM_S, AgentOpError
+from supervisor.agent.protocol import (
+    AGENT_LOADER,
+    DEFAULT_SCRIPTS,
+    KILL_CONFIRM_S,
+    AgentOpError,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -357,7 +363,10 @@ class _Sweep:
     argv started since the kill began (a SIGTERM handler that forks, a child that called
     ``setsid``); and every process holding the run's data files open for writing or its locks
     open (``files`` from the request, plus the runwatch locks the tree held when the kill began).
-    Never the agent or its ancestors.
+    Never the agent or its ancestors, never another runwatch agent, and never what another
+    launch owns: a process a lock file
+    names as its run (another identity than the one being killed), or the agent that is launching
+    under that lock, and their descendants (a concurrent restart's new run writes the same files).
     """
 
     def __init__(self, agent: Agent, run: _Target, files: Sequence[str], argv: Sequence[str]):
@@ -371,7 +380,8 @@ class _Sweep:
         self.group = st is not None and st.pgrp == run.pid
         paths = [os.path.expanduser(f) for f in files]
         self.data = procs.inodes_of(p for p in paths if not p.endswith(".lock"))
-        self.locks = procs.inodes_of(p for p in paths if p.endswith(".lock"))
+        self.lock_paths = {p for p in paths if p.endswith(".lock")}
+        self.locks = procs.inodes_of(self.lock_paths)
         self.last = 0.0
 
     def note_tree_locks(self, targets: Sequence[_Target]) -> None:
@@ -385,6 +395,34 @@ class _Sweep:
                             link = os.readlink(f"{d}/{fd}")
                             if "/.runwatch/" in link and link.endswith(".lock"):
                                 self.locks |= procs.inodes_of([link])
+                                self.lock_paths.add(link)
+
+    def _launched_elsewhere(self, table: dict[int, procs.ProcRow]) -> set[int]:
+        """Processes another launch owns, by the records in the run's lock files."""
+        roots: set[int] = set()
+        for path in self.lock_paths:
+            try:
+                with open(path, "rb") as f:
+                    holder = json.loads(f.read(65536).decode("utf-8"))
+            except (OSError, ValueError):
+                continue
+            if not isinstance(holder, dict):
+                continue
+            ident = holder.get("identity")
+            ours = (self.run.pid, self.run.start_time)
+            if (
+                isinstance(ident, dict)
+                and isinstance(ident.get("pid"), int)
+                and (ident["pid"], ident.get("start_time")) != ours
+            ):
+                roots.add(ident["pid"])
+            agent_pid = holder.get("agent_pid")
+            if holder.get("state") == "launching" and isinstance(agent_pid, int):
+                roots.add(agent_pid)
+        owned = set(roots)
+        for pid in roots:
+            owned.update(procs.descendants(table, pid))
+        return owned
 
     def find(self, targets: list[_Target], holders: bool) -> list[_Target]:
         """New processes of the run (pinned and added to ``targets``)."""
@@ -418,9 +456,13 @@ class _Sweep:
             for pid in users:
                 cand.setdefault(pid, "holder")
         found: list[_Target] = []
+        elsewhere = self._launched_elsewhere(table) if cand else set()
         for pid, role in sorted(cand.items()):
-            if pid in known or pid in self.excluded:
+            if pid in known or pid in self.excluded or pid in elsewhere:
                 continue
+            entry = table.get(pid)
+            if entry is not None and entry.argv[1:] == ["-c", AGENT_LOADER]:
+                continue  # a runwatch agent (launching under the run's lock): never a target
             st = procs.read_stat(pid)
             if st is None or not _running(st):
                 continue

@@ -18,6 +18,9 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 PROTOCOL = 1
+AGENT_LOADER = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"
+"""The agent's command line is ``PYTHON -c AGENT_LOADER`` (``hosts.bootstrap_argv``): a kill never
+signals a process with it (another runwatch's agent holds a run's lock while it launches)."""
 """Version of this protocol, sent in the hello."""
 DURABLE_OPS = frozenset(("kill", "launch", "repair_tail", "move_aside", "write_fingerprint"))
 """Ops that act on the host: finished even when stdin closes mid-way."""

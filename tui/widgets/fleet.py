@@ -11,7 +11,13 @@ from supervisor.model import HostView, RunView, Snapshot
 from tui.widgets.dataset_table import DatasetTable, warning_text
 from tui.widgets.format import ago, duration, human, memory_mb
 
-_STATE_STYLE = {"running": "bold green", "stopped": "yellow", "zombie": "red", "unknown": "dim"}
+_STATE_STYLE = {
+    "running": "bold green",
+    "stopped": "yellow",
+    "zombie": "red",
+    "unknown": "dim",
+    "ambiguous": "bold red",
+}
 
 
 def update_static(widget: Static, text: Text) -> None:
@@ -41,6 +47,8 @@ def run_header(run: RunView, *, stale: bool) -> Text:
         text.append(" (not in config)", style="dim")
     text.append("  ")
     text.append(run.state, style=_STATE_STYLE.get(run.state, "") + dim)
+    if run.candidates:
+        text.append(f"  pids {', '.join(map(str, run.candidates))}", style="red" + dim)
     p = run.process
     if p is not None:
         text.append(f"  pid {p.identity.pid}", style=dim.strip())
