@@ -50,7 +50,18 @@ from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
 from supervisor.events import EVENT_KINDS, Event, EventTracker, budget_event, stop_key
 from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
-from supervisor.hosts import Host, list_processes, make_host, match_run, run_backend, set_backend
+from supervisor.hosts import (
+    Host,
+    assign_runs,
+    list_processes,
+    make_host,
+    match_run,
+    run_backend,
+    run_files,
+    run_specs,
+    secret_env_names,
+    set_backend,
+)
 from supervisor.kill import KillReport, KillResult
 from supervisor.launchspec import launch_argv
 from supervisor.layout import RunLayout, layout_of
@@ -67,6 +78,7 @@ from supervisor.model import (
 from supervisor.plan import Action, ActionResult, OnStep, Plan, Step, make_plan
 from supervisor.runpaths import run_paths
 from supervisor.samples import LatestSamples, SamplePreview, latest_samples
+from supervisor.secrets import known_secrets, note_secrets
 from supervisor.slurm import describe as describe_job
 from supervisor.steps import execute as execute_plan
 from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
@@ -101,6 +113,7 @@ class Engine:
 
     def __init__(self, config: Config, hosts: dict[str, Host] | None = None) -> None:
         self.config = config
+        note_secrets(config)  # their values are masked in everything runwatch prints or writes
         self._hosts: dict[str, Host] = dict(hosts or {})
         for hc in config.hosts:
             if hc.name not in self._hosts:
@@ -161,6 +174,14 @@ class Engine:
         except asyncio.TimeoutError:
             raise HostError(f"{host}: no answer within {bound:g} s") from None
 
+    def _listed_run(self, host: str, identity: Identity) -> str | None:
+        """The config run ``identity`` was matched to at the last refresh."""
+        for hv in self.last.hosts if self.last is not None else []:
+            for p in hv.processes if hv.name == host else []:
+                if p.identity.pid == identity.pid and p.identity.start_time == identity.start_time:
+                    return p.run
+        return None
+
     async def kill(
         self, host: str, identity: Identity, grace: float = 10.0, *, run: str | None = None
     ) -> KillReport:
@@ -172,9 +193,11 @@ class Engine:
         run the latest snapshot shows with that pid).
         """
         h = self.host(host)
-        run = run if run is not None else self._run_of(host, identity)
+        run = run if run is not None else self._listed_run(host, identity)
+        # Whatever holds the run's data files or locks once it is stopped is stopped too.
+        files = run_files(self.config, run)
         try:
-            report = await kill_ops.kill(h, identity, grace, self.config.scripts)
+            report = await kill_ops.kill(h, identity, grace, self.config.scripts, files)
         except OutcomeUnknown as lost:
             kill_ops.audit_kill_unknown(host, identity, run, lost.message)
             try:
@@ -188,16 +211,10 @@ class Engine:
     async def kill_within_plan(self, host: str, identity: Identity, grace: float) -> KillReport:
         """The stop step of a restart: :meth:`kill` without its own audit record (the plan's
         record holds the stop); a lost reply is reconciled the same way."""
+        files = run_files(self.config, self._listed_run(host, identity))
         return await kill_ops.kill_or_reconcile(
-            self.host(host), identity, grace, self.config.scripts
+            self.host(host), identity, grace, self.config.scripts, files
         )
-
-    def _run_of(self, host: str, identity: Identity) -> str | None:
-        for hv in self.last.hosts if self.last is not None else []:
-            for rv in hv.runs if hv.name == host else []:
-                if rv.process is not None and rv.process.identity.pid == identity.pid:
-                    return rv.name
-        return None
 
     async def list_jobs(self, host: str) -> list[dict[str, Any]]:
         """The Slurm jobs a ``kind = "slurm"`` host's queue holds (the agent's ``slurm_jobs``);
@@ -258,11 +275,13 @@ class Engine:
         move_aside: bool = False,
         allow_change: Iterable[str] = (),
         environ: dict[str, str] | None = None,
+        pid: int | None = None,
     ) -> Plan:
         """Look at ``run`` as it is now and build its launch or restart plan (changes nothing;
         see ``supervisor.plan``). ``overrides``: ``KEY=VALUE`` strings or ``(--flag, value)``;
         ``unsets``: flags to drop; ``reset``: forget the stored launch spec; ``force``: launch
-        over a budget or without the script's ``--help``."""
+        over a budget or without the script's ``--help``; ``pid``: which process is the run when
+        several could be (an ambiguous run)."""
         return await make_plan(
             self,
             run,
@@ -274,6 +293,7 @@ class Engine:
             move_aside=move_aside,
             allow_change=allow_change,
             environ=environ,
+            pid=pid,
         )
 
     async def execute(
@@ -312,9 +332,8 @@ class Engine:
 
     def secret_values(self) -> list[str]:
         """The values of every endpoint's ``api_key_env`` set in this environment (masked
-        wherever host text is shown)."""
-        names = {ep.api_key_env for ep in self.config.endpoints if ep.api_key_env}
-        return [os.environ[n] for n in sorted(names) if os.environ.get(n)]
+        wherever host text is shown), longest first (``secrets.known_secrets``)."""
+        return known_secrets(self.config)
 
     async def samples(self, run: RunView, dataset: str, count: int) -> LatestSamples:
         """The last ``count`` complete records of ``dataset`` of ``run``, newest first, decoded
@@ -424,6 +443,8 @@ class Engine:
             "scripts": list(self.config.scripts),
             "show_other_users": hc.show_other_users,
             "files": files,
+            "runs": run_specs(self.config, name),
+            "secret_env": secret_env_names(self.config),
         }
         bound = hc.connect_timeout + hc.command_timeout + 5.0
         try:
@@ -501,19 +522,17 @@ class Engine:
         scanned: dict[str, dict[str, Any]] = result.get("files", {})
         taken: set[int] = set()
         run_views: list[RunView] = []
-        by_run: dict[str, ProcessInfo] = {}
+        candidates = assign_runs(procs, self.config, hc.name)
         for p in procs:
-            p.run = self._match(hc, runs, p)
             set_backend(p, self.config)
-            if p.run is not None and p.run not in by_run:
-                by_run[p.run] = p
         jobs = slurm.job_views(result.get("slurm")) if hc.kind == "slurm" else {}
         for run in runs:
-            proc = by_run.get(run.name)
+            cands = candidates.get(run.name, [])
+            taken.update(p.identity.pid for p in cands)
+            # Two processes that could each be the run: neither is shown as it (ambiguous).
+            proc = cands[0] if len(cands) == 1 else None
             job = jobs.get(run.name)
             run_ds = self.config.run_datasets(run)
-            if proc is not None:
-                taken.add(proc.identity.pid)
             if proc is not None:
                 flags = proc.flags
             else:
@@ -536,6 +555,8 @@ class Engine:
             state: RunState
             if hc.kind == "slurm":
                 state = slurm.run_state(job)
+            elif len(cands) > 1:
+                state = "ambiguous"
             elif proc is None:
                 state = "stopped"
             elif proc.state.startswith("Z"):
@@ -554,6 +575,7 @@ class Engine:
                     process=proc,
                     datasets=datasets,
                     job=job,
+                    candidates=[p.identity.pid for p in cands] if len(cands) > 1 else [],
                 )
             )
         discovered: dict[str, dict[str, Any]] = {}
@@ -598,8 +620,8 @@ class Engine:
         )
 
     def _match(self, hc: HostConfig, runs: list[RunConfig], p: ProcessInfo) -> str | None:
-        """The configured run ``p`` is (``supervisor.hosts.match_run``: the one rule for every
-        front end, which needs the run's workdir or output directory as evidence)."""
+        """The configured run ``p`` could be (``supervisor.hosts.match_run``: the one rule for
+        every front end, on the evidence the host reported)."""
         return match_run(p, self.config, hc.name)
 
     def _dataset_view(

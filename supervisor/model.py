@@ -11,8 +11,9 @@ from typing import Literal
 import msgspec
 
 Backend = Literal["local", "api", "unknown"]
-RunState = Literal["running", "pending", "stopped", "zombie", "unknown"]
-"""``pending``: a Slurm job of the run waits in the queue."""
+RunState = Literal["running", "pending", "stopped", "zombie", "unknown", "ambiguous"]
+"""``pending``: a Slurm job of the run waits in the queue; ``ambiguous``: several processes
+could each be the run (``RunView.candidates``)."""
 Verdict = Literal["current", "legacy", "mixed", "unknown", "corrupt", "empty", "missing", "error"]
 
 
@@ -62,6 +63,10 @@ class ProcessInfo(msgspec.Struct, kw_only=True):
     """Name of the config run this process is, when it could be matched."""
     killable: bool = True
     """False for processes of other users."""
+    evidence: dict[str, list[str]] = {}
+    """Config run name -> what the host found tying this process to that run: ``argv`` (its data
+    paths are the run's files), ``fd`` (it holds the run's data files or lock open), ``cwd`` (its
+    working directory is the run's workdir: never enough alone). See ``hosts.match_run``."""
 
 
 class Rates(msgspec.Struct, kw_only=True):
@@ -179,6 +184,9 @@ class RunView(msgspec.Struct, kw_only=True):
     process: ProcessInfo | None = None
     datasets: list[DatasetView] = []
     configured: bool = True
+    candidates: list[int] = []
+    """PIDs of the processes that could each be this run (state ``ambiguous``): actions by run
+    name refuse until one is named (``--pid``)."""
     job: JobView | None = None
     """The run's Slurm job (``kind = "slurm"`` hosts): the active one, else the last seen."""
 

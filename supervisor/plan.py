@@ -50,7 +50,7 @@ from supervisor.config import RunConfig
 from supervisor.errors import HostError, LaunchError, RunwatchError
 from supervisor.launchspec import LaunchSpec
 from supervisor.layout import RunLayout, layout_of
-from supervisor.model import JobView, ProcessInfo, RunView, Snapshot
+from supervisor.model import HostView, JobView, ProcessInfo, RunView, Snapshot
 from supervisor.runenv import launch_env
 
 if TYPE_CHECKING:
@@ -281,6 +281,7 @@ async def make_plan(
     move_aside: bool = False,
     allow_change: Iterable[str] = (),
     environ: dict[str, str] | None = None,
+    pid: int | None = None,
 ) -> Plan:
     """Look at the run as it is now and build the plan (changes nothing).
 
@@ -308,6 +309,7 @@ async def make_plan(
     rv = find_run_view(snap, run.host, run.name)
     # A zombie has exited (its parent has not reaped it yet): nothing to stop.
     old = rv.process if rv is not None and rv.state == "running" else None
+    old = _named_process(hv, rv, run.name, pid) if pid is not None or _ambiguous(rv) else old
     if action == "launch" and old is not None:
         raise LaunchError(
             f"{run.name} is already running on {run.host}: pid {old.identity.pid}",
@@ -343,6 +345,31 @@ async def make_plan(
         secret_env=secret_env,
         job=job,
     )
+
+
+def _ambiguous(rv: RunView | None) -> bool:
+    return rv is not None and rv.state == "ambiguous"
+
+
+def _named_process(hv: HostView, rv: RunView | None, run: str, pid: int | None) -> ProcessInfo:
+    """The process named by ``pid`` among those that could be ``run``; an ambiguous run without
+    a pid is refused (stopping the wrong one would leave the real run writing beside the
+    relaunch)."""
+    cands = (rv.candidates or ([rv.process.identity.pid] if rv.process else [])) if rv else []
+    if pid is None:
+        raise LaunchError(
+            f"{run} is ambiguous on {hv.name}: pids {', '.join(map(str, cands))} could each be "
+            "it; nothing was stopped",
+            f"name the one to stop: --pid PID (see `runwatch ps --host {hv.name}`)",
+        )
+    found = next((p for p in hv.processes if p.identity.pid == pid and pid in cands), None)
+    if found is None:
+        raise LaunchError(
+            f"pid {pid} on {hv.name} is not {run} (its processes: "
+            f"{', '.join(map(str, cands)) or 'none'})",
+            f"see `runwatch ps --host {hv.name}`",
+        )
+    return found
 
 
 def _as_pairs(

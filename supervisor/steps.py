@@ -597,6 +597,7 @@ class _Runner:
             "secret_env": plan.secret_env,
             "log": layout.log,
             "lock_paths": list(layout.locks),
+            "data_files": list(layout.data_files.values()),
             "settle_s": plan.run.settle_seconds,
             "lock_wait_s": 3.0,
             "fingerprints": [
@@ -630,6 +631,8 @@ class _Runner:
             step.detail = f"running as pid {self.identity['pid']} (log {reply.get('log')})"
             if reply.get("reconciled"):
                 step.detail += f"; {reply['reconciled']}"
+            if reply.get("warning"):
+                step.detail += f"; warning: {reply['warning']}"
             return
         reason = reply.get("reason")
         if reason == "exited" and reply.get("exit_code") == 0:
@@ -649,6 +652,12 @@ class _Runner:
                 f"its last log line: {last})"
             )
             return
+        if reason == "writer-alive":
+            raise StepFailed(
+                reply.get("detail") or "a data file is open for writing",
+                "one writer per data file: stop that process first (`runwatch ps`, "
+                "`runwatch kill RUN --pid PID`)",
+            )
         if reason == "already-running":
             self.taken_over = True
             raise StepFailed(

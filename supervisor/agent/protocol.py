@@ -18,6 +18,9 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 PROTOCOL = 1
+AGENT_LOADER = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"
+"""The agent's command line is ``PYTHON -c AGENT_LOADER`` (``hosts.bootstrap_argv``): a kill never
+signals a process with it (another runwatch's agent holds a run's lock while it launches)."""
 """Version of this protocol, sent in the hello."""
 DURABLE_OPS = frozenset(
     (
@@ -168,6 +171,9 @@ class Process(_ProcessRequired, total=False):
     cwd: str | None
     ppid: int
     threads: int
+    evidence: dict[str, list[str]]
+    """Config run name -> ``argv`` / ``fd`` / ``cwd``: what ties the process to that run
+    (``match.run_evidence``; ``cwd`` alone never makes it the run)."""
 
 
 class GpuInfo(TypedDict, total=False):
@@ -183,10 +189,25 @@ class GpuSummary(TypedDict, total=False):
     error: str
 
 
+class RunSpec(TypedDict, total=False):
+    """A configured run's places as configured (``~`` unexpanded: the host resolves them)."""
+
+    name: str
+    workdir: str
+    output_dir: str
+    data_file: str
+    datasets: list[str]
+    locks: list[str]
+
+
 class PsParams(TypedDict, total=False):
     scripts: list[str]
     show_other_users: bool
     gpu: bool
+    runs: list[RunSpec]
+    secret_env: list[str]
+    """Names of the key variables: their values (in each process's environment or the agent's)
+    are masked in the argv of every listed process."""
 
 
 class PsResult(TypedDict):
@@ -284,6 +305,9 @@ class _KillParamsRequired(TypedDict):
 class KillParams(_KillParamsRequired, total=False):
     grace: float
     scripts: list[str]
+    files: list[str]
+    """The run's data files and locks: whatever holds them (data files for writing) after the
+    grace period is stopped too, before the kill confirms."""
 
 
 class KillExit(TypedDict):
@@ -294,7 +318,8 @@ class KillExit(TypedDict):
 
 class KillTarget(TypedDict):
     """One process of a kill; ``outcome`` is ``terminated``, ``killed``, ``already-gone`` or
-    ``refused``, ``role`` is ``run`` or ``child``."""
+    ``refused``, ``role`` is ``run``, ``child`` (a descendant, a member of the run's session or
+    group, a fork made during the kill) or ``holder`` (held the run's data files or lock)."""
 
     pid: int
     role: str
@@ -344,6 +369,26 @@ class LaunchParams(_LaunchParamsRequired, total=False):
     tail_lines: int
     fingerprint: FingerprintSpec
     fingerprints: list[FingerprintSpec]
+    data_files: list[str]
+    """Refused (``writer-alive``) while any process holds one of them open for writing."""
+
+
+class FileHolder(TypedDict):
+    """A process holding a data file for writing (``how``: ``write``) or a lock (``open``)."""
+
+    pid: int
+    uid: int | None
+    user: str
+    argv: list[str]
+    how: list[str]
+
+
+class Uninspected(TypedDict):
+    """Processes of another user whose descriptors a non-root agent cannot read."""
+
+    uid: int
+    user: str
+    pids: list[int]
 
 
 class _LaunchResultRequired(TypedDict):
@@ -352,8 +397,10 @@ class _LaunchResultRequired(TypedDict):
 
 
 class LaunchResult(_LaunchResultRequired, total=False):
-    """``started`` true, or false with ``reason`` ``already-running`` (``holder``), ``exited``
-    (``exit_code``, ``log_tail``) or ``exec-failed`` (``detail``)."""
+    """``started`` true, or false with ``reason`` ``already-running`` (``holder``),
+    ``writer-alive`` (``holders``), ``exited`` (``exit_code``, ``log_tail``) or ``exec-failed``
+    (``detail``). ``uninspected``/``warning``: other users' processes that could not be looked
+    at."""
 
     reason: str
     detail: str
@@ -365,6 +412,9 @@ class LaunchResult(_LaunchResultRequired, total=False):
     exit_code: int | None
     holder: dict[str, Any] | None
     fingerprints: list[str]
+    holders: list[FileHolder]
+    uninspected: list[Uninspected]
+    warning: str
 
 
 class LockStatusParams(TypedDict, total=False):

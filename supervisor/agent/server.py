@@ -26,6 +26,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from supervisor.agent import datafiles, gpu, kill, launch, slurm
 from supervisor.agent import proc as procs
+from supervisor.agent.match import resolve_runs
 from supervisor.agent.protocol import (
     DEFAULT_SCRIPTS,
     DURABLE_OPS,
@@ -106,9 +107,18 @@ class Agent:
         scripts = params.get("scripts") or list(DEFAULT_SCRIPTS)
         if not isinstance(scripts, list) or not all(isinstance(s, str) for s in scripts):
             raise AgentOpError("scripts: expected a list of strings", "bad-request")
+        secret_env = params.get("secret_env") or []
+        if not isinstance(secret_env, list) or not all(isinstance(s, str) for s in secret_env):
+            raise AgentOpError("secret_env: expected a list of variable names", "bad-request")
+        try:
+            runs = resolve_runs(params.get("runs"))
+        except ValueError as e:
+            raise AgentOpError(str(e), "bad-request") from None
         gpu_pids, summary = gpu.query_gpu() if with_gpu else (None, None)
         with self.list_lock:
-            found = self.lister.list_runs(scripts, bool(params.get("show_other_users")), gpu_pids)
+            found = self.lister.list_runs(
+                scripts, bool(params.get("show_other_users")), gpu_pids, runs, secret_env
+            )
         return found, summary
 
     def ps(self, params: dict[str, Any]) -> PsResult:

@@ -13,6 +13,7 @@ import msgspec
 
 from supervisor.config import Config, load_config
 from supervisor.errors import ConfigError, RunwatchError, UsageError
+from supervisor.secrets import mask_known, note_secrets
 
 DEFAULT_CONFIG_ENV = "RUNWATCH_CONFIG"
 
@@ -113,11 +114,13 @@ def get_config(config_path: str | None, need: str = "") -> Config:
         config.require_hosts()
     elif need == "runs":
         config.require_runs()
+    note_secrets(config)
     return config
 
 
 def print_json(value: Any) -> None:
-    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+    """``value`` as one JSON line, every known secret value masked (``secrets.mask_known``)."""
+    sys.stdout.write(msgspec.json.encode(mask_known(msgspec.to_builtins(value))).decode() + "\n")
 
 
 def run_cli(group: click.Group) -> None:

@@ -58,6 +58,7 @@ def _run_action(
     unsets: tuple[str, ...] = (),
     reset: bool = False,
     force: bool = False,
+    pid: int | None = None,
 ) -> None:
     import asyncio
 
@@ -79,6 +80,7 @@ def _run_action(
                 force=force,
                 move_aside=move_aside,
                 allow_change=allow_change,
+                pid=pid,
             )
             if not as_json:
                 click.echo("\n".join(plan.describe()))
@@ -214,6 +216,9 @@ def launch(
     help="Allow a change of model, sampling (or one parameter: temperature...), prompts or "
     "format since the last launch. Repeatable.",
 )
+@click.option(
+    "--pid", type=int, default=None, help="Which process RUN is, when several could be it."
+)
 @_dry_option
 @_yes_option
 @json_option
@@ -226,6 +231,7 @@ def restart(
     force: bool,
     move_aside: bool,
     allow_change: tuple[str, ...],
+    pid: int | None,
     dry_run: bool,
     yes: bool,
     as_json: bool,
@@ -235,7 +241,8 @@ def restart(
 
     Checks come first, while the old run is alive: a blocked restart kills nothing; the new
     command line's flags are checked against the client's own --help before the stop; a relaunch
-    that fails after the stop is rolled back to the previous command line.
+    that fails after the stop is rolled back to the previous command line. When several
+    processes could each be RUN, nothing is stopped until one is named with --pid.
     """
     _run_action(
         get_config(config_path, need="runs"),
@@ -250,6 +257,7 @@ def restart(
         unsets=unsets,
         reset=reset,
         force=force,
+        pid=pid,
     )
 
 

@@ -59,6 +59,9 @@ def _run_lines(r: RunView) -> list[str]:
     head = f"  {r.name}  {r.state_text}"
     if not r.configured:
         head += "  (not in config)"
+    if r.candidates:
+        pids = ", ".join(map(str, r.candidates))
+        head += f": pids {pids} could each be it (name one with --pid)"
     p = r.process
     if p is not None:
         # The warning first: the rest of the line is what a narrow terminal cuts.

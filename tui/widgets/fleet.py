@@ -17,6 +17,7 @@ _STATE_STYLE = {
     "stopped": "yellow",
     "zombie": "red",
     "unknown": "dim",
+    "ambiguous": "bold red",
 }
 
 
@@ -48,6 +49,8 @@ def run_header(run: RunView, *, stale: bool) -> Text:
         text.append(" (not in config)", style="dim")
     text.append("  ")
     text.append(run.state_text, style=_STATE_STYLE.get(run.state, "") + dim)
+    if run.candidates:
+        text.append(f"  pids {', '.join(map(str, run.candidates))}", style="red" + dim)
     p = run.process
     if p is not None:
         text.append(f"  pid {p.identity.pid}", style=dim.strip())
