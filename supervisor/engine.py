@@ -804,6 +804,7 @@ __all__ = [
     "WatchLock",
     "WatchLocked",
     "Watcher",
+    "assign_runs",
     "audit_line",
     "audit_location",
     "audit_records",
