@@ -149,6 +149,7 @@ async def test_a_run_that_dies_once_is_restarted_through_the_gate(
     assert len(launches) == 2 and all(r["ok"] for r in launches)
     # The restart ran the whole gate: the checks first, then the launch.
     assert [s["name"] for s in launches[1]["steps"]] == [
+        "preflight",
         "format-check",
         "fingerprint",
         "data-repair",

@@ -131,6 +131,7 @@ def test_watch_on_the_demo_alerts_once_per_event_and_restarts_the_killed_run(
     records = [json.loads(line) for line in audit.splitlines()]
     (launch,) = [r for r in records if r["action"] == "launch" and r["run"] == "api"]
     assert launch["ok"] and [s["name"] for s in launch["steps"]] == [
+        "preflight",
         "format-check",
         "fingerprint",
         "data-repair",
