@@ -49,6 +49,7 @@ from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchEr
 from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
 from supervisor.hosts import Host, list_processes, make_host, match_run, run_backend, set_backend
 from supervisor.kill import KillReport, KillResult
+from supervisor.live import Live, metrics_specs
 from supervisor.model import (
     DatasetView,
     HostView,
@@ -99,7 +100,9 @@ def dataset_path(run: RunConfig, dataset: str, local: bool) -> str:
 class Engine:
     """Polls every configured host; see the module docstring."""
 
-    def __init__(self, config: Config, hosts: dict[str, Host] | None = None) -> None:
+    def __init__(
+        self, config: Config, hosts: dict[str, Host] | None = None, *, persist_history: bool = True
+    ) -> None:
         self.config = config
         self._hosts: dict[str, Host] = dict(hosts or {})
         for hc in config.hosts:
@@ -123,6 +126,7 @@ class Engine:
         self.last: Snapshot | None = None
         self._inflight: asyncio.Future[Snapshot] | None = None
         self._guard: BudgetGuard | None = None
+        self._live = Live(config, persist=persist_history)
 
     # ------------------------------------------------------------------ public API
 
@@ -148,6 +152,7 @@ class Engine:
         views = await asyncio.gather(*(self._refresh_host(n) for n in names))
         snap = Snapshot(time=time.time(), hosts=list(views))
         self.last = snap
+        self._live.maybe_save()
         return snap
 
     async def list_processes(self, host: str) -> list[ProcessInfo]:
@@ -313,6 +318,7 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError, RunwatchError):
                 await self._inflight
         await asyncio.gather(*(self._close(h) for h in self._hosts.values()))
+        self._live.save()
 
     async def __aenter__(self) -> Engine:
         return self
@@ -326,6 +332,10 @@ class Engine:
     async def _close(host: Host) -> None:
         with contextlib.suppress(asyncio.TimeoutError, OSError, RunwatchError):
             await asyncio.wait_for(host.close(), 5.0)
+
+    def save_history(self) -> None:
+        """Write the rate history to the state dir now (also done on close)."""
+        self._live.save()
 
     def _file_specs(self, run: RunConfig, hc: HostConfig) -> list[dict[str, Any]]:
         specs = []
@@ -375,6 +385,8 @@ class Engine:
             "show_other_users": hc.show_other_users,
             "files": files,
         }
+        if metrics_specs(self.config, name):
+            params["metrics"] = metrics_specs(self.config, name)
         bound = hc.connect_timeout + hc.command_timeout + 5.0
         try:
             result, rtt = await asyncio.wait_for(self._ask(host, params, hc, runs), bound)
@@ -481,9 +493,18 @@ class Engine:
                 state = "zombie"
             else:
                 state = "running"
-            run_views.append(
-                RunView(name=run.name, host=hc.name, state=state, process=proc, datasets=datasets)
+            rv = RunView(
+                name=run.name,
+                host=hc.name,
+                state=state,
+                process=proc,
+                datasets=datasets,
+                endpoint=run.endpoint,
             )
+            alive = state == "running"
+            self._live.moved_on(hc.name, rv, self._trackers, alive, time.time())
+            self._live.run_rates(hc.name, rv, alive, time.time())
+            run_views.append(rv)
         discovered: dict[str, dict[str, Any]] = {}
         for proc in procs:
             if proc.identity.pid in taken:
@@ -513,6 +534,7 @@ class Engine:
                 )
             )
         self._state[hc.name].discovered = discovered
+        gpus, gpu_error = self._live.gpus(hc.name, result.get("gpu"), run_views, time.time())
         return HostView(
             name=hc.name,
             connected=True,
@@ -523,6 +545,9 @@ class Engine:
             has_gpu=result.get("gpu") is not None,
             runs=run_views,
             processes=procs,
+            endpoints=self._live.endpoints(hc.name, result.get("metrics"), time.time()),
+            gpus=gpus,
+            gpu_error=gpu_error,
         )
 
     def _match(self, hc: HostConfig, runs: list[RunConfig], p: ProcessInfo) -> str | None:
@@ -541,7 +566,7 @@ class Engine:
         prompts: int | None = None,
     ) -> DatasetView:
         endpoint = self.config.endpoint(run.endpoint) if run.endpoint is not None else None
-        tracker = self._trackers.get((host, str(scan.get("path") or dataset)))
+        tracker = self._live.dataset_tracker(self._trackers, host, str(scan.get("path") or dataset))
         counter = self._count_texts if scan.get("texts") else None
         problem = None
         if counter is not None:
@@ -564,6 +589,7 @@ class Engine:
         )
         if problem is not None and view.error is None:
             view.error = f"tokens not counted: {problem}"
+        self._live.record_dataset(host, view, tracker)
         return view
 
     def _tokenizer_ready(self) -> None:

@@ -24,7 +24,7 @@ import time
 import traceback
 from typing import IO, TYPE_CHECKING, Any
 
-from supervisor.agent import datafiles, gpu, kill, launch
+from supervisor.agent import datafiles, gpu, kill, launch, metrics
 from supervisor.agent import proc as procs
 from supervisor.agent.protocol import DEFAULT_SCRIPTS, DURABLE_OPS, PROTOCOL, AgentOpError
 
@@ -101,15 +101,34 @@ class Agent:
         return {"time": time.time(), "boot_id": self.boot_id, "processes": found, "gpu": summary}
 
     def refresh(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Processes, GPUs, the files asked for and, with ``metrics``, each serving engine's
+        ``/metrics`` text (fetched on a thread of its own while the files are scanned)."""
+        fetched: dict[str, Any] = {}
+        fetcher = None
+        if params.get("metrics"):
+            specs = params["metrics"]
+
+            def fetch() -> None:
+                try:
+                    fetched.update(metrics.fetch_all(specs))
+                except AgentOpError as e:
+                    fetched["*"] = {"ok": False, "error": str(e), "kind": "bad-params"}
+
+            fetcher = threading.Thread(target=fetch, name="metrics", daemon=True)
+            fetcher.start()
         found, summary = self._list(params, bool(params.get("gpu", True)))
         files = self._scan_files(params.get("files") or [])
-        return {
+        reply = {
             "time": time.time(),
             "boot_id": self.boot_id,
             "processes": found,
             "files": files,
             "gpu": summary,
         }
+        if fetcher is not None:
+            fetcher.join()
+            reply["metrics"] = fetched
+        return reply
 
     def scan(self, params: dict[str, Any]) -> dict[str, Any]:
         """``files`` scanned; with ``fresh``, each from its first byte by a scanner of its own
