@@ -112,6 +112,9 @@ def _run_lines(r: RunView) -> list[str]:
         head += f"  up {duration(p.uptime_s)}  cpu {p.cpu_percent:.0f}%  rss {human(p.rss_mb)} MB"
         if p.gpu_memory_mb is not None:
             head += f"  gpu {human(p.gpu_memory_mb)} MB"
+    if r.state == "running" and r.rates.tok_per_s is not None:
+        # The run's own window across all its datasets, with its uncertainty.
+        head += f"  {rate(r.rates.tok_per_s, 0)} ± {rate(r.rates.tok_per_s_err, 0)} tok/s"
     lines = [head]
     if not r.datasets:
         return lines
@@ -138,9 +141,8 @@ def _run_lines(r: RunView) -> list[str]:
             flags.append(f"{ds.duplicates} dup")
         if ds.bad_lines:
             flags.append(f"{ds.bad_lines} bad lines")
-        rates = ds.rates
-        req = rates.req_per_s_1m if rates.req_per_s_1m is not None else rates.req_per_s_all
-        tok = rates.tok_per_s_1m if rates.tok_per_s_1m is not None else rates.tok_per_s_all
+        # The window's rate, once the window holds enough responses to say (0 once done).
+        req, tok = ds.rates.req_per_s, ds.rates.tok_per_s
         lines.append(
             f"    {ds.name:<{w}} {responses:>11} {human(ds.completion_tokens):>8} "
             f"{_budget(ds):>6} {rate(req):>6} {rate(tok, 1):>7} {_eta(ds):>9}  {verdict}"
@@ -159,6 +161,41 @@ def _run_lines(r: RunView) -> list[str]:
             unique = [f"{tag} {unique[0]}", *unique[1:]] if unique else [tag]
         for note in unique:
             lines.append(f"      ! {note}")
+    return lines
+
+
+def _serving_lines(h: HostView) -> list[str]:
+    """The host's local serving engines (from their /metrics) and GPUs, one line each."""
+    lines = []
+    for em in h.endpoints:
+        if not em.available:
+            lines.append(f"  endpoint {em.name}: metrics {em.why}")
+            continue
+        parts = [
+            f"running {rate(em.running.value, 0)}",
+            f"queued {rate(em.queued.value, 0)}",
+        ]
+        if em.kv_usage.value is not None:
+            parts.append(f"KV {100 * em.kv_usage.value:.0f}%")
+        if em.gen_tok_per_s.value is not None:
+            parts.append(f"{rate(em.gen_tok_per_s.value, 0)} tok/s (server)")
+        if em.ttft_p50_s is not None and em.ttft_p90_s is not None:
+            parts.append(
+                f"TTFT p50 {em.ttft_p50_s:.2f} s p90 {em.ttft_p90_s:.2f} s ({em.ttft_window})"
+            )
+        lines.append(f"  endpoint {em.name} ({em.engine}): " + ", ".join(parts))
+    for g in h.gpus:
+        parts = [f"{rate(g.utilization_pct, 0)}%"]
+        if g.memory_used_mb is not None and g.memory_total_mb is not None:
+            parts.append(f"{human(g.memory_used_mb)}/{human(g.memory_total_mb)} MiB")
+        if g.power_w is not None:
+            parts.append(f"{g.power_w:.0f} W")
+        if g.temperature_c is not None:
+            parts.append(f"{g.temperature_c:.0f} C")
+        held = f"  ({', '.join(g.runs)})" if g.runs else ""
+        lines.append(f"  GPU{g.index} " + ", ".join(parts) + held)
+    if h.gpu_error:
+        lines.append(f"  GPUs: {h.gpu_error}")
     return lines
 
 
@@ -182,6 +219,7 @@ def render(snap: Snapshot, rates_hint: bool = True) -> str:
             lines.append("  (no runs)")
         for r in h.runs:
             lines.extend(_run_lines(r))
+        lines.extend(_serving_lines(h))
         lines.append("")
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.time))
     lines.append(f"as of {stamp}")

@@ -1,0 +1,125 @@
+"""A host's serving engines and GPUs: one line each, with a sparkline of its recent history.
+
+The figures come from the engine (``HostView.endpoints`` from each local endpoint's ``/metrics``,
+``HostView.gpus`` from nvidia-smi); nothing is computed here.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Sparkline, Static
+
+from supervisor.model import EndpointMetrics, GpuView, HostView
+from tui.widgets.format import human, memory_mb, rate
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.1f} s"
+
+
+def endpoint_line(em: EndpointMetrics) -> Text:
+    """``⚙ local (sglang)  running 16 · queued 3 · KV 25% · 2,160 tok/s · TTFT p50 0.3 s``."""
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append("⚙ ", style="cyan")
+    text.append(em.name, style="bold")
+    if not em.available:
+        text.append(f"  metrics: {em.why or 'not available'}", style="dim yellow")
+        return text
+    text.append(f" ({em.engine})", style="dim")
+
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.0f}"
+
+    parts = [f"running {num(em.running.value)}", f"queued {num(em.queued.value)}"]
+    if em.kv_usage.value is not None:
+        parts.append(f"KV {em.kv_usage.value * 100:.0f}%")
+    gen = em.gen_tok_per_s.value
+    parts.append(f"{rate(gen)} tok/s (server)" if gen is not None else "tok/s: second look")
+    if em.ttft_p50_s is not None:
+        parts.append(f"TTFT p50 {_seconds(em.ttft_p50_s)} p90 {_seconds(em.ttft_p90_s)}")
+    text.append("  " + " · ".join(parts))
+    return text
+
+
+def gpu_line(gpu: GpuView) -> Text:
+    """``GPU0 97% · 70 GiB/80 GiB · 612 W · 71°C  eagle3``."""
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(f"GPU{gpu.index if gpu.index is not None else '?'} ", style="bold")
+    util = gpu.utilization_pct
+    text.append("-" if util is None else f"{util:.0f}%", style="green" if util else "dim")
+    parts = []
+    if gpu.memory_used_mb is not None and gpu.memory_total_mb is not None:
+        parts.append(f"{memory_mb(gpu.memory_used_mb)}/{memory_mb(gpu.memory_total_mb)}")
+    if gpu.power_w is not None:
+        parts.append(f"{human(gpu.power_w)} W")
+    if gpu.temperature_c is not None:
+        parts.append(f"{gpu.temperature_c:.0f}°C")
+    if parts:
+        text.append(" · " + " · ".join(parts), style="dim")
+    if gpu.runs:
+        text.append("  " + ", ".join(gpu.runs), style="cyan")
+    return text
+
+
+class FigureRow(Horizontal):
+    """One line of text and, beside it, a sparkline of its history."""
+
+    DEFAULT_CSS = """
+    FigureRow { height: 1; padding: 0 1; }
+    FigureRow > Static { width: 1fr; height: 1; }
+    FigureRow > Sparkline { width: 24; height: 1; }
+    """
+
+    def __init__(self, key: str, text: Text, history: list[float]) -> None:
+        super().__init__()
+        self.key = key
+        self._text, self._history = text, history
+        self._ready = False
+
+    def compose(self) -> ComposeResult:
+        yield Static()
+        yield Sparkline([])
+
+    def on_mount(self) -> None:
+        self._ready = True
+        self._apply()
+
+    def show(self, text: Text, history: list[float]) -> None:
+        self._text, self._history = text, history
+        if self._ready:
+            self._apply()
+
+    def _apply(self) -> None:
+        self.query_one(Static).update(self._text)
+        self.query_one(Sparkline).data = list(self._history)
+
+
+class ServingPanel(Vertical):
+    """The host's local serving engines, then its GPUs; hidden when it has neither."""
+
+    DEFAULT_CSS = """
+    ServingPanel { height: auto; }
+    ServingPanel.-empty { display: none; }
+    """
+
+    def show(self, host: HostView) -> None:
+        rows: list[tuple[str, Text, list[float]]] = [
+            (f"ep-{em.name}", endpoint_line(em), em.gen_tok_per_s.history) for em in host.endpoints
+        ]
+        rows += [(f"gpu-{g.uuid or g.index}", gpu_line(g), g.history) for g in host.gpus]
+        self.set_class(not rows, "-empty")
+        existing = {r.key: r for r in self.query_children(FigureRow)}
+        wanted = {k for k, _t, _h in rows}
+        for key, old in existing.items():
+            if key not in wanted:
+                old.remove()
+        for key, text, history in rows:
+            found = existing.get(key)
+            if found is None:
+                self.mount(FigureRow(key, text, history))
+            else:
+                found.show(text, history)
