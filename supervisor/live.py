@@ -128,10 +128,11 @@ class Live:
             tracker = self._metrics.get((host, name))
             if tracker is None:
                 tracker = self._metrics[(host, name)] = servermetrics.MetricsTracker()
-                last = self.history.points(key)[-1:] if self.history.points(key) else []
-                if last and last[0][4] >= 0:
-                    p = last[0]
-                    tracker.seed(p[0], p[4], p[5] if p[5] >= 0 else None)
+                # The counter readings of the last window, so that a one-shot refresh already
+                # has a rate (a single earlier reading may be a moment old).
+                for p in self.history.points(key, since=now - servermetrics.WINDOW_S):
+                    if len(p) > 5 and p[4] >= 0:
+                        tracker.seed(p[0], p[4], p[5] if p[5] >= 0 else None)
             fetch = None if fetched is None else fetched.get(name)
             view = servermetrics.endpoint_view(name, url, fetch, tracker, now)
             if view.available:

@@ -167,11 +167,9 @@ class MetricsTracker:
         self._scrapes: deque[Scrape] = deque()
 
     def seed(self, t: float, generation_tokens: float, prompt_tokens: float | None) -> None:
-        """Start from a persisted counter reading (so the first scrape already gives a rate)."""
-        if not self._scrapes:
-            self._scrapes.append(
-                Scrape(t=t, generation_tokens=generation_tokens, prompt_tokens=prompt_tokens)
-            )
+        """Add a persisted counter reading, oldest first (so that the first scrape already
+        gives a rate)."""
+        self.add(Scrape(t=t, generation_tokens=generation_tokens, prompt_tokens=prompt_tokens))
 
     def add(self, scrape: Scrape) -> None:
         if self._scrapes and scrape.t <= self._scrapes[-1].t:

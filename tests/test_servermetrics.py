@@ -195,3 +195,9 @@ base_url = "{h.url}"
     assert last.gen_tok_per_s.value <= 400 + (last.gen_tok_per_s_err or 0) + 1
     assert last.gen_tok_per_s.value > 100
     assert last.running.history and last.running.history[-1] == 4
+    # A one-shot look (a new engine, as `runwatch status` is) has the rate at once: the counter
+    # readings kept in the history are its start.
+    async with Engine(load_config(cfg)) as engine:
+        (once,) = (await engine.refresh()).hosts[0].endpoints
+    assert once.gen_tok_per_s.value is not None and 100 < once.gen_tok_per_s.value <= 401
+    assert len(once.running.history) >= 2

@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
-from supervisor.model import EndpointMetrics, GpuView, HostView
+from supervisor.model import EndpointMetrics, GpuView, HostView, RunView
 from tui.widgets.format import human, memory_mb, rate
 
 
@@ -123,3 +123,53 @@ class ServingPanel(Vertical):
                 self.mount(FigureRow(key, text, history))
             else:
                 found.show(text, history)
+
+
+def plot_series(host: HostView, run: RunView) -> list[tuple[str, str, list[float]]]:
+    """The run's series over time: ``(label, latest value, history)`` for its tok/s, then its
+    endpoint's running and queued requests and KV use, then the utilisation of the GPUs its
+    processes hold (every GPU of the host when none is known to be its)."""
+    series: list[tuple[str, str, list[float]]] = []
+    latest = rate(run.history[-1]) if run.history else "-"
+    series.append(("tok/s (files)", latest, run.history))
+    for em in host.endpoints:
+        if em.name != run.endpoint:
+            continue
+        series.append(("tok/s (server)", rate(em.gen_tok_per_s.value), em.gen_tok_per_s.history))
+        series.append(("running", rate(em.running.value), em.running.history))
+        series.append(("queued", rate(em.queued.value), em.queued.history))
+        kv = em.kv_usage.value
+        series.append(("KV use", "-" if kv is None else f"{kv * 100:.0f}%", em.kv_usage.history))
+    gpus = [g for g in host.gpus if run.name in g.runs] or host.gpus
+    for g in gpus:
+        util = "-" if g.utilization_pct is None else f"{g.utilization_pct:.0f}%"
+        series.append((f"GPU{g.index} util", util, g.history))
+    return series
+
+
+class RunPlot(Vertical):
+    """Sparklines of a run's series over the last hours, one labelled row each."""
+
+    DEFAULT_CSS = """
+    RunPlot { height: auto; padding: 0 1; }
+    RunPlot > FigureRow { height: 2; padding: 0; }
+    RunPlot > FigureRow > Static { width: 28; height: 2; }
+    RunPlot > FigureRow > Sparkline { width: 1fr; height: 2; }
+    """
+
+    def show(self, host: HostView, run: RunView) -> None:
+        rows = plot_series(host, run)
+        existing = list(self.query_children(FigureRow))
+        if [r.key for r in existing] != [label for label, _v, _h in rows]:
+            self.remove_children()
+            self.mount_all(
+                FigureRow(label, self._label(label, value), history)
+                for label, value, history in rows
+            )
+            return
+        for row, (label, value, history) in zip(existing, rows, strict=True):
+            row.show(self._label(label, value), history)
+
+    @staticmethod
+    def _label(label: str, value: str) -> Text:
+        return Text.assemble((f"{label:<15}", "bold"), (f"{value:>10}", "cyan"))
