@@ -1,8 +1,11 @@
 """The engine: every configured host polled concurrently, one ``model.Snapshot`` per refresh.
 
-Each refresh sends ONE ``refresh`` request per host (processes and every dataset file of every run
-on that host, in one round trip), matches the processes to the configured runs and builds the
-datasets' numbers with ``supervisor.rates`` (one tracker per dataset, kept across refreshes).
+Each refresh sends ONE ``refresh`` request per host (processes, every dataset file of every run
+on that host, the GPUs and the ``/metrics`` of the local serving engines its runs use, in one
+round trip), matches the processes to the configured runs and builds the datasets' numbers with
+``supervisor.rates`` (one tracker per dataset, kept across refreshes). ``supervisor.live`` adds
+each run's rate across its datasets, the serving engines' and GPUs' figures, and the rate
+history, persisted in the state dir so that a new engine starts with rates.
 
 One host never stalls the others: each host's refresh is bounded by its own connect and command
 timeouts. A host that fails keeps its last values, marked stale, and is retried with exponential
@@ -100,9 +103,7 @@ def dataset_path(run: RunConfig, dataset: str, local: bool) -> str:
 class Engine:
     """Polls every configured host; see the module docstring."""
 
-    def __init__(
-        self, config: Config, hosts: dict[str, Host] | None = None, *, persist_history: bool = True
-    ) -> None:
+    def __init__(self, config: Config, hosts: dict[str, Host] | None = None) -> None:
         self.config = config
         self._hosts: dict[str, Host] = dict(hosts or {})
         for hc in config.hosts:
@@ -126,7 +127,7 @@ class Engine:
         self.last: Snapshot | None = None
         self._inflight: asyncio.Future[Snapshot] | None = None
         self._guard: BudgetGuard | None = None
-        self._live = Live(config, persist=persist_history)
+        self._live = Live(config)
 
     # ------------------------------------------------------------------ public API
 
@@ -332,10 +333,6 @@ class Engine:
     async def _close(host: Host) -> None:
         with contextlib.suppress(asyncio.TimeoutError, OSError, RunwatchError):
             await asyncio.wait_for(host.close(), 5.0)
-
-    def save_history(self) -> None:
-        """Write the rate history to the state dir now (also done on close)."""
-        self._live.save()
 
     def _file_specs(self, run: RunConfig, hc: HostConfig) -> list[dict[str, Any]]:
         specs = []

@@ -84,10 +84,15 @@ class Live:
         """Mark the datasets a live run has moved on from as done (see the module docstring)."""
         if not alive or len(run.datasets) < 2:
             return
-        ages = {ds.path: trackers.get((host, ds.path)).since_growth(now) for ds in run.datasets}
+        # Only files seen at least once count: a dataset not started yet has not "grown".
+        seen = [(ds, trackers.get((host, ds.path))) for ds in run.datasets]
+        ages = {ds.path: t.since_growth(now) for ds, t in seen if t.latest() is not None}
+        if len(ages) < 2:
+            return
         newest = min(ages.values())
         for ds in run.datasets:
-            if not ds.done and ages[ds.path] >= MOVED_ON_S and ages[ds.path] > newest:
+            age = ages.get(ds.path)
+            if not ds.done and age is not None and age >= MOVED_ON_S and age > newest:
                 ds.done = True
                 ds.rates = rates.stopped_rates(ds.rates)
 

@@ -132,7 +132,8 @@ class DatasetView(msgspec.Struct, kw_only=True):
     over_budget: bool = False
     stalled: bool = False
     history: list[float] = []
-    """Tokens/s per interval over the last minutes, oldest first (for a sparkline)."""
+    """Tokens/s per interval (10 s and up) over the last minutes, oldest first, from the
+    persisted history (for a sparkline)."""
     done: bool = False
     """Nothing more will be written: no live writer, or a stop condition is reached."""
     run_token_budget: int | None = None

@@ -31,6 +31,11 @@ Definitions:
 * rates are over the last minute, the last 10 minutes and everything this tracker has seen,
   measured from the newest observation at least that old (the oldest kept while the window is
   filling); ``None`` until two observations at least 1 s apart exist;
+* the headline rate (``Rates.tok_per_s``, what the screens show and compare uses) is the
+  10-minute window's, with one standard error ``tok_per_s / sqrt(n)`` for the ``n`` responses
+  written within it; None until the window holds ``MIN_RESPONSES``;
+* a dataset is ``done`` once no live process writes it or a stop condition is reached: its
+  windowed rates are then 0 (the whole-life averages stay);
 * projections use the 10-minute rate, else the 1-minute one, else the whole-run one;
 * the run's stop conditions are its ``--max-samples`` (else the dataset's ``max_samples``), its
   ``--token-budget`` (never the config budget: a run without the flag does not stop at it), and

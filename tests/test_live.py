@@ -85,6 +85,16 @@ def test_a_dataset_switch_is_counted_once_and_the_finished_dataset_is_at_zero() 
     assert run.history and run.history[-1] == pytest.approx(100.0)
 
 
+def test_a_quiet_dataset_is_not_done_while_the_next_has_not_started() -> None:
+    """B5 has not grown for 5 minutes, but B6 has no file yet: nothing shows that the run moved
+    on (it may be stalled, which is another warning), so B5 is not marked done."""
+    live = Live(Config(), persist=False)
+    trackers = rates.Trackers()
+    _look(live, trackers, 0.0, 6, None)
+    run = _look(live, trackers, 300.0, 6, None)
+    assert not run.datasets[0].done
+
+
 def test_a_rate_is_shown_only_when_its_window_holds_enough_responses() -> None:
     t = rates.RateTracker()
     t.observe(0.0, 0, 0)
