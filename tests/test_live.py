@@ -252,3 +252,51 @@ def test_compare_is_bounded_by_the_runs_own_token_budget(tmp_path: Path) -> None
     lines = format_lines(result)
     assert lines[0] == "B1: local: 3 ± 1 min, $2.00 ± $0.20 of GPU time; API: ?, $0.042"
     assert "  local (local): 100 ± 10 output tok/s" in lines
+
+
+def test_compare_across_a_dataset_switch(tmp_path: Path) -> None:
+    """Hand-worked, on the switch above at t=900: B5 is done (60 responses, its budget 60,000
+    reached), B6 holds 30 responses (30,000 tokens) of its 60,000 budget: 30,000 tokens left.
+    The endpoint's rate is the run's window, 100 ± 12.9 tok/s (not 50 + 100 = 150): B6 needs
+    300 ± 39 s, and at $36/h of GPU time $3.00 ± $0.39."""
+    cfg = write_local_config(
+        tmp_path / "c.toml",
+        """
+[[runs]]
+name = "eagle3"
+host = "here"
+workdir = "/w"
+argv = ["python3", "run_inference.py", "--datasets", "B5,B6"]
+endpoint = "local"
+[datasets.B5]
+token_budget = 60_000
+[datasets.B6]
+token_budget = 60_000
+[[endpoints]]
+name = "local"
+kind = "local"
+base_url = "http://127.0.0.1:1/v1"
+gpu_cost_per_hour = 36.0
+""",
+    )
+    config = load_config(cfg)
+    live = Live(config, persist=False)
+    trackers = rates.Trackers()
+    run = None
+    for step in range(16):
+        b6 = None if step <= 10 else 6 * (step - 10)
+        run = _look(live, trackers, 60.0 * step, 6 * min(step, 10), b6)
+    assert run is not None
+    snap = Snapshot(time=900.0, hosts=[HostView(name="here", connected=True, runs=[run])])
+    from supervisor.compare import live_rates
+
+    works, skipped = works_from_snapshot(config, snap)
+    assert skipped == {"B5": "token_budget reached"}
+    (b6,) = works
+    assert b6.remaining_tokens == 30_000
+    (local,) = endpoint_rates(config, live_rates(config, snap), [])
+    assert local.out_tok_per_s == pytest.approx(100.0)
+    (est,) = compare(works, [local]).datasets[0].estimates
+    assert est.seconds == pytest.approx(300.0)
+    assert est.seconds_err == pytest.approx(300.0 / math.sqrt(60))
+    assert (est.cost_usd, est.cost_err) == pytest.approx((3.0, 3.0 / math.sqrt(60)))
