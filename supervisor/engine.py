@@ -542,7 +542,7 @@ class Engine:
             has_gpu=result.get("gpu") is not None,
             runs=run_views,
             processes=procs,
-            endpoints=self._live.endpoints(hc.name, result.get("metrics"), time.time()),
+            endpoints=self._live.endpoints(hc.name, result.get("metrics"), time.time(), run_views),
             gpus=gpus,
             gpu_error=gpu_error,
         )

@@ -26,7 +26,7 @@ from typing import Any
 from supervisor import rates, servermetrics
 from supervisor.config import Config
 from supervisor.history import History, history_path
-from supervisor.model import DatasetView, EndpointMetrics, GpuView, Quantity, RunView
+from supervisor.model import DatasetView, EndpointMetrics, GpuView, Quantity, Rates, RunView
 
 MOVED_ON_S = 120.0
 """A dataset of a live run that has not grown for this long while another grew since is done."""
@@ -123,42 +123,76 @@ class Live:
     # ------------------------------------------------------------------ endpoints
 
     def endpoints(
-        self, host: str, fetched: Mapping[str, Any] | None, now: float
+        self, host: str, fetched: Mapping[str, Any] | None, now: float, runs: list[RunView]
     ) -> list[EndpointMetrics]:
-        """The serving-engine figures of the local endpoints of ``host``."""
+        """Every endpoint the runs of ``host`` use: their output from the data files, and the
+        serving-engine figures of the local ones."""
+        specs = {s["name"]: s["url"] for s in metrics_specs(self.config, host)}
+        used = {r.endpoint for r in self.config.runs if r.host == host and r.endpoint}
         out = []
-        for spec in metrics_specs(self.config, host):
-            name, url = spec["name"], spec["url"]
-            key = f"ep|{host}|{name}"
-            tracker = self._metrics.get((host, name))
-            if tracker is None:
-                tracker = self._metrics[(host, name)] = servermetrics.MetricsTracker()
-                # The counter readings of the last window, so that a one-shot refresh already
-                # has a rate (a single earlier reading may be a moment old).
-                for p in self.history.points(key, since=now - servermetrics.WINDOW_S):
-                    if len(p) > 5 and p[4] >= 0:
-                        tracker.seed(p[0], p[4], p[5] if p[5] >= 0 else None)
-            fetch = None if fetched is None else fetched.get(name)
-            view = servermetrics.endpoint_view(name, url, fetch, tracker, now)
-            if view.available:
-                scrape = tracker.latest()
-                assert scrape is not None
-
-                def v(x: float | None) -> float:
-                    return _MISSING if x is None else x
-
-                self.history.add(
-                    key,
-                    scrape.t,
-                    v(scrape.running),
-                    v(scrape.queued),
-                    v(scrape.kv_usage),
-                    v(scrape.generation_tokens),
-                    v(scrape.prompt_tokens),
-                )
-            self._fill_history(view, key)
+        for ep in self.config.endpoints:
+            if ep.name not in used:
+                continue
+            if ep.name in specs:
+                view = self._served(host, ep.name, specs[ep.name], fetched, now)
+            else:
+                view = EndpointMetrics(name=ep.name, url=ep.base_url, kind=ep.kind)
+            self._files(host, view, [r for r in runs if r.endpoint == ep.name], now)
             out.append(view)
         return out
+
+    def _files(self, host: str, view: EndpointMetrics, runs: list[RunView], now: float) -> None:
+        """The endpoint's output from its runs' files: their windows added up (errors in
+        quadrature), and its history from their summed token counts."""
+        running = [r.rates for r in runs if r.state == "running"]
+        both = rates.combine(running) if running else Rates()
+        key = f"epf|{host}|{view.name}"
+        counted = [ds for r in runs for ds in r.datasets if ds.state == "ok"]
+        if counted:
+            self.history.add(
+                key,
+                now,
+                sum(ds.unique_ids or ds.records for ds in counted),
+                sum(ds.completion_tokens for ds in counted),
+            )
+        view.files_tok_per_s = Quantity(
+            value=both.tok_per_s, history=self.history.rates(key, limit=SPARK_POINTS)
+        )
+        view.files_tok_per_s_err = both.tok_per_s_err
+
+    def _served(
+        self, host: str, name: str, url: str, fetched: Mapping[str, Any] | None, now: float
+    ) -> EndpointMetrics:
+        """The figures of a local serving engine from its ``/metrics`` fetch."""
+        key = f"ep|{host}|{name}"
+        tracker = self._metrics.get((host, name))
+        if tracker is None:
+            tracker = self._metrics[(host, name)] = servermetrics.MetricsTracker()
+            # The counter readings of the last window, so that a one-shot refresh already
+            # has a rate (a single earlier reading may be a moment old).
+            for p in self.history.points(key, since=now - servermetrics.WINDOW_S):
+                if len(p) > 5 and p[4] >= 0:
+                    tracker.seed(p[0], p[4], p[5] if p[5] >= 0 else None)
+        fetch = None if fetched is None else fetched.get(name)
+        view = servermetrics.endpoint_view(name, url, fetch, tracker, now)
+        if view.available:
+            scrape = tracker.latest()
+            assert scrape is not None
+
+            def v(x: float | None) -> float:
+                return _MISSING if x is None else x
+
+            self.history.add(
+                key,
+                scrape.t,
+                v(scrape.running),
+                v(scrape.queued),
+                v(scrape.kv_usage),
+                v(scrape.generation_tokens),
+                v(scrape.prompt_tokens),
+            )
+        self._fill_history(view, key)
+        return view
 
     def _fill_history(self, view: EndpointMetrics, key: str) -> None:
         def col(c: int) -> list[float]:

@@ -167,11 +167,18 @@ class Quantity(msgspec.Struct, kw_only=True):
 
 
 class EndpointMetrics(msgspec.Struct, kw_only=True):
-    """What a local serving engine (SGLang, vLLM) says about itself on its ``/metrics``."""
+    """An endpoint the runs of a host use: their output from the data files and, for a local
+    serving engine (SGLang, vLLM), what it says about itself on its ``/metrics``."""
 
     name: str
     """The endpoint's name in the config."""
     url: str
+    kind: str = "local"
+    """``local`` (its ``/metrics`` is read) or ``api`` (only the runs' files measure it)."""
+    files_tok_per_s: Quantity = msgspec.field(default_factory=Quantity)
+    """Output tokens/s of the running runs of this host that use the endpoint, from their data
+    files (each run's window across its datasets, added up), and its history."""
+    files_tok_per_s_err: float | None = None
     available: bool = False
     why: str | None = None
     """Why there are no figures: ``connection refused``, ``not enabled: SGLang needs

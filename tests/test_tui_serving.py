@@ -1,5 +1,6 @@
 """The dashboard against the real demo shows the local mock's serving figures from its /metrics
-(running and queued requests, server tok/s), its sparklines move, and the run detail's History
+(running and queued requests, server tok/s), the API endpoint its runs' files' rate, its
+sparklines move, and the run detail's History
 tab plots the run's series."""
 
 from __future__ import annotations
@@ -52,12 +53,18 @@ async def test_dashboard_shows_the_local_servers_metrics_and_sparklines_move(
         )
         host = app.snapshot.hosts[0] if app.snapshot else None
         assert host is not None
-        (em,) = host.endpoints
+        em = next(e for e in host.endpoints if e.name == "local-gpu")
         assert em.gen_tok_per_s.value is not None
         # Never above the mock's capacity by more than the stated uncertainty.
         cap = float(LOCAL_MOCK["capacity_tps"])
         assert em.gen_tok_per_s.value <= cap + (em.gen_tok_per_s_err or 0) + 1
         assert not app.screen.query_one(ServingPanel).has_class("-empty")
+        # The API endpoint has no /metrics of ours: its runs' files measure it.
+        api = _row(app, "ep-api")
+        assert api is not None
+        await wait_for(
+            lambda: "tok/s (files)" in _plain(api), timeout=30, what="the API's rate from files"
+        )
 
         app.open_run("laptop/local-gpu", None)
         await wait_for(lambda: isinstance(app.screen, RunDetailScreen), what="the run detail")

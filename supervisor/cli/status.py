@@ -168,8 +168,15 @@ def _serving_lines(h: HostView) -> list[str]:
     """The host's local serving engines (from their /metrics) and GPUs, one line each."""
     lines = []
     for em in h.endpoints:
+        files = "-"
+        if em.files_tok_per_s.value is not None:
+            err = em.files_tok_per_s_err or 0.0
+            files = f"{rate(em.files_tok_per_s.value, 0)} ± {rate(err, 0)} tok/s (files)"
+        if em.kind != "local":
+            lines.append(f"  endpoint {em.name} ({em.kind}): {files}")
+            continue
         if not em.available:
-            lines.append(f"  endpoint {em.name}: metrics {em.why}")
+            lines.append(f"  endpoint {em.name}: {files}; metrics {em.why}")
             continue
         parts = [
             f"running {rate(em.running.value, 0)}",
@@ -179,6 +186,7 @@ def _serving_lines(h: HostView) -> list[str]:
             parts.append(f"KV {100 * em.kv_usage.value:.0f}%")
         if em.gen_tok_per_s.value is not None:
             parts.append(f"{rate(em.gen_tok_per_s.value, 0)} tok/s (server)")
+        parts.append(files)
         if em.ttft_p50_s is not None and em.ttft_p90_s is not None:
             parts.append(
                 f"TTFT p50 {em.ttft_p50_s:.2f} s p90 {em.ttft_p90_s:.2f} s ({em.ttft_window})"
