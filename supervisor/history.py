@@ -76,8 +76,11 @@ class History:
 
     def rates(self, key: str, column: int = 2, limit: int = 120) -> list[float]:
         """Per-interval rate of a cumulative column (tokens/s from token counts), oldest first;
-        an interval where the count went down (a rescan) is left out."""
+        an interval where the count went down (a rescan) is left out, and so is the newest one
+        while it is shorter than ``STEP_S`` (a second or two says nothing of a rate)."""
         pts = self.points(key)
+        if len(pts) >= 3 and pts[-1][0] - pts[-2][0] < STEP_S:
+            pts = pts[:-1]
         out = []
         for a, b in itertools.pairwise(pts):
             dt = b[0] - a[0]

@@ -168,7 +168,7 @@ def _serving_lines(h: HostView) -> list[str]:
     """The host's local serving engines (from their /metrics) and GPUs, one line each."""
     lines = []
     for em in h.endpoints:
-        files = "-"
+        files = "files: too few responses yet"
         if em.files_tok_per_s.value is not None:
             err = em.files_tok_per_s_err or 0.0
             files = f"{rate(em.files_tok_per_s.value, 0)} ± {rate(err, 0)} tok/s (files)"

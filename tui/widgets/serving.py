@@ -15,6 +15,10 @@ from supervisor.model import EndpointMetrics, GpuView, HostView, RunView
 from tui.widgets.format import human, memory_mb, rate
 
 
+def _count(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
 def _seconds(s: float | None) -> str:
     if s is None:
         return "-"
@@ -46,10 +50,7 @@ def endpoint_line(em: EndpointMetrics) -> Text:
         return text
     text.append(f" ({em.engine})", style="dim")
 
-    def num(v: float | None) -> str:
-        return "-" if v is None else f"{v:,.0f}"
-
-    parts = [f"running {num(em.running.value)}", f"queued {num(em.queued.value)}"]
+    parts = [f"running {_count(em.running.value)}", f"queued {_count(em.queued.value)}"]
     if em.kv_usage.value is not None:
         parts.append(f"KV {em.kv_usage.value * 100:.0f}%")
     gen = em.gen_tok_per_s.value
@@ -151,14 +152,13 @@ def plot_series(host: HostView, run: RunView) -> list[tuple[str, str, list[float
     endpoint's running and queued requests and KV use, then the utilisation of the GPUs its
     processes hold (every GPU of the host when none is known to be its)."""
     series: list[tuple[str, str, list[float]]] = []
-    latest = rate(run.history[-1]) if run.history else "-"
-    series.append(("tok/s (files)", latest, run.history))
+    series.append(("tok/s (files)", rate(run.rates.tok_per_s), run.history))
     for em in host.endpoints:
         if em.name != run.endpoint:
             continue
         series.append(("tok/s (server)", rate(em.gen_tok_per_s.value), em.gen_tok_per_s.history))
-        series.append(("running", rate(em.running.value), em.running.history))
-        series.append(("queued", rate(em.queued.value), em.queued.history))
+        series.append(("running", _count(em.running.value), em.running.history))
+        series.append(("queued", _count(em.queued.value), em.queued.history))
         kv = em.kv_usage.value
         series.append(("KV use", "-" if kv is None else f"{kv * 100:.0f}%", em.kv_usage.history))
     gpus = [g for g in host.gpus if run.name in g.runs] or host.gpus
