@@ -139,6 +139,19 @@ def test_the_agent_fetches_only_this_hosts_http() -> None:
     }
 
 
+def test_a_refresh_with_malformed_metrics_specs_is_refused() -> None:
+    from supervisor.agent.protocol import AgentOpError
+    from supervisor.agent.server import Agent
+
+    with pytest.raises(AgentOpError) as refused:
+        Agent().refresh({"metrics": [{"name": "local", "url": 1}]})
+    assert refused.value.kind == "bad-params"
+    reply = Agent().refresh({"metrics": [{"name": "local", "url": "http://127.0.0.1:1/m"}]})
+    assert reply["metrics"] == {
+        "local": {"ok": False, "error": "connection refused", "kind": "refused"}
+    }
+
+
 def test_the_mock_serves_its_real_state(mock_server: Any) -> None:
     h = mock_server(metrics="vllm", mean_tokens=50, length_sigma=0)
     got = fetch_one(h.url[: -len("/v1")] + "/metrics")

@@ -100,11 +100,11 @@ def fetch_one(url: str, timeout: float = METRICS_TIMEOUT_S) -> dict[str, Any]:
     }
 
 
-def fetch_all(specs: Any) -> dict[str, Any]:
-    """``[{"name", "url"}]`` -> ``{name: fetch_one(url)}`` (one after another, each bounded)."""
+def parse_specs(specs: Any) -> list[tuple[str, str]]:
+    """``[{"name", "url"}]`` -> ``[(name, url)]``; AgentOpError for anything else."""
     if not isinstance(specs, list):
         raise AgentOpError("metrics: expected a list of {name, url}", "bad-params")
-    out: dict[str, Any] = {}
+    out = []
     for spec in specs:
         if not (
             isinstance(spec, dict)
@@ -112,5 +112,10 @@ def fetch_all(specs: Any) -> dict[str, Any]:
             and isinstance(spec.get("url"), str)
         ):
             raise AgentOpError("metrics: each entry needs a string name and url", "bad-params")
-        out[spec["name"]] = fetch_one(spec["url"])
+        out.append((spec["name"], spec["url"]))
     return out
+
+
+def fetch_all(specs: list[tuple[str, str]]) -> dict[str, Any]:
+    """``{name: fetch_one(url)}`` for each ``(name, url)``, one after another, each bounded."""
+    return {name: fetch_one(url) for name, url in specs}

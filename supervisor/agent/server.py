@@ -106,13 +106,10 @@ class Agent:
         fetched: dict[str, Any] = {}
         fetcher = None
         if params.get("metrics"):
-            specs = params["metrics"]
+            specs = metrics.parse_specs(params["metrics"])
 
             def fetch() -> None:
-                try:
-                    fetched.update(metrics.fetch_all(specs))
-                except AgentOpError as e:
-                    fetched["*"] = {"ok": False, "error": str(e), "kind": "bad-params"}
+                fetched.update(metrics.fetch_all(specs))
 
             fetcher = threading.Thread(target=fetch, name="metrics", daemon=True)
             fetcher.start()
