@@ -188,6 +188,14 @@ class EndpointConfig(_Section):
     """Sampling temperature of the run's requests."""
     concurrency: int | None = None
     """Concurrency the run uses against this endpoint (bench default)."""
+    metrics_url: str | None = None
+    """Prometheus endpoint of a local serving engine, fetched by the agent on the host that runs
+    the endpoint's runs, over that host's own loopback (``http://`` to the host itself only).
+    Default: ``base_url`` without ``/v1``, plus ``/metrics``. SGLang serves it with
+    ``--enable-metrics``; vLLM always."""
+    stream: bool | None = None
+    """Whether the run streams its requests (a bench is used for this endpoint only when its
+    streaming mode matches; None: not known, any bench matches)."""
 
 
 class FormatProfile(_Section):

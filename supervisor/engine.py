@@ -1,8 +1,11 @@
 """The engine: every configured host polled concurrently, one ``model.Snapshot`` per refresh.
 
-Each refresh sends ONE ``refresh`` request per host (processes and every dataset file of every run
-on that host, in one round trip), matches the processes to the configured runs and builds the
-datasets' numbers with ``supervisor.rates`` (one tracker per dataset, kept across refreshes).
+Each refresh sends ONE ``refresh`` request per host (processes, every dataset file of every run
+on that host, the GPUs and the ``/metrics`` of the local serving engines its runs use, in one
+round trip), matches the processes to the configured runs and builds the datasets' numbers with
+``supervisor.rates`` (one tracker per dataset, kept across refreshes). ``supervisor.live`` adds
+each run's rate across its datasets, the serving engines' and GPUs' figures, and the rate
+history, persisted in the state dir so that a new engine starts with rates.
 
 One host never stalls the others: each host's refresh is bounded by its own connect and command
 timeouts. A host that fails keeps its last values, marked stale, and is retried with exponential
@@ -65,6 +68,7 @@ from supervisor.hosts import (
 from supervisor.kill import KillReport, KillResult
 from supervisor.launchspec import launch_argv
 from supervisor.layout import RunLayout, layout_of
+from supervisor.live import Live, metrics_specs
 from supervisor.model import (
     DatasetView,
     HostView,
@@ -136,6 +140,7 @@ class Engine:
         self.last: Snapshot | None = None
         self._inflight: asyncio.Future[Snapshot] | None = None
         self._guard: BudgetGuard | None = None
+        self._live = Live(config)
 
     # ------------------------------------------------------------------ public API
 
@@ -161,6 +166,7 @@ class Engine:
         views = await asyncio.gather(*(self._refresh_host(n) for n in names))
         snap = Snapshot(time=time.time(), hosts=list(views))
         self.last = snap
+        self._live.maybe_save()
         return snap
 
     async def list_processes(self, host: str) -> list[ProcessInfo]:
@@ -377,6 +383,7 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError, RunwatchError):
                 await self._inflight
         await asyncio.gather(*(self._close(h) for h in self._hosts.values()))
+        self._live.save()
 
     async def __aenter__(self) -> Engine:
         return self
@@ -446,6 +453,8 @@ class Engine:
             "runs": run_specs(self.config, name),
             "secret_env": secret_env_names(self.config),
         }
+        if metrics_specs(self.config, name):
+            params["metrics"] = metrics_specs(self.config, name)
         bound = hc.connect_timeout + hc.command_timeout + 5.0
         try:
             result, rtt = await asyncio.wait_for(self._ask(host, params, hc, runs), bound)
@@ -563,21 +572,22 @@ class Engine:
                 state = "zombie"
             else:
                 state = "running"
-            run_views.append(
-                RunView(
-                    name=run.name,
-                    host=hc.name,
-                    state=state,
-                    # Nothing is scanned for such a run: say so rather than show no datasets.
-                    state_detail=f"data files unknown: {layout.problem}"
-                    if layout.problem
-                    else None,
-                    process=proc,
-                    datasets=datasets,
-                    job=job,
-                    candidates=[p.identity.pid for p in cands] if len(cands) > 1 else [],
-                )
+            rv = RunView(
+                name=run.name,
+                host=hc.name,
+                state=state,
+                # Nothing is scanned for such a run: say so rather than show no datasets.
+                state_detail=f"data files unknown: {layout.problem}" if layout.problem else None,
+                process=proc,
+                datasets=datasets,
+                job=job,
+                candidates=[p.identity.pid for p in cands] if len(cands) > 1 else [],
+                endpoint=run.endpoint,
             )
+            alive = state == "running"
+            self._live.moved_on(hc.name, rv, self._trackers, alive, time.time())
+            self._live.run_rates(hc.name, rv, alive, time.time())
+            run_views.append(rv)
         discovered: dict[str, dict[str, Any]] = {}
         for proc in procs:
             if proc.identity.pid in taken:
@@ -607,6 +617,7 @@ class Engine:
                 )
             )
         self._state[hc.name].discovered = discovered
+        gpus, gpu_error = self._live.gpus(hc.name, result.get("gpu"), run_views, time.time())
         return HostView(
             name=hc.name,
             connected=True,
@@ -617,6 +628,9 @@ class Engine:
             has_gpu=result.get("gpu") is not None,
             runs=run_views,
             processes=procs,
+            endpoints=self._live.endpoints(hc.name, result.get("metrics"), time.time(), run_views),
+            gpus=gpus,
+            gpu_error=gpu_error,
         )
 
     def _match(self, hc: HostConfig, runs: list[RunConfig], p: ProcessInfo) -> str | None:
@@ -637,7 +651,7 @@ class Engine:
     ) -> DatasetView:
         """``alive``: whether the dataset's writer runs (default: ``proc`` is alive)."""
         endpoint = self.config.endpoint(run.endpoint) if run.endpoint is not None else None
-        tracker = self._trackers.get((host, str(scan.get("path") or dataset)))
+        tracker = self._live.dataset_tracker(self._trackers, host, str(scan.get("path") or dataset))
         counter = self._count_texts if scan.get("texts") else None
         problem = None
         if counter is not None:
@@ -661,6 +675,7 @@ class Engine:
         )
         if problem is not None and view.error is None:
             view.error = f"tokens not counted: {problem}"
+        self._live.record_dataset(host, view, tracker)
         return view
 
     def _tokenizer_ready(self) -> None:

@@ -31,6 +31,11 @@ Definitions:
 * rates are over the last minute, the last 10 minutes and everything this tracker has seen,
   measured from the newest observation at least that old (the oldest kept while the window is
   filling); ``None`` until two observations at least 1 s apart exist;
+* the headline rate (``Rates.tok_per_s``, what the screens show and compare uses) is the
+  10-minute window's, with one standard error ``tok_per_s / sqrt(n)`` for the ``n`` responses
+  written within it; None until the window holds ``MIN_RESPONSES``;
+* a dataset is ``done`` once no live process writes it or a stop condition is reached: its
+  windowed rates are then 0 (the whole-life averages stay);
 * projections use the 10-minute rate, else the 1-minute one, else the whole-run one;
 * the run's stop conditions are its ``--max-samples`` (else the dataset's ``max_samples``), its
   ``--token-budget`` (never the config budget: a run without the flag does not stop at it), and
@@ -62,6 +67,11 @@ WINDOW_10M = 600.0
 MIN_SPAN = 1.0
 """Observations closer than this give no rate (avoids dividing noise by nothing)."""
 HISTORY_POINTS = 60
+MIN_RESPONSES = 4
+"""Responses a window must hold before its rate is shown (relative error 1/sqrt(4) = 50 %)."""
+_SEEDED = "\0seeded"
+"""Stream marker of a tracker seeded from the persisted history: the next scan continues it
+(a new agent names its streams afresh) unless its counts went down."""
 
 
 class CostInfo(msgspec.Struct, kw_only=True, frozen=True):
@@ -125,6 +135,25 @@ class RateTracker:
     def text_tokens(self, stream: str | None) -> int:
         return self._text_tokens if stream == self._text_stream else 0
 
+    def seed(self, points: list[tuple[float, int, int]]) -> None:
+        """Start from persisted observations ``(t, responses, tokens)``, oldest first."""
+        if self._samples or not points:
+            return
+        for t, records, tokens in points:
+            self._samples.append(_Sample(float(t), int(records), int(tokens)))
+        self._first = self._samples[0]
+        self._stream = _SEEDED
+        grown = [b.t for a, b in itertools.pairwise(self._samples) if b.records > a.records]
+        self._last_growth = grown[-1] if grown else self._samples[0].t
+        self._size = None
+
+    def latest(self) -> tuple[float, int, int] | None:
+        """The newest observation ``(t, responses, tokens)``."""
+        if not self._samples:
+            return None
+        s = self._samples[-1]
+        return s.t, s.records, s.tokens
+
     def observe(
         self,
         now: float,
@@ -135,7 +164,8 @@ class RateTracker:
     ) -> None:
         """Record the counts seen at ``now``. A new stream or a count going down restarts."""
         last = self._samples[-1] if self._samples else None
-        if (stream is not None and stream != self._stream) or (
+        continued = self._stream == _SEEDED and stream is not None
+        if (stream is not None and stream != self._stream and not continued) or (
             last is not None and (records < last.records or tokens < last.tokens)
         ):
             self._samples.clear()
@@ -166,8 +196,14 @@ class RateTracker:
 
     def rate(self, window: float | None, now: float) -> tuple[float | None, float | None]:
         """``(records/s, tokens/s)`` over the last ``window`` seconds (None: since the start)."""
+        return self._rate(window, now)[:2]
+
+    def _rate(
+        self, window: float | None, now: float
+    ) -> tuple[float | None, float | None, float, int]:
+        """``(records/s, tokens/s, span, responses in it)``."""
         if not self._samples:
-            return None, None
+            return None, None, 0.0, 0
         latest = self._samples[-1]
         base = self._first
         if window is not None:
@@ -179,24 +215,33 @@ class RateTracker:
                     break
                 base = s
         if base is None:
-            return None, None
+            return None, None, 0.0, 0
         span = latest.t - base.t
         if span < MIN_SPAN:
-            return None, None
-        return (latest.records - base.records) / span, (latest.tokens - base.tokens) / span
+            return None, None, span, 0
+        n = latest.records - base.records
+        return n / span, (latest.tokens - base.tokens) / span, span, n
 
     def rates(self, now: float) -> Rates:
+        """The 1-minute, 10-minute and whole rates, and the headline: the 10-minute window (or
+        what of it is filled) with its Poisson error, shown from ``MIN_RESPONSES`` on."""
         r1, t1 = self.rate(WINDOW_1M, now)
-        r10, t10 = self.rate(WINDOW_10M, now)
+        r10, t10, span, n = self._rate(WINDOW_10M, now)
         ra, ta = self.rate(None, now)
-        return Rates(
+        out = Rates(
             req_per_s_1m=r1,
             req_per_s_10m=r10,
             req_per_s_all=ra,
             tok_per_s_1m=t1,
             tok_per_s_10m=t10,
             tok_per_s_all=ta,
+            window_s=span or None,
+            responses=max(0, n),
         )
+        if t10 is not None and n >= MIN_RESPONSES:
+            out.tok_per_s, out.req_per_s = t10, r10
+            out.tok_per_s_err = t10 / math.sqrt(n)
+        return out
 
     def since_growth(self, now: float) -> float:
         """Seconds since the file last grew (0 before the first observation)."""
@@ -400,6 +445,12 @@ def build_dataset_view(
         writer_alive=writer_alive,
         cost=cost,
     )
+    reached = any(
+        projection.etas.get(stop) == 0 for stop in ("max_samples", "token_budget", "prompts")
+    )
+    finished = state == "ok" and (not writer_alive or reached)
+    if finished:
+        rates = stopped_rates(rates)
     verdict: Verdict = scan.get("verdict") or "empty"
     if verdict not in get_args(Verdict):
         verdict = "error"
@@ -430,6 +481,41 @@ def build_dataset_view(
         and tracker.since_growth(now) >= stall_seconds,
         history=tracker.history(),
         idle_s=tracker.since_growth(now),
+        done=finished,
+        run_token_budget=run_budget,
+    )
+
+
+def stopped_rates(rates: Rates) -> Rates:
+    """The rates of something that makes nothing any more: every window 0 (exactly: no error),
+    the whole-life averages kept."""
+    return msgspec.structs.replace(
+        rates,
+        req_per_s_1m=0.0,
+        req_per_s_10m=0.0,
+        tok_per_s_1m=0.0,
+        tok_per_s_10m=0.0,
+        tok_per_s=0.0,
+        tok_per_s_err=0.0,
+        req_per_s=0.0,
+        responses=0,
+    )
+
+
+def combine(parts: list[Rates]) -> Rates:
+    """Rates of independent producers added up (several runs on one endpoint): headline rates
+    add, their errors add in quadrature; None when any part has no headline yet."""
+    if not parts or any(p.tok_per_s is None for p in parts):
+        return Rates(responses=sum(p.responses for p in parts))
+    tok = sum(p.tok_per_s or 0.0 for p in parts)
+    err = math.sqrt(sum((p.tok_per_s_err or 0.0) ** 2 for p in parts))
+    spans = [p.window_s for p in parts if p.window_s]
+    return Rates(
+        tok_per_s=tok,
+        tok_per_s_err=err,
+        req_per_s=sum(p.req_per_s or 0.0 for p in parts),
+        window_s=min(spans) if spans else None,
+        responses=sum(p.responses for p in parts),
     )
 
 

@@ -182,6 +182,11 @@ class GpuInfo(TypedDict, total=False):
     memory_used_mb: float | None
     memory_total_mb: float | None
     utilization_pct: float | None
+    uuid: str
+    power_w: float | None
+    temperature_c: float | None
+    pids: list[int]
+    """Compute processes on this GPU (``--query-compute-apps``)."""
 
 
 class GpuSummary(TypedDict, total=False):
@@ -280,12 +285,42 @@ class ScanFile(_ScanFileRequired, total=False):
     scan_seconds: float
 
 
+class MetricsSpec(TypedDict):
+    """A serving engine's Prometheus endpoint on the host (``http://`` to the host itself)."""
+
+    name: str
+    url: str
+
+
+class _MetricsFetchRequired(TypedDict):
+    ok: bool
+
+
+class MetricsFetch(_MetricsFetchRequired, total=False):
+    """One ``/metrics`` fetch (``agent.metrics.fetch_one``): the text, or why there is none."""
+
+    text: str
+    truncated: bool
+    seconds: float
+    time: float
+    error: str
+    status: int
+    kind: str
+    """``refused-url``, ``http``, ``refused``, ``timeout`` or ``network``."""
+
+
 class RefreshParams(PsParams, total=False):
     files: list[FileSpec]
+    metrics: list[MetricsSpec]
 
 
-class RefreshResult(PsResult):
+class _RefreshResultRequired(PsResult):
     files: dict[str, ScanFile]
+
+
+class RefreshResult(_RefreshResultRequired, total=False):
+    metrics: dict[str, MetricsFetch]
+    """Endpoint name -> its fetch, for each ``metrics`` spec asked for."""
 
 
 class ScanParams(TypedDict, total=False):

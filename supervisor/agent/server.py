@@ -24,7 +24,7 @@ import time
 import traceback
 from typing import IO, TYPE_CHECKING, Any
 
-from supervisor.agent import datafiles, gpu, kill, launch, slurm
+from supervisor.agent import datafiles, gpu, kill, launch, metrics, slurm
 from supervisor.agent import proc as procs
 from supervisor.agent.match import resolve_runs
 from supervisor.agent.protocol import (
@@ -126,15 +126,31 @@ class Agent:
         return {"time": time.time(), "boot_id": self.boot_id, "processes": found, "gpu": summary}
 
     def refresh(self, params: dict[str, Any]) -> RefreshResult:
+        """Processes, GPUs, the files asked for and, with ``metrics``, each serving engine's
+        ``/metrics`` text (fetched on a thread of its own while the files are scanned)."""
+        fetched: dict[str, Any] = {}
+        fetcher = None
+        if params.get("metrics"):
+            specs = metrics.parse_specs(params["metrics"])
+
+            def fetch() -> None:
+                fetched.update(metrics.fetch_all(specs))
+
+            fetcher = threading.Thread(target=fetch, name="metrics", daemon=True)
+            fetcher.start()
         found, summary = self._list(params, bool(params.get("gpu", True)))
         files = self._scan_files(params.get("files") or [])
-        return {
+        reply: RefreshResult = {
             "time": time.time(),
             "boot_id": self.boot_id,
             "processes": found,
             "files": files,
             "gpu": summary,
         }
+        if fetcher is not None:
+            fetcher.join()
+            reply["metrics"] = fetched
+        return reply
 
     def scan(self, params: dict[str, Any]) -> ScanResult:
         """``files`` scanned; with ``fresh``, each from its first byte by a scanner of its own

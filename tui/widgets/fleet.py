@@ -10,6 +10,7 @@ from textual.widgets import Static
 from supervisor import display
 from supervisor.model import HostView, RunView, Snapshot
 from tui.widgets.dataset_table import DatasetTable, warning_text
+from tui.widgets.serving import ServingPanel
 
 _STATE_STYLE = {
     "running": "bold green",
@@ -77,6 +78,13 @@ def run_header(run: RunView, *, stale: bool) -> Text:
         text.append("  Slurm " + describe(run.job), style=dim.strip())
     elif run.state != "unknown":
         text.append("  no process writes these datasets", style="dim")
+    if run.rates.tok_per_s is not None and run.state == "running":
+        # The run's own window across its datasets, with its uncertainty.
+        err = run.rates.tok_per_s_err
+        text.append(f"  {display.rate(run.rates.tok_per_s)}", style="bold" + dim)
+        if err:
+            text.append(f" ± {err:,.0f}", style=dim.strip())
+        text.append(" tok/s", style=dim.strip())
     return text
 
 
@@ -185,6 +193,7 @@ class HostCard(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(classes="host-header")
+        yield ServingPanel(classes="-empty")
         yield Static("no runs on this host", classes="host-empty")
 
     def on_mount(self) -> None:
@@ -200,6 +209,7 @@ class HostCard(Vertical):
         host = self._host
         self.set_class(host.stale or not host.connected, "-stale")
         update_static(self.query_one(".host-header", Static), host_header(host, self._now))
+        self.query_one(ServingPanel).show(host)
         self.query_one(".host-empty").display = not host.runs
         cards = {c.run_key: c for c in self.query_children(RunCard)}
         wanted = {run_key(host.name, r.name): r for r in host.runs}
