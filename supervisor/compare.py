@@ -289,10 +289,7 @@ def format_lines(result: Comparison) -> list[str]:
         lines.append(f"  ({name}: {why})")
     lines.append("where the numbers come from:")
     for r in result.rates:
-        rate = display.rate(r.out_tok_per_s)
-        if r.out_tok_per_s is not None and r.out_tok_per_s_err is not None:
-            rate += f" ± {display.rate(r.out_tok_per_s_err)}"
-        rate += " output tok/s" if r.out_tok_per_s is not None else ""
+        rate = display.rate_pm(r.out_tok_per_s, r.out_tok_per_s_err, "output tok/s")
         lines.append(f"  {r.endpoint} ({r.kind}): {rate}")
         lines.append(f"    rate from {r.source}")
         if r.server_tok_per_s is not None:

@@ -261,6 +261,32 @@ def rate(per_s: float | None, unit: str = "") -> str:
     return f"{text} {unit}" if unit else text
 
 
+def rate_pm(per_s: float | None, err: float | None, unit: str = "") -> str:
+    """A rate and its uncertainty, both to the precision :func:`rate` gives the rate.
+
+    >>> rate_pm(2160.4, 96.3, "tok/s")
+    '2,160 ± 96 tok/s'
+    >>> rate_pm(100, 10)
+    '100 ± 10'
+    >>> rate_pm(34.06, 2.44)
+    '34.1 ± 2.4'
+    >>> rate_pm(34.06, None, "tok/s")
+    '34.1 tok/s'
+    """
+    text = rate(per_s)
+    if per_s is not None and err is not None:
+        a = abs(per_s)
+        if a < 0.995:
+            text += f" ± {err:.2f}"
+        elif a < 99.95:
+            text += f" ± {err:.1f}"
+        elif a < 9999.5:
+            text += f" ± {err:,.0f}"
+        else:
+            text += f" ± {compact(err)}"
+    return f"{text} {unit}" if unit and per_s is not None else text
+
+
 def size(n_bytes: float | None) -> str:
     """A size in bytes with binary multiples: one decimal below 100 of a unit, none above.
 

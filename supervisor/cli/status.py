@@ -77,7 +77,7 @@ def _run_lines(r: RunView) -> list[str]:
         head += "  " + describe_job(r.job)
     if r.state == "running" and r.rates.tok_per_s is not None:
         # The run's own window across all its datasets, with its uncertainty.
-        head += f"  {display.rate(r.rates.tok_per_s)} ± {display.rate(r.rates.tok_per_s_err)} tok/s"
+        head += "  " + display.rate_pm(r.rates.tok_per_s, r.rates.tok_per_s_err, "tok/s")
     lines = [head]
     if not r.datasets:
         return lines
@@ -135,7 +135,7 @@ def _serving_lines(h: HostView) -> list[str]:
         files = "files: too few responses yet"
         if em.files_tok_per_s.value is not None:
             err = em.files_tok_per_s_err or 0.0
-            files = f"{display.rate(em.files_tok_per_s.value)} ± {display.rate(err)} tok/s (files)"
+            files = display.rate_pm(em.files_tok_per_s.value, err, "tok/s (files)")
         if em.kind != "local":
             lines.append(f"  endpoint {em.name} ({em.kind}): {files}")
             continue

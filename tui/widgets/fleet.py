@@ -80,11 +80,9 @@ def run_header(run: RunView, *, stale: bool) -> Text:
         text.append("  no process writes these datasets", style="dim")
     if run.rates.tok_per_s is not None and run.state == "running":
         # The run's own window across its datasets, with its uncertainty.
-        err = run.rates.tok_per_s_err
-        text.append(f"  {display.rate(run.rates.tok_per_s)}", style="bold" + dim)
-        if err:
-            text.append(f" ± {err:,.0f}", style=dim.strip())
-        text.append(" tok/s", style=dim.strip())
+        value, _, err = display.rate_pm(run.rates.tok_per_s, run.rates.tok_per_s_err).partition(" ")
+        text.append(f"  {value}", style="bold" + dim)
+        text.append(f" {err} tok/s" if err else " tok/s", style=dim.strip())
     return text
 
 

@@ -30,8 +30,7 @@ def _files(em: EndpointMetrics) -> str:
     tok = em.files_tok_per_s.value
     if tok is None:
         return "files: too few responses yet"
-    err = f" ± {em.files_tok_per_s_err:,.0f}" if em.files_tok_per_s_err else ""
-    return f"{display.rate(tok)}{err} tok/s (files)"
+    return display.rate_pm(tok, em.files_tok_per_s_err or None, "tok/s (files)")
 
 
 def endpoint_line(em: EndpointMetrics) -> Text:
