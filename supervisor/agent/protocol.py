@@ -426,6 +426,23 @@ class Uninspected(TypedDict):
     pids: list[int]
 
 
+class _FileHoldersRequired(TypedDict):
+    paths: list[str]
+
+
+class FileHoldersParams(_FileHoldersRequired, total=False):
+    locks: list[str]
+    workdir: str
+
+
+class FileHoldersResult(TypedDict):
+    pids: list[int]
+    holders: list[FileHolder]
+    uninspected: list[Uninspected]
+    detail: str
+    """Who holds them, and which users' processes could not be inspected ('' when neither)."""
+
+
 class _LaunchResultRequired(TypedDict):
     started: bool
     lock_path: str
@@ -742,6 +759,7 @@ OP_SHAPES: dict[str, tuple[type, type]] = {
     "tail_log": (TailLogParams, TailLogResult),
     "tail_records": (TailRecordsParams, TailRecordsResult),
     "gpu_holders": (GpuHoldersParams, GpuHoldersResult),
+    "file_holders": (FileHoldersParams, FileHoldersResult),
     "slurm_jobs": (SlurmJobsParams, SlurmJobsResult),
     "slurm_submit": (SlurmSubmitParams, SlurmSubmitResult),
     "slurm_cancel": (SlurmCancelParams, SlurmCancelResult),

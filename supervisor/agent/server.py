@@ -73,6 +73,7 @@ class Agent:
             "tail_log": datafiles.tail_log,
             "tail_records": datafiles.tail_records,
             "gpu_holders": gpu.gpu_holders,
+            "file_holders": datafiles.holders_op,
             "slurm_jobs": slurm.slurm_jobs,
             "slurm_submit": slurm.slurm_submit,
             "slurm_cancel": slurm.slurm_cancel,
