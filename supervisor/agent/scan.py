@@ -1,20 +1,14 @@
 """Incremental scanning of JSONL dataset files: counts, tokens, bad lines and a format verdict.
 
 Standard library only, Python >= 3.8: this module runs inside the host agent on GPU hosts. It may
-import :mod:`supervisor.formats` and nothing else from ``supervisor``.
+import :mod:`supervisor.agent.formats` and :mod:`supervisor.agent.follow` and nothing else
+from ``supervisor``.
 
 A :class:`Scanner` keeps per-file state between calls, so a refresh reads only the bytes appended
-since the last one:
-
-* ``offset`` - end of the last complete line counted; a partial last line is left for later (D1);
-* a fingerprint - ``(st_dev, st_ino)`` and a hash of the first bytes of the file;
-* a hash of the bytes just before ``offset`` (the tail of the last complete line).
-
-Before reading, the scanner checks the fingerprint, the size and both hashes. A new inode
-(replacement, rotation), a size below the offset (truncation, copytruncate) or changed bytes
-(truncate-then-regrow past the offset, inode reuse) start a clean rescan from zero with fresh
-counters: nothing is ever counted twice (D4, D5). The epoch in ``stream`` changes on every
-rescan, so the laptop knows to drop what it accumulated from earlier results.
+since the last one. Following the file - the offset of the last complete line, the fingerprint,
+the clean rescan of a truncated, replaced or rewritten file, companion files - is
+:mod:`supervisor.agent.follow`; this module parses and counts the new bytes. A partial last line
+is left for later (D1); a rescan starts with fresh counters, so nothing is counted twice (D4, D5).
 
 Cold and incremental scans take the same fast path: the big integer arrays of a format
 (``output_ids``; ``input_ids`` and ``loss_mask``) are located by byte search and cut out, and only
@@ -49,17 +43,15 @@ exception.
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
 import os
 import re
-import stat
 import time
 from collections import Counter
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from supervisor.agent.follow import Follower, Position, Unfollowable, unfollowable
 from supervisor.agent.formats import (
     PROFILES,
     Profile,
@@ -75,10 +67,6 @@ from supervisor.agent.formats import (
 
 DEFAULT_CHUNK = 1 << 20
 """Bytes read per ``read()`` call."""
-HEAD_BYTES = 4096
-"""Bytes of the head of a file that fingerprint it."""
-TAIL_BYTES = 4096
-"""Bytes before the offset whose hash must match for an incremental read."""
 MAX_LINE_BYTES = 1 << 30
 """Lines longer than this are reported and skipped without being held in memory."""
 MAX_BAD_LINES = 100
@@ -374,19 +362,11 @@ _NO_TEMPLATE = _Template(re.compile(b"$^"), PROFILES["raw"], "other", {}, False,
 """A template with no rows: a placeholder where one is expected."""
 
 
-class _FileState:
-    """What the scanner remembers about one file between calls."""
+class _FileState(Position):
+    """What the scanner remembers about one file between calls: its position and counters."""
 
-    def __init__(self, epoch: int, settings: tuple[Any, ...]) -> None:
-        self.epoch = epoch
-        self.settings = settings
-        self.dev = -1
-        self.ino = -1
-        self.head_len = 0
-        self.head_hash = b""
-        self.tail_len = 0
-        self.tail_hash = b""
-        self.offset = 0
+    def __init__(self, epoch: int, settings: tuple[Any, ...], expected: Profile | None) -> None:
+        super().__init__(epoch, settings)
         self.lines = 0
         self.records = 0
         self.ids: set[Any] = set()
@@ -401,7 +381,7 @@ class _FileState:
         self.bad_total = 0
         self.validated = 0
         self.finished = False
-        self.expected: Profile | None = None
+        self.expected = expected
         self.shapes: dict[tuple[str, ...], tuple[Profile | None, str]] = {}
         self.cut_for: Profile | bool | None = False
         self.cut_keys: list[tuple[str, bytes]] = []
@@ -437,15 +417,8 @@ class Scanner:
         self.batch = batch
         self.max_line_bytes = max_line_bytes
         self.max_text_bytes = max_text_bytes
-        self._files: dict[str, _FileState] = {}
-        self._epochs: dict[str, int] = {}
-        self._token = os.urandom(6).hex()
-        self._line_counts: dict[str, tuple[int, int, int, int]] = {}
+        self._follow: Follower[_FileState] = Follower(chunk_size)
         self._want_texts = True
-
-    def forget(self, path: str) -> None:
-        """Drop the state of a file (its next scan is a cold scan)."""
-        self._files.pop(path, None)
 
     # ------------------------------------------------------------------ public
 
@@ -484,25 +457,17 @@ class Scanner:
         settings = (want, json.dumps(profile, sort_keys=True) if profile else None)
         started = time.monotonic()
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        except OSError as e:
-            return self._no_file(path, e, want)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                self._files.pop(path, None)
-                return self._state_only(path, "not-a-file", "not a regular file", want)
-            f = os.fdopen(fd, "rb", buffering=0)
-            fd = -1  # owned by f from here on
+            f, st = self._follow.open(path)
             with f:
                 return self._scan_open(
                     path, f, st, settings, user, validate, texts, progress, started
                 )
         except OSError as e:
-            return self._no_file(path, e, want)
-        finally:
-            if fd >= 0:
-                os.close(fd)
+            self._follow.drop(path)
+            err = unfollowable(e)
+        except Unfollowable as e:
+            err = e
+        return self._state_only(path, err.state, err.message, want)
 
     # ------------------------------------------------------------------ states
 
@@ -515,23 +480,6 @@ class Scanner:
         result["verdict"] = "missing" if state == "missing" else "error"
         result["verdict_detail"] = error
         return result
-
-    def _no_file(self, path: str, e: OSError, want: str | None) -> dict[str, Any]:
-        self._files.pop(path, None)
-        if e.errno == errno.ENOENT:
-            return self._state_only(path, "missing", "no such file", want)
-        if e.errno in (errno.EACCES, errno.EPERM):
-            return self._state_only(path, "unreadable", "permission denied", want)
-        if e.errno in (errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.ENXIO):
-            return self._state_only(path, "not-a-file", os.strerror(e.errno), want)
-        return self._state_only(path, "error", e.strerror or str(e), want)
-
-    def _new_state(self, path: str, settings: tuple[Any, ...]) -> _FileState:
-        epoch = self._epochs.get(path, 0) + 1
-        self._epochs[path] = epoch
-        state = _FileState(epoch, settings)
-        self._files[path] = state
-        return state
 
     # ------------------------------------------------------------------ scanning
 
@@ -548,29 +496,15 @@ class Scanner:
         started: float,
     ) -> dict[str, Any]:
         size = st.st_size
-        state = self._files.get(path)
-        reason: str | None = None
-        if state is not None:
-            reason = self._changed(state, f, st, settings)
-            if reason is not None:
-                state = None
-        if state is None:
-            state = self._new_state(path, settings)
-            state.expected = want
-            state.dev, state.ino = st.st_dev, st.st_ino
-        if state.head_len < HEAD_BYTES and size > state.head_len:
-            f.seek(0)
-            head = f.read(min(size, HEAD_BYTES))
-            state.head_len, state.head_hash = len(head), hashlib.sha1(head).digest()
+        state, reason = self._follow.resume(
+            path, f, st, settings, lambda epoch: _FileState(epoch, settings, want)
+        )
         start = state.offset
         stopped = self._consume(state, f, start, size, validate, texts, progress)
-        if state.offset != start or state.tail_len == 0:
-            k = min(state.offset, TAIL_BYTES)
-            f.seek(state.offset - k)
-            state.tail_len, state.tail_hash = k, hashlib.sha1(f.read(k)).digest()
+        self._follow.advanced(state, f, start)
         result = self._result(path, state, st, size)
         if state.expected is not None and state.expected.companions:
-            result["companions"] = self._companions(path, state.expected.companions)
+            result["companions"] = self._follow.companions(path, state.expected.companions)
         result["rescan_reason"] = reason
         result["bytes_read"] = size - start
         result["texts_more"] = stopped
@@ -580,26 +514,6 @@ class Scanner:
         state.texts = []
         state.text_bytes = 0
         return result
-
-    def _changed(
-        self, state: _FileState, f: Any, st: os.stat_result, settings: tuple[Any, ...]
-    ) -> str | None:
-        """Why the remembered state no longer applies to this file, or None."""
-        if state.settings != settings:
-            return "format changed"
-        if (st.st_dev, st.st_ino) != (state.dev, state.ino):
-            return "file replaced (new inode)"
-        if st.st_size < state.offset:
-            return "file truncated"
-        if state.head_len:
-            f.seek(0)
-            if hashlib.sha1(f.read(state.head_len)).digest() != state.head_hash:
-                return "file rewritten (head changed)"
-        if state.tail_len:
-            f.seek(state.offset - state.tail_len)
-            if hashlib.sha1(f.read(state.tail_len)).digest() != state.tail_hash:
-                return "file rewritten (bytes before the offset changed)"
-        return None
 
     def _consume(
         self,
@@ -792,48 +706,6 @@ class Scanner:
                 return True, nl + 1
             i = nl + 1
         return False, end
-
-    def _companions(self, path: str, words: tuple[str, ...]) -> list[dict[str, Any]]:
-        """Line counts of the files beside ``path`` whose names hold one of ``words``."""
-        directory = os.path.dirname(path) or "."
-        base = os.path.basename(path)
-        try:
-            names = sorted(os.listdir(directory))
-        except OSError:
-            return []
-        out = []
-        for name in names:
-            low = name.lower()
-            kind = next((w for w in words if w in low), None)
-            if kind is None or name == base or not low.endswith(".jsonl"):
-                continue
-            full = os.path.join(directory, name)
-            lines = self._count_lines(full)
-            if lines is not None:
-                out.append({"path": full, "kind": kind, "lines": lines})
-        return out
-
-    def _count_lines(self, path: str) -> int | None:
-        """Newlines in a file, counting only appended bytes since the last call."""
-        try:
-            with open(path, "rb", buffering=0) as f:
-                st = os.fstat(f.fileno())
-                if not stat.S_ISREG(st.st_mode):
-                    return None
-                dev, ino, offset, lines = self._line_counts.get(path, (-1, -1, 0, 0))
-                if (dev, ino) != (st.st_dev, st.st_ino) or st.st_size < offset:
-                    offset = lines = 0
-                f.seek(offset)
-                while offset < st.st_size:
-                    data = f.read(min(self.chunk_size, st.st_size - offset))
-                    if not data:
-                        break
-                    lines += data.count(b"\n")
-                    offset += len(data)
-                self._line_counts[path] = (st.st_dev, st.st_ino, offset, lines)
-                return lines
-        except OSError:
-            return None
 
     # ------------------------------------------------------------------ one line
 
@@ -1157,7 +1029,7 @@ class Scanner:
                 "mtime": st.st_mtime,
                 "validated": state.validated,
                 "finished": state.finished,
-                "stream": f"{self._token}:{state.epoch}",
+                "stream": self._follow.stream(state),
                 "texts": list(state.texts),
             }
         )
@@ -1259,8 +1131,3 @@ def _empty_result(path: str, fmt: str | None) -> dict[str, Any]:
         "bytes_read": 0,
         "scan_seconds": 0.0,
     }
-
-
-def scan_file(path: str, **kwargs: Any) -> dict[str, Any]:
-    """A one-off cold scan (a fresh :class:`Scanner`)."""
-    return Scanner().scan(path, **kwargs)
