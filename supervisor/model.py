@@ -121,6 +121,9 @@ class DatasetView(msgspec.Struct, kw_only=True):
     stalled: bool = False
     history: list[float] = []
     """Tokens/s per interval over the last minutes, oldest first (for a sparkline)."""
+    provisional: bool = False
+    """True while the host's first scan runs: ``records`` is the file's line count (counted at
+    once, before the records are parsed) and nothing else is known yet."""
 
 
 class JobTask(msgspec.Struct, kw_only=True):
@@ -179,6 +182,15 @@ class RunView(msgspec.Struct, kw_only=True):
     """The run's Slurm job (``kind = "slurm"`` hosts): the active one, else the last seen."""
 
 
+class ScanProgress(msgspec.Struct, kw_only=True):
+    """How far a host's first scan of its data files is."""
+
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+
+
 class HostView(msgspec.Struct, kw_only=True):
     """A host and what was seen on it at the last successful refresh."""
 
@@ -193,6 +205,8 @@ class HostView(msgspec.Struct, kw_only=True):
     has_gpu: bool = False
     runs: list[RunView] = []
     processes: list[ProcessInfo] = []
+    progress: ScanProgress | None = None
+    """Set while the host's first scan runs (its datasets are then provisional)."""
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
