@@ -23,7 +23,13 @@ from supervisor.model import HostView, RunView, Snapshot
 from tui.alerts import Alert, changes, stop_key
 from tui.commands import RunCommands
 from tui.engine import EngineLike
-from tui.messages import BudgetPolicyApplied, RefreshFailed, RunKilled, SnapshotRefreshed
+from tui.messages import (
+    BudgetPolicyApplied,
+    RefreshFailed,
+    RefreshProgressed,
+    RunKilled,
+    SnapshotRefreshed,
+)
 from tui.screens.dashboard import DashboardScreen
 from tui.widgets.fleet import run_key
 
@@ -89,7 +95,7 @@ class RunwatchApp(App[None]):
         """Poll every host once, off the UI path; the result comes back as SnapshotRefreshed."""
         self._refreshing = True
         try:
-            snapshot = await self.engine.refresh()
+            snapshot = await self.engine.refresh(on_progress=self._progressed)
         except Exception as e:  # the engine itself failed (a host failing is in the snapshot)
             self.post_message(RefreshFailed(f"{type(e).__name__}: {e}"))
         else:
@@ -97,8 +103,15 @@ class RunwatchApp(App[None]):
         finally:
             self._refreshing = False
 
+    def _progressed(self, snapshot: Snapshot) -> None:
+        self.post_message(RefreshProgressed(snapshot))
+
+    def on_refresh_progressed(self, message: RefreshProgressed) -> None:
+        if self.refreshes == 0:  # provisional counts only until the first refresh is done
+            self.snapshot = message.snapshot
+
     def on_snapshot_refreshed(self, message: SnapshotRefreshed) -> None:
-        before = self.snapshot
+        before = self.snapshot if self.refreshes else None
         for alert in changes(before, message.snapshot, self._expected_stops):
             self.alerts.append(alert)
             self.notify(alert.message, title=alert.title, severity=alert.severity, markup=False)

@@ -95,6 +95,12 @@ def host_header(host: HostView, now: float) -> Text:
         text.append(f"  last ok {display.ago(now, host.last_ok)}", style="dim")
         if host.error:
             text.append(f"  {host.error}", style="red")
+    if host.progress is not None:
+        p = host.progress
+        text.append(
+            f"  {display.scanning(p.files_done, p.files_total, p.bytes_done, p.bytes_total)}",
+            style="yellow",
+        )
     if host.has_gpu:
         text.append("  GPU", style="dim")
     runs = len(host.runs)
