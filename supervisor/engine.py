@@ -134,6 +134,7 @@ class Engine:
         self._inflight: asyncio.Future[Snapshot] | None = None
         self._on_progress: Callable[[Snapshot], None] | None = None
         self._provisional: dict[str, HostView] = {}
+        self._matches: dict[tuple[str, tuple[str, ...], str | None, str | None], str | None] = {}
         self._guard: BudgetGuard | None = None
 
     # ------------------------------------------------------------------ public API
@@ -631,8 +632,16 @@ class Engine:
 
     def _match(self, hc: HostConfig, runs: list[RunConfig], p: ProcessInfo) -> str | None:
         """The configured run ``p`` is (``supervisor.hosts.match_run``: the one rule for every
-        front end, which needs the run's workdir or output directory as evidence)."""
-        return match_run(p, self.config, hc.name)
+        front end, which needs the run's workdir or output directory as evidence).
+
+        Remembered per command line, cwd and output directory (what the rule reads of ``p``):
+        it resolves paths on the file system, and a refresh asks it for every process twice."""
+        key = (hc.name, tuple(p.identity.argv), p.cwd, p.flags.output_dir)
+        if key not in self._matches:
+            if len(self._matches) > 4096:
+                self._matches.clear()
+            self._matches[key] = match_run(p, self.config, hc.name)
+        return self._matches[key]
 
     def _dataset_view(
         self,
