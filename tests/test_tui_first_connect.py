@@ -12,6 +12,7 @@ import msgspec
 from rich.console import Console
 from textual.widgets import Static
 
+from supervisor import display
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.engine import Engine
 from supervisor.model import ScanProgress, Snapshot
@@ -72,6 +73,8 @@ async def test_dashboard_shows_provisional_counts_and_progress_then_the_scan() -
         table = next(t for t in app.screen.query(DatasetTable) if t.run_key.startswith("gpu-box"))
         row = _row(table, final.name)
         assert f"~{final.records + 5:,}" in row and "reading" in row
+        # Tokens are not known before the scan: none are shown (the struct's are stale).
+        assert display.budget(final.completion_tokens, final.token_budget) not in row
         assert app.refreshes == 0 and app.alerts == []
         engine.release.set()
         await wait_for(lambda: app.refreshes == 1, what="the scan's snapshot")
@@ -80,6 +83,7 @@ async def test_dashboard_shows_provisional_counts_and_progress_then_the_scan() -
         assert "scanning" not in header
         row = _row(table, final.name)
         assert f"{final.records:,}" in row and "~" not in row and "reading" not in row
+        assert display.budget(final.completion_tokens, final.token_budget) in row
 
 
 async def test_dashboard_on_a_real_first_scan_ends_with_exact_counts(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ baseline:
 
 1. Time to first paint: from starting ``runwatch tui`` to the dashboard showing the first run's
    datasets with token counts, next to the same for a bare Textual app showing one line in the
-   same terminal (interpreter and Textual start-up). Target: within 0.2 s of the bare app.
+   same terminal (interpreter and Textual start-up); the best of 3 starts of each, taking turns.
+   Target: within 0.2 s of the bare app.
 2. Steady state while watching (``--seconds``, default 60; ``--minutes`` for a long run): the
    app's CPU (share of one core; target <= 3 %), its RSS sampled every second (peak; target
    <= 100 MB) and, on a watch of 13 minutes or more, the RSS growth per hour (least squares over
@@ -27,6 +28,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,6 +43,7 @@ RUNS = 8
 PER_RUN = 4
 SEED_RECORDS = 300
 BASELINE_S = 5.0
+PAINTS = 3
 SOCKET = f"runwatch-bench-{os.getpid()}"
 TOKENS = re.compile(r"\b\d[\d,.]* ?[kM]? / \d[\d,.]* ?[kM]\b")
 BARE_APP = """\
@@ -221,22 +224,29 @@ def main() -> int:
         for a in argvs
     ]
     try:
-        # Baseline: a bare Textual app in the same terminal.
+        # Baseline: a bare Textual app in the same terminal. First paints: the best of
+        # PAINTS starts of each, taking turns (a burst of load on the machine hits both alike).
         bare = tmp / "bare.py"
         bare.write_text(BARE_APP)
-        t0, bare_proc = start("bare", [sys.executable, str(bare)], env)
-        bare_paint = wait_screen("bare", lambda s: "bare textual app ready" in s) - t0
-        bare_cpu, bare_rss, _ = steady(bare_proc, BASELINE_S)
-        tmux("kill-session", "-t", "bare")
-
         argv = [sys.executable, "-m", "tui.cli", "-c", str(config), "tui"]
-        t0, app = start("tui", argv, env)
 
         def painted(text: str) -> bool:
             names = all(re.search(rf"\b{d}\b", text) for d in datasets_of(1))
             return names and bool(TOKENS.search(text))
 
-        paint = wait_screen("tui", painted) - t0
+        bare_paints, paints = [], []
+        for k in range(PAINTS):
+            t0, bare_proc = start("bare", [sys.executable, str(bare)], env)
+            bare_paints.append(wait_screen("bare", lambda s: "bare textual app ready" in s) - t0)
+            if k == PAINTS - 1:
+                bare_cpu, bare_rss, _ = steady(bare_proc, BASELINE_S)
+            tmux("kill-session", "-t", "bare")
+            t0, app = start("tui", argv, env)
+            paints.append(wait_screen("tui", painted) - t0)
+            if k < PAINTS - 1:
+                tmux("kill-session", "-t", "tui")
+                app.wait(timeout=10)
+        bare_paint, paint = min(bare_paints), min(paints)
         cpu, samples, agents = steady(app, watch_s)
         screen = tmux("capture-pane", "-p", "-t", "tui")
         assert painted(screen), screen
@@ -246,6 +256,7 @@ def main() -> int:
         for c in clients:
             c.kill()
             c.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
 
     rss = max(r for _, r in samples)
     bare_peak = max(r for _, r in bare_rss)

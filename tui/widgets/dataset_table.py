@@ -82,7 +82,9 @@ def dataset_cells(ds: DatasetView, *, live: bool, stale: bool, wide: bool) -> li
     responses = display.provisional(ds.records) if ds.provisional else display.count(ds.records)
     if ds.max_samples is not None:
         responses += f"/{display.count(ds.max_samples)}"
-    if ds.token_budget:
+    if ds.provisional:  # lines are counted, tokens not yet
+        tokens_cell = Text(" " * _BAR + f" {display.UNKNOWN}", style=dim)
+    elif ds.token_budget:
         fraction = ds.completion_tokens / ds.token_budget
         colour = "red" if ds.over_budget else ("yellow" if fraction >= 0.9 else "green")
         tokens_cell = Text.assemble(
