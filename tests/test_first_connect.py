@@ -1,5 +1,6 @@
 """First connect: line counts at once (provisional), progress while the first scan runs, then the
-scan's exact numbers; in the agent, over a real agent channel and in the engine's snapshots."""
+scan's exact numbers; in the agent, over a real agent channel (local and over the sshd fixture)
+and in the engine's snapshots."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from supervisor.engine import Engine
 from supervisor.hosts import LocalHost
 from supervisor.model import Snapshot
 from tests.fixtures_data import make_raw
+from tests.fixtures_sshd import SshdServer
 
 
 def _files(tmp_path: Path) -> dict[str, bytes]:
@@ -150,3 +152,25 @@ async def test_engine_shows_provisional_counts_before_the_first_scan_ends(tmp_pa
         count = len(seen)
         await engine.refresh(on_progress=seen.append)
         assert len(seen) == count
+
+
+@pytest.mark.ssh
+async def test_engine_over_ssh_shows_provisional_counts_first(
+    sshd: SshdServer, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    (work / "out" / "B1").mkdir(parents=True)
+    truth = make_raw(work / "out" / "B1" / "raw_responses.jsonl", 200, seed=6)
+    cfg = sshd.host_config("gpu")
+    argv = ["python3", "run_inference.py", "--datasets", "B1"]
+    config = Config(
+        hosts=[cfg], runs=[RunConfig(name="gen", host="gpu", workdir=str(work), argv=argv)]
+    )
+    seen: list[Snapshot] = []
+    async with Engine(config) as engine:
+        snap = await engine.refresh(on_progress=seen.append)
+    assert seen, "no provisional snapshot over SSH"
+    run = next(r for r in seen[0].hosts[0].runs if r.name == "gen")
+    assert (run.datasets[0].records, run.datasets[0].provisional) == (truth.records, True)
+    run = next(r for r in snap.hosts[0].runs if r.name == "gen")
+    assert (run.datasets[0].records, run.datasets[0].provisional) == (truth.records, False)
