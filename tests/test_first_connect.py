@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,23 @@ def test_count_all_counts_every_newline(
     (tmp_path / "a-dir").mkdir()
     paths = [*files, str(tmp_path / "missing.jsonl"), str(tmp_path / "a-dir")]
     counted = firstpass.count_all(paths, workers)
+    assert counted == {p: (data.count(b"\n"), len(data)) for p, data in files.items()}
+
+
+def test_count_all_counts_alone_when_it_cannot_fork(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(firstpass, "SLICE_BYTES", 4096)
+    files = _files(tmp_path)
+    forks = []
+
+    def no_fork() -> int:
+        forks.append(1)
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    counted = firstpass.count_all(list(files), 2)
+    assert forks  # it tried
     assert counted == {p: (data.count(b"\n"), len(data)) for p, data in files.items()}
 
 

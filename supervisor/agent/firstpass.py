@@ -121,12 +121,23 @@ def _forked(
     """``(slice index, newlines)`` of every slice, counted by ``workers`` child processes."""
     import warnings
 
-    children = []
+    children: list[tuple[int, int]] = []
     for w in range(workers):
-        r, wr = os.pipe()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: see above
-            pid = os.fork()
+        try:
+            r, wr = os.pipe()
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads
+                    pid = os.fork()
+            except OSError:
+                os.close(r)
+                os.close(wr)
+                raise
+        except OSError:  # no more processes: reap those started, the caller counts alone
+            for pid, r in children:
+                os.close(r)
+                os.waitpid(pid, 0)
+            raise
         if pid == 0:  # the child: count, write, leave
             code = 0
             try:
@@ -144,19 +155,26 @@ def _forked(
         os.close(wr)
         children.append((pid, r))
     results: list[tuple[int, int]] = []
+    failed = False
     for pid, r in children:
         chunks = []
-        while True:
-            piece = os.read(r, 65536)
-            if not piece:
-                break
-            chunks.append(piece)
+        try:
+            while True:
+                piece = os.read(r, 65536)
+                if not piece:
+                    break
+                chunks.append(piece)
+        except OSError:
+            failed = True
         os.close(r)
         _, status = os.waitpid(pid, 0)
-        if status != 0:
-            raise OSError("a counting process failed")
+        if status != 0 or failed:
+            failed = True
+            continue
         text = b"".join(chunks).decode().split()
         results.extend((int(text[k]), int(text[k + 1])) for k in range(0, len(text), 2))
+    if failed:
+        raise OSError("a counting process failed")
     return results
 
 
