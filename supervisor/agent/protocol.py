@@ -312,6 +312,31 @@ class MetricsFetch(_MetricsFetchRequired, total=False):
 class RefreshParams(PsParams, total=False):
     files: list[FileSpec]
     metrics: list[MetricsSpec]
+    progress: bool
+    """Send progress lines (:class:`Progress`) while the files are scanned."""
+
+
+class LineCount(TypedDict):
+    """A file's newlines and size, counted before its first scan (a provisional count)."""
+
+    lines: int
+    size: int
+
+
+class _ProgressRequired(TypedDict):
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+
+
+class Progress(_ProgressRequired, total=False):
+    """An interim line ``{"id": <request id>, "progress": Progress}`` of a request that asked for
+    progress; the reply follows. The first one holds ``files`` (provisional line counts of the
+    files not scanned before, by path) and ``processes`` (as in the result)."""
+
+    files: dict[str, LineCount]
+    processes: list[Process]
 
 
 class _RefreshResultRequired(PsResult):
