@@ -548,6 +548,15 @@ def test_inv11_errors_under_json_are_json(tmp_path: Path, state_home: Path) -> N
     assert out.returncode == 2 and "error" in json.loads(out.stdout)
 
 
+def test_inv11_an_unknown_option_under_json_is_a_json_error(state_home: Path) -> None:
+    """click stops at an unknown option before the --json option is processed."""
+    for args in (("status", "--json", "--host", "x"), ("ps", "--grace", "3", "--json")):
+        out = runwatch(*args)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        err = json.loads(out.stdout)
+        assert "No such option" in err["error"] and err["hint"], err
+
+
 # --------------------------------------------------------------------------- 12. config values
 
 
