@@ -21,6 +21,7 @@ import asyncio
 import difflib
 import inspect
 import posixpath
+import shlex
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -188,7 +189,7 @@ class _Runner:
             if moves:
                 text = f"would move aside {', '.join(moves)}; " + text
             return text
-        return "would launch " + " ".join(mask_argv(p.argv, p.secrets))
+        return "would launch " + shlex.join(mask_argv(p.argv, p.secrets))
 
     # ------------------------------------------------------------ 0. preflight
 
