@@ -616,8 +616,13 @@ def comparison_from(
 
 
 def _waiting_for_rates(config: Config, snapshot: Snapshot) -> bool:
-    """True while a running run that uses an endpoint has too few responses for a rate."""
-    return any(lr.tok_per_s is None for lr in live_rates(config, snapshot).values())
+    """True while a running run that uses an endpoint has too few responses for a rate and
+    its endpoint's serving engine has no counter rate either (which ``endpoint_rates`` uses)."""
+    server = server_rates(snapshot)
+    return any(
+        lr.tok_per_s is None and not server.get(ep)
+        for ep, lr in live_rates(config, snapshot).items()
+    )
 
 
 async def gather_comparison(

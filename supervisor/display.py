@@ -192,13 +192,18 @@ def duration_pm(seconds: float | None, err: float | None) -> str:
     '45 ± 4 s'
     >>> duration_pm(7 * 3600 + 2 * 60, 40 * 60)
     '7 h 02 min ± 40 min'
+    >>> duration_pm(90, 4)
+    '90 ± 4 s'
     >>> duration_pm(90, None)
     '2 min'
+
+    An uncertainty under half a minute is given in seconds while the duration is under 10 min,
+    never rounded up to a minute as large as the duration itself (``1 ± 1 min``).
     """
     if seconds is None or err is None:
         return duration(seconds)
     s, e = max(0.0, seconds), max(0.0, err)
-    if s < 60 and e < 60:
+    if (s < 60 and e < 60) or (s < 600 and e < 30):
         return f"{round(s)} ± {max(1, round(e))} s"
     if s < 3600 and e < 3600:
         return f"{round(s / 60)} ± {max(1, round(e / 60))} min"

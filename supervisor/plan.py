@@ -39,6 +39,7 @@ A launch is the same plan without steps 3 and 4 (it refuses when the run is alre
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -183,8 +184,8 @@ class Plan:
         else:
             lines.append("  running now: nothing")
         if self.old_argv is not None:
-            lines.append("  old argv: " + " ".join(mask_argv(self.old_argv, self.secrets)))
-        lines.append("  new argv: " + " ".join(mask_argv(self.argv, self.secrets)))
+            lines.append("  old argv: " + shlex.join(mask_argv(self.old_argv, self.secrets)))
+        lines.append("  new argv: " + shlex.join(mask_argv(self.argv, self.secrets)))
         for d in self.argv_diff():
             lines.append(f"    {d['flag']}: {show_value(d['old'])} -> {show_value(d['new'])}")
         last = self.last_launch_diff()

@@ -21,6 +21,7 @@ import asyncio
 import difflib
 import inspect
 import posixpath
+import shlex
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -189,7 +190,7 @@ class _Runner:
             if moves:
                 text = f"would move aside {', '.join(moves)}; " + text
             return text
-        return "would launch " + " ".join(mask_argv(p.argv, p.secrets))
+        return "would launch " + shlex.join(mask_argv(p.argv, p.secrets))
 
     # ------------------------------------------------------------ 0. preflight
 
@@ -721,11 +722,15 @@ class _Runner:
     async def unfinished(self, scans: list[dict[str, Any]]) -> list[str]:
         """Datasets known to be short of their target (``B2: 97/400 responses``): fewer
         responses than both the sample target (``--max-samples`` or the config's) and the
-        prompts file's lines. Unknown when the prompts file is not known or not readable."""
+        prompts file's lines, and fewer completion tokens than the command line's own token
+        budget (where the client stops). Unknown when the prompts file is not known or not
+        readable."""
         plan = self.plan
         layout = plan.layout
         start = layout.script_index if layout.script_index is not None else 0
-        flag_target = match.parse_flags(list(plan.argv), start).get("max_samples")
+        flags = match.parse_flags(list(plan.argv), start)
+        flag_target = flags.get("max_samples")
+        flag_budget = flags.get("token_budget")
         prompts = {
             ds: posixpath.normpath(posixpath.join(layout.workdir, rel))
             for ds, rel in layout.prompt_files.items()
@@ -752,6 +757,9 @@ class _Runner:
             target = flag_target or (dc.max_samples if dc is not None else None)
             want = min(total, target) if isinstance(target, int) else total
             done = int(scan.get("unique_ids") or scan.get("records") or 0)
+            tokens = int(scan.get("completion_tokens") or 0)
+            if isinstance(flag_budget, int) and tokens >= flag_budget:
+                continue
             if done < want:
                 short.append(f"{ds}: {done}/{want} responses")
         return short

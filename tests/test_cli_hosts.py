@@ -88,6 +88,19 @@ def test_kill_refuses_without_a_terminal_or_yes(fake_runs: FakeRuns, tmp_path: P
     assert alive(run.pid, run.start_time)
 
 
+def test_kill_of_an_unknown_run_says_so_before_asking_to_confirm(
+    fake_runs: FakeRuns, tmp_path: Path
+) -> None:
+    """A typo in the run's name is the error, not the missing --yes (which would only lead to
+    that error next)."""
+    run = start_run(fake_runs)
+    config = write_config(tmp_path / "rw.toml", os.path.dirname(run.argv[1]))
+    out = runwatch("kill", "eagle", "-c", str(config))
+    assert out.returncode == 2
+    assert "no run named 'eagle'" in out.stderr and "--yes" not in out.stderr, out.stderr
+    assert alive(run.pid, run.start_time)
+
+
 def test_kill_run_by_name_stops_it_and_proves_it(
     fake_runs: FakeRuns, tmp_path: Path, state_home: Path
 ) -> None:

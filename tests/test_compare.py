@@ -8,6 +8,7 @@ import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,7 @@ from supervisor.compare import (
 from supervisor.config import load_config
 from supervisor.model import DatasetView, HostView, Rates, RunView, Snapshot
 from tests.fixtures_config import write_local_config
+from tests.waiting import wait_until
 
 API = EndpointRate(
     endpoint="openrouter",
@@ -509,3 +511,58 @@ price_out_per_m = 2.0
         timeout=120,
     ).stdout
     assert "B1: local: 2 min, $1.00 of GPU time; API: 10 s, $0.021" in text
+
+
+async def test_a_cold_compare_answers_from_the_servers_counter_without_sampling_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mock_server: Any, demo_prompts: Any, spawn: Any
+) -> None:
+    """No rate history yet and a local run whose responses take minutes: its files cannot give
+    a rate within ``--sample``, but its serving engine's counter does after a refresh or two, and
+    compare answers from it then instead of refreshing until ``--sample`` runs out."""
+    from supervisor.compare import gather_comparison
+    from supervisor.engine import Engine
+    from tests.fixtures_demo import reference_client_argv
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    h = mock_server(capacity_tps=400, decode_tps=50, mean_tokens=6000, max_running=4, tick_s=0.02)
+    prompts = demo_prompts(("B1",), count=50)
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = reference_client_argv(h.url, prompts, work / "out", "B1", "--concurrency", "4")
+    cfg = write_local_config(
+        tmp_path / "c.toml",
+        f"""
+[[runs]]
+name = "gen"
+host = "here"
+workdir = "{work}"
+argv = {json.dumps(argv)}
+endpoint = "local"
+[[endpoints]]
+name = "local"
+kind = "local"
+base_url = "{h.url}"
+gpu_cost_per_hour = 10.0
+""",
+        top="refresh_seconds = 0.5",
+        python=True,
+    )
+    spawn(argv, cwd=work)
+    wait_until(lambda: h.stats()["active"] >= 4, 30, what="the mock busy")
+    config = load_config(cfg)
+    refreshes = 0
+    async with Engine(config) as engine:
+        plain = engine.refresh
+
+        async def counted() -> Snapshot:
+            nonlocal refreshes
+            refreshes += 1
+            return await plain()
+
+        monkeypatch.setattr(engine, "refresh", counted)
+        result = await gather_comparison(config, sample_s=20.0, engine=engine)
+    (local,) = result.rates
+    assert local.source.startswith("server counters"), local.source
+    assert local.out_tok_per_s is not None and 0 < local.out_tok_per_s <= 401
+    # 20 s of sampling at 0.5 s would be some forty refreshes; the counter needs two.
+    assert refreshes <= 5, refreshes

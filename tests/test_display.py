@@ -98,6 +98,25 @@ def test_duration(seconds: float | None, text: str) -> None:
     assert display.duration(seconds) == text
 
 
+@pytest.mark.parametrize(
+    ("seconds", "err", "text"),
+    [
+        # compare's total on the demo: 89.8 ± 3.7 s once printed as "1 ± 1 min".
+        (89.8, 3.66, "90 ± 4 s"),
+        (200, 20, "200 ± 20 s"),
+        (45, 4, "45 ± 4 s"),
+        (95, 40, "2 ± 1 min"),
+        (1199, 159, "20 ± 3 min"),
+        (1199, 10, "20 ± 1 min"),
+        (7 * 3600 + 2 * 60, 40 * 60, "7 h 02 min ± 40 min"),
+    ],
+)
+def test_duration_pm_never_rounds_the_error_up_to_the_size_of_the_duration(
+    seconds: float, err: float, text: str
+) -> None:
+    assert display.duration_pm(seconds, err) == text
+
+
 def test_eta_and_ago() -> None:
     assert display.eta(0) == "done"
     assert display.eta(-1) == "done"

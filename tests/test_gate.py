@@ -537,6 +537,23 @@ async def test_inv11_exit_0_with_work_left_is_a_failed_launch(
     assert launchspec.load("demo").sets == []  # a failed launch is not kept
 
 
+async def test_inv11_a_client_stopped_by_its_own_token_budget_has_nothing_to_do(
+    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+) -> None:
+    """Every dataset has reached the command line's --token-budget (not its sample count): the
+    client exits 0 at once with nothing left to generate, which is no failed launch."""
+    demo = DemoRun(tmp_path, slow_endpoint.url, datasets=("B1",), max_samples=40)
+    kill_runs_in.append(demo.workdir)
+    data = demo.data_file("B1")
+    data.parent.mkdir(parents=True)
+    data.write_bytes(raw_record("B1-000000", tokens=30) + raw_record("B1-000001", tokens=30))
+    async with engine_for(demo) as engine:
+        result = await launch(engine, "demo", ["token-budget=50"])
+    assert result.ok and result.nothing_to_do, why(result)
+    assert "nothing to do: all datasets done" in step(result, "launch").detail
+    assert run_pids(demo.workdir) == []
+
+
 def test_inv11_errors_under_json_are_json(tmp_path: Path, state_home: Path) -> None:
     missing = tmp_path / "nope.toml"
     for args in (("status", "--json"), ("check", "gen", "--json"), ("launch", "x", "--json")):
@@ -546,6 +563,15 @@ def test_inv11_errors_under_json_are_json(tmp_path: Path, state_home: Path) -> N
         assert "no such config file" in err["error"] and err["hint"], err
     out = runwatch("status", "--json", "--watch", "x", "-c", str(missing))
     assert out.returncode == 2 and "error" in json.loads(out.stdout)
+
+
+def test_inv11_an_unknown_option_under_json_is_a_json_error(state_home: Path) -> None:
+    """click stops at an unknown option before the --json option is processed."""
+    for args in (("status", "--json", "--host", "x"), ("ps", "--grace", "3", "--json")):
+        out = runwatch(*args)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        err = json.loads(out.stdout)
+        assert "No such option" in err["error"] and err["hint"], err
 
 
 # --------------------------------------------------------------------------- 12. config values

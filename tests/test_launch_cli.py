@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,24 @@ def test_dry_run_json_changes_nothing(tmp_path: Path, state_home: Path, slow_end
     assert run_pids(demo.workdir) == []
     assert not (demo.workdir / "data").exists()
     assert not (state_home / "audit.jsonl").exists()
+
+
+def test_the_plan_quotes_the_command_line_it_shows(
+    tmp_path: Path, state_home: Path, slow_endpoint: Any
+) -> None:
+    """A value with shell metacharacters is shown quoted, so that what a user reads (or pastes
+    into a shell) is the argv that would run, and nothing else."""
+    demo = DemoRun(tmp_path, slow_endpoint.url)
+    value = "a;touch pwned $(id) `x` 'q"
+    args = ("launch", "demo", "-c", str(demo.config_path), "--set", f"model={value}", "--dry-run")
+    as_json = json.loads(runwatch(*args, "--json").stdout)
+    text = runwatch(*args).stdout
+    (shown,) = [ln for ln in text.splitlines() if ln.startswith("  new argv: ")]
+    assert shlex.split(shown.removeprefix("  new argv: ")) == as_json["argv"]
+    assert value in as_json["argv"]
+    (would,) = [ln for ln in text.splitlines() if "would launch " in ln]
+    assert shlex.split(would.split("would launch ", 1)[1]) == as_json["argv"]
+    assert run_pids(demo.workdir) == []
 
 
 def test_the_story_from_the_cli(

@@ -250,7 +250,7 @@ def test_compare_is_bounded_by_the_runs_own_token_budget(tmp_path: Path) -> None
     assert (local.cost_usd, local.cost_err) == pytest.approx((2.0, 0.2))
     assert api.seconds is None and api.cost_usd == pytest.approx(0.042)
     lines = format_lines(result)
-    assert lines[0] == "B1: local: 3 ± 1 min, $2.00 ± $0.20 of GPU time; API: -, $0.042"
+    assert lines[0] == "B1: local: 200 ± 20 s, $2.00 ± $0.20 of GPU time; API: -, $0.042"
     assert "  local (local): 100 ± 10 output tok/s" in lines
 
 

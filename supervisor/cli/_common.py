@@ -140,7 +140,8 @@ def run_cli(group: click.Group) -> None:
         click.echo("runwatch: aborted", err=True)
         sys.exit(130)
     except click.ClickException as e:
-        if _json_wanted:
+        # A usage error can stop the parse before the --json option's callback has run.
+        if _json_wanted or "--json" in sys.argv[1:]:
             print_json({"error": e.format_message(), "hint": "see --help"})
         else:
             e.show()

@@ -285,11 +285,6 @@ def kill(
         raise UsageError("--pid needs --host NAME or a RUN")
     if grace < 0:
         raise UsageError("--grace must be >= 0")
-    if not yes and not sys.stdin.isatty():
-        raise UsageError(
-            "refusing to kill without confirmation: stdin is not a terminal",
-            "pass --yes to confirm on the command line",
-        )
     config = get_config(config_path, need="hosts")
     if run is not None:
         run_cfg = config.run(run)
@@ -297,6 +292,11 @@ def kill(
     else:
         assert host_name is not None
         cfg = config.host(host_name)
+    if not yes and not sys.stdin.isatty():
+        raise UsageError(
+            "refusing to kill without confirmation: stdin is not a terminal",
+            "pass --yes to confirm on the command line",
+        )
     if cfg.kind == "slurm":
         _kill_job(config, run, grace, yes, as_json)
         return
