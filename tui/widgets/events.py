@@ -36,11 +36,11 @@ def events_text(events: Sequence[Event], limit: int = SHOWN) -> Text:
 
 
 class EventsPanel(Static):
-    """The last events, docked under the fleet."""
+    """The last events, under the fleet and above the footer (not docked: a second widget docked
+    at the bottom would be drawn under the footer, hiding the newest event)."""
 
     DEFAULT_CSS = """
     EventsPanel {
-        dock: bottom;
         height: auto;
         max-height: 10;
         border-top: solid $secondary;
