@@ -1,7 +1,9 @@
-"""The pure parts of the app: bars and sparklines."""
+"""The pure parts of the app: bars, sparklines and the help's legend."""
 
 from __future__ import annotations
 
+from supervisor.rates import MIN_RESPONSES, WINDOW_10M
+from tui.screens.help import LEGEND
 from tui.widgets.format import bar, sparkline
 
 
@@ -19,3 +21,11 @@ def test_sparkline_scales_to_its_own_maximum() -> None:
     line = sparkline([1, 2, 4, 8], 10)
     assert line[-1] == "█" and line[0] < line[-1]
     assert len(sparkline(list(range(1, 40)), 14)) == 14
+
+
+def test_the_legend_states_the_engines_rate_window() -> None:
+    # The dashboard's tok/s and req/s are the engine's headline rates: its 10-minute window,
+    # shown from MIN_RESPONSES responses on (not "the last minute").
+    meaning = dict(LEGEND)["tok/s, req/s"]
+    assert f"last {WINDOW_10M / 60:g} minutes" in meaning
+    assert f"from {MIN_RESPONSES} responses" in meaning
