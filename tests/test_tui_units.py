@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from supervisor import display
+from supervisor.model import DatasetView
 from supervisor.rates import MIN_RESPONSES, WINDOW_10M
 from tui.screens.help import LEGEND
+from tui.widgets.dataset_table import column_widths, dataset_cells
 from tui.widgets.format import bar, sparkline
 
 
@@ -29,3 +32,18 @@ def test_the_legend_states_the_engines_rate_window() -> None:
     meaning = dict(LEGEND)["tok/s, req/s"]
     assert f"last {WINDOW_10M / 60:g} minutes" in meaning
     assert f"from {MIN_RESPONSES} responses" in meaning
+
+
+def test_the_widest_budget_fits_its_column_on_both_screens() -> None:
+    # "95.6 k / 100 k" was cut to "95.6 k / 100…" at 160 columns.
+    for used, budget in ((95_600, 100_000), (99_900_000, 100_000_000), (10_712_345, 10_000_000)):
+        ds = DatasetView(name="B2", path="x", completion_tokens=used, token_budget=budget)
+        for wide, screen in ((True, 160), (False, 80)):
+            widths = column_widths(wide, 7, screen)
+            cells = dataset_cells(ds, live=True, stale=False, wide=wide)
+            (width,) = [w for c, w in widths if c.key == "tokens"]
+            (tokens,) = [t for (c, _w), t in zip(widths, cells, strict=True) if c.key == "tokens"]
+            assert tokens.plain.endswith(display.budget(used, budget))
+            assert tokens.cell_len <= width
+            # Every column, with its padding, still fits the screen.
+            assert sum(w + 2 for _c, w in widths) <= screen
