@@ -284,11 +284,21 @@ async def test_restart_with_move_aside_relaunches_the_run(tui_demo: Any) -> None
         await wait_for(
             lambda: screen.plan is not None and screen.plan.move_aside, timeout=20, what="new plan"
         )
+        # Check first; the screen then says x runs the plan, and one x does.
+        await pilot.press("c")
+        await wait_for(lambda: screen.result is not None, timeout=30, what="the checks")
+        assert screen.result.ok is True and screen.result.dry_run, screen.steps
+        assert "Press x to run the plan" in _text(screen.query_one("#problem", Static))
+        checked = len(screen.transitions)
         await pilot.press("x")
-        await wait_for(lambda: screen.result is not None, timeout=90, what="the restart")
+        await wait_for(
+            lambda: screen.result is not None and not screen.result.dry_run,
+            timeout=90,
+            what="the restart",
+        )
         assert screen.result.ok is True, screen.steps
         # Each step was shown running, then with its result, in plan order.
-        seen = screen.transitions
+        seen = screen.transitions[checked:]
         names = [s["name"] for s in screen.steps]
         assert [n for n, state in seen if state == "running"] == names
         assert seen.index(("format-check", "ok")) < seen.index(("launch", "running"))
