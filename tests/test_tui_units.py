@@ -1,13 +1,14 @@
-"""The pure parts of the app: bars, sparklines and the help's legend."""
+"""The pure parts of the app: bars, sparklines, table columns, endpoint lines, the legend."""
 
 from __future__ import annotations
 
 from supervisor import display
-from supervisor.model import DatasetView
+from supervisor.model import DatasetView, EndpointMetrics, Quantity
 from supervisor.rates import MIN_RESPONSES, WINDOW_10M
 from tui.screens.help import LEGEND
 from tui.widgets.dataset_table import column_widths, dataset_cells
 from tui.widgets.format import bar, sparkline
+from tui.widgets.serving import endpoint_line
 
 
 def test_bar_is_exact_in_eighths_and_capped() -> None:
@@ -47,3 +48,34 @@ def test_the_widest_budget_fits_its_column_on_both_screens() -> None:
             assert tokens.cell_len <= width
             # Every column, with its padding, still fits the screen.
             assert sum(w + 2 for _c, w in widths) <= screen
+
+
+def test_an_endpoint_line_writes_its_figures_with_the_display_module() -> None:
+    em = EndpointMetrics(
+        name="local-gpu",
+        url="http://127.0.0.1:1/v1",
+        available=True,
+        engine="sglang",
+        running=Quantity(value=1234),
+        queued=Quantity(value=0),
+        kv_usage=Quantity(value=0.254),
+        gen_tok_per_s=Quantity(value=2160.4),
+        files_tok_per_s=Quantity(value=1930.2),
+        files_tok_per_s_err=290.0,
+        ttft_p50_s=0.0042,
+        ttft_p90_s=2.17,
+    )
+    line = endpoint_line(em).plain
+    assert f"running {display.count(1234)}" in line and "queued 0" in line
+    assert f"KV {display.percent(25.4)}" in line
+    assert f"{display.rate(2160.4)} tok/s (server)" in line
+    assert display.rate_pm(1930.2, 290.0, "tok/s (files)") in line
+    assert f"TTFT p50 {display.latency(4.2)} p90 {display.latency(2170)}" in line
+
+
+def test_an_endpoint_without_a_running_run_does_not_wait_for_responses() -> None:
+    # "too few responses yet" is a promise; for an endpoint whose runs all stopped it is untrue.
+    em = EndpointMetrics(name="api", url="https://api.example/v1", kind="api")
+    assert "too few responses yet" in endpoint_line(em, writing=True).plain
+    idle = endpoint_line(em, writing=False).plain
+    assert "yet" not in idle and "no run writing" in idle
