@@ -354,3 +354,26 @@ async def test_compare_screen_and_a_bench_with_progress(tui_demo: Any) -> None:
         history = Path(os.environ["XDG_STATE_HOME"]) / "runwatch"
         assert any(history.rglob("*")), "the bench was not saved to the history"
         assert "output tok/s" in _text(screen.query_one("#bench-result", Static))
+
+
+async def test_the_kill_dialog_shows_the_children_of_a_long_command_line_at_80x24(
+    tui_demo: Any,
+) -> None:
+    local = demo_process(tui_demo, "local-gpu").proc
+    app = _app(tui_demo)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _loaded(app, pilot)
+        await _select_run(app, pilot, "laptop/local-gpu")
+        await pilot.press("k")
+        await wait_for(lambda: isinstance(app.screen, KillScreen), what="the kill dialog")
+        await pilot.pause()
+        identity = app.screen.query_one("#identity", Static)
+        shown = "\n".join(
+            strip.text for strip in identity.render_lines(identity.content_region.reset_offset)
+        )
+        # The demo's argv wraps to more lines than the dialog has room for: it is the part cut.
+        assert f"pid      {local.pid}" in shown
+        assert "children" in shown
+        assert "argv" in shown
+        await pilot.press("escape")
+        assert local.poll() is None
