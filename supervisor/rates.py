@@ -147,6 +147,16 @@ class RateTracker:
         self._last_growth = grown[-1] if grown else self._samples[0].t
         self._size = None
 
+    def clear(self) -> None:
+        """Forget every observation: the file is gone, and nothing it (or the persisted history
+        of an earlier file at that path) said is a rate of what is there now."""
+        self._samples.clear()
+        self._first = None
+        self._stream = None
+        self._size = None
+        self._last_growth = None
+        self._written = False
+
     def latest(self) -> tuple[float, int, int] | None:
         """The newest observation ``(t, responses, tokens)``."""
         if not self._samples:
@@ -429,6 +439,8 @@ def build_dataset_view(
     tracker.note_writer(writer if writer_alive else None)
     if state == "ok":
         tracker.observe(now, done, tokens, scan.get("size"), stream)
+    elif state == "missing":
+        tracker.clear()
     rates = tracker.rates(now)
     req = _first_known(rates.req_per_s_10m, rates.req_per_s_1m, rates.req_per_s_all)
     tok = _first_known(rates.tok_per_s_10m, rates.tok_per_s_1m, rates.tok_per_s_all)

@@ -339,6 +339,24 @@ def test_missing_file_view() -> None:
     )
 
 
+def test_a_missing_file_has_no_rate_from_an_earlier_file_at_its_path() -> None:
+    # The persisted history of a file since deleted (a demo started afresh, a dataset moved
+    # aside) gave a file that does not exist 2,180 tok/s and an ETA.
+    tracker = RateTracker()
+    tracker.seed([(float(t), 4 * t, 2400 * t) for t in range(0, 60, 10)])
+    assert tracker.rates(50.0).tok_per_s is not None
+    missing = {"path": "/x/B6/raw_responses.jsonl", "state": "missing", "verdict": "missing"}
+    ds = DatasetConfig(token_budget=100_000, max_samples=400)
+    v = build_dataset_view(missing, ds, None, tracker, None, True, 51.0)
+    assert v.rates.tok_per_s is None and v.rates.tok_per_s_all is None
+    assert v.projection.eta_s is None
+    assert tracker.latest() is None  # not "seen" either: it has not started
+    # The file appears: its own rate, from its own counts only.
+    build_dataset_view(scan(1, 600), ds, None, tracker, None, True, 52.0)
+    v = build_dataset_view(scan(5, 2000), ds, None, tracker, None, True, 62.0)
+    assert v.rates.tok_per_s == pytest.approx(140.0)
+
+
 def test_progress_counts_distinct_ids() -> None:
     v = build_dataset_view(
         scan(10, 100, unique_ids=7, duplicates=3),
