@@ -180,6 +180,7 @@ class RateTracker:
         ):
             self._samples.clear()
             self._first = None
+            self._last_growth = None  # a new history starts now, not at the old one's last growth
             last = None
         self._stream = stream
         grew = (

@@ -85,6 +85,16 @@ def test_a_new_stream_or_a_shrinking_count_restarts_the_history() -> None:
     assert t.rates(240.0).req_per_s_all is None
 
 
+def test_a_restarted_history_is_not_idle_since_the_old_ones_last_growth() -> None:
+    # The persisted history of an earlier, longer file last grew ten minutes ago; the file is
+    # now shorter (started afresh). It is not "quiet for ten minutes" (which made a run's live
+    # dataset look done, at 0 tok/s) but new.
+    t = RateTracker()
+    t.seed([(0.0, 100, 60_000), (60.0, 120, 72_000)])
+    t.observe(660.0, 86, 47_500, size=1000, stream="a:1")
+    assert t.since_growth(661.0) == pytest.approx(1.0)
+
+
 def test_the_story_over_budget_without_token_budget() -> None:
     """B2: past its 10 M budget, --max-samples far away, no --token-budget."""
     tracker = RateTracker()
