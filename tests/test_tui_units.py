@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from supervisor import display
+from supervisor.engine import Event
 from supervisor.model import DatasetView, EndpointMetrics, Quantity
 from supervisor.rates import MIN_RESPONSES, WINDOW_10M
 from tui.screens.help import LEGEND
 from tui.widgets.dataset_table import column_widths, dataset_cells
+from tui.widgets.events import events_text
 from tui.widgets.format import bar, sparkline
 from tui.widgets.serving import endpoint_line
 
@@ -79,3 +81,24 @@ def test_an_endpoint_without_a_running_run_does_not_wait_for_responses() -> None
     assert "too few responses yet" in endpoint_line(em, writing=True).plain
     idle = endpoint_line(em, writing=False).plain
     assert "yet" not in idle and "no run writing" in idle
+
+
+def test_the_events_panel_lists_the_newest_first() -> None:
+    # The panel is clipped at its height; at 80 columns each event wraps to two or three lines,
+    # and with the newest last it was the newest that did not show.
+    events = [
+        Event(
+            kind="dataset-done",
+            severity="info",
+            host="laptop",
+            title=f"api B{i}",
+            message=f"done: {i}",
+            key=f"k{i}",
+            time=1_764_460_800.0 + i,
+        )
+        for i in range(1, 12)
+    ]
+    lines = events_text(events).plain.split("\n")
+    assert "api B11" in lines[0]
+    assert "api B4" in lines[-1]  # the last SHOWN (8) of them
+    assert not any("api B3:" in line for line in lines)
