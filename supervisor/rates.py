@@ -139,6 +139,12 @@ class RateTracker:
         """Start from persisted observations ``(t, responses, tokens)``, oldest first."""
         if self._samples or not points:
             return
+        # Only what follows the last time the counts went down (the file was replaced, truncated
+        # or started afresh): a rate never spans two files, as in observe().
+        for i in range(len(points) - 1, 0, -1):
+            if points[i][1] < points[i - 1][1] or points[i][2] < points[i - 1][2]:
+                points = points[i:]
+                break
         for t, records, tokens in points:
             self._samples.append(_Sample(float(t), int(records), int(tokens)))
         self._first = self._samples[0]

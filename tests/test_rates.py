@@ -95,6 +95,19 @@ def test_a_restarted_history_is_not_idle_since_the_old_ones_last_growth() -> Non
     assert t.since_growth(661.0) == pytest.approx(1.0)
 
 
+def test_a_seeded_history_starts_after_its_file_last_shrank() -> None:
+    # The persisted ring of a path holds an earlier file (up to 123 responses) and then the
+    # current one (from 86): a one-shot status gave 72.9 tok/s where the dashboard, which had
+    # seen the drop, gave 216. Only the current file's points count.
+    t = RateTracker()
+    old = [(float(s), 100 + s // 10, 60_000 + 100 * s) for s in range(0, 240, 10)]
+    new = [(300.0 + s, 86 + s // 10, 47_500 + 200 * s) for s in range(0, 300, 10)]
+    t.seed(old + new)
+    r = t.rates(590.0)
+    assert r.tok_per_s == pytest.approx(200.0)
+    assert r.window_s == pytest.approx(290.0)
+
+
 def test_the_story_over_budget_without_token_budget() -> None:
     """B2: past its 10 M budget, --max-samples far away, no --token-budget."""
     tracker = RateTracker()
