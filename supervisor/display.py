@@ -251,11 +251,15 @@ def rate(per_s: float | None, unit: str = "") -> str:
     '25.1 k tok/s'
     >>> rate(None, "req/s")
     '-'
+    >>> rate(0.0, "tok/s")
+    '0 tok/s'
     """
     if per_s is None:
         return UNKNOWN
     a = abs(per_s)
-    if a < 0.995:
+    if per_s == 0:
+        text = "0"  # exactly nothing (a finished dataset), not a rate measured to 0.00
+    elif a < 0.995:
         text = f"{per_s:.2f}"
     elif a < 99.95:
         text = f"{per_s:.1f}"

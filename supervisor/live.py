@@ -76,7 +76,9 @@ class Live:
         key = f"ds|{host}|{view.path}"
         if latest is not None and view.state == "ok":
             self.history.add(key, *latest)
-        view.history = self.history.rates(key, limit=SPARK_POINTS)
+        # A missing file has no trend, whatever an earlier file at that path had.
+        missing = view.state == "missing"
+        view.history = [] if missing else self.history.rates(key, limit=SPARK_POINTS)
 
     def moved_on(
         self, host: str, run: RunView, trackers: rates.Trackers, alive: bool, now: float

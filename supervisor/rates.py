@@ -139,6 +139,12 @@ class RateTracker:
         """Start from persisted observations ``(t, responses, tokens)``, oldest first."""
         if self._samples or not points:
             return
+        # Only what follows the last time the counts went down (the file was replaced, truncated
+        # or started afresh): a rate never spans two files, as in observe().
+        for i in range(len(points) - 1, 0, -1):
+            if points[i][1] < points[i - 1][1] or points[i][2] < points[i - 1][2]:
+                points = points[i:]
+                break
         for t, records, tokens in points:
             self._samples.append(_Sample(float(t), int(records), int(tokens)))
         self._first = self._samples[0]
@@ -146,6 +152,16 @@ class RateTracker:
         grown = [b.t for a, b in itertools.pairwise(self._samples) if b.records > a.records]
         self._last_growth = grown[-1] if grown else self._samples[0].t
         self._size = None
+
+    def clear(self) -> None:
+        """Forget every observation: the file is gone, and nothing it (or the persisted history
+        of an earlier file at that path) said is a rate of what is there now."""
+        self._samples.clear()
+        self._first = None
+        self._stream = None
+        self._size = None
+        self._last_growth = None
+        self._written = False
 
     def latest(self) -> tuple[float, int, int] | None:
         """The newest observation ``(t, responses, tokens)``."""
@@ -170,6 +186,7 @@ class RateTracker:
         ):
             self._samples.clear()
             self._first = None
+            self._last_growth = None  # a new history starts now, not at the old one's last growth
             last = None
         self._stream = stream
         grew = (
@@ -429,6 +446,8 @@ def build_dataset_view(
     tracker.note_writer(writer if writer_alive else None)
     if state == "ok":
         tracker.observe(now, done, tokens, scan.get("size"), stream)
+    elif state == "missing":
+        tracker.clear()
     rates = tracker.rates(now)
     req = _first_known(rates.req_per_s_10m, rates.req_per_s_1m, rates.req_per_s_all)
     tok = _first_known(rates.tok_per_s_10m, rates.tok_per_s_1m, rates.tok_per_s_all)

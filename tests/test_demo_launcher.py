@@ -170,7 +170,7 @@ def test_sigterm_stops_the_demo_and_everything_it_started(
     pids, urls = _started(out)
     assert len(pids) == 4
     assert "stopping (SIGTERM)" in out
-    assert "and 1 relaunched runs" in out
+    assert "and 1 relaunched run;" in out
     assert all(_gone(p) for p in [*pids, relaunched.pid])
     assert all(_port_closed(u) for u in urls)
 

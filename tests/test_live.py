@@ -95,6 +95,22 @@ def test_a_quiet_dataset_is_not_done_while_the_next_has_not_started() -> None:
     assert not run.datasets[0].done
 
 
+def test_a_missing_file_shows_no_rate_or_trend_from_the_history_of_an_earlier_one() -> None:
+    """The history kept for B6's path (a run before the demo started afresh) has it at 6
+    responses a minute; now there is no B6 file: no rate, no ETA, no sparkline."""
+    live = Live(Config(), persist=False)
+    b6 = "ds|gpu1|/w/out/B6/raw_responses.jsonl"
+    for step in range(10):
+        live.history.add(b6, 60.0 * step, 6 * step, 6 * step * PER_RESPONSE)
+    trackers = rates.Trackers()
+    run = _look(live, trackers, 600.0, 6, None)
+    run = _look(live, trackers, 610.0, 7, None)
+    six = run.datasets[1]
+    assert six.state == "missing"
+    assert six.rates.tok_per_s is None and six.projection.eta_s is None
+    assert six.history == []
+
+
 def test_a_rate_is_shown_only_when_its_window_holds_enough_responses() -> None:
     t = rates.RateTracker()
     t.observe(0.0, 0, 0)

@@ -85,6 +85,29 @@ def test_a_new_stream_or_a_shrinking_count_restarts_the_history() -> None:
     assert t.rates(240.0).req_per_s_all is None
 
 
+def test_a_restarted_history_is_not_idle_since_the_old_ones_last_growth() -> None:
+    # The persisted history of an earlier, longer file last grew ten minutes ago; the file is
+    # now shorter (started afresh). It is not "quiet for ten minutes" (which made a run's live
+    # dataset look done, at 0 tok/s) but new.
+    t = RateTracker()
+    t.seed([(0.0, 100, 60_000), (60.0, 120, 72_000)])
+    t.observe(660.0, 86, 47_500, size=1000, stream="a:1")
+    assert t.since_growth(661.0) == pytest.approx(1.0)
+
+
+def test_a_seeded_history_starts_after_its_file_last_shrank() -> None:
+    # The persisted ring of a path holds an earlier file (up to 123 responses) and then the
+    # current one (from 86): a one-shot status gave 72.9 tok/s where the dashboard, which had
+    # seen the drop, gave 216. Only the current file's points count.
+    t = RateTracker()
+    old = [(float(s), 100 + s // 10, 60_000 + 100 * s) for s in range(0, 240, 10)]
+    new = [(300.0 + s, 86 + s // 10, 47_500 + 200 * s) for s in range(0, 300, 10)]
+    t.seed(old + new)
+    r = t.rates(590.0)
+    assert r.tok_per_s == pytest.approx(200.0)
+    assert r.window_s == pytest.approx(290.0)
+
+
 def test_the_story_over_budget_without_token_budget() -> None:
     """B2: past its 10 M budget, --max-samples far away, no --token-budget."""
     tracker = RateTracker()
@@ -337,6 +360,24 @@ def test_missing_file_view() -> None:
         0,
         False,
     )
+
+
+def test_a_missing_file_has_no_rate_from_an_earlier_file_at_its_path() -> None:
+    # The persisted history of a file since deleted (a demo started afresh, a dataset moved
+    # aside) gave a file that does not exist 2,180 tok/s and an ETA.
+    tracker = RateTracker()
+    tracker.seed([(float(t), 4 * t, 2400 * t) for t in range(0, 60, 10)])
+    assert tracker.rates(50.0).tok_per_s is not None
+    missing = {"path": "/x/B6/raw_responses.jsonl", "state": "missing", "verdict": "missing"}
+    ds = DatasetConfig(token_budget=100_000, max_samples=400)
+    v = build_dataset_view(missing, ds, None, tracker, None, True, 51.0)
+    assert v.rates.tok_per_s is None and v.rates.tok_per_s_all is None
+    assert v.projection.eta_s is None
+    assert tracker.latest() is None  # not "seen" either: it has not started
+    # The file appears: its own rate, from its own counts only.
+    build_dataset_view(scan(1, 600), ds, None, tracker, None, True, 52.0)
+    v = build_dataset_view(scan(5, 2000), ds, None, tracker, None, True, 62.0)
+    assert v.rates.tok_per_s == pytest.approx(140.0)
 
 
 def test_progress_counts_distinct_ids() -> None:

@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 from textual.containers import VerticalScroll
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Static
 
+from supervisor.config import load_config
+from supervisor.engine import Engine
+from tests.fixtures_config import write_local_config
 from tests.fixtures_tui import FixedEngine, compare_config
 from tests.waiting import wait_for
 from tui.app import RunwatchApp, make_app
@@ -51,3 +54,37 @@ async def test_compare_table_fits_80_columns_and_follows_a_resize(
         assert "Ends at" in _labels(table) and table.header_height == 1
         assert {table.get_row_at(0)[2].plain} <= {"max_samples", "token_budget"}
         await wait_for(lambda: _fits(screen), what="the wide table")
+
+
+async def test_compare_with_nothing_to_compare_says_so_instead_of_crashing(
+    tmp_path: Path,
+) -> None:
+    # No endpoint and no data yet: the comparison has no rows (the table's width was the
+    # max() of a single number, a TypeError that took the app down).
+    path = write_local_config(
+        tmp_path / "runwatch.toml",
+        f"""
+[[runs]]
+name = "far-run"
+host = "here"
+workdir = "{tmp_path / "work"}"
+argv = ["python3", "run_inference.py", "--datasets", "B1,B2", "--output-dir", "out"]
+output_dir = "out"
+""",
+    )
+    config = load_config(path)
+    app: RunwatchApp = make_app(config, Engine(config))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(lambda: app.refreshes >= 1, timeout=30, what="the first snapshot")
+        await pilot.press("C")
+        await wait_for(lambda: isinstance(app.screen, CompareScreen), what="the compare screen")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        answer = screen.query_one("#answer", Static)
+        await wait_for(
+            lambda: "Nothing to compare" in str(answer.content), timeout=30, what="the answer"
+        )
+        assert "no endpoint in the config" in str(answer.content)
+        await pilot.pause()
+        assert app.is_running and isinstance(app.screen, CompareScreen)
+        assert screen.query_one("#table", DataTable).row_count == 0

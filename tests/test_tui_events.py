@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import msgspec
+from textual.widgets import Footer
 
 from tests.fixtures_tui import FixedEngine, fixed_snapshot
 from tests.waiting import wait_for
@@ -40,6 +41,10 @@ async def test_a_death_is_notified_listed_in_the_panel_and_rings_the_bell() -> N
         assert panel.display
         text = str(panel.content)
         assert "CRITICAL" in text and "eagle3-kimi" in text and "launch eagle3-kimi" in text
+        # The panel sits above the footer, not under it: its newest line is on screen.
+        footer = app.screen.query_one(Footer)
+        assert not panel.region.overlaps(footer.region)
+        assert panel.content_region.height >= 2
         await pilot.press("e")
         await pilot.pause()
         assert not panel.display

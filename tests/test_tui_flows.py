@@ -284,11 +284,21 @@ async def test_restart_with_move_aside_relaunches_the_run(tui_demo: Any) -> None
         await wait_for(
             lambda: screen.plan is not None and screen.plan.move_aside, timeout=20, what="new plan"
         )
+        # Check first; the screen then says x runs the plan, and one x does.
+        await pilot.press("c")
+        await wait_for(lambda: screen.result is not None, timeout=30, what="the checks")
+        assert screen.result.ok is True and screen.result.dry_run, screen.steps
+        assert "Press x to run the plan" in _text(screen.query_one("#problem", Static))
+        checked = len(screen.transitions)
         await pilot.press("x")
-        await wait_for(lambda: screen.result is not None, timeout=90, what="the restart")
+        await wait_for(
+            lambda: screen.result is not None and not screen.result.dry_run,
+            timeout=90,
+            what="the restart",
+        )
         assert screen.result.ok is True, screen.steps
         # Each step was shown running, then with its result, in plan order.
-        seen = screen.transitions
+        seen = screen.transitions[checked:]
         names = [s["name"] for s in screen.steps]
         assert [n for n, state in seen if state == "running"] == names
         assert seen.index(("format-check", "ok")) < seen.index(("launch", "running"))
@@ -344,3 +354,26 @@ async def test_compare_screen_and_a_bench_with_progress(tui_demo: Any) -> None:
         history = Path(os.environ["XDG_STATE_HOME"]) / "runwatch"
         assert any(history.rglob("*")), "the bench was not saved to the history"
         assert "output tok/s" in _text(screen.query_one("#bench-result", Static))
+
+
+async def test_the_kill_dialog_shows_the_children_of_a_long_command_line_at_80x24(
+    tui_demo: Any,
+) -> None:
+    local = demo_process(tui_demo, "local-gpu").proc
+    app = _app(tui_demo)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _loaded(app, pilot)
+        await _select_run(app, pilot, "laptop/local-gpu")
+        await pilot.press("k")
+        await wait_for(lambda: isinstance(app.screen, KillScreen), what="the kill dialog")
+        await pilot.pause()
+        identity = app.screen.query_one("#identity", Static)
+        shown = "\n".join(
+            strip.text for strip in identity.render_lines(identity.content_region.reset_offset)
+        )
+        # The demo's argv wraps to more lines than the dialog has room for: it is the part cut.
+        assert f"pid      {local.pid}" in shown
+        assert "children" in shown
+        assert "argv" in shown
+        await pilot.press("escape")
+        assert local.poll() is None

@@ -266,6 +266,14 @@ class RunwatchApp(App[None]):
         if target is None:
             return
         key, host, run = target
+        if run.state == "unknown":
+            # Not "not running": whether it runs is not known while its host cannot be reached.
+            self.notify(
+                f"{run.name} is {run.state_text}: nothing can be stopped until {host.name} "
+                "answers again.",
+                severity="warning",
+            )
+            return
         if run.process is None or run.state != "running":
             self.notify(f"{run.name} is not running: nothing to kill.", severity="warning")
             return

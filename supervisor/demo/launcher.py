@@ -601,7 +601,8 @@ def stop_demo(demo: Demo, out: IO[str]) -> bool:
     if demo.jobs:
         print(f"runwatch demo: cancelled {len(demo.jobs)} Slurm jobs", file=out)
     if demo.started:
-        extra = f" and {relaunched} relaunched runs" if relaunched else ""
+        runs = "run" if relaunched == 1 else "runs"
+        extra = f" and {relaunched} relaunched {runs}" if relaunched else ""
         print(
             f"runwatch demo: stopped {len(demo.started)} processes{extra}; "
             f"data kept in {demo.demo_dir}",

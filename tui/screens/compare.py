@@ -57,8 +57,10 @@ class TableLayout:
         """Cells the table takes: each column as wide as its widest line, plus its padding."""
         widest = [
             max(
-                max(cell_len(line) for line in h.plain.split("\n")),
-                *(r[i].cell_len for r in self.rows),
+                [
+                    *(cell_len(line) for line in h.plain.split("\n")),
+                    *(r[i].cell_len for r in self.rows),
+                ]
             )
             for i, h in enumerate(self.headers)
         ]
@@ -185,7 +187,13 @@ class CompareScreen(Screen[None]):
         answer = Text()
         if comparison.answer:
             answer.append(comparison.answer, style="bold")
-        if not comparison.datasets:
+        if not comparison.rates:
+            answer.append(
+                "Nothing to compare: no endpoint in the config (add [[endpoints]] and name one "
+                "in each run's endpoint =).",
+                style="yellow",
+            )
+        elif not comparison.datasets:
             answer.append("Nothing to compare: no dataset has budget left.", style="yellow")
         self.query_one("#answer", Static).update(answer)
         self._show_table()

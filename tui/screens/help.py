@@ -15,8 +15,11 @@ from textual.widgets import Footer, Static
 LEGEND = (
     ("Responses", "records written / --max-samples (or the dataset's max_samples)"),
     ("Tokens / budget", "completion tokens against the dataset's token_budget; red when past it"),
-    ("tok/s, req/s", "rates over the last minute"),
-    ("Trend", "tokens/s over the last minutes"),
+    (
+        "tok/s, req/s",
+        "rates over the last 10 minutes (less while that window fills), shown from 4 responses on",
+    ),
+    ("Trend", "tokens/s between the last refreshes, one bar each"),
     ("ETA", "time until the first stop condition (samples, budget or prompts)"),
     ("len", "share of responses cut by max_tokens (finish_reason = length)"),
     ("Format", "current, legacy, mixed, corrupt, empty, missing: resume is safe only on current"),

@@ -46,9 +46,10 @@ def identity_table(run: RunView) -> Table:
     table.add_row("pid", Text(str(p.identity.pid), style="bold"))
     table.add_row("user", f"{p.user} (uid {p.identity.uid})")
     table.add_row("started", f"tick {p.identity.start_time} of boot {p.identity.boot_id[:8]}")
-    table.add_row("argv", Text(" ".join(p.argv_masked or p.identity.argv)))
     kids = ", ".join(str(c) for c in p.children[:8]) + (" …" if len(p.children) > 8 else "")
     table.add_row("children", f"{len(p.children)}" + (f": {kids}" if kids else ""))
+    # The argv last: on a small screen a long one is what gets cut, never who else is stopped.
+    table.add_row("argv", Text(" ".join(p.argv_masked or p.identity.argv)))
     return table
 
 

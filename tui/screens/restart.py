@@ -139,6 +139,8 @@ class RestartScreen(Screen[None]):
         self.transitions: list[tuple[str, str]] = []
         """Every (step, state) shown, in order."""
         self.busy = False
+        self._run_when_planned: bool | None = None
+        """``dry_run`` of a run asked for while the plan was being recomputed."""
 
     @property
     def rw(self) -> RunwatchApp:
@@ -185,7 +187,9 @@ class RestartScreen(Screen[None]):
         allow = self.query_one("#allow", Input).value.replace(",", " ").split()
         return flags, allow, self.query_one("#move-aside", Checkbox).value
 
-    def _plan(self) -> None:
+    def _plan(self, *, then_run: bool | None = None) -> None:
+        """Compute the plan afresh; then run it (``then_run`` is its ``dry_run``) if asked."""
+        self._run_when_planned = then_run
         self.plan = None
         self.result = None
         self._set_buttons(enabled=False)
@@ -211,6 +215,7 @@ class RestartScreen(Screen[None]):
     def on_plan_made(self, message: PlanMade) -> None:
         message.stop()
         if message.error is not None:
+            self._run_when_planned = None
             self.query_one("#diff", Static).update(Text("No plan.", style="bold red"))
             self.query_one("#steps", Static).update("")
             self._problem(message.error, None)
@@ -225,6 +230,9 @@ class RestartScreen(Screen[None]):
         self.query_one("#diff", Static).update(diff_text(message.plan))
         self._show_steps()
         self._set_buttons(enabled=True)
+        if self._run_when_planned is not None:
+            dry_run, self._run_when_planned = self._run_when_planned, None
+            self._run(dry_run=dry_run)
 
     def _show_steps(self) -> None:
         self.query_one("#steps", Static).update(steps_table(self.steps))
@@ -252,9 +260,8 @@ class RestartScreen(Screen[None]):
         if self.busy or self.plan is None:
             return
         if self.result is not None:
-            # A plan runs once; run again on a fresh look at the host.
-            self._plan()
-            self.notify("Plan recomputed: press again to run it.", timeout=3)
+            # A plan runs once: run again on a fresh look at the host (the checks run again too).
+            self._plan(then_run=dry_run)
             return
         self.busy = True
         self._set_buttons(enabled=False)

@@ -20,6 +20,8 @@ from supervisor.model import DatasetView, RunView
 from tui.widgets.format import bar, sparkline
 
 _BAR = 6
+_BUDGET = 14
+"""Cells of the widest budget text, e.g. ``95.6 k / 100 k``."""
 _TREND = 14
 
 _VERDICT_STYLE = {
@@ -46,7 +48,7 @@ class Column:
 COLUMNS = (
     Column("dataset", "Dataset", None),
     Column("responses", "Responses", 11, right=True),
-    Column("tokens", "Tokens / budget", _BAR + 14),
+    Column("tokens", "Tokens / budget", _BAR + 1 + _BUDGET),
     Column("tok_s", "tok/s", 6, right=True),
     Column("req_s", "req/s", 5, wide_only=True, right=True),
     Column("trend", "Trend", _TREND, wide_only=True),
@@ -72,9 +74,15 @@ def warning_text(ds: DatasetView) -> str:
     return ""
 
 
+def bar_width(wide: bool) -> int:
+    """The budget bar's width: one cell less on a narrow screen, where every cell counts."""
+    return _BAR if wide else _BAR - 1
+
+
 def dataset_cells(ds: DatasetView, *, live: bool, stale: bool, wide: bool) -> list[Text]:
     """The cells of one dataset row, styled; ``live`` is False when no process writes it."""
     dim = "dim" if stale or not live or ds.provisional else ""
+    bar_cells = bar_width(wide)
 
     def cell(value: str, style: str = "", right: bool = False) -> Text:
         return Text(value, style=f"{style} {dim}".strip(), justify="right" if right else "left")
@@ -83,19 +91,19 @@ def dataset_cells(ds: DatasetView, *, live: bool, stale: bool, wide: bool) -> li
     if ds.max_samples is not None:
         responses += f"/{display.count(ds.max_samples)}"
     if ds.provisional:  # lines are counted, tokens not yet
-        tokens_cell = Text(" " * _BAR + f" {display.UNKNOWN}", style=dim)
+        tokens_cell = Text(" " * bar_cells + f" {display.UNKNOWN}", style=dim)
     elif ds.token_budget:
         fraction = ds.completion_tokens / ds.token_budget
         colour = "red" if ds.over_budget else ("yellow" if fraction >= 0.9 else "green")
         tokens_cell = Text.assemble(
-            (bar(fraction, _BAR), f"{colour} {dim}".strip()),
+            (bar(fraction, bar_cells), f"{colour} {dim}".strip()),
             (
                 f" {display.budget(ds.completion_tokens, ds.token_budget)}",
                 "bold red" if ds.over_budget else dim,
             ),
         )
     else:
-        tokens_cell = Text(" " * _BAR + f" {display.compact(ds.completion_tokens)}", style=dim)
+        tokens_cell = Text(" " * bar_cells + f" {display.compact(ds.completion_tokens)}", style=dim)
     reasons_total = sum(ds.finish_reasons.values())
     length = display.share(ds.finish_reasons.get("length", 0), reasons_total)
     warn = warning_text(ds)
@@ -116,6 +124,16 @@ def dataset_cells(ds: DatasetView, *, live: bool, stale: bool, wide: bool) -> li
         "warning": cell(warn.removeprefix("⚠ "), "bold red" if ds.over_budget else "yellow"),
     }
     return [cells[c.key] for c in COLUMNS if wide or not c.wide_only]
+
+
+def column_widths(wide: bool, name_width: int, screen_width: int) -> list[tuple[Column, int]]:
+    """The columns shown and their widths; the warning column takes what is left of the screen
+    (1 cell of padding each side of every column)."""
+    columns = [c for c in COLUMNS if wide or not c.wide_only]
+    used = sum(c.width or 0 for c in columns) + name_width + 2 * len(columns) + 2
+    widths = {"dataset": name_width, "warning": max(20, screen_width - used)}
+    widths["tokens"] = bar_width(wide) + 1 + _BUDGET
+    return [(c, widths.get(c.key, c.width or 0)) for c in columns]
 
 
 class DatasetTable(Widget, can_focus=True):
@@ -219,20 +237,7 @@ class DatasetTable(Widget, can_focus=True):
 
     def _set_layout(self, layout: tuple[bool, tuple[str, ...], int, int]) -> None:
         wide, names, name_width, screen_width = layout
-        columns = [c for c in COLUMNS if wide or not c.wide_only]
-        # The warning column takes what is left of the screen (1 cell of padding each side).
-        used = sum(c.width or 0 for c in columns) + name_width + 2 * len(columns) + 2
-        self._columns = [
-            (
-                c,
-                name_width
-                if c.key == "dataset"
-                else max(20, screen_width - used)
-                if c.key == "warning"
-                else c.width or 0,
-            )
-            for c in columns
-        ]
+        self._columns = column_widths(wide, name_width, screen_width)
         self._keys = list(names)
         self._rows = {n: self._rows[n] for n in names if n in self._rows}
         self._layout = layout

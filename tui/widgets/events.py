@@ -1,4 +1,4 @@
-"""The events panel: what the engine reported (``supervisor.events``), newest last, with the
+"""The events panel: what the engine reported (``supervisor.events``), newest first, with the
 command that acts on each. Hidden until toggled (``e``)."""
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ SHOWN = 8
 
 
 def events_text(events: Sequence[Event], limit: int = SHOWN) -> Text:
-    """The last ``limit`` events, one line each plus a dim line with the command."""
+    """The last ``limit`` events, newest first (a narrow panel that cuts its wrapped lines then
+    cuts the oldest), each with the command that acts on it."""
     if not events:
         return Text("No events yet.", style="dim")
     lines = []
-    for ev in list(events)[-limit:]:
+    for ev in reversed(list(events)[-limit:]):
         stamp = time.strftime("%H:%M:%S", time.localtime(ev.time))
         first = ev.message.split("\n", 1)[0]
         line = Text.assemble(
@@ -36,11 +37,11 @@ def events_text(events: Sequence[Event], limit: int = SHOWN) -> Text:
 
 
 class EventsPanel(Static):
-    """The last events, docked under the fleet."""
+    """The last events, under the fleet and above the footer (not docked: a second widget docked
+    at the bottom would be drawn under the footer, hiding the newest event)."""
 
     DEFAULT_CSS = """
     EventsPanel {
-        dock: bottom;
         height: auto;
         max-height: 10;
         border-top: solid $secondary;

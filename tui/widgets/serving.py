@@ -15,46 +15,48 @@ from supervisor import display
 from supervisor.model import EndpointMetrics, GpuView, HostView, RunView
 
 
-def _count(v: float | None) -> str:
-    return "-" if v is None else f"{v:,.0f}"
-
-
 def _seconds(s: float | None) -> str:
-    if s is None:
-        return "-"
-    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.1f} s"
+    return display.latency(None if s is None else s * 1000)
 
 
-def _files(em: EndpointMetrics) -> str:
+def _fraction(f: float | None) -> str:
+    return display.percent(None if f is None else f * 100)
+
+
+def _files(em: EndpointMetrics, writing: bool) -> str:
     """``1,930 ± 290 tok/s (files)``: what the runs' data files measure."""
     tok = em.files_tok_per_s.value
     if tok is None:
-        return "files: too few responses yet"
+        return "files: too few responses yet" if writing else "files: no run writing"
     return display.rate_pm(tok, em.files_tok_per_s_err or None, "tok/s (files)")
 
 
-def endpoint_line(em: EndpointMetrics) -> Text:
+def endpoint_line(em: EndpointMetrics, *, writing: bool = True) -> Text:
     """``⚙ local (sglang)  running 16 · queued 3 · KV 25% · 2,160 tok/s (server) · 1,930 ±
-    290 tok/s (files) · TTFT p50 300 ms p90 800 ms``; an API endpoint has its files' rate only."""
+    290 tok/s (files) · TTFT p50 300 ms p90 800 ms``; an API endpoint has its files' rate only.
+    ``writing``: some run of the host that uses the endpoint is running."""
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append("⚙ ", style="cyan")
     text.append(em.name, style="bold")
     if em.kind != "local":
         text.append(f" ({em.kind})", style="dim")
-        text.append("  " + _files(em))
+        text.append("  " + _files(em, writing))
         return text
     if not em.available:
-        text.append("  " + _files(em))
+        text.append("  " + _files(em, writing))
         text.append(f" · metrics: {em.why or 'not available'}", style="dim yellow")
         return text
     text.append(f" ({em.engine})", style="dim")
 
-    parts = [f"running {_count(em.running.value)}", f"queued {_count(em.queued.value)}"]
+    parts = [
+        f"running {display.count(em.running.value)}",
+        f"queued {display.count(em.queued.value)}",
+    ]
     if em.kv_usage.value is not None:
-        parts.append(f"KV {em.kv_usage.value * 100:.0f}%")
+        parts.append(f"KV {_fraction(em.kv_usage.value)}")
     gen = em.gen_tok_per_s.value
     parts.append(f"{display.rate(gen)} tok/s (server)" if gen is not None else "tok/s: second look")
-    parts.append(_files(em))
+    parts.append(_files(em, writing))
     if em.ttft_p50_s is not None:
         parts.append(f"TTFT p50 {_seconds(em.ttft_p50_s)} p90 {_seconds(em.ttft_p90_s)}")
     text.append("  " + " · ".join(parts))
@@ -66,7 +68,7 @@ def gpu_line(gpu: GpuView) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(f"GPU{gpu.index if gpu.index is not None else '?'} ", style="bold")
     util = gpu.utilization_pct
-    text.append("-" if util is None else f"{util:.0f}%", style="green" if util else "dim")
+    text.append(display.percent(util), style="green" if util else "dim")
     parts = []
     if gpu.memory_used_mb is not None and gpu.memory_total_mb is not None:
         parts.append(
@@ -125,10 +127,11 @@ class ServingPanel(Vertical):
     """
 
     def show(self, host: HostView) -> None:
+        running = {r.endpoint for r in host.runs if r.state == "running"}
         rows: list[tuple[str, Text, list[float]]] = [
             (
                 f"ep-{em.name}",
-                endpoint_line(em),
+                endpoint_line(em, writing=em.name in running),
                 em.gen_tok_per_s.history if em.available else em.files_tok_per_s.history,
             )
             for em in host.endpoints
@@ -160,14 +163,12 @@ def plot_series(host: HostView, run: RunView) -> list[tuple[str, str, list[float
         series.append(
             ("tok/s (server)", display.rate(em.gen_tok_per_s.value), em.gen_tok_per_s.history)
         )
-        series.append(("running", _count(em.running.value), em.running.history))
-        series.append(("queued", _count(em.queued.value), em.queued.history))
-        kv = em.kv_usage.value
-        series.append(("KV use", "-" if kv is None else f"{kv * 100:.0f}%", em.kv_usage.history))
+        series.append(("running", display.count(em.running.value), em.running.history))
+        series.append(("queued", display.count(em.queued.value), em.queued.history))
+        series.append(("KV use", _fraction(em.kv_usage.value), em.kv_usage.history))
     gpus = [g for g in host.gpus if run.name in g.runs] or host.gpus
     for g in gpus:
-        util = "-" if g.utilization_pct is None else f"{g.utilization_pct:.0f}%"
-        series.append((f"GPU{g.index} util", util, g.history))
+        series.append((f"GPU{g.index} util", display.percent(g.utilization_pct), g.history))
     return series
 
 
