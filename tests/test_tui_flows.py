@@ -22,6 +22,7 @@ from tests.fixtures_tui import demo_process
 from tests.waiting import wait_for
 from tui.app import RunwatchApp, make_app
 from tui.screens.compare import CompareScreen
+from tui.screens.confirm import ConfirmScreen
 from tui.screens.dashboard import DashboardScreen
 from tui.screens.help import HelpScreen
 from tui.screens.kill import KillScreen
@@ -69,6 +70,13 @@ async def _open_restart(app: RunwatchApp, pilot: Any, key: str) -> RestartScreen
     assert isinstance(screen, RestartScreen)
     await wait_for(lambda: screen.plan is not None, timeout=20, what="the plan")
     return screen
+
+
+async def _confirm(app: RunwatchApp, pilot: Any) -> None:
+    """The confirmation that x asks for: Cancel is focused; press the other button."""
+    await wait_for(lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+    assert app.screen.focused is not None and app.screen.focused.id == "cancel"
+    await pilot.click("#confirm")
 
 
 async def test_dashboard_navigation_help_and_palette(tui_demo: Any) -> None:
@@ -195,6 +203,7 @@ async def test_kill_flow_stops_exactly_the_chosen_run(tui_demo: Any) -> None:
         await pilot.press("m")
         await wait_for(lambda: launch.plan is not None and launch.plan.move_aside, what="plan")
         await pilot.press("x")
+        await _confirm(app, pilot)
         await wait_for(lambda: launch.result is not None, timeout=60, what="the launch")
         assert launch.result.ok is True, launch.steps
         new_pid = launch.result.identity["pid"]
@@ -272,6 +281,34 @@ async def test_detail_follows_the_log_and_decodes_samples(tui_demo: Any) -> None
         assert "tokens" in _text(view)
 
 
+async def test_typing_on_the_restart_screen_never_restarts_the_run(tui_demo: Any) -> None:
+    """Keys typed while the Back button has focus (meant for the flags box) reach the screen's
+    one-key actions: ``x`` asks for a confirmation with Cancel focused, and the keys after it
+    never confirm it. The run keeps its pid."""
+    app = _app(tui_demo)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await _loaded(app, pilot)
+        screen = await _open_restart(app, pilot, "laptop/local-gpu")
+        pid = screen.plan.old.identity.pid if screen.plan and screen.plan.old else None
+        assert pid is not None and psutil.pid_exists(pid)
+        await pilot.press("x")
+        await wait_for(lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+        assert app.screen.focused is not None and app.screen.focused.id == "cancel"
+        await pilot.press("enter")  # the focused button: Cancel
+        await wait_for(lambda: app.screen is screen, what="the restart screen again")
+        await pilot.press(*"max-tokens=4096", "enter")
+        await wait_for(
+            lambda: not screen.busy and (screen.plan is not None or screen.result is not None),
+            timeout=30,
+            what="the screen at rest",
+        )
+        if isinstance(app.screen, ConfirmScreen):
+            assert app.screen.focused is not None and app.screen.focused.id == "cancel"
+        assert screen.result is None or screen.result.dry_run, screen.steps
+        proc = psutil.Process(pid)
+        assert proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+
+
 async def test_restart_with_move_aside_relaunches_the_run(tui_demo: Any) -> None:
     local = demo_process(tui_demo, "local-gpu").proc
     b3_dir = Path(tui_demo.config.runs[0].workdir) / "out" / "B3"
@@ -291,6 +328,7 @@ async def test_restart_with_move_aside_relaunches_the_run(tui_demo: Any) -> None
         assert "Press x to run the plan" in _text(screen.query_one("#problem", Static))
         checked = len(screen.transitions)
         await pilot.press("x")
+        await _confirm(app, pilot)
         await wait_for(
             lambda: screen.result is not None and not screen.result.dry_run,
             timeout=90,

@@ -21,6 +21,7 @@ from textual.widgets import Button, Checkbox, Footer, Input, Label, Static
 from supervisor.engine import ActionResult, Plan, Step
 from supervisor.model import RunView
 from tui.messages import PlanFinished, PlanMade, StepChanged
+from tui.screens.confirm import ConfirmScreen
 from tui.widgets.format import error_text
 
 if TYPE_CHECKING:
@@ -254,7 +255,23 @@ class RestartScreen(Screen[None]):
         self._run(dry_run=True)
 
     def action_execute(self) -> None:
-        self._run(dry_run=False)
+        """Run the plan once the user confirms what it stops and starts (Cancel focused)."""
+        if self.busy or self.plan is None:
+            return
+        plan = self.plan
+        verb = "Restart" if self.mode == "restart" else "Launch"
+        if plan.old is not None:
+            what = f"Stop pid {plan.old.identity.pid} of {self.run.name} on {self.host} and start"
+            what += " it again with the command line above?"
+        elif plan.job is not None:
+            what = f"Cancel Slurm job {plan.job.job_id} of {self.run.name} and submit it again?"
+        else:
+            what = f"Start {self.run.name} on {self.host} with the command line above?"
+        self.app.push_screen(ConfirmScreen(what, verb), self._confirmed)
+
+    def _confirmed(self, yes: bool | None) -> None:
+        if yes:
+            self._run(dry_run=False)
 
     def _run(self, *, dry_run: bool) -> None:
         if self.busy or self.plan is None:
