@@ -160,6 +160,11 @@ def counter_delta(values: Iterable[float | None]) -> float | None:
     return total if seen else None
 
 
+RESTART_GAP_S = 60.0
+"""A counter that went down across a longer gap than this between two scrapes starts the window
+again (when in the gap the server restarted is unknown)."""
+
+
 class MetricsTracker:
     """The scrapes of one endpoint over the last ``WINDOW_S`` seconds, and its figures."""
 
@@ -174,6 +179,18 @@ class MetricsTracker:
     def add(self, scrape: Scrape) -> None:
         if self._scrapes and scrape.t <= self._scrapes[-1].t:
             return
+        prev = self._scrapes[-1] if self._scrapes else None
+        if (
+            prev is not None
+            and scrape.t - prev.t > RESTART_GAP_S
+            and scrape.generation_tokens is not None
+            and prev.generation_tokens is not None
+            and scrape.generation_tokens < prev.generation_tokens
+        ):
+            # The server restarted at some unknown moment of a long gap in the scrapes (runwatch
+            # was not watching, or the server was down): the time before its restart made none
+            # of its tokens, so the window starts again here.
+            self._scrapes.clear()
         self._scrapes.append(scrape)
         while len(self._scrapes) > 2 and self._scrapes[1].t <= scrape.t - WINDOW_S:
             self._scrapes.popleft()
