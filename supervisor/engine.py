@@ -51,7 +51,14 @@ from supervisor.bench.target import is_url
 from supervisor.compare import Comparison, comparison_from, format_lines, gather_comparison
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
-from supervisor.events import EVENT_KINDS, Event, EventTracker, budget_event, stop_key
+from supervisor.events import (
+    EVENT_KINDS,
+    Event,
+    EventTracker,
+    budget_event,
+    moved_key,
+    stop_key,
+)
 from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
 from supervisor.hosts import (
     AgentHost,
@@ -881,6 +888,7 @@ __all__ = [
     "load_tokenizer",
     "mask_argv",
     "mask_url",
+    "moved_key",
     "parse_sets",
     "parse_unsets",
     "run_once",

@@ -93,6 +93,12 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
         return f"{self.severity.upper()} {self.title}: {self.message}{act}"
 
 
+def moved_key(path: str) -> str:
+    """The key, among the expected changes, of a data file runwatch itself moved aside: the new
+    file at its path is smaller, and that is no data loss."""
+    return f"moved|{path}"
+
+
 def stop_key(host: str, run: str, pid: int) -> str:
     """Names one process of one run: ``host/run#pid`` (a deliberate stop is keyed by this)."""
     return f"{host}/{run}#{pid}"
@@ -343,7 +349,10 @@ class EventTracker:
                 before = self._records.get(rkey)
                 if ds.state == "ok":
                     self._records[rkey] = ds.records
+                moved = moved_key(ds.path) in expected_stops
                 if not first and before is not None and ds.state == "ok" and ds.records < before:
+                    if moved:  # runwatch moved it aside itself (a restart's --move-aside)
+                        continue
                     yield Event(
                         kind="data-shrank",
                         severity="critical",

@@ -607,6 +607,7 @@ class _Runner:
                     )
                 )
                 notes.append(f"moved {path} -> {moved.get('to')}")
+                step.data.setdefault("moved", []).append(path)
                 continue
             if int(s.get("partial_tail_bytes") or 0) > 0 and s.get("state") == "ok":
                 fixed = await self.request(

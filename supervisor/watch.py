@@ -36,6 +36,7 @@ from supervisor.events import (
     EventTracker,
     audited_restart_event,
     budget_event,
+    moved_key,
     stop_key,
     with_lines,
 )
@@ -249,6 +250,9 @@ class Watcher:
                 if ev is not None:
                     self._audit_events.append(ev)
             action = rec.get("action")
+            if action == "move-aside" and rec.get("path"):
+                out.add(moved_key(str(rec["path"])))
+                continue
             if action == "budget" and rec.get("policy") == "warn":
                 continue  # recorded, nothing stopped
             ident = rec.get("old_identity") if action == "restart" else rec.get("identity")

@@ -173,6 +173,22 @@ def test_a_shrinking_file_and_duplicates_are_reported() -> None:
     assert [e.kind for e in tracker.update(dup)] == ["duplicates"]
 
 
+def test_a_file_moved_aside_by_runwatch_is_no_data_loss() -> None:
+    from supervisor.engine import moved_key
+
+    snap = fixed_snapshot()
+    tracker = EventTracker(CONFIG)
+    tracker.update(snap)
+    b1 = next(d for d in snap.hosts[0].runs[0].datasets if d.name == "B1")
+    fresh = _with(snap, gpu_box__eagle3_kimi__B1__records=0)
+    assert tracker.update(fresh, {moved_key(b1.path)}) == []
+    # the same shrink of another dataset, not moved by runwatch, is still reported
+    b2 = next(d for d in snap.hosts[0].runs[0].datasets if d.name == "B2")
+    lost = _with(fresh, gpu_box__eagle3_kimi__B2__records=b2.records - 1)
+    events = tracker.update(lost, {moved_key(b1.path)})
+    assert [(e.kind, e.dataset) for e in events] == [("data-shrank", "B2")]
+
+
 def test_a_run_that_finished_its_datasets_did_not_die_and_all_done_is_said_once() -> None:
     ds = DatasetView(name="B1", path="p", records=10, unique_ids=10, max_samples=10)
     cfg = msgspec.structs.replace(CONFIG, hosts=CONFIG.hosts[:1], runs=CONFIG.runs[:1])

@@ -7,6 +7,7 @@ workers that post typed messages back; the UI thread only renders model objects.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -19,7 +20,15 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from supervisor.config import Config
-from supervisor.engine import BudgetEvent, Event, EventTracker, GuardOutcome, budget_event, stop_key
+from supervisor.engine import (
+    BudgetEvent,
+    Event,
+    EventTracker,
+    GuardOutcome,
+    budget_event,
+    moved_key,
+    stop_key,
+)
 from supervisor.model import HostView, RunView, Snapshot
 from tui.commands import RunCommands
 from tui.engine import EngineLike
@@ -33,6 +42,9 @@ from tui.messages import (
 from tui.screens.dashboard import DashboardScreen
 from tui.widgets.events import EventsPanel
 from tui.widgets.fleet import run_key
+
+MOVE_EXPECTED_S = 120.0
+"""How long after a restart moved a data file aside a smaller file at its path is expected."""
 
 NOTIFY_SEVERITY: dict[str, SeverityLevel] = {
     "info": "information",
@@ -88,6 +100,8 @@ class RunwatchApp(App[None]):
         self.refreshes = 0
         """Number of snapshots received (tests wait on it)."""
         self._expected_stops: set[str] = set()
+        self._expected_moves: dict[str, float] = {}
+        """Data files a restart moved aside, until when (monotonic) their shrinking is expected."""
         self._refreshing = False
         self._guarded = any(r.budget_policy != "warn" for r in config.runs)
         self._guarding = False
@@ -127,7 +141,10 @@ class RunwatchApp(App[None]):
             self.snapshot = message.snapshot
 
     def on_snapshot_refreshed(self, message: SnapshotRefreshed) -> None:
-        for event in self._events.update(message.snapshot, self._expected_stops):
+        now = time.monotonic()
+        self._expected_moves = {k: t for k, t in self._expected_moves.items() if t > now}
+        expected = self._expected_stops | set(self._expected_moves)
+        for event in self._events.update(message.snapshot, expected):
             self.notify_event(event)
         # A deliberate stop is expected until that process is seen gone (or replaced).
         live = {
@@ -283,6 +300,10 @@ class RunwatchApp(App[None]):
             )
             return
         self.push_screen(KillScreen(host.name, run))
+
+    def expect_moved(self, path: str) -> None:
+        """``path`` was moved aside by a restart: the new file there is no data loss."""
+        self._expected_moves[moved_key(path)] = time.monotonic() + MOVE_EXPECTED_S
 
     def expect_stop(self, host: str, run: str, pid: int) -> None:
         """Process ``pid`` of a run is being stopped on purpose: its end is not a death."""

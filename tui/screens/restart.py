@@ -323,6 +323,9 @@ class RestartScreen(Screen[None]):
             self._problem(message.error, None)
             return
         result = message.result
+        for step in result.steps:  # files moved aside by the plan: no data loss at their paths
+            for path in step.data.get("moved", []):
+                self.rw.expect_moved(str(path))
         failed = result.failed_step
         if failed is not None:
             number = [s["name"] for s in self.steps].index(failed.name) + 1
