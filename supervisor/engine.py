@@ -32,11 +32,11 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from supervisor import audit, rates
+from supervisor import audit, clients, rates
 from supervisor import kill as kill_ops
 from supervisor.agent.formats import BUILTIN_FORMATS
 from supervisor.agent.masking import mask_argv, mask_text
-from supervisor.agent.match import parse_flags, script_index
+from supervisor.agent.match import script_index
 from supervisor.agent.scan import Scanner
 from supervisor.argv import parse_sets
 from supervisor.bench.history import load_history
@@ -47,7 +47,15 @@ from supervisor.compare import Comparison, comparison_from, format_lines, gather
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
 from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
-from supervisor.hosts import Host, list_processes, make_host, match_run, run_backend, set_backend
+from supervisor.hosts import (
+    Host,
+    list_processes,
+    make_host,
+    match_run,
+    ps_params,
+    run_backend,
+    set_backend,
+)
 from supervisor.kill import KillReport, KillResult
 from supervisor.model import (
     DatasetView,
@@ -370,11 +378,7 @@ class Engine:
         files = [spec for run in runs for spec in self._file_specs(run, hc)]
         files += [spec for run in runs for spec in self._prompt_specs(run, hc).values()]
         files += list(state.discovered.values())
-        params = {
-            "scripts": list(self.config.scripts),
-            "show_other_users": hc.show_other_users,
-            "files": files,
-        }
+        params = {**ps_params(self.config, hc), "files": files}
         bound = hc.connect_timeout + hc.command_timeout + 5.0
         try:
             result, rtt = await asyncio.wait_for(self._ask(host, params, hc, runs), bound)
@@ -460,7 +464,7 @@ class Engine:
             if proc is not None:
                 flags = proc.flags
             else:
-                flags = _config_flags(run, self.config.scripts)
+                flags = _config_flags(self.config, run)
                 flags.backend = run_backend(self.config, run.name) or flags.backend
             datasets = []
             for ds, spec in zip(
@@ -595,9 +599,10 @@ def _line_count(scan: dict[str, Any] | None) -> int | None:
     return int(lines) if isinstance(lines, int) else None
 
 
-def _config_flags(run: RunConfig, scripts: list[str]) -> RunFlags:
-    idx = script_index(run.argv, scripts)
-    raw = parse_flags(run.argv, idx if idx is not None else 0)
+def _config_flags(config: Config, run: RunConfig) -> RunFlags:
+    """The flags of the run's configured argv, read with its client profile."""
+    profile = clients.client_of(config, run)
+    raw = clients.read_flags(profile, run.argv, clients.all_scripts(config))
     return msgspec.convert(raw, RunFlags)
 
 
@@ -659,6 +664,22 @@ async def bench(
         save=save,
         tokenizer=tokenizer,
     )
+
+
+def client_profiles(config: Config) -> list[dict[str, Any]]:
+    """Every client profile (built-in and configured) as ``runwatch clients --json`` shows it."""
+    return [{**i.as_dict(), "name": i.name} for i in clients.list_clients(config)]
+
+
+def client_lines(config: Config) -> list[list[str]]:
+    """Every client profile as lines for humans, one list per profile."""
+    return [clients.describe(i) for i in clients.list_clients(config)]
+
+
+def budget_flag(config: Config, client: str | None) -> str | None:
+    """The token-budget flag of a client profile (None: it has none); no name: the reference's."""
+    profile = clients.profiles(config).get(client or "", clients.BUILTIN_CLIENTS["run_inference"])
+    return profile.flags.budget[0] if profile.flags.budget else None
 
 
 def audit_records(limit: int | None = None) -> list[dict[str, Any]]:

@@ -344,8 +344,15 @@ def process_infos(result: Mapping[str, Any]) -> list[ProcessInfo]:
 
 
 def ps_params(config: Config, cfg: HostConfig) -> dict[str, Any]:
-    """Parameters of the ``ps`` op for a host of ``config``."""
-    return {"scripts": list(config.scripts), "show_other_users": cfg.show_other_users}
+    """Parameters of the ``ps`` op for a host of ``config`` (the scripts of every client profile,
+    and the profiles' flag spellings the host reads each run's flags with)."""
+    from supervisor.clients import all_scripts, wire_all
+
+    return {
+        "scripts": all_scripts(config),
+        "clients": wire_all(config),
+        "show_other_users": cfg.show_other_users,
+    }
 
 
 async def list_processes(host: Host, config: Config) -> list[ProcessInfo]:
@@ -423,9 +430,11 @@ def match_run(proc: ProcessInfo, config: Config, host_name: str) -> str | None:
     """
     from supervisor.agent.masking import mask_argv
     from supervisor.agent.match import script_index
+    from supervisor.clients import all_scripts
 
+    scripts = all_scripts(config)
     argv = list(proc.identity.argv)
-    idx = script_index(argv, config.scripts)
+    idx = script_index(argv, scripts)
     if idx is None or not proc.cwd:
         return None
     script = posixpath.basename(argv[idx])
@@ -437,7 +446,7 @@ def match_run(proc: ProcessInfo, config: Config, host_name: str) -> str | None:
     for run in config.runs:
         if run.host != host_name:
             continue
-        ridx = script_index(run.argv, config.scripts)
+        ridx = script_index(run.argv, scripts)
         if ridx is None or posixpath.basename(run.argv[ridx]) != script:
             continue
         score = 0

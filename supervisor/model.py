@@ -37,6 +37,14 @@ class RunFlags(msgspec.Struct, kw_only=True):
     api_base: str | None = None
     model: str | None = None
     backend: Backend = "unknown"
+    client: str | None = None
+    """The client profile the flags were read with (``supervisor.clients``)."""
+    output_file: str | None = None
+    """The one output file of a single-file client."""
+    input_file: str | None = None
+    prompts_dir: str | None = None
+    resume: bool | None = None
+    """Whether the client's resume flag is given (None: the client has none)."""
 
 
 class ProcessInfo(msgspec.Struct, kw_only=True):

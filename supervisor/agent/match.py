@@ -76,17 +76,6 @@ def script_index(argv: Sequence[str], scripts: Iterable[str]) -> int | None:
     return None
 
 
-def _flag(args: Sequence[str], names: Sequence[str]) -> str | None:
-    found = None
-    for i, arg in enumerate(args):
-        for name in names:
-            if arg == name and i + 1 < len(args):
-                found = args[i + 1]
-            elif arg.startswith(name + "="):
-                found = arg[len(name) + 1 :]
-    return found
-
-
 def parse_int(value: str | None) -> int | None:
     """An integer from a flag value (``1_000``, ``1,000``, ``1e3``); None when it is none."""
     if value is None:
@@ -125,37 +114,88 @@ def backend_of(api_base: str | None) -> str:
     return "local" if ip.is_loopback or ip.is_private or ip.is_link_local else "api"
 
 
-def parse_flags(argv: Sequence[str], start: int = 0) -> dict[str, Any]:
+REFERENCE_FLAGS = {
+    "datasets": ["--datasets", "--dataset"],
+    "output_dir": ["--output-dir", "--output_dir", "--out-dir", "--out"],
+    "prompts_dir": ["--prompts-dir", "--prompt-dir", "--prompts"],
+    "samples": ["--max-samples", "--max_samples"],
+    "budget": ["--token-budget", "--token_budget"],
+    "concurrency": ["--concurrency", "--max-concurrency"],
+    "endpoint": ["--api-base", "--base-url", "--api-url", "--endpoint"],
+    "model": ["--model", "--model-name"],
+}
+"""Flag spellings of the reference client, by meaning: what a run's flags are read with when no
+client profile describes its script (the laptop's built-in ``run_inference`` profile has them)."""
+
+
+def client_for(script: str, clients: Sequence[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The client (plain-data profile: ``name``, ``scripts``, ``flags``...) whose scripts include
+    the basename of ``script``, or None."""
+    base = os.path.basename(script)
+    for client in clients or ():
+        if base in (client.get("scripts") or ()):
+            return client
+    return None
+
+
+def _values(args: Sequence[str], names: Sequence[str]) -> list[str] | None:
+    """The values of the last occurrence of any of ``names``: ``--f a b`` (up to the next option),
+    ``--f=a``; ``[]`` for a flag given without value; None when absent."""
+    found: list[str] | None = None
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name:
+                found = []
+                for nxt in args[i + 1 :]:
+                    if nxt.startswith("-") and not _NUMBER.match(nxt):
+                        break
+                    found.append(nxt)
+            elif arg.startswith(name + "="):
+                found = [arg[len(name) + 1 :]]
+    return found
+
+
+_NUMBER = re.compile(r"^-\d")
+
+
+def parse_flags(
+    argv: Sequence[str], start: int = 0, client: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The flags of a run that matter to supervision (``model.RunFlags`` shape).
 
-    ``start`` is the index of the script in argv; only what follows it is read.
+    ``start`` is the index of the script in argv; only what follows it is read. ``client`` is a
+    client profile as plain data (``flags``: meaning -> spellings, ``endpoint_template``); None
+    reads the reference client's spellings.
     """
     args = list(argv[start + 1 :])
+    names: dict[str, Any] = (client or {}).get("flags") or REFERENCE_FLAGS
+
+    def last(role: str) -> str | None:
+        values = _values(args, names.get(role) or ())
+        return values[0] if values else None
+
     datasets: list[str] = []
-    for i, arg in enumerate(args):
-        values: list[str] = []
-        if arg == "--datasets" or arg == "--dataset":
-            for nxt in args[i + 1 :]:
-                if nxt.startswith("-"):
-                    break
-                values.append(nxt)
-            datasets = []
-        elif arg.startswith(("--datasets=", "--dataset=")):
-            values = [arg.split("=", 1)[1]]
-            datasets = []
-        for v in values:
-            datasets.extend(d for d in v.split(",") if d)
-    api_base = _flag(args, ("--api-base", "--base-url", "--api-url", "--endpoint"))
+    for v in _values(args, names.get("datasets") or ()) or []:
+        datasets.extend(d for d in v.split(",") if d)
+    api_base = last("endpoint")
+    if api_base is not None and client is not None:
+        api_base = str(client.get("endpoint_template") or "{}").replace("{}", api_base)
     masked_base = mask_value(api_base) if api_base is not None else None
+    resume = names.get("resume")
     return {
         "datasets": datasets,
-        "max_samples": parse_int(_flag(args, ("--max-samples", "--max_samples"))),
-        "token_budget": parse_int(_flag(args, ("--token-budget", "--token_budget"))),
-        "concurrency": parse_int(_flag(args, ("--concurrency", "--max-concurrency"))),
-        "output_dir": _flag(args, ("--output-dir", "--output_dir", "--out-dir", "--out")),
+        "max_samples": parse_int(last("samples")),
+        "token_budget": parse_int(last("budget")),
+        "concurrency": parse_int(last("concurrency")),
+        "output_dir": last("output_dir"),
         "api_base": masked_base,
-        "model": _flag(args, ("--model", "--model-name")),
+        "model": last("model"),
         "backend": backend_of(api_base),
+        "client": client.get("name") if client is not None else None,
+        "output_file": last("output_file"),
+        "input_file": last("input_file"),
+        "prompts_dir": last("prompts_dir"),
+        "resume": _values(args, resume) is not None if resume else None,
     }
 
 

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from supervisor.agent.masking import mask_argv
-from supervisor.agent.match import find_runs, parse_flags
+from supervisor.agent.match import client_for, find_runs, parse_flags
 from supervisor.agent.protocol import DEFAULT_SCRIPTS
 
 if TYPE_CHECKING:
@@ -228,10 +228,12 @@ class Lister:
         scripts: Sequence[str] = DEFAULT_SCRIPTS,
         show_other_users: bool = False,
         gpu_per_pid: dict[int, float] | None = None,
+        clients: Sequence[dict[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
-        """ProcessInfo-shaped dicts of every run on the host."""
+        """ProcessInfo-shaped dicts of every run on the host; ``clients`` (client profiles as
+        plain data) say how the flags of each script are read."""
         if not uses_proc():  # pragma: no cover - non-Linux hosts
-            return self._list_psutil(scripts, show_other_users, gpu_per_pid)
+            return self._list_psutil(scripts, show_other_users, gpu_per_pid, clients)
         table = process_table()
         my_uid = os.getuid()
         now_boot = uptime_s()
@@ -263,7 +265,7 @@ class Lister:
             except OSError:
                 cwd = None
             record = process_record(
-                self.boot_id, pid, st.start_time, uid, my_uid, argv, idx, kids, gpu_per_pid
+                self.boot_id, pid, st.start_time, uid, my_uid, argv, idx, kids, gpu_per_pid, clients
             )
             record.update(
                 uptime_s=round(age, 2),
@@ -285,6 +287,7 @@ class Lister:
         scripts: Sequence[str],
         show_other_users: bool,
         gpu_per_pid: dict[int, float] | None,
+        clients: Sequence[dict[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
         assert psutil is not None
         table = process_table()
@@ -312,7 +315,7 @@ class Lister:
             kids = descendants(table, pid)
             start = psutil_start_ticks(created, boot)
             record = process_record(
-                self.boot_id, pid, start, uid, my_uid, argv, idx, kids, gpu_per_pid
+                self.boot_id, pid, start, uid, my_uid, argv, idx, kids, gpu_per_pid, clients
             )
             record.update(
                 uptime_s=round(max(time.time() - created, 0.0), 2),
@@ -335,6 +338,7 @@ def process_record(
     idx: int,
     kids: list[int],
     gpu_per_pid: dict[int, float] | None,
+    clients: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The parts of a listed run that do not depend on where they were read (/proc or psutil).
 
@@ -355,7 +359,7 @@ def process_record(
         "user": user_name(uid),
         "argv_masked": masked,
         "children": kids,
-        "flags": parse_flags(argv, idx),
+        "flags": parse_flags(argv, idx, client_for(argv[idx], clients)),
         "gpu_memory_mb": gpu,
         "run": None,
         "killable": uid == my_uid,

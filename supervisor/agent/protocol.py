@@ -134,6 +134,23 @@ class RunFlags(TypedDict):
     api_base: str | None
     model: str | None
     backend: str
+    client: str | None
+    """The client profile the flags were read with (None: the reference client's spellings)."""
+    output_file: str | None
+    input_file: str | None
+    prompts_dir: str | None
+    resume: bool | None
+    """Whether the client's resume flag is given (None: the client has none)."""
+
+
+class ClientSpec(TypedDict, total=False):
+    """What the host needs of a client profile to read a run's flags (``clients.wire``)."""
+
+    name: str
+    scripts: list[str]
+    flags: dict[str, list[str]]
+    """Meaning (``datasets``, ``output_file``, ``samples``...) -> the flag's spellings."""
+    endpoint_template: str
 
 
 class _ProcessRequired(TypedDict):
@@ -175,6 +192,7 @@ class GpuSummary(TypedDict, total=False):
 
 class PsParams(TypedDict, total=False):
     scripts: list[str]
+    clients: list[ClientSpec]
     show_other_users: bool
     gpu: bool
 

@@ -91,9 +91,14 @@ class Agent:
         scripts = params.get("scripts") or list(DEFAULT_SCRIPTS)
         if not isinstance(scripts, list) or not all(isinstance(s, str) for s in scripts):
             raise AgentOpError("scripts: expected a list of strings", "bad-request")
+        clients = params.get("clients") or []
+        if not isinstance(clients, list) or not all(isinstance(c, dict) for c in clients):
+            raise AgentOpError("clients: expected a list of objects", "bad-request")
         gpu_pids, summary = gpu.query_gpu() if with_gpu else (None, None)
         with self.list_lock:
-            found = self.lister.list_runs(scripts, bool(params.get("show_other_users")), gpu_pids)
+            found = self.lister.list_runs(
+                scripts, bool(params.get("show_other_users")), gpu_pids, clients
+            )
         return found, summary
 
     def ps(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import click
 from supervisor.cli._common import open_ui, run_cli
 from supervisor.cli.actions import audit, guard, launch, restart
 from supervisor.cli.bench import bench, compare
+from supervisor.cli.clients import clients
 from supervisor.cli.data import check, scan
 from supervisor.cli.demo import demo
 from supervisor.cli.hosts import kill, ps
@@ -57,7 +58,20 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 
 cli.add_command(demo)
 
-for _command in (scan, check, ps, kill, status, launch, restart, guard, audit, bench, compare):
+for _command in (
+    scan,
+    check,
+    ps,
+    kill,
+    status,
+    launch,
+    restart,
+    guard,
+    audit,
+    bench,
+    compare,
+    clients,
+):
     cli.add_command(_command)
 
 
