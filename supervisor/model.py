@@ -103,6 +103,40 @@ class Projection(msgspec.Struct, kw_only=True):
     ``prompts``), and until the config budget is passed (``budget``), where a rate is known."""
 
 
+class SidecarView(msgspec.Struct, kw_only=True):
+    """A file beside a dataset holding the prompts that failed or were skipped (SpecForge)."""
+
+    kind: str
+    """``error`` or ``skipped``."""
+    path: str
+    state: str = "ok"
+    lines: int = 0
+    reasons: dict[str, int] = {}
+    """Reason -> rows, the most frequent first (the rest summed in ``other_reasons``)."""
+    other_reasons: int = 0
+
+
+class CompletenessView(msgspec.Struct, kw_only=True):
+    """The input's ids against the output's: what is done, failed, missing or foreign."""
+
+    input: int = 0
+    """Distinct ids of the input file."""
+    done: int = 0
+    """Input ids with a record."""
+    failed: int = 0
+    """Input ids only in an error or skipped file."""
+    missing: int = 0
+    """Input ids with neither."""
+    missing_first: list[str | int] = []
+    not_in_input: int = 0
+    """Record ids the input does not hold."""
+    not_in_input_first: list[str | int] = []
+    duplicates: int = 0
+    """Records whose id was already seen."""
+    error: str | None = None
+    """Why the input ids could not be read (then only ``input`` may be known)."""
+
+
 class DatasetView(msgspec.Struct, kw_only=True):
     """One dataset of one run, as the front ends show it."""
 
@@ -128,6 +162,10 @@ class DatasetView(msgspec.Struct, kw_only=True):
     stalled: bool = False
     history: list[float] = []
     """Tokens/s per interval over the last minutes, oldest first (for a sparkline)."""
+    reasoning_tokens: int = 0
+    """Of ``completion_tokens``, those of reasoning texts (``reasoning_content``)."""
+    sidecars: list[SidecarView] = []
+    completeness: CompletenessView | None = None
 
 
 class RunView(msgspec.Struct, kw_only=True):

@@ -95,18 +95,26 @@ class RateTracker:
         self._first: _Sample | None = None
         self._stream: str | None = None
         self._text_tokens = 0
+        self._reasoning_tokens = 0
         self._text_stream: str | None = None
         self._size: int | None = None
         self._last_growth: float | None = None
 
     # ------------------------------------------------------------------ feeding
 
-    def add_text_tokens(self, stream: str | None, tokens: int) -> None:
-        """Add tokenizer counts of texts from a scan of ``stream`` (a new stream restarts)."""
+    def add_text_tokens(self, stream: str | None, tokens: int, reasoning: int = 0) -> None:
+        """Add tokenizer counts of texts from a scan of ``stream`` (a new stream restarts);
+        ``reasoning`` of them are reasoning tokens (``reasoning_content``)."""
         if stream != self._text_stream:
             self._text_stream = stream
             self._text_tokens = 0
+            self._reasoning_tokens = 0
         self._text_tokens += tokens
+        self._reasoning_tokens += reasoning
+
+    def reasoning_tokens(self, stream: str | None) -> int:
+        """Reasoning tokens among the text tokens of ``stream``."""
+        return self._reasoning_tokens if stream == self._text_stream else 0
 
     def text_tokens(self, stream: str | None) -> int:
         return self._text_tokens if stream == self._text_stream else 0
@@ -350,8 +358,11 @@ def build_dataset_view(
         state = "error"
     stream = scan.get("stream")
     texts = scan.get("texts") or []
-    if texts and count_texts is not None:
-        tracker.add_text_tokens(stream, count_texts(list(texts)))
+    reasoning_texts = scan.get("reasoning_texts") or []
+    if (texts or reasoning_texts) and count_texts is not None:
+        reasoning = count_texts(list(reasoning_texts)) if reasoning_texts else 0
+        content = count_texts(list(texts)) if texts else 0
+        tracker.add_text_tokens(stream, content + reasoning, reasoning)
     tokens = int(scan.get("completion_tokens") or 0) + tracker.text_tokens(stream)
     records = int(scan.get("records") or 0)
     unique = int(scan.get("unique_ids") or 0)
@@ -404,6 +415,7 @@ def build_dataset_view(
         over_budget=budget is not None and tokens > budget,
         stalled=writer_alive and state == "ok" and tracker.since_growth(now) >= stall_seconds,
         history=tracker.history(),
+        reasoning_tokens=tracker.reasoning_tokens(stream),
     )
 
 

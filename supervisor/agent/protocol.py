@@ -216,6 +216,43 @@ class FileSpec(_FileSpecRequired, total=False):
     profile: dict[str, Any]
     expected: str
     texts: int
+    sidecars: dict[str, str]
+    """Kind (``error``, ``skipped``) -> path of a file of failed or skipped prompts."""
+    input: InputSpec
+
+
+class InputSpec(TypedDict):
+    """The input file whose rows a data file's records answer (``completeness``)."""
+
+    path: str
+    id: str
+    """Key of a row's id, echoed in the record's id field; ``""``: the row's 0-based index."""
+
+
+class SidecarScan(TypedDict, total=False):
+    path: str
+    state: str
+    lines: int
+    reasons: dict[str, int]
+    """Reason (a row's ``error``) -> rows, the most frequent first."""
+    other_reasons: int
+    size: int
+
+
+class Completeness(TypedDict, total=False):
+    input_path: str
+    input: int
+    """Distinct ids of the input."""
+    error: str | None
+    duplicates: int
+    input_duplicates: int
+    done: int
+    failed: int
+    """Input ids only in a sidecar (error or skipped)."""
+    missing: int
+    missing_first: list[Any]
+    not_in_input: int
+    not_in_input_first: list[Any]
 
 
 class BadLine(TypedDict, total=False):
@@ -260,8 +297,11 @@ class ScanFile(_ScanFileRequired, total=False):
     finished: bool
     stream: str | None
     texts: list[str]
+    reasoning_texts: list[str]
     texts_more: bool
     companions: list[Any]
+    sidecars: dict[str, SidecarScan]
+    completeness: Completeness
     rescan_reason: str | None
     bytes_read: int
     scan_seconds: float

@@ -69,6 +69,7 @@ from supervisor.agent.formats import (
     get_profile,
     lookup,
     matches,
+    reasoning_of,
     texts_of,
     token_count,
 )
@@ -374,6 +375,45 @@ _NO_TEMPLATE = _Template(re.compile(b"$^"), PROFILES["raw"], "other", {}, False,
 """A template with no rows: a placeholder where one is expected."""
 
 
+MAX_REASONS = 10
+"""Distinct reasons listed per sidecar file (the rest are summed in ``other_reasons``)."""
+MAX_IDS_SHOWN = 10
+"""Missing ids (and ids not in the input) listed by a completeness result."""
+MAX_REASON_CHARS = 160
+
+
+def _shown_id(key: Any) -> Any:
+    """A remembered id as JSON can carry it (bytes back to text)."""
+    return key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+
+
+class _Sidecar:
+    """What the scanner remembers about one file of failed or skipped prompts."""
+
+    def __init__(self, key: tuple[Any, ...]) -> None:
+        self.key = key
+        self.offset = 0
+        self.lines = 0
+        self.reasons: Counter[str] = Counter()
+        self.ids: set[Any] = set()
+
+    def read_line(self, line: bytes, id_key: str | None) -> None:
+        self.lines += 1
+        try:
+            row = json.loads(line)
+        except ValueError:
+            self.reasons["(not JSON)"] += 1
+            return
+        if not isinstance(row, dict):
+            self.reasons["(not an object)"] += 1
+            return
+        why = row.get("error")
+        reason = str(why).strip().splitlines()[0] if why else "(no reason given)"
+        self.reasons[reason[:MAX_REASON_CHARS]] += 1
+        if id_key and id_key in row:
+            self.ids.add(_id_key(row[id_key]))
+
+
 class _FileState:
     """What the scanner remembers about one file between calls."""
 
@@ -408,6 +448,7 @@ class _FileState:
         self.first_offending: dict[str, Any] | None = None
         self.first_unknown: tuple[int, int, list[str]] | None = None
         self.texts: list[str] = []
+        self.reasoning: list[str] = []
         self.text_bytes = 0
         self.template: _Template | None = None
         self.templates: dict[tuple[str, ...], _Template | None] = {}
@@ -441,6 +482,8 @@ class Scanner:
         self._epochs: dict[str, int] = {}
         self._token = os.urandom(6).hex()
         self._line_counts: dict[str, tuple[int, int, int, int]] = {}
+        self._sidecars: dict[str, _Sidecar] = {}
+        self._inputs: dict[str, tuple[tuple[Any, ...], list[Any], str | None]] = {}
         self._want_texts = True
 
     def forget(self, path: str) -> None:
@@ -458,6 +501,8 @@ class Scanner:
         profile: dict[str, Any] | None = None,
         texts: bool = True,
         progress: Progress | None = None,
+        sidecars: dict[str, str] | None = None,
+        input_file: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Scan the bytes of ``path`` appended since the last call; the JSON-able result.
 
@@ -470,6 +515,11 @@ class Scanner:
             profile: a user profile as a plain dict (see :func:`formats.profile_from_dict`).
             texts: hand back texts of new records for tokenizer-counted formats.
             progress: called with ``(bytes_done, bytes_total)`` after every chunk.
+            sidecars: kind -> path of files beside it holding failed or skipped prompts (counted
+                with their reasons, ``sidecars`` of the result).
+            input_file: ``{"path": INPUT, "id": KEY}``: the input file whose rows the records
+                answer, ``KEY`` the id of a row (echoed in the record's id) or ``""`` for its
+                index; the result's ``completeness`` compares the two.
         """
         if validate not in ("sample", "all", "none"):
             raise ValueError("validate must be sample, all or none")
@@ -483,6 +533,34 @@ class Scanner:
         self._want_texts = texts
         settings = (want, json.dumps(profile, sort_keys=True) if profile else None)
         started = time.monotonic()
+        result = self._scan_path(path, want, settings, user, validate, texts, progress, started)
+        if sidecars:
+            result["sidecars"] = {
+                kind: self._sidecar(side, (input_file or {}).get("id") or None)
+                for kind, side in sidecars.items()
+            }
+        if input_file and isinstance(input_file.get("path"), str):
+            state = self._files.get(path)
+            result["completeness"] = self._completeness(
+                state.ids if state is not None else set(),
+                state.duplicates if state is not None else 0,
+                input_file["path"],
+                str(input_file.get("id") or ""),
+                result.get("sidecars") or {},
+            )
+        return result
+
+    def _scan_path(
+        self,
+        path: str,
+        want: str | None,
+        settings: tuple[Any, ...],
+        user: Profile | None,
+        validate: str,
+        texts: bool,
+        progress: Progress | None,
+        started: float,
+    ) -> dict[str, Any]:
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except OSError as e:
@@ -578,6 +656,7 @@ class Scanner:
             result["partial_tail_bytes"] = 0
         result["scan_seconds"] = round(time.monotonic() - started, 6)
         state.texts = []
+        state.reasoning = []
         state.text_bytes = 0
         return result
 
@@ -835,6 +914,117 @@ class Scanner:
         except OSError:
             return None
 
+    def _sidecar(self, path: str, id_key: str | None) -> dict[str, Any]:
+        """Lines of a file of failed or skipped prompts, by reason (its rows' ``error``), and the
+        ids of their rows (key ``id_key``), read incrementally like a data file."""
+        try:
+            f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below
+        except OSError as e:
+            state = "missing" if e.errno == errno.ENOENT else "unreadable"
+            self._sidecars.pop(path, None)
+            return {"path": path, "state": state, "lines": 0, "reasons": {}}
+        with f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                return {"path": path, "state": "not-a-file", "lines": 0, "reasons": {}}
+            side = self._sidecars.get(path)
+            if (
+                side is None
+                or side.key != (st.st_dev, st.st_ino, id_key)
+                or st.st_size < side.offset
+            ):
+                side = self._sidecars[path] = _Sidecar((st.st_dev, st.st_ino, id_key))
+            f.seek(side.offset)
+            data = f.read(max(st.st_size - side.offset, 0))
+            end = data.rfind(b"\n") + 1
+            for line in data[:end].splitlines():
+                side.read_line(line, id_key)
+            side.offset += end
+        return {
+            "path": path,
+            "state": "ok",
+            "lines": side.lines,
+            "reasons": dict(side.reasons.most_common(MAX_REASONS)),
+            "other_reasons": sum(side.reasons.values())
+            - sum(n for _, n in side.reasons.most_common(MAX_REASONS)),
+            "size": side.offset,
+        }
+
+    def _input_keys(self, path: str, id_key: str) -> tuple[list[Any], str | None]:
+        """The id of every row of an input file, in order (cached while the file is unchanged),
+        or an error saying why they cannot be read."""
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            return [], f"input {path}: {e.strerror or e}"
+        sig = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, id_key)
+        cached = self._inputs.get(path)
+        if cached is not None and cached[0] == sig:
+            return cached[1], cached[2]
+        keys: list[Any] = []
+        error = None
+        try:
+            with open(path, "rb") as f:
+                for n, line in enumerate(f):
+                    if not id_key:
+                        keys.append(n)
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        error = f"input line {n + 1} is not JSON"
+                        break
+                    if not isinstance(row, dict) or id_key not in row:
+                        error = f"input line {n + 1} has no {id_key!r}"
+                        break
+                    keys.append(_id_key(row[id_key]))
+        except OSError as e:
+            return [], f"input {path}: {e.strerror or e}"
+        self._inputs[path] = (sig, keys, error)
+        return keys, error
+
+    def _completeness(
+        self,
+        done_ids: set[Any],
+        duplicates: int,
+        input_path: str,
+        id_key: str,
+        sidecars: dict[str, Any],
+    ) -> dict[str, Any]:
+        """Input ids against output ids: done, failed (only in a sidecar), missing, not in input."""
+        keys, error = self._input_keys(input_path, id_key)
+        result: dict[str, Any] = {
+            "input_path": input_path,
+            "input": len(keys),
+            "error": error,
+            "duplicates": duplicates,
+        }
+        if error is not None:
+            return result
+        wanted = set(keys)
+        failed_ids: set[Any] = set()
+        for side in sidecars.values():
+            cached = self._sidecars.get(side.get("path", ""))
+            if cached is not None:
+                failed_ids |= cached.ids
+        missing = [k for k in keys if k not in done_ids and k not in failed_ids]
+        strangers = [k for k in done_ids if k not in wanted]
+        result.update(
+            {
+                "input": len(wanted),
+                "input_duplicates": len(keys) - len(wanted),
+                "done": len(done_ids) - len(strangers),
+                "failed": len((failed_ids & wanted) - done_ids),
+                "missing": len(missing),
+                "missing_first": [_shown_id(k) for k in missing[:MAX_IDS_SHOWN]],
+                "not_in_input": len(strangers),
+                "not_in_input_first": sorted(
+                    (_shown_id(k) for k in strangers[: MAX_IDS_SHOWN * 10]), key=str
+                )[:MAX_IDS_SHOWN],
+            }
+        )
+        return result
+
     # ------------------------------------------------------------------ one line
 
     def _bad(self, state: _FileState, offset: int, reason: str) -> None:
@@ -995,6 +1185,7 @@ class Scanner:
         tokens = 0
         prompt = 0
         record_texts: list[str] | None = None
+        record_reasoning: list[str] = []
         if prof is not None:
             if prof.tokens_field is not None:
                 v = obj.get(prof.tokens_field, _ABSENT)  # a flat key: the common case
@@ -1031,6 +1222,7 @@ class Scanner:
                 self._validate(prof, obj, arrays, buf, full, tokens, length)
             if prof.text_field is not None:
                 record_texts = texts_of(prof, obj)
+                record_reasoning = reasoning_of(prof, obj) if prof.reasoning_key else []
         # Counted from here on: the line is a record.
         state.lines += 1
         state.records += 1
@@ -1081,7 +1273,9 @@ class Scanner:
             state.texts_records += 1
             if self._want_texts:
                 state.texts.extend(record_texts)
+                state.reasoning.extend(record_reasoning)
                 state.text_bytes += sum(len(t) for t in record_texts)
+                state.text_bytes += sum(len(t) for t in record_reasoning)
                 return state.text_bytes >= self.max_text_bytes
         return False
 
@@ -1159,6 +1353,7 @@ class Scanner:
                 "finished": state.finished,
                 "stream": f"{self._token}:{state.epoch}",
                 "texts": list(state.texts),
+                "reasoning_texts": list(state.reasoning),
             }
         )
         return result
@@ -1253,6 +1448,7 @@ def _empty_result(path: str, fmt: str | None) -> dict[str, Any]:
         "finished": False,
         "stream": None,
         "texts": [],
+        "reasoning_texts": [],
         "texts_more": False,
         "companions": [],
         "rescan_reason": None,

@@ -162,6 +162,8 @@ class Agent:
                     ("profile", "profile"),
                     ("expected", "expected"),
                     ("texts", "texts"),
+                    ("sidecars", "sidecars"),
+                    ("input", "input_file"),
                 ):
                     if spec.get(key) is not None:
                         kwargs[arg] = spec[key]
