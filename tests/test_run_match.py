@@ -39,7 +39,10 @@ async def _matches(config: Config) -> tuple[dict[int, str | None], dict[int, str
     async with Engine(config) as engine:
         snap = await engine.refresh()
     seen = {p.identity.pid: p.run for h in snap.hosts for p in h.processes}
-    return listed, seen
+    # Other processes on the machine may start or exit between the two listings: compare the
+    # processes both saw (each test checks that its own processes are among them).
+    both = listed.keys() & seen.keys()
+    return {p: listed[p] for p in both}, {p: seen[p] for p in both}
 
 
 async def test_a_symlinked_workdir_is_the_same_directory(

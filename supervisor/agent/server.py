@@ -26,7 +26,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from supervisor.agent import datafiles, gpu, kill, launch
 from supervisor.agent import proc as procs
-from supervisor.agent.protocol import DEFAULT_SCRIPTS, DURABLE_OPS, PROTOCOL, AgentOpError
+from supervisor.agent.protocol import DEFAULT_SCRIPTS, DURABLE_OPS, PROTOCOL, AgentOpError, Hello
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -65,7 +65,7 @@ class Agent:
 
     # ------------------------------------------------------------ ops
 
-    def hello(self) -> dict[str, Any]:
+    def hello(self) -> Hello:
         return {
             "hello": "runwatch-agent",
             "protocol": PROTOCOL,
