@@ -44,6 +44,7 @@ from supervisor.bench.results import BenchResult, LevelResult
 from supervisor.bench.runner import Options as BenchOptions
 from supervisor.bench.target import is_url
 from supervisor.compare import Comparison, comparison_from, format_lines, gather_comparison
+from supervisor.completeness import completeness_line, sidecar_line, with_client_parts
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
 from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
@@ -463,6 +464,12 @@ class Engine:
                 taken.add(proc.identity.pid)
             if proc is not None:
                 flags = proc.flags
+                profile = clients.client_of(self.config, run)
+                if flags.client != profile.name:  # named by the run, not by its script
+                    raw = clients.read_flags(
+                        profile, proc.identity.argv, clients.all_scripts(self.config)
+                    )
+                    flags = msgspec.convert({**raw, "api_base": flags.api_base}, RunFlags)
             else:
                 flags = _config_flags(self.config, run)
                 flags.backend = run_backend(self.config, run.name) or flags.backend
@@ -485,8 +492,17 @@ class Engine:
                 state = "zombie"
             else:
                 state = "running"
+            profile = clients.client_of(self.config, run)
             run_views.append(
-                RunView(name=run.name, host=hc.name, state=state, process=proc, datasets=datasets)
+                RunView(
+                    name=run.name,
+                    host=hc.name,
+                    state=state,
+                    process=proc,
+                    datasets=datasets,
+                    client=profile.name,
+                    budget_flag=profile.flags.budget[0] if profile.flags.budget else None,
+                )
             )
         discovered: dict[str, dict[str, Any]] = {}
         for proc in procs:
@@ -565,7 +581,9 @@ class Engine:
             stall_seconds=run.stall_seconds,
             prompts=prompts,
             count_texts=counter,
+            budget_flag=engine_budget_flag(self.config, flags.client),
         )
+        with_client_parts(view, scan)
         if problem is not None and view.error is None:
             view.error = f"tokens not counted: {problem}"
         return view
@@ -676,7 +694,7 @@ def client_lines(config: Config) -> list[list[str]]:
     return [clients.describe(i) for i in clients.list_clients(config)]
 
 
-def budget_flag(config: Config, client: str | None) -> str | None:
+def engine_budget_flag(config: Config, client: str | None) -> str | None:
     """The token-budget flag of a client profile (None: it has none); no name: the reference's."""
     profile = clients.profiles(config).get(client or "", clients.BUILTIN_CLIENTS["run_inference"])
     return profile.flags.budget[0] if profile.flags.budget else None
@@ -725,6 +743,7 @@ __all__ = [
     "audit_records",
     "bench",
     "comparison_from",
+    "completeness_line",
     "count_tokens",
     "dataset_path",
     "format_lines",
@@ -736,4 +755,5 @@ __all__ = [
     "parse_sets",
     "run_once",
     "run_sync",
+    "sidecar_line",
 ]

@@ -177,6 +177,10 @@ class RunView(msgspec.Struct, kw_only=True):
     process: ProcessInfo | None = None
     datasets: list[DatasetView] = []
     configured: bool = True
+    client: str | None = None
+    """The run's client profile (``runwatch clients``)."""
+    budget_flag: str | None = "--token-budget"
+    """The client's token-budget flag; None: the client has none (only a stop enforces a budget)."""
 
 
 class HostView(msgspec.Struct, kw_only=True):

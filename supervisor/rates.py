@@ -236,8 +236,10 @@ def project(
     prompts: int | None,
     writer_alive: bool,
     cost: CostInfo | None,
+    budget_flag: str | None = "--token-budget",
 ) -> Projection:
-    """The projection of one dataset (see the module docstring for the definitions)."""
+    """The projection of one dataset (see the module docstring for the definitions);
+    ``budget_flag`` is the run's client's budget flag (None: it has none), named in messages."""
     avg = tokens / records if records else None
     etas: dict[str, float] = {}
     remaining: dict[str, tuple[int | None, int | None]] = {}
@@ -286,7 +288,9 @@ def project(
                 proj.waste_cost_usd = proj.waste_tokens / 1e6 * cost.price_out_per_m
             elif cost.gpu_cost_per_hour is not None and tok_rate:
                 proj.waste_cost_usd = proj.waste_tokens / tok_rate / 3600 * cost.gpu_cost_per_hour
-    proj.message = _message(proj, tokens, budget, run_token_budget, writer_alive, future)
+    proj.message = _message(
+        proj, tokens, budget, run_token_budget, writer_alive, future, budget_flag
+    )
     return proj
 
 
@@ -297,34 +301,37 @@ def _message(
     run_token_budget: int | None,
     writer_alive: bool,
     future: int,
+    budget_flag: str | None = "--token-budget",
 ) -> str:
     head = display.budget(tokens, budget)
+    # What the run lacks: its client's budget flag, or (a client without one) any budget flag.
+    lacks = f"no {budget_flag}" if budget_flag else "its client has no budget flag"
     cost = f", ~{display.money(proj.waste_cost_usd)} wasted" if proj.waste_cost_usd else ""
     if not writer_alive:
         return head + (" - over budget, stopped" if tokens > budget else " - stopped")
     if run_token_budget is not None:
         if proj.stop_reason == "token_budget" and proj.eta_s == 0:
-            return f"{head}, --token-budget reached"
+            return f"{head}, {budget_flag or 'budget'} reached"
         if proj.stop_reason == "token_budget" and proj.eta_s is not None:
-            return f"{head}, stops at --token-budget in {display.duration(proj.eta_s)}"
+            return f"{head}, stops at {budget_flag or 'budget'} in {display.duration(proj.eta_s)}"
         return head
     when = f" over {display.duration(proj.remaining_s)}" if proj.remaining_s is not None else ""
     if tokens > budget:
         if future:
-            return f"{head}, +{display.compact(future)} projected{when} - no --token-budget{cost}"
-        return f"{head} - over budget, no --token-budget{cost}"
+            return f"{head}, +{display.compact(future)} projected{when} - {lacks}{cost}"
+        return f"{head} - over budget, {lacks}{cost}"
     passes = proj.etas.get("budget")
     if proj.waste_tokens and passes is not None:
         return (
             f"{head}, passes budget in {display.duration(passes)}, "
             f"+{display.compact(proj.waste_tokens)} over by {_stop_name(proj.stop_reason)}"
-            f" - no --token-budget{cost}"
+            f" - {lacks}{cost}"
         )
     if proj.waste_tokens:
         # No rate yet (a single look at the files): the waste is known, its timing is not.
         return (
             f"{head}, +{display.compact(proj.waste_tokens)} over budget by "
-            f"{_stop_name(proj.stop_reason)} - no --token-budget{cost}"
+            f"{_stop_name(proj.stop_reason)} - {lacks}{cost}"
         )
     return head
 
@@ -349,6 +356,7 @@ def build_dataset_view(
     stall_seconds: float = 300.0,
     prompts: int | None = None,
     count_texts: Callable[[list[str]], int] | None = None,
+    budget_flag: str | None = "--token-budget",
 ) -> DatasetView:
     """The :class:`model.DatasetView` of one dataset at ``now`` (feeds ``tracker``)."""
     path = str(scan.get("path") or "")
@@ -389,6 +397,7 @@ def build_dataset_view(
         prompts=prompts,
         writer_alive=writer_alive,
         cost=cost,
+        budget_flag=budget_flag,
     )
     verdict: Verdict = scan.get("verdict") or "empty"
     if verdict not in get_args(Verdict):

@@ -68,7 +68,7 @@ def _error_text(name: str, error: str) -> str:
 
 
 def _print_ps(config: Config, entries: list[dict[str, Any]]) -> None:
-    from supervisor.engine import budget_flag as engine_budget_flag
+    from supervisor.engine import engine_budget_flag
 
     for entry in entries:
         procs: list[ProcessInfo] = entry["processes"]
