@@ -46,6 +46,7 @@ from supervisor.bench.target import is_url
 from supervisor.compare import Comparison, comparison_from, format_lines, gather_comparison
 from supervisor.completeness import completeness_line, sidecar_line, with_client_parts
 from supervisor.config import Config, HostConfig, RunConfig
+from supervisor.dataloss import DataLossWatch
 from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
 from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
 from supervisor.hosts import (
@@ -128,6 +129,7 @@ class Engine:
             for hc in config.hosts
         }
         self._trackers = rates.Trackers()
+        self._dataloss = DataLossWatch()
         self._tokenizer: Any = None
         self.last: Snapshot | None = None
         self._inflight: asyncio.Future[Snapshot] | None = None
@@ -584,6 +586,8 @@ class Engine:
             budget_flag=engine_budget_flag(self.config, flags.client),
         )
         with_client_parts(view, scan)
+        alive = proc is not None and not proc.state.startswith("Z")
+        view.alarm = self._dataloss.observe(host, run.name, scan, alive)
         if problem is not None and view.error is None:
             view.error = f"tokens not counted: {problem}"
         return view

@@ -166,6 +166,8 @@ class DatasetView(msgspec.Struct, kw_only=True):
     """Of ``completion_tokens``, those of reasoning texts (``reasoning_content``)."""
     sidecars: list[SidecarView] = []
     completeness: CompletenessView | None = None
+    alarm: str | None = None
+    """Data loss seen under the running run (the file shrank or was replaced), with byte counts."""
 
 
 class RunView(msgspec.Struct, kw_only=True):

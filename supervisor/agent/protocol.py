@@ -19,7 +19,9 @@ from typing import Any, TypedDict
 
 PROTOCOL = 1
 """Version of this protocol, sent in the hello."""
-DURABLE_OPS = frozenset(("kill", "launch", "repair_tail", "move_aside", "write_fingerprint"))
+DURABLE_OPS = frozenset(
+    ("kill", "launch", "repair_tail", "move_aside", "backup_files", "write_fingerprint")
+)
 """Ops that act on the host: finished even when stdin closes mid-way."""
 KILL_CONFIRM_S = 5.0
 """How long the agent waits for the exit after SIGKILL before reporting it unconfirmed (state D)."""
@@ -473,6 +475,30 @@ class MoveAsideResult(_MoveAsideRequired, total=False):
     inode: int
 
 
+class _BackupFilesParamsRequired(TypedDict):
+    paths: list[str]
+    dest_dir: str
+    max_bytes: int
+
+
+class BackupFilesParams(_BackupFilesParamsRequired, total=False):
+    pass
+
+
+class BackupCopy(TypedDict):
+    path: str
+    copy: str
+    bytes: int
+    method: str
+    """``reflink``, ``copy_file_range`` or ``copy``."""
+
+
+class BackupFilesResult(TypedDict):
+    copied: list[BackupCopy]
+    total_bytes: int
+    refused: str | None
+
+
 class FileHash(TypedDict, total=False):
     path: str
     sha256: str | None
@@ -572,6 +598,7 @@ OP_SHAPES: dict[str, tuple[type, type]] = {
     "lock_status": (LockStatusParams, LockStatusResult),
     "repair_tail": (RepairTailParams, RepairTailResult),
     "move_aside": (MoveAsideParams, MoveAsideResult),
+    "backup_files": (BackupFilesParams, BackupFilesResult),
     "read_fingerprint": (ReadFingerprintParams, ReadFingerprintResult),
     "write_fingerprint": (WriteFingerprintParams, WriteFingerprintResult),
     "tail_log": (TailLogParams, TailLogResult),

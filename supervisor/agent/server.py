@@ -57,6 +57,7 @@ class Agent:
             "write_fingerprint": launch.write_fingerprint,
             "repair_tail": datafiles.repair_tail,
             "move_aside": datafiles.move_aside,
+            "backup_files": datafiles.backup_files,
             "tail_log": datafiles.tail_log,
             "tail_records": datafiles.tail_records,
             "gpu_holders": gpu.gpu_holders,

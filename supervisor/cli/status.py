@@ -119,9 +119,9 @@ def _run_lines(r: RunView) -> list[str]:
             f"{display.share(ds.completion_tokens, ds.token_budget):>6} "
             f"{display.rate(req):>6} {display.rate(tok):>7} {_eta(ds):>10}  {verdict}"
         )
-        if ds.state == "missing":  # a dataset the run has not reached yet: nothing to say
+        if ds.state == "missing" and not ds.alarm:  # not reached yet: nothing to say
             continue
-        notes = [ds.error]
+        notes = [ds.alarm, ds.error]
         if ds.state == "ok" and not _plain_progress(ds):
             notes.append(ds.projection.message)
         if ds.verdict not in ("current", "empty"):
