@@ -29,6 +29,7 @@ else:  # pragma: no cover - Python 3.10
 
 DEFAULT_SCRIPTS = ("run_inference.py", "regenerate_train_data.py", "server_generate.py")
 BudgetPolicy = Literal["warn", "stop", "restart-with-budget"]
+HostKind = Literal["processes", "slurm"]
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -44,6 +45,11 @@ class HostConfig(_Section):
     """Host name, IP or ``~/.ssh/config`` alias (default: ``name``). Ignored when ``local``."""
     local: bool = False
     """This machine: the agent runs as a local subprocess, no SSH."""
+    kind: HostKind = "processes"
+    """What the runs on this host are: ``processes`` (listed, killed and launched by runwatch
+    itself) or ``slurm`` jobs (the host is a login node: runs are listed with ``squeue``, stopped
+    with ``scancel`` and launched with ``sbatch``; their data files are read there, on the shared
+    filesystem). ``local`` still says how the host is reached."""
     user: str | None = None
     """SSH user (default: from ``~/.ssh/config`` or the local user)."""
     port: int | None = None
@@ -82,6 +88,35 @@ class DatasetConfig(_Section):
     """Prompts file (JSONL), relative to the run's workdir; its line count bounds the samples."""
 
 
+class SlurmRunConfig(_Section):
+    """How a run on a ``kind = "slurm"`` host is submitted (``sbatch`` options)."""
+
+    partition: str | None = None
+    """``--partition``."""
+    gres: str | None = None
+    """``--gres``, e.g. ``gpu:8``."""
+    gpus: str | None = None
+    """``--gpus``, e.g. ``8`` or ``h100:8``."""
+    time: str | None = None
+    """``--time`` limit, e.g. ``12:00:00`` or ``2-00:00:00``."""
+    nodes: int | None = None
+    """``--nodes``."""
+    cpus_per_task: int | None = None
+    """``--cpus-per-task``."""
+    array: bool = False
+    """One array task per dataset: task ``i`` runs argv with ``--datasets`` set to the i-th
+    dataset; the run's state is aggregated over its tasks."""
+    array_max_running: int | None = None
+    """At most this many array tasks at once (``--array=0-N%M``)."""
+    job_name: str | None = None
+    """``--job-name`` (default ``rw-<run>``)."""
+    output: str | None = None
+    """Output file of the job, relative to workdir unless absolute, with sbatch's patterns
+    (default ``<output_dir>/.runwatch/slurm-%j.log``, ``slurm-%A_%a.log`` for arrays)."""
+    extra: list[str] = []
+    """More ``#SBATCH`` lines, each one option as sbatch reads it (e.g. ``--mem=64G``)."""
+
+
 class RunConfig(_Section):
     """One data-generation run: a command on a host writing ``<output_dir>/<dataset>/...``."""
 
@@ -117,6 +152,8 @@ class RunConfig(_Section):
     client: str | None = None
     """The generation script's client profile: a built-in (``runwatch clients``) or a
     ``[clients.NAME]`` entry. Default: detected from the script named in ``argv``."""
+    slurm: SlurmRunConfig | None = None
+    """sbatch options of a run on a ``kind = "slurm"`` host."""
 
 
 class EndpointConfig(_Section):
@@ -502,6 +539,7 @@ def _check_references(config: Config) -> None:
                 f"{shown}: runs[{i}].format: unknown format {r.format!r}",
                 f"known: {', '.join(sorted(formats))}",
             )
+        _check_slurm(config, i, r)
         for j, d in enumerate(r.datasets):
             if not d or "/" in d or d in (".", ".."):
                 raise ConfigError(f"{shown}: runs[{i}].datasets[{j}]: not a dataset name: {d!r}")
@@ -584,3 +622,43 @@ def _apply_clients(config: Config, data: Any) -> None:
             r.format = profile.format
         if "data_file" not in given:
             r.data_file = profile.data_file
+
+
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^(?i:unlimited|infinite)$")
+
+
+def _check_slurm(config: Config, i: int, run: RunConfig) -> None:
+    shown = config.path
+    kind = config.host(run.host).kind
+    if run.slurm is not None and kind != "slurm":
+        raise ConfigError(
+            f"{shown}: runs[{i}].slurm: host {run.host!r} is not a Slurm host",
+            'set kind = "slurm" on the host, or remove the [runs.slurm] table',
+        )
+    sl = run.slurm
+    if sl is None:
+        return
+    for key in ("partition", "gres", "gpus", "job_name", "output"):
+        value = getattr(sl, key)
+        if value is not None and (not value or any(c in value for c in "\n\r\0")):
+            raise ConfigError(f"{shown}: runs[{i}].slurm.{key}: expected one non-empty line")
+    if sl.time is not None and not _SLURM_TIME.match(sl.time):
+        raise ConfigError(
+            f"{shown}: runs[{i}].slurm.time: not a Slurm time limit: {sl.time!r}",
+            "use minutes, HH:MM:SS or D-HH:MM:SS",
+        )
+    for key in ("nodes", "cpus_per_task", "array_max_running"):
+        value = getattr(sl, key)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{shown}: runs[{i}].slurm.{key}: expected a positive integer")
+    for j, line in enumerate(sl.extra):
+        if not line.startswith("-") or any(c in line for c in "\n\r\0"):
+            raise ConfigError(
+                f"{shown}: runs[{i}].slurm.extra[{j}]: expected one sbatch option line "
+                f"starting with '-', got {line!r}"
+            )
+    if sl.array and len(config.run_datasets(run)) < 1:
+        raise ConfigError(
+            f"{shown}: runs[{i}].slurm.array: the run names no datasets",
+            "list them in datasets = [...] or --datasets in argv",
+        )

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from supervisor import audit, clients, rates
+from supervisor import audit, clients, rates, slurm
 from supervisor import kill as kill_ops
 from supervisor.agent.formats import BUILTIN_FORMATS
 from supervisor.agent.masking import mask_argv, mask_text
@@ -72,6 +72,7 @@ from supervisor.model import (
 from supervisor.plan import Action, ActionResult, OnStep, Plan, Step, make_plan
 from supervisor.runpaths import run_paths
 from supervisor.samples import LatestSamples, SamplePreview, latest_samples
+from supervisor.slurm import describe as describe_job
 from supervisor.steps import execute as execute_plan
 from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
 
@@ -210,6 +211,36 @@ class Engine:
                     return rv.name
         return None
 
+    async def list_jobs(self, host: str) -> list[dict[str, Any]]:
+        """The Slurm jobs a ``kind = "slurm"`` host's queue holds (the agent's ``slurm_jobs``);
+        bounded by the host's timeouts."""
+        hc = self.config.host(host)
+        bound = hc.connect_timeout + hc.command_timeout
+        try:
+            reply = await asyncio.wait_for(self.host(host).request("slurm_jobs", {}), bound)
+        except asyncio.TimeoutError:
+            raise HostError(f"{host}: no answer within {bound:g} s") from None
+        return list(reply.get("jobs") or [])
+
+    async def cancel_job(self, run_name: str, grace: float | None = None) -> dict[str, Any]:
+        """``scancel`` the Slurm job of a run on a ``kind = "slurm"`` host, as the last refresh
+        saw it (TERM, KILL after ``grace``, default the run's ``stop_grace_seconds``), and
+        confirm it ended: the agent's ``slurm_cancel`` result (``outcome``, ``confirmed``...)."""
+        run = self.config.run(run_name)
+        hc = self.config.host(run.host)
+        snap = self.last if self.last is not None else await self.refresh()
+        rv = next((r for h in snap.hosts for r in h.runs if r.name == run_name), None)
+        if hc.kind != "slurm" or rv is None or rv.job is None:
+            raise RunwatchError(
+                f"run {run_name!r} has no Slurm job on {run.host}",
+                f"see `runwatch status {run_name}`",
+            )
+        files = [spec["path"] for spec in self._file_specs(run, hc)]
+        wait = run.stop_grace_seconds if grace is None else grace
+        out = await slurm.cancel(self.host(run.host), rv.job, wait, files, hc.command_timeout)
+        slurm.audit_cancel(run.host, run_name, rv.job, out)
+        return out
+
     async def check_run(self, run: str) -> list[dict[str, Any]]:
         """Scan every dataset file of a run with full validation; returns the scan results."""
         rc = self.config.run(run)
@@ -268,6 +299,8 @@ class Engine:
         if rc.host != host:
             raise UsageError(f"run {run} is on host {rc.host}, not {host}")
         path = run_paths(self.config, rc)["log"]
+        if self.config.host(rc.host).kind == "slurm":  # the job's output file (its StdOut)
+            path = slurm.job_output(self.last, run) or path
         reply = await self.host(host).request("tail_log", {"path": path, "lines": int(lines)})
         secrets = self.secret_values()
         return LogTail(
@@ -407,6 +440,9 @@ class Engine:
         if not host.connected:
             await host.connect()
         started = time.monotonic()
+        if hc.kind == "slurm":
+            result = await slurm.refresh(host, params, hc.command_timeout)
+            return result, time.monotonic() - started
         result = await host.request("refresh", params, timeout=hc.command_timeout)
         rtt = time.monotonic() - started
         scanned = result.setdefault("files", {})
@@ -460,8 +496,11 @@ class Engine:
             set_backend(p, self.config)
             if p.run is not None and p.run not in by_run:
                 by_run[p.run] = p
+        jobs = slurm.job_views(result.get("slurm")) if hc.kind == "slurm" else {}
         for run in runs:
             proc = by_run.get(run.name)
+            job = jobs.get(run.name)
+            run_ds = self.config.run_datasets(run)
             if proc is not None:
                 taken.add(proc.identity.pid)
             if proc is not None:
@@ -484,11 +523,16 @@ class Engine:
                 )
                 prompt_spec = self._prompt_specs(run, hc).get(ds)
                 prompts = _line_count(scanned.get(prompt_spec["path"])) if prompt_spec else None
+                alive = slurm.dataset_alive(job, ds, run_ds) if hc.kind == "slurm" else None
                 datasets.append(
-                    self._dataset_view(hc.name, run, ds, scan, flags, proc, prompts=prompts)
+                    self._dataset_view(
+                        hc.name, run, ds, scan, flags, proc, prompts=prompts, alive=alive
+                    )
                 )
             state: RunState
-            if proc is None:
+            if hc.kind == "slurm":
+                state = slurm.run_state(job)
+            elif proc is None:
                 state = "stopped"
             elif proc.state.startswith("Z"):
                 state = "zombie"
@@ -504,6 +548,7 @@ class Engine:
                     datasets=datasets,
                     client=profile.name,
                     budget_flag=profile.flags.budget[0] if profile.flags.budget else None,
+                    job=job,
                 )
             )
         discovered: dict[str, dict[str, Any]] = {}
@@ -561,7 +606,9 @@ class Engine:
         flags: RunFlags,
         proc: ProcessInfo | None,
         prompts: int | None = None,
+        alive: bool | None = None,
     ) -> DatasetView:
+        """``alive``: whether the dataset's writer runs (default: ``proc`` is alive)."""
         endpoint = self.config.endpoint(run.endpoint) if run.endpoint is not None else None
         tracker = self._trackers.get((host, str(scan.get("path") or dataset)))
         counter = self._count_texts if scan.get("texts") else None
@@ -577,7 +624,7 @@ class Engine:
             flags,
             tracker,
             rates.CostInfo.from_endpoint(endpoint),
-            proc is not None and not proc.state.startswith("Z"),
+            alive if alive is not None else proc is not None and not proc.state.startswith("Z"),
             time.time(),
             name=dataset,
             stall_seconds=run.stall_seconds,
@@ -750,6 +797,7 @@ __all__ = [
     "completeness_line",
     "count_tokens",
     "dataset_path",
+    "describe_job",
     "format_lines",
     "gather_comparison",
     "is_url",

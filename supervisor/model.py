@@ -11,7 +11,8 @@ from typing import Literal
 import msgspec
 
 Backend = Literal["local", "api", "unknown"]
-RunState = Literal["running", "stopped", "zombie", "unknown"]
+RunState = Literal["running", "pending", "stopped", "zombie", "unknown"]
+"""``pending``: a Slurm job of the run waits in the queue."""
 Verdict = Literal["current", "legacy", "mixed", "unknown", "corrupt", "empty", "missing", "error"]
 
 
@@ -170,6 +171,49 @@ class DatasetView(msgspec.Struct, kw_only=True):
     """Data loss seen under the running run (the file shrank or was replaced), with byte counts."""
 
 
+class JobTask(msgspec.Struct, kw_only=True):
+    """One task of a Slurm job array (or the job itself), as ``squeue`` lists it."""
+
+    job_id: str
+    """``12``, ``12_3`` (array task 3) or ``12_[4-7]`` (tasks still pending)."""
+    task: int | None = None
+    state: str = ""
+    reason: str = ""
+    nodes: str = ""
+    elapsed_s: int | None = None
+    stdout: str | None = None
+
+
+class JobView(msgspec.Struct, kw_only=True):
+    """The Slurm job of a run on a ``kind = "slurm"`` host, with the scheduler's state."""
+
+    job_id: str
+    """The job id (of the whole array, for an array job)."""
+    submit_time: int | None
+    tag: str
+    """``runwatch:<run>``: the job's comment, which maps it to its run."""
+    name: str = ""
+    state: str = ""
+    """Slurm's state, aggregated over the tasks: RUNNING if any runs, else PENDING if any waits,
+    else the ended state (COMPLETED, CANCELLED, FAILED, TIMEOUT...)."""
+    reason: str = ""
+    """Why it waits (``Resources``, ``Priority``...), '' when it does not."""
+    nodes: str = ""
+    elapsed_s: int | None = None
+    time_limit_s: int | None = None
+    """None: no limit."""
+    partition: str = ""
+    stdout: str | None = None
+    """The job's output file (of the first task for an array)."""
+    tasks: list[JobTask] = []
+    """The array's tasks (one entry for a plain job)."""
+
+    @property
+    def identity(self) -> dict[str, object]:
+        """What a cancel names: job id, submit time and tag (a reused id is refused)."""
+        return {"job_id": self.job_id, "submit_time": self.submit_time, "tag": self.tag}
+
+
 class RunView(msgspec.Struct, kw_only=True):
     """A configured run (or an unconfigured matching process) and its datasets."""
 
@@ -183,6 +227,8 @@ class RunView(msgspec.Struct, kw_only=True):
     """The run's client profile (``runwatch clients``)."""
     budget_flag: str | None = "--token-budget"
     """The client's token-budget flag; None: the client has none (only a stop enforces a budget)."""
+    job: JobView | None = None
+    """The run's Slurm job (``kind = "slurm"`` hosts): the active one, else the last seen."""
 
 
 class HostView(msgspec.Struct, kw_only=True):

@@ -38,7 +38,7 @@ from supervisor.argv import apply_overrides, argv_diff, parse_sets, show_value
 from supervisor.config import RunConfig
 from supervisor.errors import HostError, LaunchError, RunwatchError
 from supervisor.fingerprint import prompt_files
-from supervisor.model import ProcessInfo, RunView, Snapshot
+from supervisor.model import JobView, ProcessInfo, RunView, Snapshot
 from supervisor.runenv import launch_env
 from supervisor.runpaths import run_paths, run_sidecars
 
@@ -116,6 +116,8 @@ class Plan:
     prompt_files: dict[str, str] = field(default_factory=dict)
     budget_reason: str | None = None
     """Set when the budget guard made this plan."""
+    job: JobView | None = None
+    """The run's queued or running Slurm job (``kind = "slurm"`` hosts; ``old`` is then None)."""
 
     @property
     def secrets(self) -> list[str]:
@@ -132,6 +134,8 @@ class Plan:
         if self.old is not None:
             ident = self.old.identity
             lines.append(f"  running now: pid {ident.pid} (started at tick {ident.start_time})")
+        elif self.job is not None:
+            lines.append(f"  running now: Slurm job {self.job.job_id} ({self.job.state})")
         else:
             lines.append("  running now: nothing")
         if self.old_argv is not None:
@@ -229,6 +233,13 @@ async def make_plan(
             f"{run.name} is already running on {run.host}: pid {old.identity.pid}",
             f"use `runwatch restart {run.name}` to stop it and start it again",
         )
+    job = rv.job if rv is not None and rv.state in ("running", "pending") else None
+    if action == "launch" and job is not None:
+        raise LaunchError(
+            f"{run.name} is already {rv.state if rv else 'queued'} on {run.host}: "
+            f"Slurm job {job.job_id}",
+            f"use `runwatch restart {run.name}` to cancel it and submit it again",
+        )
     locks, fingerprints = run_sidecars(config, run)
     names = ["format-check", "fingerprint"]
     if action == "restart":
@@ -252,6 +263,7 @@ async def make_plan(
         fingerprints=fingerprints,
         datasets=config.run_datasets(run),
         prompt_files=prompt_files(run, argv, config),
+        job=job,
     )
 
 

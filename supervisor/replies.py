@@ -172,3 +172,53 @@ class Scan(msgspec.Struct, kw_only=True):
     """``protocol.ScanResult``: one result per requested path."""
 
     files: dict[str, ScanFile] = {}
+
+
+class SlurmJob(msgspec.Struct, kw_only=True):
+    """``protocol.SlurmJob``: one job or array task as the login node's squeue lists it."""
+
+    job_id: str
+    state: str
+    comment: str
+    submit_time: int | None
+    array_job_id: str | None = None
+    array_task_id: int | None = None
+    reason: str = ""
+    nodes: str = ""
+    elapsed_s: int | None = None
+    time_limit_s: int | None = None
+    uid: int | None = None
+    name: str = ""
+    partition: str = ""
+    stdout: str | None = None
+
+
+class SlurmJobs(msgspec.Struct, kw_only=True):
+    """``protocol.SlurmJobsResult``."""
+
+    source: str
+    jobs: list[SlurmJob] = []
+
+
+class SlurmSubmit(msgspec.Struct, kw_only=True):
+    """``protocol.SlurmSubmitResult``: submitted (the job as listed after the settle time), or
+    refused because a job of the tag is still queued or running."""
+
+    submitted: bool
+    job_id: str | None = None
+    job: SlurmJob | None = None
+    log_tail: list[str] = []
+    detail: str | None = None
+
+
+class SlurmCancel(msgspec.Struct, kw_only=True):
+    """``protocol.SlurmCancelResult``."""
+
+    job_id: str
+    outcome: Literal["terminated", "killed", "cancelled", "already-gone", "refused", "unconfirmed"]
+    detail: str
+    signals: list[str]
+    state: str
+    confirmed: bool
+    after_s: float | None
+    writers: dict[str, list[int]]

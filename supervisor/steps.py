@@ -82,6 +82,10 @@ class _Runner:
             "data-repair": self.data_repair,
             "launch": self.launch,
         }
+        if self.hc.kind == "slurm":
+            from supervisor import slurm
+
+            fns.update(slurm.plan_steps(self))
         ok = True
         for s in plan.steps:
             if not ok:
@@ -134,6 +138,12 @@ class _Runner:
 
     def would(self, name: str) -> str:
         p = self.plan
+        if self.hc.kind == "slurm":
+            from supervisor import slurm
+
+            text = slurm.would(p, name)
+            if text is not None:
+                return text
         if name == "stop":
             if p.old is None:
                 return "nothing running to stop"

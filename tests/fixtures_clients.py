@@ -65,7 +65,10 @@ class ClientRun:
         ]
         if kind == "specforge":
             # One row the client files as an error, one it skips (empty conversations).
-            input_rows[3] = {"id": "B1-000003", "conversations": [{"role": "assistant", "content": "hi"}]}
+            input_rows[3] = {
+                "id": "B1-000003",
+                "conversations": [{"role": "assistant", "content": "hi"}],
+            }
             input_rows[5] = {"id": "B1-000005", "conversations": []}
         self.input = self.workdir / "in.jsonl"
         self.input.write_text("".join(json.dumps(r) + "\n" for r in input_rows))

@@ -20,7 +20,16 @@ from typing import Any, TypedDict
 PROTOCOL = 1
 """Version of this protocol, sent in the hello."""
 DURABLE_OPS = frozenset(
-    ("kill", "launch", "repair_tail", "move_aside", "backup_files", "write_fingerprint")
+    (
+        "kill",
+        "launch",
+        "repair_tail",
+        "move_aside",
+        "backup_files",
+        "write_fingerprint",
+        "slurm_submit",
+        "slurm_cancel",
+    )
 )
 """Ops that act on the host: finished even when stdin closes mid-way."""
 KILL_CONFIRM_S = 5.0
@@ -587,6 +596,116 @@ class GpuHoldersResult(_GpuHoldersRequired, total=False):
     detail: str | None
 
 
+# --------------------------------------------------------------------------- Slurm (agent/slurm.py)
+
+
+class SlurmJob(TypedDict):
+    """One job (or array task) as ``squeue`` lists it; times are unix seconds."""
+
+    job_id: str
+    """``12``; ``12_3`` for an array task; ``12_[4-7]`` for the pending rest of an array."""
+    array_job_id: str | None
+    array_task_id: int | None
+    array_tasks: str | None
+    """Task ids still pending in this line (``4-7``), for the pending rest of an array."""
+    state: str
+    """``PENDING``, ``RUNNING``, ``COMPLETING``, ``COMPLETED``, ``CANCELLED``, ``FAILED``..."""
+    reason: str
+    """Why it waits (``Resources``, ``Priority``, ``JobHeldUser``...); '' when none."""
+    nodes: str
+    elapsed_s: int | None
+    time_limit_s: int | None
+    """None: no limit."""
+    submit_time: int | None
+    start_time: int | None
+    uid: int | None
+    user: str
+    partition: str
+    workdir: str
+    name: str
+    comment: str
+    """The tag ``runwatch:<run>`` of runwatch's jobs."""
+    stdout: str | None
+    """The job's output file, expanded (``scontrol show job`` StdOut)."""
+
+
+class SlurmJobIdentity(TypedDict):
+    """What pins a job across job id reuse: a cancel names all of it."""
+
+    job_id: str
+    submit_time: int | None
+    tag: str
+
+
+class SlurmJobsParams(TypedDict, total=False):
+    tag_prefix: str
+    all_states: bool
+    all_users: bool
+    job_ids: list[str]
+    force_format: bool
+
+
+class SlurmJobsResult(TypedDict):
+    time: float
+    source: str
+    """``json`` (``squeue --json``) or ``format`` (the delimited fallback)."""
+    jobs: list[SlurmJob]
+    unparsed: list[str]
+
+
+class _SlurmSubmitRequired(TypedDict):
+    workdir: str
+    tag: str
+    name: str
+    script_path: str
+    lock_path: str
+
+
+class SlurmSubmitParams(_SlurmSubmitRequired, total=False):
+    argv: list[str]
+    tasks: list[list[str]]
+    """One argv per array task (index = ``$SLURM_ARRAY_TASK_ID``), instead of ``argv``."""
+    options: dict[str, Any]
+    directives: list[str]
+    env: dict[str, str]
+    settle_s: float
+
+
+class _SlurmSubmitResultRequired(TypedDict):
+    submitted: bool
+
+
+class SlurmSubmitResult(_SlurmSubmitResultRequired, total=False):
+    job_id: str
+    job: SlurmJob | None
+    script: str
+    log_tail: list[str]
+    reason: str
+    detail: str
+    jobs: list[SlurmJob]
+
+
+class _SlurmCancelRequired(TypedDict):
+    identity: SlurmJobIdentity
+
+
+class SlurmCancelParams(_SlurmCancelRequired, total=False):
+    grace: float
+    files: list[str]
+
+
+class SlurmCancelResult(TypedDict):
+    job_id: str
+    outcome: str
+    """``terminated``, ``killed``, ``cancelled``, ``already-gone``, ``refused``, ``unconfirmed``."""
+    detail: str
+    signals: list[str]
+    state: str
+    confirmed: bool
+    after_s: float | None
+    writers: dict[str, list[int]]
+
+
 OP_SHAPES: dict[str, tuple[type, type]] = {
     "ping": (PingParams, PingResult),
     "ps": (PsParams, PsResult),
@@ -604,5 +723,8 @@ OP_SHAPES: dict[str, tuple[type, type]] = {
     "tail_log": (TailLogParams, TailLogResult),
     "tail_records": (TailRecordsParams, TailRecordsResult),
     "gpu_holders": (GpuHoldersParams, GpuHoldersResult),
+    "slurm_jobs": (SlurmJobsParams, SlurmJobsResult),
+    "slurm_submit": (SlurmSubmitParams, SlurmSubmitResult),
+    "slurm_cancel": (SlurmCancelParams, SlurmCancelResult),
 }
 """Op name -> (params shape, result shape)."""

@@ -24,7 +24,7 @@ import time
 import traceback
 from typing import IO, TYPE_CHECKING, Any
 
-from supervisor.agent import datafiles, gpu, kill, launch
+from supervisor.agent import datafiles, gpu, kill, launch, slurm
 from supervisor.agent import proc as procs
 from supervisor.agent.protocol import DEFAULT_SCRIPTS, DURABLE_OPS, PROTOCOL, AgentOpError, Hello
 
@@ -61,6 +61,9 @@ class Agent:
             "tail_log": datafiles.tail_log,
             "tail_records": datafiles.tail_records,
             "gpu_holders": gpu.gpu_holders,
+            "slurm_jobs": slurm.slurm_jobs,
+            "slurm_submit": slurm.slurm_submit,
+            "slurm_cancel": slurm.slurm_cancel,
         }
         """Op name -> handler ``params -> result``; the shapes are in ``protocol.OP_SHAPES``."""
 

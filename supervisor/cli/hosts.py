@@ -47,7 +47,10 @@ def process_json(p: ProcessInfo) -> dict[str, Any]:
 async def _ps_host(engine: Engine, name: str) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": name, "connected": False, "error": None, "processes": []}
     try:
-        entry["processes"] = await engine.list_processes(name)
+        if engine.config.host(name).kind == "slurm":  # a login node: its runs are jobs
+            entry["jobs"] = await engine.list_jobs(name)
+        else:
+            entry["processes"] = await engine.list_processes(name)
         entry["connected"] = True
     except RunwatchError as e:
         entry["error"] = e.message
@@ -76,6 +79,9 @@ def _print_ps(config: Config, entries: list[dict[str, Any]]) -> None:
             click.echo(
                 f"{entry['name']}: unreachable: {_error_text(entry['name'], entry['error'])}"
             )
+            continue
+        if "jobs" in entry:
+            _print_jobs(entry["name"], entry["jobs"])
             continue
         click.echo(f"{entry['name']}: {len(procs)} run{'' if len(procs) == 1 else 's'}")
         for p in procs:
@@ -111,6 +117,23 @@ def _print_ps(config: Config, entries: list[dict[str, Any]]) -> None:
                 details.append(f"NO {budget_flag}")
             click.echo("    " + "  ".join(details))
             click.echo("    " + " ".join(p.argv_masked or p.identity.argv))
+
+
+def _print_jobs(name: str, jobs: list[dict[str, Any]]) -> None:
+    """The runwatch-tagged Slurm jobs of a login node, one line each."""
+    click.echo(f"{name}: {len(jobs)} Slurm job{'' if len(jobs) == 1 else 's'}")
+    for j in jobs:
+        run = str(j.get("comment") or "")[len("runwatch:") :]
+        why = f" ({j['reason']})" if j.get("reason") else ""
+        where = f" on {j['nodes']}" if j.get("nodes") else ""
+        up = f"  up {display.duration(j['elapsed_s'])}" if j.get("elapsed_s") is not None else ""
+        limit = j.get("time_limit_s")
+        click.echo(
+            f"  job {j.get('job_id'):<9} {run}  {j.get('state')}{why}{where}{up}"
+            f"  limit {display.duration(limit) if limit is not None else 'none'}  {j.get('user')}"
+        )
+        if j.get("stdout"):
+            click.echo(f"    output {j['stdout']}")
 
 
 @click.command()
@@ -253,6 +276,9 @@ def kill(
     else:
         assert host_name is not None
         cfg = config.host(host_name)
+    if cfg.kind == "slurm":
+        _kill_job(config, run, grace, yes, as_json)
+        return
     reports = asyncio.run(_kill(config, cfg, run, pid, grace, yes))
     if reports is None:
         click.echo("not confirmed: nothing was stopped", err=True)
@@ -282,4 +308,41 @@ def kill(
             proof = "exit confirmed" if r.confirmed else "EXIT NOT CONFIRMED"
             click.echo(f"{cfg.name} pid {r.pid} ({r.role}): {r.outcome} - {r.detail} [{proof}]")
     if not all(rep.all_gone for rep in reports):
+        sys.exit(1)
+
+
+def _kill_job(config: Config, run: str | None, grace: float, yes: bool, as_json: bool) -> None:
+    """``kill RUN`` on a Slurm host: scancel its job with grace and confirm it ended."""
+    from supervisor.engine import describe_job, run_sync
+
+    if run is None:
+        raise UsageError("on a Slurm host, name the RUN (its job is found by its tag)")
+
+    async def act(engine: Engine) -> dict[str, Any] | None:
+        snap = await engine.refresh()
+        rv = next((r for h in snap.hosts for r in h.runs if r.name == run), None)
+        if rv is None or rv.job is None or rv.state not in ("running", "pending"):
+            raise RunwatchError(
+                f"run {run!r} has no queued or running Slurm job",
+                f"see `runwatch status` or `runwatch ps --host {config.run(run).host}`",
+            )
+        if not yes:
+            click.echo(f"run {run}: Slurm {describe_job(rv.job)}", err=True)
+            if not click.confirm(
+                f"scancel job {rv.job.job_id} (SIGTERM, then SIGKILL after {grace:g} s)?",
+                err=True,
+            ):
+                return None
+        return await engine.cancel_job(run, grace)
+
+    out = run_sync(config, act)
+    if out is None:
+        click.echo("not confirmed: nothing was cancelled", err=True)
+        sys.exit(1)
+    if as_json:
+        print_json({"results": [out]})
+    else:
+        proof = "end confirmed" if out.get("confirmed") else "END NOT CONFIRMED"
+        click.echo(f"job {out.get('job_id')}: {out.get('outcome')} - {out.get('detail')} [{proof}]")
+    if not out.get("confirmed"):
         sys.exit(1)

@@ -20,6 +20,7 @@ import click
 
 from supervisor import display
 from supervisor.cli._common import config_option, get_config, json_option, print_json
+from supervisor.engine import describe_job
 
 if TYPE_CHECKING:
     from supervisor.model import DatasetView, HostView, RunView, Snapshot
@@ -85,6 +86,8 @@ def _run_lines(r: RunView) -> list[str]:
         head += f"  rss {display.mebibytes(p.rss_mb)}"
         if p.gpu_memory_mb is not None:
             head += f"  gpu {display.mebibytes(p.gpu_memory_mb)}"
+    elif r.job is not None:
+        head += "  " + describe_job(r.job)
     lines = [head]
     if not r.datasets:
         return lines

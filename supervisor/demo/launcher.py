@@ -9,6 +9,10 @@ minute and keeps going), the API one with ``--token-budget``, and a SpecForge-st
 ``regenerate_train_data.py`` (the stand-in, copied in under its real name) writing ONE output file
 ``out/regen.jsonl`` with reasoning, its error and skipped files beside it.
 
+With ``slurm`` (``runwatch demo --slurm``) this machine is a Slurm login node: the host gets
+``kind = "slurm"`` and the runs are submitted as Slurm jobs (``sbatch``, tagged
+``runwatch:<run>``), then cancelled with ``scancel`` at the end, their end confirmed.
+
 Then it opens the dashboard on the demo's config when one is registered; headless (or without one)
 it prints, every second, what it started and the files being written, as absolute paths with their
 line counts. When it ends (time is up, Ctrl-C, SIGTERM, an error) it stops every process it started
@@ -273,8 +277,10 @@ def _template() -> str:
         ) from None
 
 
-def write_resolved_config(env: Mapping[str, str], path: Path) -> Config:
-    """Write ``configs/demo.toml`` with ``${RUNWATCH_DEMO_*}`` filled in to ``path``; load it."""
+def write_resolved_config(env: Mapping[str, str], path: Path, slurm: bool = False) -> Config:
+    """Write ``configs/demo.toml`` with ``${RUNWATCH_DEMO_*}`` filled in to ``path``; load it.
+
+    With ``slurm``, the host is a Slurm login node (``kind = "slurm"``): its runs are jobs."""
 
     def sub(m: re.Match[str]) -> str:
         # Inside TOML basic strings: JSON's escaping of quotes, backslashes and controls is valid.
@@ -282,6 +288,8 @@ def write_resolved_config(env: Mapping[str, str], path: Path) -> Config:
 
     header = f"# Written by `runwatch demo` from {TEMPLATE}, with its variables filled in.\n"
     text = header + _ENV_REF.sub(sub, _template())
+    if slurm:
+        text = text.replace("\nlocal = true\n", '\nlocal = true\nkind = "slurm"\n', 1)
     path.write_text(text, encoding="utf-8")
     return load_config(path)
 
@@ -403,6 +411,8 @@ class Demo:
     started: list[Started]
     notes: list[str]
     counters: dict[str, _LineCounter] = field(default_factory=dict)
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Run name -> identity of the Slurm job submitted for it (``--slurm``)."""
 
     def files(self) -> list[Path]:
         from supervisor.clients import client_of, single_file
@@ -428,6 +438,16 @@ class Demo:
             state = "running" if code is None else f"exited ({code})"
             where = f" {s.url}" if s.url else ""
             lines.append(f"  {s.label:<16} pid {s.proc.pid:<7} {state}{where}  log {s.log}")
+        if self.jobs:
+            from supervisor.agent.slurm import slurm_jobs
+
+            listed = {j["job_id"]: j for j in slurm_jobs({"all_states": True})["jobs"]}
+            for run, ident in self.jobs.items():
+                job = listed.get(ident["job_id"]) or {}
+                lines.append(
+                    f"  {'run ' + run:<16} Slurm job {ident['job_id']:<7} "
+                    f"{job.get('state') or 'gone'} {job.get('nodes') or ''}".rstrip()
+                )
         for path in self.files():
             counter = self.counters.setdefault(str(path), _LineCounter(path))
             n = counter.count()
@@ -450,9 +470,12 @@ def new_demo(demo_dir: Path) -> Demo:
     return Demo(demo_dir, demo_dir / "runwatch.toml", Config(), [], [])
 
 
-def start_demo(demo: Demo, out: IO[str]) -> None:
-    """Start the mocks and the runs, recording each process in ``demo.started`` as it starts, so
-    that ``stop_demo`` stops them even when a later step fails."""
+def start_demo(demo: Demo, out: IO[str], slurm: bool = False) -> None:
+    """Start the mocks and the runs, recording each process in ``demo.started`` (each Slurm job
+    in ``demo.jobs``) as it starts, so that ``stop_demo`` stops them even when a later step
+    fails."""
+    if slurm:
+        _check_slurm()
     from supervisor.demo.prompts import DATASETS, write_prompts, write_sharegpt
     from supervisor.demo.tokenizer import DemoVocab, ensure_demo_tokenizer
 
@@ -506,9 +529,11 @@ def start_demo(demo: Demo, out: IO[str]) -> None:
 
     env = demo_env(demo_dir, tokenizer, started[0].url or "", started[1].url or "")
     os.environ.update(env)
-    demo.config = write_resolved_config(env, demo.config_path)
+    demo.config = write_resolved_config(env, demo.config_path, slurm=slurm)
     demo.notes.extend(_seed(demo.config, demo_dir, vocab))
-    for run in demo.config.runs:
+    for run in demo.config.runs if slurm else []:
+        demo.jobs[run.name] = _submit(demo.config, run)
+    for run in demo.config.runs if not slurm else []:
         workdir = Path(run.workdir)
         log = workdir / (run.log or f"logs/{run.name}.log")
         run_env = {**os.environ, **run.env}
@@ -527,20 +552,82 @@ def start_demo(demo: Demo, out: IO[str]) -> None:
         print(f"  {note}", file=out)
     for s in started:
         print(f"  started {s.label}: pid {s.proc.pid}: {' '.join(s.argv)}", file=out)
+    for run_name, ident in demo.jobs.items():
+        print(f"  submitted run {run_name}: Slurm job {ident['job_id']} ({ident['tag']})", file=out)
     out.flush()
+
+
+def _check_slurm() -> None:
+    """Refuse ``--slurm`` where no Slurm cluster answers (before anything is started)."""
+    import shutil
+
+    missing = [c for c in ("sbatch", "squeue", "scancel", "scontrol") if not shutil.which(c)]
+    if missing:
+        raise RunwatchError(
+            f"runwatch demo --slurm: {', '.join(missing)} not found: Slurm is not installed",
+            "install slurm-wlm (and a running cluster), or run the demo without --slurm",
+        )
+    try:
+        done = subprocess.run(
+            ["sinfo", "--noheader", "-o", "%T"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RunwatchError(f"runwatch demo --slurm: sinfo failed: {e}") from None
+    if done.returncode != 0:
+        raise RunwatchError(
+            f"runwatch demo --slurm: no Slurm cluster answers: {done.stderr.strip()[-300:]}",
+            "start slurmctld and slurmd (or set SLURM_CONF), or run the demo without --slurm",
+        )
+
+
+def _submit(cfg: Config, run: Any) -> dict[str, Any]:
+    """Submit a demo run as a Slurm job (exactly as ``runwatch launch`` would) and return its
+    identity; the API key reaches the job through sbatch's environment, never a file."""
+    from supervisor.agent.slurm import slurm_submit
+    from supervisor.runpaths import run_paths
+    from supervisor.slurm import submit_params, tag_of
+
+    params = submit_params(cfg, run, list(run.argv), dict(run.env), run_paths(cfg, run))
+    reply = slurm_submit(params)
+    if not reply.get("submitted"):
+        raise RunwatchError(f"runwatch demo --slurm: {run.name}: {reply.get('detail')}")
+    job = reply.get("job") or {}
+    return {
+        "job_id": reply["job_id"],
+        "submit_time": job.get("submit_time"),
+        "tag": tag_of(run.name),
+    }
+
+
+def _cancel_jobs(demo: Demo) -> list[str]:
+    """scancel every job the demo submitted; the problems (a job whose end is not confirmed)."""
+    from supervisor.agent.slurm import slurm_cancel
+
+    problems = []
+    for run, ident in demo.jobs.items():
+        try:
+            out = slurm_cancel({"identity": ident, "grace": STOP_GRACE})
+        except Exception as e:  # one job that cannot be cancelled must not stop the clean-up
+            problems.append(f"Slurm job {ident['job_id']} of run {run}: {e}")
+            continue
+        if not out.get("confirmed"):
+            problems.append(f"Slurm job {ident['job_id']} of run {run}: {out.get('detail')}")
+    return problems
 
 
 def stop_demo(demo: Demo, out: IO[str]) -> bool:
     """Stop everything the demo started; True when every process is confirmed gone."""
     # Relaunched runs first, while the mock servers they talk to are still up: a client that
     # loses its server may exit on its own a moment later, and would then go uncounted.
-    problems: list[str] = []
+    problems: list[str] = _cancel_jobs(demo)
     relaunched = 0
     if demo.config.runs:
         relaunched, problems = _stop_strays(demo.config, {s.proc.pid for s in demo.started})
     problems += _stop_all(demo.started)
     for p in problems:
         print(f"runwatch demo: could not stop {p}", file=out)
+    if demo.jobs:
+        print(f"runwatch demo: cancelled {len(demo.jobs)} Slurm jobs", file=out)
     if demo.started:
         extra = f" and {relaunched} relaunched runs" if relaunched else ""
         print(
@@ -597,11 +684,13 @@ def run_demo(
     seconds: float | None,
     demo_dir: str | None,
     open_ui: Callable[[str], None] | None = None,
+    slurm: bool = False,
 ) -> None:
     """Run the demo until ``seconds`` pass (None: until Ctrl-C / the UI quits); then clean up.
 
     ``open_ui`` opens the dashboard on a config path (the console script registers it); without
-    it, or with ``headless``, the demo prints what it runs every second instead.
+    it, or with ``headless``, the demo prints what it runs every second instead. ``slurm``: the
+    runs are Slurm jobs of this machine's cluster.
     """
     out = sys.stdout
     if demo_dir:
@@ -613,7 +702,7 @@ def run_demo(
     ok = True
     with _signals_stop() as received:
         try:
-            start_demo(demo, out)
+            start_demo(demo, out, slurm=slurm)
             if not headless and open_ui is not None:
                 open_ui(str(demo.config_path))
             else:

@@ -11,7 +11,13 @@ from supervisor import display
 from supervisor.model import HostView, RunView, Snapshot
 from tui.widgets.dataset_table import DatasetTable, warning_text
 
-_STATE_STYLE = {"running": "bold green", "stopped": "yellow", "zombie": "red", "unknown": "dim"}
+_STATE_STYLE = {
+    "running": "bold green",
+    "pending": "cyan",
+    "stopped": "yellow",
+    "zombie": "red",
+    "unknown": "dim",
+}
 
 
 def update_static(widget: Static, text: Text) -> None:
@@ -62,6 +68,10 @@ def run_header(run: RunView, *, stale: bool) -> Text:
         for i, (flag, style) in enumerate(flags):
             text.append("  " if i == 0 else " · ", style="dim")
             text.append(flag, style=(style + dim).strip())
+    elif run.job is not None:
+        from supervisor.engine import describe_job as describe
+
+        text.append("  Slurm " + describe(run.job), style=dim.strip())
     else:
         text.append("  no process writes these datasets", style="dim")
     return text
