@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-headless test check lint typecheck contract bench fmt clean
+.PHONY: demo demo-headless test check lint typecheck contract bench soak fmt clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,13 @@ check: lint typecheck contract test
 bench: $(STAMP)
 	@failed=""; for f in tests/perf/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || failed="$$failed $$f"; done; \
 	if [ -n "$$failed" ]; then echo "benchmarks that failed or missed a target:$$failed"; exit 1; fi
+
+# Not part of `make test`: the demo workload under random faults with an invariant checker.
+# `make soak MINUTES=2`; replay a soak with `make soak SEED=<the seed it printed>`.
+MINUTES ?= 10
+SEED ?=
+soak: $(STAMP)
+	$(BIN)/python -m tests.soak.run --minutes $(MINUTES) $(if $(SEED),--seed $(SEED))
 
 fmt: $(STAMP)
 	$(BIN)/ruff format supervisor tui tests

@@ -20,7 +20,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from supervisor import replies
+from supervisor import display, replies
 from supervisor.agent.slurm import ACTIVE_STATES, KILL_CONFIRM_S, TAG_PREFIX, TERMINAL_STATES
 from supervisor.argv import apply_overrides
 from supervisor.config import Config, HostConfig, RunConfig
@@ -158,28 +158,21 @@ def job_output(snapshot: Snapshot | None, run: str) -> str | None:
 
 
 def describe(job: JobView) -> str:
-    """``job 12 RUNNING on vm, 0:42 of 2:00:00`` / ``job 12 PENDING (Resources)``."""
+    """``job 12 RUNNING on vm, 42 s of 2 h`` / ``job 12 PENDING (Resources)``."""
     text = f"job {job.job_id} {job.state}"
     if job.reason:
         text += f" ({job.reason})"
     if job.nodes:
         text += f" on {job.nodes}"
     if job.elapsed_s is not None:
-        limit = _hms(job.time_limit_s) if job.time_limit_s is not None else "no limit"
-        text += f", {_hms(job.elapsed_s)} of {limit}"
+        limit = display.duration(job.time_limit_s) if job.time_limit_s is not None else "no limit"
+        text += f", {display.duration(job.elapsed_s)} of {limit}"
     if len(job.tasks) > 1:
         counts: dict[str, int] = {}
         for t in job.tasks:
             counts[t.state] = counts.get(t.state, 0) + 1
         text += " [" + ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())) + "]"
     return text
-
-
-def _hms(seconds: int) -> str:
-    d, rest = divmod(int(seconds), 86400)
-    h, rest = divmod(rest, 3600)
-    m, s = divmod(rest, 60)
-    return (f"{d}-" if d else "") + f"{h}:{m:02d}:{s:02d}"
 
 
 # --------------------------------------------------------------------------- cancel

@@ -123,7 +123,8 @@ def why(result: Any) -> str:
 
 
 class DemoRun:
-    """A workdir with demo prompts, a mock endpoint and a config whose run is the demo client."""
+    """A workdir with demo prompts, a mock endpoint and a config whose run is the demo client
+    (``log = None``: no ``log =``, so the launch log is ``data/.runwatch/run.log``)."""
 
     def __init__(
         self,
@@ -140,6 +141,7 @@ class DemoRun:
         host_name: str = "local",
         extra_argv: tuple[str, ...] = (),
         run_toml: str = "",
+        log: str | None = "logs/run.log",
     ) -> None:
         from supervisor.demo.prompts import write_prompts
 
@@ -180,7 +182,7 @@ class DemoRun:
             f"workdir = {_toml_str(str(self.workdir))}",
             "argv = [" + ", ".join(_toml_str(a) for a in self.argv) + "]",
             'output_dir = "data"',
-            'log = "logs/run.log"',
+            f"log = {_toml_str(log)}" if log else "",
             'endpoint = "mock"',
             f'budget_policy = "{policy}"',
             run_toml,

@@ -328,3 +328,25 @@ def test_retry_after_accepts_seconds_and_http_dates() -> None:
     assert ri._retry_after(resp("soon")) is None
     later = email.utils.formatdate(time.time() + 30, usegmt=True)
     assert 25 < ri._retry_after(resp(later)) <= 31
+
+
+def test_ledger_records_each_written_line_where_it_is(
+    mock_server: Any, demo_prompts: Any, tmp_path: Path
+) -> None:
+    import hashlib
+
+    h = mock_server(mean_tokens=30)
+    prompts = demo_prompts(("B1", "B2"), count=12)
+    out = tmp_path / "out"
+    ledger = tmp_path / "ledger.jsonl"
+    argv = reference_client_argv(h.url, prompts, out, "B1,B2", "--ledger", str(ledger))
+    r = _run([*argv, "--concurrency", "4"])
+    assert r.returncode == 0, r.stdout
+    entries = [json.loads(x) for x in ledger.read_text().splitlines()]
+    assert len(entries) == 24
+    for e in entries:
+        data = Path(e["file"]).read_bytes()[e["offset"] : e["offset"] + e["length"]]
+        assert hashlib.sha1(data).hexdigest() == e["sha1"]
+        assert json.loads(data)["sample_id"] == e["sample_id"]
+        assert Path(e["file"]).stat().st_ino == e["ino"]
+    assert {Path(e["file"]).parent.name for e in entries} == {"B1", "B2"}

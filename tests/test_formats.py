@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import supervisor.agent.follow as follow
 import supervisor.agent.formats as formats
 import supervisor.agent.scan as scan
 from supervisor.agent.formats import (
@@ -22,7 +23,7 @@ from supervisor.agent.formats import (
     get_profile,
     profile_from_dict,
 )
-from supervisor.agent.scan import Scanner, scan_file
+from supervisor.agent.scan import Scanner
 from supervisor.config import FormatProfile
 from tests.fixtures_data import (
     dump,
@@ -63,7 +64,7 @@ def test_raw_file_detected_and_counted(tmp_path: Path) -> None:
     path = tmp_path / "raw_responses.jsonl"
     recs = [raw_record(RNG, f"r{i}") for i in range(20)]
     path.write_bytes(b"".join(dump(r) for r in recs))
-    r = scan_file(str(path), validate="all")
+    r = Scanner().scan(str(path), validate="all")
     assert (r["format"], r["verdict"], r["token_source"]) == ("raw", "current", "field")
     assert r["completion_tokens"] == sum(len(x["output_ids"]) for x in recs)
 
@@ -72,7 +73,7 @@ def test_specforge_texts_for_the_tokenizer(tmp_path: Path) -> None:
     path = tmp_path / "regenerated.jsonl"
     recs = [specforge_record(RNG, f"sf{i}") for i in range(15)]
     path.write_bytes(b"".join(dump(r) for r in recs))
-    r = scan_file(str(path))
+    r = Scanner().scan(str(path))
     assert (r["format"], r["verdict"], r["token_source"]) == ("specforge", "current", "tokenizer")
     assert r["records"] == 15
     assert r["completion_tokens"] == 0  # counted on the laptop from the texts
@@ -110,12 +111,12 @@ def test_modelopt_finished_marker(tmp_path: Path) -> None:
     path = tmp_path / "out.jsonl"
     recs = [modelopt_record(RNG, f"c{i}", truncated=i % 4 == 0) for i in range(12)]
     path.write_bytes(b"".join(dump(r) for r in recs))
-    r = scan_file(str(path))
+    r = Scanner().scan(str(path))
     assert (r["format"], r["verdict"], r["finished"]) == ("modelopt", "current", False)
     assert r["finish_reasons"] == {"truncated": 3, "complete": 9}
     with path.open("ab") as f:
         f.write(dump({"finished": True}))
-    r = scan_file(str(path))
+    r = Scanner().scan(str(path))
     assert (r["records"], r["finished"], r["bad_lines"], r["verdict"]) == (12, True, [], "current")
 
 
@@ -125,7 +126,7 @@ def test_speculators_counts_from_usage_and_validates_arrays(tmp_path: Path) -> N
     bad = speculators_record(RNG, "broken")
     bad["loss_mask"] = bad["loss_mask"][:-1]
     path.write_bytes(b"".join(dump(r) for r in recs) + dump(bad))
-    r = scan_file(str(path), validate="all")
+    r = Scanner().scan(str(path), validate="all")
     assert (r["format"], r["verdict"]) == ("speculators", "corrupt")
     assert r["records"] == 10
     assert r["completion_tokens"] == sum(x["metadata"]["usage"]["completion_tokens"] for x in recs)
@@ -155,7 +156,7 @@ def test_user_profile_from_config(tmp_path: Path) -> None:
         for i in range(9)
     ]
     path.write_bytes(b"".join(dump(x) for x in recs))
-    r = scan_file(str(path), fmt="mine", profile=as_dict)
+    r = Scanner().scan(str(path), fmt="mine", profile=as_dict)
     assert (r["format"], r["verdict"]) == ("mine", "current")
     assert (r["records"], r["unique_ids"], r["duplicates"]) == (9, 5, 4)
     assert (r["completion_tokens"], r["prompt_tokens"]) == (36, 27)
@@ -169,7 +170,7 @@ def test_user_profile_with_a_token_list(tmp_path: Path) -> None:
     recs = [{"k": f"k{i}", "tokens": list(range(i))} for i in range(7)]
     path.write_bytes(b"".join(dump(x) for x in recs))
     for validate in ("none", "sample", "all"):
-        r = scan_file(
+        r = Scanner().scan(
             str(path),
             fmt="toks",
             profile={"id_field": "k", "tokens_list_field": "tokens"},
@@ -181,7 +182,7 @@ def test_user_profile_with_a_token_list(tmp_path: Path) -> None:
 def test_user_profile_with_text_for_the_tokenizer(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_bytes(dump({"q": 1, "out": "hello world"}) + dump({"q": 2, "out": "bye"}))
-    r = scan_file(str(path), fmt="t", profile={"id_field": "q", "text_field": "out"})
+    r = Scanner().scan(str(path), fmt="t", profile={"id_field": "q", "text_field": "out"})
     assert r["texts"] == ["hello world", "bye"] and r["token_source"] == "tokenizer"
 
 
@@ -195,7 +196,7 @@ def test_profile_errors() -> None:
 def test_expected_format_applies_to_auto_detected_files(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     path.write_bytes(dump(specforge_record(RNG, "a")) + dump(raw_record(RNG, "b")))
-    r = scan_file(str(path))
+    r = Scanner().scan(str(path))
     assert (r["expected"], r["verdict"]) == ("specforge", "mixed")
     assert r["first_offending"]["format"] == "raw"
 
@@ -203,7 +204,7 @@ def test_expected_format_applies_to_auto_detected_files(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- agent bundle
 
 
-@pytest.mark.parametrize("module", [formats, scan])
+@pytest.mark.parametrize("module", [formats, follow, scan])
 def test_agent_modules_parse_as_python_38(module: Any) -> None:
     source = Path(module.__file__).read_text()
     ast.parse(source, feature_version=(3, 8))
@@ -213,7 +214,7 @@ def test_agent_modules_parse_as_python_38(module: Any) -> None:
             pytest.fail("match statement")
 
 
-@pytest.mark.parametrize("module", [formats, scan])
+@pytest.mark.parametrize("module", [formats, follow, scan])
 def test_agent_modules_import_only_the_standard_library(module: Any) -> None:
     tree = ast.parse(Path(module.__file__).read_text())
     names: set[str] = set()
@@ -225,7 +226,7 @@ def test_agent_modules_import_only_the_standard_library(module: Any) -> None:
     for name in names:
         top = name.split(".")[0]
         if top == "supervisor":
-            assert name == "supervisor.agent.formats", name
+            assert name in ("supervisor.agent.formats", "supervisor.agent.follow"), name
         else:
             assert top in sys.stdlib_module_names or top == "__future__", name
 
@@ -267,6 +268,7 @@ def test_agent_modules_load_from_source_alone(tmp_path: Path, python: str) -> No
             ["supervisor", "/dev/null"],
             ["supervisor.agent", "/dev/null"],
             ["supervisor.agent.formats", formats.__file__],
+            ["supervisor.agent.follow", follow.__file__],
             ["supervisor.agent.scan", scan.__file__],
         ]
     )
@@ -302,7 +304,7 @@ def test_unknown_records_before_the_first_known_one_make_it_mixed(tmp_path: Path
     path.write_bytes(
         dump({"prompt": "p"}) + dump(raw_record(RNG, "a")) + dump(raw_record(RNG, "b"))
     )
-    r = scan_file(str(path))
+    r = Scanner().scan(str(path))
     assert (r["expected"], r["verdict"]) == ("raw", "mixed")
     assert r["first_offending"] == {
         "line": 1,

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.agent.scan import Scanner, scan_file
+from supervisor.agent.follow import unfollowable
+from supervisor.agent.scan import Scanner
 from tests.fixtures_data import Truth, dump, legacy_record, make_raw, raw_lines, raw_record
 
 
@@ -212,7 +213,7 @@ def test_bad_lines_are_deterministic_across_scanners(tmp_path: Path) -> None:
 def test_only_the_first_hundred_bad_lines_are_listed(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     path.write_bytes(b"garbage\n" * 250)
-    r = scan_file(str(path))
+    r = Scanner().scan(str(path))
     assert len(r["bad_lines"]) == 100
     assert r["bad_lines_total"] == 250
     assert r["bad_lines"][-1] == {
@@ -243,7 +244,7 @@ def test_crlf_line_endings_are_records(tmp_path: Path) -> None:
     lines, truth = raw_lines(5, seed=9)
     path = tmp_path / "r.jsonl"
     path.write_bytes(b"".join(x[:-1] + b"\r\n" for x in lines))
-    truth.check(scan_file(str(path)))
+    truth.check(Scanner().scan(str(path)))
 
 
 # --------------------------------------------------------------------------- D4
@@ -373,7 +374,7 @@ def test_d6_mixed_formats_name_the_first_offending_line(tmp_path: Path) -> None:
         out += dump(rec)
     path = tmp_path / "r.jsonl"
     path.write_bytes(bytes(out))
-    r = scan_file(str(path), fmt="raw")
+    r = Scanner().scan(str(path), fmt="raw")
     assert r["verdict"] == "mixed"
     assert r["first_offending"] == {
         "line": line,
@@ -391,11 +392,11 @@ def test_legacy_file_verdict_relative_to_expected(tmp_path: Path) -> None:
     rng = random.Random(27)
     path = tmp_path / "r.jsonl"
     path.write_bytes(b"".join(dump(legacy_record(rng, f"l{i}")) for i in range(5)))
-    assert scan_file(str(path), fmt="raw")["verdict"] == "legacy"
-    assert scan_file(str(path), fmt="raw-legacy")["verdict"] == "current"
-    auto = scan_file(str(path))
+    assert Scanner().scan(str(path), fmt="raw")["verdict"] == "legacy"
+    assert Scanner().scan(str(path), fmt="raw-legacy")["verdict"] == "current"
+    auto = Scanner().scan(str(path))
     assert (auto["format"], auto["verdict"]) == ("raw-legacy", "current")
-    assert scan_file(str(path), fmt="specforge")["verdict"] == "unknown"
+    assert Scanner().scan(str(path), fmt="specforge")["verdict"] == "unknown"
 
 
 def test_changing_the_expected_format_rescans(tmp_path: Path, scanner: Scanner) -> None:
@@ -480,7 +481,7 @@ def test_d7_lines_over_the_limit_are_skipped_unbuffered(tmp_path: Path) -> None:
 def test_d8_duplicate_ids_counted_once(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     truth = make_raw(path, 400, seed=31, id_space=150)
-    r = scan_file(str(path))
+    r = Scanner().scan(str(path))
     truth.check(r)
     assert r["unique_ids"] <= 150
     assert r["duplicates"] == 400 - r["unique_ids"]
@@ -521,13 +522,12 @@ def test_d9_unreadable_file(tmp_path: Path, scanner: Scanner) -> None:
         path.chmod(0o644)
 
 
-def test_d9_permission_error_maps_to_unreadable(tmp_path: Path, scanner: Scanner) -> None:
+def test_d9_permission_error_maps_to_unreadable() -> None:
     """The errno mapping itself (root, which the CI container runs as, reads mode-000 files)."""
     import errno
 
-    err = PermissionError(errno.EACCES, "Permission denied")
-    r = scanner._no_file(str(tmp_path / "r.jsonl"), err, "raw")
-    assert (r["state"], r["error"], r["verdict"]) == ("unreadable", "permission denied", "error")
+    err = unfollowable(PermissionError(errno.EACCES, "Permission denied"))
+    assert (err.state, err.message) == ("unreadable", "permission denied")
 
 
 def test_d9_path_through_a_file_is_not_a_file(tmp_path: Path, scanner: Scanner) -> None:
@@ -555,7 +555,7 @@ def test_unknown_format_name_is_an_error_state(tmp_path: Path, scanner: Scanner)
 
 def test_result_is_json_able(tmp_path: Path) -> None:
     path, _, _ = _bad_file(tmp_path)
-    r = scan_file(str(path))
+    r = Scanner().scan(str(path))
     assert json.loads(json.dumps(r)) == r
 
 

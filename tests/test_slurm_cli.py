@@ -47,11 +47,11 @@ def test_launch_ps_status_kill_on_a_slurm_host(
     assert ps.returncode == 0, ps.stderr
     assert "login: 1 Slurm job" in ps.stdout
     assert f"job {job_id}" in ps.stdout and "demo  RUNNING on " + slurm_env.node in ps.stdout
-    assert "limit 10 m 00 s" in ps.stdout
+    assert "limit 10 min" in ps.stdout
     status = runwatch("status", "-c", cfg)
     assert status.returncode == 0, status.stderr
     assert f"demo  running  job {job_id} RUNNING on {slurm_env.node}" in status.stdout
-    assert "of 0:10:00" in status.stdout
+    assert "of 10 min" in status.stdout
     as_json = json.loads(runwatch("status", "-c", cfg, "--json").stdout)
     run = as_json["hosts"][0]["runs"][0]
     assert run["job"]["job_id"] == job_id and run["job"]["name"] == "rw demo; $(id)"

@@ -33,7 +33,7 @@ def test_the_active_job_of_a_tag_wins_over_an_ended_later_one() -> None:
     gen = views["gen"]
     assert gen.job_id == "7" and run_state(gen) == "running"
     assert gen.identity == {"job_id": "7", "submit_time": 100, "tag": "runwatch:gen"}
-    assert describe(gen) == "job 7 RUNNING on n1, 0:00:42 of 1:00:00"
+    assert describe(gen) == "job 7 RUNNING on n1, 42 s of 1 h"
 
 
 def test_ended_jobs_leave_the_run_stopped_and_pending_shows_its_reason() -> None:

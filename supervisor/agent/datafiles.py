@@ -25,7 +25,15 @@ import stat
 from typing import Any
 
 from supervisor.agent.masking import mask_text
-from supervisor.agent.protocol import AgentOpError, param_number, param_str
+from supervisor.agent.protocol import (
+    AgentOpError,
+    MoveAsideResult,
+    RepairTailResult,
+    TailLogResult,
+    TailRecordsResult,
+    param_number,
+    param_str,
+)
 
 _CHUNK = 1 << 20
 
@@ -149,7 +157,7 @@ def _free_name(base: str) -> str:
     return f"{base}.{n}"
 
 
-def repair_tail(params: dict[str, Any]) -> dict[str, Any]:
+def repair_tail(params: dict[str, Any]) -> RepairTailResult:
     """``{path}`` -> repair a torn last line; refused while a writer has the file open.
 
     Result: ``{"path", "repaired": false, "reason": "clean"|"empty"}`` or ``{"path",
@@ -225,7 +233,7 @@ def repair_tail(params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def move_aside(params: dict[str, Any]) -> dict[str, Any]:
+def move_aside(params: dict[str, Any]) -> MoveAsideResult:
     """``{path, format}`` -> rename to ``<path>.<format>-<UTC timestamp>``; never overwrites.
     Refused while a process has the file open for writing.
 
@@ -368,7 +376,7 @@ def backup_files(params: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- tails
 
 
-def tail_log(params: dict[str, Any]) -> dict[str, Any]:
+def tail_log(params: dict[str, Any]) -> TailLogResult:
     """``{path, lines?=50, max_bytes?=65536}`` -> ``{"path", "exists", "size", "lines"}``.
 
     Reads at most ``max_bytes`` from the end; key-shaped tokens are masked.
@@ -419,7 +427,7 @@ def _last_records(f: Any, size: int, count: int, max_bytes: int) -> tuple[list[A
         window = min(size, max_bytes, window * 2)
 
 
-def tail_records(params: dict[str, Any]) -> dict[str, Any]:
+def tail_records(params: dict[str, Any]) -> TailRecordsResult:
     """``{path, workdir?, count?=3, max_bytes?=4 MiB}`` -> the last complete records of a JSONL
     data file: ``{"path", "exists", "size", "records": [objects, oldest first], "bad_lines",
     "complete"}``.

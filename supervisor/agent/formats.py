@@ -125,9 +125,6 @@ class Profile:
     def known_keys(self) -> tuple[str, ...]:
         return self.required + tuple(k for k in self.optional if k not in self.required)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {s: getattr(self, s) for s in self.__slots__}
-
     def __repr__(self) -> str:
         return f"Profile({self.name!r})"
 

@@ -11,7 +11,7 @@ import subprocess
 from typing import Any
 
 from supervisor.agent.match import parse_int
-from supervisor.agent.protocol import AgentOpError
+from supervisor.agent.protocol import AgentOpError, GpuHoldersResult
 
 
 def parse_gpu_apps(text: str) -> dict[int, float]:
@@ -91,7 +91,7 @@ def query_gpu(timeout: float = 5.0) -> tuple[dict[int, float] | None, dict[str, 
     return parse_gpu_apps(apps or ""), {"gpus": parse_gpus(gpus or "")}
 
 
-def gpu_holders(params: dict[str, Any]) -> dict[str, Any]:
+def gpu_holders(params: dict[str, Any]) -> GpuHoldersResult:
     """``{pids?: [int]}`` -> ``{"available": bool, "holders": {pid: MiB}}``.
 
     ``available`` is false where the host has no working nvidia-smi. With ``pids``, only those

@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 from supervisor.agent import proc as procs
 from supervisor.agent.masking import mask_argv
 from supervisor.agent.match import script_index
-from supervisor.agent.protocol import DEFAULT_SCRIPTS, KILL_CONFIRM_S
+from supervisor.agent.protocol import (
+    DEFAULT_SCRIPTS,
+    KILL_CONFIRM_S,
+    KillResult,
+    KillTarget,
+    ProbeResult,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -213,7 +219,7 @@ def _wait_gone(targets: Sequence[_Target], deadline: float) -> None:
             time.sleep(timeout)  # no pidfd to wait on: poll /proc at a fine interval
 
 
-def _refuse(pid: int, detail: str) -> dict[str, Any]:
+def _refuse(pid: int, detail: str) -> KillResult:
     return {
         "results": [
             {
@@ -243,7 +249,7 @@ def check_identity(agent: Agent, ident: dict[str, Any]) -> str | None:
     return None
 
 
-def kill(agent: Agent, params: dict[str, Any]) -> dict[str, Any]:
+def kill(agent: Agent, params: dict[str, Any]) -> KillResult:
     """Stop the process named by ``identity`` and every descendant; report each with proof."""
     ident = params["identity"]
     pid = int(ident["pid"])
@@ -293,7 +299,7 @@ def _gone_why(st: procs.Stat | None) -> str:
     return "no such process; no signal sent"
 
 
-def _gone_result(t: _Target, detail: str) -> dict[str, Any]:
+def _gone_result(t: _Target, detail: str) -> KillTarget:
     return {
         "pid": t.pid,
         "role": t.role,
@@ -323,7 +329,7 @@ def _collect_children(parents: Sequence[_Target], known: set[int]) -> list[_Targ
     return found
 
 
-def _kill_tree(run: _Target, grace: float) -> dict[str, Any]:
+def _kill_tree(run: _Target, grace: float) -> KillResult:
     # Collect the whole tree first: once the run dies its workers are re-parented and lost.
     targets = [run, *_collect_children([run], {run.pid})]
     try:
@@ -347,7 +353,7 @@ def _kill_tree(run: _Target, grace: float) -> dict[str, Any]:
     return {"results": results}
 
 
-def _result(t: _Target, started: float) -> dict[str, Any]:
+def _result(t: _Target, started: float) -> KillTarget:
     gone = t.check_gone()
     after = round(t.gone_at - started, 4) if t.gone_at is not None and t.signals else None
     if t.exiting:
@@ -386,7 +392,7 @@ def _result(t: _Target, started: float) -> dict[str, Any]:
     }
 
 
-def probe(agent: Agent, params: dict[str, Any]) -> dict[str, Any]:
+def probe(agent: Agent, params: dict[str, Any]) -> ProbeResult:
     """Is the process named by ``identity`` still there? (How a dropped kill is reconciled.)"""
     ident = params["identity"]
     pid = int(ident["pid"])

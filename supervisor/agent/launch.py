@@ -32,6 +32,14 @@ from supervisor.agent.proc import boot_id, identity_of, is_alive
 from supervisor.agent.protocol import (
     FINGERPRINT_VERSION,
     AgentOpError,
+    FileHash,
+    Identity,
+    LaunchResult,
+    LockState,
+    LockStatusResult,
+    ReadFingerprintResult,
+    StoredFingerprint,
+    WriteFingerprintResult,
     param_number,
     param_str,
     param_str_dict,
@@ -93,7 +101,7 @@ def _try_flock(fd: int) -> bool:
     return True
 
 
-def _lock_one(lock_path: str) -> dict[str, Any]:
+def _lock_one(lock_path: str) -> LockState:
     holder = _read_holder(lock_path)
     try:
         fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
@@ -133,7 +141,7 @@ def _lock_paths(params: dict[str, Any], base: str | None) -> list[str]:
     return sorted({resolve(p, base) for p in raw})
 
 
-def lock_status(params: dict[str, Any]) -> dict[str, Any]:
+def lock_status(params: dict[str, Any]) -> LockStatusResult:
     """``{lock_path}`` or ``{lock_paths: [...]}`` (``workdir`` optional) -> whether any is held.
 
     Result: ``{"held", "lock_path", "holder", "holder_alive", "locks": [per lock the same]}``;
@@ -154,7 +162,7 @@ def lock_status(params: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- launch
 
 
-def launch(params: dict[str, Any]) -> dict[str, Any]:
+def launch(params: dict[str, Any]) -> LaunchResult:
     """Start a run detached under its lock and confirm it.
 
     Params: ``workdir``, ``argv`` (list), ``env`` (extra variables; secrets go here, never in argv),
@@ -307,7 +315,7 @@ def launch(params: dict[str, Any]) -> dict[str, Any]:
             "started": False,
             "reason": "exited",
             "exit_code": code,
-            "identity": dict(identity, argv=mask_argv(identity["argv"], secrets)),
+            "identity": _identity(identity, mask_argv(identity["argv"], secrets)),
             "detail": (f"the process exited with status {code}" if code is not None else "it died")
             + f" within {settle_s:.1f} s of its start",
             "log_tail": masked_tail,
@@ -315,9 +323,9 @@ def launch(params: dict[str, Any]) -> dict[str, Any]:
             "lock_path": lock_path,
         }
     cmd = identity["argv"]
-    result: dict[str, Any] = {
+    result: LaunchResult = {
         "started": True,
-        "identity": identity,
+        "identity": _identity(identity, cmd),
         "argv_matches": _same_command(cmd, argv),
         "log": log,
         "log_offset": log_offset,
@@ -339,6 +347,17 @@ def launch(params: dict[str, Any]) -> dict[str, Any]:
         written.append(write_fingerprint(fp_params)["path"])
     result["fingerprints"] = written
     return result
+
+
+def _identity(ident: dict[str, Any], argv: list[str]) -> Identity:
+    """The protocol's identity of a process read by ``proc.identity_of``, with ``argv``."""
+    return {
+        "boot_id": ident["boot_id"],
+        "pid": ident["pid"],
+        "start_time": ident["start_time"],
+        "uid": ident["uid"],
+        "argv": argv,
+    }
 
 
 def _same_command(cmdline: list[str], argv: list[str]) -> bool:
@@ -366,8 +385,8 @@ def _describe(lock_path: str) -> str:
 # --------------------------------------------------------------------------- fingerprint
 
 
-def _hashes(files: dict[str, str], base: str | None) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _hashes(files: dict[str, str], base: str | None) -> dict[str, FileHash]:
+    out: dict[str, FileHash] = {}
     for key, raw in sorted(files.items()):
         p = resolve(raw, base)
         try:
@@ -377,7 +396,7 @@ def _hashes(files: dict[str, str], base: str | None) -> dict[str, dict[str, Any]
     return out
 
 
-def read_fingerprint(params: dict[str, Any]) -> dict[str, Any]:
+def read_fingerprint(params: dict[str, Any]) -> ReadFingerprintResult:
     """``{path | paths: {key: path}, workdir?, hash_files?: {key: path}}`` -> the stored
     sidecar(s) and current hashes.
 
@@ -390,18 +409,23 @@ def read_fingerprint(params: dict[str, Any]) -> dict[str, Any]:
     workdir = params.get("workdir")
     files = param_str_dict(params, "hash_files")
     many = param_str_dict(params, "paths")
+    result: ReadFingerprintResult
     if many:
-        result: dict[str, Any] = {
-            "fingerprints": {k: _read_one(resolve(p, workdir)) for k, p in many.items()}
-        }
+        result = {"fingerprints": {k: _read_one(resolve(p, workdir)) for k, p in many.items()}}
     else:
-        result = _read_one(resolve(param_str(params, "path"), workdir))
+        one = _read_one(resolve(param_str(params, "path"), workdir))
+        result = {
+            "path": one["path"],
+            "exists": one["exists"],
+            "fingerprint": one["fingerprint"],
+            "error": one["error"],
+        }
     result["hashes"] = _hashes(files, workdir)
     return result
 
 
-def _read_one(path: str) -> dict[str, Any]:
-    result: dict[str, Any] = {"path": path, "exists": False, "fingerprint": None, "error": None}
+def _read_one(path: str) -> StoredFingerprint:
+    result: StoredFingerprint = {"path": path, "exists": False, "fingerprint": None, "error": None}
     try:
         with open(path, "rb") as f:
             raw = f.read(1 << 20)
@@ -420,7 +444,7 @@ def _read_one(path: str) -> dict[str, Any]:
     return result
 
 
-def write_fingerprint(params: dict[str, Any]) -> dict[str, Any]:
+def write_fingerprint(params: dict[str, Any]) -> WriteFingerprintResult:
     """``{path, data, workdir?, hash_files?}`` -> write ``data`` (plus ``prompts`` hashes, a
     version and the time) atomically to the sidecar. Result ``{"path", "fingerprint"}``."""
     workdir = params.get("workdir")

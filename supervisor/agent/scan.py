@@ -1,20 +1,14 @@
 """Incremental scanning of JSONL dataset files: counts, tokens, bad lines and a format verdict.
 
 Standard library only, Python >= 3.8: this module runs inside the host agent on GPU hosts. It may
-import :mod:`supervisor.formats` and nothing else from ``supervisor``.
+import :mod:`supervisor.agent.formats` and :mod:`supervisor.agent.follow` and nothing else
+from ``supervisor``.
 
 A :class:`Scanner` keeps per-file state between calls, so a refresh reads only the bytes appended
-since the last one:
-
-* ``offset`` - end of the last complete line counted; a partial last line is left for later (D1);
-* a fingerprint - ``(st_dev, st_ino)`` and a hash of the first bytes of the file;
-* a hash of the bytes just before ``offset`` (the tail of the last complete line).
-
-Before reading, the scanner checks the fingerprint, the size and both hashes. A new inode
-(replacement, rotation), a size below the offset (truncation, copytruncate) or changed bytes
-(truncate-then-regrow past the offset, inode reuse) start a clean rescan from zero with fresh
-counters: nothing is ever counted twice (D4, D5). The epoch in ``stream`` changes on every
-rescan, so the laptop knows to drop what it accumulated from earlier results.
+since the last one. Following the file - the offset of the last complete line, the fingerprint,
+the clean rescan of a truncated, replaced or rewritten file, companion files - is
+:mod:`supervisor.agent.follow`; this module parses and counts the new bytes. A partial last line
+is left for later (D1); a rescan starts with fresh counters, so nothing is counted twice (D4, D5).
 
 Cold and incremental scans take the same fast path: the big integer arrays of a format
 (``output_ids``; ``input_ids`` and ``loss_mask``) are located by byte search and cut out, and only
@@ -49,17 +43,16 @@ exception.
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
 import os
 import re
-import stat
 import time
 from collections import Counter
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from supervisor.agent.completeness import Companions, remembered_id
+from supervisor.agent.follow import Follower, Position, Unfollowable, unfollowable
 from supervisor.agent.formats import (
     PROFILES,
     Profile,
@@ -76,10 +69,6 @@ from supervisor.agent.formats import (
 
 DEFAULT_CHUNK = 1 << 20
 """Bytes read per ``read()`` call."""
-HEAD_BYTES = 4096
-"""Bytes of the head of a file that fingerprint it."""
-TAIL_BYTES = 4096
-"""Bytes before the offset whose hash must match for an incremental read."""
 MAX_LINE_BYTES = 1 << 30
 """Lines longer than this are reported and skipped without being held in memory."""
 MAX_BAD_LINES = 100
@@ -204,14 +193,8 @@ def _check_int_array(buf: Any, lb: int, rb: int) -> int:
 _ABSENT = object()
 
 
-def _id_key(value: Any) -> Any:
-    """What a record's id is remembered as: an int, the UTF-8 bytes of a string (a template
-    captures them as they are in the line), else its JSON text."""
-    if isinstance(value, str):
-        return value.encode("utf-8", "surrogatepass")
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    return json.dumps(value, sort_keys=True)
+_id_key = remembered_id
+"""How a record's id is remembered (shared with the completeness of an input)."""
 
 
 _T_TEXT = rb"[\x20\x21\x23-\x5b\x5d-\x7e]*"
@@ -375,58 +358,11 @@ _NO_TEMPLATE = _Template(re.compile(b"$^"), PROFILES["raw"], "other", {}, False,
 """A template with no rows: a placeholder where one is expected."""
 
 
-MAX_REASONS = 10
-"""Distinct reasons listed per sidecar file (the rest are summed in ``other_reasons``)."""
-MAX_IDS_SHOWN = 10
-"""Missing ids (and ids not in the input) listed by a completeness result."""
-MAX_REASON_CHARS = 160
+class _FileState(Position):
+    """What the scanner remembers about one file between calls: its position and counters."""
 
-
-def _shown_id(key: Any) -> Any:
-    """A remembered id as JSON can carry it (bytes back to text)."""
-    return key.decode("utf-8", "replace") if isinstance(key, bytes) else key
-
-
-class _Sidecar:
-    """What the scanner remembers about one file of failed or skipped prompts."""
-
-    def __init__(self, key: tuple[Any, ...]) -> None:
-        self.key = key
-        self.offset = 0
-        self.lines = 0
-        self.reasons: Counter[str] = Counter()
-        self.ids: set[Any] = set()
-
-    def read_line(self, line: bytes, id_key: str | None) -> None:
-        self.lines += 1
-        try:
-            row = json.loads(line)
-        except ValueError:
-            self.reasons["(not JSON)"] += 1
-            return
-        if not isinstance(row, dict):
-            self.reasons["(not an object)"] += 1
-            return
-        why = row.get("error")
-        reason = str(why).strip().splitlines()[0] if why else "(no reason given)"
-        self.reasons[reason[:MAX_REASON_CHARS]] += 1
-        if id_key and id_key in row:
-            self.ids.add(_id_key(row[id_key]))
-
-
-class _FileState:
-    """What the scanner remembers about one file between calls."""
-
-    def __init__(self, epoch: int, settings: tuple[Any, ...]) -> None:
-        self.epoch = epoch
-        self.settings = settings
-        self.dev = -1
-        self.ino = -1
-        self.head_len = 0
-        self.head_hash = b""
-        self.tail_len = 0
-        self.tail_hash = b""
-        self.offset = 0
+    def __init__(self, epoch: int, settings: tuple[Any, ...], expected: Profile | None) -> None:
+        super().__init__(epoch, settings)
         self.lines = 0
         self.records = 0
         self.ids: set[Any] = set()
@@ -441,7 +377,7 @@ class _FileState:
         self.bad_total = 0
         self.validated = 0
         self.finished = False
-        self.expected: Profile | None = None
+        self.expected = expected
         self.shapes: dict[tuple[str, ...], tuple[Profile | None, str]] = {}
         self.cut_for: Profile | bool | None = False
         self.cut_keys: list[tuple[str, bytes]] = []
@@ -478,17 +414,9 @@ class Scanner:
         self.batch = batch
         self.max_line_bytes = max_line_bytes
         self.max_text_bytes = max_text_bytes
-        self._files: dict[str, _FileState] = {}
-        self._epochs: dict[str, int] = {}
-        self._token = os.urandom(6).hex()
-        self._line_counts: dict[str, tuple[int, int, int, int]] = {}
-        self._sidecars: dict[str, _Sidecar] = {}
-        self._inputs: dict[str, tuple[tuple[Any, ...], list[Any], str | None]] = {}
+        self._follow: Follower[_FileState] = Follower(chunk_size)
+        self._companions = Companions()
         self._want_texts = True
-
-    def forget(self, path: str) -> None:
-        """Drop the state of a file (its next scan is a cold scan)."""
-        self._files.pop(path, None)
 
     # ------------------------------------------------------------------ public
 
@@ -536,12 +464,12 @@ class Scanner:
         result = self._scan_path(path, want, settings, user, validate, texts, progress, started)
         if sidecars:
             result["sidecars"] = {
-                kind: self._sidecar(side, (input_file or {}).get("id") or None)
+                kind: self._companions.sidecar(side, (input_file or {}).get("id") or None)
                 for kind, side in sidecars.items()
             }
         if input_file and isinstance(input_file.get("path"), str):
-            state = self._files.get(path)
-            result["completeness"] = self._completeness(
+            state = self._follow.get(path)
+            result["completeness"] = self._companions.completeness(
                 state.ids if state is not None else set(),
                 state.duplicates if state is not None else 0,
                 input_file["path"],
@@ -562,25 +490,17 @@ class Scanner:
         started: float,
     ) -> dict[str, Any]:
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        except OSError as e:
-            return self._no_file(path, e, want)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                self._files.pop(path, None)
-                return self._state_only(path, "not-a-file", "not a regular file", want)
-            f = os.fdopen(fd, "rb", buffering=0)
-            fd = -1  # owned by f from here on
+            f, st = self._follow.open(path)
             with f:
                 return self._scan_open(
                     path, f, st, settings, user, validate, texts, progress, started
                 )
         except OSError as e:
-            return self._no_file(path, e, want)
-        finally:
-            if fd >= 0:
-                os.close(fd)
+            self._follow.drop(path)
+            err = unfollowable(e)
+        except Unfollowable as e:
+            err = e
+        return self._state_only(path, err.state, err.message, want)
 
     # ------------------------------------------------------------------ states
 
@@ -593,23 +513,6 @@ class Scanner:
         result["verdict"] = "missing" if state == "missing" else "error"
         result["verdict_detail"] = error
         return result
-
-    def _no_file(self, path: str, e: OSError, want: str | None) -> dict[str, Any]:
-        self._files.pop(path, None)
-        if e.errno == errno.ENOENT:
-            return self._state_only(path, "missing", "no such file", want)
-        if e.errno in (errno.EACCES, errno.EPERM):
-            return self._state_only(path, "unreadable", "permission denied", want)
-        if e.errno in (errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.ENXIO):
-            return self._state_only(path, "not-a-file", os.strerror(e.errno), want)
-        return self._state_only(path, "error", e.strerror or str(e), want)
-
-    def _new_state(self, path: str, settings: tuple[Any, ...]) -> _FileState:
-        epoch = self._epochs.get(path, 0) + 1
-        self._epochs[path] = epoch
-        state = _FileState(epoch, settings)
-        self._files[path] = state
-        return state
 
     # ------------------------------------------------------------------ scanning
 
@@ -626,29 +529,15 @@ class Scanner:
         started: float,
     ) -> dict[str, Any]:
         size = st.st_size
-        state = self._files.get(path)
-        reason: str | None = None
-        if state is not None:
-            reason = self._changed(state, f, st, settings)
-            if reason is not None:
-                state = None
-        if state is None:
-            state = self._new_state(path, settings)
-            state.expected = want
-            state.dev, state.ino = st.st_dev, st.st_ino
-        if state.head_len < HEAD_BYTES and size > state.head_len:
-            f.seek(0)
-            head = f.read(min(size, HEAD_BYTES))
-            state.head_len, state.head_hash = len(head), hashlib.sha1(head).digest()
+        state, reason = self._follow.resume(
+            path, f, st, settings, lambda epoch: _FileState(epoch, settings, want)
+        )
         start = state.offset
         stopped = self._consume(state, f, start, size, validate, texts, progress)
-        if state.offset != start or state.tail_len == 0:
-            k = min(state.offset, TAIL_BYTES)
-            f.seek(state.offset - k)
-            state.tail_len, state.tail_hash = k, hashlib.sha1(f.read(k)).digest()
+        self._follow.advanced(state, f, start)
         result = self._result(path, state, st, size)
         if state.expected is not None and state.expected.companions:
-            result["companions"] = self._companions(path, state.expected.companions)
+            result["companions"] = self._follow.companions(path, state.expected.companions)
         result["rescan_reason"] = reason
         result["bytes_read"] = size - start
         result["texts_more"] = stopped
@@ -659,26 +548,6 @@ class Scanner:
         state.reasoning = []
         state.text_bytes = 0
         return result
-
-    def _changed(
-        self, state: _FileState, f: Any, st: os.stat_result, settings: tuple[Any, ...]
-    ) -> str | None:
-        """Why the remembered state no longer applies to this file, or None."""
-        if state.settings != settings:
-            return "format changed"
-        if (st.st_dev, st.st_ino) != (state.dev, state.ino):
-            return "file replaced (new inode)"
-        if st.st_size < state.offset:
-            return "file truncated"
-        if state.head_len:
-            f.seek(0)
-            if hashlib.sha1(f.read(state.head_len)).digest() != state.head_hash:
-                return "file rewritten (head changed)"
-        if state.tail_len:
-            f.seek(state.offset - state.tail_len)
-            if hashlib.sha1(f.read(state.tail_len)).digest() != state.tail_hash:
-                return "file rewritten (bytes before the offset changed)"
-        return None
 
     def _consume(
         self,
@@ -871,159 +740,6 @@ class Scanner:
                 return True, nl + 1
             i = nl + 1
         return False, end
-
-    def _companions(self, path: str, words: tuple[str, ...]) -> list[dict[str, Any]]:
-        """Line counts of the files beside ``path`` whose names hold one of ``words``."""
-        directory = os.path.dirname(path) or "."
-        base = os.path.basename(path)
-        try:
-            names = sorted(os.listdir(directory))
-        except OSError:
-            return []
-        out = []
-        for name in names:
-            low = name.lower()
-            kind = next((w for w in words if w in low), None)
-            if kind is None or name == base or not low.endswith(".jsonl"):
-                continue
-            full = os.path.join(directory, name)
-            lines = self._count_lines(full)
-            if lines is not None:
-                out.append({"path": full, "kind": kind, "lines": lines})
-        return out
-
-    def _count_lines(self, path: str) -> int | None:
-        """Newlines in a file, counting only appended bytes since the last call."""
-        try:
-            with open(path, "rb", buffering=0) as f:
-                st = os.fstat(f.fileno())
-                if not stat.S_ISREG(st.st_mode):
-                    return None
-                dev, ino, offset, lines = self._line_counts.get(path, (-1, -1, 0, 0))
-                if (dev, ino) != (st.st_dev, st.st_ino) or st.st_size < offset:
-                    offset = lines = 0
-                f.seek(offset)
-                while offset < st.st_size:
-                    data = f.read(min(self.chunk_size, st.st_size - offset))
-                    if not data:
-                        break
-                    lines += data.count(b"\n")
-                    offset += len(data)
-                self._line_counts[path] = (st.st_dev, st.st_ino, offset, lines)
-                return lines
-        except OSError:
-            return None
-
-    def _sidecar(self, path: str, id_key: str | None) -> dict[str, Any]:
-        """Lines of a file of failed or skipped prompts, by reason (its rows' ``error``), and the
-        ids of their rows (key ``id_key``), read incrementally like a data file."""
-        try:
-            f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below
-        except OSError as e:
-            state = "missing" if e.errno == errno.ENOENT else "unreadable"
-            self._sidecars.pop(path, None)
-            return {"path": path, "state": state, "lines": 0, "reasons": {}}
-        with f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                return {"path": path, "state": "not-a-file", "lines": 0, "reasons": {}}
-            side = self._sidecars.get(path)
-            if (
-                side is None
-                or side.key != (st.st_dev, st.st_ino, id_key)
-                or st.st_size < side.offset
-            ):
-                side = self._sidecars[path] = _Sidecar((st.st_dev, st.st_ino, id_key))
-            f.seek(side.offset)
-            data = f.read(max(st.st_size - side.offset, 0))
-            end = data.rfind(b"\n") + 1
-            for line in data[:end].splitlines():
-                side.read_line(line, id_key)
-            side.offset += end
-        return {
-            "path": path,
-            "state": "ok",
-            "lines": side.lines,
-            "reasons": dict(side.reasons.most_common(MAX_REASONS)),
-            "other_reasons": sum(side.reasons.values())
-            - sum(n for _, n in side.reasons.most_common(MAX_REASONS)),
-            "size": side.offset,
-        }
-
-    def _input_keys(self, path: str, id_key: str) -> tuple[list[Any], str | None]:
-        """The id of every row of an input file, in order (cached while the file is unchanged),
-        or an error saying why they cannot be read."""
-        try:
-            st = os.stat(path)
-        except OSError as e:
-            return [], f"input {path}: {e.strerror or e}"
-        sig = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, id_key)
-        cached = self._inputs.get(path)
-        if cached is not None and cached[0] == sig:
-            return cached[1], cached[2]
-        keys: list[Any] = []
-        error = None
-        try:
-            with open(path, "rb") as f:
-                for n, line in enumerate(f):
-                    if not id_key:
-                        keys.append(n)
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except ValueError:
-                        error = f"input line {n + 1} is not JSON"
-                        break
-                    if not isinstance(row, dict) or id_key not in row:
-                        error = f"input line {n + 1} has no {id_key!r}"
-                        break
-                    keys.append(_id_key(row[id_key]))
-        except OSError as e:
-            return [], f"input {path}: {e.strerror or e}"
-        self._inputs[path] = (sig, keys, error)
-        return keys, error
-
-    def _completeness(
-        self,
-        done_ids: set[Any],
-        duplicates: int,
-        input_path: str,
-        id_key: str,
-        sidecars: dict[str, Any],
-    ) -> dict[str, Any]:
-        """Input ids against output ids: done, failed (only in a sidecar), missing, not in input."""
-        keys, error = self._input_keys(input_path, id_key)
-        result: dict[str, Any] = {
-            "input_path": input_path,
-            "input": len(keys),
-            "error": error,
-            "duplicates": duplicates,
-        }
-        if error is not None:
-            return result
-        wanted = set(keys)
-        failed_ids: set[Any] = set()
-        for side in sidecars.values():
-            cached = self._sidecars.get(side.get("path", ""))
-            if cached is not None:
-                failed_ids |= cached.ids
-        missing = [k for k in keys if k not in done_ids and k not in failed_ids]
-        strangers = [k for k in done_ids if k not in wanted]
-        result.update(
-            {
-                "input": len(wanted),
-                "input_duplicates": len(keys) - len(wanted),
-                "done": len(done_ids) - len(strangers),
-                "failed": len((failed_ids & wanted) - done_ids),
-                "missing": len(missing),
-                "missing_first": [_shown_id(k) for k in missing[:MAX_IDS_SHOWN]],
-                "not_in_input": len(strangers),
-                "not_in_input_first": sorted(
-                    (_shown_id(k) for k in strangers[: MAX_IDS_SHOWN * 10]), key=str
-                )[:MAX_IDS_SHOWN],
-            }
-        )
-        return result
 
     # ------------------------------------------------------------------ one line
 
@@ -1351,7 +1067,7 @@ class Scanner:
                 "mtime": st.st_mtime,
                 "validated": state.validated,
                 "finished": state.finished,
-                "stream": f"{self._token}:{state.epoch}",
+                "stream": self._follow.stream(state),
                 "texts": list(state.texts),
                 "reasoning_texts": list(state.reasoning),
             }
@@ -1455,8 +1171,3 @@ def _empty_result(path: str, fmt: str | None) -> dict[str, Any]:
         "bytes_read": 0,
         "scan_seconds": 0.0,
     }
-
-
-def scan_file(path: str, **kwargs: Any) -> dict[str, Any]:
-    """A one-off cold scan (a fresh :class:`Scanner`)."""
-    return Scanner().scan(path, **kwargs)

@@ -26,10 +26,21 @@ from typing import IO, TYPE_CHECKING, Any
 
 from supervisor.agent import datafiles, gpu, kill, launch, slurm
 from supervisor.agent import proc as procs
-from supervisor.agent.protocol import DEFAULT_SCRIPTS, DURABLE_OPS, PROTOCOL, AgentOpError, Hello
+from supervisor.agent.protocol import (
+    DEFAULT_SCRIPTS,
+    DURABLE_OPS,
+    PROTOCOL,
+    AgentOpError,
+    Hello,
+    PingResult,
+    PsResult,
+    RefreshResult,
+    ScanFile,
+    ScanResult,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
 
 class Agent:
@@ -44,7 +55,7 @@ class Agent:
         self.list_lock = threading.Lock()  # the lister keeps CPU times between calls
         self.scanner: Any = None
         self.scanner_error: str | None = None
-        self.ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+        self.ops: dict[str, Callable[[dict[str, Any]], Mapping[str, Any]]] = {
             "ping": self.ping,
             "ps": self.ps,
             "refresh": self.refresh,
@@ -88,7 +99,7 @@ class Agent:
             "ops": sorted(self.ops),
         }
 
-    def ping(self, params: dict[str, Any]) -> dict[str, Any]:
+    def ping(self, params: dict[str, Any]) -> PingResult:
         return {"pong": True, "time": time.time()}
 
     def _list(self, params: dict[str, Any], with_gpu: bool) -> tuple[list[Any], Any]:
@@ -105,11 +116,11 @@ class Agent:
             )
         return found, summary
 
-    def ps(self, params: dict[str, Any]) -> dict[str, Any]:
+    def ps(self, params: dict[str, Any]) -> PsResult:
         found, summary = self._list(params, bool(params.get("gpu", True)))
         return {"time": time.time(), "boot_id": self.boot_id, "processes": found, "gpu": summary}
 
-    def refresh(self, params: dict[str, Any]) -> dict[str, Any]:
+    def refresh(self, params: dict[str, Any]) -> RefreshResult:
         found, summary = self._list(params, bool(params.get("gpu", True)))
         files = self._scan_files(params.get("files") or [])
         return {
@@ -120,7 +131,7 @@ class Agent:
             "gpu": summary,
         }
 
-    def scan(self, params: dict[str, Any]) -> dict[str, Any]:
+    def scan(self, params: dict[str, Any]) -> ScanResult:
         """``files`` scanned; with ``fresh``, each from its first byte by a scanner of its own
         (every complete line validated as the specs ask), leaving the incremental state of the
         refreshes untouched."""
@@ -137,10 +148,10 @@ class Agent:
                 self.scanner_error = f"{type(e).__name__}: {e}"
         return self.scanner
 
-    def _scan_files(self, specs: list[Any], fresh: bool = False) -> dict[str, Any]:
+    def _scan_files(self, specs: list[Any], fresh: bool = False) -> dict[str, ScanFile]:
         if not isinstance(specs, list):
             raise AgentOpError("files: expected a list", "bad-request")
-        out: dict[str, Any] = {}
+        out: dict[str, ScanFile] = {}
         with self.scan_lock:
             scanner = self._get_scanner()
         if fresh and scanner is not None:

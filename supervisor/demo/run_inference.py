@@ -23,6 +23,9 @@ Guarantees, which runwatch's supervision relies on:
 - Retries 429 and 5xx answers, malformed answers and transport errors with exponential backoff,
   honouring ``Retry-After``; another 4xx fails that sample only (401, 403 and 404 stop the run).
 - The API key is read from the environment variable named by ``--api-key-env``; never printed.
+- With ``--ledger PATH`` (opt-in, for soak tests): after each line is written, one JSON line
+  ``{"sample_id", "file", "dev", "ino", "offset", "length", "sha1", "time"}`` is appended to PATH
+  and fsynced, so what the client wrote can be checked later against the data files.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import argparse
 import asyncio
 import email.utils
 import fcntl
+import hashlib
 import json
 import os
 import random
@@ -146,13 +150,48 @@ def move_torn_tail(path: Path, fd: int) -> int:
     return size - keep
 
 
-def write_line(fd: int, record: dict[str, Any]) -> None:
-    """Append one record as one line with a single write (retried only if the kernel wrote less)."""
+def write_line(fd: int, record: dict[str, Any]) -> bytes:
+    """Append one record as one line with a single write (retried only if the kernel wrote less).
+
+    Returns the bytes written.
+    """
     data = (json.dumps(record) + "\n").encode()
     view = memoryview(data)
     while view:
         n = os.write(fd, view)
         view = view[n:]
+    return data
+
+
+class Ledger:
+    """The client's own record of each line it wrote: where (file, inode, offset) and its sha1.
+
+    Each entry is appended with one write and fsynced before the next line is written, so an entry
+    exists only for a line that was completely written to the data file.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def record(self, path: Path, fd: int, sample_id: str, data: bytes) -> None:
+        st = os.fstat(fd)
+        end = os.lseek(fd, 0, os.SEEK_CUR)  # O_APPEND: the position is just past our line
+        entry = {
+            "sample_id": sample_id,
+            "file": str(path.resolve()),
+            "dev": st.st_dev,
+            "ino": st.st_ino,
+            "offset": end - len(data),
+            "length": len(data),
+            "sha1": hashlib.sha1(data).hexdigest(),
+            "pid": os.getpid(),
+            "time": time.time(),
+        }
+        os.write(self.fd, (json.dumps(entry) + "\n").encode())
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 # --------------------------------------------------------------------------- prompts
@@ -321,7 +360,12 @@ async def run_dataset(args: argparse.Namespace, client: Client, dataset: str) ->
             f"{dataset}: {prog.samples} samples and {prog.tokens} completion tokens already in "
             f"{path} ({existing.bad_lines} bad lines); {len(todo)} of {len(prompts)} prompts to go"
         )
-        await _generate(args, client, dataset, fd, todo, prog)
+        ledger = Ledger(args.ledger) if args.ledger else None
+        try:
+            await _generate(args, client, dataset, fd, todo, prog, path, ledger)
+        finally:
+            if ledger is not None:
+                ledger.close()
         log(f"{dataset}: done: {prog.samples} samples, {prog.tokens} completion tokens")
     finally:
         os.close(fd)
@@ -342,6 +386,8 @@ async def _generate(
     fd: int,
     todo: list[tuple[str, list[dict[str, Any]]]],
     prog: Progress,
+    path: Path,
+    ledger: Ledger | None = None,
 ) -> None:
     sem = asyncio.Semaphore(args.concurrency)
     tasks: set[asyncio.Task[None]] = set()
@@ -364,7 +410,9 @@ async def _generate(
         finally:
             prog.inflight -= 1
             sem.release()
-        write_line(fd, rec)
+        data = write_line(fd, rec)
+        if ledger is not None:
+            ledger.record(path, fd, sample_id, data)
         prog.failed_in_a_row = 0
         prog.samples += 1
         prog.written += 1
@@ -416,6 +464,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-failures", type=int, default=20, help="failed samples in a row to stop")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--report-seconds", type=float, default=10.0, help="progress log interval")
+    p.add_argument(
+        "--ledger",
+        default=None,
+        metavar="PATH",
+        help="append where each written line is (file, offset, sha1) to PATH, fsynced",
+    )
     args = p.parse_args(argv)
     args.datasets = [d for d in args.datasets.split(",") if d]
     if not args.datasets:
