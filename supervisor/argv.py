@@ -12,6 +12,7 @@ from typing import Any
 from supervisor.errors import UsageError
 
 _KEY_RE = re.compile(r"^-{0,2}([A-Za-z0-9][A-Za-z0-9_.\-]*)$")
+_NUMBER_RE = re.compile(r"^-\d")
 
 
 def show_value(v: Any) -> str:
@@ -23,43 +24,98 @@ def show_value(v: Any) -> str:
     return str(v)
 
 
-def parse_sets(values: Iterable[str]) -> list[tuple[str, str]]:
-    """``["token-budget=10000000"]`` -> ``[("--token-budget", "10000000")]``."""
-    out: list[tuple[str, str]] = []
+def parse_sets(values: Iterable[str]) -> list[tuple[str, str | None]]:
+    """``["token-budget=10000000", "resume"]`` -> ``[("--token-budget", "10000000"),
+    ("--resume", None)]`` (a KEY without ``=`` is a flag without value)."""
+    out: list[tuple[str, str | None]] = []
     for v in values:
         key, eq, value = v.partition("=")
         m = _KEY_RE.match(key.strip())
-        if not eq or not m:
+        if not m:
             raise UsageError(
-                f"--set {v!r}: expected KEY=VALUE",
-                "for example --set token-budget=10000000 (becomes --token-budget 10000000)",
+                f"--set {v!r}: expected KEY=VALUE, or KEY for a flag without value",
+                "for example --set token-budget=10000000 (becomes --token-budget 10000000), "
+                "or --set resume (becomes --resume)",
             )
-        out.append(("--" + m.group(1), value))
+        out.append(("--" + m.group(1), value if eq else None))
     return out
 
 
-def apply_overrides(argv: Sequence[str], overrides: Iterable[tuple[str, str]]) -> list[str]:
-    """argv with each ``(flag, value)`` replacing every ``flag VALUE`` / ``flag=VALUE`` (or added).
+def parse_unsets(values: Iterable[str]) -> list[str]:
+    """``["temperature", "--resume"]`` -> ``["--temperature", "--resume"]``."""
+    out: list[str] = []
+    for v in values:
+        m = _KEY_RE.match(v.strip())
+        if not m or "=" in v:
+            raise UsageError(
+                f"--unset {v!r}: expected a flag name",
+                "for example --unset temperature (removes --temperature and its value)",
+            )
+        out.append("--" + m.group(1))
+    return out
 
-    The argv is a list; values are never split or quoted, so any string stays one argument.
+
+def _is_value(arg: str) -> bool:
+    """True when ``arg`` following a flag is its value (not another option)."""
+    return not arg.startswith("-") or _NUMBER_RE.match(arg) is not None
+
+
+def apply_overrides(argv: Sequence[str], overrides: Iterable[tuple[str, str | None]]) -> list[str]:
+    """argv with each ``(flag, value)`` replacing every ``flag VALUE`` / ``flag=VALUE`` (or
+    added); a value of None sets the flag without value (``--resume``).
+
+    The argv is a list; values are never split or quoted, so any string stays one argument. A
+    value that would read as an option (``-x``, ``--y``) is joined to its flag (``--flag=-x``).
     """
     out = list(argv)
     for flag, value in overrides:
         found = False
+        joined = value is not None and not _is_value(value)
         i = 0
         while i < len(out):
             arg = out[i]
-            if arg == flag and i + 1 < len(out):
-                out[i + 1] = value
+            if arg == flag:
                 found = True
-                i += 2
+                has_value = i + 1 < len(out) and _is_value(out[i + 1])
+                if value is None or joined:
+                    if has_value:
+                        del out[i + 1]
+                    if joined:
+                        out[i] = f"{flag}={value}"
+                elif has_value:
+                    out[i + 1] = value
+                else:
+                    out.insert(i + 1, value)
+                i += 1 if value is None or joined else 2
                 continue
             if arg.startswith(flag + "="):
-                out[i] = f"{flag}={value}"
+                out[i] = flag if value is None else f"{flag}={value}"
                 found = True
             i += 1
         if not found:
-            out += [flag, value]
+            if value is None:
+                out.append(flag)
+            else:
+                out += [f"{flag}={value}"] if joined else [flag, value]
+    return out
+
+
+def remove_flags(argv: Sequence[str], flags: Iterable[str]) -> list[str]:
+    """argv without each of ``flags`` (``--flag``, ``--flag VALUE``, ``--flag=VALUE``)."""
+    drop = set(flags)
+    out: list[str] = []
+    i = 0
+    args = list(argv)
+    while i < len(args):
+        arg = args[i]
+        if arg in drop:
+            i += 2 if i + 1 < len(args) and _is_value(args[i + 1]) else 1
+            continue
+        if arg.partition("=")[0] in drop and "=" in arg:
+            i += 1
+            continue
+        out.append(arg)
+        i += 1
     return out
 
 
@@ -72,7 +128,7 @@ def _flag_map(argv: Sequence[str]) -> dict[str, Any]:
             name, eq, value = arg.partition("=")
             if eq:
                 flags[name] = value
-            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            elif i + 1 < len(argv) and _is_value(argv[i + 1]):
                 flags[name] = argv[i + 1]
                 i += 1
             else:
@@ -94,3 +150,40 @@ def argv_diff(old: Sequence[str], new: Sequence[str]) -> list[dict[str, Any]]:
     if lead_a != lead_b:
         diff.insert(0, {"flag": "(command)", "old": " ".join(lead_a), "new": " ".join(lead_b)})
     return diff
+
+
+_OPTION_RE = re.compile(r"(?<![\w-])(--?[A-Za-z0-9][A-Za-z0-9_.\-]*)(=?)")
+_USAGE_OPTION_RE = re.compile(
+    r"(?<![\w-])(--?[A-Za-z0-9][A-Za-z0-9_.\-]*)(?:[ =]([A-Z{<][^\s\]|]*))?"
+)
+
+
+def parse_help_flags(text: str) -> dict[str, bool | None]:
+    """Option names an argparse-style ``--help`` lists, each with whether it takes a value
+    (``{"--datasets": True, "--legacy-format": False, "-h": False}``; None: not known).
+
+    Read from the option column of each line that starts with ``-``
+    (``  --datasets DATASETS   comma-separated ...``, ``  -h, --help   show this help``) and from
+    the usage block (``[--flag VALUE]``); the descriptions are not read, so a flag mentioned in a
+    sentence does not count as accepted.
+    """
+    found: dict[str, bool | None] = {}
+    in_usage = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.lower().startswith("usage:"):
+            in_usage = True
+        elif not stripped:
+            in_usage = False
+        if in_usage:
+            for m in _USAGE_OPTION_RE.finditer(stripped):
+                found.setdefault(m.group(1), bool(m.group(2)))
+        elif stripped.startswith("-"):
+            column = re.split(r"\s{2,}", stripped, maxsplit=1)[0]
+            for part in column.split(", "):
+                opt = _OPTION_RE.match(part.strip())
+                if opt is None:
+                    continue
+                rest = part.strip()[opt.end() :].strip()
+                found[opt.group(1)] = bool(rest) or bool(opt.group(2))
+    return {f: v for f, v in found.items() if f not in ("-", "--")}

@@ -72,7 +72,9 @@ def record(
         "steps": steps or [],
     }
     entry.update(extra)
-    masked = _masked(entry, [s for s in (secrets or []) if s])
+    from supervisor.secrets import known_secrets
+
+    masked = _masked(entry, [s for s in (secrets or []) if s] + known_secrets())
     append(masked)
     return dict(masked)
 
@@ -84,6 +86,8 @@ def append(entry: dict[str, Any]) -> None:
     line = (json.dumps(entry, sort_keys=True, default=str) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
+        if os.fstat(fd).st_mode & 0o077:  # written by an older runwatch: the owner's only
+            os.fchmod(fd, 0o600)
         written = os.write(fd, line)
         if written != len(line):  # pragma: no cover - a full disk
             raise OSError(f"short write to {path}: {written} of {len(line)} bytes")

@@ -2,13 +2,23 @@
 
 Inputs, and where each number comes from (every estimate says which):
 
-- **live rate**: an endpoint that a running run is using is measured by that run's own data files
-  (the engine's windowed rates of its datasets, summed: that is the endpoint's throughput);
-- **bench of <time>**: otherwise the latest ``runwatch bench`` of the endpoint (the level run at the
-  endpoint's configured concurrency, else the fastest level);
+- **live rate**: an endpoint that a running run is using is measured by that run's own data files:
+  the run's output over a window (up to 10 minutes) across all its datasets, with its uncertainty
+  (``tok/s / sqrt(responses in the window)``), added up over the runs on that endpoint. The
+  engine keeps these windows across refreshes and persists them, so they are there at once. For
+  a local endpoint the serving engine's own generation-token counter is shown beside it, and the
+  gap between the two (tokens made for requests that never reached a file);
+- **bench of <time>**: otherwise the latest ``runwatch bench`` of the endpoint whose shape matches
+  how the runs use it (the level at the runs' concurrency, the same streaming mode); a bench of
+  another shape is used only when there is nothing else, and its source says so;
 - **price table**: API cost from prompt + completion tokens x the endpoint's prices (prompt tokens
   estimated per sample from the dataset's own averages); local cost from hours x
   ``gpu_cost_per_hour``; a bench's ``usage.cost`` per request when there is no price table.
+
+Remaining work is bounded by each dataset's effective budget: the run's own ``--token-budget``
+first (it stops the dataset there), then the config's ``token_budget``; samples by the run's
+``--max-samples``, then the config's. Time and (GPU-time) cost carry the rate's uncertainty:
+``API: 24 ± 3 min, $81``.
 
 The arithmetic is in pure functions over plain structs (:func:`remaining_work`, :func:`estimate`,
 :func:`compare`), so it is tested on hand-checked cases; :func:`gather_comparison` only collects.
@@ -58,6 +68,15 @@ class EndpointRate(msgspec.Struct, kw_only=True):
     endpoint: str
     kind: str
     out_tok_per_s: float | None = None
+    out_tok_per_s_err: float | None = None
+    """One standard error of ``out_tok_per_s`` (None: not known, e.g. from a bench)."""
+    server_tok_per_s: float | None = None
+    """The serving engine's generation-token counter over its window (local endpoints)."""
+    gap_tok_per_s: float | None = None
+    """``server_tok_per_s`` minus the data files' rate: tokens spent on requests that never
+    reached a file (retries, aborted or still-running requests)."""
+    shape_note: str | None = None
+    """Set when the bench used does not match how the runs use the endpoint."""
     source: str = "no measurement"
     """``live rate (run X)``, ``bench of 2026-11-30 01:23 (c=64)`` or ``no measurement``."""
     price_in_per_m: float | None = None
@@ -76,7 +95,9 @@ class Estimate(msgspec.Struct, kw_only=True):
     endpoint: str
     kind: str
     seconds: float | None = None
+    seconds_err: float | None = None
     cost_usd: float | None = None
+    cost_err: float | None = None
     time_source: str = "no measurement"
     cost_source: str | None = None
 
@@ -155,9 +176,13 @@ def remaining_work(
 def estimate(work: Work, rate: EndpointRate) -> Estimate:
     """Time (remaining tokens / measured output rate) and cost of ``work`` on one endpoint."""
     out = Estimate(dataset=work.dataset, endpoint=rate.endpoint, kind=rate.kind)
+    rel = None
     if rate.out_tok_per_s is not None and rate.out_tok_per_s > 0:
         out.seconds = work.remaining_tokens / rate.out_tok_per_s
         out.time_source = rate.source
+        if rate.out_tok_per_s_err is not None:
+            rel = rate.out_tok_per_s_err / rate.out_tok_per_s
+            out.seconds_err = out.seconds * rel
     if rate.price_in_per_m is not None or rate.price_out_per_m is not None:
         prompt = work.remaining_samples * work.avg_prompt_tokens
         out.cost_usd = (
@@ -169,6 +194,8 @@ def estimate(work: Work, rate: EndpointRate) -> Estimate:
         if out.seconds is not None:
             out.cost_usd = out.seconds / 3600.0 * rate.gpu_cost_per_hour
             out.cost_source = f"GPU time at ${rate.gpu_cost_per_hour:g}/h"
+            if rel is not None:
+                out.cost_err = out.cost_usd * rel
     elif rate.cost_per_request is not None and rate.completion_per_request:
         # Cost per completion token as the bench paid it, scaled to this dataset's tokens.
         per_token = rate.cost_per_request / rate.completion_per_request
@@ -182,12 +209,17 @@ def total(estimates: Sequence[Estimate], endpoint: EndpointRate) -> Estimate:
     out = Estimate(dataset="total", endpoint=endpoint.endpoint, kind=endpoint.kind)
     secs = [e.seconds for e in estimates]
     costs = [e.cost_usd for e in estimates]
+    # One rate behind every estimate: their errors are fully correlated and add up.
     if estimates and all(s is not None for s in secs):
         out.seconds = sum(s for s in secs if s is not None)
         out.time_source = endpoint.source
+        if all(e.seconds_err is not None for e in estimates):
+            out.seconds_err = sum(e.seconds_err or 0.0 for e in estimates)
     if estimates and all(c is not None for c in costs):
         out.cost_usd = sum(c for c in costs if c is not None)
         out.cost_source = estimates[0].cost_source
+        if all(e.cost_err is not None for e in estimates):
+            out.cost_err = sum(e.cost_err or 0.0 for e in estimates)
     return out
 
 
@@ -229,9 +261,12 @@ def _answer(estimates: Sequence[Estimate], labels: dict[str, str]) -> str:
     parts = []
     for e in estimates:
         cost = "cost unknown" if e.cost_usd is None else display.money(e.cost_usd)
+        if e.cost_err and e.cost_usd is not None:
+            cost += f" ± {display.money(e.cost_err)}"
         if e.cost_usd is not None and e.cost_source and e.cost_source.startswith("GPU time"):
             cost += " of GPU time"
-        parts.append(f"{labels.get(e.endpoint, e.endpoint)}: {display.duration(e.seconds)}, {cost}")
+        when = display.duration_pm(e.seconds, e.seconds_err)
+        parts.append(f"{labels.get(e.endpoint, e.endpoint)}: {when}, {cost}")
     return "; ".join(parts)
 
 
@@ -254,9 +289,16 @@ def format_lines(result: Comparison) -> list[str]:
         lines.append(f"  ({name}: {why})")
     lines.append("where the numbers come from:")
     for r in result.rates:
-        rate = display.rate(r.out_tok_per_s, "output tok/s")
+        rate = display.rate_pm(r.out_tok_per_s, r.out_tok_per_s_err, "output tok/s")
         lines.append(f"  {r.endpoint} ({r.kind}): {rate}")
         lines.append(f"    rate from {r.source}")
+        if r.server_tok_per_s is not None:
+            gap = ""
+            if r.gap_tok_per_s is not None:
+                gap = f"; {r.gap_tok_per_s:,.0f} tok/s more than reaches the files"
+            lines.append(f"    server counters: {r.server_tok_per_s:,.0f} generated tok/s{gap}")
+        if r.shape_note:
+            lines.append(f"    ({r.shape_note})")
         lines.append(f"    cost from {_cost_basis(r)}")
     return lines
 
@@ -318,19 +360,26 @@ def pick_level(result: BenchResult, concurrency: int | None) -> LevelResult | No
     return max(levels, key=lambda lv: lv.output_tok_per_s)
 
 
-def _window_rate(ds: Any) -> float | None:
-    r = ds.rates
-    for v in (r.tok_per_s_10m, r.tok_per_s_1m):
-        if v is not None:
-            return float(v)
-    if r.tok_per_s_all is not None and not ds.stalled:
-        return float(r.tok_per_s_all)
-    return None
+class LiveRate(msgspec.Struct, kw_only=True):
+    """An endpoint's output measured by the data files of the running runs that use it."""
+
+    tok_per_s: float | None = None
+    err: float | None = None
+    window_s: float | None = None
+    responses: int = 0
+    runs: list[str] = []
+    concurrency: int | None = None
+    """The runs' ``--concurrency`` (when they agree)."""
 
 
-def live_rates(config: Config, snapshot: Snapshot) -> dict[str, tuple[float, list[str]]]:
-    """Endpoint -> (output tok/s summed over its running runs' datasets, those runs' names)."""
-    out: dict[str, tuple[float, list[str]]] = {}
+def live_rates(config: Config, snapshot: Snapshot) -> dict[str, LiveRate]:
+    """Endpoint -> its running runs' output: each run's rate over a window across all its
+    datasets (``RunView.rates``), added up over the runs (errors in quadrature). ``tok_per_s``
+    is None while a run's window holds too few responses to say."""
+    from supervisor.rates import combine
+
+    parts: dict[str, list[Any]] = {}
+    out: dict[str, LiveRate] = {}
     for host in snapshot.hosts:
         for run in host.runs:
             if run.state != "running" or not run.configured:
@@ -341,45 +390,114 @@ def live_rates(config: Config, snapshot: Snapshot) -> dict[str, tuple[float, lis
                 continue
             if ep is None:
                 continue
-            rates = [r for r in (_window_rate(d) for d in run.datasets) if r is not None]
-            if not rates:
-                continue
-            tok, runs = out.get(ep, (0.0, []))
-            out[ep] = (tok + sum(rates), [*runs, run.name])
+            parts.setdefault(ep, []).append(run.rates)
+            live = out.setdefault(ep, LiveRate())
+            live.runs.append(run.name)
+            c = run.process.flags.concurrency if run.process is not None else None
+            if c is not None:
+                live.concurrency = c if live.concurrency in (None, c) else None
+    for ep, rates in parts.items():
+        both = combine(rates)
+        live = out[ep]
+        live.tok_per_s, live.err = both.tok_per_s, both.tok_per_s_err
+        live.window_s, live.responses = both.window_s, both.responses
     return out
+
+
+def server_rates(snapshot: Snapshot) -> dict[str, float]:
+    """Endpoint -> generated tok/s from its serving engine's counter (local endpoints)."""
+    out: dict[str, float] = {}
+    for host in snapshot.hosts:
+        for em in host.endpoints:
+            if em.available and em.gen_tok_per_s.value is not None:
+                out[em.name] = out.get(em.name, 0.0) + em.gen_tok_per_s.value
+    return out
+
+
+def _window_words(seconds: float | None) -> str:
+    if not seconds:
+        return ""
+    return f" over {display.duration(seconds)}"
 
 
 def endpoint_rates(
     config: Config,
-    live: dict[str, tuple[float, list[str]]],
+    live: dict[str, LiveRate],
     history: Sequence[BenchResult],
-    live_note: str = "",
-    run_notes: dict[str, str] | None = None,
+    server: dict[str, float] | None = None,
 ) -> list[EndpointRate]:
-    """Each configured endpoint's rate: live when a run is using it, else its latest bench."""
-    from supervisor.bench.history import bench_label, latest_bench
+    """Each configured endpoint's rate: live when a run is using it (and its window holds
+    enough responses), else its latest bench of the runs' shape, else the latest bench marked
+    as another shape."""
+    from supervisor.bench.history import bench_label
 
     out = []
     for ep in config.endpoints:
         r = _rate_base(ep)
-        if ep.name in live and live[ep.name][0] > 0:
-            tok, runs = live[ep.name]
-            r.out_tok_per_s = tok
-            named = ", ".join(f"{run}{(run_notes or {}).get(run, '')}" for run in runs)
-            r.source = f"live rate (run {named}{live_note})"
-        bench = latest_bench(ep.name, history)
-        level = pick_level(bench, ep.concurrency) if bench is not None else None
+        lr = live.get(ep.name)
+        if lr is not None and lr.tok_per_s is not None and lr.tok_per_s > 0:
+            r.out_tok_per_s, r.out_tok_per_s_err = lr.tok_per_s, lr.err
+            r.source = (
+                f"live rate (run {', '.join(lr.runs)}: {lr.responses} responses"
+                f"{_window_words(lr.window_s)})"
+            )
+        if server is not None and ep.name in server:
+            r.server_tok_per_s = server[ep.name]
+            if r.out_tok_per_s is not None and lr is not None and lr.tok_per_s is not None:
+                r.gap_tok_per_s = r.server_tok_per_s - r.out_tok_per_s
+        want_c = (lr.concurrency if lr is not None else None) or ep.concurrency
+        bench, level, mismatch = _matching_bench(ep, history, want_c)
         if bench is not None and level is not None:
             if r.out_tok_per_s is None and level.output_tok_per_s > 0:
                 r.out_tok_per_s = level.output_tok_per_s
                 r.source = f"{bench_label(bench)} (c={level.concurrency})"
+                r.shape_note = mismatch
             if level.cost_usd is not None and level.cost_source == "usage.cost" and level.completed:
                 r.cost_per_request = level.cost_usd / level.completed
                 r.completion_per_request = level.completion_tokens / level.completed
+        if r.out_tok_per_s is None and r.server_tok_per_s:
+            r.out_tok_per_s = r.server_tok_per_s
+            r.source = "server counters (no run's files measured yet)"
         if r.out_tok_per_s is None:
-            r.source = f"no measurement (run `runwatch bench {ep.name}`)"
+            if lr is not None:
+                r.source = (
+                    f"no measurement yet (run {', '.join(lr.runs)}: {lr.responses} responses "
+                    "so far, too few for a rate)"
+                )
+            else:
+                r.source = f"no measurement (run `runwatch bench {ep.name}`)"
         out.append(r)
     return out
+
+
+def _matching_bench(
+    ep: EndpointConfig, history: Sequence[BenchResult], concurrency: int | None
+) -> tuple[BenchResult | None, LevelResult | None, str | None]:
+    """The newest bench of ``ep`` with a level at ``concurrency`` and ``ep.stream``'s mode; else
+    the newest bench at all, with a note saying how its shape differs."""
+    benches = [b for b in history if b.endpoint == ep.name and any(lv.completed for lv in b.levels)]
+    for b in reversed(benches):
+        if ep.stream is not None and b.stream != ep.stream:
+            continue
+        level = next(
+            (lv for lv in b.levels if lv.completed and lv.concurrency == concurrency), None
+        )
+        if concurrency is None:
+            level = pick_level(b, None)
+        if level is not None:
+            return b, level, None
+    if not benches:
+        return None, None, None
+    newest = benches[-1]
+    level = pick_level(newest, concurrency)
+    differs = []
+    if level is not None and concurrency is not None and level.concurrency != concurrency:
+        differs.append(f"c={level.concurrency}, the runs use c={concurrency}")
+    if ep.stream is not None and newest.stream != ep.stream:
+        mode = {True: "streamed", False: "not streamed"}
+        differs.append(f"{mode[newest.stream]}, the runs are {mode[ep.stream]}")
+    note = "bench of another shape: " + "; ".join(differs) if differs else None
+    return newest, level, note
 
 
 def _rate_base(ep: EndpointConfig) -> EndpointRate:
@@ -399,6 +517,7 @@ def works_from_snapshot(
     runs are added up)."""
     done: dict[str, list[int]] = {}
     limits: dict[str, tuple[int | None, int | None]] = {}
+    run_budgets: dict[str, int] = {}
     seen_paths: set[tuple[str, str]] = set()
     # Progress that cannot be read is unknown, not zero: such datasets are skipped, with why.
     unknown: dict[str, str] = {}
@@ -428,6 +547,11 @@ def works_from_snapshot(
                 acc[2] += ds.prompt_tokens
                 budget, samples = limits.get(ds.name, (None, None))
                 limits[ds.name] = (budget or ds.token_budget, samples or ds.max_samples)
+                if ds.run_token_budget is not None:
+                    # The run stops the dataset at its own --token-budget (the smallest, when
+                    # several runs write it).
+                    old = run_budgets.get(ds.name)
+                    run_budgets[ds.name] = min(old or ds.run_token_budget, ds.run_token_budget)
     names = list(dict.fromkeys([*config.datasets, *done]))
     all_done = [sum(v[i] for v in done.values()) for i in range(3)]
     fallback: tuple[float, float, str] | None = None
@@ -442,7 +566,10 @@ def works_from_snapshot(
         budget, samples = limits.get(name, (None, None))
         if cfg is not None:
             budget = cfg.token_budget if cfg.token_budget is not None else budget
-            samples = cfg.max_samples if cfg.max_samples is not None else samples
+            # The views' max_samples is already the run's own flag first, then the config's.
+            samples = samples if samples is not None else cfg.max_samples
+        # The effective budget: the run's own --token-budget first, then the config's.
+        budget = run_budgets.get(name, budget)
         if name in unknown:
             skipped[name] = unknown[name]
             continue
@@ -476,64 +603,32 @@ def _bench_averages(history: Sequence[BenchResult]) -> tuple[float, float, str] 
 
 
 def comparison_from(
-    config: Config,
-    snapshot: Snapshot,
-    history: Sequence[BenchResult],
-    live_note: str = "",
-    run_notes: dict[str, str] | None = None,
+    config: Config, snapshot: Snapshot, history: Sequence[BenchResult]
 ) -> Comparison:
-    """The comparison for a snapshot the caller already has (the TUI's latest refresh).
-
-    ``live_note`` is appended to the source of live rates (e.g. ``, over 12 s``), and
-    ``run_notes[run]`` to the name of each run measured (e.g. ``: 14 new responses``)."""
+    """The comparison for a snapshot the caller already has (pure, instant)."""
     works, skipped = works_from_snapshot(config, snapshot, history)
-    rates = endpoint_rates(config, live_rates(config, snapshot), history, live_note, run_notes)
+    rates = endpoint_rates(
+        config, live_rates(config, snapshot), history, server=server_rates(snapshot)
+    )
     result = compare(works, rates, now=snapshot.time)
     result.skipped = skipped
     return result
 
 
-def _running_with_endpoint(config: Config, snapshot: Snapshot) -> list[Any]:
-    with_endpoint = {r.name for r in config.runs if r.endpoint}
-    return [
-        run
-        for host in snapshot.hosts
-        for run in host.runs
-        if run.state == "running" and run.configured and run.name in with_endpoint
-    ]
-
-
-MIN_NEW_RESPONSES = 10
-"""Responses a running run must write while compare measures it, when time allows: its files grow
-a whole response at a time, so a rate measured over 3 or 4 of them is off by a third."""
-
-
-def _written(config: Config, snapshot: Snapshot) -> dict[str, int]:
-    """Responses on disk per running run that uses an endpoint."""
-    return {
-        run.name: sum(d.unique_ids or d.records for d in run.datasets)
-        for run in _running_with_endpoint(config, snapshot)
-    }
-
-
-def _needs_rates(config: Config, snapshot: Snapshot) -> bool:
-    """True while a running run that uses an endpoint has no positive rate yet."""
-    for run in _running_with_endpoint(config, snapshot):
-        if sum(r for r in (_window_rate(d) for d in run.datasets) if r is not None) <= 0:
-            return True
-    return False
+def _waiting_for_rates(config: Config, snapshot: Snapshot) -> bool:
+    """True while a running run that uses an endpoint has too few responses for a rate."""
+    return any(lr.tok_per_s is None for lr in live_rates(config, snapshot).values())
 
 
 async def gather_comparison(
-    config: Config, *, sample_s: float = 30.0, min_sample_s: float = 10.0, engine: Any = None
+    config: Config, *, sample_s: float = 0.0, engine: Any = None
 ) -> Comparison:
-    """Refresh the hosts and compare.
+    """Refresh the hosts once and compare.
 
-    Live rates need several looks at a run's files: while a run that uses an endpoint is running,
-    the hosts are refreshed every ``refresh_seconds`` for at least ``min_sample_s`` and until every
-    such run shows a positive rate and has written ``MIN_NEW_RESPONSES`` responses since the first
-    look, at most ``sample_s``. With none running it answers at once.
-    (The TUI, which refreshes all the time, calls :func:`comparison_from` instead.)
+    The engine starts from the rate history persisted by earlier refreshes (the dashboard,
+    ``status``, an earlier ``compare``), so a running run has a rate at once. Only when a
+    running run has none yet (no history, too few responses) are the hosts refreshed again every
+    ``refresh_seconds``, for at most ``sample_s`` seconds.
     """
     from supervisor.bench.history import load_history
 
@@ -545,26 +640,10 @@ async def gather_comparison(
     try:
         start = time.monotonic()
         snapshot = await engine.refresh()
-        first = _written(config, snapshot)
-        while _running_with_endpoint(config, snapshot):
-            elapsed = time.monotonic() - start
-            if elapsed >= sample_s:
-                break
-            now = _written(config, snapshot)
-            enough = all(n - first.get(run, n) >= MIN_NEW_RESPONSES for run, n in now.items())
-            if elapsed >= min_sample_s and enough and not _needs_rates(config, snapshot):
-                break
+        while _waiting_for_rates(config, snapshot) and time.monotonic() - start < sample_s:
             await asyncio.sleep(max(0.2, config.refresh_seconds))  # the measuring interval
             snapshot = await engine.refresh()
-        sampled = time.monotonic() - start
     finally:
         if own:
             await engine.aclose()
-    note = f", measured over {display.duration(sampled)}" if own else ""
-    # How many responses a live rate stands on: a rate from a handful of them is rough.
-    run_notes = {}
-    for run, n in _written(config, snapshot).items():
-        new = n - first.get(run, n)
-        few = "only " if new < MIN_NEW_RESPONSES else ""
-        run_notes[run] = f": {few}{new} new response{'' if new == 1 else 's'}"
-    return comparison_from(config, snapshot, load_history(), note, run_notes)
+    return comparison_from(config, snapshot, load_history())

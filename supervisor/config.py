@@ -30,6 +30,7 @@ else:  # pragma: no cover - Python 3.10
 DEFAULT_SCRIPTS = ("run_inference.py", "regenerate_train_data.py", "server_generate.py")
 BudgetPolicy = Literal["warn", "stop", "restart-with-budget"]
 HostKind = Literal["processes", "slurm"]
+OnExit = Literal["alert", "restart"]
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -154,6 +155,17 @@ class RunConfig(_Section):
     ``[clients.NAME]`` entry. Default: detected from the script named in ``argv``."""
     slurm: SlurmRunConfig | None = None
     """sbatch options of a run on a ``kind = "slurm"`` host."""
+    on_exit: OnExit = "alert"
+    """When ``runwatch watch`` sees the run gone without anyone stopping it (not through
+    runwatch, not because every dataset is done): ``alert``, or ``restart`` it (through the same
+    checks as ``runwatch launch``, audited) after ``restart_backoff_seconds``."""
+    restart_backoff_seconds: float = 10.0
+    """Wait before an automatic restart; doubled for each restart already made in the window."""
+    restart_max: int = 3
+    """Automatic restarts allowed within ``restart_window_seconds``; one more death gives up
+    (alerted, never looped)."""
+    restart_window_seconds: float = 3600.0
+    """The window ``restart_max`` counts in."""
 
 
 class EndpointConfig(_Section):
@@ -179,6 +191,14 @@ class EndpointConfig(_Section):
     """Sampling temperature of the run's requests."""
     concurrency: int | None = None
     """Concurrency the run uses against this endpoint (bench default)."""
+    metrics_url: str | None = None
+    """Prometheus endpoint of a local serving engine, fetched by the agent on the host that runs
+    the endpoint's runs, over that host's own loopback (``http://`` to the host itself only).
+    Default: ``base_url`` without ``/v1``, plus ``/metrics``. SGLang serves it with
+    ``--enable-metrics``; vLLM always."""
+    stream: bool | None = None
+    """Whether the run streams its requests (a bench is used for this endpoint only when its
+    streaming mode matches; None: not known, any bench matches)."""
 
 
 class FormatProfile(_Section):
@@ -259,6 +279,29 @@ class ClientProfile(_Section):
     """Set from the table name (not a key of the file)."""
 
 
+class AlertsConfig(_Section):
+    """Where ``runwatch watch`` sends alerts, and which (``[alerts]``)."""
+
+    urls: list[str] = []
+    """Apprise URLs (``ntfy://...``, ``slack://...``, ``json://host/path``, ``mailto://...``).
+    They often hold tokens: write ``${VAR}`` and set VAR in the environment; shown masked."""
+    events: list[str] = []
+    """Event kinds to send (default: every kind; see ``runwatch watch --help``)."""
+    min_severity: Literal["info", "warning", "critical"] = "info"
+    """Events below this severity are shown but not sent."""
+    waste_tokens: int | None = None
+    """Alert ``waste`` when a dataset's projected tokens past its budget exceed this."""
+    waste_usd: float | None = None
+    """Alert ``waste`` when a dataset's projected cost past its budget exceeds this (USD)."""
+    stall_multiple: float = 0.0
+    """Also call a dataset stalled when its writer is alive and nothing new came for this many
+    times its usual interval between records (0: only ``stall_seconds`` of the run)."""
+    max_per_minute: int = 10
+    """At most this many messages a minute; the rest wait and go out as one digest."""
+    digest_over: int = 3
+    """More events than this at once are sent as one digest message."""
+
+
 class Config(_Section):
     """The whole configuration file."""
 
@@ -277,6 +320,8 @@ class Config(_Section):
     formats: dict[str, FormatProfile] = {}
     clients: dict[str, ClientProfile] = {}
     """User client profiles (``runwatch clients`` lists them with the built-in ones)."""
+
+    alerts: AlertsConfig = msgspec.field(default_factory=AlertsConfig)
     path: str = ""
     """Where the config was read from (set by the loader, not a key of the file)."""
 
@@ -307,6 +352,36 @@ class Config(_Section):
             return list(run.datasets)
         value = flag_value(run.argv, "--datasets")
         return [d for d in value.split(",") if d] if value else []
+
+    def require_hosts(self) -> None:
+        """ConfigError when the config names no host (nothing to watch)."""
+        if not self.hosts:
+            raise ConfigError(
+                f"{self.path}: no [[hosts]] in the config: nothing to watch",
+                "add a [[hosts]] entry (local = true for this machine), or try `runwatch demo`",
+            )
+
+    def require_runs(self) -> None:
+        """ConfigError when the config names no host or no run (nothing to act on)."""
+        self.require_hosts()
+        if not self.runs:
+            raise ConfigError(
+                f"{self.path}: no [[runs]] in the config: nothing to check or act on",
+                "add a [[runs]] entry (name, host, workdir, argv, datasets)",
+            )
+
+
+def bad_name(name: str) -> str | None:
+    """Why ``name`` cannot be a file or directory name inside a directory (None: it can)."""
+    if not name:
+        return "is empty"
+    if name in (".", ".."):
+        return f"{name!r} is not a name"
+    if "/" in name or "\\" in name:
+        return f"{name!r} contains a path separator"
+    if "\0" in name:
+        return f"{name!r} contains a NUL byte"
+    return None
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -541,9 +616,30 @@ def _check_references(config: Config) -> None:
             )
         _check_slurm(config, i, r)
         for j, d in enumerate(r.datasets):
-            if not d or "/" in d or d in (".", ".."):
-                raise ConfigError(f"{shown}: runs[{i}].datasets[{j}]: not a dataset name: {d!r}")
+            why = bad_name(d)
+            if why is not None:
+                raise ConfigError(
+                    f"{shown}: runs[{i}].datasets[{j}]: not a dataset name: {why} "
+                    "(it would escape the output dir)"
+                )
+        why = bad_name(r.data_file)
+        if why is not None:
+            raise ConfigError(
+                f"{shown}: runs[{i}].data_file: not a file name: {why} "
+                "(it would escape the dataset directory)"
+            )
+        if r.restart_max < 0 or r.restart_backoff_seconds < 0 or r.restart_window_seconds <= 0:
+            raise ConfigError(
+                f"{shown}: runs[{i}]: restart_max and restart_backoff_seconds must be >= 0 and "
+                "restart_window_seconds > 0"
+            )
     for name, ds in config.datasets.items():
+        why = bad_name(name)
+        if why is not None:
+            raise ConfigError(
+                f"{shown}: datasets.{name}: not a dataset name: {why} "
+                "(it would escape the output dir)"
+            )
         for key in ("token_budget", "max_samples"):
             v = getattr(ds, key)
             if v is not None and v <= 0:
@@ -556,6 +652,8 @@ def _check_references(config: Config) -> None:
                 "put the key in the environment, never in the config",
             )
     _check_clients(config, formats)
+
+    _check_numbers(config)
     for name, prof in config.formats.items():
         sources = [prof.tokens_field, prof.tokens_list_field, prof.text_field]
         if sum(s is not None for s in sources) != 1:
@@ -662,3 +760,56 @@ def _check_slurm(config: Config, i: int, run: RunConfig) -> None:
             f"{shown}: runs[{i}].slurm.array: the run names no datasets",
             "list them in datasets = [...] or --datasets in argv",
         )
+
+
+_POSITIVE = "a number > 0"
+_NON_NEGATIVE = "a number >= 0"
+_NUMBER_RULES: dict[str, dict[str, str]] = {
+    "": {"refresh_seconds": _POSITIVE},
+    "hosts": {
+        "connect_timeout": _POSITIVE,
+        "command_timeout": _POSITIVE,
+        "keepalive_interval": _POSITIVE,
+        "keepalive_count_max": _POSITIVE,
+    },
+    "runs": {
+        "stall_seconds": _POSITIVE,
+        "settle_seconds": _POSITIVE,
+        "stop_grace_seconds": _NON_NEGATIVE,
+    },
+    "endpoints": {
+        "price_in_per_m": _NON_NEGATIVE,
+        "price_out_per_m": _NON_NEGATIVE,
+        "gpu_cost_per_hour": _NON_NEGATIVE,
+        "max_tokens": _POSITIVE,
+        "temperature": _NON_NEGATIVE,
+        "concurrency": _POSITIVE,
+    },
+}
+"""Bounds of the numeric keys, by section (timeouts, graces and intervals are never negative;
+an interval or timeout of 0 would spin or never wait)."""
+
+
+def _check_numbers(config: Config) -> None:
+    """Every number is finite (TOML allows nan and inf) and within its key's bounds."""
+    sections: list[tuple[str, str, Any]] = [("", "", config)]
+    sections += [("hosts", f"hosts[{i}].", h) for i, h in enumerate(config.hosts)]
+    sections += [("runs", f"runs[{i}].", r) for i, r in enumerate(config.runs)]
+    sections += [("endpoints", f"endpoints[{i}].", e) for i, e in enumerate(config.endpoints)]
+    for section, prefix, struct in sections:
+        rules = _NUMBER_RULES[section]
+        for key in struct.__struct_fields__:
+            value = getattr(struct, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            rule = rules.get(key)
+            bad = value != value or value in (float("inf"), float("-inf"))
+            if rule == _POSITIVE:
+                bad = bad or value <= 0
+            elif rule == _NON_NEGATIVE:
+                bad = bad or value < 0
+            if bad:
+                raise ConfigError(
+                    f"{config.path}: {prefix}{key}: expected {rule or 'a finite number'}, "
+                    f"got {value}"
+                )

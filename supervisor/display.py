@@ -183,6 +183,28 @@ def latency(ms: float | None) -> str:
     return f"{ms:.1f} ms" if ms < 10 else f"{ms:.0f} ms"
 
 
+def duration_pm(seconds: float | None, err: float | None) -> str:
+    """A duration and its uncertainty, in the unit of the duration where both fit it.
+
+    >>> duration_pm(24 * 60, 3 * 60)
+    '24 ± 3 min'
+    >>> duration_pm(45, 4)
+    '45 ± 4 s'
+    >>> duration_pm(7 * 3600 + 2 * 60, 40 * 60)
+    '7 h 02 min ± 40 min'
+    >>> duration_pm(90, None)
+    '2 min'
+    """
+    if seconds is None or err is None:
+        return duration(seconds)
+    s, e = max(0.0, seconds), max(0.0, err)
+    if s < 60 and e < 60:
+        return f"{round(s)} ± {max(1, round(e))} s"
+    if s < 3600 and e < 3600:
+        return f"{round(s / 60)} ± {max(1, round(e / 60))} min"
+    return f"{duration(s)} ± {duration(max(60.0, e))}"
+
+
 def money(usd: float | None) -> str:
     """US dollars: whole dollars from $10, cents from $0.10, two significant digits below
     (so a small sum is never rounded to zero), trailing zeros of those dropped.
@@ -237,6 +259,32 @@ def rate(per_s: float | None, unit: str = "") -> str:
     else:
         text = compact(per_s)
     return f"{text} {unit}" if unit else text
+
+
+def rate_pm(per_s: float | None, err: float | None, unit: str = "") -> str:
+    """A rate and its uncertainty, both to the precision :func:`rate` gives the rate.
+
+    >>> rate_pm(2160.4, 96.3, "tok/s")
+    '2,160 ± 96 tok/s'
+    >>> rate_pm(100, 10)
+    '100 ± 10'
+    >>> rate_pm(34.06, 2.44)
+    '34.1 ± 2.4'
+    >>> rate_pm(34.06, None, "tok/s")
+    '34.1 tok/s'
+    """
+    text = rate(per_s)
+    if per_s is not None and err is not None:
+        a = abs(per_s)
+        if a < 0.995:
+            text += f" ± {err:.2f}"
+        elif a < 99.95:
+            text += f" ± {err:.1f}"
+        elif a < 9999.5:
+            text += f" ± {err:,.0f}"
+        else:
+            text += f" ± {compact(err)}"
+    return f"{text} {unit}" if unit and per_s is not None else text
 
 
 def size(n_bytes: float | None) -> str:

@@ -1,8 +1,11 @@
 """The engine: every configured host polled concurrently, one ``model.Snapshot`` per refresh.
 
-Each refresh sends ONE ``refresh`` request per host (processes and every dataset file of every run
-on that host, in one round trip), matches the processes to the configured runs and builds the
-datasets' numbers with ``supervisor.rates`` (one tracker per dataset, kept across refreshes).
+Each refresh sends ONE ``refresh`` request per host (processes, every dataset file of every run
+on that host, the GPUs and the ``/metrics`` of the local serving engines its runs use, in one
+round trip), matches the processes to the configured runs and builds the datasets' numbers with
+``supervisor.rates`` (one tracker per dataset, kept across refreshes). ``supervisor.live`` adds
+each run's rate across its datasets, the serving engines' and GPUs' figures, and the rate
+history, persisted in the state dir so that a new engine starts with rates.
 
 One host never stalls the others: each host's refresh is bounded by its own connect and command
 timeouts. A host that fails keeps its last values, marked stale, and is retried with exponential
@@ -16,7 +19,8 @@ host: refresh, list, kill (audited here, a lost reply included), check, plan and
 or restart (audited by ``supervisor.steps``), the log tail (secrets masked), the latest samples and
 the budget policy. The functions below it serve what needs no host connection of its own: bench,
 compare, the audit log, scanning local files, tokenizers. The types front ends see are re-exported
-here.
+here, with the events every front end reports (``supervisor.events``), the alerts and the headless
+watcher (``supervisor.alerts``, ``supervisor.watch``).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from supervisor.agent.formats import BUILTIN_FORMATS
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.match import script_index
 from supervisor.agent.scan import Scanner
-from supervisor.argv import parse_sets
+from supervisor.alerts import Alerter, Delivery, mask_url
+from supervisor.argv import parse_sets, parse_unsets
 from supervisor.bench.history import load_history
 from supervisor.bench.results import BenchResult, LevelResult
 from supervisor.bench.runner import Options as BenchOptions
@@ -48,17 +53,23 @@ from supervisor.completeness import completeness_line, sidecar_line, with_client
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.dataloss import DataLossWatch
 from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
+from supervisor.events import EVENT_KINDS, Event, EventTracker, budget_event, stop_key
 from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
 from supervisor.hosts import (
     Host,
+    assign_runs,
     list_processes,
     make_host,
     match_run,
     ps_params,
     run_backend,
+    run_files,
     set_backend,
 )
 from supervisor.kill import KillReport, KillResult
+from supervisor.launchspec import launch_argv
+from supervisor.layout import RunLayout, layout_of
+from supervisor.live import Live, metrics_specs
 from supervisor.model import (
     DatasetView,
     HostView,
@@ -72,9 +83,11 @@ from supervisor.model import (
 from supervisor.plan import Action, ActionResult, OnStep, Plan, Step, make_plan
 from supervisor.runpaths import run_paths
 from supervisor.samples import LatestSamples, SamplePreview, latest_samples
+from supervisor.secrets import known_secrets, note_secrets
 from supervisor.slurm import describe as describe_job
 from supervisor.steps import execute as execute_plan
 from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
+from supervisor.watch import Watcher, WatchLock, WatchLocked, watch
 
 MAX_BACKOFF_S = 30.0
 """Longest wait between reconnection attempts to a failing host."""
@@ -100,18 +113,12 @@ class _HostState:
     discovered: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def dataset_path(run: RunConfig, dataset: str, local: bool) -> str:
-    """``<workdir>/<output_dir>/<dataset>/<data_file>`` as seen on the run's host."""
-    workdir = os.path.expanduser(run.workdir) if local else run.workdir
-    out = os.path.expanduser(run.output_dir) if local else run.output_dir
-    return posixpath.normpath(posixpath.join(workdir, out, dataset, run.data_file))
-
-
 class Engine:
     """Polls every configured host; see the module docstring."""
 
     def __init__(self, config: Config, hosts: dict[str, Host] | None = None) -> None:
         self.config = config
+        note_secrets(config)  # their values are masked in everything runwatch prints or writes
         self._hosts: dict[str, Host] = dict(hosts or {})
         for hc in config.hosts:
             if hc.name not in self._hosts:
@@ -135,6 +142,7 @@ class Engine:
         self.last: Snapshot | None = None
         self._inflight: asyncio.Future[Snapshot] | None = None
         self._guard: BudgetGuard | None = None
+        self._live = Live(config)
 
     # ------------------------------------------------------------------ public API
 
@@ -160,6 +168,7 @@ class Engine:
         views = await asyncio.gather(*(self._refresh_host(n) for n in names))
         snap = Snapshot(time=time.time(), hosts=list(views))
         self.last = snap
+        self._live.maybe_save()
         return snap
 
     async def list_processes(self, host: str) -> list[ProcessInfo]:
@@ -173,6 +182,14 @@ class Engine:
         except asyncio.TimeoutError:
             raise HostError(f"{host}: no answer within {bound:g} s") from None
 
+    def _listed_run(self, host: str, identity: Identity) -> str | None:
+        """The config run ``identity`` was matched to at the last refresh."""
+        for hv in self.last.hosts if self.last is not None else []:
+            for p in hv.processes if hv.name == host else []:
+                if p.identity.pid == identity.pid and p.identity.start_time == identity.start_time:
+                    return p.run
+        return None
+
     async def kill(
         self, host: str, identity: Identity, grace: float = 10.0, *, run: str | None = None
     ) -> KillReport:
@@ -184,9 +201,11 @@ class Engine:
         run the latest snapshot shows with that pid).
         """
         h = self.host(host)
-        run = run if run is not None else self._run_of(host, identity)
+        run = run if run is not None else self._listed_run(host, identity)
+        # Whatever holds the run's data files or locks once it is stopped is stopped too.
+        files = run_files(self.config, run)
         try:
-            report = await kill_ops.kill(h, identity, grace, self.config.scripts)
+            report = await kill_ops.kill(h, identity, grace, self.config.scripts, files)
         except OutcomeUnknown as lost:
             kill_ops.audit_kill_unknown(host, identity, run, lost.message)
             try:
@@ -200,16 +219,10 @@ class Engine:
     async def kill_within_plan(self, host: str, identity: Identity, grace: float) -> KillReport:
         """The stop step of a restart: :meth:`kill` without its own audit record (the plan's
         record holds the stop); a lost reply is reconciled the same way."""
+        files = run_files(self.config, self._listed_run(host, identity))
         return await kill_ops.kill_or_reconcile(
-            self.host(host), identity, grace, self.config.scripts
+            self.host(host), identity, grace, self.config.scripts, files
         )
-
-    def _run_of(self, host: str, identity: Identity) -> str | None:
-        for hv in self.last.hosts if self.last is not None else []:
-            for rv in hv.runs if hv.name == host else []:
-                if rv.process is not None and rv.process.identity.pid == identity.pid:
-                    return rv.name
-        return None
 
     async def list_jobs(self, host: str) -> list[dict[str, Any]]:
         """The Slurm jobs a ``kind = "slurm"`` host's queue holds (the agent's ``slurm_jobs``);
@@ -241,12 +254,17 @@ class Engine:
         slurm.audit_cancel(run.host, run_name, rv.job, out)
         return out
 
-    async def check_run(self, run: str) -> list[dict[str, Any]]:
-        """Scan every dataset file of a run with full validation; returns the scan results."""
-        rc = self.config.run(run)
-        hc = self.config.host(rc.host)
-        files = [{**spec, "validate": "all"} for spec in self._file_specs(rc, hc)]
-        h = self.host(rc.host)
+    async def check_run(self, run_name: str, argv: list[str] | None = None) -> list[dict[str, Any]]:
+        """Scan every dataset file of a run with full validation; returns the scan results.
+
+        The files are those ``argv`` writes (default: the run's launch argv, ``launch_argv``);
+        ConfigError when they cannot be determined: a check never passes on nothing."""
+        run = self.config.run(run_name)
+        hc = self.config.host(run.host)
+        layout = layout_of(self.config, run, argv if argv is not None else launch_argv(run))
+        layout.require_files()
+        files = [{**spec, "validate": "all"} for spec in self._file_specs(run, hc, layout)]
+        h = self.host(run.host)
         timeout = max(hc.command_timeout, 300.0)
         # ``fresh``: validated from the first byte, however the refreshes sampled the file.
         result = await h.request("scan", {"files": files, "fresh": True}, timeout=timeout)
@@ -258,21 +276,32 @@ class Engine:
         run: str,
         *,
         action: Action = "restart",
-        overrides: Iterable[str] | Iterable[tuple[str, str]] = (),
+        overrides: Iterable[str] | Iterable[tuple[str, str | None]] = (),
+        unsets: Iterable[str] = (),
+        reset: bool = False,
+        force: bool = False,
         move_aside: bool = False,
         allow_change: Iterable[str] = (),
         environ: dict[str, str] | None = None,
+        pid: int | None = None,
     ) -> Plan:
         """Look at ``run`` as it is now and build its launch or restart plan (changes nothing;
-        see ``supervisor.plan``). ``overrides``: ``KEY=VALUE`` strings or ``(--flag, value)``."""
+        see ``supervisor.plan``). ``overrides``: ``KEY=VALUE`` strings or ``(--flag, value)``;
+        ``unsets``: flags to drop; ``reset``: forget the stored launch spec; ``force``: launch
+        over a budget or without the script's ``--help``; ``pid``: which process is the run when
+        several could be (an ambiguous run)."""
         return await make_plan(
             self,
             run,
             action=action,
             overrides=overrides,
+            unsets=unsets,
+            reset=reset,
+            force=force,
             move_aside=move_aside,
             allow_change=allow_change,
             environ=environ,
+            pid=pid,
         )
 
     async def execute(
@@ -311,9 +340,8 @@ class Engine:
 
     def secret_values(self) -> list[str]:
         """The values of every endpoint's ``api_key_env`` set in this environment (masked
-        wherever host text is shown)."""
-        names = {ep.api_key_env for ep in self.config.endpoints if ep.api_key_env}
-        return [os.environ[n] for n in sorted(names) if os.environ.get(n)]
+        wherever host text is shown), longest first (``secrets.known_secrets``)."""
+        return known_secrets(self.config)
 
     async def samples(self, run: RunView, dataset: str, count: int) -> LatestSamples:
         """The last ``count`` complete records of ``dataset`` of ``run``, newest first, decoded
@@ -357,6 +385,7 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError, RunwatchError):
                 await self._inflight
         await asyncio.gather(*(self._close(h) for h in self._hosts.values()))
+        self._live.save()
 
     async def __aenter__(self) -> Engine:
         return self
@@ -371,12 +400,17 @@ class Engine:
         with contextlib.suppress(asyncio.TimeoutError, OSError, RunwatchError):
             await asyncio.wait_for(host.close(), 5.0)
 
-    def _file_specs(self, run: RunConfig, hc: HostConfig) -> list[dict[str, Any]]:
+    def _file_specs(
+        self, run: RunConfig, hc: HostConfig, layout: RunLayout | None = None
+    ) -> list[dict[str, Any]]:
+        """Scan specs of the run's data files (``supervisor.layout``), one per dataset."""
         specs = []
         profile = self.config.formats.get(run.format)
-        for ds in self.config.run_datasets(run):
+        if layout is None:
+            layout = layout_of(self.config, run, launch_argv(run))
+        for path in layout.data_files.values():
             spec: dict[str, Any] = {
-                "path": dataset_path(run, ds, hc.local),
+                "path": path,
                 "format": run.format,
                 "validate": "sample",
             }
@@ -388,7 +422,7 @@ class Engine:
     def _prompt_specs(self, run: RunConfig, hc: HostConfig) -> dict[str, dict[str, Any]]:
         """Dataset -> scan spec of its prompts file (its line count bounds the samples)."""
         specs = {}
-        for ds in self.config.run_datasets(run):
+        for ds in layout_of(self.config, run, launch_argv(run)).datasets:
             ds_cfg = self.config.datasets.get(ds)
             if ds_cfg is None or not ds_cfg.prompts:
                 continue
@@ -415,6 +449,8 @@ class Engine:
         files += [spec for run in runs for spec in self._prompt_specs(run, hc).values()]
         files += list(state.discovered.values())
         params = {**ps_params(self.config, hc), "files": files}
+        if metrics_specs(self.config, name):
+            params["metrics"] = metrics_specs(self.config, name)
         bound = hc.connect_timeout + hc.command_timeout + 5.0
         try:
             result, rtt = await asyncio.wait_for(self._ask(host, params, hc, runs), bound)
@@ -473,8 +509,9 @@ class Engine:
             connected=False,
             stale=last.last_ok is not None,
             error=message,
+            # Nothing is known of a run on a host that does not answer: not "stopped".
             runs=[
-                msgspec.structs.replace(r, state="unknown" if r.state == "running" else r.state)
+                msgspec.structs.replace(r, state="unknown", state_detail="host unreachable")
                 for r in last.runs
             ],
         )
@@ -490,19 +527,17 @@ class Engine:
         scanned: dict[str, dict[str, Any]] = result.get("files", {})
         taken: set[int] = set()
         run_views: list[RunView] = []
-        by_run: dict[str, ProcessInfo] = {}
+        candidates = assign_runs(procs, self.config, hc.name)
         for p in procs:
-            p.run = self._match(hc, runs, p)
             set_backend(p, self.config)
-            if p.run is not None and p.run not in by_run:
-                by_run[p.run] = p
         jobs = slurm.job_views(result.get("slurm")) if hc.kind == "slurm" else {}
         for run in runs:
-            proc = by_run.get(run.name)
+            cands = candidates.get(run.name, [])
+            taken.update(p.identity.pid for p in cands)
+            # Two processes that could each be the run: neither is shown as it (ambiguous).
+            proc = cands[0] if len(cands) == 1 else None
             job = jobs.get(run.name)
             run_ds = self.config.run_datasets(run)
-            if proc is not None:
-                taken.add(proc.identity.pid)
             if proc is not None:
                 flags = proc.flags
                 profile = clients.client_of(self.config, run)
@@ -515,9 +550,8 @@ class Engine:
                 flags = _config_flags(self.config, run)
                 flags.backend = run_backend(self.config, run.name) or flags.backend
             datasets = []
-            for ds, spec in zip(
-                self.config.run_datasets(run), self._file_specs(run, hc), strict=True
-            ):
+            layout = layout_of(self.config, run, launch_argv(run))
+            for ds, spec in zip(layout.data_files, self._file_specs(run, hc, layout), strict=True):
                 scan = scanned.get(
                     spec["path"], {"path": spec["path"], "state": "error", "error": "not scanned"}
                 )
@@ -532,6 +566,8 @@ class Engine:
             state: RunState
             if hc.kind == "slurm":
                 state = slurm.run_state(job)
+            elif len(cands) > 1:
+                state = "ambiguous"
             elif proc is None:
                 state = "stopped"
             elif proc.state.startswith("Z"):
@@ -539,18 +575,24 @@ class Engine:
             else:
                 state = "running"
             profile = clients.client_of(self.config, run)
-            run_views.append(
-                RunView(
-                    name=run.name,
-                    host=hc.name,
-                    state=state,
-                    process=proc,
-                    datasets=datasets,
-                    client=profile.name,
-                    budget_flag=profile.flags.budget[0] if profile.flags.budget else None,
-                    job=job,
-                )
+            rv = RunView(
+                name=run.name,
+                host=hc.name,
+                state=state,
+                # Nothing is scanned for such a run: say so rather than show no datasets.
+                state_detail=f"data files unknown: {layout.problem}" if layout.problem else None,
+                process=proc,
+                datasets=datasets,
+                job=job,
+                candidates=[p.identity.pid for p in cands] if len(cands) > 1 else [],
+                endpoint=run.endpoint,
+                client=profile.name,
+                budget_flag=profile.flags.budget[0] if profile.flags.budget else None,
             )
+            alive = state == "running"
+            self._live.moved_on(hc.name, rv, self._trackers, alive, time.time())
+            self._live.run_rates(hc.name, rv, alive, time.time())
+            run_views.append(rv)
         discovered: dict[str, dict[str, Any]] = {}
         for proc in procs:
             if proc.identity.pid in taken:
@@ -580,6 +622,7 @@ class Engine:
                 )
             )
         self._state[hc.name].discovered = discovered
+        gpus, gpu_error = self._live.gpus(hc.name, result.get("gpu"), run_views, time.time())
         return HostView(
             name=hc.name,
             connected=True,
@@ -590,11 +633,14 @@ class Engine:
             has_gpu=result.get("gpu") is not None,
             runs=run_views,
             processes=procs,
+            endpoints=self._live.endpoints(hc.name, result.get("metrics"), time.time(), run_views),
+            gpus=gpus,
+            gpu_error=gpu_error,
         )
 
     def _match(self, hc: HostConfig, runs: list[RunConfig], p: ProcessInfo) -> str | None:
-        """The configured run ``p`` is (``supervisor.hosts.match_run``: the one rule for every
-        front end, which needs the run's workdir or output directory as evidence)."""
+        """The configured run ``p`` could be (``supervisor.hosts.match_run``: the one rule for
+        every front end, on the evidence the host reported)."""
         return match_run(p, self.config, hc.name)
 
     def _dataset_view(
@@ -610,7 +656,7 @@ class Engine:
     ) -> DatasetView:
         """``alive``: whether the dataset's writer runs (default: ``proc`` is alive)."""
         endpoint = self.config.endpoint(run.endpoint) if run.endpoint is not None else None
-        tracker = self._trackers.get((host, str(scan.get("path") or dataset)))
+        tracker = self._live.dataset_tracker(self._trackers, host, str(scan.get("path") or dataset))
         counter = self._count_texts if scan.get("texts") else None
         problem = None
         if counter is not None:
@@ -631,12 +677,14 @@ class Engine:
             prompts=prompts,
             count_texts=counter,
             budget_flag=engine_budget_flag(self.config, flags.client),
+            writer=(proc.identity.pid, proc.identity.start_time) if proc is not None else None,
         )
         with_client_parts(view, scan)
         alive = proc is not None and not proc.state.startswith("Z")
         view.alarm = self._dataloss.observe(host, run.name, scan, alive)
         if problem is not None and view.error is None:
             view.error = f"tokens not counted: {problem}"
+        self._live.record_dataset(host, view, tracker)
         return view
 
     def _tokenizer_ready(self) -> None:
@@ -768,14 +816,19 @@ def audit_location() -> str:
 
 __all__ = [
     "BUILTIN_FORMATS",
+    "EVENT_KINDS",
     "MAX_BACKOFF_S",
     "Action",
     "ActionResult",
+    "Alerter",
     "BenchOptions",
     "BenchResult",
     "BudgetEvent",
     "Comparison",
+    "Delivery",
     "Engine",
+    "Event",
+    "EventTracker",
     "GuardOutcome",
     "HostError",
     "KillReport",
@@ -789,14 +842,18 @@ __all__ = [
     "Scanner",
     "Step",
     "Tokenizer",
+    "WatchLock",
+    "WatchLocked",
+    "Watcher",
+    "assign_runs",
     "audit_line",
     "audit_location",
     "audit_records",
     "bench",
+    "budget_event",
     "comparison_from",
     "completeness_line",
     "count_tokens",
-    "dataset_path",
     "describe_job",
     "format_lines",
     "gather_comparison",
@@ -804,8 +861,12 @@ __all__ = [
     "load_history",
     "load_tokenizer",
     "mask_argv",
+    "mask_url",
     "parse_sets",
+    "parse_unsets",
     "run_once",
     "run_sync",
     "sidecar_line",
+    "stop_key",
+    "watch",
 ]

@@ -7,7 +7,6 @@ launch; a change of model, sampling or prompts blocks the launch unless allowed.
 
 from __future__ import annotations
 
-import posixpath
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -32,7 +31,6 @@ SAMPLING_FLAGS = (
 )
 """Flags whose change alters what the run generates (fingerprinted)."""
 MODEL_FLAGS = ("--model", "--model-name")
-PROMPT_DIR_FLAGS = ("--prompts-dir", "--prompt-dir", "--prompts")
 
 
 def fingerprint_of(run: RunConfig, argv: Sequence[str], config: Config) -> dict[str, Any]:
@@ -54,21 +52,6 @@ def fingerprint_of(run: RunConfig, argv: Sequence[str], config: Config) -> dict[
         "format": run.format,
         "run": run.name,
     }
-
-
-def prompt_files(run: RunConfig, argv: Sequence[str], config: Config) -> dict[str, str]:
-    """Prompt file of each dataset (relative to workdir): from config, else ``--prompts-dir``."""
-    out: dict[str, str] = {}
-    pdir = None
-    for f in PROMPT_DIR_FLAGS:
-        pdir = flag_value(list(argv), f) or pdir
-    for ds in config.run_datasets(run):
-        dc = config.datasets.get(ds)
-        if dc is not None and dc.prompts:
-            out[ds] = dc.prompts
-        elif pdir:
-            out[ds] = posixpath.join(pdir, f"{ds}.jsonl")
-    return out
 
 
 def compare_fingerprints(

@@ -101,7 +101,9 @@ class BudgetGuard:
     def _claim(self, event: BudgetEvent) -> bool:
         """Atomically claim every key of the event; False when any was claimed before."""
         self.marker_dir.mkdir(parents=True, exist_ok=True)
-        body = json.dumps({"time": time.time(), **event.to_json()}).encode()
+        from supervisor.secrets import mask_known
+
+        body = json.dumps(mask_known({"time": time.time(), **event.to_json()})).encode()
         first = self.marker_dir / f"{event.keys[0]}.json"
         try:
             fd = os.open(first, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -113,7 +115,8 @@ class BudgetGuard:
             os.close(fd)
         for key in event.keys[1:]:
             try:
-                fd = os.open(self.marker_dir / f"{key}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                path = self.marker_dir / f"{key}.json"
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:
                 continue
             try:

@@ -16,8 +16,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import os
-import posixpath
 import shlex
 import sys
 from collections import deque
@@ -26,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import msgspec
 
+from supervisor.agent.protocol import AGENT_LOADER
 from supervisor.channel import AgentChannel, LineReader, LineWriter
 from supervisor.errors import ConfigError, HostError, RunwatchError
 from supervisor.model import Backend, ProcessInfo
@@ -41,7 +40,7 @@ _BUNDLE_PACKAGES = ("supervisor", AGENT_PACKAGE)
 
 # Python inside the bootstrap: no quote, ``$``, backslash, backtick or ``!`` (csh history), so the
 # command reads the same under sh, bash, dash, zsh, csh and fish login shells.
-_LOADER = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"
+_LOADER = AGENT_LOADER
 _BOOTSTRAP_SCRIPT = 'IFS= read -r py; exec "$py" -c "' + _LOADER + '"'
 
 _STAGE2 = """\
@@ -352,6 +351,8 @@ def ps_params(config: Config, cfg: HostConfig) -> dict[str, Any]:
         "scripts": all_scripts(config),
         "clients": wire_all(config),
         "show_other_users": cfg.show_other_users,
+        "runs": run_specs(config, cfg.name),
+        "secret_env": secret_env_names(config),
     }
 
 
@@ -359,8 +360,8 @@ async def list_processes(host: Host, config: Config) -> list[ProcessInfo]:
     """The runs on ``host``, each matched to the config run it is (``run``) when one fits."""
     result = await host.request("ps", ps_params(config, host.cfg))
     found = process_infos(result)
+    assign_runs(found, config, host.name)
     for p in found:
-        p.run = match_run(p, config, host.name)
         set_backend(p, config)
     return found
 
@@ -392,77 +393,91 @@ def run_backend(config: Config, run_name: str) -> Backend | None:
     return ep.kind if ep is not None else None
 
 
-def _resolve(path: str, base: str | None, local: bool) -> str:
-    """``path`` (maybe relative to ``base``) as an absolute, normalised path of the host.
-
-    On this machine ``~`` is expanded and symlinks are resolved (the kernel reports a process's
-    cwd resolved). On a remote host neither is known here: a ``~/...`` path stays as it is and
-    :func:`_same_dir` compares what follows the ``~``.
-    """
-    if local:
-        path = os.path.expanduser(path)
-        if base is not None and not os.path.isabs(path):
-            path = os.path.join(os.path.expanduser(base), path)
-        return os.path.realpath(path) if os.path.isabs(path) else os.path.normpath(path)
-    if base is not None and not os.path.isabs(path) and not path.startswith("~"):
-        path = posixpath.join(base, path)
-    return posixpath.normpath(path)
+STRONG_EVIDENCE = frozenset(("argv", "fd"))
+"""Evidence that makes a process a run: its data paths, or descriptors on the run's files."""
 
 
-def _same_dir(seen: str, configured: str) -> bool:
-    """``seen`` (absolute, from the host) is ``configured`` (resolved by :func:`_resolve`)."""
-    if configured.startswith("~"):
-        # The laptop cannot expand a remote host's ``~``: compare what follows it.
-        tail = configured[1:].lstrip("/")
-        return bool(tail) and seen.endswith("/" + tail)
-    return seen == configured
+def secret_env_names(config: Config) -> list[str]:
+    """``secrets.secret_env_names``: the key variables whose values the host masks."""
+    from supervisor.secrets import secret_env_names as names
+
+    return names(config)
+
+
+def run_specs(config: Config, host_name: str) -> list[dict[str, Any]]:
+    """The ``runs`` parameter of a listing: each run of the host with its places as configured
+    (``~`` unexpanded: the host resolves them, see ``supervisor.agent.match.RunFiles``)."""
+    from supervisor.launchspec import launch_argv
+    from supervisor.layout import layout_of
+
+    specs = []
+    for run in config.runs:
+        if run.host != host_name:
+            continue
+        locks = list(layout_of(config, run, launch_argv(run)).locks)
+        specs.append(
+            {
+                "name": run.name,
+                "workdir": run.workdir,
+                "output_dir": run.output_dir,
+                "data_file": run.data_file,
+                "datasets": config.run_datasets(run),
+                "locks": locks,
+            }
+        )
+    return specs
+
+
+def run_files(config: Config, run_name: str | None) -> list[str]:
+    """The data files and locks of config run ``run_name`` as paths of its host (``~`` left for
+    the host to expand); empty for None or an unknown run. A kill passes them, so that whatever
+    still holds them once the run is stopped is stopped too."""
+    from supervisor.launchspec import launch_argv
+    from supervisor.layout import layout_of
+
+    run = next((r for r in config.runs if r.name == run_name), None)
+    if run is None:
+        return []
+    layout = layout_of(config, run, launch_argv(run))
+    return [*layout.data_files.values(), *layout.locks]
+
+
+def _strength(proc: ProcessInfo, run_name: str) -> int:
+    why = set(proc.evidence.get(run_name, ()))
+    return 2 * ("fd" in why) + ("argv" in why) if why & STRONG_EVIDENCE else 0
 
 
 def match_run(proc: ProcessInfo, config: Config, host_name: str) -> str | None:
-    """The name of the config run ``proc`` is, or None. The one rule of every front end.
+    """The name of the config run ``proc`` could be, or None. The one rule of every front end.
 
-    A run of the same host matches only on positive evidence that the process is that run: it
-    executes the same script AND either its working directory is the run's workdir or its
-    output directory (resolved against its cwd) is the run's output directory (resolved against
-    the run's workdir). The same datasets or the same arguments only break ties between runs
-    that both have that evidence: the same command in another directory is another run, and
-    ``runwatch kill RUN`` must never pick it.
+    A process is a run only on evidence the host found that a neighbour cannot fake
+    (``evidence``, see ``supervisor.agent.match.run_evidence``): its argv's data paths resolve to
+    the run's files, or it holds the run's data files or lock open. Its working directory alone
+    never makes it the run. When it could be several runs, the one with the strongest evidence
+    (descriptors, then argv), then the first in the config. Whether another process could be the
+    same run is
+    :func:`assign_runs`'s question.
     """
-    from supervisor.agent.masking import mask_argv
-    from supervisor.agent.match import script_index
-    from supervisor.clients import all_scripts
-
-    scripts = all_scripts(config)
-    argv = list(proc.identity.argv)
-    idx = script_index(argv, scripts)
-    if idx is None or not proc.cwd:
-        return None
-    script = posixpath.basename(argv[idx])
-    local = any(h.local for h in config.hosts if h.name == host_name)
-    cwd = _resolve(proc.cwd, None, local)
-    out = proc.flags.output_dir
-    seen_out = _resolve(out, proc.cwd, local) if out else None
     best: tuple[int, str] | None = None
     for run in config.runs:
         if run.host != host_name:
             continue
-        ridx = script_index(run.argv, scripts)
-        if ridx is None or posixpath.basename(run.argv[ridx]) != script:
-            continue
-        score = 0
-        if _same_dir(cwd, _resolve(run.workdir, None, local)):
-            score += 2
-        if seen_out is not None and _same_dir(
-            seen_out, _resolve(run.output_dir, run.workdir, local)
-        ):
-            score += 2
-        if score == 0:
-            continue  # no evidence: whatever else is the same, it is not this run
-        if argv[idx + 1 :] == mask_argv(run.argv[ridx + 1 :]):
-            score += 1
-        datasets = config.run_datasets(run)
-        if datasets and sorted(datasets) == sorted(proc.flags.datasets):
-            score += 1
-        if best is None or score > best[0]:
+        score = _strength(proc, run.name)
+        if score and (best is None or score > best[0]):
             best = (score, run.name)
     return best[1] if best else None
+
+
+def assign_runs(
+    procs: list[ProcessInfo], config: Config, host_name: str
+) -> dict[str, list[ProcessInfo]]:
+    """Set ``run`` of every process (:func:`match_run`) and return, per config run, every
+    process with evidence of being it. More than one makes the run ambiguous: every name-based
+    action refuses until a pid is named."""
+    found: dict[str, list[ProcessInfo]] = {}
+    for p in procs:
+        p.run = match_run(p, config, host_name)
+        for run in config.runs:
+            if run.host == host_name and _strength(p, run.name):
+                found.setdefault(run.name, []).append(p)
+    return found

@@ -33,7 +33,9 @@ class KillResult(msgspec.Struct, kw_only=True):
     pid: int
     outcome: Outcome
     detail: str
-    role: Literal["run", "child"] = "run"
+    role: Literal["run", "child", "holder"] = "run"
+    """``child``: a descendant, a member of its session or group, or a fork made during the kill;
+    ``holder``: a process that held the run's data files (for writing) or its lock."""
     signals: list[str] = []
     """Signals actually sent (``SIGTERM``, ``SIGKILL``); empty for already-gone and refused."""
     confirmed: bool = False
@@ -103,8 +105,10 @@ async def kill(
     identity: Identity,
     grace: float = 10.0,
     scripts: Sequence[str] | None = None,
+    files: Sequence[str] = (),
 ) -> KillReport:
-    """Kill the process named by ``identity`` and its descendants on ``host``.
+    """Kill the process named by ``identity`` and its descendants on ``host``; ``files`` (the
+    run's data files and locks, as paths of the host) are held by no process once it reports.
 
     Returns the report (refusals included: check ``report.refused`` / ``report.all_gone``).
     Raises OutcomeUnknown when the reply was lost: call :func:`reconcile`, never repeat blindly.
@@ -112,6 +116,8 @@ async def kill(
     params: dict[str, Any] = {"identity": identity_params(identity), "grace": float(grace)}
     if scripts:
         params["scripts"] = list(scripts)
+    if files:
+        params["files"] = list(files)
     timeout = float(grace) + KILL_CONFIRM_S + host.cfg.command_timeout
     result = await host.request("kill", params, timeout=timeout)
     return KillReport(host=host.name, identity=identity, results=_results(host, result))
@@ -131,6 +137,7 @@ async def kill_or_reconcile(
     identity: Identity,
     grace: float = 10.0,
     scripts: Sequence[str] | None = None,
+    files: Sequence[str] = (),
 ) -> KillReport:
     """:func:`kill`; when its outcome is unknown, reconcile instead of repeating it.
 
@@ -138,7 +145,7 @@ async def kill_or_reconcile(
     re-check) or OutcomeUnknown is raised again saying it is still alive.
     """
     try:
-        return await kill(host, identity, grace, scripts)
+        return await kill(host, identity, grace, scripts, files)
     except OutcomeUnknown as lost:
         return await after_lost_reply(host, identity, lost)
 

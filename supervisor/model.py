@@ -11,8 +11,9 @@ from typing import Literal
 import msgspec
 
 Backend = Literal["local", "api", "unknown"]
-RunState = Literal["running", "pending", "stopped", "zombie", "unknown"]
-"""``pending``: a Slurm job of the run waits in the queue."""
+RunState = Literal["running", "pending", "stopped", "zombie", "unknown", "ambiguous"]
+"""``pending``: a Slurm job of the run waits in the queue; ``ambiguous``: several processes
+could each be the run (``RunView.candidates``)."""
 Verdict = Literal["current", "legacy", "mixed", "unknown", "corrupt", "empty", "missing", "error"]
 
 
@@ -70,6 +71,10 @@ class ProcessInfo(msgspec.Struct, kw_only=True):
     """Name of the config run this process is, when it could be matched."""
     killable: bool = True
     """False for processes of other users."""
+    evidence: dict[str, list[str]] = {}
+    """Config run name -> what the host found tying this process to that run: ``argv`` (its data
+    paths are the run's files), ``fd`` (it holds the run's data files or lock open), ``cwd`` (its
+    working directory is the run's workdir: never enough alone). See ``hosts.match_run``."""
 
 
 class Rates(msgspec.Struct, kw_only=True):
@@ -81,6 +86,19 @@ class Rates(msgspec.Struct, kw_only=True):
     tok_per_s_1m: float | None = None
     tok_per_s_10m: float | None = None
     tok_per_s_all: float | None = None
+    tok_per_s: float | None = None
+    """The rate to show and decide on: output tokens/s over ``window_s``; None while the window
+    holds fewer than ``rates.MIN_RESPONSES`` responses (too few to say), 0 once the dataset is
+    done."""
+    tok_per_s_err: float | None = None
+    """One standard error of ``tok_per_s``: ``tok_per_s / sqrt(responses)`` (responses arrive
+    one at a time, so their count in a window is Poisson-like)."""
+    req_per_s: float | None = None
+    """Responses/s over the same window."""
+    window_s: float | None = None
+    """Span the rate is measured over (up to 10 minutes)."""
+    responses: int = 0
+    """Responses written within the window."""
 
 
 class Projection(msgspec.Struct, kw_only=True):
@@ -162,7 +180,15 @@ class DatasetView(msgspec.Struct, kw_only=True):
     over_budget: bool = False
     stalled: bool = False
     history: list[float] = []
-    """Tokens/s per interval over the last minutes, oldest first (for a sparkline)."""
+    """Tokens/s per interval (10 s and up) over the last minutes, oldest first, from the
+    persisted history (for a sparkline)."""
+    done: bool = False
+    """Nothing more will be written: no live writer, or a stop condition is reached."""
+    run_token_budget: int | None = None
+    """The run's own ``--token-budget`` (it stops the dataset there; the config's budget does
+    not)."""
+    idle_s: float = 0.0
+    """Seconds since the file last grew (0 before it was seen twice)."""
     reasoning_tokens: int = 0
     """Of ``completion_tokens``, those of reasoning texts (``reasoning_content``)."""
     sidecars: list[SidecarView] = []
@@ -220,6 +246,8 @@ class RunView(msgspec.Struct, kw_only=True):
     name: str
     host: str
     state: RunState = "unknown"
+    state_detail: str | None = None
+    """Why the state is what it is, when that is not obvious (``host unreachable``)."""
     process: ProcessInfo | None = None
     datasets: list[DatasetView] = []
     configured: bool = True
@@ -227,8 +255,90 @@ class RunView(msgspec.Struct, kw_only=True):
     """The run's client profile (``runwatch clients``)."""
     budget_flag: str | None = "--token-budget"
     """The client's token-budget flag; None: the client has none (only a stop enforces a budget)."""
+    candidates: list[int] = []
+    """PIDs of the processes that could each be this run (state ``ambiguous``): actions by run
+    name refuse until one is named (``--pid``)."""
     job: JobView | None = None
     """The run's Slurm job (``kind = "slurm"`` hosts): the active one, else the last seen."""
+
+    rates: Rates = msgspec.field(default_factory=Rates)
+    """The run's output over a window across all its datasets (never a sum of per-dataset
+    windows)."""
+    history: list[float] = []
+    """The run's tokens/s over the last hours, oldest first (persisted across restarts)."""
+    endpoint: str | None = None
+    """Name of the ``[[endpoints]]`` entry the run sends its requests to."""
+
+    @property
+    def state_text(self) -> str:
+        """``running``, ``unknown (host unreachable)``..."""
+        return f"{self.state} ({self.state_detail})" if self.state_detail else self.state
+
+
+class Quantity(msgspec.Struct, kw_only=True):
+    """A serving-engine figure and its recent history."""
+
+    value: float | None = None
+    history: list[float] = []
+
+
+class EndpointMetrics(msgspec.Struct, kw_only=True):
+    """An endpoint the runs of a host use: their output from the data files and, for a local
+    serving engine (SGLang, vLLM), what it says about itself on its ``/metrics``."""
+
+    name: str
+    """The endpoint's name in the config."""
+    url: str
+    kind: str = "local"
+    """``local`` (its ``/metrics`` is read) or ``api`` (only the runs' files measure it)."""
+    files_tok_per_s: Quantity = msgspec.field(default_factory=Quantity)
+    """Output tokens/s of the running runs of this host that use the endpoint, from their data
+    files (each run's window across its datasets, added up), and its history."""
+    files_tok_per_s_err: float | None = None
+    available: bool = False
+    why: str | None = None
+    """Why there are no figures: ``connection refused``, ``not enabled: SGLang needs
+    --enable-metrics``..."""
+    engine: str | None = None
+    """``sglang`` or ``vllm`` (from the metric names)."""
+    running: Quantity = msgspec.field(default_factory=Quantity)
+    """Requests being decoded."""
+    queued: Quantity = msgspec.field(default_factory=Quantity)
+    """Requests waiting for a slot."""
+    kv_usage: Quantity = msgspec.field(default_factory=Quantity)
+    """Fraction of the KV cache in use (0..1)."""
+    gen_tok_per_s: Quantity = msgspec.field(default_factory=Quantity)
+    """Generated tokens/s from the generation-token counter over ``window_s``."""
+    gen_tok_per_s_err: float | None = None
+    """Uncertainty of ``gen_tok_per_s`` (the counter is exact; this is its scrape-time jitter)."""
+    prompt_tok_per_s: float | None = None
+    reported_gen_throughput: float | None = None
+    """The engine's own gauge (``sglang:gen_throughput``), when it has one."""
+    cache_hit_rate: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p90_s: float | None = None
+    ttft_window: str | None = None
+    """``10 min`` (the histogram's change over the window) or ``since start``."""
+    window_s: float | None = None
+    generation_tokens_total: float | None = None
+
+
+class GpuView(msgspec.Struct, kw_only=True):
+    """One GPU of a host (``nvidia-smi --query-gpu``)."""
+
+    index: int | None = None
+    uuid: str | None = None
+    name: str | None = None
+    utilization_pct: float | None = None
+    memory_used_mb: float | None = None
+    memory_total_mb: float | None = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+    pids: list[int] = []
+    runs: list[str] = []
+    """Runs whose processes (or their descendants) hold this GPU."""
+    history: list[float] = []
+    """Utilisation (%) over the last hours."""
 
 
 class HostView(msgspec.Struct, kw_only=True):
@@ -245,6 +355,10 @@ class HostView(msgspec.Struct, kw_only=True):
     has_gpu: bool = False
     runs: list[RunView] = []
     processes: list[ProcessInfo] = []
+    endpoints: list[EndpointMetrics] = []
+    """Serving-engine metrics of the local endpoints the host's runs use."""
+    gpus: list[GpuView] = []
+    gpu_error: str | None = None
 
 
 class Snapshot(msgspec.Struct, kw_only=True):

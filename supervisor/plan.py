@@ -1,8 +1,14 @@
 """Plans of a launch or restart: the steps, what they will do, and the result they give.
 
-A restart is a plan of six steps; the checks that can fail come first, while the old run is still
-alive, so that a blocked restart kills nothing and changes nothing:
+A restart is a plan of seven steps; the checks that can fail come first, while the old run is
+still alive, so that a blocked restart kills nothing and changes nothing. Every check is computed
+from the *effective* argv (the config's argv, the run's launch spec and this plan's ``--set`` /
+``--unset``) through ``supervisor.layout.layout_of``: the files checked, locked and fingerprinted
+are the files the new command line will write.
 
+0. ``preflight`` - every flag the plan sets or removes must be one the client accepts: from the
+   client profile's known flags where it has them, else from the script's own ``--help`` run on
+   the host (``help_flags``), with a "did you mean" for a typo.
 1. ``format-check`` - every dataset file of the run is scanned with full validation (complete
    lines only) against the format the run writes; ``legacy``, ``mixed``, ``unknown`` or
    ``corrupt`` blocks, naming file, line and keys. With ``move_aside`` those files are moved
@@ -20,6 +26,10 @@ alive, so that a blocked restart kills nothing and changes nothing:
 6. ``launch`` - detached, holding one lock per dataset (``.runwatch/<dataset>.lock``) for its
    lifetime, with the API key in the environment; confirmed by
    the host (alive with the expected identity after a settle time) or reported with its log tail.
+   A client that exits 0 at once because every dataset is done is "nothing to do", not a failure.
+
+If anything fails after the old run was stopped, the previous command line is launched again and
+confirmed ("rolled back", audited); a rollback that fails too is reported as such.
 
 A launch is the same plan without steps 3 and 4 (it refuses when the run is already running).
 
@@ -33,14 +43,15 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from supervisor import launchspec
 from supervisor.agent.masking import mask_argv
-from supervisor.argv import apply_overrides, argv_diff, parse_sets, show_value
+from supervisor.argv import argv_diff, parse_sets, parse_unsets, show_value
 from supervisor.config import RunConfig
 from supervisor.errors import HostError, LaunchError, RunwatchError
-from supervisor.fingerprint import prompt_files
-from supervisor.model import JobView, ProcessInfo, RunView, Snapshot
+from supervisor.launchspec import LaunchSpec
+from supervisor.layout import RunLayout, layout_of
+from supervisor.model import HostView, JobView, ProcessInfo, RunView, Snapshot
 from supervisor.runenv import launch_env
-from supervisor.runpaths import run_paths, run_sidecars
 
 if TYPE_CHECKING:
     from supervisor.engine import Engine
@@ -49,6 +60,7 @@ Action = Literal["launch", "restart"]
 StepState = Literal["pending", "running", "ok", "failed", "skipped"]
 
 STEP_TITLES = {
+    "preflight": "check every flag set or removed is one the client accepts",
     "format-check": "check every dataset file against the run's format",
     "fingerprint": "compare the launch fingerprint (model, sampling, prompts)",
     "stop": "stop the old process by identity and confirm it is gone",
@@ -65,7 +77,8 @@ class Step:
     """One step of a plan, as it runs."""
 
     name: str
-    """``format-check``, ``fingerprint``, ``stop``, ``gpu-release``, ``data-repair``, ``launch``."""
+    """``preflight``, ``format-check``, ``fingerprint``, ``stop``, ``gpu-release``,
+    ``data-repair``, ``launch``."""
     title: str
     state: StepState = "pending"
     detail: str = ""
@@ -95,29 +108,59 @@ class Plan:
     run: RunConfig
     host: str
     argv: list[str]
-    """The new argv (config argv with overrides). Shown masked; never contains the API key."""
+    """The effective argv: config argv, launch spec, overrides. Shown masked; never holds the
+    API key."""
     old_argv: list[str] | None
     """argv of the running process (masked), or None when the run is not running."""
     old: ProcessInfo | None
     steps: list[Step]
-    overrides: list[tuple[str, str]] = field(default_factory=list)
+    layout: RunLayout
+    """Where the new argv writes: datasets, data files, locks, fingerprints, prompts, log."""
+    spec: LaunchSpec
+    """The launch spec this plan launches with (stored once the launch is confirmed)."""
+    overrides: list[tuple[str, str | None]] = field(default_factory=list)
+    unsets: list[str] = field(default_factory=list)
+    force: bool = False
+    """Launch a dataset already over its budget without a budget flag; launch without a
+    preflight when the client's flags cannot be read."""
     move_aside: bool = False
     allow_change: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     """Environment for the child (run.env plus the API key). Never printed."""
     secret_env: list[str] = field(default_factory=list)
-    paths: dict[str, str] = field(default_factory=dict)
-    """``workdir``, ``out``, ``log`` as paths on the host."""
-    locks: list[str] = field(default_factory=list)
-    """The run's lock files on the host (one per dataset)."""
-    fingerprints: dict[str, str] = field(default_factory=dict)
-    """The launch fingerprint file of each dataset on the host."""
-    datasets: list[str] = field(default_factory=list)
-    prompt_files: dict[str, str] = field(default_factory=dict)
     budget_reason: str | None = None
     """Set when the budget guard made this plan."""
     job: JobView | None = None
     """The run's queued or running Slurm job (``kind = "slurm"`` hosts; ``old`` is then None)."""
+
+    @property
+    def paths(self) -> dict[str, str]:
+        """``workdir``, ``out``, ``log`` as paths on the host."""
+        return self.layout.paths
+
+    @property
+    def locks(self) -> list[str]:
+        """The lock files of the new argv's datasets on the host (one per dataset)."""
+        return list(self.layout.locks)
+
+    @property
+    def fingerprints(self) -> dict[str, str]:
+        """The launch fingerprint file of each dataset of the new argv on the host."""
+        return self.layout.fingerprints
+
+    @property
+    def datasets(self) -> list[str]:
+        return list(self.layout.datasets)
+
+    @property
+    def prompt_files(self) -> dict[str, str]:
+        return self.layout.prompt_files
+
+    def last_launch_diff(self) -> list[dict[str, Any]] | None:
+        """Flags that differ from the last confirmed launch (None: never launched here)."""
+        if self.spec.last_argv is None:
+            return None
+        return argv_diff(self.spec.last_argv, mask_argv(self.argv, self.secrets))
 
     @property
     def secrets(self) -> list[str]:
@@ -143,6 +186,22 @@ class Plan:
         lines.append("  new argv: " + " ".join(mask_argv(self.argv, self.secrets)))
         for d in self.argv_diff():
             lines.append(f"    {d['flag']}: {show_value(d['old'])} -> {show_value(d['new'])}")
+        last = self.last_launch_diff()
+        if last is None:
+            lines.append("  since the last launch: no launch recorded by runwatch")
+        elif not last:
+            lines.append("  since the last launch: same command line")
+        else:
+            lines.append("  since the last launch:")
+            for d in last:
+                lines.append(f"    {d['flag']}: {show_value(d['old'])} -> {show_value(d['new'])}")
+        if not self.spec.empty:
+            kept = [f if v is None else f"{f} {v}" for f, v in self.spec.sets]
+            kept += [f"no {f}" for f in self.spec.unsets]
+            lines.append(
+                "  launch spec (kept for later launches; --reset drops it): "
+                + ", ".join(mask_argv(kept, self.secrets))
+            )
         if self.secret_env:
             lines.append(f"  environment: {', '.join(self.secret_env)} passed from this machine")
         lines.append(f"  log: {self.paths['log']}")
@@ -165,7 +224,14 @@ class ActionResult:
     old_identity: dict[str, Any] | None = None
     argv: list[str] = field(default_factory=list)
     argv_diff: list[dict[str, Any]] = field(default_factory=list)
+    last_launch_diff: list[dict[str, Any]] | None = None
+    """Flags changed since the last confirmed launch (None: none recorded)."""
     dry_run: bool = False
+    nothing_to_do: bool = False
+    """The client exited 0 at once: every dataset was already done."""
+    rollback: dict[str, Any] | None = None
+    """Set when the new launch failed after the stop: ``{"ok", "identity", "detail"}`` of the
+    relaunch of the previous command line."""
 
     @property
     def failed_step(self) -> Step | None:
@@ -183,6 +249,9 @@ class ActionResult:
             "old_identity": self.old_identity,
             "argv": self.argv,
             "argv_diff": self.argv_diff,
+            "last_launch_diff": self.last_launch_diff,
+            "nothing_to_do": self.nothing_to_do,
+            "rollback": self.rollback,
         }
 
 
@@ -205,20 +274,32 @@ async def make_plan(
     run_name: str,
     *,
     action: Action = "restart",
-    overrides: Iterable[str] | Iterable[tuple[str, str]] = (),
+    overrides: Iterable[str] | Iterable[tuple[str, str | None]] = (),
+    unsets: Iterable[str] = (),
+    reset: bool = False,
+    force: bool = False,
     move_aside: bool = False,
     allow_change: Iterable[str] = (),
     environ: dict[str, str] | None = None,
+    pid: int | None = None,
 ) -> Plan:
     """Look at the run as it is now and build the plan (changes nothing).
 
-    Raises ConfigError for an unknown run, HostError when its host cannot be reached,
-    LaunchError for a launch of a run that is already running (restart it instead).
+    The new argv is the config's argv with the run's launch spec (``supervisor.launchspec``;
+    dropped with ``reset``) and then ``overrides`` / ``unsets`` applied. Raises ConfigError for an
+    unknown run or one whose data files cannot be determined, HostError when its host cannot be
+    reached, LaunchError for a launch of a run that is already running (restart it instead).
     """
     config = engine.config
     run = config.run(run_name)
     pairs = _as_pairs(overrides)
-    argv = apply_overrides(run.argv, pairs)
+    removed = parse_unsets(unsets)
+    stored = launchspec.load(run.name)
+    base = launchspec.LaunchSpec(run=run.name, last_argv=stored.last_argv) if reset else stored
+    spec = base.merged(pairs, removed)
+    argv = spec.argv(run.argv)
+    layout = layout_of(config, run, argv)
+    layout.require_files()  # nothing is checked on nothing
     env, secret_env = launch_env(config, run, environ)
     snap = await engine.refresh()
     hv = next((h for h in snap.hosts if h.name == run.host), None)
@@ -228,6 +309,7 @@ async def make_plan(
     rv = find_run_view(snap, run.host, run.name)
     # A zombie has exited (its parent has not reaped it yet): nothing to stop.
     old = rv.process if rv is not None and rv.state == "running" else None
+    old = _named_process(hv, rv, run.name, pid) if pid is not None or _ambiguous(rv) else old
     if action == "launch" and old is not None:
         raise LaunchError(
             f"{run.name} is already running on {run.host}: pid {old.identity.pid}",
@@ -240,8 +322,7 @@ async def make_plan(
             f"Slurm job {job.job_id}",
             f"use `runwatch restart {run.name}` to cancel it and submit it again",
         )
-    locks, fingerprints = run_sidecars(config, run)
-    names = ["format-check", "fingerprint"]
+    names = ["preflight", "format-check", "fingerprint"]
     if action == "restart":
         names += ["stop", "gpu-release"]
     names += ["data-repair", "launch"]
@@ -253,22 +334,48 @@ async def make_plan(
         old_argv=list(old.argv_masked or old.identity.argv) if old is not None else None,
         old=old,
         steps=[Step(n, STEP_TITLES[n]) for n in names],
+        layout=layout,
+        spec=spec,
         overrides=pairs,
+        unsets=removed,
+        force=force,
         move_aside=move_aside,
         allow_change=list(allow_change),
         env=env,
         secret_env=secret_env,
-        paths=run_paths(config, run),
-        locks=locks,
-        fingerprints=fingerprints,
-        datasets=config.run_datasets(run),
-        prompt_files=prompt_files(run, argv, config),
         job=job,
     )
 
 
-def _as_pairs(overrides: Iterable[str] | Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+def _ambiguous(rv: RunView | None) -> bool:
+    return rv is not None and rv.state == "ambiguous"
+
+
+def _named_process(hv: HostView, rv: RunView | None, run: str, pid: int | None) -> ProcessInfo:
+    """The process named by ``pid`` among those that could be ``run``; an ambiguous run without
+    a pid is refused (stopping the wrong one would leave the real run writing beside the
+    relaunch)."""
+    cands = (rv.candidates or ([rv.process.identity.pid] if rv.process else [])) if rv else []
+    if pid is None:
+        raise LaunchError(
+            f"{run} is ambiguous on {hv.name}: pids {', '.join(map(str, cands))} could each be "
+            "it; nothing was stopped",
+            f"name the one to stop: --pid PID (see `runwatch ps --host {hv.name}`)",
+        )
+    found = next((p for p in hv.processes if p.identity.pid == pid and pid in cands), None)
+    if found is None:
+        raise LaunchError(
+            f"pid {pid} on {hv.name} is not {run} (its processes: "
+            f"{', '.join(map(str, cands)) or 'none'})",
+            f"see `runwatch ps --host {hv.name}`",
+        )
+    return found
+
+
+def _as_pairs(
+    overrides: Iterable[str] | Iterable[tuple[str, str | None]],
+) -> list[tuple[str, str | None]]:
     items = list(overrides)
     if all(isinstance(o, str) for o in items):
         return parse_sets([str(o) for o in items])
-    return [(str(k), str(v)) for k, v in items]
+    return [(str(k), None if v is None else str(v)) for k, v in items]

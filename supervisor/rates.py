@@ -31,6 +31,11 @@ Definitions:
 * rates are over the last minute, the last 10 minutes and everything this tracker has seen,
   measured from the newest observation at least that old (the oldest kept while the window is
   filling); ``None`` until two observations at least 1 s apart exist;
+* the headline rate (``Rates.tok_per_s``, what the screens show and compare uses) is the
+  10-minute window's, with one standard error ``tok_per_s / sqrt(n)`` for the ``n`` responses
+  written within it; None until the window holds ``MIN_RESPONSES``;
+* a dataset is ``done`` once no live process writes it or a stop condition is reached: its
+  windowed rates are then 0 (the whole-life averages stay);
 * projections use the 10-minute rate, else the 1-minute one, else the whole-run one;
 * the run's stop conditions are its ``--max-samples`` (else the dataset's ``max_samples``), its
   ``--token-budget`` (never the config budget: a run without the flag does not stop at it), and
@@ -62,6 +67,11 @@ WINDOW_10M = 600.0
 MIN_SPAN = 1.0
 """Observations closer than this give no rate (avoids dividing noise by nothing)."""
 HISTORY_POINTS = 60
+MIN_RESPONSES = 4
+"""Responses a window must hold before its rate is shown (relative error 1/sqrt(4) = 50 %)."""
+_SEEDED = "\0seeded"
+"""Stream marker of a tracker seeded from the persisted history: the next scan continues it
+(a new agent names its streams afresh) unless its counts went down."""
 
 
 class CostInfo(msgspec.Struct, kw_only=True, frozen=True):
@@ -99,6 +109,20 @@ class RateTracker:
         self._text_stream: str | None = None
         self._size: int | None = None
         self._last_growth: float | None = None
+        self._writer: object = None
+        self._written = False
+        """The file grew while watched, under the current writer (it has started)."""
+
+    def note_writer(self, writer: object) -> None:
+        """The process writing the file now (any key); a new one has not written it yet."""
+        if writer != self._writer:
+            self._writer = writer
+            self._written = False
+
+    @property
+    def written(self) -> bool:
+        """True once the file grew while watched under the current writer."""
+        return self._written
 
     # ------------------------------------------------------------------ feeding
 
@@ -119,6 +143,25 @@ class RateTracker:
     def text_tokens(self, stream: str | None) -> int:
         return self._text_tokens if stream == self._text_stream else 0
 
+    def seed(self, points: list[tuple[float, int, int]]) -> None:
+        """Start from persisted observations ``(t, responses, tokens)``, oldest first."""
+        if self._samples or not points:
+            return
+        for t, records, tokens in points:
+            self._samples.append(_Sample(float(t), int(records), int(tokens)))
+        self._first = self._samples[0]
+        self._stream = _SEEDED
+        grown = [b.t for a, b in itertools.pairwise(self._samples) if b.records > a.records]
+        self._last_growth = grown[-1] if grown else self._samples[0].t
+        self._size = None
+
+    def latest(self) -> tuple[float, int, int] | None:
+        """The newest observation ``(t, responses, tokens)``."""
+        if not self._samples:
+            return None
+        s = self._samples[-1]
+        return s.t, s.records, s.tokens
+
     def observe(
         self,
         now: float,
@@ -129,7 +172,8 @@ class RateTracker:
     ) -> None:
         """Record the counts seen at ``now``. A new stream or a count going down restarts."""
         last = self._samples[-1] if self._samples else None
-        if (stream is not None and stream != self._stream) or (
+        continued = self._stream == _SEEDED and stream is not None
+        if (stream is not None and stream != self._stream and not continued) or (
             last is not None and (records < last.records or tokens < last.tokens)
         ):
             self._samples.clear()
@@ -143,6 +187,7 @@ class RateTracker:
         )
         if grew:
             self._last_growth = now
+            self._written = self._written or last is not None
         self._size = size
         sample = _Sample(now, records, tokens)
         if last is not None and now <= last.t:
@@ -159,8 +204,14 @@ class RateTracker:
 
     def rate(self, window: float | None, now: float) -> tuple[float | None, float | None]:
         """``(records/s, tokens/s)`` over the last ``window`` seconds (None: since the start)."""
+        return self._rate(window, now)[:2]
+
+    def _rate(
+        self, window: float | None, now: float
+    ) -> tuple[float | None, float | None, float, int]:
+        """``(records/s, tokens/s, span, responses in it)``."""
         if not self._samples:
-            return None, None
+            return None, None, 0.0, 0
         latest = self._samples[-1]
         base = self._first
         if window is not None:
@@ -172,24 +223,33 @@ class RateTracker:
                     break
                 base = s
         if base is None:
-            return None, None
+            return None, None, 0.0, 0
         span = latest.t - base.t
         if span < MIN_SPAN:
-            return None, None
-        return (latest.records - base.records) / span, (latest.tokens - base.tokens) / span
+            return None, None, span, 0
+        n = latest.records - base.records
+        return n / span, (latest.tokens - base.tokens) / span, span, n
 
     def rates(self, now: float) -> Rates:
+        """The 1-minute, 10-minute and whole rates, and the headline: the 10-minute window (or
+        what of it is filled) with its Poisson error, shown from ``MIN_RESPONSES`` on."""
         r1, t1 = self.rate(WINDOW_1M, now)
-        r10, t10 = self.rate(WINDOW_10M, now)
+        r10, t10, span, n = self._rate(WINDOW_10M, now)
         ra, ta = self.rate(None, now)
-        return Rates(
+        out = Rates(
             req_per_s_1m=r1,
             req_per_s_10m=r10,
             req_per_s_all=ra,
             tok_per_s_1m=t1,
             tok_per_s_10m=t10,
             tok_per_s_all=ta,
+            window_s=span or None,
+            responses=max(0, n),
         )
+        if t10 is not None and n >= MIN_RESPONSES:
+            out.tok_per_s, out.req_per_s = t10, r10
+            out.tok_per_s_err = t10 / math.sqrt(n)
+        return out
 
     def since_growth(self, now: float) -> float:
         """Seconds since the file last grew (0 before the first observation)."""
@@ -357,8 +417,13 @@ def build_dataset_view(
     prompts: int | None = None,
     count_texts: Callable[[list[str]], int] | None = None,
     budget_flag: str | None = "--token-budget",
+    writer: object = None,
 ) -> DatasetView:
-    """The :class:`model.DatasetView` of one dataset at ``now`` (feeds ``tracker``)."""
+    """The :class:`model.DatasetView` of one dataset at ``now`` (feeds ``tracker``).
+
+    ``writer`` names the live process (any key): a dataset is stalled only when it has grown
+    under that writer (it started) and is not finished, then stopped growing for
+    ``stall_seconds``; one not started yet, or done, is never stalled."""
     path = str(scan.get("path") or "")
     view_name = name or os.path.basename(os.path.dirname(path)) or path
     state = scan.get("state", "ok")
@@ -380,6 +445,7 @@ def build_dataset_view(
         max_samples = dataset.max_samples
     run_budget = flags.token_budget if flags is not None else None
     budget = dataset.token_budget if dataset is not None and dataset.token_budget else run_budget
+    tracker.note_writer(writer if writer_alive else None)
     if state == "ok":
         tracker.observe(now, done, tokens, scan.get("size"), stream)
     rates = tracker.rates(now)
@@ -399,6 +465,12 @@ def build_dataset_view(
         cost=cost,
         budget_flag=budget_flag,
     )
+    reached = any(
+        projection.etas.get(stop) == 0 for stop in ("max_samples", "token_budget", "prompts")
+    )
+    finished = state == "ok" and (not writer_alive or reached)
+    if finished:
+        rates = stopped_rates(rates)
     verdict: Verdict = scan.get("verdict") or "empty"
     if verdict not in get_args(Verdict):
         verdict = "error"
@@ -422,9 +494,60 @@ def build_dataset_view(
         rates=rates,
         projection=projection,
         over_budget=budget is not None and tokens > budget,
-        stalled=writer_alive and state == "ok" and tracker.since_growth(now) >= stall_seconds,
+        stalled=writer_alive
+        and state == "ok"
+        and tracker.written
+        and not _finished(done, tokens, max_samples, prompts, run_budget)
+        and tracker.since_growth(now) >= stall_seconds,
         history=tracker.history(),
         reasoning_tokens=tracker.reasoning_tokens(stream),
+        idle_s=tracker.since_growth(now),
+        done=finished,
+        run_token_budget=run_budget,
+    )
+
+
+def stopped_rates(rates: Rates) -> Rates:
+    """The rates of something that makes nothing any more: every window 0 (exactly: no error),
+    the whole-life averages kept."""
+    return msgspec.structs.replace(
+        rates,
+        req_per_s_1m=0.0,
+        req_per_s_10m=0.0,
+        tok_per_s_1m=0.0,
+        tok_per_s_10m=0.0,
+        tok_per_s=0.0,
+        tok_per_s_err=0.0,
+        req_per_s=0.0,
+        responses=0,
+    )
+
+
+def combine(parts: list[Rates]) -> Rates:
+    """Rates of independent producers added up (several runs on one endpoint): headline rates
+    add, their errors add in quadrature; None when any part has no headline yet."""
+    if not parts or any(p.tok_per_s is None for p in parts):
+        return Rates(responses=sum(p.responses for p in parts))
+    tok = sum(p.tok_per_s or 0.0 for p in parts)
+    err = math.sqrt(sum((p.tok_per_s_err or 0.0) ** 2 for p in parts))
+    spans = [p.window_s for p in parts if p.window_s]
+    return Rates(
+        tok_per_s=tok,
+        tok_per_s_err=err,
+        req_per_s=sum(p.req_per_s or 0.0 for p in parts),
+        window_s=min(spans) if spans else None,
+        responses=sum(p.responses for p in parts),
+    )
+
+
+def _finished(
+    done: int, tokens: int, max_samples: int | None, prompts: int | None, budget: int | None
+) -> bool:
+    """A stop condition is reached: the dataset is done."""
+    return (
+        (max_samples is not None and done >= max_samples)
+        or (prompts is not None and done >= prompts)
+        or (budget is not None and tokens >= budget)
     )
 
 

@@ -73,7 +73,7 @@ class KillTarget(msgspec.Struct, kw_only=True):
     pid: int
     outcome: Literal["terminated", "killed", "already-gone", "refused"]
     detail: str = ""
-    role: Literal["run", "child"] = "run"
+    role: Literal["run", "child", "holder"] = "run"
     signals: list[str] = []
     exit: KillExit = msgspec.field(default_factory=KillExit)
 
@@ -134,6 +134,8 @@ class Launch(msgspec.Struct, kw_only=True):
     log_tail: list[str] = []
     exit_code: int | None = None
     fingerprints: list[str] = []
+    warning: str | None = None
+    """Other users' processes that could not be inspected for writers (a non-root agent)."""
 
 
 class GpuHolders(msgspec.Struct, kw_only=True):
@@ -142,6 +144,14 @@ class GpuHolders(msgspec.Struct, kw_only=True):
     available: bool
     holders: dict[str, float] = {}
     detail: str | None = None
+
+
+class HelpFlags(msgspec.Struct, kw_only=True):
+    """``protocol.HelpFlagsResult``: what the client's ``--help`` printed."""
+
+    exit_code: int | None
+    timed_out: bool
+    output: str
 
 
 class ScanFile(msgspec.Struct, kw_only=True):

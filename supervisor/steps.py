@@ -7,26 +7,37 @@ copy what you keep (``step.to_json()``). ``result.ok`` is true only when the new
 running (for a dry run: when every check passed). Steps after a failed one stay ``pending``.
 
 Every executed (not dry-run) launch and restart is appended to the audit log with each step's
-outcome; so are the move-asides and repairs it does, and the budget guard's actions.
+outcome; so are the move-asides and repairs it does, the rollbacks, and the budget guard's actions.
+
+runwatch never leaves a run down by its own hand: when anything fails after the old process was
+confirmed gone (and no other launcher took the run over), the previous command line is launched
+again and confirmed; ``result.rollback`` says how that went. A confirmed launch stores the plan's
+launch spec (``supervisor.launchspec``) with its argv, so later launches keep the overrides.
 """
 
 from __future__ import annotations
 
 import asyncio
+import difflib
 import inspect
+import posixpath
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from supervisor import audit, display
+from supervisor import audit, display, launchspec
+from supervisor.agent import match
 from supervisor.agent.masking import mask_argv, mask_text
+from supervisor.agent.protocol import MASK
+from supervisor.argv import parse_help_flags
 from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
 from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
+from supervisor.layout import RunLayout, layout_of
 from supervisor.model import Identity
 from supervisor.plan import ActionResult, OnStep, Plan, Step, StepFailed, StepState
-from supervisor.replies import GpuHolders, LockHolder, LockStatus, decode
+from supervisor.replies import GpuHolders, HelpFlags, LockHolder, LockStatus, decode
 
 if TYPE_CHECKING:
     from supervisor.engine import Engine
@@ -37,6 +48,8 @@ BLOCKING_VERDICTS = ("legacy", "mixed", "unknown", "corrupt")
 """Verdicts that make resuming on a file unsafe."""
 DEFAULT_GPU_WAIT_S = 120.0
 DEFAULT_LOCK_WAIT_S = 30.0
+HELP_TIMEOUT_S = 20.0
+"""Bound on the client's ``--help`` run by the preflight."""
 
 
 class _Runner:
@@ -51,6 +64,12 @@ class _Runner:
         self.identity: dict[str, Any] | None = None
         self.side_records: list[dict[str, Any]] = []
         """Audit records of the move-asides and repairs done by this plan."""
+        self.stopped = False
+        """The old process is confirmed gone: from here a failure must roll back."""
+        self.taken_over = False
+        """Another launcher holds the run's lock: the run is not down, nothing to roll back."""
+        self.nothing_to_do = False
+        self.rollback_outcome: dict[str, Any] | None = None
 
     async def emit(self, step: Step) -> None:
         if self.on_step is None:
@@ -75,6 +94,7 @@ class _Runner:
         plan = self.plan
         steps = {s.name: s for s in plan.steps}
         fns: dict[str, Callable[[Step], Awaitable[None]]] = {
+            "preflight": self.preflight,
             "format-check": self.format_check,
             "fingerprint": self.fingerprint,
             "stop": self.stop,
@@ -107,7 +127,13 @@ class _Runner:
             else:
                 if s.state == "running":
                     await self.set(s, "ok", s.detail)
-        confirmed = ok and (self.dry_run or self.identity is not None)
+        confirmed = ok and (self.dry_run or self.identity is not None or self.nothing_to_do)
+        if not ok and not self.dry_run and self.stopped and not self.taken_over:
+            self.rollback_outcome = await self.roll_back()
+        if confirmed and not self.dry_run:
+            spec = plan.spec
+            spec.last_argv = mask_argv(plan.argv, plan.secrets)
+            launchspec.save(spec)
         result = ActionResult(
             action=plan.action,
             run=plan.run.name,
@@ -118,7 +144,10 @@ class _Runner:
             old_identity=msgspec.to_builtins(plan.old.identity) if plan.old else None,
             argv=mask_argv(plan.argv, plan.secrets),
             argv_diff=plan.argv_diff(),
+            last_launch_diff=plan.last_launch_diff(),
             dry_run=self.dry_run,
+            nothing_to_do=self.nothing_to_do,
+            rollback=self.rollback_outcome,
         )
         if not self.dry_run:
             audit.record(
@@ -132,7 +161,10 @@ class _Runner:
                 secrets=plan.secrets,
                 old_identity=result.old_identity,
                 argv_diff=result.argv_diff,
+                last_launch_diff=result.last_launch_diff,
                 reason=plan.budget_reason,
+                nothing_to_do=self.nothing_to_do or None,
+                rollback=self.rollback_outcome,
             )
         return result
 
@@ -158,15 +190,135 @@ class _Runner:
             return text
         return "would launch " + " ".join(mask_argv(p.argv, p.secrets))
 
+    # ------------------------------------------------------------ 0. preflight
+
+    async def preflight(self, step: Step) -> None:
+        plan = self.plan
+        flags = plan.spec.flags()
+        if not flags:
+            await self.set(step, "skipped", "no flag set or removed: the config's command line")
+            return
+        # A client profile that knows its flags is used as is; else the script says (--help).
+        profile = plan.layout.client.known_flags
+        source = f"the client profile {plan.layout.client.name!r}"
+        known: dict[str, bool | None]
+        if profile is not None:
+            known = {f: None for f in profile}
+        else:
+            read = await self._help_flags(step)
+            if read is None:
+                return
+            known, source = read
+        problems = [_unknown_flag(f, known) for f in flags if f not in known]
+        for f, value in plan.spec.sets:
+            takes = known.get(f)
+            if value is None and takes:
+                problems.append(f"{f}: needs a value (--set {f.lstrip('-')}=VALUE)")
+            elif value is not None and takes is False:
+                problems.append(f"{f}: takes no value (--set {f.lstrip('-')})")
+        if problems:
+            raise StepFailed(
+                "the new command line would not start: "
+                + "; ".join(problems)
+                + f" (flags from {source})",
+                "nothing was stopped or launched; fix the --set / --unset flags",
+            )
+        step.detail = f"{len(flags)} flag(s) accepted by the client ({source}): " + ", ".join(flags)
+
+    async def _help_flags(self, step: Step) -> tuple[dict[str, bool | None], str] | None:
+        """The flags the client's ``--help`` lists, or None when the step was settled by
+        ``--force`` (the flags could not be read).
+
+        Only the interpreter and the script run, with ``--help`` alone, bounded in time; a
+        script that ignores ``--help`` would start working, which is why a client profile's
+        known flags, where there is one, are used instead."""
+        plan = self.plan
+        idx = plan.layout.script_index
+        problem = None
+        output = ""
+        if idx is None:
+            problem = "the script of the command line is not one of the configured scripts"
+        else:
+            env = {k: v for k, v in plan.env.items() if k not in plan.secret_env}
+            help_params = {
+                "workdir": plan.paths["workdir"],
+                "argv": plan.argv[: idx + 1],
+                "env": env,
+                "timeout_s": HELP_TIMEOUT_S,
+            }
+            raw = await self.request(
+                "help_flags", help_params, timeout=HELP_TIMEOUT_S + self.hc.command_timeout
+            )
+            reply = decode(raw, HelpFlags, plan.host, "help_flags")
+            output = reply.output
+            known = parse_help_flags(reply.output)
+            step.data["help"] = {"exit_code": reply.exit_code, "timed_out": reply.timed_out}
+            if reply.timed_out:
+                problem = f"its --help did not answer within {HELP_TIMEOUT_S:g} s"
+            elif not known:
+                problem = f"its --help (exit status {reply.exit_code}) lists no flags"
+            else:
+                script = posixpath.basename(plan.argv[idx])
+                return known, f"{script} --help on {plan.host}"
+        if plan.force:
+            await self.set(
+                step,
+                "ok",
+                f"flags NOT checked (--force): cannot read the client's flags: {problem}",
+            )
+            return None
+        tail = "\n    ".join(output.splitlines()[-5:])
+        raise StepFailed(
+            f"cannot check the flags: {problem}" + (f"; its output:\n    {tail}" if tail else ""),
+            "nothing was stopped or launched; check the flags by hand and pass --force to "
+            "launch without this check",
+        )
+
     # ------------------------------------------------------------ 1. format check
 
     async def scan_all(self) -> list[dict[str, Any]]:
-        scans = await self.engine.check_run(self.plan.run.name)
+        # The files the NEW command line writes (datasets, output dir from the effective argv).
+        scans = await self.engine.check_run(self.plan.run.name, self.plan.argv)
         return list(scans)
+
+    def over_budget(self, scans: list[dict[str, Any]]) -> list[str]:
+        """Datasets already past their budget that the new argv would write without a budget
+        flag (``dataset: tokens / budget``)."""
+        plan = self.plan
+        if plan.layout.has_budget_flag():
+            return []
+        by_path = {p: ds for ds, p in plan.layout.data_files.items()}
+        over = []
+        for scan in scans:
+            ds = by_path.get(str(scan.get("path")))
+            dc = self.engine.config.datasets.get(ds) if ds else None
+            tokens = int(scan.get("completion_tokens") or 0)
+            if dc is not None and dc.token_budget is not None and tokens >= dc.token_budget:
+                over.append(f"{ds}: {tokens} completion tokens, budget {dc.token_budget}")
+        return over
 
     async def format_check(self, step: Step) -> None:
         scans = await self.scan_all()
         step.data["files"] = [_scan_summary(s) for s in scans]
+        if not scans:
+            raise StepFailed(
+                f"no data file to check for {self.plan.run.name}",
+                "declare the run's datasets (`datasets = [...]` or --datasets in its argv)",
+            )
+        over = self.over_budget(scans)
+        if over:
+            flag = self.plan.layout.client.budget_flag
+            if not self.plan.force:
+                raise StepFailed(
+                    "already over budget, and the new command line has no budget flag: "
+                    + "; ".join(over),
+                    (
+                        f"add one (--set {flag.lstrip('-')}=N) or pass --force to launch anyway"
+                        if flag
+                        else "the client has no budget flag; pass --force to launch anyway"
+                    ),
+                )
+            step.data["over_budget"] = over
         self.blocking = [s for s in scans if _blocks(s)]
         if not self.blocking:
             counts: dict[str, int] = {}
@@ -278,6 +430,7 @@ class _Runner:
                 f"pid {ident.pid} is still alive after the kill ({probe.get('detail')})",
                 "nothing was launched; look at the process on the host",
             )
+        self.stopped = True
         lock = await self._wait_lock_free()
         step.detail = f"pid {ident.pid}: {kill_summary(outcome)}; exit confirmed" + (
             f"; {lock}" if lock else ""
@@ -310,6 +463,7 @@ class _Runner:
                 old is None or (hid.pid, hid.start_time) != (old.pid, old.start_time)
             )
             if holder.state == "launching" or (other and st.holder_alive):
+                self.taken_over = True
                 who = f"pid {hid.pid}" if hid is not None else "a launch in progress"
                 raise StepFailed(
                     f"already running: {who} holds the run's lock {path} (started by another "
@@ -369,6 +523,7 @@ class _Runner:
         # Touch data only when no run holds the lock (another runwatch may have launched it).
         st = await self.reply("lock_status", {"lock_paths": plan.locks}, LockStatus)
         if st.held:
+            self.taken_over = True
             hid = st.holder.identity if st.holder else None
             who = f"pid {hid.pid}" if hid is not None else "a launch in progress"
             raise StepFailed(
@@ -431,28 +586,37 @@ class _Runner:
 
     # ------------------------------------------------------------ 6. launch
 
-    async def launch(self, step: Step) -> None:
+    def launch_params(self, layout: RunLayout, fingerprints: bool = True) -> dict[str, Any]:
+        """The ``launch`` request of ``layout.argv`` (its locks, log and fingerprints)."""
         plan = self.plan
-        params = {
-            "workdir": plan.paths["workdir"],
-            "argv": plan.argv,
+        argv = list(layout.argv)
+        return {
+            "workdir": layout.workdir,
+            "argv": argv,
             "env": plan.env,
             "secret_env": plan.secret_env,
-            "log": plan.paths["log"],
-            "lock_paths": plan.locks,
+            "log": layout.log,
+            "lock_paths": list(layout.locks),
+            "data_files": list(layout.data_files.values()),
             "settle_s": plan.run.settle_seconds,
             "lock_wait_s": 3.0,
             "fingerprints": [
                 {
                     "path": path,
-                    "data": dict(
-                        fingerprint_of(plan.run, plan.argv, self.engine.config), dataset=ds
+                    "data": dict(fingerprint_of(plan.run, argv, self.engine.config), dataset=ds),
+                    "hash_files": (
+                        {ds: layout.prompt_files[ds]} if ds in layout.prompt_files else {}
                     ),
-                    "hash_files": {ds: plan.prompt_files[ds]} if ds in plan.prompt_files else {},
                 }
-                for ds, path in plan.fingerprints.items()
-            ],
+                for ds, path in layout.fingerprints.items()
+            ]
+            if fingerprints
+            else [],
         }
+
+    async def launch(self, step: Step) -> None:
+        plan = self.plan
+        params = self.launch_params(plan.layout)
         started = time.time()
         timeout = plan.run.settle_seconds + 3.0 + self.hc.command_timeout
         try:
@@ -467,9 +631,35 @@ class _Runner:
             step.detail = f"running as pid {self.identity['pid']} (log {reply.get('log')})"
             if reply.get("reconciled"):
                 step.detail += f"; {reply['reconciled']}"
+            if reply.get("warning"):
+                step.detail += f"; warning: {reply['warning']}"
             return
         reason = reply.get("reason")
+        if reason == "exited" and reply.get("exit_code") == 0:
+            # The client says it has nothing left to generate: true when every dataset has
+            # reached its target; a dataset known to be short makes it a failed launch.
+            last = (reply.get("log_tail") or ["(the log is empty)"])[-1]
+            short = await self.unfinished(await self.scan_all())
+            if short:
+                raise StepFailed(
+                    f"the client exited 0 at once, but not every dataset is done: "
+                    f"{'; '.join(short)}; its last log line: {last}",
+                    "read the run's log: it stopped without generating",
+                )
+            self.nothing_to_do = True
+            step.detail = (
+                "nothing to do: all datasets done (the client exited 0 at once; "
+                f"its last log line: {last})"
+            )
+            return
+        if reason == "writer-alive":
+            raise StepFailed(
+                reply.get("detail") or "a data file is open for writing",
+                "one writer per data file: stop that process first (`runwatch ps`, "
+                "`runwatch kill RUN --pid PID`)",
+            )
         if reason == "already-running":
+            self.taken_over = True
             raise StepFailed(
                 reply.get("detail") or "already running",
                 "another runwatch (or a launch in progress) started it; refresh to see it",
@@ -479,6 +669,107 @@ class _Runner:
             f"{reply.get('detail') or reason}; last lines of {reply.get('log')}:\n    {tail}",
             "fix the cause shown in the log, then launch again",
         )
+
+    async def unfinished(self, scans: list[dict[str, Any]]) -> list[str]:
+        """Datasets known to be short of their target (``B2: 97/400 responses``): fewer
+        responses than both the sample target (``--max-samples`` or the config's) and the
+        prompts file's lines. Unknown when the prompts file is not known or not readable."""
+        plan = self.plan
+        layout = plan.layout
+        start = layout.script_index if layout.script_index is not None else 0
+        flag_target = match.parse_flags(list(plan.argv), start).get("max_samples")
+        prompts = {
+            ds: posixpath.normpath(posixpath.join(layout.workdir, rel))
+            for ds, rel in layout.prompt_files.items()
+        }
+        found: dict[str, Any] = {}
+        if prompts:
+            specs = [{"path": p, "validate": "sample", "texts": False} for p in prompts.values()]
+            reply = await self.request(
+                "scan", {"files": specs}, timeout=max(self.hc.command_timeout, 60.0)
+            )
+            found = reply.get("files") or {}
+        lines = {
+            ds: found[p].get("lines") if (found.get(p) or {}).get("state") == "ok" else None
+            for ds, p in prompts.items()
+        }
+        by_path = {p: ds for ds, p in layout.data_files.items()}
+        short = []
+        for scan in scans:
+            ds = by_path.get(str(scan.get("path")))
+            total = lines.get(ds) if ds is not None else None
+            if ds is None or not isinstance(total, int):
+                continue
+            dc = self.engine.config.datasets.get(ds)
+            target = flag_target or (dc.max_samples if dc is not None else None)
+            want = min(total, target) if isinstance(target, int) else total
+            done = int(scan.get("unique_ids") or scan.get("records") or 0)
+            if done < want:
+                short.append(f"{ds}: {done}/{want} responses")
+        return short
+
+    # ------------------------------------------------------------ rollback
+
+    def previous_argv(self) -> tuple[list[str], str]:
+        """The command line that ran before the stop, and where it was read."""
+        plan = self.plan
+        assert plan.old is not None
+        running = list(plan.old.identity.argv)
+        if running and not any(MASK in a for a in running):
+            return running, f"the stopped process (pid {plan.old.identity.pid})"
+        return launchspec.launch_argv(plan.run), "the run's previous launch spec"
+
+    async def roll_back(self) -> dict[str, Any]:
+        """Launch the previous command line again after a failure past the stop; audited."""
+        plan = self.plan
+        argv, source = self.previous_argv()
+        outcome: dict[str, Any] = {"ok": False, "identity": None, "source": source}
+        try:
+            layout = layout_of(self.engine.config, plan.run, argv)
+            layout.require_files()
+            # The fingerprints on the host stay those of the launch that wrote the data.
+            params = self.launch_params(layout, fingerprints=False)
+            timeout = plan.run.settle_seconds + 3.0 + self.hc.command_timeout
+            try:
+                reply = await self.request("launch", params, timeout=timeout)
+            except OutcomeUnknown as e:
+                reply = await self._reconcile_launch(time.time(), str(e))
+        except HostError as e:
+            reply = {"started": False, "detail": f"cannot reach {plan.host} ({e.message})"}
+        except (RunwatchError, OSError, asyncio.TimeoutError) as e:
+            reply = {"started": False, "detail": str(e)}
+        if reply.get("started"):
+            ident = reply["identity"]
+            outcome.update(
+                ok=True,
+                identity=ident,
+                detail=f"rolled back: the previous command line (from {source}) runs again "
+                f"as pid {ident.get('pid')}",
+            )
+        elif reply.get("reason") == "exited" and reply.get("exit_code") == 0:
+            outcome.update(
+                ok=True,
+                detail="rolled back: the previous command line exited 0 at once (nothing to do)",
+            )
+        else:
+            tail = "\n    ".join(reply.get("log_tail") or [])
+            outcome["detail"] = (
+                f"ROLLBACK FAILED: the previous command line (from {source}) did not start: "
+                f"{reply.get('detail') or reply.get('reason')}; the run is DOWN - start it with "
+                f"`runwatch launch {plan.run.name}`" + (f"\n    {tail}" if tail else "")
+            )
+        outcome["detail"] = mask_text(str(outcome["detail"]), plan.secrets)
+        audit.record(
+            "rollback",
+            host=plan.host,
+            run=plan.run.name,
+            ok=bool(outcome["ok"]),
+            identity=outcome["identity"],
+            argv=argv,
+            secrets=plan.secrets,
+            detail=outcome["detail"],
+        )
+        return outcome
 
     async def _reconcile_launch(self, started: float, why: str) -> dict[str, Any]:
         await self.host.connect()
@@ -513,6 +804,12 @@ class _Runner:
             "lock now",
             "log": self.plan.paths["log"],
         }
+
+
+def _unknown_flag(flag: str, known: dict[str, bool | None]) -> str:
+    close = difflib.get_close_matches(flag, sorted(known), n=1, cutoff=0.6)
+    # "FLAG: ..." - a word right after a flag name would read as its value (and be masked).
+    return f"{flag}: not a flag of the client" + (f" (did you mean {close[0]}?)" if close else "")
 
 
 def _blocks(scan: dict[str, Any]) -> bool:

@@ -5,4 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 pytest_plugins = sorted(f"tests.{p.stem}" for p in Path(__file__).parent.glob("fixtures_*.py"))
+
+
+@pytest.fixture(autouse=True)
+def _private_state_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runwatch's state (audit log, launch specs, guard markers, bench history) goes to a private
+    directory in every test: a test never reads or writes the user's. ``state_home`` and tests
+    that need their own still set theirs."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))

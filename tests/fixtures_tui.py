@@ -94,6 +94,11 @@ def _dataset(name: str, i: int, out: str, *, live: bool) -> DatasetView:
             tok_per_s_1m=700.0 + i * 55,
             tok_per_s_10m=690.0 + i * 50,
             tok_per_s_all=650.0 + i * 40,
+            tok_per_s=700.0 + i * 55,
+            tok_per_s_err=(700.0 + i * 55) / 10,
+            req_per_s=0.2 + i / 100,
+            window_s=600.0,
+            responses=100,
         )
         if live
         else Rates(),
@@ -152,6 +157,10 @@ def fixed_snapshot() -> Snapshot:
         state="running",
         process=_process(4242, LOCAL_ARGV, backend="local", run="eagle3-kimi"),
         datasets=[_dataset(n, i, "/data/eagle3/out", live=True) for i, n in enumerate(NAMES)],
+        # The run's own window across its datasets (not their windows added up).
+        rates=Rates(
+            tok_per_s=2160.0, tok_per_s_err=96.0, req_per_s=0.6, window_s=600, responses=506
+        ),
     )
     api_run = RunView(
         name="eagle3-api",
@@ -159,6 +168,9 @@ def fixed_snapshot() -> Snapshot:
         state="running",
         process=_process(777, API_ARGV, backend="api", run="eagle3-api"),
         datasets=[_dataset(n, i, "/srv/out-api", live=True) for i, n in enumerate(["C1", "C2"])],
+        rates=Rates(
+            tok_per_s=5400.0, tok_per_s_err=300.0, req_per_s=1.5, window_s=600, responses=324
+        ),
     )
     return Snapshot(
         time=FROZEN_TIME,
@@ -326,7 +338,7 @@ class FixedEngine:
     ) -> list[GuardOutcome]:
         return []
 
-    async def check_run(self, run: str) -> list[dict[str, Any]]:
+    async def check_run(self, run: str, argv: list[str] | None = None) -> list[dict[str, Any]]:
         # What a full validation finds: B3 still holds records of the legacy text format.
         out = []
         for host in self.snapshot.hosts:

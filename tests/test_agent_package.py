@@ -202,6 +202,7 @@ def test_the_shape_checker_rejects_what_does_not_fit() -> None:
         (replies.LockStatus, protocol.LockStatusResult),
         (replies.Launch, protocol.LaunchResult),
         (replies.GpuHolders, protocol.GpuHoldersResult),
+        (replies.HelpFlags, protocol.HelpFlagsResult),
         (replies.ScanFile, protocol.ScanFile),
         (replies.Scan, protocol.ScanResult),
     ],
@@ -300,6 +301,11 @@ async def test_the_real_agent_replies_fit_the_shapes(
     gpu = await host.request("gpu_holders", {"pids": [os.getpid()]})
     _fits("gpu_holders", gpu)
     msgspec.convert(gpu, replies.GpuHolders)
+    helped = await host.request(
+        "help_flags", {"workdir": str(workdir), "argv": [sys.executable, "-c", "print('--x')"]}
+    )
+    _fits("help_flags", helped)
+    assert msgspec.convert(helped, replies.HelpFlags).exit_code == 0
 
 
 def test_a_reply_that_does_not_fit_is_a_clear_agent_error() -> None:

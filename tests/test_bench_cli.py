@@ -126,7 +126,8 @@ def test_bench_a_bare_url_without_config(mock_server: Any, tmp_path: Path) -> No
     args = ("bench", h.url, "--prompts", str(prompts), "--requests", "5", "--json")
     # -c naming a file that does not exist is an error, even for a URL.
     p = _runwatch(tmp_path, "-c", str(tmp_path / "none.toml"), *args, key=None)
-    assert p.returncode == 2 and "no such config file" in p.stderr
+    # under --json the error is JSON on stdout, with the same exit status
+    assert p.returncode == 2 and "no such config file" in json.loads(p.stdout)["error"]
     # No config named anywhere and none in the working directory: the URL alone is enough.
     p = subprocess.run(
         [sys.executable, "-m", "supervisor.cli", *args],

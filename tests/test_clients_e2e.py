@@ -100,11 +100,13 @@ def test_specforge_status_records_tokens_target_completeness_errors(
             return await _until(
                 engine,
                 "sf",
-                lambda rv: rv.state == "running"
-                and rv.datasets
-                and _ds(rv).records >= 6
-                and _ds(rv).rates.req_per_s_all
-                and any(s.lines for s in _ds(rv).sidecars),
+                lambda rv: (
+                    rv.state == "running"
+                    and rv.datasets
+                    and _ds(rv).records >= 6
+                    and _ds(rv).rates.req_per_s_all
+                    and any(s.lines for s in _ds(rv).sidecars)
+                ),
             )
 
     try:
@@ -143,7 +145,9 @@ def test_specforge_restart_without_resume_is_refused_before_anything_stops(
             before = (await _view(engine, "sf")).process
             assert before is not None
             size = run.output.stat().st_size
-            result = await restart(engine, "sf", ["--unset", "resume"] if False else [], unset=["resume"])
+            result = await restart(
+                engine, "sf", ["--unset", "resume"] if False else [], unset=["resume"]
+            )
             after = (await _view(engine, "sf")).process
             return launched, before, after, result, size
 
@@ -171,9 +175,14 @@ def test_specforge_kill_and_resume_keep_every_byte(
             prefix = run.output.read_bytes()
             assert (await engine.execute(await engine.plan("sf", action="launch"))).ok
             rv = await _until(
-                engine, "sf", lambda rv: rv.state == "stopped" and rv.datasets
-                and _ds(rv).completeness is not None
-                and _ds(rv).completeness.missing == 0,
+                engine,
+                "sf",
+                lambda rv: (
+                    rv.state == "stopped"
+                    and rv.datasets
+                    and _ds(rv).completeness is not None
+                    and _ds(rv).completeness.missing == 0
+                ),
             )
             assert run.output.read_bytes().startswith(prefix)
             return rv
@@ -257,16 +266,23 @@ def test_modelopt_end_to_end_detected_resumed_finished(
         async with Engine(run.config) as engine:
             assert (await engine.execute(await engine.plan("mo", action="launch"))).ok
             first = await _until(
-                engine, "mo", lambda rv: rv.state == "running" and rv.datasets
-                and _ds(rv).records >= 3,
+                engine,
+                "mo",
+                lambda rv: rv.state == "running" and rv.datasets and _ds(rv).records >= 3,
             )
             assert first.process is not None
             assert (await engine.kill("local", first.process.identity, 5.0, run="mo")).ok
             prefix = run.output.read_bytes()
             assert (await engine.execute(await engine.plan("mo", action="launch"))).ok
             done = await _until(
-                engine, "mo", lambda rv: rv.state == "stopped" and rv.datasets
-                and _ds(rv).completeness is not None and _ds(rv).completeness.missing == 0,
+                engine,
+                "mo",
+                lambda rv: (
+                    rv.state == "stopped"
+                    and rv.datasets
+                    and _ds(rv).completeness is not None
+                    and _ds(rv).completeness.missing == 0
+                ),
             )
             assert run.output.read_bytes().startswith(prefix)
             return first, done
@@ -301,9 +317,7 @@ resume = "always"
 output_file = ["--output-file-path"]
 input_file = ["--input-file-path"]
 """
-    run = ClientRun(
-        tmp_path, "specforge", client_server.url, demo_tokenizer, rows=30, top=profile
-    )
+    run = ClientRun(tmp_path, "specforge", client_server.url, demo_tokenizer, rows=30, top=profile)
 
     async def go() -> tuple[Any, RunView]:
         async with Engine(run.config) as engine:

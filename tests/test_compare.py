@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,7 +20,6 @@ from supervisor.compare import (
     endpoint_rates,
     estimate,
     format_lines,
-    gather_comparison,
     live_rates,
     pick_level,
     remaining_work,
@@ -31,8 +28,6 @@ from supervisor.compare import (
 from supervisor.config import load_config
 from supervisor.model import DatasetView, HostView, Rates, RunView, Snapshot
 from tests.fixtures_config import write_local_config
-from tests.fixtures_demo import reference_client_argv
-from tests.waiting import wait_until
 
 API = EndpointRate(
     endpoint="openrouter",
@@ -306,6 +301,9 @@ def _snapshot() -> Snapshot:
             _ds("B1", "/w/out/B1/raw_responses.jsonl", 100, 400_000, 30_000, 400.0),
             _ds("B2", "/w/out/B2/raw_responses.jsonl", 50, 200_000, 15_000, 300.0),
         ],
+        # The run's own window across its datasets (the engine measures it; the datasets'
+        # windows above are not added up).
+        rates=Rates(tok_per_s=650.0, tok_per_s_err=65.0, responses=100, window_s=600.0),
     )
     api = RunView(
         name="api-run",
@@ -346,13 +344,16 @@ def _bench(endpoint: str, when: float, levels: list[tuple[int, float]]) -> Bench
     )
 
 
-def test_live_rate_is_the_sum_over_a_running_runs_datasets(tmp_path: Path) -> None:
+def test_live_rate_is_the_runs_own_window_not_a_sum_of_datasets(tmp_path: Path) -> None:
     config = load_config(_config(tmp_path))
-    # The stopped run's rates are history, not a measurement of its endpoint now.
-    assert live_rates(config, _snapshot()) == {"sglang": (700.0, ["eagle3"])}
+    # The stopped run's rates are history, not a measurement of its endpoint now; the running
+    # run's rate is its own window (650), not its datasets' windows added up (400 + 300).
+    (ep,) = live_rates(config, _snapshot()).items()
+    assert ep[0] == "sglang"
+    assert (ep[1].tok_per_s, ep[1].err, ep[1].runs) == (650.0, 65.0, ["eagle3"])
 
 
-def test_endpoint_rates_live_else_latest_bench(tmp_path: Path) -> None:
+def test_endpoint_rates_live_else_latest_bench_of_the_runs_shape(tmp_path: Path) -> None:
     config = load_config(_config(tmp_path))
     when = datetime(2026, 11, 30, 1, 23).timestamp()
     history = [
@@ -361,18 +362,44 @@ def test_endpoint_rates_live_else_latest_bench(tmp_path: Path) -> None:
         _bench("sglang", when, [(64, 99999.0)]),
     ]
     rates = {
-        r.endpoint: r for r in endpoint_rates(config, live_rates(config, _snapshot()), history)
+        r.endpoint: r
+        for r in endpoint_rates(
+            config, live_rates(config, _snapshot()), history, server={"sglang": 700.0}
+        )
     }
-    assert rates["sglang"].out_tok_per_s == 700.0
-    assert rates["sglang"].source == "live rate (run eagle3)"
+    assert (rates["sglang"].out_tok_per_s, rates["sglang"].out_tok_per_s_err) == (650.0, 65.0)
+    assert rates["sglang"].source == "live rate (run eagle3: 100 responses over 10 min)"
+    # The server made 50 tok/s more than reached the files.
+    assert rates["sglang"].server_tok_per_s == 700.0 and rates["sglang"].gap_tok_per_s == 50.0
     # The level at the endpoint's configured concurrency (64), from the newest bench.
     assert rates["openrouter"].out_tok_per_s == 4000.0
     assert rates["openrouter"].source == "bench of 2026-11-30 01:23 (c=64)"
+    assert rates["openrouter"].shape_note is None
     assert rates["openrouter"].cost_per_request == pytest.approx(0.02)
     assert rates["unmeasured"].out_tok_per_s is None
     assert rates["unmeasured"].source == "no measurement (run `runwatch bench unmeasured`)"
     assert pick_level(history[1], None) is not None
     assert pick_level(history[1], None).concurrency == 128  # type: ignore[union-attr]
+
+
+def test_a_bench_of_another_shape_is_marked(tmp_path: Path) -> None:
+    """The newest bench ran at c=8 and c=128 only, streamed; the runs use c=64 without
+    streaming: the bench is used (there is nothing else) and says how it differs."""
+    text = (
+        _config(tmp_path)
+        .read_text()
+        .replace("concurrency = 64", "concurrency = 64\nstream = false")
+    )
+    (tmp_path / "c2.toml").write_text(text)
+    config = load_config(tmp_path / "c2.toml")
+    bench = _bench("openrouter", 1.0e9, [(8, 2000.0), (128, 5000.0)])
+    bench.stream = True
+    (api,) = [r for r in endpoint_rates(config, {}, [bench]) if r.endpoint == "openrouter"]
+    assert api.out_tok_per_s == 5000.0
+    assert api.shape_note == (
+        "bench of another shape: c=128, the runs use c=64; streamed, the runs are not streamed"
+    )
+    assert "(bench of another shape: c=128" in "\n".join(format_lines(compare([], [api])))
 
 
 def test_works_add_up_a_dataset_written_by_two_runs(tmp_path: Path) -> None:
@@ -482,112 +509,3 @@ price_out_per_m = 2.0
         timeout=120,
     ).stdout
     assert "B1: local: 2 min, $1.00 of GPU time; API: 10 s, $0.021" in text
-
-
-async def test_a_running_run_measures_its_endpoint_live(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    mock_server: Any,
-    demo_prompts: Any,
-    spawn: Any,
-) -> None:
-    """The reference client writes to its data files what a capacity-limited mock delivers
-    (3,000 tok/s: 10 requests of exactly 100 tokens at a time); compare reads that rate back from
-    the files, through the real engine and agent."""
-    h = mock_server(capacity_tps=3000, mean_tokens=1000, length_sigma=0, tick_s=0.01)
-    prompts_dir = demo_prompts(("B1",), count=3000)
-    work = tmp_path / "work"
-    work.mkdir()
-    argv = reference_client_argv(
-        h.url, prompts_dir, work / "out", "B1", "--concurrency", "10", "--max-tokens", "100"
-    )
-    cfg = write_local_config(
-        tmp_path / "c.toml",
-        f"""
-[[runs]]
-name = "gen"
-host = "here"
-workdir = "{work}"
-argv = {json.dumps(argv)}
-output_dir = "out"
-endpoint = "local"
-[datasets.B1]
-token_budget = 1_000_000
-[[endpoints]]
-name = "local"
-kind = "local"
-base_url = "{h.url}"
-gpu_cost_per_hour = 36.0
-""",
-        top="refresh_seconds = 0.5",
-        python=True,
-    )
-    config = load_config(cfg)
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    spawn(argv, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    data = work / "out" / "B1" / "raw_responses.jsonl"
-    wait_until(lambda: data.exists() and data.stat().st_size > 0, 30, what="the first responses")
-    result = await gather_comparison(config, sample_s=20, min_sample_s=4)
-    (rate,) = result.rates
-    assert re.match(
-        r"live rate \(run gen: \d+ new responses, measured over \d+ (?:s|min)\)", rate.source
-    )
-    assert rate.out_tok_per_s == pytest.approx(3000, rel=0.2)
-    (b1,) = result.datasets
-    (est,) = b1.estimates
-    assert est.seconds == pytest.approx(b1.work.remaining_tokens / rate.out_tok_per_s)
-    assert est.cost_usd == pytest.approx(est.seconds / 100.0)  # $36/h = $0.01/s
-
-
-async def test_live_sampling_waits_for_enough_responses(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A run whose files grow one response per look is watched until it wrote 10 of them, not
-    stopped at the first positive rate (a rate over 2 or 3 responses is mostly noise)."""
-    from supervisor.compare import MIN_NEW_RESPONSES
-
-    cfg = write_local_config(
-        tmp_path / "c.toml",
-        """
-[[runs]]
-name = "gen"
-host = "here"
-workdir = "/w"
-argv = ["python3", "run_inference.py", "--datasets", "B1"]
-endpoint = "local"
-[datasets.B1]
-token_budget = 1_000_000
-[[endpoints]]
-name = "local"
-kind = "local"
-base_url = "http://127.0.0.1:9/v1"
-gpu_cost_per_hour = 36.0
-""",
-        top="refresh_seconds = 0.01",
-    )
-    config = load_config(cfg)
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-
-    class OneMorePerLook:
-        looks = 0
-
-        async def refresh(self) -> Snapshot:
-            self.looks += 1
-            n = 100 + self.looks
-            ds = DatasetView(
-                name="B1",
-                path="/w/out/B1/raw_responses.jsonl",
-                records=n,
-                unique_ids=n,
-                completion_tokens=n * 100,
-                rates=Rates(tok_per_s_1m=100.0, req_per_s_1m=1.0),
-            )
-            run = RunView(name="gen", host="here", state="running", datasets=[ds])
-            return Snapshot(time=0.0, hosts=[HostView(name="here", connected=True, runs=[run])])
-
-    engine = OneMorePerLook()
-    result = await gather_comparison(config, sample_s=60, min_sample_s=0, engine=engine)
-    assert engine.looks == MIN_NEW_RESPONSES + 1
-    assert result.rates[0].out_tok_per_s == 100.0
-    # What the rate stands on is said (the fake engine is not "own": no duration note).
-    assert result.rates[0].source == f"live rate (run gen: {MIN_NEW_RESPONSES} new responses)"

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from supervisor.config import Config, DatasetConfig, HostConfig, RunConfig
-from supervisor.engine import Engine, dataset_path
+from supervisor.engine import Engine
+from supervisor.layout import layout_of
 from supervisor.model import HostView
 from tests.fixtures_data import dump, make_raw, raw_record
 from tests.fixtures_procs import FakeRuns
@@ -131,10 +132,10 @@ async def test_engine_kill_stops_the_listed_process(tmp_path: Path, fake_runs: F
 
 def test_dataset_path_expands_home_only_locally() -> None:
     run = RunConfig(name="r", host="h", workdir="~/data", argv=["run_inference.py"])
-    assert dataset_path(run, "B1", local=False) == "~/data/out/B1/raw_responses.jsonl"
-    assert dataset_path(run, "B1", local=True) == str(
-        Path.home() / "data/out/B1/raw_responses.jsonl"
-    )
+    for local, want in ((False, "~/data"), (True, str(Path.home() / "data"))):
+        config = Config(hosts=[HostConfig(name="h", local=local)], runs=[run])
+        layout = layout_of(config, run, ["run_inference.py", "--datasets", "B1"])
+        assert layout.data_files == {"B1": f"{want}/out/B1/raw_responses.jsonl"}
 
 
 # --------------------------------------------------------------------------- over SSH

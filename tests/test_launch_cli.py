@@ -42,7 +42,8 @@ def test_no_terminal_and_no_yes_refuses(
         assert "no terminal" in out.stderr and "--yes" in out.stderr
     assert run_pids(demo.workdir) == []
     bad = runwatch("launch", "demo", "-c", str(demo.config_path), "--set", "token-budget", "--yes")
-    assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
+    assert bad.returncode == 1 and "--token-budget: needs a value" in bad.stdout, bad.stdout
+    assert run_pids(demo.workdir) == []
 
 
 def test_dry_run_json_changes_nothing(tmp_path: Path, state_home: Path, slow_endpoint: Any) -> None:
@@ -52,6 +53,7 @@ def test_dry_run_json_changes_nothing(tmp_path: Path, state_home: Path, slow_end
     result = json.loads(out.stdout)
     assert result["ok"] is True and result["dry_run"] is True and result["identity"] is None
     assert [(s["name"], s["ok"]) for s in result["steps"]] == [
+        ("preflight", True),
         ("format-check", True),
         ("fingerprint", True),
         ("data-repair", True),

@@ -320,6 +320,7 @@ def test_gpu_memory_parsing() -> None:
             "memory_used_mb": 70000.0,
             "memory_total_mb": 81559.0,
             "utilization_pct": 97.0,
+            "pids": [],
         }
     ]
 

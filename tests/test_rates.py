@@ -272,6 +272,8 @@ def test_stopped_writer_projects_nothing() -> None:
 def test_stall_needs_a_live_writer_and_no_growth() -> None:
     tracker = RateTracker()
     ds = DatasetConfig(token_budget=10_000_000)
+    # It grew while watched (it has started): only then can it stall.
+    build_dataset_view(scan(9, 900, size=450), ds, None, tracker, None, True, -1.0)
     for t in (0.0, 100.0, 200.0):
         v = build_dataset_view(
             scan(10, 1000, size=500), ds, None, tracker, None, True, t, stall_seconds=300

@@ -68,7 +68,15 @@ async def test_restart_mid_flight_counts_every_sample_exactly_once(
         )
     assert result.ok, why(result)
     names = [s.name for s in result.steps]
-    assert names == ["format-check", "fingerprint", "stop", "gpu-release", "data-repair", "launch"]
+    assert names == [
+        "preflight",
+        "format-check",
+        "fingerprint",
+        "stop",
+        "gpu-release",
+        "data-repair",
+        "launch",
+    ]
     # each step was reported live: running, then its outcome
     for name in names:
         states = [st for n, st in seen if n == name]
@@ -112,7 +120,8 @@ async def test_legacy_data_blocks_the_restart_and_changes_nothing(
         assert str(legacy) in failed.detail and "legacy" in failed.detail
         assert "line 1" in failed.detail and "output_ids" in failed.detail
         assert "--move-aside" in failed.detail
-        assert [s.state for s in result.steps][1:] == ["pending"] * 5
+        assert [s.state for s in result.steps][:2] == ["ok", "failed"]
+        assert [s.state for s in result.steps][2:] == ["pending"] * 5
         # the old run was left alone, every byte is as it was
         assert pid_alive(old_pid) and run_pids(slow_demo.workdir) == [old_pid]
         after = {p: sha256_of(p) for p in (tmp_path / "work").rglob("*") if p.is_file()}
@@ -162,6 +171,7 @@ async def test_torn_tail_is_repaired_after_the_writer_is_gone(
         dry = await actions.restart(engine, "demo", dry_run=True)
         assert dry.ok and dry.dry_run
         assert [s.state for s in dry.steps] == [
+            "skipped",
             "ok",
             "ok",
             "skipped",
@@ -326,9 +336,13 @@ def test_overrides_replace_or_append() -> None:
     assert hostile[-2:] == ["--note", "$(touch /tmp/x); rm -rf ~"]
     from supervisor.errors import UsageError
 
-    for bad in ("token-budget", "=5", "a b=1"):
+    for bad in ("=5", "a b=1", "", "-"):
         with pytest.raises(UsageError):
             parse_sets([bad])
+    assert parse_sets(["resume", "--token-budget"]) == [
+        ("--resume", None),
+        ("--token-budget", None),
+    ]
 
 
 def test_argv_diff() -> None:

@@ -240,7 +240,14 @@ def _view(name: str, **kw: Any) -> DatasetView:
 def test_render_fits_80_columns_and_says_only_what_the_columns_do_not() -> None:
     from supervisor.model import Rates
 
-    rates = Rates(req_per_s_1m=0.5, tok_per_s_1m=2315.6, req_per_s_all=0.5, tok_per_s_all=2315.6)
+    rates = Rates(
+        req_per_s_1m=0.5,
+        tok_per_s_1m=2315.6,
+        req_per_s_all=0.5,
+        tok_per_s_all=2315.6,
+        req_per_s=0.5,
+        tok_per_s=2315.6,
+    )
     datasets = [
         # finished: the note would only repeat the columns
         _view(

@@ -190,7 +190,7 @@ async def test_kill_flow_stops_exactly_the_chosen_run(tui_demo: Any) -> None:
         assert isinstance(launch, RestartScreen) and launch.mode == "launch"
         await wait_for(lambda: launch.plan is not None, timeout=20, what="the launch plan")
         assert [s["name"] for s in launch.steps] == [
-            "format-check", "fingerprint", "data-repair", "launch",
+            "preflight", "format-check", "fingerprint", "data-repair", "launch",
         ]  # fmt: skip
         await pilot.press("m")
         await wait_for(lambda: launch.plan is not None and launch.plan.move_aside, what="plan")
@@ -229,8 +229,8 @@ async def test_restart_blocked_by_legacy_data_shows_the_remedy(tui_demo: Any) ->
         await pilot.press("c")
         await wait_for(lambda: screen.result is not None, timeout=30, what="the checks")
         assert screen.result.ok is False
-        assert screen.steps[0]["name"] == "format-check" and screen.steps[0]["state"] == "failed"
-        assert "B3" in screen.steps[0]["detail"] and "legacy" in screen.steps[0]["detail"]
+        assert screen.steps[1]["name"] == "format-check" and screen.steps[1]["state"] == "failed"
+        assert "B3" in screen.steps[1]["detail"] and "legacy" in screen.steps[1]["detail"]
         problem = _text(screen.query_one("#problem", Static))
         assert "press m to move those files aside" in problem
         # Nothing changed: the run still runs, B3 is untouched.
@@ -245,7 +245,7 @@ async def test_restart_blocked_by_legacy_data_shows_the_remedy(tui_demo: Any) ->
         await pilot.press("c")
         await wait_for(lambda: screen.result is not None, timeout=30, what="the checks again")
         assert screen.result.ok is True, screen.steps
-        assert "will move aside" in screen.steps[0]["detail"]
+        assert "will move aside" in screen.steps[1]["detail"]
         assert local.poll() is None
 
 

@@ -34,7 +34,7 @@ async def test_dashboard_stops_an_over_budget_run_exactly_once(
         await wait_for(lambda: app.refreshes >= seen + 3, 30, what="three more refreshes")
     policy = [a for a in app.alerts if a.kind == "budget-policy"]
     assert len(policy) == 1, app.alerts
-    assert "stop" in policy[0].title and policy[0].severity == "information"
+    assert "stop" in policy[0].title and policy[0].severity == "info"
     assert not any(a.kind == "run-died" for a in app.alerts), app.alerts
     records = [json.loads(line) for line in (state / "runwatch" / "audit.jsonl").open()]
     assert [r["action"] for r in records] == ["kill", "budget"], records

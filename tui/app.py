@@ -13,19 +13,26 @@ from typing import Any, ClassVar
 from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
+from textual.notifications import SeverityLevel
 from textual.reactive import var
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from supervisor.config import Config
-from supervisor.engine import BudgetEvent, GuardOutcome
+from supervisor.engine import BudgetEvent, Event, EventTracker, GuardOutcome, budget_event, stop_key
 from supervisor.model import HostView, RunView, Snapshot
-from tui.alerts import Alert, changes, stop_key
 from tui.commands import RunCommands
 from tui.engine import EngineLike
 from tui.messages import BudgetPolicyApplied, RefreshFailed, RunKilled, SnapshotRefreshed
 from tui.screens.dashboard import DashboardScreen
+from tui.widgets.events import EventsPanel
 from tui.widgets.fleet import run_key
+
+NOTIFY_SEVERITY: dict[str, SeverityLevel] = {
+    "info": "information",
+    "warning": "warning",
+    "critical": "error",
+}
 
 
 class RunwatchApp(App[None]):
@@ -41,6 +48,13 @@ class RunwatchApp(App[None]):
         Binding("question_mark", "help", "Help", key_display="?", tooltip="Every key, explained"),
         Binding("r", "refresh", "Refresh", show=False, tooltip="Refresh every host now"),
         Binding("C", "compare", "Compare", tooltip="Local GPUs vs API: rates and cost"),
+        Binding(
+            "e",
+            "toggle_events",
+            "Events",
+            show=False,
+            tooltip="Show or hide the events panel (what runwatch watch alerts on)",
+        ),
         Binding("q", "quit", "Quit", tooltip="Leave runwatch (runs keep running)"),
     ]
 
@@ -61,8 +75,10 @@ class RunwatchApp(App[None]):
         self.engine = engine
         self.config_path = config.path
         self.refresh_seconds = refresh_seconds or config.refresh_seconds
-        self.alerts: list[Alert] = []
-        """Every notification shown so far, oldest first."""
+        self.alerts: list[Event] = []
+        """Every event notified so far, oldest first (``supervisor.events``, as
+        ``runwatch watch`` reports them; conditions true at start-up are not notified)."""
+        self._events = EventTracker(config, report_initial=False)
         self.refreshes = 0
         """Number of snapshots received (tests wait on it)."""
         self._expected_stops: set[str] = set()
@@ -98,10 +114,8 @@ class RunwatchApp(App[None]):
             self._refreshing = False
 
     def on_snapshot_refreshed(self, message: SnapshotRefreshed) -> None:
-        before = self.snapshot
-        for alert in changes(before, message.snapshot, self._expected_stops):
-            self.alerts.append(alert)
-            self.notify(alert.message, title=alert.title, severity=alert.severity, markup=False)
+        for event in self._events.update(message.snapshot, self._expected_stops):
+            self.notify_event(event)
         # A deliberate stop is expected until that process is seen gone (or replaced).
         live = {
             stop_key(h.name, r.name, r.process.identity.pid)
@@ -137,19 +151,28 @@ class RunwatchApp(App[None]):
 
     def on_budget_policy_applied(self, message: BudgetPolicyApplied) -> None:
         for outcome in message.outcomes:
-            if not outcome.acted:
-                continue  # another runwatch, or an earlier one, already acted
-            if outcome.event.policy == "warn":
-                continue  # the over-budget alert says it already
-            event = outcome.event
-            alert = Alert(
-                kind="budget-policy",
-                title=f"Budget policy {event.policy}: {event.run}",
-                message=f"{event.message}\n{outcome.detail}",
-                severity="information" if outcome.ok else "error",
-            )
-            self.alerts.append(alert)
-            self.notify(alert.message, title=alert.title, severity=alert.severity, markup=False)
+            # None when another runwatch (or an earlier one) acted, or for warn (the over-budget
+            # event says it already).
+            event = budget_event(outcome, self.config)
+            if event is not None:
+                self.notify_event(event)
+
+    def notify_event(self, event: Event) -> None:
+        """Show ``event`` as a notification (with the command that acts on it) and in the events
+        panel; a critical one rings the terminal bell."""
+        self.alerts.append(event)
+        text = f"{event.message}\n→ {event.command}" if event.command else event.message
+        self.notify(text, title=event.title, severity=NOTIFY_SEVERITY[event.severity], markup=False)
+        if event.severity == "critical":
+            self.bell()
+        for panel in self.query("EventsPanel").results(EventsPanel):
+            panel.show_events(self.alerts)
+
+    def action_toggle_events(self) -> None:
+        """Show or hide the events panel of the dashboard."""
+        for panel in self.screen.query("EventsPanel").results(EventsPanel):
+            panel.show_events(self.alerts)
+            panel.toggle_class("-shown")
 
     def on_refresh_failed(self, message: RefreshFailed) -> None:
         self.refresh_error = message.error

@@ -20,7 +20,7 @@ def open_tui(config_path: str | None, refresh_seconds: float | None = None) -> N
     from supervisor.engine import Engine
     from tui.app import make_app
 
-    config = get_config(config_path)
+    config = get_config(config_path, need="hosts")
     app = make_app(config, Engine(config), refresh_seconds=refresh_seconds)
     app.run()
 

@@ -43,8 +43,9 @@ class EngineLike(Protocol):
         """Stop the process named by ``identity`` on ``host``, audited; per-pid results."""
         ...
 
-    async def check_run(self, run: str) -> list[dict[str, Any]]:
-        """Validate every data file of a run; one scan result per dataset."""
+    async def check_run(self, run: str, argv: list[str] | None = None) -> list[dict[str, Any]]:
+        """Validate every data file of a run (of ``argv``, default its launch argv); one scan
+        result per dataset."""
         ...
 
     async def plan(

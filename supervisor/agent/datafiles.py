@@ -15,16 +15,17 @@ Ops:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import hashlib
 import json
 import os
-import re
 import stat
 from typing import Any
 
-from supervisor.agent.masking import mask_text
+from supervisor.agent import proc as _procs
+from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import (
     AgentOpError,
     MoveAsideResult,
@@ -47,6 +48,13 @@ def resolve(path: str, base: str | None = None) -> str:
     if not os.path.isabs(p) and base is not None:
         p = os.path.join(os.path.expanduser(base), p)
     return os.path.abspath(p)
+
+
+def private(fd: int) -> None:
+    """Make a file runwatch wrote (it may hold a command line) readable by its owner only."""
+    with contextlib.suppress(OSError):
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)
 
 
 def fsync_dir(path: str) -> None:
@@ -79,39 +87,63 @@ def sha256_file(path: str, limit: int | None = None) -> str:
 
 
 def writers_of(path: str) -> list[int]:
-    """PIDs (of those this user can see) that hold ``path`` open for writing."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return []
-    found: list[int] = []
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return []
-    for pid in pids:
-        fd_dir = f"/proc/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                fst = os.stat(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
-            if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
-                continue
-            try:
-                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                    info = f.read()
-            except OSError:
-                continue
-            m = re.search(r"^flags:\s*([0-7]+)", info, re.M)
-            if m and int(m.group(1), 8) & (os.O_WRONLY | os.O_RDWR):
-                found.append(pid)
-                break
-    return found
+    """PIDs that hold ``path`` open for writing, whoever owns them (see :func:`file_holders`)."""
+    return sorted(file_holders([path])["pids"])
+
+
+def file_holders(paths: list[str], locks: list[str] | None = None) -> dict[str, Any]:
+    """Every process holding one of ``paths`` open for writing (``O_WRONLY``, ``O_RDWR``,
+    ``O_APPEND``: ``/proc/PID/fdinfo``) or one of ``locks`` open, whoever owns it and whatever
+    its command line; and the processes whose descriptors could not be read.
+
+    Result: ``{"pids": [..], "holders": [{"pid", "uid", "user", "argv", "how"}],
+    "uninspected": [{"uid", "user", "pids"}], "detail": str}``; ``detail`` says in one line who
+    holds them and which users' processes could not be inspected (empty when neither)."""
+    write_inodes = _procs.inodes_of(paths)
+    lock_inodes = _procs.inodes_of(locks or [])
+    users, blind = _procs.file_users(write_inodes, lock_inodes)
+    holders: list[dict[str, Any]] = []
+    for pid, how in sorted(users.items()):
+        uid = _procs.read_uid(pid)
+        holders.append(
+            {
+                "pid": pid,
+                "uid": uid,
+                "user": _procs.user_name(uid) if uid is not None else "?",
+                "argv": mask_argv(_procs.read_argv(pid) or []),
+                "how": how,
+            }
+        )
+    by_uid: dict[int, list[int]] = {}
+    for pid in blind:
+        uid = _procs.read_uid(pid)
+        if uid is not None and uid != os.getuid():
+            by_uid.setdefault(uid, []).append(pid)
+    uninspected: list[dict[str, Any]] = [
+        {"uid": uid, "user": _procs.user_name(uid), "pids": pids}
+        for uid, pids in sorted(by_uid.items())
+    ]
+    parts = [
+        "pid {} ({}, {}) has it open {}".format(
+            h["pid"], h["user"], " ".join(h["argv"])[:120],
+            "for writing" if "write" in h["how"] else "(lock)",
+        )
+        for h in holders
+    ]  # fmt: skip
+    if uninspected:
+        parts.append(
+            "could not inspect the processes of "
+            + ", ".join(f"{u['user']} ({len(u['pids'])})" for u in uninspected)
+            + " (not permitted to read their descriptors as "
+            + _procs.user_name(os.getuid())
+            + "; a writer among them would not be seen)"
+        )
+    return {
+        "pids": [h["pid"] for h in holders],
+        "holders": holders,
+        "uninspected": uninspected,
+        "detail": "; ".join(parts),
+    }
 
 
 def tail_bytes(path: str, lines: int, max_bytes: int, start: int = 0) -> list[str]:
@@ -186,8 +218,13 @@ def repair_tail(params: dict[str, Any]) -> RepairTailResult:
         keep = _last_newline(fd, size)
         backup = _free_name(path + ".broken")
         src_hash = hashlib.sha256()
-        bfd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        # The copy keeps the original's mode and owner: it holds the same data.
+        orig = os.fstat(fd)
+        bfd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
+            with contextlib.suppress(OSError):
+                os.fchown(bfd, orig.st_uid, orig.st_gid)
+            os.fchmod(bfd, stat.S_IMODE(orig.st_mode))
             off = 0
             while off < size:
                 block = os.pread(fd, min(_CHUNK, size - off), off)

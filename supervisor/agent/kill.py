@@ -8,6 +8,8 @@ recycled PID is never hit. Each process is reported with its outcome and the pro
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import select
 import signal
@@ -16,11 +18,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from supervisor.agent import proc as procs
-from supervisor.agent.masking import mask_argv
+from supervisor.agent.masking import masked_equal
 from supervisor.agent.match import script_index
 from supervisor.agent.protocol import (
+    AGENT_LOADER,
     DEFAULT_SCRIPTS,
     KILL_CONFIRM_S,
+    AgentOpError,
     KillResult,
     KillTarget,
     ProbeResult,
@@ -198,9 +202,21 @@ def _running(st: procs.Stat) -> bool:
     return st.state not in "ZX" or (st.state == "Z" and st.threads > 1)
 
 
-def _wait_gone(targets: Sequence[_Target], deadline: float) -> None:
-    """Wait until every target has exited or ``deadline`` (monotonic) passes."""
+def _wait_gone(
+    targets: Sequence[_Target],
+    deadline: float,
+    tick: Callable[[], None] | None = None,
+    sweep: _Sweep | None = None,
+) -> None:
+    """Wait until every target has exited or ``deadline`` (monotonic) passes; ``tick`` runs
+    every ``SWEEP_EVERY_S`` meanwhile (and may add targets)."""
     while True:
+        if (
+            tick is not None
+            and sweep is not None
+            and time.monotonic() - sweep.last >= SWEEP_EVERY_S
+        ):
+            tick()
         alive = [t for t in targets if not t.not_permitted and not t.check_gone()]
         now = time.monotonic()
         if not alive or now >= deadline:
@@ -209,6 +225,8 @@ def _wait_gone(targets: Sequence[_Target], deadline: float) -> None:
         # Without a pidfd for every process, poll /proc at a fine interval; with them, the poll
         # wakes at the exit and the cap only re-reads /proc now and then.
         cap = _FALLBACK_POLL_S if len(with_fd) < len(alive) else 0.5
+        if tick is not None:
+            cap = min(cap, SWEEP_EVERY_S)
         timeout = min(deadline - now, cap)
         if with_fd:
             poller = select.poll()
@@ -255,6 +273,9 @@ def kill(agent: Agent, params: dict[str, Any]) -> KillResult:
     pid = int(ident["pid"])
     grace = float(params.get("grace", 10.0))
     scripts = params.get("scripts") or list(DEFAULT_SCRIPTS)
+    files = params.get("files") or []
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise AgentOpError("files: expected a list of paths", "bad-request")
     why = check_identity(agent, ident)
     if why:
         return _refuse(pid, why)
@@ -280,15 +301,15 @@ def kill(agent: Agent, params: dict[str, Any]) -> KillResult:
             # becomes a zombie. The pid, start time (checked by ``open``, pinned by the pidfd)
             # and owner are the listed ones: it is the run, on its way out. Wait for it.
             run.exiting = True
-            return _kill_tree(run, grace)
+            return _kill_tree(run, grace, _Sweep(agent, run, files, []))
         want = list(ident.get("argv") or [])
-        if want not in (mask_argv(live_argv), live_argv):
+        if not masked_equal(want, live_argv):
             return _refuse(pid, "refused: argv changed (PID reused by another command?)")
         if script_index(live_argv, scripts) is None:
             return _refuse(
                 pid, "refused: not a run (no argv element executes " + ", ".join(scripts) + ")"
             )
-        return _kill_tree(run, grace)
+        return _kill_tree(run, grace, _Sweep(agent, run, files, live_argv))
     finally:
         run.close()
 
@@ -329,21 +350,159 @@ def _collect_children(parents: Sequence[_Target], known: set[int]) -> list[_Targ
     return found
 
 
-def _kill_tree(run: _Target, grace: float) -> KillResult:
+SWEEP_EVERY_S = 0.1
+"""How often a kill looks for processes started during its grace period."""
+_SWEEP_ROUNDS = 3
+"""How many times a kill looks again for what is left of the run before it reports."""
+
+
+class _Sweep:
+    """What else belongs to a run being killed, beyond the tree it had when the kill began.
+
+    Looked for during the grace period, after it and again before confirming: descendants of
+    any target (also of one that has exited since: its children were collected while they were
+    still its children); members of the run's session or process group when the run leads it
+    (a launched run does), started after the run; processes of the run's user with the run's
+    argv started since the kill began (a SIGTERM handler that forks, a child that called
+    ``setsid``); and every process holding the run's data files open for writing or its locks
+    open (``files`` from the request, plus the runwatch locks the tree held when the kill began).
+    Never the agent or its ancestors, never another runwatch agent, and never what another
+    launch owns: a process a lock file
+    names as its run (another identity than the one being killed), or the agent that is launching
+    under that lock, and their descendants (a concurrent restart's new run writes the same files).
+    """
+
+    def __init__(self, agent: Agent, run: _Target, files: Sequence[str], argv: Sequence[str]):
+        self.run = run
+        self.excluded = agent.lister.excluded() | {0, 1}
+        self.argv = list(argv)
+        self.uid = os.getuid()
+        self.kill_ticks = int(procs.uptime_s() * procs.CLK_TCK) - 1
+        st = procs.read_stat(run.pid)
+        self.session = st is not None and st.session == run.pid
+        self.group = st is not None and st.pgrp == run.pid
+        paths = [os.path.expanduser(f) for f in files]
+        self.data = procs.inodes_of(p for p in paths if not p.endswith(".lock"))
+        self.lock_paths = {p for p in paths if p.endswith(".lock")}
+        self.locks = procs.inodes_of(self.lock_paths)
+        self.last = 0.0
+
+    def note_tree_locks(self, targets: Sequence[_Target]) -> None:
+        """Remember runwatch's lock files the tree holds (``.runwatch/*.lock``): whoever holds
+        them later holds the run's lock."""
+        for t in targets:
+            for d in procs.fd_dirs(t.pid):
+                with contextlib.suppress(OSError):
+                    for fd in os.listdir(d):
+                        with contextlib.suppress(OSError):
+                            link = os.readlink(f"{d}/{fd}")
+                            if "/.runwatch/" in link and link.endswith(".lock"):
+                                self.locks |= procs.inodes_of([link])
+                                self.lock_paths.add(link)
+
+    def _launched_elsewhere(self, table: dict[int, procs.ProcRow]) -> set[int]:
+        """Processes another launch owns, by the records in the run's lock files."""
+        roots: set[int] = set()
+        for path in self.lock_paths:
+            try:
+                with open(path, "rb") as f:
+                    holder = json.loads(f.read(65536).decode("utf-8"))
+            except (OSError, ValueError):
+                continue
+            if not isinstance(holder, dict):
+                continue
+            ident = holder.get("identity")
+            ours = (self.run.pid, self.run.start_time)
+            if (
+                isinstance(ident, dict)
+                and isinstance(ident.get("pid"), int)
+                and (ident["pid"], ident.get("start_time")) != ours
+            ):
+                roots.add(ident["pid"])
+            agent_pid = holder.get("agent_pid")
+            if holder.get("state") == "launching" and isinstance(agent_pid, int):
+                roots.add(agent_pid)
+        owned = set(roots)
+        for pid in roots:
+            owned.update(procs.descendants(table, pid))
+        return owned
+
+    def find(self, targets: list[_Target], holders: bool) -> list[_Target]:
+        """New processes of the run (pinned and added to ``targets``)."""
+        self.last = time.monotonic()
+        known = {t.pid for t in targets}
+        table = procs.process_table()
+        cand: dict[int, str] = {}
+        for t in targets:
+            for kid in procs.descendants(table, t.pid):
+                cand.setdefault(kid, "child")
+        for pid, row in table.items():
+            if pid in cand or pid in known:
+                continue
+            st = procs.read_stat(pid)
+            if st is None or not _running(st) or st.start_time < self.run.start_time:
+                continue
+            in_session = (self.session and st.session == self.run.pid) or (
+                self.group and st.pgrp == self.run.pid
+            )
+            # A fork keeps its parent's argv: one started since the kill began is the run's.
+            forked = (
+                bool(self.argv)
+                and st.start_time >= self.kill_ticks
+                and row.argv == self.argv
+                and procs.read_uid(pid) == self.uid
+            )
+            if in_session or forked:
+                cand[pid] = "child"
+        if holders and (self.data or self.locks):
+            users, _ = procs.file_users(self.data, self.locks)
+            for pid in users:
+                cand.setdefault(pid, "holder")
+        found: list[_Target] = []
+        elsewhere = self._launched_elsewhere(table) if cand else set()
+        for pid, role in sorted(cand.items()):
+            if pid in known or pid in self.excluded or pid in elsewhere:
+                continue
+            entry = table.get(pid)
+            if entry is not None and entry.argv[1:] == ["-c", AGENT_LOADER]:
+                continue  # a runwatch agent (launching under the run's lock): never a target
+            st = procs.read_stat(pid)
+            if st is None or not _running(st):
+                continue
+            t = _Target(pid, st.start_time, role)
+            if t.open():
+                found.append(t)
+                known.add(pid)
+            else:
+                t.close()
+        targets.extend(found)
+        return found
+
+
+def _kill_tree(run: _Target, grace: float, sweep: _Sweep) -> KillResult:
     # Collect the whole tree first: once the run dies its workers are re-parented and lost.
     targets = [run, *_collect_children([run], {run.pid})]
+    sweep.note_tree_locks(targets)
     try:
         started = time.monotonic()
         for t in targets:
             if not t.send(signal.SIGTERM) and not t.exiting:
                 t.detail = "already gone; no signal sent"
-        _wait_gone(targets, started + max(grace, 0.0))
-        alive = [t for t in targets if not t.not_permitted and not t.check_gone()]
-        if any(not t.exiting for t in alive):
-            # Workers forked during the grace period are killed too.
-            late = _collect_children(alive, {t.pid for t in targets})
-            targets.extend(late)
-            for t in [*alive, *late]:
+
+        def during_grace() -> None:
+            # Forked during the grace period (before its parent exits): TERM, and the rest of
+            # the grace period.
+            for t in sweep.find(targets, holders=False):
+                t.send(signal.SIGTERM)
+
+        _wait_gone(targets, started + max(grace, 0.0), during_grace, sweep)
+        for _ in range(_SWEEP_ROUNDS):
+            # After the grace period, and again before confirming: what is left is killed.
+            sweep.find(targets, holders=True)
+            alive = [t for t in targets if not t.not_permitted and not t.check_gone()]
+            if not any(not t.exiting for t in alive):
+                break
+            for t in alive:
                 t.send(signal.SIGKILL)
             _wait_gone(targets, time.monotonic() + KILL_CONFIRM_S)
         results = [_result(t, started) for t in targets]

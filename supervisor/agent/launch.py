@@ -13,10 +13,13 @@ Ops:
   or it died and the result carries the last lines it wrote to the log.
 - ``lock_status``: whether a run's lock is held, and by whom.
 - ``read_fingerprint`` / ``write_fingerprint``: the ``.runwatch/launch.json`` sidecar.
+- ``help_flags``: the output of a client's own ``--help``, run as the launch would run it (same
+  workdir, interpreter and script), for the restart's preflight of a new command line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -26,7 +29,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from supervisor.agent.datafiles import fsync_dir, resolve, sha256_file, tail_bytes
+from supervisor.agent.datafiles import (
+    file_holders,
+    fsync_dir,
+    private,
+    resolve,
+    sha256_file,
+    tail_bytes,
+)
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.proc import boot_id, identity_of, is_alive
 from supervisor.agent.protocol import (
@@ -172,11 +182,16 @@ def launch(params: dict[str, Any]) -> LaunchResult:
     how long to wait for a concurrent launcher to name its child), ``tail_lines`` (default 30),
     ``fingerprints`` (optional list of ``{"path", "data", "hash_files"}``, or one
     ``fingerprint``, written once the child is confirmed), ``secret_env`` (names of ``env``
-    entries that are secrets: their values are masked in every line returned).
+    entries that are secrets: their values are masked in every line returned), ``data_files`` (the
+    run's data files: while any process, of any user, holds one open for writing the launch is
+    refused, checked under the locks).
 
     Result: ``{"started": true, "identity", "log", "lock_path", "log_offset", "argv_matches"}``, or
-    ``{"started": false, "reason": "already-running" | "exited" | "exec-failed", ...}`` with the
-    holder (already-running), the exit code and last log lines (exited), or the error.
+    ``{"started": false, "reason": "already-running" | "writer-alive" | "exited" | "exec-failed",
+    ...}`` with the holder (already-running), the writers (writer-alive), the exit code and last
+    log lines (exited), or the error. ``uninspected`` and ``warning`` name the users whose
+    processes could not be looked at (a non-root agent). Locks, fingerprints and the log are
+    created mode 0600 and hold masked command lines only.
     """
     workdir = resolve(param_str(params, "workdir"))
     argv = param_str_list(params, "argv")
@@ -185,6 +200,10 @@ def launch(params: dict[str, Any]) -> LaunchResult:
     secrets = [v for k, v in env_extra.items() if k in secret_names and v]
     log = resolve(param_str(params, "log"), workdir)
     lock_paths = _lock_paths(params, workdir)
+    raw_files = params.get("data_files") or []
+    if not isinstance(raw_files, list) or not all(isinstance(p, str) for p in raw_files):
+        raise AgentOpError("parameter 'data_files': expected a list of paths", "bad-params")
+    data_files = [resolve(p, workdir) for p in raw_files]
     settle_s = param_number(params, "settle_s", 2.0)
     lock_wait_s = param_number(params, "lock_wait_s", 3.0)
     tail_lines = int(param_number(params, "tail_lines", 30))
@@ -195,7 +214,8 @@ def launch(params: dict[str, Any]) -> LaunchResult:
         os.makedirs(os.path.dirname(log), exist_ok=True)
         for path in lock_paths:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            fds[path] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fds[path] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            private(fds[path])
     except OSError as e:
         for fd in fds.values():
             os.close(fd)
@@ -223,12 +243,26 @@ def launch(params: dict[str, Any]) -> LaunchResult:
         poll_until(acquired_or_live_holder, lock_wait_s)
         busy = conflict[0]
         if busy is not None:
+            held = file_holders([], [busy])
             return {
                 "started": False,
                 "reason": "already-running",
-                "detail": f"already running: {_describe(busy)} holds {busy}",
+                "detail": f"already running: {_describe(busy)} holds {busy}"
+                + (f" ({held['detail']})" if held["detail"] else ""),
                 "holder": _read_holder(busy),
                 "lock_path": busy,
+            }
+        # Under the locks, so no runwatch launch can slip in between the check and the start.
+        users = file_holders(data_files)
+        if users["pids"]:
+            return {
+                "started": False,
+                "reason": "writer-alive",
+                "detail": "refused: a data file of this run is open for writing: "
+                + mask_text(users["detail"], secrets),
+                "holders": users["holders"],
+                "uninspected": users["uninspected"],
+                "lock_path": lock_path,
             }
         write_all(
             {
@@ -239,7 +273,7 @@ def launch(params: dict[str, Any]) -> LaunchResult:
             }
         )
         try:
-            log_fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            log_fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as e:
             raise AgentOpError(f"cannot open log {log}: {e.strerror}", "io") from None
         log_offset = os.fstat(log_fd).st_size
@@ -288,7 +322,7 @@ def launch(params: dict[str, Any]) -> LaunchResult:
         write_all(
             {
                 "state": "running",
-                "identity": identity,
+                "identity": dict(identity, argv=mask_argv(identity["argv"], secrets)),
                 "argv": mask_argv(argv, secrets),
                 "workdir": workdir,
                 "log": log,
@@ -325,7 +359,7 @@ def launch(params: dict[str, Any]) -> LaunchResult:
     cmd = identity["argv"]
     result: LaunchResult = {
         "started": True,
-        "identity": _identity(identity, cmd),
+        "identity": _identity(identity, mask_argv(cmd, secrets)),
         "argv_matches": _same_command(cmd, argv),
         "log": log,
         "log_offset": log_offset,
@@ -343,9 +377,14 @@ def launch(params: dict[str, Any]) -> LaunchResult:
         fp_params.setdefault("workdir", workdir)
         data = dict(fp_params.get("data") or {})
         data["identity"] = dict(identity, argv=mask_argv(identity["argv"], secrets))
+        if isinstance(data.get("argv"), list):
+            data["argv"] = mask_argv([str(a) for a in data["argv"]], secrets)
         fp_params["data"] = data
         written.append(write_fingerprint(fp_params)["path"])
     result["fingerprints"] = written
+    if users["uninspected"]:
+        result["uninspected"] = users["uninspected"]
+        result["warning"] = users["detail"]
     return result
 
 
@@ -462,7 +501,7 @@ def write_fingerprint(params: dict[str, Any]) -> WriteFingerprintResult:
         fingerprint["argv"] = mask_argv([str(a) for a in fingerprint["argv"]])
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, (json.dumps(fingerprint, sort_keys=True, indent=1) + "\n").encode())
         os.fsync(fd)
@@ -471,3 +510,50 @@ def write_fingerprint(params: dict[str, Any]) -> WriteFingerprintResult:
     os.replace(tmp, path)
     fsync_dir(path)
     return {"path": path, "fingerprint": fingerprint}
+
+
+HELP_OUTPUT_MAX = 64 * 1024
+"""Bytes of ``--help`` output returned at most."""
+
+
+def help_flags(params: dict[str, Any]) -> dict[str, Any]:
+    """``{workdir, argv, env?, timeout_s?}`` -> run ``argv + ["--help"]`` in ``workdir`` (no
+    shell, stdin from /dev/null, its own session, killed after ``timeout_s``, default 20) and
+    return ``{"exit_code", "timed_out", "output"}`` (stdout then stderr, at most
+    ``HELP_OUTPUT_MAX`` bytes). ``argv`` is the run's command up to its script (interpreter and
+    script); nothing of the run's own flags is passed, so nothing is generated or written.
+    """
+    workdir = resolve(param_str(params, "workdir"))
+    argv = param_str_list(params, "argv")
+    env = dict(os.environ)
+    env.update(param_str_dict(params, "env"))
+    timeout_s = param_number(params, "timeout_s", 20.0)
+    if not os.path.isdir(workdir):
+        raise AgentOpError(f"workdir {workdir} is not a directory", "bad-params")
+    try:
+        proc = subprocess.Popen(
+            [*argv, "--help"],
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as e:
+        return {
+            "exit_code": None,
+            "timed_out": False,
+            "output": f"cannot start {argv[0]}: {e.strerror}",
+        }
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+    text = (out + err)[:HELP_OUTPUT_MAX].decode("utf-8", "replace")
+    return {"exit_code": proc.returncode, "timed_out": timed_out, "output": text}

@@ -16,13 +16,19 @@ from supervisor.agent.protocol import MASK
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-_SECRET_WORDS = re.compile(r"(key|token|secret|passw(or)?d|credential|auth)", re.I)
-# Flag names that contain a secret word but hold counts or paths of public things.
-_NOT_SECRET_NAME = re.compile(
-    r"(budget|max|min|num|count|limit|tokenizer|tokens$|per_|_per|length|len$|keyword|monkey"
-    r"|author(?!iz))",
-    re.I,
-)
+# A flag or variable is secret-named when its LAST word is one of these (``--api-key``,
+# ``--hf-token``, ``OPENAI_API_KEY``, ``--db-password``); never for a word inside a longer name
+# (``--token-budget``, ``--max-tokens``, ``--api-key-env`` and ``--tokenizer`` name public things,
+# and a typo such as ``--token-buget`` stays visible).
+_SECRET_LAST_WORDS = frozenset(
+    (
+        "key", "apikey", "token", "secret", "password", "passwd", "pass", "passphrase",
+        "credential", "credentials", "auth", "authorization", "bearer", "cookie", "signature",
+    )
+)  # fmt: skip
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+MIN_SECRET_LEN = 4
+"""Known secret values shorter than this are not masked inside text (they would mask words)."""
 _SECRET_VALUE = re.compile(
     r"(?<![A-Za-z0-9])(sk-[A-Za-z0-9_\-]{12,}|sk_(live|test)_[A-Za-z0-9]{8,}|hf_[A-Za-z0-9]{16,}"
     r"|gh[pousr]_[A-Za-z0-9]{16,}|xox[abpr]-[A-Za-z0-9\-]{8,}|AKIA[0-9A-Z]{16}"
@@ -34,12 +40,16 @@ _URL_QUERY_SECRET = re.compile(r"(?i)([?&][^=&#]*(?:key|token|secret|password|si
 
 
 def _is_secret_name(name: str) -> bool:
-    norm = name.lstrip("-").replace("-", "_")
-    return bool(_SECRET_WORDS.search(norm)) and not _NOT_SECRET_NAME.search(norm)
+    """True when ``name`` (a flag, a variable, a JSON key) names a secret: its last word is a
+    secret word. Words are split on ``-``, ``_``, ``.`` and camelCase."""
+    words = [w for w in re.split(r"[-_.\s]+", _CAMEL.sub("_", name.strip().lstrip("-"))) if w]
+    return bool(words) and words[-1].lower() in _SECRET_LAST_WORDS
 
 
-def mask_value(text: str) -> str:
-    """Mask key-shaped substrings, ``Authorization:`` values, URL passwords and query secrets."""
+def mask_value(text: str, secrets: Iterable[str] | None = None) -> str:
+    """Mask the known ``secrets`` values, key-shaped substrings, ``Authorization:`` values, URL
+    passwords and query secrets."""
+    text = _mask_known(text, [s for s in (secrets or ()) if s])
     m = _AUTH_HEADER.search(text)
     if m:
         return text[: m.start(2)] + MASK
@@ -69,7 +79,7 @@ def mask_text(text: str, secrets: Iterable[str] | None = None) -> str:
     anywhere (``sk-...``, ``hf_...``), ``Bearer``/``Basic`` tokens, ``Authorization`` values and
     URL credentials, and any of the given ``secrets`` wherever it appears. Words are never masked
     for what they are: ``token budget None``, ``max_tokens=8192`` and ``--token-budget 10`` stay
-    as they are.
+    as they are, and names never are (``--api-key-env OPENAI_API_KEY`` stays whole).
     """
     text = _mask_known(text, [s for s in (secrets or ()) if s])
     text = _TEXT_AUTH.sub(lambda m: m.group(1) + MASK, text)
@@ -114,18 +124,19 @@ def _mask_url(text: str) -> str:
 
 def _mask_known(text: str, known: list[str]) -> str:
     for s in known:
-        text = text.replace(s, MASK)
+        if len(s) >= MIN_SECRET_LEN:
+            text = text.replace(s, MASK)
     return text
 
 
 def mask_argv(argv: Sequence[str], secrets: Iterable[str] | None = None) -> list[str]:
     """argv with secrets replaced by ``***``; everything else unchanged.
 
-    Masks the value of any flag whose name holds KEY/TOKEN/SECRET/PASSWORD/AUTH/CREDENTIAL
-    (``--api-key X``, ``--api-key=X``, ``--hf-token X``, ``OPENAI_API_KEY=X``) except names that
-    are counts (``--token-budget``, ``--max-tokens``), key-shaped values anywhere (``sk-...``,
+    Masks the value of any flag whose name is a secret name (``--api-key X``, ``--api-key=X``,
+    ``--hf-token X``, ``OPENAI_API_KEY=X``; never ``--token-budget``, ``--max-tokens`` or
+    ``--api-key-env``: see ``_is_secret_name``), key-shaped values anywhere (``sk-...``,
     ``hf_...``), ``Authorization:`` header values, ``Bearer`` tokens and URL credentials; and any
-    of the given ``secrets`` wherever it appears inside an argument.
+    of the given ``secrets`` wherever it appears inside an argument. Names are never masked.
     """
     known = [s for s in (secrets or ()) if s]
     out: list[str] = []
@@ -150,5 +161,22 @@ def mask_argv(argv: Sequence[str], secrets: Iterable[str] | None = None) -> list
             if _is_secret_name(name):
                 out.append(name + "=" + MASK)
                 continue
-        out.append(_mask_known(mask_value(arg), known))
+        out.append(mask_value(arg, known))
     return out
+
+
+def masked_equal(masked: Sequence[str], argv: Sequence[str]) -> bool:
+    """``masked`` could be ``argv`` after masking: equal, except that each ``***`` in an element
+    stands for a non-empty part of the same element (how a kill checks a listed, masked argv)."""
+    if len(masked) != len(argv):
+        return False
+    for i, m in enumerate(masked):
+        a = argv[i]
+        if m == a:
+            continue
+        if MASK not in m:
+            return False
+        pattern = "(?s)" + ".+".join(re.escape(part) for part in m.split(MASK))
+        if not re.fullmatch(pattern, a):
+            return False
+    return True

@@ -19,6 +19,7 @@ process and its ancestors are never runs.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import re
@@ -29,6 +30,7 @@ from supervisor.agent.masking import mask_value
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
+    from collections.abc import Set as AbstractSet
 
     from supervisor.agent.proc import ProcRow
 
@@ -229,3 +231,98 @@ def find_runs(
         for pid, idx in matches.items()
         if not any(a in matches for a in ancestors(table, pid))
     )
+
+
+# --------------------------------------------------------------------------- evidence
+
+
+class RunFiles:
+    """A configured run's places as resolved on this host: ``~`` expanded here, symlinks
+    resolved. Built from one entry of the ``runs`` parameter of a listing (``{"name",
+    "workdir", "output_dir", "data_file", "datasets", "locks"}``, paths as configured)."""
+
+    __slots__ = ("data_file", "datasets", "files", "inodes", "name", "out", "output_dir", "workdir")
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.name = str(spec["name"])
+        self.workdir = os.path.realpath(os.path.expanduser(str(spec["workdir"])))
+        self.output_dir = str(spec.get("output_dir") or "out")
+        self.out = _under(self.workdir, self.output_dir)
+        self.data_file = str(spec.get("data_file") or "raw_responses.jsonl")
+        self.datasets = [str(d) for d in spec.get("datasets") or []]
+        self.files = {_under(self.out, os.path.join(d, self.data_file)) for d in self.datasets}
+        # A single-file client's output, named as is (relative to the workdir).
+        self.files |= {_under(self.workdir, str(p)) for p in spec.get("files") or []}
+        locks = {_under(self.workdir, str(p)) for p in spec.get("locks") or []}
+        self.inodes: set[tuple[int, int]] = set()
+        for path in self.files | locks:
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                self.inodes.add((st.st_dev, st.st_ino))
+
+
+def _under(base: str, path: str) -> str:
+    """``path`` (``~`` expanded on this host) resolved against ``base``, symlinks resolved."""
+    return os.path.realpath(os.path.join(base, os.path.expanduser(path)))
+
+
+def resolve_runs(specs: Any) -> list[RunFiles]:
+    """The ``runs`` parameter of a listing, resolved on this host (bad entries raise ValueError)."""
+    if specs is None:
+        return []
+    if not isinstance(specs, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("workdir"), str)
+        for r in specs
+    ):
+        raise ValueError("runs: expected a list of {name, workdir, ...} tables")
+    return [RunFiles(r) for r in specs]
+
+
+def run_evidence(
+    cwd: str | None,
+    argv: Sequence[str],
+    idx: int,
+    runs: Sequence[RunFiles],
+    inodes: AbstractSet[tuple[int, int]] | None,
+    client: dict[str, Any] | None = None,
+) -> dict[str, list[str]]:
+    """Run name -> why a process could be that run, for each run with any evidence. ``cwd``,
+    ``argv`` and ``inodes`` (of the files it has open) are the process's:
+
+    * ``argv``: the data files its flags name (read with its ``client`` profile: output dir and
+      datasets, or a single output file; relative paths taken from its cwd; no output dir flag:
+      the run's configured one) are the run's data files (or, without a datasets flag, its
+      explicit ``--output-dir`` is the run's);
+    * ``fd``: it holds one of the run's data files or locks open;
+    * ``cwd``: its working directory is the run's workdir (never enough on its own).
+    """
+    if not runs:
+        return {}
+    flags = parse_flags(argv, idx, client)
+    out_flag = flags.get("output_dir")
+    out_file = flags.get("output_file")
+    datasets = flags.get("datasets") or []
+    here = os.path.realpath(cwd) if cwd and os.path.isabs(cwd) else None
+    inodes = inodes or set()
+    found: dict[str, list[str]] = {}
+    for run in runs:
+        why: list[str] = []
+        out_raw = os.path.expanduser(str(out_flag or run.output_dir))
+        p_out = _under(here or "/", out_raw) if here is not None or os.path.isabs(out_raw) else None
+        if out_file and (here is not None or os.path.isabs(out_file)):
+            if _under(here or "/", os.path.expanduser(str(out_file))) in run.files:
+                why.append("argv")
+        elif p_out is not None:
+            if datasets:
+                paths = {_under(p_out, os.path.join(d, run.data_file)) for d in datasets}
+                if paths & run.files:
+                    why.append("argv")
+            elif out_flag and p_out == run.out:
+                why.append("argv")  # no datasets flag: an explicit output dir that is the run's
+        if inodes & run.inodes:
+            why.append("fd")
+        if here is not None and here == run.workdir:
+            why.append("cwd")
+        if why:
+            found[run.name] = why
+    return found

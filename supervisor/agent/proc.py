@@ -10,17 +10,19 @@ wall-clock seconds, which cannot be compared exactly. Which processes are runs i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import time
 from typing import TYPE_CHECKING, Any
 
 from supervisor.agent.masking import mask_argv
-from supervisor.agent.match import client_for, find_runs, parse_flags
+from supervisor.agent.match import RunFiles, client_for, find_runs, parse_flags, run_evidence
 from supervisor.agent.protocol import DEFAULT_SCRIPTS
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
+    from collections.abc import Set as AbstractSet
 
 try:  # optional on the host
     import psutil  # type: ignore[import-untyped,unused-ignore]
@@ -59,13 +61,17 @@ def uses_proc() -> bool:
 class Stat:
     """The fields of ``/proc/PID/stat`` the listing uses."""
 
-    __slots__ = ("ppid", "rss_pages", "start_time", "state", "stime", "threads", "utime")
+    __slots__ = (
+        "pgrp", "ppid", "rss_pages", "session", "start_time", "state", "stime", "threads", "utime"
+    )  # fmt: skip
 
     def __init__(self, raw: bytes) -> None:
         # comm may contain spaces and parentheses: the fields start after the LAST ')'.
         fields = raw[raw.rfind(b")") + 2 :].split()
         self.state = fields[0].decode("ascii", "replace")
         self.ppid = int(fields[1])
+        self.pgrp = int(fields[2])
+        self.session = int(fields[3])
         self.utime = int(fields[11])
         self.stime = int(fields[12])
         self.threads = int(fields[17])
@@ -75,27 +81,70 @@ class Stat:
 
 def read_stat(pid: int) -> Stat | None:
     """``/proc/PID/stat`` parsed, or None when the process is gone."""
+    return read_stat_path(f"{PROC}/{pid}/stat")
+
+
+def read_stat_path(path: str) -> Stat | None:
     try:
-        with open(f"{PROC}/{pid}/stat", "rb") as f:
+        with open(path, "rb") as f:
             return Stat(f.read())
     except (OSError, IndexError, ValueError):
         return None
 
 
-def read_argv(pid: int) -> list[str] | None:
-    """argv of a process (None when gone; empty for kernel threads and zombies)."""
+def _read_cmdline(path: str) -> bytes | None:
     try:
-        with open(f"{PROC}/{pid}/cmdline", "rb") as f:
-            raw = f.read()
+        with open(path, "rb") as f:
+            return f.read()
     except OSError:
         return None
-    if not raw:
+
+
+def live_tasks(pid: int) -> list[int]:
+    """Thread ids of ``pid`` other than its main thread that have not exited."""
+    try:
+        tids = [int(t) for t in os.listdir(f"{PROC}/{pid}/task") if t.isdigit() and int(t) != pid]
+    except OSError:
         return []
+    out = []
+    for tid in tids:
+        st = read_stat_path(f"{PROC}/{pid}/task/{tid}/stat")
+        if st is not None and st.state not in "ZX":
+            out.append(tid)
+    return out
+
+
+def read_argv(pid: int) -> list[str] | None:
+    """argv of a process (None when gone; empty for kernel threads and exited processes).
+
+    A process whose main thread has exited while other threads run keeps its argv in the memory
+    of those threads: it is read from a live task's ``cmdline``."""
+    raw = _read_cmdline(f"{PROC}/{pid}/cmdline")
+    if raw is None:
+        return None
+    if not raw:
+        for tid in live_tasks(pid):
+            raw = _read_cmdline(f"{PROC}/{pid}/task/{tid}/cmdline") or b""
+            if raw:
+                break
+        if not raw:
+            return []
     parts = raw.split(b"\0")
     if parts[-1] == b"":
         parts.pop()
     # backslashreplace: always valid text for JSON, and the same string on every read.
     return [p.decode("utf-8", "backslashreplace") for p in parts]
+
+
+def process_state(pid: int, st: Stat) -> str:
+    """The state letter of the process: a live thread's when the main thread has exited
+    (``Z`` with other threads still running), else the main thread's."""
+    if st.state == "Z" and st.threads > 1:
+        for tid in live_tasks(pid):
+            tst = read_stat_path(f"{PROC}/{pid}/task/{tid}/stat")
+            if tst is not None:
+                return tst.state
+    return st.state
 
 
 def read_uid(pid: int) -> int | None:
@@ -212,6 +261,118 @@ def is_alive(identity: dict[str, Any]) -> bool:
     )
 
 
+# --------------------------------------------------------------------------- descriptors
+
+
+def fd_dirs(pid: int) -> list[str]:
+    """The descriptor tables of a process: its own, and its live threads' when its main thread
+    has exited (an exited thread's table is empty)."""
+    dirs = [f"{PROC}/{pid}/fd"]
+    st = read_stat(pid)
+    if st is not None and st.state == "Z" and st.threads > 1:
+        dirs += [f"{PROC}/{pid}/task/{tid}/fd" for tid in live_tasks(pid)]
+    return dirs
+
+
+def open_inodes(pid: int) -> set[tuple[int, int]] | None:
+    """``(dev, inode)`` of every file ``pid`` has open; None when its descriptors cannot be read
+    (another user's process, for a non-root agent)."""
+    found: set[tuple[int, int]] = set()
+    readable = False
+    for d in fd_dirs(pid):
+        try:
+            fds = os.listdir(d)
+        except OSError:
+            continue
+        readable = True
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                st = os.stat(f"{d}/{fd}")
+                found.add((st.st_dev, st.st_ino))
+    return found if readable else None
+
+
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND
+"""``flags`` bits (``/proc/PID/fdinfo/FD``) of a descriptor open for writing."""
+
+
+def _fd_flags(fd_dir: str, fd: str) -> int:
+    """The open flags of a descriptor (0 when unreadable)."""
+    try:
+        with open(fd_dir[: -len("fd")] + "fdinfo/" + fd) as f:
+            for line in f:
+                if line.startswith("flags:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def file_users(
+    write_inodes: AbstractSet[tuple[int, int]],
+    any_inodes: AbstractSet[tuple[int, int]] = frozenset(),
+    pids: Iterable[int] | None = None,
+) -> tuple[dict[int, list[str]], list[int]]:
+    """Who holds the given files: ``({pid: [how, ...]}, uninspected pids)``.
+
+    ``how`` is ``write`` for a descriptor on one of ``write_inodes`` opened for writing
+    (``O_WRONLY``, ``O_RDWR`` or ``O_APPEND``) and ``open`` for any descriptor on one of
+    ``any_inodes`` (a lock file: holding it open may hold the lock). Every process of the host is
+    looked at (``pids`` limits that), whoever owns it, through every descriptor table it has
+    (see :func:`fd_dirs`); ``uninspected`` are the processes whose descriptors could not be read
+    (other users' processes, for a non-root agent).
+    """
+    found: dict[int, list[str]] = {}
+    uninspected: list[int] = []
+    if not write_inodes and not any_inodes:
+        return found, uninspected
+    if pids is None:
+        try:
+            pids = [int(p) for p in os.listdir(PROC) if p.isdigit()]
+        except OSError:
+            return found, uninspected
+    for pid in pids:
+        readable = False
+        hows: set[str] = set()
+        for d in fd_dirs(pid):
+            try:
+                fds = os.listdir(d)
+            except PermissionError:
+                continue
+            except OSError:
+                readable = True  # gone: nothing to inspect
+                continue
+            readable = True
+            for fd in fds:
+                try:
+                    st = os.stat(f"{d}/{fd}")
+                except OSError:
+                    continue
+                key = (st.st_dev, st.st_ino)
+                if key in any_inodes:
+                    hows.add("open")
+                if key in write_inodes and _fd_flags(d, fd) & WRITE_FLAGS:
+                    hows.add("write")
+        if not readable and os.path.exists(f"{PROC}/{pid}"):
+            uninspected.append(pid)
+        if hows:
+            found[pid] = sorted(hows)
+    return found, uninspected
+
+
+def inodes_of(paths: Iterable[str]) -> set[tuple[int, int]]:
+    """``(dev, inode)`` of each of ``paths`` that exists."""
+    out: set[tuple[int, int]] = set()
+    for path in paths:
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            out.add((st.st_dev, st.st_ino))
+    return out
+
+
+# --------------------------------------------------------------------------- listing
+
+
 class Lister:
     """Lists runs across refreshes (keeps the CPU time of each process to compute CPU %)."""
 
@@ -228,12 +389,16 @@ class Lister:
         scripts: Sequence[str] = DEFAULT_SCRIPTS,
         show_other_users: bool = False,
         gpu_per_pid: dict[int, float] | None = None,
+        runs: Sequence[RunFiles] = (),
+        secret_env: Sequence[str] = (),
         clients: Sequence[dict[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
-        """ProcessInfo-shaped dicts of every run on the host; ``clients`` (client profiles as
-        plain data) say how the flags of each script are read."""
+        """ProcessInfo-shaped dicts of every run on the host, each with its ``evidence`` of
+        being one of ``runs`` (see ``match.run_evidence``). The values of the ``secret_env``
+        variables (in the process's environment or the agent's) are masked in its argv.
+        ``clients`` (client profiles as plain data) say how the flags of each script are read."""
         if not uses_proc():  # pragma: no cover - non-Linux hosts
-            return self._list_psutil(scripts, show_other_users, gpu_per_pid, clients)
+            return self._list_psutil(scripts, show_other_users, gpu_per_pid, runs, clients)
         table = process_table()
         my_uid = os.getuid()
         now_boot = uptime_s()
@@ -265,16 +430,34 @@ class Lister:
             except OSError:
                 cwd = None
             record = process_record(
-                self.boot_id, pid, st.start_time, uid, my_uid, argv, idx, kids, gpu_per_pid, clients
+                self.boot_id,
+                pid,
+                st.start_time,
+                uid,
+                my_uid,
+                argv,
+                idx,
+                kids,
+                gpu_per_pid,
+                env_values(pid, secret_env),
+                client_for(argv[idx], clients),
             )
             record.update(
                 uptime_s=round(age, 2),
                 cpu_percent=round(max(cpu_pct, 0.0), 1),
                 rss_mb=round(st.rss_pages * _page_size() / 1048576.0, 1),
-                state=st.state,
+                state=process_state(pid, st),
                 cwd=cwd,
                 ppid=st.ppid,
                 threads=st.threads,
+                evidence=run_evidence(
+                    cwd,
+                    argv,
+                    idx,
+                    runs,
+                    open_inodes(pid) if runs else None,
+                    client_for(argv[idx], clients),
+                ),
             )
             out.append(record)
         for key in list(self._cpu):
@@ -287,6 +470,7 @@ class Lister:
         scripts: Sequence[str],
         show_other_users: bool,
         gpu_per_pid: dict[int, float] | None,
+        runs: Sequence[RunFiles] = (),
         clients: Sequence[dict[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
         assert psutil is not None
@@ -315,7 +499,16 @@ class Lister:
             kids = descendants(table, pid)
             start = psutil_start_ticks(created, boot)
             record = process_record(
-                self.boot_id, pid, start, uid, my_uid, argv, idx, kids, gpu_per_pid, clients
+                self.boot_id,
+                pid,
+                start,
+                uid,
+                my_uid,
+                argv,
+                idx,
+                kids,
+                gpu_per_pid,
+                client=client_for(argv[idx], clients),
             )
             record.update(
                 uptime_s=round(max(time.time() - created, 0.0), 2),
@@ -323,6 +516,7 @@ class Lister:
                 rss_mb=round(mem / 1048576.0, 1),
                 state=state,
                 cwd=cwd,
+                evidence=run_evidence(cwd, argv, idx, runs, None, client_for(argv[idx], clients)),
             )
             out.append(record)
         return out
@@ -338,13 +532,15 @@ def process_record(
     idx: int,
     kids: list[int],
     gpu_per_pid: dict[int, float] | None,
-    clients: Sequence[dict[str, Any]] | None = None,
+    secrets: Sequence[str] = (),
+    client: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The parts of a listed run that do not depend on where they were read (/proc or psutil).
 
-    The identity carries the masked argv, so secrets never leave the host.
+    The identity carries the argv masked (by pattern, and the known ``secrets`` values), so
+    secrets never leave the host.
     """
-    masked = mask_argv(argv)
+    masked = mask_argv(argv, secrets)
     gpu = None
     if gpu_per_pid is not None:
         gpu = sum(gpu_per_pid.get(p, 0.0) for p in [pid, *kids])
@@ -359,12 +555,31 @@ def process_record(
         "user": user_name(uid),
         "argv_masked": masked,
         "children": kids,
-        "flags": parse_flags(argv, idx, client_for(argv[idx], clients)),
+        "flags": parse_flags(argv, idx, client),
         "gpu_memory_mb": gpu,
         "run": None,
         "killable": uid == my_uid,
         "script": os.path.basename(argv[idx]),
     }
+
+
+def env_values(pid: int, names: Sequence[str]) -> list[str]:
+    """The values of the environment variables ``names`` in process ``pid`` (those it has and
+    this user may read) and in the agent's own environment."""
+    if not names:
+        return []
+    wanted = set(names)
+    found = [os.environ[n] for n in wanted if os.environ.get(n)]
+    try:
+        with open(f"{PROC}/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return found
+    for item in raw.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep and value and name.decode("utf-8", "replace") in wanted:
+            found.append(value.decode("utf-8", "backslashreplace"))
+    return found
 
 
 def psutil_start_ticks(create_time: float, boot_time: float) -> int:

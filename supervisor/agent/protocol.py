@@ -18,6 +18,9 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 PROTOCOL = 1
+AGENT_LOADER = "import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))"
+"""The agent's command line is ``PYTHON -c AGENT_LOADER`` (``hosts.bootstrap_argv``): a kill never
+signals a process with it (another runwatch's agent holds a run's lock while it launches)."""
 """Version of this protocol, sent in the hello."""
 DURABLE_OPS = frozenset(
     (
@@ -186,6 +189,9 @@ class Process(_ProcessRequired, total=False):
     cwd: str | None
     ppid: int
     threads: int
+    evidence: dict[str, list[str]]
+    """Config run name -> ``argv`` / ``fd`` / ``cwd``: what ties the process to that run
+    (``match.run_evidence``; ``cwd`` alone never makes it the run)."""
 
 
 class GpuInfo(TypedDict, total=False):
@@ -194,6 +200,11 @@ class GpuInfo(TypedDict, total=False):
     memory_used_mb: float | None
     memory_total_mb: float | None
     utilization_pct: float | None
+    uuid: str
+    power_w: float | None
+    temperature_c: float | None
+    pids: list[int]
+    """Compute processes on this GPU (``--query-compute-apps``)."""
 
 
 class GpuSummary(TypedDict, total=False):
@@ -201,11 +212,26 @@ class GpuSummary(TypedDict, total=False):
     error: str
 
 
+class RunSpec(TypedDict, total=False):
+    """A configured run's places as configured (``~`` unexpanded: the host resolves them)."""
+
+    name: str
+    workdir: str
+    output_dir: str
+    data_file: str
+    datasets: list[str]
+    locks: list[str]
+
+
 class PsParams(TypedDict, total=False):
     scripts: list[str]
     clients: list[ClientSpec]
     show_other_users: bool
     gpu: bool
+    runs: list[RunSpec]
+    secret_env: list[str]
+    """Names of the key variables: their values (in each process's environment or the agent's)
+    are masked in the argv of every listed process."""
 
 
 class PsResult(TypedDict):
@@ -318,12 +344,42 @@ class ScanFile(_ScanFileRequired, total=False):
     scan_seconds: float
 
 
+class MetricsSpec(TypedDict):
+    """A serving engine's Prometheus endpoint on the host (``http://`` to the host itself)."""
+
+    name: str
+    url: str
+
+
+class _MetricsFetchRequired(TypedDict):
+    ok: bool
+
+
+class MetricsFetch(_MetricsFetchRequired, total=False):
+    """One ``/metrics`` fetch (``agent.metrics.fetch_one``): the text, or why there is none."""
+
+    text: str
+    truncated: bool
+    seconds: float
+    time: float
+    error: str
+    status: int
+    kind: str
+    """``refused-url``, ``http``, ``refused``, ``timeout`` or ``network``."""
+
+
 class RefreshParams(PsParams, total=False):
     files: list[FileSpec]
+    metrics: list[MetricsSpec]
 
 
-class RefreshResult(PsResult):
+class _RefreshResultRequired(PsResult):
     files: dict[str, ScanFile]
+
+
+class RefreshResult(_RefreshResultRequired, total=False):
+    metrics: dict[str, MetricsFetch]
+    """Endpoint name -> its fetch, for each ``metrics`` spec asked for."""
 
 
 class ScanParams(TypedDict, total=False):
@@ -343,6 +399,9 @@ class _KillParamsRequired(TypedDict):
 class KillParams(_KillParamsRequired, total=False):
     grace: float
     scripts: list[str]
+    files: list[str]
+    """The run's data files and locks: whatever holds them (data files for writing) after the
+    grace period is stopped too, before the kill confirms."""
 
 
 class KillExit(TypedDict):
@@ -353,7 +412,8 @@ class KillExit(TypedDict):
 
 class KillTarget(TypedDict):
     """One process of a kill; ``outcome`` is ``terminated``, ``killed``, ``already-gone`` or
-    ``refused``, ``role`` is ``run`` or ``child``."""
+    ``refused``, ``role`` is ``run``, ``child`` (a descendant, a member of the run's session or
+    group, a fork made during the kill) or ``holder`` (held the run's data files or lock)."""
 
     pid: int
     role: str
@@ -403,6 +463,26 @@ class LaunchParams(_LaunchParamsRequired, total=False):
     tail_lines: int
     fingerprint: FingerprintSpec
     fingerprints: list[FingerprintSpec]
+    data_files: list[str]
+    """Refused (``writer-alive``) while any process holds one of them open for writing."""
+
+
+class FileHolder(TypedDict):
+    """A process holding a data file for writing (``how``: ``write``) or a lock (``open``)."""
+
+    pid: int
+    uid: int | None
+    user: str
+    argv: list[str]
+    how: list[str]
+
+
+class Uninspected(TypedDict):
+    """Processes of another user whose descriptors a non-root agent cannot read."""
+
+    uid: int
+    user: str
+    pids: list[int]
 
 
 class _LaunchResultRequired(TypedDict):
@@ -411,8 +491,10 @@ class _LaunchResultRequired(TypedDict):
 
 
 class LaunchResult(_LaunchResultRequired, total=False):
-    """``started`` true, or false with ``reason`` ``already-running`` (``holder``), ``exited``
-    (``exit_code``, ``log_tail``) or ``exec-failed`` (``detail``)."""
+    """``started`` true, or false with ``reason`` ``already-running`` (``holder``),
+    ``writer-alive`` (``holders``), ``exited`` (``exit_code``, ``log_tail``) or ``exec-failed``
+    (``detail``). ``uninspected``/``warning``: other users' processes that could not be looked
+    at."""
 
     reason: str
     detail: str
@@ -424,6 +506,9 @@ class LaunchResult(_LaunchResultRequired, total=False):
     exit_code: int | None
     holder: dict[str, Any] | None
     fingerprints: list[str]
+    holders: list[FileHolder]
+    uninspected: list[Uninspected]
+    warning: str
 
 
 class LockStatusParams(TypedDict, total=False):
@@ -706,6 +791,24 @@ class SlurmCancelResult(TypedDict):
     writers: dict[str, list[int]]
 
 
+class _HelpFlagsParamsRequired(TypedDict):
+    workdir: str
+    argv: list[str]
+    """The run's command up to its script (interpreter and script); ``--help`` is appended."""
+
+
+class HelpFlagsParams(_HelpFlagsParamsRequired, total=False):
+    env: dict[str, str]
+    timeout_s: float
+
+
+class HelpFlagsResult(TypedDict):
+    exit_code: int | None
+    timed_out: bool
+    output: str
+    """stdout then stderr, bounded."""
+
+
 OP_SHAPES: dict[str, tuple[type, type]] = {
     "ping": (PingParams, PingResult),
     "ps": (PsParams, PsResult),
@@ -726,5 +829,6 @@ OP_SHAPES: dict[str, tuple[type, type]] = {
     "slurm_jobs": (SlurmJobsParams, SlurmJobsResult),
     "slurm_submit": (SlurmSubmitParams, SlurmSubmitResult),
     "slurm_cancel": (SlurmCancelParams, SlurmCancelResult),
+    "help_flags": (HelpFlagsParams, HelpFlagsResult),
 }
 """Op name -> (params shape, result shape)."""

@@ -24,8 +24,9 @@ import time
 import traceback
 from typing import IO, TYPE_CHECKING, Any
 
-from supervisor.agent import datafiles, gpu, kill, launch, slurm
+from supervisor.agent import datafiles, gpu, kill, launch, metrics, slurm
 from supervisor.agent import proc as procs
+from supervisor.agent.match import resolve_runs
 from supervisor.agent.protocol import (
     DEFAULT_SCRIPTS,
     DURABLE_OPS,
@@ -66,6 +67,7 @@ class Agent:
             "lock_status": launch.lock_status,
             "read_fingerprint": launch.read_fingerprint,
             "write_fingerprint": launch.write_fingerprint,
+            "help_flags": launch.help_flags,
             "repair_tail": datafiles.repair_tail,
             "move_aside": datafiles.move_aside,
             "backup_files": datafiles.backup_files,
@@ -109,10 +111,17 @@ class Agent:
         clients = params.get("clients") or []
         if not isinstance(clients, list) or not all(isinstance(c, dict) for c in clients):
             raise AgentOpError("clients: expected a list of objects", "bad-request")
+        secret_env = params.get("secret_env") or []
+        if not isinstance(secret_env, list) or not all(isinstance(s, str) for s in secret_env):
+            raise AgentOpError("secret_env: expected a list of variable names", "bad-request")
+        try:
+            runs = resolve_runs(params.get("runs"))
+        except ValueError as e:
+            raise AgentOpError(str(e), "bad-request") from None
         gpu_pids, summary = gpu.query_gpu() if with_gpu else (None, None)
         with self.list_lock:
             found = self.lister.list_runs(
-                scripts, bool(params.get("show_other_users")), gpu_pids, clients
+                scripts, bool(params.get("show_other_users")), gpu_pids, runs, secret_env, clients
             )
         return found, summary
 
@@ -121,15 +130,31 @@ class Agent:
         return {"time": time.time(), "boot_id": self.boot_id, "processes": found, "gpu": summary}
 
     def refresh(self, params: dict[str, Any]) -> RefreshResult:
+        """Processes, GPUs, the files asked for and, with ``metrics``, each serving engine's
+        ``/metrics`` text (fetched on a thread of its own while the files are scanned)."""
+        fetched: dict[str, Any] = {}
+        fetcher = None
+        if params.get("metrics"):
+            specs = metrics.parse_specs(params["metrics"])
+
+            def fetch() -> None:
+                fetched.update(metrics.fetch_all(specs))
+
+            fetcher = threading.Thread(target=fetch, name="metrics", daemon=True)
+            fetcher.start()
         found, summary = self._list(params, bool(params.get("gpu", True)))
         files = self._scan_files(params.get("files") or [])
-        return {
+        reply: RefreshResult = {
             "time": time.time(),
             "boot_id": self.boot_id,
             "processes": found,
             "files": files,
             "gpu": summary,
         }
+        if fetcher is not None:
+            fetcher.join()
+            reply["metrics"] = fetched
+        return reply
 
     def scan(self, params: dict[str, Any]) -> ScanResult:
         """``files`` scanned; with ``fresh``, each from its first byte by a scanner of its own

@@ -16,6 +16,7 @@ from supervisor.cli.data import check, scan
 from supervisor.cli.demo import demo
 from supervisor.cli.hosts import kill, ps
 from supervisor.cli.status import status
+from supervisor.cli.watch import watch
 
 
 class _Group(click.Group):
@@ -71,6 +72,7 @@ for _command in (
     bench,
     compare,
     clients,
+    watch,
 ):
     cli.add_command(_command)
 

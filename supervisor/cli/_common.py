@@ -13,6 +13,7 @@ import msgspec
 
 from supervisor.config import Config, load_config
 from supervisor.errors import ConfigError, RunwatchError, UsageError
+from supervisor.secrets import mask_known, note_secrets
 
 DEFAULT_CONFIG_ENV = "RUNWATCH_CONFIG"
 
@@ -53,8 +54,25 @@ def config_option(f: Any) -> Any:
     )(f)
 
 
+_json_wanted = False
+"""Set when a command was given ``--json``: its errors are JSON on stdout too."""
+
+
+def _note_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    global _json_wanted
+    _json_wanted = _json_wanted or bool(value)
+    return value
+
+
 def json_option(f: Any) -> Any:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(f)
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        is_eager=True,
+        callback=_note_json,
+        help='Print JSON instead of text (errors too: {"error", "hint"}).',
+    )(f)
 
 
 DEFAULT_CANDIDATES = ("runwatch.toml", "configs/runwatch.toml")
@@ -80,7 +98,9 @@ def resolve_config_path(config_path: str | None) -> str:
     return "runwatch.toml"
 
 
-def get_config(config_path: str | None) -> Config:
+def get_config(config_path: str | None, need: str = "") -> Config:
+    """The config (see ``resolve_config_path``); ``need="hosts"`` or ``"runs"``: one that names
+    at least one host (and run), else ConfigError."""
     path = resolve_config_path(config_path)
     if path == DEFAULT_CANDIDATES[0] and not Path(path).exists():
         # Nothing named a config and there is none here: say where runwatch looked.
@@ -89,25 +109,41 @@ def get_config(config_path: str | None) -> Config:
             f"{' or '.join(DEFAULT_CANDIDATES)} in {Path.cwd()}",
             "pass -c PATH, or try `runwatch demo`, which writes one",
         )
-    return load_config(path)
+    config = load_config(path)
+    if need == "hosts":
+        config.require_hosts()
+    elif need == "runs":
+        config.require_runs()
+    note_secrets(config)
+    return config
 
 
 def print_json(value: Any) -> None:
-    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+    """``value`` as one JSON line, every known secret value masked (``secrets.mask_known``)."""
+    sys.stdout.write(msgspec.json.encode(mask_known(msgspec.to_builtins(value))).decode() + "\n")
 
 
 def run_cli(group: click.Group) -> None:
-    """Run the CLI; a RunwatchError becomes one clear message on stderr and its exit status."""
+    """Run the CLI; a RunwatchError becomes one clear message on stderr and its exit status
+    (under ``--json``: ``{"error", "hint"}`` on stdout, with the same exit status)."""
+    global _json_wanted
+    _json_wanted = False  # set by the --json option of the command that runs
     try:
         group.main(standalone_mode=False)
     except RunwatchError as e:
-        click.echo(f"runwatch: {e}", err=True)
+        if _json_wanted:
+            print_json({"error": e.message, "hint": e.hint})
+        else:
+            click.echo(f"runwatch: {e}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
         click.echo("runwatch: aborted", err=True)
         sys.exit(130)
     except click.ClickException as e:
-        e.show()
+        if _json_wanted:
+            print_json({"error": e.format_message(), "hint": "see --help"})
+        else:
+            e.show()
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)

@@ -3,7 +3,9 @@
 ``launch`` and ``restart`` show the plan, ask for confirmation (``--yes`` skips it; without a
 terminal and without ``--yes`` they refuse with exit status 2), then run it step by step, printing
 each step's outcome as it completes. Exit status 0 only when the new run is confirmed running (for
-``--dry-run``: when every check passed), 1 otherwise.
+``--dry-run``: when every check passed, or when the client had nothing left to do), 1 otherwise.
+Overrides (``--set``, ``--unset``) become the run's launch spec, kept for later launches until
+changed or dropped (``--reset``); a failed relaunch after the stop is rolled back.
 """
 
 from __future__ import annotations
@@ -53,12 +55,17 @@ def _run_action(
     as_json: bool,
     move_aside: bool = False,
     allow_change: tuple[str, ...] = (),
+    unsets: tuple[str, ...] = (),
+    reset: bool = False,
+    force: bool = False,
+    pid: int | None = None,
 ) -> None:
     import asyncio
 
-    from supervisor.engine import Engine, parse_sets
+    from supervisor.engine import Engine, parse_sets, parse_unsets
 
     overrides = parse_sets(sets)  # a bad --set fails before anything is contacted
+    removed = parse_unsets(unsets)
     _confirm_allowed(yes, dry_run)
 
     async def main() -> ActionResult | None:
@@ -68,8 +75,12 @@ def _run_action(
                 run,
                 action="launch" if action == "launch" else "restart",
                 overrides=overrides,
+                unsets=removed,
+                reset=reset,
+                force=force,
                 move_aside=move_aside,
                 allow_change=allow_change,
+                pid=pid,
             )
             if not as_json:
                 click.echo("\n".join(plan.describe()))
@@ -99,7 +110,9 @@ def _print_outcome(result: ActionResult) -> None:
     if result.dry_run:
         click.echo("checks passed" if result.ok else f"blocked at {failed.name if failed else '?'}")
         return
-    if result.ok and result.identity:
+    if result.ok and result.nothing_to_do:
+        click.echo(f"{result.run}: nothing to do: all datasets done")
+    elif result.ok and result.identity:
         ident = result.identity
         click.echo(
             f"{result.run} is running on {result.host}: pid {ident.get('pid')} "
@@ -107,6 +120,8 @@ def _print_outcome(result: ActionResult) -> None:
         )
     elif failed is not None:
         click.echo(f"{result.action} {result.run}: stopped at {failed.name}", err=True)
+    if result.rollback is not None:
+        click.echo(f"{result.run}: {result.rollback['detail']}", err=True)
 
 
 _set_option = click.option(
@@ -115,7 +130,27 @@ _set_option = click.option(
     multiple=True,
     metavar="KEY=VALUE",
     help="Override a flag of the run's argv: --set token-budget=10000000 -> --token-budget "
-    "10000000 (replaces the flag or adds it). Repeatable.",
+    "10000000 (replaces the flag or adds it); --set resume -> --resume (a flag without value). "
+    "Kept in the run's launch spec for later launches. Repeatable.",
+)
+_unset_option = click.option(
+    "--unset",
+    "unsets",
+    multiple=True,
+    metavar="KEY",
+    help="Remove a flag (and its value) from the run's argv: --unset temperature. Kept in the "
+    "run's launch spec for later launches. Repeatable.",
+)
+_reset_option = click.option(
+    "--reset",
+    is_flag=True,
+    help="Forget the run's launch spec (earlier --set / --unset): start from the config's argv.",
+)
+_force_option = click.option(
+    "--force",
+    is_flag=True,
+    help="Launch even when a dataset is already over its budget with no budget flag, or when "
+    "the client's flags cannot be read to check --set / --unset.",
 )
 _dry_option = click.option(
     "--dry-run", is_flag=True, help="Show the plan and run the checks; change nothing."
@@ -126,6 +161,9 @@ _yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask for con
 @click.command()
 @click.argument("run")
 @_set_option
+@_unset_option
+@_reset_option
+@_force_option
 @_dry_option
 @_yes_option
 @json_option
@@ -133,6 +171,9 @@ _yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask for con
 def launch(
     run: str,
     sets: tuple[str, ...],
+    unsets: tuple[str, ...],
+    reset: bool,
+    force: bool,
     dry_run: bool,
     yes: bool,
     as_json: bool,
@@ -142,12 +183,26 @@ def launch(
 
     The API key (the endpoint's api_key_env) goes in the run's environment, never in its argv.
     """
-    _run_action(get_config(config_path), "launch", run, sets, dry_run, yes, as_json)
+    _run_action(
+        get_config(config_path, need="runs"),
+        "launch",
+        run,
+        sets,
+        dry_run,
+        yes,
+        as_json,
+        unsets=unsets,
+        reset=reset,
+        force=force,
+    )
 
 
 @click.command()
 @click.argument("run")
 @_set_option
+@_unset_option
+@_reset_option
+@_force_option
 @click.option(
     "--move-aside",
     is_flag=True,
@@ -161,6 +216,9 @@ def launch(
     help="Allow a change of model, sampling (or one parameter: temperature...), prompts or "
     "format since the last launch. Repeatable.",
 )
+@click.option(
+    "--pid", type=int, default=None, help="Which process RUN is, when several could be it."
+)
 @_dry_option
 @_yes_option
 @json_option
@@ -168,8 +226,12 @@ def launch(
 def restart(
     run: str,
     sets: tuple[str, ...],
+    unsets: tuple[str, ...],
+    reset: bool,
+    force: bool,
     move_aside: bool,
     allow_change: tuple[str, ...],
+    pid: int | None,
     dry_run: bool,
     yes: bool,
     as_json: bool,
@@ -177,10 +239,13 @@ def restart(
 ) -> None:
     """Check RUN's data and settings, stop it by identity, repair a torn tail, relaunch it.
 
-    Checks come first, while the old run is alive: a blocked restart kills nothing.
+    Checks come first, while the old run is alive: a blocked restart kills nothing; the new
+    command line's flags are checked against the client's own --help before the stop; a relaunch
+    that fails after the stop is rolled back to the previous command line. When several
+    processes could each be RUN, nothing is stopped until one is named with --pid.
     """
     _run_action(
-        get_config(config_path),
+        get_config(config_path, need="runs"),
         "restart",
         run,
         sets,
@@ -189,6 +254,10 @@ def restart(
         as_json,
         move_aside=move_aside,
         allow_change=allow_change,
+        unsets=unsets,
+        reset=reset,
+        force=force,
+        pid=pid,
     )
 
 
@@ -229,7 +298,7 @@ def guard(watch: float | None, dry_run: bool, as_json: bool, config_path: str | 
 
     from supervisor.engine import Engine
 
-    config = get_config(config_path)
+    config = get_config(config_path, need="runs")
 
     async def main() -> list[dict[str, Any]]:
         engine = Engine(config)

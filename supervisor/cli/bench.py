@@ -272,24 +272,23 @@ def format_bench(result: BenchResult) -> str:
     "--sample",
     "sample_s",
     type=float,
-    default=30.0,
+    default=10.0,
     show_default=True,
-    help="Seconds at most spent measuring the live rate of running runs (at least 10 s, and "
-    "until each wrote 10 responses); more gives a steadier rate.",
+    help="Seconds at most spent refreshing when a running run has no rate yet (no history and "
+    "too few responses); with history the answer is immediate.",
 )
 @json_option
 def compare(config_path: str | None, sample_s: float, as_json: bool) -> None:
     """Time and cost to finish every dataset with budget left, on each endpoint.
 
-    Uses the live rates of running runs (their data files measure their endpoint), the latest
-    bench of endpoints that are not running, and the price tables.
+    Uses the live rates of running runs (their data files, over a window kept by every refresh
+    and persisted, with their uncertainty; the serving engine's counters beside them), the
+    latest bench of the runs' shape for endpoints that are not running, and the price tables.
     """
     from supervisor.engine import gather_comparison
 
     config = get_config(config_path)
-    result = asyncio.run(
-        gather_comparison(config, sample_s=sample_s, min_sample_s=min(10.0, sample_s))
-    )
+    result = asyncio.run(gather_comparison(config, sample_s=sample_s))
     if as_json:
         print_json(result)
     else:

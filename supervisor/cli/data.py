@@ -332,7 +332,9 @@ def check(target: str, fmt: str | None, config_path: str | None, as_json: bool) 
     """Validate every record of PATH (file or directory) or of every dataset of RUN.
 
     Exit 0 only when every file is in the expected format with no bad line; else list each
-    problem and exit 1. A RUN's datasets that do not exist yet are not problems.
+    problem and exit 1. A RUN's datasets that do not exist yet are not problems, unless none of
+    them exists (a check never passes on nothing); a RUN whose data files cannot be determined
+    is an error.
     """
     if Path(target).exists() or "/" in target or target.endswith(".jsonl"):
         files = find_files([target])
@@ -347,6 +349,8 @@ def check(target: str, fmt: str | None, config_path: str | None, as_json: bool) 
     ok = True
     for r in results:
         problems = problems_of(r, missing_ok)
+        if missing_ok and all(x.get("state") == "missing" for x in results):
+            problems.append("nothing to check: none of the run's data files exists yet")
         if r["path"] in odd and not problems:
             problems.append(f"{odd[r['path']]}: pass --format NAME to say which is expected")
         ok = ok and not problems
@@ -377,7 +381,7 @@ def _check_run(run_name: str, config_path: str | None, fmt: str | None) -> list[
     import asyncio
 
     config = get_config(config_path)
-    run = config.run(run_name)  # ConfigError naming the known runs
+    run = config.run(run_name)  # ConfigError naming the known runs (or "runs: none")
     if fmt is not None and fmt != run.format:
         raise UsageError(
             f"run {run_name} writes format {run.format!r}; --format {fmt} does not apply",

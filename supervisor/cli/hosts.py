@@ -41,6 +41,7 @@ def process_json(p: ProcessInfo) -> dict[str, Any]:
         "state": p.state,
         "cwd": p.cwd,
         "killable": p.killable,
+        "evidence": p.evidence,
     }
 
 
@@ -142,7 +143,7 @@ def _print_jobs(name: str, jobs: list[dict[str, Any]]) -> None:
 @json_option
 def ps(config_path: str | None, host_name: str | None, as_json: bool) -> None:
     """List the runs on every host: identity, owner, CPU, memory, GPU, children and flags."""
-    config = get_config(config_path)
+    config = get_config(config_path, need="hosts")
     targets = _hosts_of(config, host_name)
 
     async def gather() -> list[dict[str, Any]]:
@@ -185,11 +186,30 @@ def _targets(
     config: Config, procs: list[ProcessInfo], run: str | None, pid: int | None, host: str
 ) -> list[ProcessInfo]:
     if run is not None:
-        found = [p for p in procs if p.run == run]
+        from supervisor.engine import assign_runs
+
+        found = assign_runs(procs, config, host).get(run, [])
         if not found:
             raise RunwatchError(
-                f"run {run!r} is not running on {host} (no process matches its script and workdir)",
+                f"run {run!r} is not running on {host} (no process has its data files in its "
+                "command line or open)",
                 f"see `runwatch ps --host {host}`",
+            )
+        if pid is not None:
+            named = [p for p in found if p.identity.pid == pid]
+            if not named:
+                raise KillRefused(
+                    f"pid {pid} on {host} is not run {run!r} (its processes: "
+                    f"{', '.join(str(p.identity.pid) for p in found)})",
+                    f"see `runwatch ps --host {host}`",
+                )
+            return named
+        if len(found) > 1:
+            pids = ", ".join(str(p.identity.pid) for p in found)
+            raise KillRefused(
+                f"run {run!r} is ambiguous on {host}: pids {pids} could each be it; "
+                "nothing was stopped",
+                f"name one: `runwatch kill {run} --pid PID` (see `runwatch ps --host {host}`)",
             )
         return found
     found = [p for p in procs if p.identity.pid == pid]
@@ -237,7 +257,9 @@ async def _kill(
 @config_option
 @click.argument("run", required=False)
 @click.option("--host", "host_name", default=None, help="Host of --pid.")
-@click.option("--pid", type=int, default=None, help="PID of a run on --host.")
+@click.option(
+    "--pid", type=int, default=None, help="PID of a run on --host, or which process RUN is."
+)
 @click.option(
     "--grace", type=float, default=10.0, show_default=True, help="Seconds before SIGKILL."
 )
@@ -254,14 +276,20 @@ def kill(
 ) -> None:
     """Stop RUN (or --host NAME --pid PID) and every descendant, and prove they are gone.
 
+    When several processes could each be RUN (it is ambiguous), nothing is stopped until one is
+    named with --pid.
+
     The process is named by its identity (boot id, pid, start time, uid, argv): the host refuses
     when the PID was reused, the host rebooted or the owner differs. Exit status 0 only when
     every targeted process is confirmed gone.
     """
-    if (run is None) == (pid is None):
-        raise UsageError("name a RUN, or --host NAME --pid PID", "runwatch kill --help")
-    if pid is not None and host_name is None:
-        raise UsageError("--pid needs --host NAME")
+    if run is None and pid is None:
+        raise UsageError(
+            "name a RUN (and --pid PID when it is ambiguous), or --host NAME --pid PID",
+            "runwatch kill --help",
+        )
+    if run is None and host_name is None:
+        raise UsageError("--pid needs --host NAME or a RUN")
     if grace < 0:
         raise UsageError("--grace must be >= 0")
     if not yes and not sys.stdin.isatty():
@@ -269,7 +297,7 @@ def kill(
             "refusing to kill without confirmation: stdin is not a terminal",
             "pass --yes to confirm on the command line",
         )
-    config = get_config(config_path)
+    config = get_config(config_path, need="hosts")
     if run is not None:
         run_cfg = config.run(run)
         cfg = config.host(host_name or run_cfg.host)

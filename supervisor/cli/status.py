@@ -72,9 +72,12 @@ def _host_line(h: HostView, now: float) -> str:
 
 
 def _run_lines(r: RunView) -> list[str]:
-    head = f"  {r.name}  {r.state}"
+    head = f"  {r.name}  {r.state_text}"
     if not r.configured:
         head += "  (not in config)"
+    if r.candidates:
+        pids = ", ".join(map(str, r.candidates))
+        head += f": pids {pids} could each be it (name one with --pid)"
     p = r.process
     if p is not None:
         # The warning first: the rest of the line is what a narrow terminal cuts.
@@ -88,6 +91,9 @@ def _run_lines(r: RunView) -> list[str]:
             head += f"  gpu {display.mebibytes(p.gpu_memory_mb)}"
     elif r.job is not None:
         head += "  " + describe_job(r.job)
+    if r.state == "running" and r.rates.tok_per_s is not None:
+        # The run's own window across all its datasets, with its uncertainty.
+        head += "  " + display.rate_pm(r.rates.tok_per_s, r.rates.tok_per_s_err, "tok/s")
     lines = [head]
     if not r.datasets:
         return lines
@@ -114,9 +120,8 @@ def _run_lines(r: RunView) -> list[str]:
             flags.append(f"{display.count(ds.duplicates)} dup")
         if ds.bad_lines:
             flags.append(f"{display.count(ds.bad_lines)} bad lines")
-        rates = ds.rates
-        req = rates.req_per_s_1m if rates.req_per_s_1m is not None else rates.req_per_s_all
-        tok = rates.tok_per_s_1m if rates.tok_per_s_1m is not None else rates.tok_per_s_all
+        # The window's rate, once the window holds enough responses to say (0 once done).
+        req, tok = ds.rates.req_per_s, ds.rates.tok_per_s
         lines.append(
             f"    {ds.name:<{w}} {responses:>11} {display.compact(ds.completion_tokens):>8} "
             f"{display.share(ds.completion_tokens, ds.token_budget):>6} "
@@ -140,6 +145,52 @@ def _run_lines(r: RunView) -> list[str]:
     return lines
 
 
+def _serving_lines(h: HostView) -> list[str]:
+    """The host's local serving engines (from their /metrics) and GPUs, one line each."""
+    lines = []
+    for em in h.endpoints:
+        files = "files: too few responses yet"
+        if em.files_tok_per_s.value is not None:
+            err = em.files_tok_per_s_err or 0.0
+            files = display.rate_pm(em.files_tok_per_s.value, err, "tok/s (files)")
+        if em.kind != "local":
+            lines.append(f"  endpoint {em.name} ({em.kind}): {files}")
+            continue
+        if not em.available:
+            lines.append(f"  endpoint {em.name}: {files}; metrics {em.why}")
+            continue
+        parts = [
+            f"running {display.count(em.running.value)}",
+            f"queued {display.count(em.queued.value)}",
+        ]
+        if em.kv_usage.value is not None:
+            parts.append(f"KV {display.percent(100 * em.kv_usage.value)}")
+        if em.gen_tok_per_s.value is not None:
+            parts.append(f"{display.rate(em.gen_tok_per_s.value)} tok/s (server)")
+        parts.append(files)
+        if em.ttft_p50_s is not None and em.ttft_p90_s is not None:
+            parts.append(
+                f"TTFT p50 {display.latency(1000 * em.ttft_p50_s)} p90 "
+                f"{display.latency(1000 * em.ttft_p90_s)} ({em.ttft_window})"
+            )
+        lines.append(f"  endpoint {em.name} ({em.engine}): " + ", ".join(parts))
+    for g in h.gpus:
+        parts = [display.percent(g.utilization_pct)]
+        if g.memory_used_mb is not None and g.memory_total_mb is not None:
+            parts.append(
+                f"{display.mebibytes(g.memory_used_mb)} / {display.mebibytes(g.memory_total_mb)}"
+            )
+        if g.power_w is not None:
+            parts.append(f"{g.power_w:.0f} W")
+        if g.temperature_c is not None:
+            parts.append(f"{g.temperature_c:.0f} C")
+        held = f"  ({', '.join(g.runs)})" if g.runs else ""
+        lines.append(f"  GPU{g.index} " + ", ".join(parts) + held)
+    if h.gpu_error:
+        lines.append(f"  GPUs: {h.gpu_error}")
+    return lines
+
+
 def _has_rates(snap: Snapshot) -> bool:
     return any(
         ds.rates.req_per_s_1m is not None or ds.rates.req_per_s_all is not None
@@ -160,6 +211,7 @@ def render(snap: Snapshot, rates_hint: bool = True) -> str:
             lines.append("  (no runs)")
         for r in h.runs:
             lines.extend(_run_lines(r))
+        lines.extend(_serving_lines(h))
         lines.append("")
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.time))
     lines.append(f"as of {stamp}")
@@ -237,7 +289,7 @@ def status(config_path: str | None, as_json: bool, watch: float | None) -> None:
 
     from supervisor.engine import run_sync
 
-    config = get_config(config_path)
+    config = get_config(config_path, need="hosts")
     if watch is not None:
         # Ctrl-C is how --watch ends: not an error.
         with contextlib.suppress(KeyboardInterrupt):

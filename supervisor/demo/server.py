@@ -7,7 +7,10 @@ a price is set, as OpenRouter does), ``finish_reason`` ``length`` when ``max_tok
 the generated token ids when the request sets ``return_token_ids`` (as vLLM does:
 ``choices[].token_ids`` and top-level ``prompt_token_ids``). The text is the decoding of the ids
 with the demo tokenizer, so text and ids always agree. ``GET /mock/stats`` returns the server's
-counters (requests by status, tokens, peak concurrency, paced tokens and seconds). A chat request
+counters (requests by status, tokens, peak concurrency, paced tokens and seconds). ``GET /metrics``
+publishes its real state as a serving engine does, in SGLang's Prometheus names (vLLM's with
+``metrics="vllm"``): requests running and queued, KV use, prompt and generation token counters,
+the generation throughput and a time-to-first-token histogram. A chat request
 with ``chat_template_kwargs.enable_thinking`` gets a ``reasoning_content`` (not streamed).
 
 Knobs (:class:`MockSettings`): per-request decode speed, a total capacity shared by concurrent
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import logging
 import math
@@ -99,7 +103,22 @@ class MockSettings:
     """Answer without ``usage`` (as some servers do), so clients must count tokens themselves."""
     usage_scale: float = 1.0
     """Report ``completion_tokens`` times this (1.0 = the truth), to test disagreement checks."""
+    max_running: int = 0
+    """Requests decoded at once; more wait in a queue (0 = no limit)."""
+    kv_tokens: int = 65536
+    """Tokens the mock's KV cache holds (its ``token_usage`` is the generated tokens of the
+    requests in flight over this)."""
+    metrics: str = "sglang"
+    """Names of ``GET /metrics``: ``sglang``, ``vllm``, or ``none`` (404, as SGLang without
+    ``--enable-metrics``)."""
 
+
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, math.inf)
+"""Upper bounds of the time-to-first-token histogram, in seconds."""
+_REQUEST_START: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "request_start", default=None
+)
+"""When the request being served was admitted (its first token is timed from there)."""
 
 _STATUS_NAMES = {0: "reset", 499: "client-gone"}
 """Pseudo statuses in the counters: connections the mock reset, requests abandoned by clients."""
@@ -121,6 +140,24 @@ class _Stats:
         """Tokens produced by the pacing scheduler (never more than capacity x paced time)."""
         self.paced_seconds = 0.0
         """Seconds the pacing scheduler has been busy."""
+        self.queued = 0
+        """Requests waiting for a slot (``max_running``)."""
+        self.prefill_tokens = 0
+        """Prompt tokens of every request admitted (counted when it starts, as a server does)."""
+        self.throughput = 0.0
+        """Generated tokens/s, smoothed over a few seconds."""
+        self.ttft = [0] * len(TTFT_BUCKETS)
+        """Requests per time-to-first-token bucket (not cumulative)."""
+        self.ttft_sum = 0.0
+        self.ttft_count = 0
+
+    def observe_ttft(self, seconds: float) -> None:
+        for i, le in enumerate(TTFT_BUCKETS):
+            if seconds <= le:
+                self.ttft[i] += 1
+                break
+        self.ttft_sum += seconds
+        self.ttft_count += 1
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -168,8 +205,11 @@ class _Decoder:
 
     async def produce(self, n: int) -> AsyncGenerator[int, None]:
         """Yield how many more of the ``n`` tokens are ready, until all ``n`` are."""
+        started = _REQUEST_START.get()
         if not self.paced or n <= 0:
             if n > 0:
+                if started is not None:
+                    self.stats.observe_ttft(time.monotonic() - started)
                 yield n
             return
         job = _Job(n)
@@ -182,6 +222,8 @@ class _Decoder:
                 await job.event.wait()
                 job.event.clear()
                 if job.done > given:
+                    if given == 0 and started is not None:
+                        self.stats.observe_ttft(time.monotonic() - started)
                     new, given = job.done - given, job.done
                     yield new
         finally:
@@ -195,7 +237,14 @@ class _Decoder:
             now = loop.time()
             dt, last = min(now - last, 1.0), now
             self.stats.paced_seconds += dt
+            before = self.stats.paced_tokens
             self._allot(dt)
+            if dt > 0:
+                # A 2-second moving average, as a server's throughput gauge is.
+                alpha = min(1.0, dt / 2.0)
+                rate = (self.stats.paced_tokens - before) / dt
+                self.stats.throughput += alpha * (rate - self.stats.throughput)
+        self.stats.throughput = 0.0
 
     def _allot(self, dt: float) -> None:
         cap = self.decode_tps * dt if self.decode_tps > 0 else math.inf
@@ -266,6 +315,66 @@ class MockState:
             self.auth: bytes | None = f"Bearer {settings.api_key}".encode()
         else:
             self.auth = None
+        self._slots: asyncio.Semaphore | None = None
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """A decoding slot (``max_running``); the request waits in the queue until one frees."""
+        if self.settings.max_running <= 0:
+            yield
+            return
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.settings.max_running)
+        self.stats.queued += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.stats.queued -= 1
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+    def metrics_text(self) -> str:
+        """The server's state in Prometheus text format, in SGLang's (or vLLM's) names."""
+        st, vllm = self.stats, self.settings.metrics == "vllm"
+        kv = sum(j.done for j in self.decoder.jobs) / max(1, self.settings.kv_tokens)
+        generated = st.paced_tokens if self.decoder.paced else st.completion_tokens
+        label = f'{{model_name="{self.settings.model}"}}'
+        if vllm:
+            names = [
+                ("vllm:num_requests_running", "gauge", st.active),
+                ("vllm:num_requests_waiting", "gauge", st.queued),
+                ("vllm:kv_cache_usage_perc", "gauge", kv),
+                ("vllm:prompt_tokens_total", "counter", st.prefill_tokens),
+                ("vllm:generation_tokens_total", "counter", generated),
+            ]
+            ttft = "vllm:time_to_first_token_seconds"
+        else:
+            names = [
+                ("sglang:num_running_reqs", "gauge", st.active),
+                ("sglang:num_queue_reqs", "gauge", st.queued),
+                ("sglang:token_usage", "gauge", kv),
+                ("sglang:gen_throughput", "gauge", st.throughput),
+                ("sglang:cache_hit_rate", "gauge", 0.0),
+                ("sglang:prompt_tokens_total", "counter", st.prefill_tokens),
+                ("sglang:generation_tokens_total", "counter", generated),
+            ]
+            ttft = "sglang:time_to_first_token_seconds"
+        lines = []
+        for name, kind, value in names:
+            family = name[: -len("_total")] if kind == "counter" else name
+            lines += [f"# TYPE {family} {kind}", f"{name}{label} {float(value)!r}"]
+        lines.append(f"# TYPE {ttft} histogram")
+        cumulative = 0
+        model = self.settings.model
+        for le, n in zip(TTFT_BUCKETS, st.ttft, strict=True):
+            cumulative += n
+            bound = "+Inf" if math.isinf(le) else repr(le)
+            lines.append(f'{ttft}_bucket{{le="{bound}",model_name="{model}"}} {cumulative}.0')
+        lines.append(f"{ttft}_sum{label} {st.ttft_sum!r}")
+        lines.append(f"{ttft}_count{label} {st.ttft_count}.0")
+        return "\n".join(lines) + "\n"
 
     def generate(self, body: dict[str, Any], prompt_text: str) -> _Generation:
         rng = self.rng
@@ -382,6 +491,20 @@ class _StatsEndpoint:
         await _send_json(send, 200, _encode(self.state.stats.as_dict()))
 
 
+class _MetricsEndpoint:
+    def __init__(self, state: MockState) -> None:
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.state.settings.metrics == "none":
+            await _send_json(send, 404, _error_body("Not Found", "not_found", 404))
+            return
+        body = self.state.metrics_text().encode()
+        headers = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 def _authorized(state: MockState, scope: Scope) -> bool:
     if state.auth is None:
         return True
@@ -463,9 +586,25 @@ class _Completions:
             reset = False
         gen = state.generate(body, prompt)
         stream = bool(body.get("stream"))
+        _REQUEST_START.set(time.monotonic())
+        async with state.slot():
+            return await self._admitted(body, gen, receive, send, reset, stream)
+
+    async def _admitted(
+        self,
+        body: dict[str, Any],
+        gen: _Generation,
+        receive: Receive,
+        send: Send,
+        reset: bool,
+        stream: bool,
+    ) -> int:
+        state = self.state
+        s = state.settings
         stats = state.stats
         stats.active += 1
         stats.peak_active = max(stats.peak_active, stats.active)
+        stats.prefill_tokens += gen.prompt_tokens
         try:
             if s.latency_s > 0:
                 await asyncio.sleep(s.latency_s)  # the mock's time to first token
@@ -703,6 +842,7 @@ def build_app(settings: MockSettings, on_startup: Callable[[], None] | None = No
         Route("/v1/chat/completions", _Completions(state, chat=True), methods=["POST"]),
         Route("/v1/completions", _Completions(state, chat=False), methods=["POST"]),
         Route("/mock/stats", _StatsEndpoint(state), methods=["GET"]),
+        Route("/metrics", _MetricsEndpoint(state), methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.mock = state
@@ -831,6 +971,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=None, help="demo tokenizer directory")
     p.add_argument("--omit-usage", action="store_true", help="answer without usage")
     p.add_argument("--usage-scale", type=float, default=1.0, help="misreport completion tokens")
+    p.add_argument("--max-running", type=int, default=0, help="requests decoded at once")
+    p.add_argument(
+        "--metrics",
+        choices=("sglang", "vllm", "none"),
+        default=d.metrics,
+        help="names of GET /metrics (none: answer 404, as SGLang without --enable-metrics)",
+    )
     p.add_argument(
         "--api-key-env",
         default=None,
@@ -865,6 +1012,8 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer=args.tokenizer,
         omit_usage=args.omit_usage,
         usage_scale=args.usage_scale,
+        max_running=args.max_running,
+        metrics=args.metrics,
         host=args.host,
         port=args.port,
     )

@@ -14,6 +14,7 @@ from textual.widgets import Footer, Static
 
 from supervisor.model import Snapshot
 from tui.widgets.dataset_table import DatasetTable
+from tui.widgets.events import EventsPanel
 from tui.widgets.fleet import Fleet, update_static
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ class DashboardScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Static(id="status")
         yield Fleet(id="fleet")
+        yield EventsPanel(id="events")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:

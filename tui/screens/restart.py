@@ -35,6 +35,10 @@ _STATE_STYLE = {
 }
 
 REMEDIES = {
+    "preflight": (
+        "Remedy: fix the flag named above (it is not one the client accepts, or needs a value); "
+        "nothing was stopped."
+    ),
     "format-check": (
         "Remedy: press m to move those files aside (renamed to <file>.<format>-<time>, nothing "
         "deleted) so the run starts them afresh, then run again. Or convert them first."
@@ -89,6 +93,18 @@ def diff_text(plan: Plan) -> Table:
         )
     if not changes:
         table.add_row("changes", "none: the same argv as " + ("now" if plan.old else "the config"))
+    last = plan.last_launch_diff()
+    if last is None:
+        table.add_row("last launch", "none recorded by runwatch")
+    elif not last:
+        table.add_row("last launch", "the same argv")
+    for d in last or []:
+        old = "(absent)" if d["old"] is None else str(d["old"])
+        new = "(absent)" if d["new"] is None else str(d["new"])
+        table.add_row(
+            "last launch",
+            Text.assemble((f"{d['flag']}: ", "bold"), (old, "red"), " → ", (new, "green")),
+        )
     table.add_row("log", str(plan.paths.get("log", "-")))
     return table
 
@@ -286,7 +302,12 @@ class RestartScreen(Screen[None]):
         failed = result.failed_step
         if failed is not None:
             number = [s["name"] for s in self.steps].index(failed.name) + 1
-            self._problem(f"✗ Blocked at step {number}, {failed.name} (detail above).", failed.name)
+            text = f"✗ Blocked at step {number}, {failed.name} (detail above)."
+            if result.rollback is not None:
+                text += f"\n{result.rollback['detail']}"
+            self._problem(text, failed.name)
+        elif result.nothing_to_do:
+            problem.update(Text(f"{self.run.name}: nothing to do: all datasets done."))
         elif result.dry_run:
             problem.update(Text("Every check passed. Press x to run the plan.", style="bold green"))
         else:

@@ -1,4 +1,5 @@
-"""One run in full: process, argv (secrets masked), children, GPU, datasets, live log, samples."""
+"""One run in full: process, argv (secrets masked), children, GPU, datasets, live log, samples,
+and its history (tok/s, the serving engine's running/queued requests and KV use, GPU use)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from supervisor.model import DatasetView, HostView, RunView
 from tui.messages import LogTailRead, SamplesRead
 from tui.widgets.dataset_table import warning_text
 from tui.widgets.fleet import host_header, run_header
+from tui.widgets.serving import RunPlot
 
 if TYPE_CHECKING:
     from tui.app import RunwatchApp
@@ -35,8 +37,12 @@ def process_table(run: RunView) -> Table:
     table.add_column(overflow="fold")
     p = run.process
     if p is None:
+        known = run.state != "unknown"
         table.add_row(
-            "process", Text("none: no process writes this run's datasets", style="yellow")
+            "process",
+            Text("none: no process writes this run's datasets", style="yellow")
+            if known
+            else Text(f"unknown: {run.state_detail or 'not listed yet'}", style="dim"),
         )
         return table
     table.add_row("pid", Text(f"{p.identity.pid}", style="bold"))
@@ -131,6 +137,7 @@ class RunDetailScreen(Screen[None]):
         Binding("1", "tab('overview')", "Overview", show=False),
         Binding("2", "tab('log')", "Log", show=False),
         Binding("3", "tab('samples')", "Samples", show=False),
+        Binding("4", "tab('history')", "History", show=False),
         Binding("f", "toggle_follow", "Follow log"),
         Binding("s", "next_dataset", "Next sample set", tooltip="Preview another dataset"),
     ]
@@ -170,6 +177,8 @@ class RunDetailScreen(Screen[None]):
             with TabPane("Samples [3]", id="samples"), VerticalScroll():
                 yield Static(id="samples-status")
                 yield Static(id="samples-view")
+            with TabPane("History [4]", id="history"), VerticalScroll():
+                yield RunPlot(id="plot")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -206,6 +215,7 @@ class RunDetailScreen(Screen[None]):
                 for label, value in zip(DETAIL_COLUMNS, detail_row(ds), strict=True):
                     table.update_cell(ds.name, label, value)
         self.query_one("#notes", Static).update(notes(run))
+        self.query_one(RunPlot).show(host, run)
         if not self._samples_started and run.datasets:
             self._samples_started = True
             if self.sample_dataset not in names:

@@ -106,8 +106,9 @@ def dataset_cells(ds: DatasetView, *, live: bool, stale: bool, wide: bool) -> li
         "dataset": cell(("⚠ " if warn else "") + ds.name, name_style),
         "responses": cell(responses, right=True),
         "tokens": tokens_cell,
-        "tok_s": cell(display.rate(ds.rates.tok_per_s_1m) if live else display.UNKNOWN, right=True),
-        "req_s": cell(display.rate(ds.rates.req_per_s_1m) if live else display.UNKNOWN, right=True),
+        # The window's rate, shown only once the window holds enough responses to say.
+        "tok_s": cell(display.rate(ds.rates.tok_per_s) if live else display.UNKNOWN, right=True),
+        "req_s": cell(display.rate(ds.rates.req_per_s) if live else display.UNKNOWN, right=True),
         "trend": cell(sparkline(ds.history, _TREND) if live else "", "cyan"),
         "eta": cell(display.eta(ds.projection.eta_s) if live else display.UNKNOWN, right=True),
         "length": cell(length, "yellow" if ds.finish_reasons.get("length") else "", right=True),

@@ -10,6 +10,7 @@ from textual.widgets import Static
 from supervisor import display
 from supervisor.model import HostView, RunView, Snapshot
 from tui.widgets.dataset_table import DatasetTable, warning_text
+from tui.widgets.serving import ServingPanel
 
 _STATE_STYLE = {
     "running": "bold green",
@@ -17,6 +18,7 @@ _STATE_STYLE = {
     "stopped": "yellow",
     "zombie": "red",
     "unknown": "dim",
+    "ambiguous": "bold red",
 }
 
 
@@ -47,7 +49,9 @@ def run_header(run: RunView, *, stale: bool) -> Text:
     if not run.configured:
         text.append(" (not in config)", style="dim")
     text.append("  ")
-    text.append(run.state, style=_STATE_STYLE.get(run.state, "") + dim)
+    text.append(run.state_text, style=_STATE_STYLE.get(run.state, "") + dim)
+    if run.candidates:
+        text.append(f"  pids {', '.join(map(str, run.candidates))}", style="red" + dim)
     p = run.process
     if p is not None:
         text.append(f"  pid {p.identity.pid}", style=dim.strip())
@@ -72,8 +76,13 @@ def run_header(run: RunView, *, stale: bool) -> Text:
         from supervisor.engine import describe_job as describe
 
         text.append("  Slurm " + describe(run.job), style=dim.strip())
-    else:
+    elif run.state != "unknown":
         text.append("  no process writes these datasets", style="dim")
+    if run.rates.tok_per_s is not None and run.state == "running":
+        # The run's own window across its datasets, with its uncertainty.
+        value, _, err = display.rate_pm(run.rates.tok_per_s, run.rates.tok_per_s_err).partition(" ")
+        text.append(f"  {value}", style="bold" + dim)
+        text.append(f" {err} tok/s" if err else " tok/s", style=dim.strip())
     return text
 
 
@@ -182,6 +191,7 @@ class HostCard(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(classes="host-header")
+        yield ServingPanel(classes="-empty")
         yield Static("no runs on this host", classes="host-empty")
 
     def on_mount(self) -> None:
@@ -197,6 +207,7 @@ class HostCard(Vertical):
         host = self._host
         self.set_class(host.stale or not host.connected, "-stale")
         update_static(self.query_one(".host-header", Static), host_header(host, self._now))
+        self.query_one(ServingPanel).show(host)
         self.query_one(".host-empty").display = not host.runs
         cards = {c.run_key: c for c in self.query_children(RunCard)}
         wanted = {run_key(host.name, r.name): r for r in host.runs}

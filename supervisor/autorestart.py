@@ -1,0 +1,149 @@
+"""Restart on failure (opt-in, ``on_exit = "restart"`` per run), for ``runwatch watch``.
+
+A run is restarted only after a ``run-died`` event (``supervisor.events``): runwatch saw it
+running, then saw it gone, nobody stopped it through runwatch (the audit log says who did) and
+its datasets are not all done (a client that finished is not restarted). The restart waits
+``restart_backoff_seconds`` (doubled for each restart already made in the window), then goes
+through the same gate as ``runwatch launch``: ``Engine.plan(action="launch")`` then
+``Engine.execute`` (format check, fingerprint, locks, repair, a confirmed launch), audited as a
+launch, plus one ``auto-restart`` record saying why. A run that dies again after
+``restart_max`` restarts within ``restart_window_seconds`` is not restarted again: a
+``restart-gave-up`` event says so and a launch by hand (the run seen running again) resets it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from supervisor import audit
+from supervisor.errors import RunwatchError
+from supervisor.events import Event, gave_up_event, restart_event
+from supervisor.model import Snapshot
+
+if TYPE_CHECKING:
+    from supervisor.engine import Engine
+
+
+@dataclass
+class _Restarts:
+    host: str
+    times: deque[float] = field(default_factory=deque)
+    """When each automatic restart of the window was attempted (monotonic seconds)."""
+    due: float | None = None
+    gave_up: bool = False
+
+
+class AutoRestart:
+    """Schedules and carries out automatic restarts; see the module docstring."""
+
+    def __init__(self, engine: Engine, clock: Callable[[], float] = time.monotonic) -> None:
+        self.engine = engine
+        self.clock = clock
+        self._runs: dict[str, _Restarts] = {}
+
+    def wants(self, run: str) -> bool:
+        try:
+            return self.engine.config.run(run).on_exit == "restart"
+        except RunwatchError:
+            return False
+
+    def pending(self) -> dict[str, float]:
+        """Runs waiting for their restart -> seconds until it."""
+        now = self.clock()
+        return {n: max(0.0, r.due - now) for n, r in self._runs.items() if r.due is not None}
+
+    def observe(self, events: Iterable[Event]) -> list[Event]:
+        """Schedule a restart for each ``run-died`` of a run with ``on_exit = "restart"``;
+        returns the ``restart-gave-up`` events of runs that died too often."""
+        out = []
+        now = self.clock()
+        for ev in events:
+            if ev.kind != "run-died" or ev.run is None or not self.wants(ev.run):
+                continue
+            rc = self.engine.config.run(ev.run)
+            st = self._runs.setdefault(ev.run, _Restarts(host=ev.host))
+            while st.times and now - st.times[0] > rc.restart_window_seconds:
+                st.times.popleft()
+            if st.gave_up:
+                continue
+            if len(st.times) >= rc.restart_max:
+                st.gave_up, st.due = True, None
+                out.append(self._gave_up(ev.host, ev.run, len(st.times)))
+                continue
+            st.due = now + rc.restart_backoff_seconds * (2 ** len(st.times))
+        return out
+
+    async def step(self, snapshot: Snapshot) -> list[Event]:
+        """Restart every run whose time has come (and that is still not running)."""
+        out: list[Event] = []
+        now = self.clock()
+        running = {
+            r.name for h in snapshot.hosts for r in h.runs if r.state == "running" and r.configured
+        }
+        for name, st in self._runs.items():
+            if name in running:
+                # Back: by the restart just made (its count stays), or by hand after a give-up
+                # (a later death starts a new count).
+                if st.gave_up:
+                    st.gave_up = False
+                    st.times.clear()
+                st.due = None
+                continue
+            if st.due is None or now < st.due:
+                continue
+            st.due = None
+            st.times.append(now)
+            out.extend(await self._restart(name, st))
+        return out
+
+    async def _restart(self, name: str, st: _Restarts) -> list[Event]:
+        rc = self.engine.config.run(name)
+        count = len(st.times)
+        why = f"on_exit = restart: restart {count} of at most {rc.restart_max}"
+        result = None
+        try:
+            plan = await self.engine.plan(name, action="launch")
+            result = await self.engine.execute(plan)
+        except RunwatchError as e:
+            detail = str(e)
+        else:
+            failed = result.failed_step
+            pid = (result.identity or {}).get("pid")
+            detail = (
+                f"pid {pid}"
+                if result.ok
+                else f"{failed.name if failed else 'launch'}: {failed.detail if failed else ''}"
+            )
+        ok = result is not None and result.ok
+        audit.record(
+            "auto-restart",
+            host=st.host,
+            run=name,
+            ok=ok,
+            identity=result.identity if result is not None else None,
+            detail=f"{why}; {detail}",
+        )
+        events = [restart_event(self.engine.config, st.host, name, result, f"{why}; {detail}")]
+        if ok:
+            return events
+        if len(st.times) < rc.restart_max:
+            st.due = self.clock() + rc.restart_backoff_seconds * (2 ** len(st.times))
+        else:
+            st.gave_up = True
+            events.append(self._gave_up(st.host, name, len(st.times)))
+        return events
+
+    def _gave_up(self, host: str, run: str, count: int) -> Event:
+        rc = self.engine.config.run(run)
+        audit.record(
+            "auto-restart",
+            host=host,
+            run=run,
+            ok=False,
+            detail=f"gave up after {count} restarts in {rc.restart_window_seconds:g} s",
+        )
+        return gave_up_event(self.engine.config, host, run, count, rc.restart_window_seconds)

@@ -1,0 +1,485 @@
+"""Events: what changed in the fleet that a person should be told about, with the command that acts.
+
+One detector for every front end: ``runwatch watch`` turns events into alerts, the dashboard into
+notifications and its events panel. ``EventTracker(config).update(snapshot, expected_stops)``
+returns the events of one refresh:
+
+- conditions, reported once when they start and again only after they have cleared: a dataset
+  over its budget (while its writer runs without ``--token-budget``), projected waste above a
+  threshold, stalled, duplicate ids, dataset done, all done, host lost (its clearing is
+  ``host-back``);
+- transitions between two refreshes: a run died (seen running, then seen gone, not stopped on
+  purpose: ``expected_stops`` holds :func:`stop_key` keys of processes runwatch stopped), a data
+  file shrank.
+
+A host that does not answer keeps its conditions as they were (nothing clears, nothing fires on
+stale values). With ``report_initial=False`` (the dashboard) the conditions already true at the
+first refresh are taken as known and not reported; ``runwatch watch`` reports problems found at
+start, but not datasets already done.
+
+Events of actions (the budget policy, automatic restarts) are made by :func:`budget_event` and
+:func:`restart_event`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from collections.abc import Callable, Container, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+import msgspec
+
+from supervisor.config import AlertsConfig, Config
+from supervisor.model import DatasetView, HostView, ProcessInfo, RunView, Snapshot
+
+if TYPE_CHECKING:
+    from supervisor.guard import GuardOutcome
+    from supervisor.plan import ActionResult
+
+Severity = Literal["info", "warning", "critical"]
+EventKind = Literal[
+    "run-died",
+    "stalled",
+    "over-budget",
+    "waste",
+    "dataset-done",
+    "all-done",
+    "host-lost",
+    "host-back",
+    "restart-done",
+    "restart-failed",
+    "restart-rolled-back",
+    "restart-gave-up",
+    "budget-policy",
+    "duplicates",
+    "data-shrank",
+]
+EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
+SEVERITIES: tuple[str, ...] = get_args(Severity)
+QUIET_AT_START = ("dataset-done", "all-done")
+"""Conditions true at the first refresh that ``runwatch watch`` does not report (old news)."""
+
+
+def severity_rank(severity: str) -> int:
+    """0 for info, 1 warning, 2 critical."""
+    return SEVERITIES.index(severity) if severity in SEVERITIES else 0
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    """One thing that happened, where, how serious, and the command that acts on it."""
+
+    kind: EventKind
+    severity: Severity
+    host: str
+    run: str | None = None
+    dataset: str | None = None
+    title: str
+    """Short: the run (``eagle3-kimi``), the run and dataset (``eagle3-kimi B2``) or the host."""
+    message: str
+    command: str | None = None
+    """The exact command that acts on it (``runwatch kill eagle3-kimi``)."""
+    key: str
+    """Names the condition or transition; an alert is sent once per key until it clears."""
+    time: float
+    lines: list[str] = []
+    """Extra lines: the last lines of a dead run's log."""
+
+    def text(self) -> str:
+        """One line for humans: ``CRITICAL eagle3-kimi: Run died ... -> runwatch launch ...``."""
+        act = f"  -> {self.command}" if self.command else ""
+        return f"{self.severity.upper()} {self.title}: {self.message}{act}"
+
+
+def stop_key(host: str, run: str, pid: int) -> str:
+    """Names one process of one run: ``host/run#pid`` (a deliberate stop is keyed by this)."""
+    return f"{host}/{run}#{pid}"
+
+
+def command_prefix(config: Config) -> str:
+    """``runwatch``, plus ``-c PATH`` when the config is not the one runwatch finds by default."""
+    path = config.path
+    default = os.environ.get("RUNWATCH_CONFIG") or "runwatch.toml"
+    if not path or os.path.abspath(path) == os.path.abspath(default):
+        return "runwatch"
+    return f"runwatch -c {shlex.quote(os.path.abspath(path))}"
+
+
+def dataset_done(ds: DatasetView) -> bool:
+    """True when a dataset reached a stop condition (its samples, its budget or its prompts)."""
+    if ds.state != "ok":
+        return False
+    done = ds.unique_ids or ds.records
+    return ds.projection.eta_s == 0 or bool(ds.max_samples and done >= ds.max_samples)
+
+
+def run_done(run: RunView) -> bool:
+    """True when every dataset of a run is done (a run that exits then has finished)."""
+    return bool(run.datasets) and all(dataset_done(d) for d in run.datasets)
+
+
+@dataclass
+class Thresholds:
+    """When projected waste or a quiet file becomes an event (``[alerts]`` of the config)."""
+
+    waste_tokens: int | None = None
+    waste_usd: float | None = None
+    stall_multiple: float = 0.0
+
+    @classmethod
+    def of(cls, alerts: AlertsConfig) -> Thresholds:
+        return cls(alerts.waste_tokens, alerts.waste_usd, alerts.stall_multiple)
+
+
+class EventTracker:
+    """Turns successive snapshots into events; see the module docstring."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        report_initial: bool = True,
+        thresholds: Thresholds | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.report_initial = report_initial
+        self.thresholds = thresholds or Thresholds.of(config.alerts)
+        self._prefix = command_prefix(config)
+        self._clock = clock
+        self._active: dict[str, str] = {}
+        """Condition key -> its host."""
+        self._running: dict[tuple[str, str], ProcessInfo] = {}
+        """The process each configured run was last seen running as."""
+        self._records: dict[tuple[str, str, str], int] = {}
+        self._started = False
+
+    def active(self) -> set[str]:
+        """Keys of the conditions true now (kept as they were for hosts that did not answer)."""
+        return set(self._active)
+
+    def cmd(self, *args: str) -> str:
+        return " ".join([self._prefix, *(shlex.quote(a) for a in args)])
+
+    def update(self, snapshot: Snapshot, expected_stops: Container[str] = ()) -> list[Event]:
+        """The events from the previous snapshot to ``snapshot`` (conditions that started,
+        transitions); the first call reports conditions only (see ``report_initial``)."""
+        now = self._clock()
+        first = not self._started
+        self._started = True
+        conditions: dict[str, Event] = {}
+        answered = {h.name for h in snapshot.hosts if h.connected and not h.stale}
+        for host in snapshot.hosts:
+            conditions.update(self._conditions(host, now))
+        if answered and self._all_done(snapshot):
+            ev = Event(
+                kind="all-done",
+                severity="info",
+                host="*",
+                title="all done",
+                message="every dataset of every configured run is done",
+                command=self.cmd("status"),
+                key="all-done",
+                time=now,
+            )
+            conditions[ev.key] = ev
+        events: list[Event] = []
+        for key, ev in conditions.items():
+            if key in self._active:
+                continue
+            if first and (not self.report_initial or ev.kind in QUIET_AT_START):
+                continue
+            events.append(ev)
+        # Conditions of hosts that did not answer stay as they were.
+        kept = {k: h for k, h in self._active.items() if h not in answered and h != "*"}
+        for key, name in self._active.items():
+            if key.startswith("host-lost|") and key not in conditions:
+                events.append(
+                    Event(
+                        kind="host-back",
+                        severity="info",
+                        host=name,
+                        title=name,
+                        message="Host is back.",
+                        command=self.cmd("status"),
+                        key=f"host-back|{name}",
+                        time=now,
+                    )
+                )
+        self._active = {**kept, **{k: e.host for k, e in conditions.items()}}
+        for host in snapshot.hosts:
+            if host.name in answered:
+                events.extend(self._transitions(host, expected_stops, now, first))
+        return events
+
+    # ------------------------------------------------------------------ conditions
+
+    def _conditions(self, host: HostView, now: float) -> dict[str, Event]:
+        out: dict[str, Event] = {}
+        if not host.connected:
+            why = f": {host.error}" if host.error else ""
+            shown = " Showing its last values." if host.stale else ""
+            ev = Event(
+                kind="host-lost",
+                severity="critical",
+                host=host.name,
+                title=host.name,
+                message=f"Host lost{why}.{shown}",
+                command=self.cmd("ps", host.name),
+                key=f"host-lost|{host.name}",
+                time=now,
+            )
+            out[ev.key] = ev
+            return out
+        if host.stale:
+            return out
+        for run in host.runs:
+            if not run.configured:
+                continue
+            for ds in run.datasets:
+                for ev in self._dataset_conditions(host.name, run, ds, now):
+                    out[ev.key] = ev
+        return out
+
+    def _dataset_conditions(
+        self, host: str, run: RunView, ds: DatasetView, now: float
+    ) -> Iterable[Event]:
+
+        def event(kind: EventKind, severity: Severity, message: str, command: str) -> Event:
+            return Event(
+                kind=kind,
+                severity=severity,
+                host=host,
+                run=run.name,
+                dataset=ds.name,
+                title=f"{run.name} {ds.name}",
+                message=message,
+                command=command,
+                key=f"{kind}|{host}|{run.name}|{ds.name}",
+                time=now,
+            )
+
+        writing = run.state == "running"
+        budget = ds.token_budget
+        # A run with --token-budget stops each dataset at it (a few in-flight responses over).
+        unenforced = run.process is not None and run.process.flags.token_budget is None
+        if writing and unenforced and ds.over_budget:
+            set_budget = f"token-budget={budget}" if budget else "token-budget=N"
+            yield event(
+                "over-budget",
+                "warning",
+                ds.projection.message or "past its token budget",
+                self.cmd("restart", run.name, "--set", set_budget),
+            )
+        t = self.thresholds
+        waste, cost = ds.projection.waste_tokens, ds.projection.waste_cost_usd
+        if writing and (
+            (t.waste_tokens is not None and waste > t.waste_tokens)
+            or (t.waste_usd is not None and cost is not None and cost > t.waste_usd)
+        ):
+            usd = f" (${cost:,.2f})" if cost is not None else ""
+            yield event(
+                "waste",
+                "warning",
+                f"projected {waste:,} tokens{usd} past its budget",
+                self.cmd("restart", run.name, "--set", f"token-budget={budget or 'N'}"),
+            )
+        if writing and self._stalled(ds):
+            yield event(
+                "stalled",
+                "warning",
+                f"No new responses for {ds.idle_s:.0f} s while it runs: stalled.",
+                self.cmd("restart", run.name),
+            )
+        if ds.duplicates:
+            yield event(
+                "duplicates",
+                "warning",
+                f"{ds.duplicates} duplicate sample ids in {ds.path}",
+                self.cmd("check", run.name),
+            )
+        if dataset_done(ds):
+            yield event(
+                "dataset-done",
+                "info",
+                f"done: {ds.unique_ids or ds.records:,} responses, {ds.completion_tokens:,} tokens",
+                self.cmd("status"),
+            )
+
+    def _stalled(self, ds: DatasetView) -> bool:
+        if ds.stalled:
+            return True
+        multiple = self.thresholds.stall_multiple
+        rate = ds.rates.req_per_s_10m or ds.rates.req_per_s_all
+        return bool(multiple > 0 and rate and ds.state == "ok" and ds.idle_s > multiple / rate)
+
+    def _all_done(self, snapshot: Snapshot) -> bool:
+        runs = [r for h in snapshot.hosts for r in h.runs if r.configured]
+        answered = all(h.connected and not h.stale for h in snapshot.hosts)
+        return answered and bool(runs) and all(run_done(r) for r in runs)
+
+    # ------------------------------------------------------------------ transitions
+
+    def _transitions(
+        self, host: HostView, expected_stops: Container[str], now: float, first: bool
+    ) -> Iterable[Event]:
+        for run in host.runs:
+            if not run.configured:
+                continue
+            key = (host.name, run.name)
+            was = self._running.get(key)
+            if run.state == "running" and run.process is not None:
+                self._running[key] = run.process
+            elif run.state in ("stopped", "zombie"):
+                self._running.pop(key, None)
+                pid = was.identity.pid if was is not None else 0
+                deliberate = stop_key(host.name, run.name, pid) in expected_stops
+                if was is not None and not deliberate and not run_done(run):
+                    yield self._died(host.name, run, was, now)
+            for ds in run.datasets:
+                rkey = (host.name, run.name, ds.path)
+                before = self._records.get(rkey)
+                if ds.state == "ok":
+                    self._records[rkey] = ds.records
+                if not first and before is not None and ds.state == "ok" and ds.records < before:
+                    yield Event(
+                        kind="data-shrank",
+                        severity="critical",
+                        host=host.name,
+                        run=run.name,
+                        dataset=ds.name,
+                        title=f"{run.name} {ds.name}",
+                        message=f"{ds.path} shrank from {before:,} to {ds.records:,} records",
+                        command=self.cmd("check", run.name),
+                        key=f"data-shrank|{host.name}|{run.name}|{ds.name}|{now}",
+                        time=now,
+                    )
+
+    def _died(self, host: str, run: RunView, was: ProcessInfo, now: float) -> Event:
+        state = "a zombie (exit not collected)" if run.state == "zombie" else "gone"
+        return Event(
+            kind="run-died",
+            severity="critical",
+            host=host,
+            run=run.name,
+            title=run.name,
+            message=f"Run stopped (pid {was.identity.pid}) on {host}: {state}, "
+            "not stopped through runwatch, datasets not done.",
+            command=self.cmd("launch", run.name),
+            key=f"run-died|{host}|{run.name}|{was.identity.pid}",
+            time=now,
+        )
+
+
+def with_lines(event: Event, lines: list[str]) -> Event:
+    """``event`` with ``lines`` (a log tail) attached."""
+    return msgspec.structs.replace(event, lines=list(lines))
+
+
+def budget_event(outcome: GuardOutcome, config: Config) -> Event | None:
+    """The event of a budget policy's action (None for ``warn``, which over-budget says)."""
+    ev = outcome.event
+    if not outcome.acted or ev.policy == "warn":
+        return None
+    prefix = command_prefix(config)
+    return Event(
+        kind="budget-policy",
+        severity="info" if outcome.ok else "critical",
+        host=ev.host,
+        run=ev.run,
+        title=f"Budget policy {ev.policy}: {ev.run}",
+        message=f"{ev.message}\n{outcome.detail}",
+        command=f"{prefix} audit",
+        key=f"budget-policy|{ev.host}|{ev.run}|{ev.identity.pid}",
+        time=time.time(),
+    )
+
+
+def restart_event(
+    config: Config, host: str, run: str, result: ActionResult | None, detail: str
+) -> Event:
+    """The event of an automatic restart: done, failed, or rolled back (the launch failed and
+    the previous command line was put back)."""
+    prefix = command_prefix(config)
+    now = time.time()
+    if result is not None and result.ok:
+        pid = (result.identity or {}).get("pid")
+        return Event(
+            kind="restart-done",
+            severity="info",
+            message=f"Restarted automatically (on_exit = restart): pid {pid}. {detail}".strip(),
+            command=f"{prefix} audit",
+            key=f"restart-done|{host}|{run}|{pid}",
+            host=host,
+            run=run,
+            title=run,
+            time=now,
+        )
+    rolled = result is not None and bool((result.rollback or {}).get("ok"))
+    kind: EventKind = "restart-rolled-back" if rolled else "restart-failed"
+    return Event(
+        kind=kind,
+        severity="critical",
+        message=f"Automatic restart failed: {detail}",
+        command=f"{prefix} launch {shlex.quote(run)}",
+        key=f"{kind}|{host}|{run}|{now}",
+        host=host,
+        run=run,
+        title=run,
+        time=now,
+    )
+
+
+def audited_restart_event(config: Config, record: dict[str, Any]) -> Event | None:
+    """The event of a restart made by someone else (``runwatch restart``, the dashboard, a
+    restart-with-budget), from its audit record: done, failed or rolled back."""
+    if record.get("action") != "restart":
+        return None
+    host, run = str(record.get("host")), str(record.get("run"))
+    steps = [s for s in record.get("steps") or [] if isinstance(s, dict)]
+    ident = record.get("identity") if isinstance(record.get("identity"), dict) else {}
+    prefix = command_prefix(config)
+    failed = next((s for s in steps if s.get("ok") is False), None)
+    rollback = record.get("rollback")
+    rolled = isinstance(rollback, dict) and bool(rollback.get("ok"))
+    kind: EventKind
+    severity: Severity
+    if record.get("ok"):
+        kind, severity = "restart-done", "info"
+        message = f"Restarted: pid {(ident or {}).get('pid')}"
+    else:
+        kind = "restart-rolled-back" if rolled else "restart-failed"
+        severity = "critical"
+        where = f" at {failed.get('name')}: {failed.get('detail')}" if failed else ""
+        message = f"Restart failed{where}" + (" (rolled back)" if rolled else "")
+    return Event(
+        kind=kind,
+        severity=severity,
+        host=host,
+        run=run,
+        title=run,
+        message=message,
+        command=f"{prefix} audit",
+        key=f"{kind}|{host}|{run}|{record.get('time')}",
+        time=float(record.get("time") or time.time()),
+    )
+
+
+def gave_up_event(config: Config, host: str, run: str, count: int, window: float) -> Event:
+    """A run that keeps dying: no more automatic restarts."""
+    prefix = command_prefix(config)
+    now = time.time()
+    return Event(
+        kind="restart-gave-up",
+        severity="critical",
+        host=host,
+        run=run,
+        title=run,
+        message=f"gave up after {count} restarts in {window:g} s: the run keeps dying; "
+        "not restarted again until it is launched by hand",
+        command=f"{prefix} launch {shlex.quote(run)}",
+        key=f"restart-gave-up|{host}|{run}|{now}",
+        time=now,
+    )

@@ -1,0 +1,145 @@
+"""Rate history: bounded rings of points per dataset, run, endpoint and GPU, kept by the engine
+and persisted in the state dir so that a one-shot ``status`` or ``compare`` answers with rates at
+once and the dashboard opens with the last hours.
+
+A ring holds points ``(t, v1, v2, ...)`` at least ``STEP_S`` apart, at most ``MAX_POINTS`` of them
+(``STEP_S x MAX_POINTS`` = 3 hours); the newest point is always the latest observation (it replaces
+the previous newest while that one is less than ``STEP_S`` after the one before it). Rings whose
+newest point is older than ``MAX_AGE_S`` are dropped.
+
+On disk: ``$XDG_STATE_HOME/runwatch/history/<id>.json`` where ``<id>`` names the config file, one
+compact JSON object ``{"version": 1, "rings": {key: [[t, v...], ...]}}``, written atomically (a
+temporary file in the same directory, fsynced, then renamed over the old one). A file that cannot
+be read is ignored (history is a convenience, never a source of truth) and replaced on the next
+save.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import os
+import tempfile
+from collections import deque
+from pathlib import Path
+
+from supervisor.paths import state_dir
+
+STEP_S = 10.0
+MAX_POINTS = 1080
+MAX_AGE_S = 24 * 3600.0
+VERSION = 1
+
+Point = tuple[float, ...]
+
+
+def history_path(config_path: str) -> Path:
+    """Where the history of the config at ``config_path`` is kept."""
+    ident = hashlib.sha256(os.path.abspath(config_path or "-").encode()).hexdigest()[:16]
+    return state_dir() / "history" / f"{ident}.json"
+
+
+class History:
+    """The rings of one config, loaded from and saved to ``path`` (None: memory only)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._rings: dict[str, deque[Point]] = {}
+        self.dirty = False
+
+    # ------------------------------------------------------------------ points
+
+    def add(self, key: str, t: float, *values: float) -> None:
+        ring = self._rings.get(key)
+        if ring is None:
+            ring = self._rings[key] = deque(maxlen=MAX_POINTS)
+        point = (round(t, 2), *(round(v, 4) for v in values))
+        if ring and t <= ring[-1][0]:
+            return
+        if len(ring) >= 2 and ring[-1][0] - ring[-2][0] < STEP_S:
+            ring[-1] = point
+        else:
+            ring.append(point)
+        self.dirty = True
+
+    def points(self, key: str, since: float | None = None) -> list[Point]:
+        ring = self._rings.get(key)
+        if not ring:
+            return []
+        return [p for p in ring if since is None or p[0] >= since]
+
+    def values(self, key: str, column: int = 1, limit: int = 120) -> list[float]:
+        """One column of a ring, oldest first (the last ``limit`` points)."""
+        return [p[column] for p in self.points(key)[-limit:] if len(p) > column]
+
+    def rates(self, key: str, column: int = 2, limit: int = 120) -> list[float]:
+        """Per-interval rate of a cumulative column (tokens/s from token counts), oldest first;
+        an interval where the count went down (a rescan) is left out, and so is the newest one
+        while it is shorter than ``STEP_S`` (a second or two says nothing of a rate)."""
+        pts = self.points(key)
+        if len(pts) >= 3 and pts[-1][0] - pts[-2][0] < STEP_S:
+            pts = pts[:-1]
+        out = []
+        for a, b in itertools.pairwise(pts):
+            dt = b[0] - a[0]
+            if dt > 0 and len(a) > column and len(b) > column and b[column] >= a[column]:
+                out.append((b[column] - a[column]) / dt)
+        return out[-limit:]
+
+    def keys(self) -> list[str]:
+        return list(self._rings)
+
+    # ------------------------------------------------------------------ disk
+
+    def load(self) -> None:
+        """Read the file (a missing or unreadable one leaves the history empty)."""
+        if self.path is None:
+            return
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        if not isinstance(data, dict) or data.get("version") != VERSION:
+            return
+        rings = data.get("rings")
+        if not isinstance(rings, dict):
+            return
+        for key, pts in rings.items():
+            if not isinstance(key, str) or not isinstance(pts, list):
+                continue
+            ring: deque[Point] = deque(maxlen=MAX_POINTS)
+            for p in pts:
+                if (
+                    isinstance(p, list)
+                    and p
+                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
+                ):
+                    ring.append(tuple(float(v) for v in p))
+            if ring:
+                self._rings[key] = ring
+
+    def save(self, now: float) -> None:
+        """Write the file atomically, dropping rings older than ``MAX_AGE_S``."""
+        for key in [k for k, r in self._rings.items() if not r or r[-1][0] < now - MAX_AGE_S]:
+            del self._rings[key]
+        self.dirty = False
+        if self.path is None:
+            return
+        body = json.dumps(
+            {"version": VERSION, "rings": {k: list(r) for k, r in self._rings.items()}},
+            separators=(",", ":"),
+        )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".history-", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise

@@ -1,0 +1,260 @@
+"""Serving-engine metrics: SGLang's and vLLM's Prometheus text, read into figures a user can act
+on (running and queued requests, KV-cache use, token rates, time to first token).
+
+The host agent fetches the text over the host's loopback (``supervisor.agent.metrics``); this
+module parses it with ``prometheus_client``'s text parser and keeps, per endpoint, a short
+history of scrapes so that
+
+* counters (``*_tokens_total``) become rates over a window (up to 10 minutes). A counter that
+  went down means the server restarted: the delta across the reset is the new value (it counted
+  up from zero);
+* histograms (time to first token) become p50/p90 of the requests within the window: the delta of
+  the cumulative buckets, interpolated linearly inside the bucket where the quantile falls (as
+  Prometheus' ``histogram_quantile`` does). With a single scrape the quantiles are over
+  everything since the server started, and say so;
+* gauges (running, queued, KV use) are the latest value.
+
+Several label sets of one name (data-parallel ranks, several models) are summed, KV use takes the
+largest. Only the names below are read; a server that publishes none of them is "not enabled".
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+
+from supervisor.model import EndpointMetrics, Quantity
+
+WINDOW_S = 600.0
+"""Longest window of counter rates and histogram quantiles."""
+
+# name in the text -> the quantity it is, per engine. Counters are named with their ``_total``.
+SGLANG = {
+    "running": "sglang:num_running_reqs",
+    "queued": "sglang:num_queue_reqs",
+    "kv_usage": "sglang:token_usage",
+    "gen_throughput": "sglang:gen_throughput",
+    "prompt_tokens": "sglang:prompt_tokens_total",
+    "generation_tokens": "sglang:generation_tokens_total",
+    "cache_hit_rate": "sglang:cache_hit_rate",
+    "ttft": "sglang:time_to_first_token_seconds",
+}
+VLLM = {
+    "running": "vllm:num_requests_running",
+    "queued": "vllm:num_requests_waiting",
+    "kv_usage": "vllm:kv_cache_usage_perc",
+    "kv_usage_old": "vllm:gpu_cache_usage_perc",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "generation_tokens": "vllm:generation_tokens_total",
+    "ttft": "vllm:time_to_first_token_seconds",
+}
+NOT_ENABLED = "not enabled: SGLang needs --enable-metrics (vLLM serves /metrics by default)"
+
+
+class Scrape(msgspec.Struct, kw_only=True):
+    """The figures of one ``/metrics`` text."""
+
+    t: float
+    engine: str | None = None
+    running: float | None = None
+    queued: float | None = None
+    kv_usage: float | None = None
+    gen_throughput: float | None = None
+    cache_hit_rate: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    ttft_buckets: list[tuple[float, float]] = []
+    """Cumulative ``(le, count)`` of the time-to-first-token histogram, ``le`` ascending."""
+
+
+def parse(text: str, t: float) -> Scrape:
+    """The figures of a Prometheus text (raises ValueError when it is not one)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums: dict[str, float] = {}
+    maxima: dict[str, float] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, value = sample.name, float(sample.value)
+            if math.isnan(value):
+                continue
+            if name.endswith("_bucket") and "le" in sample.labels:
+                le = float(sample.labels["le"])
+                per = buckets.setdefault(name[: -len("_bucket")], {})
+                per[le] = per.get(le, 0.0) + value
+                continue
+            sums[name] = sums.get(name, 0.0) + value
+            maxima[name] = max(maxima.get(name, value), value)
+    engine: str | None = None
+    names: Mapping[str, str] = {}
+    if any(n.startswith("sglang:") for n in (*sums, *buckets)):
+        engine, names = "sglang", SGLANG
+    elif any(n.startswith("vllm:") for n in (*sums, *buckets)):
+        engine, names = "vllm", VLLM
+    out = Scrape(t=t, engine=engine)
+    if engine is None:
+        return out
+    for key in ("running", "queued", "prompt_tokens", "generation_tokens", "gen_throughput"):
+        metric = names.get(key)
+        if metric is not None and metric in sums:
+            setattr(out, key, sums[metric])
+    for key in ("kv_usage", "kv_usage_old", "cache_hit_rate"):
+        metric = names.get(key)
+        if metric is not None and metric in maxima:
+            field = "kv_usage" if key.startswith("kv_usage") else key
+            if getattr(out, field) is None:
+                setattr(out, field, maxima[metric])
+    hist = buckets.get(names["ttft"])
+    if hist:
+        out.ttft_buckets = sorted(hist.items())
+    return out
+
+
+def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """The ``q`` quantile of a cumulative histogram ``[(le, count)]`` by linear interpolation
+    within the bucket it falls in (the ``+Inf`` bucket answers with the last finite bound)."""
+    if not buckets:
+        return None
+    total = buckets[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_le, prev_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if math.isinf(le):
+                return prev_le
+            if count == prev_count:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_count) / (count - prev_count)
+        prev_le, prev_count = le, count
+    return prev_le
+
+
+def bucket_delta(
+    new: list[tuple[float, float]], old: list[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    """Requests observed between two scrapes of a histogram (the new one alone after a reset)."""
+    before = dict(old)
+    if any(count < before.get(le, 0.0) for le, count in new):
+        return list(new)
+    return [(le, count - before.get(le, 0.0)) for le, count in new]
+
+
+def counter_delta(values: Iterable[float | None]) -> float | None:
+    """What a counter counted across successive readings, resets included (a reading below the
+    previous one means it restarted from zero)."""
+    total, last, seen = 0.0, None, False
+    for v in values:
+        if v is None:
+            continue
+        seen = True
+        if last is not None:
+            total += v - last if v >= last else v
+        last = v
+    return total if seen else None
+
+
+class MetricsTracker:
+    """The scrapes of one endpoint over the last ``WINDOW_S`` seconds, and its figures."""
+
+    def __init__(self) -> None:
+        self._scrapes: deque[Scrape] = deque()
+
+    def seed(self, t: float, generation_tokens: float, prompt_tokens: float | None) -> None:
+        """Add a persisted counter reading, oldest first (so that the first scrape already
+        gives a rate)."""
+        self.add(Scrape(t=t, generation_tokens=generation_tokens, prompt_tokens=prompt_tokens))
+
+    def add(self, scrape: Scrape) -> None:
+        if self._scrapes and scrape.t <= self._scrapes[-1].t:
+            return
+        self._scrapes.append(scrape)
+        while len(self._scrapes) > 2 and self._scrapes[1].t <= scrape.t - WINDOW_S:
+            self._scrapes.popleft()
+
+    def latest(self) -> Scrape | None:
+        return self._scrapes[-1] if self._scrapes else None
+
+    def figures(self, view: EndpointMetrics) -> EndpointMetrics:
+        """``view`` filled with the latest gauges, the counter rates and the TTFT quantiles."""
+        if not self._scrapes:
+            return view
+        last = self._scrapes[-1]
+        first = self._scrapes[0]
+        view.engine = last.engine
+        view.running = Quantity(value=last.running)
+        view.queued = Quantity(value=last.queued)
+        view.kv_usage = Quantity(value=last.kv_usage)
+        view.reported_gen_throughput = last.gen_throughput
+        view.cache_hit_rate = last.cache_hit_rate
+        view.generation_tokens_total = last.generation_tokens
+        span = last.t - first.t
+        if span >= 1.0:
+            gen = counter_delta(s.generation_tokens for s in self._scrapes)
+            prompt = counter_delta(s.prompt_tokens for s in self._scrapes)
+            view.window_s = span
+            if gen is not None:
+                view.gen_tok_per_s = Quantity(value=gen / span)
+                # The counter is exact; what is uncertain is when each scrape was taken (the
+                # round trip's jitter, under a second) relative to the span.
+                view.gen_tok_per_s_err = gen / span * (1.0 / span)
+            if prompt is not None:
+                view.prompt_tok_per_s = prompt / span
+        old = next((s for s in self._scrapes if s.ttft_buckets), None)
+        if last.ttft_buckets:
+            if old is not None and old is not last:
+                hist = bucket_delta(last.ttft_buckets, old.ttft_buckets)
+                span_s = last.t - old.t
+                view.ttft_window = f"{span_s:.0f} s" if span_s < 90 else f"{round(span_s / 60)} min"
+            else:
+                hist = last.ttft_buckets
+                view.ttft_window = "since start"
+            view.ttft_p50_s = quantile(0.5, hist)
+            view.ttft_p90_s = quantile(0.9, hist)
+        return view
+
+
+def why_unavailable(fetch: Mapping[str, Any]) -> str:
+    """One line saying why a fetch gave no figures."""
+    error = str(fetch.get("error") or "no answer")
+    if fetch.get("status") == 404:
+        return f"{NOT_ENABLED} (HTTP 404)"
+    return error
+
+
+def endpoint_view(
+    name: str, url: str, fetch: Mapping[str, Any] | None, tracker: MetricsTracker, now: float
+) -> EndpointMetrics:
+    """The :class:`EndpointMetrics` of one endpoint after a refresh (feeds ``tracker``)."""
+    view = EndpointMetrics(name=name, url=url)
+    if fetch is None:
+        view.why = "not fetched (the host's agent does not fetch metrics)"
+        return view
+    if not fetch.get("ok"):
+        view.why = why_unavailable(fetch)
+        return view
+    try:
+        scrape = parse(str(fetch.get("text") or ""), float(fetch.get("time") or now))
+    except ValueError as e:
+        view.why = f"unreadable /metrics: {e}"
+        return view
+    if scrape.engine is None:
+        view.why = f"no SGLang or vLLM figures in /metrics; {NOT_ENABLED}"
+        return view
+    tracker.add(scrape)
+    view.available = True
+    return tracker.figures(view)
+
+
+def default_metrics_url(base_url: str) -> str:
+    """``http://127.0.0.1:30000/v1`` -> ``http://127.0.0.1:30000/metrics``."""
+    base = base_url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[: -len("/v1")]
+    return base + "/metrics"

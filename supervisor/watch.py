@@ -1,0 +1,318 @@
+"""``runwatch watch``: the engine headless, turning what happens into alerts, and acting.
+
+Every ``refresh_seconds`` the watcher refreshes every host (the engine reconnects a lost host
+with backoff and shows its last values meanwhile), applies each run's budget policy
+(``Engine.enforce_budget``), turns the snapshot into events (``supervisor.events``), restarts
+runs that opted in (``supervisor.autorestart``), prints one line per event (or one JSON object
+with ``--json``) and sends them through ``supervisor.alerts``.
+
+Two watchers on one config would both act: :class:`WatchLock` takes an ``flock`` in the state
+dir keyed by the config file's real path and another keyed by its content, held for the
+watcher's life; the second watcher is told who holds it (pid, machine, since when).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from supervisor import audit
+from supervisor.alerts import Alerter, Delivery, check_alerts
+from supervisor.autorestart import AutoRestart
+from supervisor.errors import RunwatchError
+from supervisor.events import (
+    Event,
+    EventTracker,
+    audited_restart_event,
+    budget_event,
+    stop_key,
+    with_lines,
+)
+from supervisor.paths import state_dir
+
+if TYPE_CHECKING:
+    from supervisor.engine import Engine
+    from supervisor.guard import BudgetEvent
+
+LOG_LINES = 10
+"""Lines of a dead run's log attached to its alert."""
+
+
+class WatchLocked(RunwatchError):
+    """Another watcher holds the lock of this config."""
+
+    exit_code = 3
+
+
+class WatchLock:
+    """The lock that keeps two watchers of one config from both acting (see module docstring)."""
+
+    def __init__(self, config_path: str, directory: Path | None = None) -> None:
+        real = os.path.realpath(config_path) if config_path else ""
+        try:
+            content = Path(real).read_bytes() if real else b""
+        except OSError:
+            content = b""
+        self.directory = directory or (state_dir() / "watch")
+        self.paths = [
+            self.directory / f"path-{hashlib.sha256(real.encode()).hexdigest()[:16]}.lock",
+            self.directory / f"content-{hashlib.sha256(content).hexdigest()[:16]}.lock",
+        ]
+        self.config_path = real
+        self._fds: list[int] = []
+
+    def holder(self) -> str:
+        """Who holds the lock, as recorded in its file."""
+        for path in self.paths:
+            try:
+                info = json.loads(path.read_text() or "{}")
+            except (OSError, ValueError):
+                continue
+            if info:
+                since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("since", 0)))
+                return (
+                    f"pid {info.get('pid')} on {info.get('host')} since {since} "
+                    f"(config {info.get('config')})"
+                )
+        return "another runwatch watch"
+
+    def try_acquire(self) -> bool:
+        """Take every lock file, or none; False when another watcher holds one."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fds: list[int] = []
+        for path in self.paths:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                for held in fds:
+                    os.close(held)
+                return False
+            fds.append(fd)
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.time(),
+            "config": self.config_path,
+        }
+        for fd in fds:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+        self._fds = fds
+        return True
+
+    def acquire(self) -> None:
+        """Take the lock or raise WatchLocked naming the holder."""
+        if not self.try_acquire():
+            raise WatchLocked(
+                f"another watcher acts on this config already: {self.holder()}",
+                "stop it first, or pass --standby to take over when it stops",
+            )
+
+    def release(self) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            os.close(fd)
+        self._fds = []
+
+
+class Watcher:
+    """One watcher over one engine; :meth:`tick` is one refresh, :meth:`run` loops."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        emit: Callable[[str], None] = print,
+        as_json: bool = False,
+        alerter: Alerter | None = None,
+        interval: float | None = None,
+    ) -> None:
+        self.engine = engine
+        config = engine.config
+        check_alerts(config.alerts, f"{config.path or 'config'}: [alerts]")
+        self.emit = emit
+        self.as_json = as_json
+        self.alerter = alerter or Alerter(config.alerts)
+        self.interval = interval or config.refresh_seconds
+        self.tracker = EventTracker(config, report_initial=True)
+        self.restarts = AutoRestart(engine)
+        self.events: list[Event] = []
+        """Every event so far, oldest first."""
+        self.deliveries: list[Delivery] = []
+        self.ticks = 0
+        self.started = time.time()
+        self._expected: set[str] = set()
+        self._audit_stamp: tuple[int, int, int] | None = None
+        self._audit_stops: set[str] = set()
+        self._audit_seen: set[tuple[str, float]] = set()
+        self._audit_events: list[Event] = []
+
+    def note(self, text: str) -> None:
+        """A line about the watcher itself (not an event): plain text, or JSON with ``--json``."""
+        if self.as_json:
+            self.emit(json.dumps({"note": text, "time": time.time()}))
+        else:
+            self.emit(f"{time.strftime('%H:%M:%S')} {text}")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick every ``interval`` seconds until ``stop`` is set."""
+        cfg = self.engine.config
+        targets = ", ".join(self.alerter.targets()) or "none (no [alerts] urls)"
+        self.note(
+            f"watching {len(cfg.hosts)} host(s), {len(cfg.runs)} run(s) every "
+            f"{self.interval:g} s; alerts to {targets}"
+        )
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                await self.tick()
+            except RunwatchError as e:
+                self.note(f"refresh failed: {e}")
+            except Exception as e:  # a watcher keeps going: say what failed, try again next tick
+                self.note(f"refresh failed: {type(e).__name__}: {e}")
+            left = max(0.0, self.interval - (time.monotonic() - started))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), left)
+        self.note("stopped")
+
+    async def tick(self) -> list[Event]:
+        """One refresh: budget policy, events, automatic restarts, output and alerts."""
+        engine = self.engine
+        snap = await engine.refresh()
+
+        def deliberate(event: BudgetEvent) -> None:
+            if event.policy != "warn":
+                self._expected.add(stop_key(event.host, event.run, event.identity.pid))
+
+        outcomes = await engine.enforce_budget(snap, before_act=deliberate)
+        events = self.tracker.update(snap, self._expected | self.audited_stops())
+        events += self._audit_events
+        self._audit_events = []
+        for outcome in outcomes:
+            ev = budget_event(outcome, engine.config)
+            if ev is not None:
+                events.append(ev)
+        events = [await self._with_log(ev) for ev in events]
+        events += self.restarts.observe(events)
+        events += await self.restarts.step(snap)
+        for ev in events:
+            self._show(ev)
+        self.events.extend(events)
+        self.alerter.keep_only(self.tracker.active())
+        deliveries = await self.alerter.submit(events)
+        for d in deliveries:
+            if not d.ok:
+                self.note(f"alert not delivered ({d.title}): {d.error}")
+        self.deliveries.extend(deliveries)
+        self.ticks += 1
+        return events
+
+    def audited_stops(self) -> set[str]:
+        """Processes stopped through runwatch (kill, restart, budget stop) since this watcher
+        started, from the audit log: their end is not a death. The log is read again only when
+        it changed."""
+        try:
+            st = audit.audit_path().stat()
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            stamp = (0, 0, 0)
+        if stamp != self._audit_stamp:
+            self._audit_stamp = stamp
+            self._audit_stops = self._read_audit()
+        return self._audit_stops
+
+    def _read_audit(self) -> set[str]:
+        """The stops of the audit log since start; restarts made by others become events."""
+        out = set()
+        for rec in audit.read(limit=1000):
+            at = float(rec.get("time") or 0)
+            if at < self.started - 60:
+                continue
+            seen = (str(rec.get("run")), at)
+            if at >= self.started and seen not in self._audit_seen:
+                self._audit_seen.add(seen)
+                ev = audited_restart_event(self.engine.config, rec)
+                if ev is not None:
+                    self._audit_events.append(ev)
+            action = rec.get("action")
+            if action == "budget" and rec.get("policy") == "warn":
+                continue  # recorded, nothing stopped
+            ident = rec.get("old_identity") if action == "restart" else rec.get("identity")
+            if action in ("kill", "restart", "budget") and isinstance(ident, dict):
+                out.add(stop_key(str(rec.get("host")), str(rec.get("run")), int(ident["pid"])))
+        return out
+
+    async def _with_log(self, ev: Event) -> Event:
+        if ev.kind != "run-died" or ev.run is None:
+            return ev
+        try:
+            tail = await asyncio.wait_for(
+                self.engine.tail_log(ev.host, ev.run, LOG_LINES), self._log_timeout(ev.host)
+            )
+        except (RunwatchError, asyncio.TimeoutError, OSError):
+            return ev
+        if not tail.exists or not tail.lines:
+            return ev
+        return with_lines(ev, [f"last lines of {tail.path}:", *tail.lines])
+
+    def _log_timeout(self, host: str) -> float:
+        return self.engine.config.host(host).command_timeout
+
+    def _show(self, ev: Event) -> None:
+        if self.as_json:
+            self.emit(msgspec.json.encode(ev).decode())
+            return
+        stamp = time.strftime("%H:%M:%S", time.localtime(ev.time))
+        self.emit(f"{stamp} {ev.text()}")
+        if ev.kind == "host-lost":
+            self.emit(f"{stamp}   reconnecting to {ev.host} with backoff; its runs keep running")
+        for line in ev.lines:
+            self.emit(f"         | {line}")
+
+
+async def watch(
+    engine: Engine,
+    stop: asyncio.Event,
+    *,
+    emit: Callable[[str], None] = print,
+    as_json: bool = False,
+    standby: bool = False,
+    lock: WatchLock | None = None,
+    interval: float | None = None,
+    watcher: Watcher | None = None,
+) -> Watcher:
+    """Take the config's lock (waiting for it with ``standby``), then watch until ``stop``.
+
+    ``watcher``: the one to run (default: a new one with ``emit``, ``as_json``, ``interval``)."""
+    lock = lock or WatchLock(engine.config.path)
+    watcher = watcher or Watcher(engine, emit=emit, as_json=as_json, interval=interval)
+    if not lock.try_acquire():
+        if not standby:
+            lock.acquire()  # raises WatchLocked naming the holder
+        watcher.note(f"standing by: {lock.holder()} holds the lock")
+        while not lock.try_acquire():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+            if stop.is_set():
+                return watcher
+        watcher.note("the other watcher stopped: taking over")
+    try:
+        watcher.started = time.time()
+        await watcher.run(stop)
+    finally:
+        lock.release()
+    return watcher
