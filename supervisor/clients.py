@@ -81,6 +81,7 @@ def _builtin() -> dict[str, ClientProfile]:
             "--request-timeout",
             "--report-seconds",
         ],
+        switches=["--legacy-format"],
     )
     specforge = ClientProfile(
         name="specforge",
@@ -123,6 +124,7 @@ def _builtin() -> dict[str, ClientProfile]:
             "--resume",
             "--server-address",
         ],
+        switches=["--is-gpt-oss", "--resume"],
     )
     modelopt = ClientProfile(
         name="modelopt",
@@ -152,6 +154,7 @@ def _builtin() -> dict[str, ClientProfile]:
             "--system_prompt",
             "--thinking-modes",
         ],
+        switches=["--log_empty_conversations"],
     )
     return {p.name: p for p in (reference, specforge, modelopt)}
 

@@ -275,6 +275,8 @@ class ClientProfile(_Section):
     the launch fingerprint."""
     known_flags: list[str] = []
     """Every flag the script accepts (``--set`` is checked against them); empty: ask ``--help``."""
+    switches: list[str] = []
+    """Those of ``known_flags`` that take no value (``--resume``)."""
     name: str = ""
     """Set from the table name (not a key of the file)."""
 
@@ -318,6 +320,10 @@ class Config(_Section):
     datasets: dict[str, DatasetConfig] = {}
     endpoints: list[EndpointConfig] = []
     formats: dict[str, FormatProfile] = {}
+    backup_max_bytes: int = 4 << 30
+    """Before launching a script no client profile describes onto existing output, runwatch
+    copies that output under ``<out>/.runwatch/``; more bytes than this are refused (--force
+    launches without a copy)."""
     clients: dict[str, ClientProfile] = {}
     """User client profiles (``runwatch clients`` lists them with the built-in ones)."""
 
@@ -678,7 +684,7 @@ def _check_clients(config: Config, formats: set[str]) -> None:
                 f"known: {', '.join(sorted(formats))}",
             )
         named = [f for field in c.flags.__struct_fields__ for f in getattr(c.flags, field)]
-        for flag in [*named, *c.volatile, *c.known_flags]:
+        for flag in [*named, *c.volatile, *c.known_flags, *c.switches]:
             if not flag.startswith("-") or "=" in flag or " " in flag:
                 raise ConfigError(
                     f"{shown}: {key}: {flag!r} is not a flag name",

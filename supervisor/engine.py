@@ -408,7 +408,7 @@ class Engine:
         profile = self.config.formats.get(run.format)
         if layout is None:
             layout = layout_of(self.config, run, launch_argv(run))
-        for path in layout.data_files.values():
+        for ds, path in layout.data_files.items():
             spec: dict[str, Any] = {
                 "path": path,
                 "format": run.format,
@@ -416,13 +416,25 @@ class Engine:
             }
             if profile is not None:
                 spec["profile"] = msgspec.to_builtins(profile)
+            # The client profile's error/skipped files and input (completeness).
+            if ds in layout.sidecars:
+                spec["sidecars"] = layout.sidecars[ds]
+            if ds in layout.inputs:
+                spec["input"] = layout.inputs[ds]
             specs.append(spec)
         return specs
 
     def _prompt_specs(self, run: RunConfig, hc: HostConfig) -> dict[str, dict[str, Any]]:
         """Dataset -> scan spec of its prompts file (its line count bounds the samples)."""
         specs = {}
-        for ds in layout_of(self.config, run, launch_argv(run)).datasets:
+        layout = layout_of(self.config, run, launch_argv(run))
+        if clients.single_file(layout.profile):
+            # A single-file client's input file bounds its one dataset.
+            for ds, rel in layout.prompt_files.items():
+                path = posixpath.normpath(posixpath.join(layout.workdir, rel))
+                specs[ds] = {"path": path, "validate": "sample", "texts": False}
+            return specs
+        for ds in layout.datasets:
             ds_cfg = self.config.datasets.get(ds)
             if ds_cfg is None or not ds_cfg.prompts:
                 continue

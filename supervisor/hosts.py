@@ -414,7 +414,7 @@ def run_specs(config: Config, host_name: str) -> list[dict[str, Any]]:
     for run in config.runs:
         if run.host != host_name:
             continue
-        locks = list(layout_of(config, run, launch_argv(run)).locks)
+        layout = layout_of(config, run, launch_argv(run))
         specs.append(
             {
                 "name": run.name,
@@ -422,7 +422,9 @@ def run_specs(config: Config, host_name: str) -> list[dict[str, Any]]:
                 "output_dir": run.output_dir,
                 "data_file": run.data_file,
                 "datasets": config.run_datasets(run),
-                "locks": locks,
+                "locks": list(layout.locks),
+                # A single-file client's output, as the layout names it.
+                "files": list(layout.data_files.values()) if not config.run_datasets(run) else [],
             }
         )
     return specs
