@@ -58,9 +58,18 @@ class DataLossWatch:
             what = "was replaced" if reason.startswith("file replaced") else "was rewritten"
         else:
             return None
+        return self.raise_alarm(host, run, path, before.size, size, f"{what} under the running run")
+
+    def raise_alarm(
+        self, host: str, run: str, path: str, bytes_before: int, bytes_after: int, what: str
+    ) -> str:
+        """Raise (once per file) and audit the alarm of ``path``; its message."""
+        key = (host, path)
+        if key in self._alarms:
+            return self._alarms[key]
         message = (
-            f"DATA LOSS: {path} {what} under the running run: "
-            f"{display.count(before.size)} bytes before, {display.count(size)} bytes now"
+            f"DATA LOSS: {path} {what}: "
+            f"{display.count(bytes_before)} bytes before, {display.count(bytes_after)} bytes now"
         )
         self._alarms[key] = message
         audit.record(
@@ -69,8 +78,8 @@ class DataLossWatch:
             run=run,
             ok=False,
             path=path,
-            bytes_before=before.size,
-            bytes_after=size,
+            bytes_before=bytes_before,
+            bytes_after=bytes_after,
             detail=message,
         )
         return message

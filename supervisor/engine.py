@@ -271,6 +271,13 @@ class Engine:
         scanned: dict[str, dict[str, Any]] = result.get("files", {})
         return [scanned.get(f["path"], {"path": f["path"], "state": "error"}) for f in files]
 
+    def data_loss(self, host: str, run: str, path: str, bytes_before: int, bytes_after: int) -> str:
+        """Raise the data-loss alarm of ``path`` (shown on its dataset from now on, audited once):
+        a launch made it shrink. Returns the alarm's message."""
+        return self._dataloss.raise_alarm(
+            host, run, path, bytes_before, bytes_after, "shrank after a launch"
+        )
+
     async def plan(
         self,
         run: str,

@@ -434,19 +434,10 @@ class _Runner:
         if not lost:
             return
         text = "; ".join(
-            f"{p}: {display.count(b)} bytes before the launch, {display.count(a)} bytes now"
-            for p, b, a in lost
-        )
-        audit.record(
-            "data-loss",
-            host=self.plan.host,
-            run=self.plan.run.name,
-            ok=False,
-            detail=f"DATA LOSS after the launch: {text}",
-            files=[{"path": p, "bytes_before": b, "bytes_after": a} for p, b, a in lost],
+            self.engine.data_loss(self.plan.host, self.plan.run.name, p, b, a) for p, b, a in lost
         )
         raise StepFailed(
-            f"DATA LOSS after the launch: {text}",
+            text,
             "the client overwrote its output: its profile's resume rule is wrong "
             "(resume = 'flag' and its resume flag), or another writer truncated the file",
         )
