@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from click.testing import CliRunner
 
 from supervisor import audit
 from supervisor.cli import cli
+from supervisor.demo.prompts import write_prompts
 from supervisor.engine import Engine
 from supervisor.model import DatasetView, RunView
 from tests.fixtures_actions import pid_alive
@@ -347,3 +349,88 @@ input_file = ["--input-file-path"]
     assert any(r["action"] == "data-loss" for r in audit.read())
     if rv.process is not None and pid_alive(rv.process.identity.pid):
         os.kill(rv.process.identity.pid, 9)
+
+
+# --------------------------------------------------------------------------- no profile
+
+
+def _unprofiled(tmp_path: Path, url: str, limit: int) -> tuple[Path, Path]:
+    """A run of a script no profile describes (the reference client under another name)."""
+    from tests.fixtures_actions import RUN_INFERENCE
+    from tests.fixtures_config import write_local_config
+
+    work = tmp_path / "work"
+    write_prompts(work / "prompts", ["B1"], count=60)
+    script = work / "mygen.py"
+    script.write_bytes(RUN_INFERENCE.read_bytes())
+    argv = [
+        sys.executable, "mygen.py", "--datasets", "B1", "--prompts-dir", "prompts",
+        "--output-dir", "out", "--api-base", url, "--concurrency", "2",
+    ]  # fmt: skip
+    cfg = write_local_config(
+        tmp_path / "runwatch.toml",
+        f"""
+[[runs]]
+name = "mine"
+host = "here"
+workdir = {json.dumps(str(work))}
+argv = {json.dumps(argv)}
+settle_seconds = 0.5
+""",
+        top=f'scripts = ["mygen.py"]\nbackup_max_bytes = {limit}',
+        python=True,
+    )
+    return cfg, work / "out" / "B1" / "raw_responses.jsonl"
+
+
+def test_a_script_without_profile_gets_its_output_copied_before_a_restart(
+    tmp_path: Path, client_server: Any
+) -> None:
+    from supervisor.config import load_config
+
+    cfg, data = _unprofiled(tmp_path, client_server.url, 1 << 20)
+
+    async def go() -> tuple[Any, bytes]:
+        async with Engine(load_config(cfg)) as engine:
+            assert (await engine.execute(await engine.plan("mine", action="launch"))).ok
+            await _until(engine, "mine", lambda rv: rv.datasets and _ds(rv).records >= 3)
+            result = await engine.execute(await engine.plan("mine", action="restart"))
+            rv = await _view(engine, "mine")
+            if rv.process is not None:
+                await engine.kill("here", rv.process.identity, 5.0, run="mine")
+            return result, data.read_bytes()
+
+    result, now = asyncio.run(go())
+    assert result.ok, [(s.name, s.detail) for s in result.steps]
+    launch = next(s for s in result.steps if s.name == "launch")
+    copies = launch.data["backup"]
+    assert len(copies) == 1 and copies[0]["path"] == str(data)
+    copy = Path(copies[0]["copy"])
+    assert copy.parent.parent == data.parent.parent / ".runwatch"
+    assert now.startswith(copy.read_bytes())  # the copy is the file as it was at the launch
+    assert any(r["action"] == "backup" for r in audit.read())
+
+
+def test_a_script_without_profile_over_the_copy_limit_is_refused_before_the_stop(
+    tmp_path: Path, client_server: Any
+) -> None:
+    from supervisor.config import load_config
+
+    cfg, _data = _unprofiled(tmp_path, client_server.url, 10)
+
+    async def go() -> tuple[Any, Any, Any]:
+        async with Engine(load_config(cfg)) as engine:
+            assert (await engine.execute(await engine.plan("mine", action="launch"))).ok
+            before = await _until(engine, "mine", lambda rv: rv.datasets and _ds(rv).records >= 2)
+            result = await engine.execute(await engine.plan("mine", action="restart"))
+            after = await _view(engine, "mine")
+            if after.process is not None:
+                await engine.kill("here", after.process.identity, 5.0, run="mine")
+            return result, before.process, after.process
+
+    result, before, after = asyncio.run(go())
+    assert not result.ok
+    failed = result.failed_step
+    assert failed is not None and failed.name == "format-check"
+    assert "backup_max_bytes" in failed.detail and "--force" in failed.detail
+    assert before is not None and after is not None and before.identity == after.identity
