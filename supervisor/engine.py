@@ -607,6 +607,7 @@ class Engine:
                 endpoint=run.endpoint,
                 client=profile.name,
                 budget_flag=profile.flags.budget[0] if profile.flags.budget else None,
+                samples_flag=profile.flags.samples[0] if profile.flags.samples else None,
             )
             alive = state == "running"
             self._live.moved_on(hc.name, rv, self._trackers, alive, time.time())

@@ -255,6 +255,8 @@ class RunView(msgspec.Struct, kw_only=True):
     """The run's client profile (``runwatch clients``)."""
     budget_flag: str | None = "--token-budget"
     """The client's token-budget flag; None: the client has none (only a stop enforces a budget)."""
+    samples_flag: str | None = "--max-samples"
+    """The client's flag for the number of samples wanted (None: it has none)."""
     candidates: list[int] = []
     """PIDs of the processes that could each be this run (state ``ambiguous``): actions by run
     name refuse until one is named (``--pid``)."""

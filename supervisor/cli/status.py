@@ -54,9 +54,10 @@ def _client_notes(ds: DatasetView) -> list[str]:
             f"{display.compact(ds.reasoning_tokens)} of the "
             f"{display.compact(ds.completion_tokens)} completion tokens are reasoning"
         )
-    if ds.completeness is not None:
-        notes.append(completeness_line(ds.completeness))
-    notes.extend(sidecar_line(s) for s in ds.sidecars if s.state != "missing")
+    c = ds.completeness
+    if c is not None and (ds.records or c.failed or c.error):  # nothing written: nothing to say
+        notes.append(completeness_line(c))
+    notes.extend(sidecar_line(s) for s in ds.sidecars if s.lines)
     return notes
 
 

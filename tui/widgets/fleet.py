@@ -60,7 +60,8 @@ def run_header(run: RunView, *, stale: bool) -> Text:
         text.append(f"  up {display.duration(p.uptime_s)}", style=dim.strip())
         flags: list[tuple[str, str]] = []
         if p.flags.max_samples is not None:
-            flags.append((f"--max-samples {display.count(p.flags.max_samples)}", ""))
+            label = run.samples_flag or "samples"
+            flags.append((f"{label} {display.count(p.flags.max_samples)}", ""))
         if p.flags.token_budget is not None:
             flags.append((f"--token-budget {display.compact(p.flags.token_budget)}", ""))
         elif run.budget_flag and any(d.token_budget for d in run.datasets):
