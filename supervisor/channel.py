@@ -3,7 +3,9 @@
 Shared by ``LocalHost`` (a subprocess's pipes) and ``SSHHost`` (an SSH channel). The reader
 tolerates anything the remote side prints that is not a reply (login banners, MOTD, shell noise):
 a line counts only when it is a JSON object whose ``id`` is a pending request (or 0, the agent's
-hello). Replies are matched to requests by id, so requests may overlap.
+hello). Replies are matched to requests by id, so requests may overlap. A line with a ``progress``
+and no ``ok`` is an interim report of a request that asked for one: it goes to that request's
+listener and the request keeps waiting for its reply.
 
 When the stream ends, every pending request fails: with ``OutcomeUnknown`` when the op acts on the
 host (the action may or may not have happened; the caller must reconcile, never repeat blindly),
@@ -62,6 +64,7 @@ class AgentChannel:
         self._writer = writer
         self._diagnostics = diagnostics
         self._pending: dict[int, tuple[asyncio.Future[dict[str, Any]], str]] = {}
+        self._listeners: dict[int, Callable[[dict[str, Any]], None]] = {}
         self._next_id = 1
         self._task: asyncio.Task[None] | None = None
         self._closed_reason: str | None = None
@@ -159,6 +162,13 @@ class AgentChannel:
                 rid = msg.get("id")
                 if not isinstance(rid, int) or rid not in self._pending:
                     continue  # not ours: a stale reply of a timed-out request, or noise
+                if "ok" not in msg:
+                    listener = self._listeners.get(rid)
+                    progress = msg.get("progress")
+                    if listener is not None and isinstance(progress, dict):
+                        listener(progress)
+                    continue  # an interim line: the reply is still to come
+                self._listeners.pop(rid, None)
                 fut, _op = self._pending.pop(rid)
                 if not fut.done():
                     fut.set_result(msg)
@@ -174,6 +184,7 @@ class AgentChannel:
         if self._closed_reason is None:
             self._closed_reason = reason
         pending, self._pending = self._pending, {}
+        self._listeners = {}
         diag = self._diag()
         for fut, op in pending.values():
             if fut.done():
@@ -191,9 +202,16 @@ class AgentChannel:
                 )
 
     async def request(
-        self, op: str, params: dict[str, Any] | None = None, timeout: float | None = None
+        self,
+        op: str,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """Send one request and wait for its reply's ``result``.
+
+        ``on_progress`` gets the ``progress`` of every interim line of this request (the agent
+        sends them when ``params`` asks for progress), on the event loop, before the reply.
 
         Raises AgentError (the agent answered with an error), OutcomeUnknown (an acting op whose
         reply was lost or late) or HostError (anything else: closed channel, timeout).
@@ -204,12 +222,15 @@ class AgentChannel:
         self._next_id += 1
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = (fut, op)
+        if on_progress is not None:
+            self._listeners[rid] = on_progress
         line = json.dumps({"id": rid, "op": op, "params": params or {}}) + "\n"
         try:
             self._writer.write(line.encode())
             await self._writer.drain()
         except Exception as e:  # OSError, or the transport's own (asyncssh.ConnectionLost...)
             self._pending.pop(rid, None)
+            self._listeners.pop(rid, None)
             if op in ACTING_OPS:
                 raise OutcomeUnknown(
                     f"{self.name}: could not send {op}: {e}",
@@ -220,6 +241,7 @@ class AgentChannel:
             msg = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
             self._pending.pop(rid, None)
+            self._listeners.pop(rid, None)
             if op in ACTING_OPS:
                 raise OutcomeUnknown(
                     f"{self.name}: no reply to {op} within {timeout:g} s; outcome unknown",

@@ -366,3 +366,21 @@ def signed_percent(fraction: float | None) -> str:
     if fraction is None:
         return UNKNOWN
     return f"{fraction * 100:+.1f}%"
+
+
+def provisional(n: float | None) -> str:
+    """A count known only roughly yet (lines before records are parsed): ``~`` before it.
+
+    >>> provisional(2912)
+    '~2,912'
+    """
+    return UNKNOWN if n is None else "~" + count(n)
+
+
+def scanning(files_done: int, files_total: int, bytes_done: int, bytes_total: int) -> str:
+    """How far a first scan is.
+
+    >>> scanning(3, 8, 1288490189, 2147483648)
+    'scanning 3/8 files, 1.2 GB of 2.0 GB'
+    """
+    return f"scanning {files_done}/{files_total} files, {size(bytes_done)} of {size(bytes_total)}"

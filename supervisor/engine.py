@@ -56,6 +56,7 @@ from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchEr
 from supervisor.events import EVENT_KINDS, Event, EventTracker, budget_event, stop_key
 from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
 from supervisor.hosts import (
+    AgentHost,
     Host,
     assign_runs,
     list_processes,
@@ -81,6 +82,7 @@ from supervisor.model import (
     Snapshot,
 )
 from supervisor.plan import Action, ActionResult, OnStep, Plan, Step, make_plan
+from supervisor.provisional import provisional_view
 from supervisor.runpaths import run_paths
 from supervisor.samples import LatestSamples, SamplePreview, latest_samples
 from supervisor.secrets import known_secrets, note_secrets
@@ -141,6 +143,8 @@ class Engine:
         self._tokenizer: Any = None
         self.last: Snapshot | None = None
         self._inflight: asyncio.Future[Snapshot] | None = None
+        self._on_progress: Callable[[Snapshot], None] | None = None
+        self._provisional: dict[str, HostView] = {}
         self._guard: BudgetGuard | None = None
         self._live = Live(config)
 
@@ -154,14 +158,25 @@ class Engine:
             known = ", ".join(self._hosts) or "none"
             raise RunwatchError(f"no host named {name!r} (hosts: {known})") from None
 
-    async def refresh(self) -> Snapshot:
+    async def refresh(self, on_progress: Callable[[Snapshot], None] | None = None) -> Snapshot:
         """Poll all hosts concurrently and build a Snapshot.
 
         Calls that overlap share one refresh (rates need one observation per refresh, and a
-        host is asked once however many front ends ask)."""
+        host is asked once however many front ends ask).
+
+        While a host's first scan runs (its agent just started), ``on_progress`` gets
+        provisional snapshots: at once the line count of every dataset of that host as its
+        ``records`` (``DatasetView.provisional``), then how far the scan is
+        (``HostView.progress``), at most every half second, until the refresh returns."""
+        if on_progress is not None:
+            self._on_progress = on_progress
         if self._inflight is None or self._inflight.done():
             self._inflight = asyncio.ensure_future(self._refresh_all())
-        return await asyncio.shield(self._inflight)
+        try:
+            return await asyncio.shield(self._inflight)
+        finally:
+            if on_progress is not None and self._on_progress is on_progress:
+                self._on_progress = None
 
     async def _refresh_all(self) -> Snapshot:
         names = [hc.name for hc in self.config.hosts]
@@ -467,9 +482,11 @@ class Engine:
         files = [spec for run in runs for spec in self._file_specs(run, hc)]
         files += [spec for run in runs for spec in self._prompt_specs(run, hc).values()]
         files += list(state.discovered.values())
-        params = {**ps_params(self.config, hc), "files": files}
+        params: dict[str, Any] = {**ps_params(self.config, hc), "files": files}
         if metrics_specs(self.config, name):
             params["metrics"] = metrics_specs(self.config, name)
+        if not host.connected:  # a new agent scans every file from its first byte
+            params["progress"] = True
         bound = hc.connect_timeout + hc.command_timeout + 5.0
         try:
             result, rtt = await asyncio.wait_for(self._ask(host, params, hc, runs), bound)
@@ -479,6 +496,8 @@ class Engine:
             return self._failed(state, e.message)
         except (OSError, EOFError) as e:
             return self._failed(state, f"{name}: {e}")
+        finally:
+            self._provisional.pop(name, None)
         state.failures = 0
         state.next_try = 0.0
         view = self._build_view(hc, runs, result, rtt)
@@ -498,7 +517,15 @@ class Engine:
         if hc.kind == "slurm":
             result = await slurm.refresh(host, params, hc.command_timeout)
             return result, time.monotonic() - started
-        result = await host.request("refresh", params, timeout=hc.command_timeout)
+        if params.get("progress") and isinstance(host, AgentHost):
+            result = await host.request(
+                "refresh",
+                params,
+                timeout=hc.command_timeout,
+                on_progress=lambda msg: self._progressed(hc, runs, msg),
+            )
+        else:
+            result = await host.request("refresh", params, timeout=hc.command_timeout)
         rtt = time.monotonic() - started
         scanned = result.setdefault("files", {})
         new = []
@@ -514,6 +541,24 @@ class Engine:
             extra = await host.request("scan", {"files": new}, timeout=hc.command_timeout)
             scanned.update(extra.get("files", {}))
         return result, rtt
+
+    def _progressed(self, hc: HostConfig, runs: list[RunConfig], msg: dict[str, Any]) -> None:
+        """A progress line of ``hc``'s refresh: a provisional snapshot to the listener."""
+        last = self._provisional.get(hc.name, self._state[hc.name].view)
+        paths = []
+        for run in runs:
+            # The datasets of the layout (a single-file client's one, the launch's --set ones).
+            layout = layout_of(self.config, run, launch_argv(run))
+            paths.append((run.name, list(layout.data_files.items())))
+        self._provisional[hc.name] = provisional_view(
+            last, msg, paths, lambda p: self._match(hc, runs, p)
+        )
+        listener = self._on_progress
+        if listener is not None:
+            hosts = [
+                self._provisional.get(h.name, self._state[h.name].view) for h in self.config.hosts
+            ]
+            listener(Snapshot(time=time.time(), hosts=hosts))
 
     def _failed(self, state: _HostState, message: str) -> HostView:
         state.failures += 1

@@ -211,13 +211,17 @@ class AgentHost(abc.ABC):
             return hello
 
     async def request(
-        self, op: str, params: dict[str, Any] | None = None, timeout: float | None = None
+        self,
+        op: str,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         if not self.connected:
             await self.connect()
         assert self._channel is not None
         bound = self.cfg.command_timeout if timeout is None else timeout
-        return await self._channel.request(op, params, bound)
+        return await self._channel.request(op, params, bound, on_progress)
 
     async def _drop(self) -> None:
         if self._channel is not None:

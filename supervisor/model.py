@@ -195,6 +195,9 @@ class DatasetView(msgspec.Struct, kw_only=True):
     completeness: CompletenessView | None = None
     alarm: str | None = None
     """Data loss seen under the running run (the file shrank or was replaced), with byte counts."""
+    provisional: bool = False
+    """True while the host's first scan runs: ``records`` is the file's line count (counted at
+    once, before the records are parsed) and nothing else is known yet."""
 
 
 class JobTask(msgspec.Struct, kw_only=True):
@@ -343,6 +346,15 @@ class GpuView(msgspec.Struct, kw_only=True):
     """Utilisation (%) over the last hours."""
 
 
+class ScanProgress(msgspec.Struct, kw_only=True):
+    """How far a host's first scan of its data files is."""
+
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+
+
 class HostView(msgspec.Struct, kw_only=True):
     """A host and what was seen on it at the last successful refresh."""
 
@@ -361,6 +373,8 @@ class HostView(msgspec.Struct, kw_only=True):
     """Serving-engine metrics of the local endpoints the host's runs use."""
     gpus: list[GpuView] = []
     gpu_error: str | None = None
+    progress: ScanProgress | None = None
+    """Set while the host's first scan runs (its datasets are then provisional)."""
 
 
 class Snapshot(msgspec.Struct, kw_only=True):

@@ -63,6 +63,7 @@ STEP_TITLES = {
     "preflight": "check every flag set or removed is one the client accepts",
     "format-check": "check every dataset file against the run's format",
     "fingerprint": "compare the launch fingerprint (model, sampling, prompts)",
+    "writers": "check that no other process writes the run's data files",
     "stop": "stop the old process by identity and confirm it is gone",
     "gpu-release": "wait until no process of the run holds GPU memory",
     "data-repair": "re-check tails with no writer alive; move aside / repair",
@@ -322,7 +323,7 @@ async def make_plan(
             f"Slurm job {job.job_id}",
             f"use `runwatch restart {run.name}` to cancel it and submit it again",
         )
-    names = ["preflight", "format-check", "fingerprint"]
+    names = ["preflight", "format-check", "fingerprint", "writers"]
     if action == "restart":
         names += ["stop", "gpu-release"]
     names += ["data-repair", "launch"]

@@ -146,6 +146,33 @@ class GpuHolders(msgspec.Struct, kw_only=True):
     detail: str | None = None
 
 
+class FileHolder(msgspec.Struct, kw_only=True):
+    """``protocol.FileHolder``: a process holding a data file for writing or a lock."""
+
+    pid: int
+    uid: int | None = None
+    user: str = "?"
+    argv: list[str] = []
+    how: list[str] = []
+
+
+class Uninspected(msgspec.Struct, kw_only=True):
+    """``protocol.Uninspected``: another user's processes the agent could not look into."""
+
+    uid: int
+    user: str
+    pids: list[int] = []
+
+
+class FileHolders(msgspec.Struct, kw_only=True):
+    """``protocol.FileHoldersResult``: who holds a run's data files or locks."""
+
+    pids: list[int] = []
+    holders: list[FileHolder] = []
+    uninspected: list[Uninspected] = []
+    detail: str = ""
+
+
 class HelpFlags(msgspec.Struct, kw_only=True):
     """``protocol.HelpFlagsResult``: what the client's ``--help`` printed."""
 

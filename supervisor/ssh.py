@@ -101,7 +101,11 @@ class SSHHost(AgentHost):
         return hello
 
     async def request(
-        self, op: str, params: dict[str, Any] | None = None, timeout: float | None = None
+        self,
+        op: str,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """One agent request. Raises HostError, AgentError or OutcomeUnknown.
 
@@ -109,7 +113,7 @@ class SSHHost(AgentHost):
         request reconnects.
         """
         try:
-            return await super().request(op, params, timeout)
+            return await super().request(op, params, timeout, on_progress)
         except (AgentError, OutcomeUnknown):
             raise
         except HostError as e:

@@ -30,14 +30,14 @@ import msgspec
 from supervisor import audit, clients, display, launchspec
 from supervisor.agent import match
 from supervisor.agent.masking import mask_argv, mask_text
-from supervisor.agent.protocol import MASK
+from supervisor.agent.protocol import AGENT_LOADER, MASK
 from supervisor.argv import parse_help_flags
 from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
 from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import Identity
 from supervisor.plan import ActionResult, OnStep, Plan, Step, StepFailed, StepState
-from supervisor.replies import GpuHolders, HelpFlags, LockHolder, LockStatus, decode
+from supervisor.replies import FileHolders, GpuHolders, HelpFlags, LockHolder, LockStatus, decode
 
 if TYPE_CHECKING:
     from supervisor.engine import Engine
@@ -101,6 +101,7 @@ class _Runner:
             "preflight": self.preflight,
             "format-check": self.format_check,
             "fingerprint": self.fingerprint,
+            "writers": self.writers,
             "stop": self.stop,
             "gpu-release": self.gpu_release,
             "data-repair": self.data_repair,
@@ -443,6 +444,53 @@ class _Runner:
         )
 
     # ------------------------------------------------------------ 2. fingerprint
+
+    async def writers(self, step: Step) -> None:
+        """One writer per data file: refuse, before anything stops, while a process that is not
+        the run (another user's, an unrecognised command line, a second copy) holds one of the
+        new launch's data files open for writing or holds one of its locks."""
+        plan = self.plan
+        if self.hc.kind == "slurm":
+            await self.set(step, "skipped", "a Slurm job's processes run on the compute nodes")
+            return
+        found = await self.reply(
+            "file_holders",
+            {
+                "paths": list(plan.layout.data_files.values()),
+                "locks": list(plan.layout.locks),
+                "workdir": plan.layout.workdir,
+            },
+            FileHolders,
+        )
+        ours = {plan.old.identity.pid, *plan.old.children} if plan.old is not None else set()
+        others = [h for h in found.holders if h.pid not in ours]
+        step.data["holders"] = [msgspec.to_builtins(h) for h in found.holders]
+        blind = "; ".join(
+            f"could not inspect the processes of {u.user} ({len(u.pids)})"
+            for u in found.uninspected
+        )
+        launching = [h for h in others if h.argv[1:] == ["-c", AGENT_LOADER]]
+        if launching:
+            raise StepFailed(
+                f"already running: a launch in progress (pid {launching[0].pid}, another "
+                "runwatch's agent) holds the run's lock; nothing was stopped",
+                "another runwatch is launching this run; refresh to see the process that runs now",
+            )
+        if others:
+            who = "; ".join(
+                f"pid {h.pid} ({h.user}, {' '.join(h.argv)[:100]}) has it open "
+                + ("for writing" if "write" in h.how else "(lock)")
+                for h in others
+            )
+            raise StepFailed(
+                f"one writer per data file: {who}; nothing was stopped",
+                "stop that process first (`runwatch ps`; `runwatch kill RUN --pid PID` for a run) "
+                "or wait until it closes the file",
+            )
+        held = "none"
+        if found.holders and plan.old is not None:
+            held = f"only the run itself (pid {plan.old.identity.pid})"
+        step.detail = f"writers of the data files: {held}" + (f"; {blind}" if blind else "")
 
     async def fingerprint(self, step: Step) -> None:
         plan = self.plan

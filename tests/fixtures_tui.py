@@ -256,7 +256,7 @@ class FixedEngine:
         self.kills: list[tuple[str, Identity, float]] = []
         self.closed = False
 
-    async def refresh(self) -> Snapshot:
+    async def refresh(self, on_progress: Callable[[Snapshot], None] | None = None) -> Snapshot:
         return self.snapshot
 
     async def list_processes(self, host: str) -> list[ProcessInfo]:

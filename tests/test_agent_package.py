@@ -203,6 +203,9 @@ def test_the_shape_checker_rejects_what_does_not_fit() -> None:
         (replies.Launch, protocol.LaunchResult),
         (replies.GpuHolders, protocol.GpuHoldersResult),
         (replies.HelpFlags, protocol.HelpFlagsResult),
+        (replies.FileHolders, protocol.FileHoldersResult),
+        (replies.FileHolder, protocol.FileHolder),
+        (replies.Uninspected, protocol.Uninspected),
         (replies.ScanFile, protocol.ScanFile),
         (replies.Scan, protocol.ScanResult),
     ],
@@ -294,6 +297,10 @@ async def test_the_real_agent_replies_fit_the_shapes(
     )
     _fits("write_fingerprint", wrote)
     _fits("tail_records", await host.request("tail_records", {"path": str(data), "count": 2}))
+    with open(data, "a"):  # this test holds the data file open for writing
+        held = await host.request("file_holders", {"paths": [str(data)]})
+    _fits("file_holders", held)
+    assert os.getpid() in msgspec.convert(held, replies.FileHolders).pids
     torn = tmp_path / "torn.jsonl"
     torn.write_bytes(b'{"a": 1}\n{"a": 2')
     _fits("repair_tail", await host.request("repair_tail", {"path": str(torn)}))

@@ -56,6 +56,7 @@ def test_dry_run_json_changes_nothing(tmp_path: Path, state_home: Path, slow_end
         ("preflight", True),
         ("format-check", True),
         ("fingerprint", True),
+        ("writers", True),
         ("data-repair", True),
         ("launch", True),
     ]
@@ -102,7 +103,7 @@ def test_the_story_from_the_cli(
         "restart", "demo", "-c", cfg, "--yes", "--move-aside", "--set", "token-budget=10000000"
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    for name in ("format-check", "fingerprint", "stop", "data-repair", "launch"):
+    for name in ("format-check", "fingerprint", "writers", "stop", "data-repair", "launch"):
         assert f"[ok] {name}" in done.stdout
     assert "[skip] gpu-release: no nvidia-smi on the host" in done.stdout
     assert "demo is running on local: pid" in done.stdout

@@ -163,3 +163,51 @@ def test_inv3_a_non_root_agent_names_the_users_it_could_not_inspect(
     assert "root" in users and users["root"]["pids"], found
     assert "could not inspect the processes of root" in found["detail"]
     assert f"as {second_user.name}" in found["detail"]
+
+
+async def test_inv3_restart_refuses_before_the_stop_while_another_user_writes(
+    fake_runs: FakeRuns,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    holders: Holders,
+    second_user: OtherUser,
+) -> None:
+    """Another user's process writes a dataset file of a running run: the restart is refused at
+    its ``writers`` check, before the stop (the run keeps running, nothing is signalled), and a
+    kill of the run stops the run's own processes only: the other user's writer is not the run's
+    (invariant 8 stops holders of the run's user, never another user's)."""
+    from supervisor.plan import make_plan
+    from supervisor.steps import execute
+    from tests.fixtures_actions import DemoRun, engine_for, pid_alive, why
+    from tests.waiting import wait_until
+
+    demo = DemoRun(fake_runs.dir / "writers", slow_endpoint.url, max_samples=300)
+    kill_runs_in.append(demo.workdir)
+    async with engine_for(demo) as engine:
+        started = await execute(engine, await make_plan(engine, "demo", action="launch"))
+        assert started.ok and started.identity is not None, why(started)
+        pid = int(started.identity["pid"])
+        data = demo.data_file("B1")
+        wait_until(lambda: len(demo.complete_ids("B1")) >= 1, timeout=60)
+        data.chmod(0o666)
+        writer = holders.start("a", data, second_user.prefix, second_user.python)
+
+        result = await execute(engine, await make_plan(engine, "demo", action="restart"))
+        failed = result.failed_step
+        assert not result.ok and failed is not None and failed.name == "writers", why(result)
+        assert f"pid {writer} ({second_user.name}" in failed.detail
+        assert "nothing was stopped" in failed.detail
+        assert [s.state for s in result.steps if s.name in ("stop", "launch")] == [
+            "pending",
+            "pending",
+        ]
+        assert pid_alive(pid) and pid_alive(writer)
+
+        snap = await engine.refresh()
+        [rv] = [r for h in snap.hosts for r in h.runs if r.name == "demo"]
+        assert rv.process is not None and rv.process.identity.pid == pid
+        report = await engine.kill(rv.host, rv.process.identity, 5.0, run="demo")
+        assert report.all_gone and not pid_alive(pid)
+        assert pid_alive(writer), "the kill stopped another user's process"
+        assert writer not in {r.pid for r in report.results}

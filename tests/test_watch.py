@@ -152,6 +152,7 @@ async def test_a_run_that_dies_once_is_restarted_through_the_gate(
         "preflight",
         "format-check",
         "fingerprint",
+        "writers",
         "data-repair",
         "launch",
     ]

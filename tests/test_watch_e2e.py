@@ -134,6 +134,7 @@ def test_watch_on_the_demo_alerts_once_per_event_and_restarts_the_killed_run(
         "preflight",
         "format-check",
         "fingerprint",
+        "writers",
         "data-repair",
         "launch",
     ]

@@ -23,7 +23,13 @@ from supervisor.engine import BudgetEvent, Event, EventTracker, GuardOutcome, bu
 from supervisor.model import HostView, RunView, Snapshot
 from tui.commands import RunCommands
 from tui.engine import EngineLike
-from tui.messages import BudgetPolicyApplied, RefreshFailed, RunKilled, SnapshotRefreshed
+from tui.messages import (
+    BudgetPolicyApplied,
+    RefreshFailed,
+    RefreshProgressed,
+    RunKilled,
+    SnapshotRefreshed,
+)
 from tui.screens.dashboard import DashboardScreen
 from tui.widgets.events import EventsPanel
 from tui.widgets.fleet import run_key
@@ -105,13 +111,20 @@ class RunwatchApp(App[None]):
         """Poll every host once, off the UI path; the result comes back as SnapshotRefreshed."""
         self._refreshing = True
         try:
-            snapshot = await self.engine.refresh()
+            snapshot = await self.engine.refresh(on_progress=self._progressed)
         except Exception as e:  # the engine itself failed (a host failing is in the snapshot)
             self.post_message(RefreshFailed(f"{type(e).__name__}: {e}"))
         else:
             self.post_message(SnapshotRefreshed(snapshot))
         finally:
             self._refreshing = False
+
+    def _progressed(self, snapshot: Snapshot) -> None:
+        self.post_message(RefreshProgressed(snapshot))
+
+    def on_refresh_progressed(self, message: RefreshProgressed) -> None:
+        if self.refreshes == 0:  # provisional counts only until the first refresh is done
+            self.snapshot = message.snapshot
 
     def on_snapshot_refreshed(self, message: SnapshotRefreshed) -> None:
         for event in self._events.update(message.snapshot, self._expected_stops):

@@ -8,6 +8,8 @@ opens, so ``runwatch --help`` stays fast.
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from supervisor.cli import cli
@@ -17,12 +19,37 @@ from supervisor.cli._common import config_option, get_config, register_ui
 
 def open_tui(config_path: str | None, refresh_seconds: float | None = None) -> None:
     """Load the config, build the engine and run the dashboard until the user quits."""
-    from supervisor.engine import Engine
-    from tui.app import make_app
+    import asyncio
 
     config = get_config(config_path, need="hosts")
-    app = make_app(config, Engine(config), refresh_seconds=refresh_seconds)
-    app.run()
+    asyncio.run(_dashboard(config, refresh_seconds))
+
+
+async def _dashboard(config: Any, refresh_seconds: float | None) -> None:
+    """Start the first refresh, then load Textual and run the app.
+
+    The hosts' agents start (a process each, locally or over SSH) while Textual is imported on a
+    thread, so the first refresh is under way when the app mounts; its first refresh joins it
+    (``Engine.refresh`` shares a refresh in flight)."""
+    import asyncio
+    import contextlib
+    import importlib
+
+    from supervisor.engine import Engine
+
+    engine = Engine(config)
+    first = asyncio.ensure_future(engine.refresh())
+    # The app reports what the first refresh raised, if anything: here it is only retrieved.
+    first.add_done_callback(lambda f: f.cancelled() or f.exception())
+    try:
+        app_module = await asyncio.to_thread(importlib.import_module, "tui.app")
+        app = app_module.make_app(config, engine, refresh_seconds=refresh_seconds)
+        await app.run_async()
+    finally:
+        if not first.done():
+            first.cancel()
+            with contextlib.suppress(BaseException):
+                await first
 
 
 @click.command()

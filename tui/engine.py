@@ -29,8 +29,9 @@ from supervisor.model import Identity, ProcessInfo, RunView, Snapshot
 class EngineLike(Protocol):
     """Every engine operation a front end may ask for (``supervisor.engine.Engine``'s methods)."""
 
-    async def refresh(self) -> Snapshot:
-        """Poll every host once and return what was seen."""
+    async def refresh(self, on_progress: Callable[[Snapshot], None] | None = None) -> Snapshot:
+        """Poll every host once and return what was seen; ``on_progress`` gets provisional
+        snapshots while a host's first scan runs."""
         ...
 
     async def list_processes(self, host: str) -> list[ProcessInfo]:

@@ -24,6 +24,19 @@ class SnapshotRefreshed(Message, bubble=False):
         return isinstance(message, SnapshotRefreshed)
 
 
+class RefreshProgressed(Message, bubble=False):
+    """A provisional snapshot while a host's first scan runs: its datasets' line counts
+    (``DatasetView.provisional``) and how far the scan is (``HostView.progress``)."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+        """What is known so far."""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, RefreshProgressed)
+
+
 class BudgetPolicyApplied(Message, bubble=False):
     """The budget guard acted on runs past their budget (``stop`` or ``restart-with-budget``)."""
 

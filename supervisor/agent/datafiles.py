@@ -28,6 +28,7 @@ from supervisor.agent import proc as _procs
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import (
     AgentOpError,
+    FileHoldersResult,
     MoveAsideResult,
     RepairTailResult,
     TailLogResult,
@@ -143,6 +144,27 @@ def file_holders(paths: list[str], locks: list[str] | None = None) -> dict[str, 
         "holders": holders,
         "uninspected": uninspected,
         "detail": "; ".join(parts),
+    }
+
+
+def holders_op(params: dict[str, Any]) -> FileHoldersResult:
+    """The ``file_holders`` op: :func:`file_holders` of ``paths`` (and ``locks``), resolved
+    against ``workdir`` on this host (``~`` expanded here)."""
+    base = params.get("workdir")
+    if base is not None and not isinstance(base, str):
+        raise AgentOpError("parameter 'workdir': expected a path", "bad-params")
+    lists = []
+    for key in ("paths", "locks"):
+        raw = params.get(key) or []
+        if not isinstance(raw, list) or not all(isinstance(p, str) and p for p in raw):
+            raise AgentOpError(f"parameter {key!r}: expected a list of paths", "bad-params")
+        lists.append([resolve(p, base) for p in raw])
+    found = file_holders(lists[0], lists[1])
+    return {
+        "pids": found["pids"],
+        "holders": found["holders"],
+        "uninspected": found["uninspected"],
+        "detail": found["detail"],
     }
 
 

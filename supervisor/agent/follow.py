@@ -122,6 +122,10 @@ class Follower(Generic[P]):
         """The position (and what the reader keeps with it) of ``path``, if followed."""
         return self._files.get(path)
 
+    def following(self, path: str) -> bool:
+        """Whether a position of ``path`` is kept (its next read starts there, not at zero)."""
+        return path in self._files
+
     def drop(self, path: str) -> None:
         """Forget the position of ``path`` (its next read starts from zero)."""
         self._files.pop(path, None)

@@ -364,19 +364,23 @@ class _Sweep:
     still its children); members of the run's session or process group when the run leads it
     (a launched run does), started after the run; processes of the run's user with the run's
     argv started since the kill began (a SIGTERM handler that forks, a child that called
-    ``setsid``); and every process holding the run's data files open for writing or its locks
-    open (``files`` from the request, plus the runwatch locks the tree held when the kill began).
-    Never the agent or its ancestors, never another runwatch agent, and never what another
-    launch owns: a process a lock file
-    names as its run (another identity than the one being killed), or the agent that is launching
-    under that lock, and their descendants (a concurrent restart's new run writes the same files).
+    ``setsid``); and every process of the run's user holding the run's data files open for
+    writing or its locks open (``files`` from the request, plus the runwatch locks the tree held
+    when the kill began). Never another user's process (it is not the run's; a launch refuses
+    while it writes), never the agent or its ancestors, never another runwatch agent, and never
+    what another launch owns: a process a lock file names as its run (another identity than the
+    one being killed), or the agent that is launching under that lock, and their descendants (a
+    concurrent restart's new run writes the same files).
     """
 
     def __init__(self, agent: Agent, run: _Target, files: Sequence[str], argv: Sequence[str]):
         self.run = run
         self.excluded = agent.lister.excluded() | {0, 1}
         self.argv = list(argv)
-        self.uid = os.getuid()
+        # The run's owner: what the sweep stops is the run's user's (never another user's
+        # process that holds the files: that one blocks a launch, it is not part of the run).
+        owner = procs.read_uid(run.pid)
+        self.uid = owner if owner is not None else os.getuid()
         self.kill_ticks = int(procs.uptime_s() * procs.CLK_TCK) - 1
         st = procs.read_stat(run.pid)
         self.session = st is not None and st.session == run.pid
@@ -457,7 +461,8 @@ class _Sweep:
         if holders and (self.data or self.locks):
             users, _ = procs.file_users(self.data, self.locks)
             for pid in users:
-                cand.setdefault(pid, "holder")
+                if procs.read_uid(pid) == self.uid:
+                    cand.setdefault(pid, "holder")
         found: list[_Target] = []
         elsewhere = self._launched_elsewhere(table) if cand else set()
         for pid, role in sorted(cand.items()):

@@ -371,6 +371,31 @@ class MetricsFetch(_MetricsFetchRequired, total=False):
 class RefreshParams(PsParams, total=False):
     files: list[FileSpec]
     metrics: list[MetricsSpec]
+    progress: bool
+    """Send progress lines (:class:`Progress`) while the files are scanned."""
+
+
+class LineCount(TypedDict):
+    """A file's newlines and size, counted before its first scan (a provisional count)."""
+
+    lines: int
+    size: int
+
+
+class _ProgressRequired(TypedDict):
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+
+
+class Progress(_ProgressRequired, total=False):
+    """An interim line ``{"id": <request id>, "progress": Progress}`` of a request that asked for
+    progress; the reply follows. The first one holds ``files`` (provisional line counts of the
+    files not scanned before, by path) and ``processes`` (as in the result)."""
+
+    files: dict[str, LineCount]
+    processes: list[Process]
 
 
 class _RefreshResultRequired(PsResult):
@@ -483,6 +508,23 @@ class Uninspected(TypedDict):
     uid: int
     user: str
     pids: list[int]
+
+
+class _FileHoldersRequired(TypedDict):
+    paths: list[str]
+
+
+class FileHoldersParams(_FileHoldersRequired, total=False):
+    locks: list[str]
+    workdir: str
+
+
+class FileHoldersResult(TypedDict):
+    pids: list[int]
+    holders: list[FileHolder]
+    uninspected: list[Uninspected]
+    detail: str
+    """Who holds them, and which users' processes could not be inspected ('' when neither)."""
 
 
 class _LaunchResultRequired(TypedDict):
@@ -826,6 +868,7 @@ OP_SHAPES: dict[str, tuple[type, type]] = {
     "tail_log": (TailLogParams, TailLogResult),
     "tail_records": (TailRecordsParams, TailRecordsResult),
     "gpu_holders": (GpuHoldersParams, GpuHoldersResult),
+    "file_holders": (FileHoldersParams, FileHoldersResult),
     "slurm_jobs": (SlurmJobsParams, SlurmJobsResult),
     "slurm_submit": (SlurmSubmitParams, SlurmSubmitResult),
     "slurm_cancel": (SlurmCancelParams, SlurmCancelResult),

@@ -502,6 +502,10 @@ class Scanner:
             err = e
         return self._state_only(path, err.state, err.message, want)
 
+    def following(self, path: str) -> bool:
+        """Whether ``path`` was scanned before: its next scan reads only the appended bytes."""
+        return self._follow.following(path)
+
     # ------------------------------------------------------------------ states
 
     def _state_only(

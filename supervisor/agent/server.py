@@ -24,7 +24,7 @@ import time
 import traceback
 from typing import IO, TYPE_CHECKING, Any
 
-from supervisor.agent import datafiles, gpu, kill, launch, metrics, slurm
+from supervisor.agent import datafiles, firstpass, gpu, kill, launch, metrics, slurm
 from supervisor.agent import proc as procs
 from supervisor.agent.match import resolve_runs
 from supervisor.agent.protocol import (
@@ -56,6 +56,8 @@ class Agent:
         self.list_lock = threading.Lock()  # the lister keeps CPU times between calls
         self.scanner: Any = None
         self.scanner_error: str | None = None
+        self.request = threading.local()
+        """``rid``: the id of the request the current thread answers (for progress lines)."""
         self.ops: dict[str, Callable[[dict[str, Any]], Mapping[str, Any]]] = {
             "ping": self.ping,
             "ps": self.ps,
@@ -74,6 +76,7 @@ class Agent:
             "tail_log": datafiles.tail_log,
             "tail_records": datafiles.tail_records,
             "gpu_holders": gpu.gpu_holders,
+            "file_holders": datafiles.holders_op,
             "slurm_jobs": slurm.slurm_jobs,
             "slurm_submit": slurm.slurm_submit,
             "slurm_cancel": slurm.slurm_cancel,
@@ -143,7 +146,9 @@ class Agent:
             fetcher = threading.Thread(target=fetch, name="metrics", daemon=True)
             fetcher.start()
         found, summary = self._list(params, bool(params.get("gpu", True)))
-        files = self._scan_files(params.get("files") or [])
+        specs = params.get("files") or []
+        reporter = self._first_pass(specs, found) if params.get("progress") else None
+        files = self._scan_files(specs, reporter=reporter)
         reply: RefreshResult = {
             "time": time.time(),
             "boot_id": self.boot_id,
@@ -173,7 +178,39 @@ class Agent:
                 self.scanner_error = f"{type(e).__name__}: {e}"
         return self.scanner
 
-    def _scan_files(self, specs: list[Any], fresh: bool = False) -> dict[str, ScanFile]:
+    def _first_pass(self, specs: Any, found: list[Any]) -> firstpass.Reporter | None:
+        """Count the lines of the files never scanned, send the counts as a progress line, and
+        return the reporter of the scan's progress (None outside a request, or without files)."""
+        rid = getattr(self.request, "rid", None)
+        scanner = self._get_scanner()
+        if rid is None or scanner is None or not isinstance(specs, list):
+            return None
+        paths: dict[str, str] = {}
+        for spec in specs:
+            path = spec.get("path") if isinstance(spec, dict) else None
+            if isinstance(path, str) and not scanner.following(os.path.expanduser(path)):
+                paths[path] = os.path.expanduser(path)
+        counted = firstpass.count_all(list(paths.values()), firstpass.cores())
+        counts: dict[str, Any] = {}
+        totals = []
+        for spec in specs:
+            path = spec.get("path") if isinstance(spec, dict) else None
+            lines_size = counted.get(paths.get(path, "")) if isinstance(path, str) else None
+            if path is None or lines_size is None:
+                totals.append(0)
+                continue
+            counts[path] = {"lines": lines_size[0], "size": lines_size[1]}
+            totals.append(lines_size[1])
+        reporter = firstpass.Reporter(self.write, rid, totals)
+        reporter.counts(counts, found)
+        return reporter
+
+    def _scan_files(
+        self,
+        specs: list[Any],
+        fresh: bool = False,
+        reporter: firstpass.Reporter | None = None,
+    ) -> dict[str, ScanFile]:
         if not isinstance(specs, list):
             raise AgentOpError("files: expected a list", "bad-request")
         out: dict[str, ScanFile] = {}
@@ -207,6 +244,8 @@ class Agent:
                 ):
                     if spec.get(key) is not None:
                         kwargs[arg] = spec[key]
+                if reporter is not None:
+                    kwargs["progress"] = reporter.tick
                 try:
                     out[path] = scanner.scan(os.path.expanduser(path), **kwargs)
                 except Exception as e:  # one bad file never fails the whole refresh
@@ -215,6 +254,8 @@ class Agent:
                         "state": "error",
                         "error": f"{type(e).__name__}: {e}",
                     }
+                if reporter is not None:
+                    reporter.file_done()
         return out
 
     # ------------------------------------------------------------ serving
@@ -237,6 +278,7 @@ class Agent:
                 {"id": rid, "ok": False, "error": f"unknown op {op!r}", "kind": "unknown-op"}
             )
             return
+        self.request.rid = rid
         try:
             result = fn(params)
         except Exception as e:

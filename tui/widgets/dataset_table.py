@@ -77,15 +77,17 @@ def warning_text(ds: DatasetView) -> str:
 
 def dataset_cells(ds: DatasetView, *, live: bool, stale: bool, wide: bool) -> list[Text]:
     """The cells of one dataset row, styled; ``live`` is False when no process writes it."""
-    dim = "dim" if stale or not live else ""
+    dim = "dim" if stale or not live or ds.provisional else ""
 
     def cell(value: str, style: str = "", right: bool = False) -> Text:
         return Text(value, style=f"{style} {dim}".strip(), justify="right" if right else "left")
 
-    responses = display.count(ds.records)
+    responses = display.provisional(ds.records) if ds.provisional else display.count(ds.records)
     if ds.max_samples is not None:
         responses += f"/{display.count(ds.max_samples)}"
-    if ds.token_budget:
+    if ds.provisional:  # lines are counted, tokens not yet
+        tokens_cell = Text(" " * _BAR + f" {display.UNKNOWN}", style=dim)
+    elif ds.token_budget:
         fraction = ds.completion_tokens / ds.token_budget
         colour = "red" if ds.over_budget else ("yellow" if fraction >= 0.9 else "green")
         tokens_cell = Text.assemble(
@@ -112,7 +114,9 @@ def dataset_cells(ds: DatasetView, *, live: bool, stale: bool, wide: bool) -> li
         "trend": cell(sparkline(ds.history, _TREND) if live else "", "cyan"),
         "eta": cell(display.eta(ds.projection.eta_s) if live else display.UNKNOWN, right=True),
         "length": cell(length, "yellow" if ds.finish_reasons.get("length") else "", right=True),
-        "verdict": cell(ds.verdict, _VERDICT_STYLE.get(ds.verdict, "")),
+        "verdict": cell(
+            "reading" if ds.provisional else ds.verdict, _VERDICT_STYLE.get(ds.verdict, "")
+        ),
         "warning": cell(warn.removeprefix("⚠ "), "bold red" if red else "yellow"),
     }
     return [cells[c.key] for c in COLUMNS if wide or not c.wide_only]

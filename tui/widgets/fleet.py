@@ -23,12 +23,17 @@ _STATE_STYLE = {
 
 
 def update_static(widget: Static, text: Text) -> None:
-    """Show ``text`` in ``widget`` if it differs; lay out again only when its length changed
-    (a refresh that changes a number in place never re-lays out the screen)."""
+    """Show ``text`` in ``widget`` if it differs; lay out again only when its height may have
+    changed: another number of lines, or another length of a text that wraps (a refresh that
+    changes a number on a one-line header never re-lays out the screen)."""
     old = widget.content
     if isinstance(old, Text) and old == text:
         return
-    relayout = not isinstance(old, Text) or len(old.plain) != len(text.plain)
+    relayout = (
+        not isinstance(old, Text)
+        or old.plain.count("\n") != text.plain.count("\n")
+        or (not (old.no_wrap and text.no_wrap) and len(old.plain) != len(text.plain))
+    )
     widget.update(text, layout=relayout)
 
 
@@ -105,6 +110,12 @@ def host_header(host: HostView, now: float) -> Text:
         text.append(f"  last ok {display.ago(now, host.last_ok)}", style="dim")
         if host.error:
             text.append(f"  {host.error}", style="red")
+    if host.progress is not None:
+        p = host.progress
+        text.append(
+            f"  {display.scanning(p.files_done, p.files_total, p.bytes_done, p.bytes_total)}",
+            style="yellow",
+        )
     if host.has_gpu:
         text.append("  GPU", style="dim")
     runs = len(host.runs)

@@ -1,0 +1,233 @@
+"""The first pass of a first scan: lines counted at C speed, and progress while the scan runs.
+
+Standard library only, Python >= 3.8: this module runs inside the host agent on GPU hosts.
+
+A full scan parses records; on a host holding gigabytes of small records it takes seconds. Before
+it starts, :func:`count_all` counts the newlines of every file not scanned yet (``memchr`` over
+large reads, in slices spread over the host's cores), and the agent sends those counts at once as
+a *progress* line of the request: ``{"id": <request id>, "progress": {...}}``, never ``ok`` nor
+``result``, so the laptop keeps waiting for the reply. The counts are provisional: a line is not
+yet known to be a record (bad lines, an end marker, duplicates are told apart only by the scan).
+
+:class:`Reporter` then writes how far the scan is (files and bytes), at most every
+:data:`PROGRESS_INTERVAL_S`, until the reply.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: subscripting collections.abc fails on Python 3.8
+    from collections.abc import Callable
+
+READ_BYTES = 1 << 20
+"""Bytes per read when counting lines."""
+SLICE_BYTES = 64 << 20
+"""Bytes of a file one counting process takes at a time."""
+SHORT_LINES = 256
+"""Below this many bytes per line on average, ``bytes.count`` beats one ``find`` per line."""
+PROGRESS_INTERVAL_S = 0.5
+"""Shortest time between two progress lines of one request."""
+
+
+def _count(fd: int, start: int, end: int) -> int:
+    """Newlines in bytes ``[start, end)`` of ``fd`` (fewer if the file is shorter).
+
+    One ``find`` per newline (``memchr``: the bytes are scanned at memory speed, the per-line
+    cost is one call) while lines are long; ``bytes.count`` (a byte loop) for the rest of a read
+    whose first lines are short.
+    """
+    lines = 0
+    pos = start
+    while pos < end:
+        buf = os.pread(fd, min(READ_BYTES, end - pos), pos)
+        n = len(buf)
+        if not n:
+            break
+        pos += n
+        find = buf.find
+        i = find(b"\n", 0, n)
+        k = 0
+        while i >= 0:
+            k += 1
+            if k == 64 and i < 64 * SHORT_LINES:
+                k += buf.count(b"\n", i + 1, n)
+                break
+            i = find(b"\n", i + 1, n)
+        lines += k
+    return lines
+
+
+def cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def count_all(paths: list[str], workers: int) -> dict[str, tuple[int, int]]:
+    """``(newlines, size)`` of every readable regular file of ``paths``, counted by up to
+    ``workers`` forked processes over slices of :data:`SLICE_BYTES` (one process: no fork).
+
+    A worker only reads, counts and writes its counts to a pipe, then leaves with ``os._exit``:
+    nothing of the agent's threads or locks is touched after the fork.
+    """
+    sizes: dict[str, int] = {}
+    fds: dict[str, int] = {}
+    try:
+        for path in paths:
+            if path in fds:
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            except OSError:
+                continue
+            fds[path] = fd
+            try:
+                st = os.fstat(fd)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                sizes[path] = st.st_size
+        slices = [
+            (path, start, min(start + SLICE_BYTES, size))
+            for path, size in sizes.items()
+            for start in range(0, size, SLICE_BYTES)
+        ]
+        lines = dict.fromkeys(sizes, 0)
+        if workers < 2 or len(slices) < 2 or not hasattr(os, "fork"):
+            for path, start, end in slices:
+                lines[path] += _count(fds[path], start, end)
+        else:
+            try:
+                counted = _forked(fds, slices, min(workers, len(slices)))
+            except OSError:  # no fork here (limits), or a child failed: count in this process
+                counted = [(i, _count(fds[p], a, b)) for i, (p, a, b) in enumerate(slices)]
+            for i, n in counted:
+                lines[slices[i][0]] += n
+        return {path: (lines[path], size) for path, size in sizes.items()}
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _forked(
+    fds: dict[str, int], slices: list[tuple[str, int, int]], workers: int
+) -> list[tuple[int, int]]:
+    """``(slice index, newlines)`` of every slice, counted by ``workers`` child processes."""
+    import warnings
+
+    children: list[tuple[int, int]] = []
+    for w in range(workers):
+        try:
+            r, wr = os.pipe()
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads
+                    pid = os.fork()
+            except OSError:
+                os.close(r)
+                os.close(wr)
+                raise
+        except OSError:  # no more processes: reap those started, the caller counts alone
+            for pid, r in children:
+                os.close(r)
+                os.waitpid(pid, 0)
+            raise
+        if pid == 0:  # the child: count, write, leave
+            code = 0
+            try:
+                os.close(r)
+                out = []
+                for i in range(w, len(slices), workers):
+                    path, start, end = slices[i]
+                    out.append(f"{i} {_count(fds[path], start, end)}\n")
+                data = "".join(out).encode()
+                while data:
+                    data = data[os.write(wr, data) :]
+            except BaseException:
+                code = 1
+            os._exit(code)
+        os.close(wr)
+        children.append((pid, r))
+    results: list[tuple[int, int]] = []
+    failed = False
+    for pid, r in children:
+        chunks = []
+        try:
+            while True:
+                piece = os.read(r, 65536)
+                if not piece:
+                    break
+                chunks.append(piece)
+        except OSError:
+            failed = True
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+        if status != 0 or failed:
+            failed = True
+            continue
+        text = b"".join(chunks).decode().split()
+        results.extend((int(text[k]), int(text[k + 1])) for k in range(0, len(text), 2))
+    if failed:
+        raise OSError("a counting process failed")
+    return results
+
+
+class Reporter:
+    """Progress lines of one request: first the provisional counts, then files and bytes done.
+
+    Args:
+        write: writes one message line (the agent's locked writer).
+        rid: the request's id.
+        totals: bytes to scan per file, in the order they are scanned.
+    """
+
+    def __init__(
+        self, write: Callable[[dict[str, Any]], None], rid: int, totals: list[int]
+    ) -> None:
+        self._write = write
+        self.rid = rid
+        self.totals = totals
+        self.files_total = len(totals)
+        self.bytes_total = sum(totals)
+        self.files_done = 0
+        self.bytes_before = 0  # bytes of the files already done
+        self.partial = 0  # bytes done of the file being scanned
+        self._last = 0.0
+
+    def counts(self, files: dict[str, dict[str, int]], processes: list[Any]) -> None:
+        """Send the provisional line counts (``{path: {"lines", "size"}}``) and the processes."""
+        self._send({"files": files, "processes": processes})
+        self._last = time.monotonic()
+
+    def file_done(self) -> None:
+        """The next file is scanned."""
+        if self.files_done < self.files_total:
+            self.bytes_before += self.totals[self.files_done]
+        self.files_done += 1
+        self.partial = 0
+        self.tick(0, 0)
+
+    def tick(self, done: int, total: int) -> None:
+        """The scanner's progress callback: ``done`` of ``total`` bytes of the current file."""
+        self.partial = done
+        now = time.monotonic()
+        if now - self._last < PROGRESS_INTERVAL_S:
+            return
+        self._last = now
+        self._send({})
+
+    def _send(self, extra: dict[str, Any]) -> None:
+        body = {
+            "files_done": self.files_done,
+            "files_total": self.files_total,
+            "bytes_done": self.bytes_before + self.partial,
+            "bytes_total": self.bytes_total,
+        }
+        body.update(extra)
+        self._write({"id": self.rid, "progress": body})

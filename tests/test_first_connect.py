@@ -1,0 +1,194 @@
+"""First connect: line counts at once (provisional), progress while the first scan runs, then the
+scan's exact numbers; in the agent, over a real agent channel (local and over the sshd fixture)
+and in the engine's snapshots."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.agent import firstpass
+from supervisor.agent.server import Agent
+from supervisor.config import Config, HostConfig, RunConfig
+from supervisor.engine import Engine
+from supervisor.hosts import LocalHost
+from supervisor.model import Snapshot
+from tests.fixtures_data import make_raw
+from tests.fixtures_sshd import SshdServer
+
+
+def _files(tmp_path: Path) -> dict[str, bytes]:
+    """Files of long lines, short lines, a partial last line, nothing; by path."""
+    rng = random.Random(3)
+    contents = {
+        "long": b"".join(b"x" * rng.randint(300, 3000) + b"\n" for _ in range(400)),
+        "short": b"".join(b"y" * rng.randint(0, 40) + b"\n" for _ in range(5000)),
+        "mixed": b"".join(
+            b"z" * (rng.randint(0, 20) if i % 3 else rng.randint(500, 900)) + b"\n"
+            for i in range(2000)
+        )
+        + b'{"partial',
+        "empty": b"",
+    }
+    out = {}
+    for name, data in contents.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_bytes(data)
+        out[str(path)] = data
+    return out
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_count_all_counts_every_newline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    # Small slices: lines and files are split between counting processes.
+    monkeypatch.setattr(firstpass, "SLICE_BYTES", 4096)
+    files = _files(tmp_path)
+    (tmp_path / "a-dir").mkdir()
+    paths = [*files, str(tmp_path / "missing.jsonl"), str(tmp_path / "a-dir")]
+    counted = firstpass.count_all(paths, workers)
+    assert counted == {p: (data.count(b"\n"), len(data)) for p, data in files.items()}
+
+
+def test_count_all_counts_alone_when_it_cannot_fork(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(firstpass, "SLICE_BYTES", 4096)
+    files = _files(tmp_path)
+    forks = []
+
+    def no_fork() -> int:
+        forks.append(1)
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    counted = firstpass.count_all(list(files), 2)
+    assert forks  # it tried
+    assert counted == {p: (data.count(b"\n"), len(data)) for p, data in files.items()}
+
+
+def _agent_lines(out: io.BytesIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.getvalue().splitlines() if line.strip()]
+
+
+def test_agent_sends_counts_then_progress_then_the_reply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(firstpass, "PROGRESS_INTERVAL_S", 0.0)  # a progress line per read
+    big = tmp_path / "B1.jsonl"
+    truth = make_raw(big, 12000, seed=4)  # ~4 MB: several reads of the scanner
+    missing = tmp_path / "B2.jsonl"
+    out = io.BytesIO()
+    agent = Agent(out)
+    specs = [{"path": str(big), "format": "raw"}, {"path": str(missing), "format": "raw"}]
+    agent.handle(7, "refresh", {"files": specs, "progress": True, "gpu": False})
+    first, *ticks, reply = _agent_lines(out)
+    size = big.stat().st_size
+    assert first["id"] == 7 and "ok" not in first
+    progress = first["progress"]
+    assert progress["files"] == {str(big): {"lines": truth.records, "size": size}}
+    assert isinstance(progress["processes"], list)
+    assert (progress["files_done"], progress["files_total"]) == (0, 2)
+    assert (progress["bytes_done"], progress["bytes_total"]) == (0, size)
+    assert len(ticks) >= 3 and all(t["id"] == 7 and "ok" not in t for t in ticks)
+    done = [t["progress"]["bytes_done"] for t in ticks]
+    assert done == sorted(done) and 0 < done[0] < size and done[-1] == size
+    assert ticks[-1]["progress"]["files_done"] == 2
+    assert reply["id"] == 7 and reply["ok"] is True
+    assert reply["result"]["files"][str(big)]["records"] == truth.records
+    # Scanned once, a file is not counted again: the next refresh reads only appended bytes.
+    out.seek(0)
+    out.truncate()
+    agent.handle(8, "refresh", {"files": specs, "progress": True, "gpu": False})
+    first, *_, reply = _agent_lines(out)
+    assert first["progress"]["files"] == {} and first["progress"]["bytes_total"] == 0
+    assert reply["ok"] is True
+    # Without "progress" only the reply is written.
+    out.seek(0)
+    out.truncate()
+    agent.handle(9, "refresh", {"files": specs, "gpu": False})
+    assert [line.get("ok") for line in _agent_lines(out)] == [True]
+
+
+async def test_channel_without_a_listener_waits_for_the_reply(tmp_path: Path) -> None:
+    one, two = tmp_path / "B1.jsonl", tmp_path / "B2.jsonl"
+    truth = make_raw(one, 50, seed=1)
+    two.write_bytes(one.read_bytes())
+    seen: list[dict[str, Any]] = []
+    async with LocalHost(HostConfig(name="here", local=True, command_timeout=30.0)) as host:
+        params = {"files": [{"path": str(one)}], "progress": True, "gpu": False}
+        result = await host.request("refresh", params)
+        assert result["files"][str(one)]["records"] == truth.records
+        params = {"files": [{"path": str(two)}], "progress": True, "gpu": False}
+        result = await host.request("refresh", params, on_progress=seen.append)
+        assert result["files"][str(two)]["records"] == truth.records
+    assert seen and seen[0]["files"] == {
+        str(two): {"lines": truth.records, "size": two.stat().st_size}
+    }
+
+
+async def test_engine_shows_provisional_counts_before_the_first_scan_ends(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "out" / "B1").mkdir(parents=True)
+    data = work / "out" / "B1" / "raw_responses.jsonl"
+    truth = make_raw(data, 500, seed=2, dup_every=5)
+    with data.open("ab") as f:
+        f.write(b"not json\n")  # a bad line: counted as a line, never as a record
+    lines = truth.records + 1
+    argv = ["python3", "run_inference.py", "--datasets", "B1,B2"]
+    config = Config(
+        hosts=[HostConfig(name="here", local=True, command_timeout=30.0)],
+        runs=[RunConfig(name="gen", host="here", workdir=str(work), argv=argv)],
+    )
+    seen: list[Snapshot] = []
+    async with Engine(config) as engine:
+        snap = await engine.refresh(on_progress=seen.append)
+        assert seen, "no provisional snapshot before the first scan's reply"
+        (host,) = seen[0].hosts
+        assert host.connected and host.progress is not None
+        assert host.progress.files_total == 2 and host.progress.files_done == 0
+        run = next(r for r in host.runs if r.name == "gen")
+        b1, b2 = run.datasets
+        assert (b1.name, b1.records, b1.provisional) == ("B1", lines, True)
+        assert b1.completion_tokens == 0  # not known before the scan
+        assert (b2.name, b2.provisional) == ("B2", False)  # missing: nothing to count
+        assert run.state == "stopped"
+        (host,) = snap.hosts
+        assert host.progress is None
+        run = next(r for r in host.runs if r.name == "gen")
+        b1 = run.datasets[0]
+        assert (b1.records, b1.provisional, b1.bad_lines) == (truth.records, False, 1)
+        assert b1.completion_tokens == truth.completion_tokens
+        # Connected and scanned: the next refresh has no first scan and no progress.
+        count = len(seen)
+        await engine.refresh(on_progress=seen.append)
+        assert len(seen) == count
+
+
+@pytest.mark.ssh
+async def test_engine_over_ssh_shows_provisional_counts_first(
+    sshd: SshdServer, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    (work / "out" / "B1").mkdir(parents=True)
+    truth = make_raw(work / "out" / "B1" / "raw_responses.jsonl", 200, seed=6)
+    cfg = sshd.host_config("gpu")
+    argv = ["python3", "run_inference.py", "--datasets", "B1"]
+    config = Config(
+        hosts=[cfg], runs=[RunConfig(name="gen", host="gpu", workdir=str(work), argv=argv)]
+    )
+    seen: list[Snapshot] = []
+    async with Engine(config) as engine:
+        snap = await engine.refresh(on_progress=seen.append)
+    assert seen, "no provisional snapshot over SSH"
+    run = next(r for r in seen[0].hosts[0].runs if r.name == "gen")
+    assert (run.datasets[0].records, run.datasets[0].provisional) == (truth.records, True)
+    run = next(r for r in snap.hosts[0].runs if r.name == "gen")
+    assert (run.datasets[0].records, run.datasets[0].provisional) == (truth.records, False)
