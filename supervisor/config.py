@@ -150,6 +150,9 @@ class RunConfig(_Section):
     """After a launch, how long the new process must stay alive to count as started."""
     stop_grace_seconds: float = 10.0
     """A restart's stop: seconds between SIGTERM and SIGKILL."""
+    client: str | None = None
+    """The generation script's client profile: a built-in (``runwatch clients``) or a
+    ``[clients.NAME]`` entry. Default: detected from the script named in ``argv``."""
     slurm: SlurmRunConfig | None = None
     """sbatch options of a run on a ``kind = "slurm"`` host."""
     on_exit: OnExit = "alert"
@@ -217,6 +220,67 @@ class FormatProfile(_Section):
     """Keys every record must have (default: the fields named above)."""
 
 
+class ClientFlagNames(_Section):
+    """The spellings of each flag a client understands, by what the flag means. Empty: none."""
+
+    datasets: list[str] = []
+    """Dataset names (a comma list, or several values): one data file per dataset."""
+    output_dir: list[str] = []
+    """The output directory: a dataset's records are ``<dir>/<dataset>/<data_file>``."""
+    output_file: list[str] = []
+    """ONE output file: the run has one dataset, named after the file (``regen.jsonl`` -> regen)."""
+    input_file: list[str] = []
+    """The input (prompts) file of a single-file client; its lines bound the samples."""
+    prompts_dir: list[str] = []
+    """A directory of ``<dataset>.jsonl`` prompt files."""
+    samples: list[str] = []
+    """The number of samples wanted (per dataset)."""
+    budget: list[str] = []
+    """The completion-token budget the client stops at (per dataset)."""
+    resume: list[str] = []
+    """The flag without value that makes the client keep and extend existing output."""
+    concurrency: list[str] = []
+    """Requests in flight."""
+    endpoint: list[str] = []
+    """Where requests go: a base URL, or an address ``endpoint_template`` turns into one."""
+    model: list[str] = []
+    """The model name sent in requests."""
+
+
+class ClientProfile(_Section):
+    """A generation script: how it is recognised, what its flags mean, how it resumes."""
+
+    scripts: list[str]
+    """Script file names that identify the client in a process list."""
+    format: str = "raw"
+    """Record format of its output: a built-in format or a ``[formats.NAME]`` entry."""
+    flags: ClientFlagNames = msgspec.field(default_factory=ClientFlagNames)
+    data_file: str = "raw_responses.jsonl"
+    """File name of a dataset's records under ``<output_dir>/<dataset>/`` (per-dataset layout)."""
+    endpoint_template: str = "{}"
+    """How an ``endpoint`` flag value becomes a base URL (``http://{}/v1`` for ``host:port``)."""
+    resume: Literal["always", "flag"] = "always"
+    """``always``: it keeps and extends existing output; ``flag``: it OVERWRITES its output unless
+    given its ``resume`` flag."""
+    samples_scope: Literal["total", "invocation"] = "total"
+    """Whether ``samples`` counts the dataset's records (``total``) or this invocation's
+    submissions after what it skipped on resume (``invocation``)."""
+    sidecars: dict[str, str] = {}
+    """Files beside the output holding failed or skipped prompts: kind -> name, ``{stem}`` being the
+    output file's name without ``.jsonl`` (``error = "{stem}_error.jsonl"``)."""
+    input_id: str = ""
+    """Key of an input row's id, echoed in the record's id field; empty: the row's 0-based index."""
+    volatile: list[str] = []
+    """Flags that do not change what is generated (concurrency, resume, addresses...): left out of
+    the launch fingerprint."""
+    known_flags: list[str] = []
+    """Every flag the script accepts (``--set`` is checked against them); empty: ask ``--help``."""
+    switches: list[str] = []
+    """Those of ``known_flags`` that take no value (``--resume``)."""
+    name: str = ""
+    """Set from the table name (not a key of the file)."""
+
+
 class AlertsConfig(_Section):
     """Where ``runwatch watch`` sends alerts, and which (``[alerts]``)."""
 
@@ -256,6 +320,13 @@ class Config(_Section):
     datasets: dict[str, DatasetConfig] = {}
     endpoints: list[EndpointConfig] = []
     formats: dict[str, FormatProfile] = {}
+    backup_max_bytes: int = 4 << 30
+    """Before launching a script no client profile describes onto existing output, runwatch
+    copies that output under ``<out>/.runwatch/``; more bytes than this are refused (--force
+    launches without a copy)."""
+    clients: dict[str, ClientProfile] = {}
+    """User client profiles (``runwatch clients`` lists them with the built-in ones)."""
+
     alerts: AlertsConfig = msgspec.field(default_factory=AlertsConfig)
     path: str = ""
     """Where the config was read from (set by the loader, not a key of the file)."""
@@ -369,7 +440,10 @@ def load_config(
     except msgspec.ValidationError as e:
         raise ConfigError(_explain(shown, str(e), data)) from None
     config.path = shown
+    for cname, client in config.clients.items():
+        client.name = cname
     _check_references(config)
+    _apply_clients(config, data)
     return config
 
 
@@ -397,6 +471,9 @@ def _explain(shown: str, message: str, data: Any) -> str:
     msg, raw_path = m.group("msg"), (m.group("path") or "")
     path = raw_path.lstrip(".")
     unknown = re.match(r"Object contains unknown field `(.+)`", msg)
+    missing_key = re.match(r"Object missing required field `(.+)`", msg)
+    if "[...]" in path:
+        path = _name_table(path, data, unknown, missing_key)
     if unknown:
         key = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
         fields = _fields_at(path)
@@ -416,6 +493,27 @@ def _explain(shown: str, message: str, data: Any) -> str:
         expected = _describe(_type_at(path)) or "another value"
         return f"{shown}: {path}: expected {expected}, got {enum.group(1)}"
     return f"{shown}: {path or '(top level)'}: {msg[:1].lower()}{msg[1:]}"
+
+
+def _name_table(
+    path: str, data: Any, unknown: re.Match[str] | None, missing: re.Match[str] | None
+) -> str:
+    """``clients[...].x`` -> ``clients.NAME.x``: msgspec does not name the key of a table of
+    tables; it is the one whose entry has the unknown key (or lacks the missing one)."""
+    head, _, rest = path.partition("[...]")
+    table = data.get(head) if isinstance(data, dict) and "." not in head else None
+    if not isinstance(table, dict):
+        return path
+    parts = [p for p in rest.split(".") if p]
+    for name, entry in table.items():
+        node: Any = entry
+        for part in parts:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue
+        if (unknown and unknown.group(1) in node) or (missing and missing.group(1) not in node):
+            return f"{head}.{name}{rest}"
+    return path
 
 
 _SEGMENT = re.compile(r"\.?([^.\[]+)|\[(\d+)\]")
@@ -559,6 +657,8 @@ def _check_references(config: Config) -> None:
                 "expected the NAME of an environment variable",
                 "put the key in the environment, never in the config",
             )
+    _check_clients(config, formats)
+
     _check_numbers(config)
     for name, prof in config.formats.items():
         sources = [prof.tokens_field, prof.tokens_list_field, prof.text_field]
@@ -567,6 +667,65 @@ def _check_references(config: Config) -> None:
                 f"{shown}: formats.{name}: set exactly one of tokens_field, tokens_list_field, "
                 "text_field"
             )
+
+
+def _check_clients(config: Config, formats: set[str]) -> None:
+    """Client profiles name known formats and real flags; runs name known clients."""
+    from supervisor.clients import BUILTIN_CLIENTS  # here: clients reads this module's types
+
+    shown = config.path
+    for name, c in config.clients.items():
+        key = f"clients.{name}"
+        if not c.scripts or not all(c.scripts):
+            raise ConfigError(f"{shown}: {key}.scripts: expected a non-empty list of script names")
+        if c.format not in formats:
+            raise ConfigError(
+                f"{shown}: {key}.format: unknown format {c.format!r}",
+                f"known: {', '.join(sorted(formats))}",
+            )
+        named = [f for field in c.flags.__struct_fields__ for f in getattr(c.flags, field)]
+        for flag in [*named, *c.volatile, *c.known_flags, *c.switches]:
+            if not flag.startswith("-") or "=" in flag or " " in flag:
+                raise ConfigError(
+                    f"{shown}: {key}: {flag!r} is not a flag name",
+                    "flags are spelled as on the command line, e.g. --output-file-path",
+                )
+        if bool(c.flags.output_file) == bool(c.flags.output_dir or c.flags.datasets):
+            raise ConfigError(
+                f"{shown}: {key}.flags: name either output_file (one output file) or "
+                "output_dir/datasets (a file per dataset)"
+            )
+        if c.resume == "flag" and not c.flags.resume:
+            raise ConfigError(f"{shown}: {key}.flags.resume: required when resume = 'flag'")
+        if "{}" not in c.endpoint_template:
+            raise ConfigError(f"{shown}: {key}.endpoint_template: must contain {{}}")
+        for kind, pattern in c.sidecars.items():
+            if "{stem}" not in pattern or "/" in pattern:
+                raise ConfigError(
+                    f"{shown}: {key}.sidecars.{kind}: expected a file name with {{stem}}, "
+                    f"got {pattern!r}"
+                )
+    known = set(BUILTIN_CLIENTS) | set(config.clients)
+    for i, r in enumerate(config.runs):
+        if r.client is not None and r.client not in known:
+            raise ConfigError(
+                f"{shown}: runs[{i}].client: unknown client {r.client!r}",
+                f"known: {', '.join(sorted(known))} (see runwatch clients)",
+            )
+
+
+def _apply_clients(config: Config, data: Any) -> None:
+    """A run without its own ``format`` / ``data_file`` keys takes its client profile's."""
+    from supervisor.clients import client_of
+
+    raw_runs = data.get("runs") if isinstance(data, dict) else None
+    for i, r in enumerate(config.runs):
+        given = raw_runs[i] if isinstance(raw_runs, list) and i < len(raw_runs) else {}
+        profile = client_of(config, r)
+        if "format" not in given:
+            r.format = profile.format
+        if "data_file" not in given:
+            r.data_file = profile.data_file
 
 
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^(?i:unlimited|infinite)$")

@@ -36,11 +36,11 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from supervisor import audit, rates, slurm
+from supervisor import audit, clients, rates, slurm
 from supervisor import kill as kill_ops
 from supervisor.agent.formats import BUILTIN_FORMATS
 from supervisor.agent.masking import mask_argv, mask_text
-from supervisor.agent.match import parse_flags, script_index
+from supervisor.agent.match import script_index
 from supervisor.agent.scan import Scanner
 from supervisor.alerts import Alerter, Delivery, mask_url
 from supervisor.argv import parse_sets, parse_unsets
@@ -49,7 +49,9 @@ from supervisor.bench.results import BenchResult, LevelResult
 from supervisor.bench.runner import Options as BenchOptions
 from supervisor.bench.target import is_url
 from supervisor.compare import Comparison, comparison_from, format_lines, gather_comparison
+from supervisor.completeness import completeness_line, sidecar_line, with_client_parts
 from supervisor.config import Config, HostConfig, RunConfig
+from supervisor.dataloss import DataLossWatch
 from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
 from supervisor.events import (
     EVENT_KINDS,
@@ -67,10 +69,9 @@ from supervisor.hosts import (
     list_processes,
     make_host,
     match_run,
+    ps_params,
     run_backend,
     run_files,
-    run_specs,
-    secret_env_names,
     set_backend,
 )
 from supervisor.kill import KillReport, KillResult
@@ -145,6 +146,7 @@ class Engine:
             for hc in config.hosts
         }
         self._trackers = rates.Trackers()
+        self._dataloss = DataLossWatch()
         self._tokenizer: Any = None
         self.last: Snapshot | None = None
         self._inflight: asyncio.Future[Snapshot] | None = None
@@ -291,6 +293,13 @@ class Engine:
         scanned: dict[str, dict[str, Any]] = result.get("files", {})
         return [scanned.get(f["path"], {"path": f["path"], "state": "error"}) for f in files]
 
+    def data_loss(self, host: str, run: str, path: str, bytes_before: int, bytes_after: int) -> str:
+        """Raise the data-loss alarm of ``path`` (shown on its dataset from now on, audited once):
+        a launch made it shrink. Returns the alarm's message."""
+        return self._dataloss.raise_alarm(
+            host, run, path, bytes_before, bytes_after, "shrank after a launch"
+        )
+
     async def plan(
         self,
         run: str,
@@ -428,7 +437,7 @@ class Engine:
         profile = self.config.formats.get(run.format)
         if layout is None:
             layout = layout_of(self.config, run, launch_argv(run))
-        for path in layout.data_files.values():
+        for ds, path in layout.data_files.items():
             spec: dict[str, Any] = {
                 "path": path,
                 "format": run.format,
@@ -436,13 +445,25 @@ class Engine:
             }
             if profile is not None:
                 spec["profile"] = msgspec.to_builtins(profile)
+            # The client profile's error/skipped files and input (completeness).
+            if ds in layout.sidecars:
+                spec["sidecars"] = layout.sidecars[ds]
+            if ds in layout.inputs:
+                spec["input"] = layout.inputs[ds]
             specs.append(spec)
         return specs
 
     def _prompt_specs(self, run: RunConfig, hc: HostConfig) -> dict[str, dict[str, Any]]:
         """Dataset -> scan spec of its prompts file (its line count bounds the samples)."""
         specs = {}
-        for ds in layout_of(self.config, run, launch_argv(run)).datasets:
+        layout = layout_of(self.config, run, launch_argv(run))
+        if clients.single_file(layout.profile):
+            # A single-file client's input file bounds its one dataset.
+            for ds, rel in layout.prompt_files.items():
+                path = posixpath.normpath(posixpath.join(layout.workdir, rel))
+                specs[ds] = {"path": path, "validate": "sample", "texts": False}
+            return specs
+        for ds in layout.datasets:
             ds_cfg = self.config.datasets.get(ds)
             if ds_cfg is None or not ds_cfg.prompts:
                 continue
@@ -468,13 +489,7 @@ class Engine:
         files = [spec for run in runs for spec in self._file_specs(run, hc)]
         files += [spec for run in runs for spec in self._prompt_specs(run, hc).values()]
         files += list(state.discovered.values())
-        params: dict[str, Any] = {
-            "scripts": list(self.config.scripts),
-            "show_other_users": hc.show_other_users,
-            "files": files,
-            "runs": run_specs(self.config, name),
-            "secret_env": secret_env_names(self.config),
-        }
+        params: dict[str, Any] = {**ps_params(self.config, hc), "files": files}
         if metrics_specs(self.config, name):
             params["metrics"] = metrics_specs(self.config, name)
         if not host.connected:  # a new agent scans every file from its first byte
@@ -539,10 +554,9 @@ class Engine:
         last = self._provisional.get(hc.name, self._state[hc.name].view)
         paths = []
         for run in runs:
-            specs = self._file_specs(run, hc)
-            datasets = self.config.run_datasets(run)
-            pairs = zip(datasets, specs, strict=True)
-            paths.append((run.name, [(ds, sp["path"]) for ds, sp in pairs]))
+            # The datasets of the layout (a single-file client's one, the launch's --set ones).
+            layout = layout_of(self.config, run, launch_argv(run))
+            paths.append((run.name, list(layout.data_files.items())))
         self._provisional[hc.name] = provisional_view(
             last, msg, paths, lambda p: self._match(hc, runs, p)
         )
@@ -597,8 +611,14 @@ class Engine:
             run_ds = self.config.run_datasets(run)
             if proc is not None:
                 flags = proc.flags
+                profile = clients.client_of(self.config, run)
+                if flags.client != profile.name:  # named by the run, not by its script
+                    raw = clients.read_flags(
+                        profile, proc.identity.argv, clients.all_scripts(self.config)
+                    )
+                    flags = msgspec.convert({**raw, "api_base": flags.api_base}, RunFlags)
             else:
-                flags = _config_flags(run, self.config.scripts)
+                flags = _config_flags(self.config, run)
                 flags.backend = run_backend(self.config, run.name) or flags.backend
             datasets = []
             layout = layout_of(self.config, run, launch_argv(run))
@@ -625,6 +645,7 @@ class Engine:
                 state = "zombie"
             else:
                 state = "running"
+            profile = clients.client_of(self.config, run)
             rv = RunView(
                 name=run.name,
                 host=hc.name,
@@ -636,6 +657,9 @@ class Engine:
                 job=job,
                 candidates=[p.identity.pid for p in cands] if len(cands) > 1 else [],
                 endpoint=run.endpoint,
+                client=profile.name,
+                budget_flag=profile.flags.budget[0] if profile.flags.budget else None,
+                samples_flag=profile.flags.samples[0] if profile.flags.samples else None,
             )
             alive = state == "running"
             self._live.moved_on(hc.name, rv, self._trackers, alive, time.time())
@@ -724,8 +748,12 @@ class Engine:
             stall_seconds=run.stall_seconds,
             prompts=prompts,
             count_texts=counter,
+            budget_flag=engine_budget_flag(self.config, flags.client),
             writer=(proc.identity.pid, proc.identity.start_time) if proc is not None else None,
         )
+        with_client_parts(view, scan)
+        alive = proc is not None and not proc.state.startswith("Z")
+        view.alarm = self._dataloss.observe(host, run.name, scan, alive)
         if problem is not None and view.error is None:
             view.error = f"tokens not counted: {problem}"
         self._live.record_dataset(host, view, tracker)
@@ -760,9 +788,10 @@ def _line_count(scan: dict[str, Any] | None) -> int | None:
     return int(lines) if isinstance(lines, int) else None
 
 
-def _config_flags(run: RunConfig, scripts: list[str]) -> RunFlags:
-    idx = script_index(run.argv, scripts)
-    raw = parse_flags(run.argv, idx if idx is not None else 0)
+def _config_flags(config: Config, run: RunConfig) -> RunFlags:
+    """The flags of the run's configured argv, read with its client profile."""
+    profile = clients.client_of(config, run)
+    raw = clients.read_flags(profile, run.argv, clients.all_scripts(config))
     return msgspec.convert(raw, RunFlags)
 
 
@@ -826,6 +855,22 @@ async def bench(
     )
 
 
+def client_profiles(config: Config) -> list[dict[str, Any]]:
+    """Every client profile (built-in and configured) as ``runwatch clients --json`` shows it."""
+    return [{**i.as_dict(), "name": i.name} for i in clients.list_clients(config)]
+
+
+def client_lines(config: Config) -> list[list[str]]:
+    """Every client profile as lines for humans, one list per profile."""
+    return [clients.describe(i) for i in clients.list_clients(config)]
+
+
+def engine_budget_flag(config: Config, client: str | None) -> str | None:
+    """The token-budget flag of a client profile (None: it has none); no name: the reference's."""
+    profile = clients.profiles(config).get(client or "", clients.BUILTIN_CLIENTS["run_inference"])
+    return profile.flags.budget[0] if profile.flags.budget else None
+
+
 def audit_records(limit: int | None = None) -> list[dict[str, Any]]:
     """The audit log's records, oldest first (the last ``limit`` when given)."""
     return audit.read(limit=limit)
@@ -879,6 +924,7 @@ __all__ = [
     "bench",
     "budget_event",
     "comparison_from",
+    "completeness_line",
     "count_tokens",
     "describe_job",
     "format_lines",
@@ -893,6 +939,7 @@ __all__ = [
     "parse_unsets",
     "run_once",
     "run_sync",
+    "sidecar_line",
     "stop_key",
     "watch",
 ]

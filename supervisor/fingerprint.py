@@ -1,8 +1,9 @@
 """The launch fingerprint: what makes a run's data what it is, and how two compare.
 
 It is stored at the last launch of each dataset (``.runwatch/<dataset>.launch.json`` in the
-output dir: argv, model, sampling parameters, prompt-file hash, format) and compared with a new
-launch; a change of model, sampling or prompts blocks the launch unless allowed.
+output dir: argv, model, sampling parameters, every flag but the client profile's volatile ones,
+prompt-file hash, format) and compared with a new launch; a change of model, of a flag or of the
+prompts blocks the launch unless allowed.
 """
 
 from __future__ import annotations
@@ -45,10 +46,16 @@ def fingerprint_of(run: RunConfig, argv: Sequence[str], config: Config) -> dict[
         v = flag_value(list(argv), f)
         if v is not None:
             sampling[f.lstrip("-")] = v
+    from supervisor import clients  # here: clients imports the config this module reads
+
+    profile = clients.client_of(config, run, argv)
+    flags = clients.fingerprint_flags(profile, argv, clients.all_scripts(config))
+    masked = mask_argv([a for k, v in flags.items() for a in (k, v)])
     return {
         "argv": mask_argv(list(argv)),
         "model": model,
         "sampling": sampling,
+        "flags": {k: masked[2 * i + 1] for i, k in enumerate(flags) if k not in MODEL_FLAGS},
         "format": run.format,
         "run": run.name,
     }
@@ -75,6 +82,11 @@ def compare_fingerprints(
         changes.append(({"format"}, f"format {stored.get('format')} -> {new.get('format')}"))
     old_s = stored.get("sampling") or {}
     new_s = new.get("sampling") or {}
+    if isinstance(stored.get("flags"), dict) and isinstance(new.get("flags"), dict):
+        # Every flag but the client profile's volatile ones (a fingerprint from before profiles
+        # has only the sampling flags).
+        old_s = {k.lstrip("-"): v for k, v in stored["flags"].items()}
+        new_s = {k.lstrip("-"): v for k, v in new["flags"].items()}
     for k in sorted(set(old_s) | set(new_s)):
         if old_s.get(k) != new_s.get(k):
             text = f"{k} {show_value(old_s.get(k))} -> {show_value(new_s.get(k))}"

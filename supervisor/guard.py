@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from supervisor import audit, display
+from supervisor import audit, clients, display
 from supervisor.config import Config
 from supervisor.errors import RunwatchError
 from supervisor.model import Identity, Snapshot
@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class BudgetEvent:
-    """A run without ``--token-budget`` whose dataset(s) passed their token budget."""
+    """A run without its client's budget flag (``--token-budget``), or whose client has none,
+    whose dataset(s) passed their token budget."""
 
     policy: Literal["warn", "stop", "restart-with-budget"]
     host: str
@@ -157,6 +158,8 @@ class BudgetGuard:
                 names = sorted(over)
                 budget = min(budgets.values())
                 parts = [f"{d} {display.budget(over[d], budgets[d])}" for d in names]
+                flag = clients.client_of(self.config, rc).flags.budget
+                lacks = f"with no {flag[0]}" if flag else "(its client has no budget flag)"
                 events.append(
                     BudgetEvent(
                         policy=rc.budget_policy,
@@ -167,8 +170,7 @@ class BudgetGuard:
                         budget=budget,
                         tokens=over,
                         waste_tokens=waste,
-                        message=f"{rv.name}: past the token budget with no --token-budget: "
-                        + ", ".join(parts),
+                        message=f"{rv.name}: past the token budget {lacks}: " + ", ".join(parts),
                         keys=[self._key(hv.name, rv.name, proc.identity, d) for d in names],
                     )
                 )
@@ -195,13 +197,22 @@ class BudgetGuard:
                     detail = f"kill refused: {refused}"
             except RunwatchError as e:
                 ok, detail = False, f"stop failed: {e}"
+        elif not (flags := clients.client_of(self.config, self.config.run(event.run)).flags.budget):
+            client = clients.client_of(self.config, self.config.run(event.run)).name
+            ok, detail = (
+                False,
+                (
+                    f"restart with budget refused: {client} has no budget flag, so a restart would "
+                    "not stop at the budget either; set budget_policy = 'stop' to stop it there"
+                ),
+            )
         else:
             try:
                 plan = await make_plan(
                     engine,
                     event.run,
                     action="restart",
-                    overrides=[("--token-budget", str(event.budget))],
+                    overrides=[(flags[0], str(event.budget))],
                 )
                 if plan.old is None or plan.old.identity != event.identity:
                     ok, detail = False, "the run changed since the event; not restarted"
@@ -211,7 +222,7 @@ class BudgetGuard:
                     ok = result.ok
                     failed = result.failed_step
                     detail = (
-                        f"restarted with --token-budget {event.budget}: pid "
+                        f"restarted with {flags[0]} {event.budget}: pid "
                         f"{(result.identity or {}).get('pid')}"
                         if ok
                         else f"restart with budget failed at {failed.name if failed else '?'}: "

@@ -347,9 +347,13 @@ def process_infos(result: Mapping[str, Any]) -> list[ProcessInfo]:
 
 
 def ps_params(config: Config, cfg: HostConfig) -> dict[str, Any]:
-    """Parameters of the ``ps`` op for a host of ``config``."""
+    """Parameters of the ``ps`` op for a host of ``config`` (the scripts of every client profile,
+    and the profiles' flag spellings the host reads each run's flags with)."""
+    from supervisor.clients import all_scripts, wire_all
+
     return {
-        "scripts": list(config.scripts),
+        "scripts": all_scripts(config),
+        "clients": wire_all(config),
         "show_other_users": cfg.show_other_users,
         "runs": run_specs(config, cfg.name),
         "secret_env": secret_env_names(config),
@@ -414,7 +418,7 @@ def run_specs(config: Config, host_name: str) -> list[dict[str, Any]]:
     for run in config.runs:
         if run.host != host_name:
             continue
-        locks = list(layout_of(config, run, launch_argv(run)).locks)
+        layout = layout_of(config, run, launch_argv(run))
         specs.append(
             {
                 "name": run.name,
@@ -422,7 +426,9 @@ def run_specs(config: Config, host_name: str) -> list[dict[str, Any]]:
                 "output_dir": run.output_dir,
                 "data_file": run.data_file,
                 "datasets": config.run_datasets(run),
-                "locks": locks,
+                "locks": list(layout.locks),
+                # A single-file client's output, as the layout names it.
+                "files": list(layout.data_files.values()) if not config.run_datasets(run) else [],
             }
         )
     return specs

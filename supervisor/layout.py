@@ -7,10 +7,13 @@ protects data (the format check, the locks, the fingerprints, the writers) uses 
 restart with ``--set datasets=B2`` or ``--set output-dir=other`` checks the files it will write.
 
 The argv rules; config values are the defaults: ``--datasets`` in the argv wins over the run's
-``datasets`` key, ``--output-dir`` over ``output_dir``. What each flag means comes from a
-``ClientFlags`` description; ``REFERENCE_CLIENT`` describes the reference client (and the flag
-spellings ``match.parse_flags`` reads). A client profile plugs in by passing its own
-``ClientFlags`` (its flag names, its budget flag, the flags it accepts).
+``datasets`` key, ``--output-dir`` over ``output_dir``. What each flag means comes from the run's
+client profile (``supervisor.clients``): its flag names, its budget flag, the flags it accepts,
+and its layout. A per-dataset client writes ``<out>/<dataset>/<data_file>``; a single-file client
+(SpecForge's ``--output-file-path``, Model-Optimizer's ``--output_path``) writes ONE file, which is
+the run's one dataset, named after the file (``out/regen.jsonl`` -> ``regen``), with its locks and
+fingerprints in ``.runwatch/`` beside it, its error and skipped files (``sidecars``) and its input
+file (``inputs``: what completeness compares the records with).
 
 A run whose data files cannot be determined has ``layout.problem`` set and no files; every action
 on data calls ``layout.require_files()``, which raises naming how to declare them.
@@ -23,9 +26,10 @@ import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from supervisor import clients
 from supervisor.agent import match
 from supervisor.agent.protocol import FINGERPRINT_NAME, LOCK_NAME, SIDECAR_DIR
-from supervisor.config import Config, RunConfig, bad_name, flag_value
+from supervisor.config import ClientProfile, Config, RunConfig, bad_name, flag_value
 from supervisor.errors import ConfigError
 
 PROMPT_DIR_FLAGS = ("--prompts-dir", "--prompt-dir", "--prompts")
@@ -42,6 +46,8 @@ class ClientFlags:
     """The flag that makes the client stop at a token budget (None: it has none)."""
     known_flags: frozenset[str] | None = None
     """Every flag the client accepts, when known; None: ask the script (``--help``)."""
+    switches: frozenset[str] = frozenset()
+    """Those of ``known_flags`` that take no value."""
 
 
 REFERENCE_CLIENT = ClientFlags(name="run_inference")
@@ -73,6 +79,14 @@ class RunLayout:
     client: ClientFlags = REFERENCE_CLIENT
     problem: str | None = None
     """Why the data files cannot be determined (then ``data_files`` is empty)."""
+    profile: ClientProfile = clients.BUILTIN_CLIENTS["run_inference"]
+    """The run's client profile."""
+    profiled: bool = True
+    """False when no profile describes the script (read with the reference client's names)."""
+    sidecars: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Dataset -> kind (``error``, ``skipped``) -> file of failed or skipped prompts."""
+    inputs: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Dataset -> ``{"path", "id"}``: the input whose rows the records answer (completeness)."""
 
     @property
     def paths(self) -> dict[str, str]:
@@ -94,29 +108,56 @@ class RunLayout:
         if flag is None:
             return False
         start = self.script_index if self.script_index is not None else 0
-        spelled = match.parse_flags(list(self.argv), start).get("token_budget") is not None
-        return spelled or flag_value(list(self.argv), flag) is not None
+        read = match.parse_flags(list(self.argv), start, clients.wire(self.profile))
+        return read.get("token_budget") is not None or flag_value(list(self.argv), flag) is not None
+
+    def overwrite_problem(self) -> str | None:
+        """Why this argv would overwrite the client's existing output (None: it keeps it)."""
+        return clients.overwrite_problem(self.profile, self.argv)
 
 
 def _host_path(local: bool, path: str) -> str:
     return os.path.expanduser(path) if local else path
 
 
+def client_flags(profile: ClientProfile, profiled: bool = True) -> ClientFlags:
+    """What the gate needs of a profile: its name, prompt-dir and budget flags, and the flags it
+    accepts (None when no profile describes the script: its ``--help`` says)."""
+    return ClientFlags(
+        name=profile.name,
+        prompt_dir_flags=tuple(profile.flags.prompts_dir) or PROMPT_DIR_FLAGS,
+        budget_flag=profile.flags.budget[0] if profile.flags.budget else None,
+        # argparse scripts all take --help.
+        known_flags=(
+            frozenset([*profile.known_flags, "--help"])
+            if profiled and profile.known_flags
+            else None
+        ),
+        switches=frozenset([*profile.switches, "--help"]),
+    )
+
+
 def layout_of(
     config: Config,
     run: RunConfig,
     argv: Sequence[str] | None = None,
-    client: ClientFlags = REFERENCE_CLIENT,
+    client: ClientFlags | None = None,
 ) -> RunLayout:
-    """The layout of ``run`` launched with ``argv`` (default: the config's argv).
+    """The layout of ``run`` launched with ``argv`` (default: the config's argv), as its client
+    profile reads it (``client`` overrides the gate's view of the profile).
 
     Flags read from the argv (after the script) win; the run's config keys are the defaults.
     """
     args = list(run.argv if argv is None else argv)
     local = config.host(run.host).local
-    idx = match.script_index(args, config.scripts)
-    flags = match.parse_flags(args, idx if idx is not None else 0)
+    profile = clients.client_of(config, run, args)
+    profiled = clients.is_profiled(config, run, args)
+    client = client if client is not None else client_flags(profile, profiled)
+    idx = match.script_index(args, clients.all_scripts(config))
+    flags = match.parse_flags(args, idx if idx is not None else 0, clients.wire(profile))
     workdir = _host_path(local, run.workdir)
+    if clients.single_file(profile):
+        return _single_file(config, run, args, profile, profiled, client, idx, flags, workdir)
     out_flag = flags.get("output_dir")
     out_rel = out_flag if isinstance(out_flag, str) and out_flag else run.output_dir
     out = posixpath.normpath(posixpath.join(workdir, _host_path(local, out_rel)))
@@ -158,6 +199,10 @@ def layout_of(
                 prompts[ds] = dc.prompts
             elif pdir:
                 prompts[ds] = posixpath.join(pdir, f"{ds}.jsonl")
+    inputs = {
+        ds: {"path": posixpath.normpath(posixpath.join(workdir, rel)), "id": profile.input_id}
+        for ds, rel in prompts.items()
+    }
     return RunLayout(
         run=run.name,
         argv=tuple(args),
@@ -172,4 +217,87 @@ def layout_of(
         script_index=idx,
         client=client,
         problem=problem,
+        profile=profile,
+        profiled=profiled,
+        inputs=inputs if profiled else {},
+    )
+
+
+def _single_file(
+    config: Config,
+    run: RunConfig,
+    args: list[str],
+    profile: ClientProfile,
+    profiled: bool,
+    client: ClientFlags,
+    idx: int | None,
+    flags: dict[str, object],
+    workdir: str,
+) -> RunLayout:
+    """The layout of a client writing ONE output file: one dataset named after the file."""
+    local = config.host(run.host).local
+    out_flag = flags.get("output_file")
+    input_flag = flags.get("input_file")
+    problem = None
+    path = ""
+    ds = ""
+    if not isinstance(out_flag, str) or not out_flag:
+        problem = f"no {profile.flags.output_file[0]} in its argv ({profile.name} writes one file)"
+    else:
+        path = posixpath.normpath(posixpath.join(workdir, _host_path(local, out_flag)))
+        ds = clients.stem(path)
+        why = bad_name(ds)
+        if why is not None:
+            problem = f"output file name {why}"
+    out = posixpath.dirname(path) if path else posixpath.normpath(workdir)
+    side = posixpath.join(out, SIDECAR_DIR)
+    log = (
+        posixpath.normpath(posixpath.join(workdir, _host_path(local, run.log)))
+        if run.log
+        else posixpath.join(side, "run.log")
+    )
+    if problem is not None:
+        return RunLayout(
+            run=run.name,
+            argv=tuple(args),
+            workdir=workdir,
+            out=out,
+            log=log,
+            datasets=(),
+            locks=(posixpath.join(side, LOCK_NAME),),
+            fingerprints={"*": posixpath.join(side, FINGERPRINT_NAME)},
+            script_index=idx,
+            client=client,
+            problem=problem,
+            profile=profile,
+            profiled=profiled,
+        )
+    prompts: dict[str, str] = {}
+    dc = config.datasets.get(ds)
+    if dc is not None and dc.prompts:
+        prompts[ds] = dc.prompts
+    elif isinstance(input_flag, str) and input_flag:
+        prompts[ds] = input_flag
+    inputs = {
+        d: {"path": posixpath.normpath(posixpath.join(workdir, rel)), "id": profile.input_id}
+        for d, rel in prompts.items()
+    }
+    return RunLayout(
+        run=run.name,
+        argv=tuple(args),
+        workdir=workdir,
+        out=out,
+        log=log,
+        datasets=(ds,),
+        data_files={ds: path},
+        locks=(posixpath.join(side, f"{ds}.lock"),),
+        fingerprints={ds: posixpath.join(side, f"{ds}.launch.json")},
+        prompt_files=prompts,
+        script_index=idx,
+        client=client,
+        problem=None,
+        profile=profile,
+        profiled=profiled,
+        sidecars={ds: clients.sidecar_paths(profile, path)} if profile.sidecars else {},
+        inputs=inputs,
     )

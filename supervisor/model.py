@@ -39,6 +39,14 @@ class RunFlags(msgspec.Struct, kw_only=True):
     api_base: str | None = None
     model: str | None = None
     backend: Backend = "unknown"
+    client: str | None = None
+    """The client profile the flags were read with (``supervisor.clients``)."""
+    output_file: str | None = None
+    """The one output file of a single-file client."""
+    input_file: str | None = None
+    prompts_dir: str | None = None
+    resume: bool | None = None
+    """Whether the client's resume flag is given (None: the client has none)."""
 
 
 class ProcessInfo(msgspec.Struct, kw_only=True):
@@ -114,6 +122,40 @@ class Projection(msgspec.Struct, kw_only=True):
     ``prompts``), and until the config budget is passed (``budget``), where a rate is known."""
 
 
+class SidecarView(msgspec.Struct, kw_only=True):
+    """A file beside a dataset holding the prompts that failed or were skipped (SpecForge)."""
+
+    kind: str
+    """``error`` or ``skipped``."""
+    path: str
+    state: str = "ok"
+    lines: int = 0
+    reasons: dict[str, int] = {}
+    """Reason -> rows, the most frequent first (the rest summed in ``other_reasons``)."""
+    other_reasons: int = 0
+
+
+class CompletenessView(msgspec.Struct, kw_only=True):
+    """The input's ids against the output's: what is done, failed, missing or foreign."""
+
+    input: int = 0
+    """Distinct ids of the input file."""
+    done: int = 0
+    """Input ids with a record."""
+    failed: int = 0
+    """Input ids only in an error or skipped file."""
+    missing: int = 0
+    """Input ids with neither."""
+    missing_first: list[str | int] = []
+    not_in_input: int = 0
+    """Record ids the input does not hold."""
+    not_in_input_first: list[str | int] = []
+    duplicates: int = 0
+    """Records whose id was already seen."""
+    error: str | None = None
+    """Why the input ids could not be read (then only ``input`` may be known)."""
+
+
 class DatasetView(msgspec.Struct, kw_only=True):
     """One dataset of one run, as the front ends show it."""
 
@@ -147,6 +189,12 @@ class DatasetView(msgspec.Struct, kw_only=True):
     not)."""
     idle_s: float = 0.0
     """Seconds since the file last grew (0 before it was seen twice)."""
+    reasoning_tokens: int = 0
+    """Of ``completion_tokens``, those of reasoning texts (``reasoning_content``)."""
+    sidecars: list[SidecarView] = []
+    completeness: CompletenessView | None = None
+    alarm: str | None = None
+    """Data loss seen under the running run (the file shrank or was replaced), with byte counts."""
     provisional: bool = False
     """True while the host's first scan runs: ``records`` is the file's line count (counted at
     once, before the records are parsed) and nothing else is known yet."""
@@ -206,6 +254,12 @@ class RunView(msgspec.Struct, kw_only=True):
     process: ProcessInfo | None = None
     datasets: list[DatasetView] = []
     configured: bool = True
+    client: str | None = None
+    """The run's client profile (``runwatch clients``)."""
+    budget_flag: str | None = "--token-budget"
+    """The client's token-budget flag; None: the client has none (only a stop enforces a budget)."""
+    samples_flag: str | None = "--max-samples"
+    """The client's flag for the number of samples wanted (None: it has none)."""
     candidates: list[int] = []
     """PIDs of the processes that could each be this run (state ``ambiguous``): actions by run
     name refuse until one is named (``--pid``)."""

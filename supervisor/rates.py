@@ -105,6 +105,7 @@ class RateTracker:
         self._first: _Sample | None = None
         self._stream: str | None = None
         self._text_tokens = 0
+        self._reasoning_tokens = 0
         self._text_stream: str | None = None
         self._size: int | None = None
         self._last_growth: float | None = None
@@ -125,12 +126,19 @@ class RateTracker:
 
     # ------------------------------------------------------------------ feeding
 
-    def add_text_tokens(self, stream: str | None, tokens: int) -> None:
-        """Add tokenizer counts of texts from a scan of ``stream`` (a new stream restarts)."""
+    def add_text_tokens(self, stream: str | None, tokens: int, reasoning: int = 0) -> None:
+        """Add tokenizer counts of texts from a scan of ``stream`` (a new stream restarts);
+        ``reasoning`` of them are reasoning tokens (``reasoning_content``)."""
         if stream != self._text_stream:
             self._text_stream = stream
             self._text_tokens = 0
+            self._reasoning_tokens = 0
         self._text_tokens += tokens
+        self._reasoning_tokens += reasoning
+
+    def reasoning_tokens(self, stream: str | None) -> int:
+        """Reasoning tokens among the text tokens of ``stream``."""
+        return self._reasoning_tokens if stream == self._text_stream else 0
 
     def text_tokens(self, stream: str | None) -> int:
         return self._text_tokens if stream == self._text_stream else 0
@@ -305,8 +313,10 @@ def project(
     prompts: int | None,
     writer_alive: bool,
     cost: CostInfo | None,
+    budget_flag: str | None = "--token-budget",
 ) -> Projection:
-    """The projection of one dataset (see the module docstring for the definitions)."""
+    """The projection of one dataset (see the module docstring for the definitions);
+    ``budget_flag`` is the run's client's budget flag (None: it has none), named in messages."""
     avg = tokens / records if records else None
     etas: dict[str, float] = {}
     remaining: dict[str, tuple[int | None, int | None]] = {}
@@ -355,7 +365,9 @@ def project(
                 proj.waste_cost_usd = proj.waste_tokens / 1e6 * cost.price_out_per_m
             elif cost.gpu_cost_per_hour is not None and tok_rate:
                 proj.waste_cost_usd = proj.waste_tokens / tok_rate / 3600 * cost.gpu_cost_per_hour
-    proj.message = _message(proj, tokens, budget, run_token_budget, writer_alive, future)
+    proj.message = _message(
+        proj, tokens, budget, run_token_budget, writer_alive, future, budget_flag
+    )
     return proj
 
 
@@ -366,34 +378,37 @@ def _message(
     run_token_budget: int | None,
     writer_alive: bool,
     future: int,
+    budget_flag: str | None = "--token-budget",
 ) -> str:
     head = display.budget(tokens, budget)
+    # What the run lacks: its client's budget flag, or (a client without one) any budget flag.
+    lacks = f"no {budget_flag}" if budget_flag else "its client has no budget flag"
     cost = f", ~{display.money(proj.waste_cost_usd)} wasted" if proj.waste_cost_usd else ""
     if not writer_alive:
         return head + (" - over budget, stopped" if tokens > budget else " - stopped")
     if run_token_budget is not None:
         if proj.stop_reason == "token_budget" and proj.eta_s == 0:
-            return f"{head}, --token-budget reached"
+            return f"{head}, {budget_flag or 'budget'} reached"
         if proj.stop_reason == "token_budget" and proj.eta_s is not None:
-            return f"{head}, stops at --token-budget in {display.duration(proj.eta_s)}"
+            return f"{head}, stops at {budget_flag or 'budget'} in {display.duration(proj.eta_s)}"
         return head
     when = f" over {display.duration(proj.remaining_s)}" if proj.remaining_s is not None else ""
     if tokens > budget:
         if future:
-            return f"{head}, +{display.compact(future)} projected{when} - no --token-budget{cost}"
-        return f"{head} - over budget, no --token-budget{cost}"
+            return f"{head}, +{display.compact(future)} projected{when} - {lacks}{cost}"
+        return f"{head} - over budget, {lacks}{cost}"
     passes = proj.etas.get("budget")
     if proj.waste_tokens and passes is not None:
         return (
             f"{head}, passes budget in {display.duration(passes)}, "
             f"+{display.compact(proj.waste_tokens)} over by {_stop_name(proj.stop_reason)}"
-            f" - no --token-budget{cost}"
+            f" - {lacks}{cost}"
         )
     if proj.waste_tokens:
         # No rate yet (a single look at the files): the waste is known, its timing is not.
         return (
             f"{head}, +{display.compact(proj.waste_tokens)} over budget by "
-            f"{_stop_name(proj.stop_reason)} - no --token-budget{cost}"
+            f"{_stop_name(proj.stop_reason)} - {lacks}{cost}"
         )
     return head
 
@@ -418,6 +433,7 @@ def build_dataset_view(
     stall_seconds: float = 300.0,
     prompts: int | None = None,
     count_texts: Callable[[list[str]], int] | None = None,
+    budget_flag: str | None = "--token-budget",
     writer: object = None,
 ) -> DatasetView:
     """The :class:`model.DatasetView` of one dataset at ``now`` (feeds ``tracker``).
@@ -432,8 +448,11 @@ def build_dataset_view(
         state = "error"
     stream = scan.get("stream")
     texts = scan.get("texts") or []
-    if texts and count_texts is not None:
-        tracker.add_text_tokens(stream, count_texts(list(texts)))
+    reasoning_texts = scan.get("reasoning_texts") or []
+    if (texts or reasoning_texts) and count_texts is not None:
+        reasoning = count_texts(list(reasoning_texts)) if reasoning_texts else 0
+        content = count_texts(list(texts)) if texts else 0
+        tracker.add_text_tokens(stream, content + reasoning, reasoning)
     tokens = int(scan.get("completion_tokens") or 0) + tracker.text_tokens(stream)
     records = int(scan.get("records") or 0)
     unique = int(scan.get("unique_ids") or 0)
@@ -463,6 +482,7 @@ def build_dataset_view(
         prompts=prompts,
         writer_alive=writer_alive,
         cost=cost,
+        budget_flag=budget_flag,
     )
     reached = any(
         projection.etas.get(stop) == 0 for stop in ("max_samples", "token_budget", "prompts")
@@ -499,6 +519,7 @@ def build_dataset_view(
         and not _finished(done, tokens, max_samples, prompts, run_budget)
         and tracker.since_growth(now) >= stall_seconds,
         history=tracker.history(),
+        reasoning_tokens=tracker.reasoning_tokens(stream),
         idle_s=tracker.since_growth(now),
         done=finished,
         run_token_budget=run_budget,

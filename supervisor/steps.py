@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from supervisor import audit, display, launchspec
+from supervisor import audit, clients, display, launchspec
 from supervisor.agent import match
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import AGENT_LOADER, MASK
@@ -71,6 +71,10 @@ class _Runner:
         """Another launcher holds the run's lock: the run is not down, nothing to roll back."""
         self.nothing_to_do = False
         self.rollback_outcome: dict[str, Any] | None = None
+        self.sizes: dict[str, int] = {}
+        """Data file -> its size before the launch (a smaller one after it is data loss)."""
+        self.backup: list[str] = []
+        """Non-empty data files of a client without a profile, copied before the launch."""
 
     async def emit(self, step: Step) -> None:
         if self.on_step is None:
@@ -205,7 +209,7 @@ class _Runner:
         source = f"the client profile {plan.layout.client.name!r}"
         known: dict[str, bool | None]
         if profile is not None:
-            known = {f: None for f in profile}
+            known = {f: f not in plan.layout.client.switches for f in profile}
         else:
             read = await self._help_flags(step)
             if read is None:
@@ -307,6 +311,7 @@ class _Runner:
                 f"no data file to check for {self.plan.run.name}",
                 "declare the run's datasets (`datasets = [...]` or --datasets in its argv)",
             )
+        self.keep_output(scans)
         over = self.over_budget(scans)
         if over:
             flag = self.plan.layout.client.budget_flag
@@ -340,6 +345,103 @@ class _Runner:
             f"{problems}",
             "convert or remove those files, or pass --move-aside to rename them to "
             "<file>.<format>-<timestamp> (nothing is deleted) so the run starts them afresh",
+        )
+
+    def keep_output(self, scans: list[dict[str, Any]]) -> None:
+        """No launch loses a byte of existing output. A client whose profile says it overwrites
+        without its resume flag is refused when the new argv lacks it; a client without a
+        profile gets a copy of its non-empty files (``backup_files`` in the launch step) within
+        the config's ``backup_max_bytes``, else is refused without --force."""
+        layout = self.plan.layout
+        full = [s for s in scans if s.get("state") == "ok" and int(s.get("size") or 0) > 0]
+        if not full:
+            return
+        held = display.size(sum(int(s.get("size") or 0) for s in full))
+        names = ", ".join(str(s["path"]) for s in full)
+        problem = layout.overwrite_problem()
+        if layout.profiled and problem is not None:
+            fix = clients.resume_fix(layout.profile)
+            raise StepFailed(
+                f"{problem}: it would overwrite {held} in {names}",
+                f"keep the output: {fix} (the client then appends to it)",
+            )
+        if layout.profiled:
+            return
+        total = sum(int(s.get("size") or 0) for s in full)
+        limit = self.engine.config.backup_max_bytes
+        if total > limit and not self.plan.force:
+            raise StepFailed(
+                f"no client profile says how {self.plan.run.name}'s script treats existing "
+                f"output, and its {held} are more than backup_max_bytes "
+                f"({display.size(limit)}) allows to copy first",
+                "describe the script in [clients.NAME] (runwatch clients), raise "
+                "backup_max_bytes, or pass --force to launch without a copy",
+            )
+        if total <= limit:
+            self.backup = [str(s["path"]) for s in full]
+
+    async def keep_copies(self, step: Step) -> None:
+        """Copy the output of a client without a profile under ``<out>/.runwatch/``."""
+        if not self.backup:
+            return
+        layout = self.plan.layout
+        dest = posixpath.join(layout.out, ".runwatch", f"backup-{time.strftime('%Y%m%dT%H%M%S')}")
+        params = {
+            "paths": self.backup,
+            "dest_dir": dest,
+            "max_bytes": self.engine.config.backup_max_bytes,
+        }
+        reply = await self.request(
+            "backup_files", params, timeout=max(self.hc.command_timeout, 600)
+        )
+        if reply.get("refused"):
+            raise StepFailed(
+                f"the output was not copied before the launch: {reply['refused']}",
+                "raise backup_max_bytes, or pass --force to launch without a copy",
+            )
+        copied = reply.get("copied") or []
+        step.data["backup"] = copied
+        self.side_records.append(
+            audit.record(
+                "backup",
+                host=self.plan.host,
+                run=self.plan.run.name,
+                ok=True,
+                copies=copied,
+                detail=f"{len(copied)} file(s) copied to {dest} before the launch",
+            )
+        )
+
+    async def data_sizes(self) -> dict[str, int]:
+        """Size of each data file of the new argv (0: missing), as the host sees it now."""
+        paths = list(self.plan.layout.data_files.values())
+        files = [{"path": p, "validate": "none", "texts": False} for p in paths]
+        reply = await self.request(
+            "scan", {"files": files, "fresh": True}, timeout=max(self.hc.command_timeout, 300)
+        )
+        scanned = reply.get("files") or {}
+        return {
+            p: int((scanned.get(p) or {}).get("size") or 0)
+            if (scanned.get(p) or {}).get("state") == "ok"
+            else 0
+            for p in paths
+        }
+
+    async def check_no_loss(self, step: Step) -> None:
+        """After the launch: a data file smaller than just before it is data loss (a failure)."""
+        if not any(self.sizes.values()):
+            return
+        now = await self.data_sizes()
+        lost = [(p, b, now.get(p, 0)) for p, b in self.sizes.items() if now.get(p, 0) < b]
+        if not lost:
+            return
+        text = "; ".join(
+            self.engine.data_loss(self.plan.host, self.plan.run.name, p, b, a) for p, b, a in lost
+        )
+        raise StepFailed(
+            text,
+            "the client overwrote its output: its profile's resume rule is wrong "
+            "(resume = 'flag' and its resume flag), or another writer truncated the file",
         )
 
     # ------------------------------------------------------------ 2. fingerprint
@@ -666,6 +768,9 @@ class _Runner:
 
     async def launch(self, step: Step) -> None:
         plan = self.plan
+        await self.keep_copies(step)
+        # After runwatch's own moves and repairs: from here the files may only grow.
+        self.sizes = await self.data_sizes()
         params = self.launch_params(plan.layout)
         started = time.time()
         timeout = plan.run.settle_seconds + 3.0 + self.hc.command_timeout
@@ -683,6 +788,9 @@ class _Runner:
                 step.detail += f"; {reply['reconciled']}"
             if reply.get("warning"):
                 step.detail += f"; warning: {reply['warning']}"
+            if step.data.get("backup"):
+                step.detail += f"; {len(step.data['backup'])} file(s) copied first"
+            await self.check_no_loss(step)
             return
         reason = reply.get("reason")
         if reason == "exited" and reply.get("exit_code") == 0:

@@ -169,6 +169,7 @@ def test_shipped_configs_load(name: str) -> None:
             "RUNWATCH_DEMO_DIR",
             "RUNWATCH_DEMO_LOCAL_URL",
             "RUNWATCH_DEMO_API_URL",
+            "RUNWATCH_DEMO_LOCAL_ADDRESS",
             "RUNWATCH_DEMO_PYTHON",
             "RUNWATCH_DEMO_CLIENT",
             "RUNWATCH_DEMO_TOKENIZER",

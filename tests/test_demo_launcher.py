@@ -53,8 +53,9 @@ def test_demo_config_loads_and_describes_the_story(tmp_path: Path, demo_tokenize
     api = cfg.endpoint("api")
     assert (api.price_in_per_m, api.price_out_per_m) == (0.60, 2.50)
     assert api.api_key_env == launcher.API_KEY_ENV
-    assert sorted(cfg.datasets) == [f"B{i}" for i in range(1, 9)]
-    assert all(d.token_budget and d.max_samples for d in cfg.datasets.values())
+    assert sorted(cfg.datasets) == [*(f"B{i}" for i in range(1, 9)), "regen"]
+    assert all(cfg.datasets[f"B{i}"].max_samples for i in range(1, 9))
+    assert all(d.token_budget for d in cfg.datasets.values())
     local, remote = cfg.run("local-gpu"), cfg.run("api")
     assert cfg.run_datasets(local) == ["B1", "B2", "B3", "B4"]
     assert cfg.run_datasets(remote) == ["B5", "B6", "B7", "B8"]
@@ -63,6 +64,11 @@ def test_demo_config_loads_and_describes_the_story(tmp_path: Path, demo_tokenize
     assert local.argv[1] == str(launcher.CLIENT) and local.argv[1].endswith("run_inference.py")
     assert cfg.tokenizer == str(demo_tokenizer)
     assert local.workdir == str(tmp_path)
+    # The third run: a SpecForge-style single-file client, its budget enforced by stopping it.
+    regen = cfg.run("regen")
+    assert regen.format == "specforge" and regen.budget_policy == "stop"
+    assert "--output-file-path" in regen.argv and "--resume" in regen.argv
+    assert "127.0.0.1:1111" in regen.argv
 
 
 def test_resolved_copy_loads_without_the_environment(tmp_path: Path, demo_tokenizer: Path) -> None:
@@ -112,13 +118,14 @@ def test_headless_demo_runs_prints_and_leaves_nothing_behind(
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     pids, urls = _started(out)
-    assert len(pids) == 4  # two mock servers, two runs
+    assert len(pids) == 5  # two mock servers, three runs
     assert len(urls) == 2
-    for path in ("out/B1/raw_responses.jsonl", "out/B2/raw_responses.jsonl", "logs/api.log"):
+    paths = ("out/B1/raw_responses.jsonl", "out/B2/raw_responses.jsonl", "logs/api.log")
+    for path in (*paths, "out/regen.jsonl"):
         assert re.search(rf"\d+ lines  {re.escape(str(demo_dir / path))}", out), path
     assert out.count("runwatch demo in") >= 4  # a report every second
     assert f"runwatch -c {demo_dir / 'runwatch.toml'} status" in out
-    assert "stopped 4 processes" in out
+    assert "stopped 5 processes" in out
     assert all(_gone(p) for p in pids)
     assert all(_port_closed(u) for u in urls)
     # What the demo set up is what the story needs.
@@ -168,7 +175,7 @@ def test_sigterm_stops_the_demo_and_everything_it_started(
     assert proc.wait(60) == 0
     out = log.read_text()
     pids, urls = _started(out)
-    assert len(pids) == 4
+    assert len(pids) == 5
     assert "stopping (SIGTERM)" in out
     assert "and 1 relaunched run;" in out
     assert all(_gone(p) for p in [*pids, relaunched.pid])
@@ -219,7 +226,7 @@ def test_children_die_with_the_demo_even_on_sigkill(
 ) -> None:
     proc, _, log = _headless_demo(tmp_path, demo_cache_env, spawn)
     pids, urls = _started(log.read_text())
-    assert len(pids) == 4 and not any(_gone(p) for p in pids)
+    assert len(pids) == 5 and not any(_gone(p) for p in pids)
     os.kill(proc.pid, signal.SIGKILL)  # no clean-up code runs: the kernel tells the children
     proc.wait(10)
     wait_until(lambda: all(_gone(p) for p in pids), 30, what="the children to exit")

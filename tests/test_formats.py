@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import supervisor.agent.completeness as completeness
 import supervisor.agent.follow as follow
 import supervisor.agent.formats as formats
 import supervisor.agent.scan as scan
@@ -204,7 +205,7 @@ def test_expected_format_applies_to_auto_detected_files(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- agent bundle
 
 
-@pytest.mark.parametrize("module", [formats, follow, scan])
+@pytest.mark.parametrize("module", [formats, follow, completeness, scan])
 def test_agent_modules_parse_as_python_38(module: Any) -> None:
     source = Path(module.__file__).read_text()
     ast.parse(source, feature_version=(3, 8))
@@ -226,7 +227,11 @@ def test_agent_modules_import_only_the_standard_library(module: Any) -> None:
     for name in names:
         top = name.split(".")[0]
         if top == "supervisor":
-            assert name in ("supervisor.agent.formats", "supervisor.agent.follow"), name
+            assert name in (
+                "supervisor.agent.formats",
+                "supervisor.agent.follow",
+                "supervisor.agent.completeness",
+            ), name
         else:
             assert top in sys.stdlib_module_names or top == "__future__", name
 
@@ -269,6 +274,7 @@ def test_agent_modules_load_from_source_alone(tmp_path: Path, python: str) -> No
             ["supervisor.agent", "/dev/null"],
             ["supervisor.agent.formats", formats.__file__],
             ["supervisor.agent.follow", follow.__file__],
+            ["supervisor.agent.completeness", completeness.__file__],
             ["supervisor.agent.scan", scan.__file__],
         ]
     )

@@ -85,6 +85,11 @@ def test_flags_of_a_run() -> None:
         "api_base": "http://127.0.0.1:30000/v1",
         "model": "moonshotai/Kimi-K2.5",
         "backend": "local",
+        "client": None,
+        "output_file": None,
+        "input_file": None,
+        "prompts_dir": None,
+        "resume": None,
     }
     assert match.parse_flags(["python", "run_inference.py"], 1)["token_budget"] is None
 

@@ -30,11 +30,11 @@ def test_demo_runs_its_clients_as_slurm_jobs_and_cancels_them(
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     jobs = dict(re.findall(r"submitted run (\S+): Slurm job (\d+) \(runwatch:\S+\)", out))
-    assert sorted(jobs) == ["api", "local-gpu"]
+    assert sorted(jobs) == ["api", "local-gpu", "regen"]
     for run, job in jobs.items():
         assert re.search(rf"run {run} +Slurm job {job} +RUNNING {slurm_cluster.node}", out), run
         assert slurm_cluster.job_state(job) in ("CANCELLED", "FAILED")
-    assert "cancelled 2 Slurm jobs" in out and "stopped 2 processes" in out  # the mocks
+    assert "cancelled 3 Slurm jobs" in out and "stopped 2 processes" in out  # the mocks
     cfg = load_config(demo_dir / "runwatch.toml", env={})
     assert [h.kind for h in cfg.hosts] == ["slurm"]
     assert run_pids(demo_dir) == []

@@ -39,9 +39,10 @@ async def test_dashboard_shows_the_local_servers_metrics_and_sparklines_move(
         )
         row = _row(app, "ep-local-gpu")
         assert row is not None
-        # The demo's 16 requests against a mock that decodes all of them at once.
+        # The demo's 16 + 4 requests (local-gpu and regen) against a mock that decodes all of
+        # them at once.
         await wait_for(
-            lambda: "running 16 · queued 0" in _plain(row) and "tok/s (server)" in _plain(row),
+            lambda: "running 20 · queued 0" in _plain(row) and "tok/s (server)" in _plain(row),
             timeout=30,
             what="running/queued requests and the server's tok/s",
         )

@@ -335,6 +335,103 @@ def move_aside(params: dict[str, Any]) -> MoveAsideResult:
     return {"path": path, "moved": True, "to": target, "size": st.st_size, "inode": st.st_ino}
 
 
+# --------------------------------------------------------------------------- backups
+
+_FICLONE = 0x40049409
+"""``ioctl(dst, FICLONE, src)``: share the source's blocks (a reflink) on btrfs, XFS..."""
+
+
+def _copy_bytes(src: int, dst: int, size: int) -> str:
+    """Copy ``size`` bytes from ``src`` to ``dst``: a reflink where the filesystem shares blocks,
+    else ``os.copy_file_range`` (in-kernel), else read/write. Returns the method used."""
+    try:
+        import fcntl
+
+        fcntl.ioctl(dst, _FICLONE, src)
+        return "reflink"
+    except (ImportError, OSError):
+        pass
+    done = 0
+    copy_range = getattr(os, "copy_file_range", None)
+    if copy_range is not None:
+        try:
+            while done < size:
+                n = copy_range(src, dst, size - done, done, done)
+                if n == 0:
+                    break
+                done += n
+            if done == size:
+                return "copy_file_range"
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+    os.lseek(src, done, os.SEEK_SET)
+    os.lseek(dst, done, os.SEEK_SET)
+    while done < size:
+        chunk = os.read(src, min(1 << 20, size - done))
+        if not chunk:
+            break
+        os.write(dst, chunk)
+        done += len(chunk)
+    return "copy"
+
+
+def backup_files(params: dict[str, Any]) -> dict[str, Any]:
+    """``{paths, dest_dir, max_bytes}`` -> a byte-identical copy of every existing non-empty file
+    in ``dest_dir`` (created, mode 0700; never overwriting), before a launch that may rewrite them.
+
+    Refused (nothing copied) when the files hold more than ``max_bytes`` together. Each copy is
+    fsynced and checked: same size and same SHA-256 as its source. Result: ``{"copied": [{"path",
+    "copy", "bytes", "method"}], "total_bytes", "refused": reason | None}``.
+    """
+    paths = params.get("paths")
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise AgentOpError("parameter 'paths': expected a list of strings", "bad-params")
+    dest = resolve(param_str(params, "dest_dir"))
+    limit = params.get("max_bytes")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+        raise AgentOpError("parameter 'max_bytes': expected a non-negative integer", "bad-params")
+    found: list[tuple[str, int]] = []
+    for raw in paths:
+        path = resolve(raw)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_size > 0:
+            found.append((path, st.st_size))
+    total = sum(size for _, size in found)
+    if total > limit:
+        return {
+            "copied": [],
+            "total_bytes": total,
+            "refused": f"{total} bytes to keep, more than the limit of {limit} bytes",
+        }
+    copied: list[dict[str, Any]] = []
+    if found:
+        os.makedirs(dest, mode=0o700, exist_ok=True)
+    for path, _ in found:
+        target = _free_name(os.path.join(dest, os.path.basename(path)))
+        src = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(src).st_size  # as it is now (a writer may have appended since)
+            dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                method = _copy_bytes(src, dst, size)
+                os.ftruncate(dst, size)
+                os.fsync(dst)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+        if sha256_file(target) != sha256_file(path, limit=size) or os.path.getsize(target) != size:
+            raise AgentOpError(f"the copy of {path} in {target} differs from it", "io")
+        copied.append({"path": path, "copy": target, "bytes": size, "method": method})
+    if found:
+        fsync_dir(os.path.join(dest, "x"))
+    return {"copied": copied, "total_bytes": total, "refused": None}
+
+
 # --------------------------------------------------------------------------- tails
 
 

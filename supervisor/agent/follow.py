@@ -118,6 +118,10 @@ class Follower(Generic[P]):
             self.drop(path)
             raise
 
+    def get(self, path: str) -> P | None:
+        """The position (and what the reader keeps with it) of ``path``, if followed."""
+        return self._files.get(path)
+
     def following(self, path: str) -> bool:
         """Whether a position of ``path`` is kept (its next read starts there, not at zero)."""
         return path in self._files

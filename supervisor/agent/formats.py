@@ -15,7 +15,8 @@ profiles:
     The older run_inference.py format: ``text`` instead of ``output_ids``. ``legacy`` of ``raw``.
 ``specforge``
     SpecForge regenerated conversations: ``id, conversations[{role, content}], status``; the
-    assistant contents are counted with the tokenizer. Error and skipped files lie beside it.
+    assistant contents are counted with the tokenizer, their ``reasoning_content`` apart. Error
+    and skipped files lie beside it.
 ``modelopt``
     Model-Optimizer ``server_generate`` output: ``conversation_id, conversations``, optional
     ``truncated``, and a final ``{"finished": true}`` line (a marker, not a record).
@@ -50,6 +51,7 @@ class Profile:
         "name",
         "optional",
         "prompt_tokens_field",
+        "reasoning_key",
         "required",
         "signature",
         "text_field",
@@ -77,6 +79,7 @@ class Profile:
         legacy: str | None = None,
         end_marker: str | None = None,
         companions: tuple[str, ...] = (),
+        reasoning_key: str | None = None,
     ) -> None:
         self.name = name
         self.id_field = id_field
@@ -106,6 +109,8 @@ class Profile:
         """Top-level key of a final marker line (``{"finished": true}``), not a record."""
         self.companions = companions
         """Words naming files beside the data file that hold failed or skipped prompts."""
+        self.reasoning_key = reasoning_key
+        """Key of a counted message's reasoning text (``reasoning_content``), counted apart."""
 
     @property
     def token_source(self) -> str:
@@ -157,6 +162,7 @@ def _builtin() -> dict[str, Profile]:
             required=("id", "conversations", "status"),
             signature=("id", "conversations"),
             companions=("error", "skipped"),
+            reasoning_key="reasoning_content",
         ),
         "modelopt": Profile(
             "modelopt",
@@ -324,3 +330,20 @@ def texts_of(profile: Profile, record: Mapping[str, Any]) -> list[str] | None:
                 out.append(m["content"])
         return out
     return None
+
+
+def reasoning_of(profile: Profile, record: Mapping[str, Any]) -> list[str]:
+    """Reasoning texts of a record's counted messages (``reasoning_content``), for the tokenizer."""
+    key = profile.reasoning_key
+    if key is None or profile.text_field is None:
+        return []
+    found, v = lookup(record, profile.text_field)
+    if not found or not isinstance(v, list):
+        return []
+    return [
+        m[key]
+        for m in v
+        if isinstance(m, dict)
+        and (profile.text_role is None or m.get("role") == profile.text_role)
+        and isinstance(m.get(key), str)
+    ]

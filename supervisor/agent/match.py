@@ -78,17 +78,6 @@ def script_index(argv: Sequence[str], scripts: Iterable[str]) -> int | None:
     return None
 
 
-def _flag(args: Sequence[str], names: Sequence[str]) -> str | None:
-    found = None
-    for i, arg in enumerate(args):
-        for name in names:
-            if arg == name and i + 1 < len(args):
-                found = args[i + 1]
-            elif arg.startswith(name + "="):
-                found = arg[len(name) + 1 :]
-    return found
-
-
 def parse_int(value: str | None) -> int | None:
     """An integer from a flag value (``1_000``, ``1,000``, ``1e3``); None when it is none."""
     if value is None:
@@ -127,37 +116,88 @@ def backend_of(api_base: str | None) -> str:
     return "local" if ip.is_loopback or ip.is_private or ip.is_link_local else "api"
 
 
-def parse_flags(argv: Sequence[str], start: int = 0) -> dict[str, Any]:
+REFERENCE_FLAGS = {
+    "datasets": ["--datasets", "--dataset"],
+    "output_dir": ["--output-dir", "--output_dir", "--out-dir", "--out"],
+    "prompts_dir": ["--prompts-dir", "--prompt-dir", "--prompts"],
+    "samples": ["--max-samples", "--max_samples"],
+    "budget": ["--token-budget", "--token_budget"],
+    "concurrency": ["--concurrency", "--max-concurrency"],
+    "endpoint": ["--api-base", "--base-url", "--api-url", "--endpoint"],
+    "model": ["--model", "--model-name"],
+}
+"""Flag spellings of the reference client, by meaning: what a run's flags are read with when no
+client profile describes its script (the laptop's built-in ``run_inference`` profile has them)."""
+
+
+def client_for(script: str, clients: Sequence[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The client (plain-data profile: ``name``, ``scripts``, ``flags``...) whose scripts include
+    the basename of ``script``, or None."""
+    base = os.path.basename(script)
+    for client in clients or ():
+        if base in (client.get("scripts") or ()):
+            return client
+    return None
+
+
+def _values(args: Sequence[str], names: Sequence[str]) -> list[str] | None:
+    """The values of the last occurrence of any of ``names``: ``--f a b`` (up to the next option),
+    ``--f=a``; ``[]`` for a flag given without value; None when absent."""
+    found: list[str] | None = None
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name:
+                found = []
+                for nxt in args[i + 1 :]:
+                    if nxt.startswith("-") and not _NUMBER.match(nxt):
+                        break
+                    found.append(nxt)
+            elif arg.startswith(name + "="):
+                found = [arg[len(name) + 1 :]]
+    return found
+
+
+_NUMBER = re.compile(r"^-\d")
+
+
+def parse_flags(
+    argv: Sequence[str], start: int = 0, client: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The flags of a run that matter to supervision (``model.RunFlags`` shape).
 
-    ``start`` is the index of the script in argv; only what follows it is read.
+    ``start`` is the index of the script in argv; only what follows it is read. ``client`` is a
+    client profile as plain data (``flags``: meaning -> spellings, ``endpoint_template``); None
+    reads the reference client's spellings.
     """
     args = list(argv[start + 1 :])
+    names: dict[str, Any] = (client or {}).get("flags") or REFERENCE_FLAGS
+
+    def last(role: str) -> str | None:
+        values = _values(args, names.get(role) or ())
+        return values[0] if values else None
+
     datasets: list[str] = []
-    for i, arg in enumerate(args):
-        values: list[str] = []
-        if arg == "--datasets" or arg == "--dataset":
-            for nxt in args[i + 1 :]:
-                if nxt.startswith("-"):
-                    break
-                values.append(nxt)
-            datasets = []
-        elif arg.startswith(("--datasets=", "--dataset=")):
-            values = [arg.split("=", 1)[1]]
-            datasets = []
-        for v in values:
-            datasets.extend(d for d in v.split(",") if d)
-    api_base = _flag(args, ("--api-base", "--base-url", "--api-url", "--endpoint"))
+    for v in _values(args, names.get("datasets") or ()) or []:
+        datasets.extend(d for d in v.split(",") if d)
+    api_base = last("endpoint")
+    if api_base is not None and client is not None:
+        api_base = str(client.get("endpoint_template") or "{}").replace("{}", api_base)
     masked_base = mask_value(api_base) if api_base is not None else None
+    resume = names.get("resume")
     return {
         "datasets": datasets,
-        "max_samples": parse_int(_flag(args, ("--max-samples", "--max_samples"))),
-        "token_budget": parse_int(_flag(args, ("--token-budget", "--token_budget"))),
-        "concurrency": parse_int(_flag(args, ("--concurrency", "--max-concurrency"))),
-        "output_dir": _flag(args, ("--output-dir", "--output_dir", "--out-dir", "--out")),
+        "max_samples": parse_int(last("samples")),
+        "token_budget": parse_int(last("budget")),
+        "concurrency": parse_int(last("concurrency")),
+        "output_dir": last("output_dir"),
         "api_base": masked_base,
-        "model": _flag(args, ("--model", "--model-name")),
+        "model": last("model"),
         "backend": backend_of(api_base),
+        "client": client.get("name") if client is not None else None,
+        "output_file": last("output_file"),
+        "input_file": last("input_file"),
+        "prompts_dir": last("prompts_dir"),
+        "resume": _values(args, resume) is not None if resume else None,
     }
 
 
@@ -211,6 +251,8 @@ class RunFiles:
         self.data_file = str(spec.get("data_file") or "raw_responses.jsonl")
         self.datasets = [str(d) for d in spec.get("datasets") or []]
         self.files = {_under(self.out, os.path.join(d, self.data_file)) for d in self.datasets}
+        # A single-file client's output, named as is (relative to the workdir).
+        self.files |= {_under(self.workdir, str(p)) for p in spec.get("files") or []}
         locks = {_under(self.workdir, str(p)) for p in spec.get("locks") or []}
         self.inodes: set[tuple[int, int]] = set()
         for path in self.files | locks:
@@ -242,20 +284,23 @@ def run_evidence(
     idx: int,
     runs: Sequence[RunFiles],
     inodes: AbstractSet[tuple[int, int]] | None,
+    client: dict[str, Any] | None = None,
 ) -> dict[str, list[str]]:
     """Run name -> why a process could be that run, for each run with any evidence. ``cwd``,
     ``argv`` and ``inodes`` (of the files it has open) are the process's:
 
-    * ``argv``: the data files its flags name (output dir and datasets, relative paths taken
-      from its cwd; no output dir flag: the run's configured one) are the run's data files (or,
-      without a datasets flag, its explicit ``--output-dir`` is the run's);
+    * ``argv``: the data files its flags name (read with its ``client`` profile: output dir and
+      datasets, or a single output file; relative paths taken from its cwd; no output dir flag:
+      the run's configured one) are the run's data files (or, without a datasets flag, its
+      explicit ``--output-dir`` is the run's);
     * ``fd``: it holds one of the run's data files or locks open;
     * ``cwd``: its working directory is the run's workdir (never enough on its own).
     """
     if not runs:
         return {}
-    flags = parse_flags(argv, idx)
+    flags = parse_flags(argv, idx, client)
     out_flag = flags.get("output_dir")
+    out_file = flags.get("output_file")
     datasets = flags.get("datasets") or []
     here = os.path.realpath(cwd) if cwd and os.path.isabs(cwd) else None
     inodes = inodes or set()
@@ -264,7 +309,10 @@ def run_evidence(
         why: list[str] = []
         out_raw = os.path.expanduser(str(out_flag or run.output_dir))
         p_out = _under(here or "/", out_raw) if here is not None or os.path.isabs(out_raw) else None
-        if p_out is not None:
+        if out_file and (here is not None or os.path.isabs(out_file)):
+            if _under(here or "/", os.path.expanduser(str(out_file))) in run.files:
+                why.append("argv")
+        elif p_out is not None:
             if datasets:
                 paths = {_under(p_out, os.path.join(d, run.data_file)) for d in datasets}
                 if paths & run.files:

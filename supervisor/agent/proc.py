@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from supervisor.agent.masking import mask_argv
-from supervisor.agent.match import RunFiles, find_runs, parse_flags, run_evidence
+from supervisor.agent.match import RunFiles, client_for, find_runs, parse_flags, run_evidence
 from supervisor.agent.protocol import DEFAULT_SCRIPTS
 
 if TYPE_CHECKING:
@@ -391,12 +391,14 @@ class Lister:
         gpu_per_pid: dict[int, float] | None = None,
         runs: Sequence[RunFiles] = (),
         secret_env: Sequence[str] = (),
+        clients: Sequence[dict[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
         """ProcessInfo-shaped dicts of every run on the host, each with its ``evidence`` of
         being one of ``runs`` (see ``match.run_evidence``). The values of the ``secret_env``
-        variables (in the process's environment or the agent's) are masked in its argv."""
+        variables (in the process's environment or the agent's) are masked in its argv.
+        ``clients`` (client profiles as plain data) say how the flags of each script are read."""
         if not uses_proc():  # pragma: no cover - non-Linux hosts
-            return self._list_psutil(scripts, show_other_users, gpu_per_pid, runs)
+            return self._list_psutil(scripts, show_other_users, gpu_per_pid, runs, clients)
         table = process_table()
         my_uid = os.getuid()
         now_boot = uptime_s()
@@ -438,6 +440,7 @@ class Lister:
                 kids,
                 gpu_per_pid,
                 env_values(pid, secret_env),
+                client_for(argv[idx], clients),
             )
             record.update(
                 uptime_s=round(age, 2),
@@ -447,7 +450,14 @@ class Lister:
                 cwd=cwd,
                 ppid=st.ppid,
                 threads=st.threads,
-                evidence=run_evidence(cwd, argv, idx, runs, open_inodes(pid) if runs else None),
+                evidence=run_evidence(
+                    cwd,
+                    argv,
+                    idx,
+                    runs,
+                    open_inodes(pid) if runs else None,
+                    client_for(argv[idx], clients),
+                ),
             )
             out.append(record)
         for key in list(self._cpu):
@@ -461,6 +471,7 @@ class Lister:
         show_other_users: bool,
         gpu_per_pid: dict[int, float] | None,
         runs: Sequence[RunFiles] = (),
+        clients: Sequence[dict[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
         assert psutil is not None
         table = process_table()
@@ -488,7 +499,16 @@ class Lister:
             kids = descendants(table, pid)
             start = psutil_start_ticks(created, boot)
             record = process_record(
-                self.boot_id, pid, start, uid, my_uid, argv, idx, kids, gpu_per_pid
+                self.boot_id,
+                pid,
+                start,
+                uid,
+                my_uid,
+                argv,
+                idx,
+                kids,
+                gpu_per_pid,
+                client=client_for(argv[idx], clients),
             )
             record.update(
                 uptime_s=round(max(time.time() - created, 0.0), 2),
@@ -496,7 +516,7 @@ class Lister:
                 rss_mb=round(mem / 1048576.0, 1),
                 state=state,
                 cwd=cwd,
-                evidence=run_evidence(cwd, argv, idx, runs, None),
+                evidence=run_evidence(cwd, argv, idx, runs, None, client_for(argv[idx], clients)),
             )
             out.append(record)
         return out
@@ -513,6 +533,7 @@ def process_record(
     kids: list[int],
     gpu_per_pid: dict[int, float] | None,
     secrets: Sequence[str] = (),
+    client: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The parts of a listed run that do not depend on where they were read (/proc or psutil).
 
@@ -534,7 +555,7 @@ def process_record(
         "user": user_name(uid),
         "argv_masked": masked,
         "children": kids,
-        "flags": parse_flags(argv, idx),
+        "flags": parse_flags(argv, idx, client),
         "gpu_memory_mb": gpu,
         "run": None,
         "killable": uid == my_uid,

@@ -28,6 +28,7 @@ DURABLE_OPS = frozenset(
         "launch",
         "repair_tail",
         "move_aside",
+        "backup_files",
         "write_fingerprint",
         "slurm_submit",
         "slurm_cancel",
@@ -147,6 +148,23 @@ class RunFlags(TypedDict):
     api_base: str | None
     model: str | None
     backend: str
+    client: str | None
+    """The client profile the flags were read with (None: the reference client's spellings)."""
+    output_file: str | None
+    input_file: str | None
+    prompts_dir: str | None
+    resume: bool | None
+    """Whether the client's resume flag is given (None: the client has none)."""
+
+
+class ClientSpec(TypedDict, total=False):
+    """What the host needs of a client profile to read a run's flags (``clients.wire``)."""
+
+    name: str
+    scripts: list[str]
+    flags: dict[str, list[str]]
+    """Meaning (``datasets``, ``output_file``, ``samples``...) -> the flag's spellings."""
+    endpoint_template: str
 
 
 class _ProcessRequired(TypedDict):
@@ -207,6 +225,7 @@ class RunSpec(TypedDict, total=False):
 
 class PsParams(TypedDict, total=False):
     scripts: list[str]
+    clients: list[ClientSpec]
     show_other_users: bool
     gpu: bool
     runs: list[RunSpec]
@@ -234,6 +253,43 @@ class FileSpec(_FileSpecRequired, total=False):
     profile: dict[str, Any]
     expected: str
     texts: int
+    sidecars: dict[str, str]
+    """Kind (``error``, ``skipped``) -> path of a file of failed or skipped prompts."""
+    input: InputSpec
+
+
+class InputSpec(TypedDict):
+    """The input file whose rows a data file's records answer (``completeness``)."""
+
+    path: str
+    id: str
+    """Key of a row's id, echoed in the record's id field; ``""``: the row's 0-based index."""
+
+
+class SidecarScan(TypedDict, total=False):
+    path: str
+    state: str
+    lines: int
+    reasons: dict[str, int]
+    """Reason (a row's ``error``) -> rows, the most frequent first."""
+    other_reasons: int
+    size: int
+
+
+class Completeness(TypedDict, total=False):
+    input_path: str
+    input: int
+    """Distinct ids of the input."""
+    error: str | None
+    duplicates: int
+    input_duplicates: int
+    done: int
+    failed: int
+    """Input ids only in a sidecar (error or skipped)."""
+    missing: int
+    missing_first: list[Any]
+    not_in_input: int
+    not_in_input_first: list[Any]
 
 
 class BadLine(TypedDict, total=False):
@@ -278,8 +334,11 @@ class ScanFile(_ScanFileRequired, total=False):
     finished: bool
     stream: str | None
     texts: list[str]
+    reasoning_texts: list[str]
     texts_more: bool
     companions: list[Any]
+    sidecars: dict[str, SidecarScan]
+    completeness: Completeness
     rescan_reason: str | None
     bytes_read: int
     scan_seconds: float
@@ -552,6 +611,30 @@ class MoveAsideResult(_MoveAsideRequired, total=False):
     inode: int
 
 
+class _BackupFilesParamsRequired(TypedDict):
+    paths: list[str]
+    dest_dir: str
+    max_bytes: int
+
+
+class BackupFilesParams(_BackupFilesParamsRequired, total=False):
+    pass
+
+
+class BackupCopy(TypedDict):
+    path: str
+    copy: str
+    bytes: int
+    method: str
+    """``reflink``, ``copy_file_range`` or ``copy``."""
+
+
+class BackupFilesResult(TypedDict):
+    copied: list[BackupCopy]
+    total_bytes: int
+    refused: str | None
+
+
 class FileHash(TypedDict, total=False):
     path: str
     sha256: str | None
@@ -779,6 +862,7 @@ OP_SHAPES: dict[str, tuple[type, type]] = {
     "lock_status": (LockStatusParams, LockStatusResult),
     "repair_tail": (RepairTailParams, RepairTailResult),
     "move_aside": (MoveAsideParams, MoveAsideResult),
+    "backup_files": (BackupFilesParams, BackupFilesResult),
     "read_fingerprint": (ReadFingerprintParams, ReadFingerprintResult),
     "write_fingerprint": (WriteFingerprintParams, WriteFingerprintResult),
     "tail_log": (TailLogParams, TailLogResult),

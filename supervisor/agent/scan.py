@@ -51,6 +51,7 @@ from collections import Counter
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from supervisor.agent.completeness import Companions, remembered_id
 from supervisor.agent.follow import Follower, Position, Unfollowable, unfollowable
 from supervisor.agent.formats import (
     PROFILES,
@@ -61,6 +62,7 @@ from supervisor.agent.formats import (
     get_profile,
     lookup,
     matches,
+    reasoning_of,
     texts_of,
     token_count,
 )
@@ -191,14 +193,8 @@ def _check_int_array(buf: Any, lb: int, rb: int) -> int:
 _ABSENT = object()
 
 
-def _id_key(value: Any) -> Any:
-    """What a record's id is remembered as: an int, the UTF-8 bytes of a string (a template
-    captures them as they are in the line), else its JSON text."""
-    if isinstance(value, str):
-        return value.encode("utf-8", "surrogatepass")
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    return json.dumps(value, sort_keys=True)
+_id_key = remembered_id
+"""How a record's id is remembered (shared with the completeness of an input)."""
 
 
 _T_TEXT = rb"[\x20\x21\x23-\x5b\x5d-\x7e]*"
@@ -388,6 +384,7 @@ class _FileState(Position):
         self.first_offending: dict[str, Any] | None = None
         self.first_unknown: tuple[int, int, list[str]] | None = None
         self.texts: list[str] = []
+        self.reasoning: list[str] = []
         self.text_bytes = 0
         self.template: _Template | None = None
         self.templates: dict[tuple[str, ...], _Template | None] = {}
@@ -418,6 +415,7 @@ class Scanner:
         self.max_line_bytes = max_line_bytes
         self.max_text_bytes = max_text_bytes
         self._follow: Follower[_FileState] = Follower(chunk_size)
+        self._companions = Companions()
         self._want_texts = True
 
     # ------------------------------------------------------------------ public
@@ -431,6 +429,8 @@ class Scanner:
         profile: dict[str, Any] | None = None,
         texts: bool = True,
         progress: Progress | None = None,
+        sidecars: dict[str, str] | None = None,
+        input_file: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Scan the bytes of ``path`` appended since the last call; the JSON-able result.
 
@@ -443,6 +443,11 @@ class Scanner:
             profile: a user profile as a plain dict (see :func:`formats.profile_from_dict`).
             texts: hand back texts of new records for tokenizer-counted formats.
             progress: called with ``(bytes_done, bytes_total)`` after every chunk.
+            sidecars: kind -> path of files beside it holding failed or skipped prompts (counted
+                with their reasons, ``sidecars`` of the result).
+            input_file: ``{"path": INPUT, "id": KEY}``: the input file whose rows the records
+                answer, ``KEY`` the id of a row (echoed in the record's id) or ``""`` for its
+                index; the result's ``completeness`` compares the two.
         """
         if validate not in ("sample", "all", "none"):
             raise ValueError("validate must be sample, all or none")
@@ -456,6 +461,34 @@ class Scanner:
         self._want_texts = texts
         settings = (want, json.dumps(profile, sort_keys=True) if profile else None)
         started = time.monotonic()
+        result = self._scan_path(path, want, settings, user, validate, texts, progress, started)
+        if sidecars:
+            result["sidecars"] = {
+                kind: self._companions.sidecar(side, (input_file or {}).get("id") or None)
+                for kind, side in sidecars.items()
+            }
+        if input_file and isinstance(input_file.get("path"), str):
+            state = self._follow.get(path)
+            result["completeness"] = self._companions.completeness(
+                state.ids if state is not None else set(),
+                state.duplicates if state is not None else 0,
+                input_file["path"],
+                str(input_file.get("id") or ""),
+                result.get("sidecars") or {},
+            )
+        return result
+
+    def _scan_path(
+        self,
+        path: str,
+        want: str | None,
+        settings: tuple[Any, ...],
+        user: Profile | None,
+        validate: str,
+        texts: bool,
+        progress: Progress | None,
+        started: float,
+    ) -> dict[str, Any]:
         try:
             f, st = self._follow.open(path)
             with f:
@@ -516,6 +549,7 @@ class Scanner:
             result["partial_tail_bytes"] = 0
         result["scan_seconds"] = round(time.monotonic() - started, 6)
         state.texts = []
+        state.reasoning = []
         state.text_bytes = 0
         return result
 
@@ -871,6 +905,7 @@ class Scanner:
         tokens = 0
         prompt = 0
         record_texts: list[str] | None = None
+        record_reasoning: list[str] = []
         if prof is not None:
             if prof.tokens_field is not None:
                 v = obj.get(prof.tokens_field, _ABSENT)  # a flat key: the common case
@@ -907,6 +942,7 @@ class Scanner:
                 self._validate(prof, obj, arrays, buf, full, tokens, length)
             if prof.text_field is not None:
                 record_texts = texts_of(prof, obj)
+                record_reasoning = reasoning_of(prof, obj) if prof.reasoning_key else []
         # Counted from here on: the line is a record.
         state.lines += 1
         state.records += 1
@@ -957,7 +993,9 @@ class Scanner:
             state.texts_records += 1
             if self._want_texts:
                 state.texts.extend(record_texts)
+                state.reasoning.extend(record_reasoning)
                 state.text_bytes += sum(len(t) for t in record_texts)
+                state.text_bytes += sum(len(t) for t in record_reasoning)
                 return state.text_bytes >= self.max_text_bytes
         return False
 
@@ -1035,6 +1073,7 @@ class Scanner:
                 "finished": state.finished,
                 "stream": self._follow.stream(state),
                 "texts": list(state.texts),
+                "reasoning_texts": list(state.reasoning),
             }
         )
         return result
@@ -1129,6 +1168,7 @@ def _empty_result(path: str, fmt: str | None) -> dict[str, Any]:
         "finished": False,
         "stream": None,
         "texts": [],
+        "reasoning_texts": [],
         "texts_more": False,
         "companions": [],
         "rescan_reason": None,

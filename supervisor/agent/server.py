@@ -72,6 +72,7 @@ class Agent:
             "help_flags": launch.help_flags,
             "repair_tail": datafiles.repair_tail,
             "move_aside": datafiles.move_aside,
+            "backup_files": datafiles.backup_files,
             "tail_log": datafiles.tail_log,
             "tail_records": datafiles.tail_records,
             "gpu_holders": gpu.gpu_holders,
@@ -110,6 +111,9 @@ class Agent:
         scripts = params.get("scripts") or list(DEFAULT_SCRIPTS)
         if not isinstance(scripts, list) or not all(isinstance(s, str) for s in scripts):
             raise AgentOpError("scripts: expected a list of strings", "bad-request")
+        clients = params.get("clients") or []
+        if not isinstance(clients, list) or not all(isinstance(c, dict) for c in clients):
+            raise AgentOpError("clients: expected a list of objects", "bad-request")
         secret_env = params.get("secret_env") or []
         if not isinstance(secret_env, list) or not all(isinstance(s, str) for s in secret_env):
             raise AgentOpError("secret_env: expected a list of variable names", "bad-request")
@@ -120,7 +124,7 @@ class Agent:
         gpu_pids, summary = gpu.query_gpu() if with_gpu else (None, None)
         with self.list_lock:
             found = self.lister.list_runs(
-                scripts, bool(params.get("show_other_users")), gpu_pids, runs, secret_env
+                scripts, bool(params.get("show_other_users")), gpu_pids, runs, secret_env, clients
             )
         return found, summary
 
@@ -235,6 +239,8 @@ class Agent:
                     ("profile", "profile"),
                     ("expected", "expected"),
                     ("texts", "texts"),
+                    ("sidecars", "sidecars"),
+                    ("input", "input_file"),
                 ):
                     if spec.get(key) is not None:
                         kwargs[arg] = spec[key]

@@ -11,6 +11,7 @@ import click
 from supervisor.cli._common import open_ui, run_cli
 from supervisor.cli.actions import audit, guard, launch, restart
 from supervisor.cli.bench import bench, compare
+from supervisor.cli.clients import clients
 from supervisor.cli.data import check, scan
 from supervisor.cli.demo import demo
 from supervisor.cli.hosts import kill, ps
@@ -70,6 +71,7 @@ for _command in (
     audit,
     bench,
     compare,
+    clients,
     watch,
 ):
     cli.add_command(_command)

@@ -71,7 +71,9 @@ def _error_text(name: str, error: str) -> str:
     return error[len(name) + 2 :] if error.startswith(f"{name}: ") else error
 
 
-def _print_ps(entries: list[dict[str, Any]]) -> None:
+def _print_ps(config: Config, entries: list[dict[str, Any]]) -> None:
+    from supervisor.engine import engine_budget_flag
+
     for entry in entries:
         procs: list[ProcessInfo] = entry["processes"]
         if entry["error"]:
@@ -96,19 +98,24 @@ def _print_ps(entries: list[dict[str, Any]]) -> None:
                 f"rss {display.mebibytes(p.rss_mb)}{gpu}  "
                 f"{kids} child{'' if kids == 1 else 'ren'}  backend {flags.backend}"
             )
-            details = []
+            details = [f"client {flags.client}"] if flags.client else []
             if flags.datasets:
                 details.append("datasets " + ",".join(flags.datasets))
             for label, value in (
-                ("max-samples", flags.max_samples),
+                ("output", flags.output_file),
+                ("input", flags.input_file),
+                ("samples", flags.max_samples),
                 ("token-budget", flags.token_budget),
                 ("concurrency", flags.concurrency),
                 ("model", flags.model),
             ):
                 if value is not None:
                     details.append(f"{label} {value}")
-            if flags.token_budget is None:
-                details.append("NO --token-budget")
+            if flags.resume is not None:
+                details.append("resume" if flags.resume else "NO resume flag")
+            budget_flag = engine_budget_flag(config, flags.client)
+            if flags.token_budget is None and budget_flag is not None:
+                details.append(f"NO {budget_flag}")
             click.echo("    " + "  ".join(details))
             click.echo("    " + " ".join(p.argv_masked or p.identity.argv))
 
@@ -155,7 +162,7 @@ def ps(config_path: str | None, host_name: str | None, as_json: bool) -> None:
             }
         )
     else:
-        _print_ps(entries)
+        _print_ps(config, entries)
     if any(e["error"] for e in entries):
         sys.exit(1)
 

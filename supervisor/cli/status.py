@@ -44,6 +44,23 @@ def _plain_progress(ds: DatasetView) -> bool:
     return ds.projection.message == head
 
 
+def _client_notes(ds: DatasetView) -> list[str]:
+    """Reasoning tokens, completeness against the input, and the error / skipped files."""
+    from supervisor.engine import completeness_line, sidecar_line
+
+    notes = []
+    if ds.reasoning_tokens:
+        notes.append(
+            f"{display.compact(ds.reasoning_tokens)} of the "
+            f"{display.compact(ds.completion_tokens)} completion tokens are reasoning"
+        )
+    c = ds.completeness
+    if c is not None and (ds.records or c.failed or c.error):  # nothing written: nothing to say
+        notes.append(completeness_line(c))
+    notes.extend(sidecar_line(s) for s in ds.sidecars if s.lines)
+    return notes
+
+
 def _host_line(h: HostView, now: float) -> str:
     if h.connected:
         rtt = f"  rtt {display.latency(h.rtt_ms)}" if h.rtt_ms is not None else ""
@@ -65,8 +82,8 @@ def _run_lines(r: RunView) -> list[str]:
     p = r.process
     if p is not None:
         # The warning first: the rest of the line is what a narrow terminal cuts.
-        if p.flags.token_budget is None:
-            head += "  no --token-budget"
+        if p.flags.token_budget is None and r.budget_flag:
+            head += f"  no {r.budget_flag}"
         if r.configured:  # an unconfigured run is named after its pid already
             head += f"  pid {p.identity.pid}"
         head += f"  up {display.duration(p.uptime_s)}  cpu {display.percent(p.cpu_percent)}"
@@ -111,13 +128,14 @@ def _run_lines(r: RunView) -> list[str]:
             f"{display.share(ds.completion_tokens, ds.token_budget):>6} "
             f"{display.rate(req):>6} {display.rate(tok):>7} {_eta(ds):>10}  {verdict}"
         )
-        if ds.state == "missing":  # a dataset the run has not reached yet: nothing to say
+        if ds.state == "missing" and not ds.alarm:  # not reached yet: nothing to say
             continue
-        notes = [ds.error]
+        notes = [ds.alarm, ds.error]
         if ds.state == "ok" and not _plain_progress(ds):
             notes.append(ds.projection.message)
         if ds.verdict not in ("current", "empty"):
             notes.append(ds.verdict_detail)
+        notes.extend(_client_notes(ds))
         unique = [n for n in dict.fromkeys(notes) if n]
         # The flags open the notes (not the row, which then fits 80 columns).
         if flags:

@@ -1,14 +1,16 @@
-"""``runwatch demo``: two mock servers, two runs of the reference client, and something to watch.
+"""``runwatch demo``: two mock servers, three runs, and something to watch.
 
 It starts a slow, capacity-limited, free mock "local GPU" server and a fast, priced mock "API"
 server (each ``python -m supervisor.demo.server`` on a free port), writes the demo prompts, seeds
 dataset B1 as finished, B2 just under its token budget and B3 with a few lines in the older (legacy)
 text format, then launches the two runs of ``configs/demo.toml`` exactly as configured: the local
 one with ``--max-samples`` and no ``--token-budget`` (so B2 goes over its budget within the first
-minute and keeps going), the API one with ``--token-budget``.
+minute and keeps going), the API one with ``--token-budget``, and a SpecForge-style
+``regenerate_train_data.py`` (the stand-in, copied in under its real name) writing ONE output file
+``out/regen.jsonl`` with reasoning, its error and skipped files beside it.
 
 With ``slurm`` (``runwatch demo --slurm``) this machine is a Slurm login node: the host gets
-``kind = "slurm"`` and the two runs are submitted as Slurm jobs (``sbatch``, tagged
+``kind = "slurm"`` and the runs are submitted as Slurm jobs (``sbatch``, tagged
 ``runwatch:<run>``), then cancelled with ``scancel`` at the end, their end confirmed.
 
 Then it opens the dashboard on the demo's config when one is registered; headless (or without one)
@@ -42,6 +44,11 @@ from supervisor.errors import RunwatchError
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 CLIENT = Path(__file__).resolve().with_name("run_inference.py")
+SPECFORGE = Path(__file__).resolve().with_name("specforge_regenerate.py")
+"""The SpecForge stand-in, copied into the demo dir as ``scripts/regenerate_train_data.py``."""
+SPECFORGE_SCRIPT = Path("scripts") / "regenerate_train_data.py"
+REGEN_INPUT = Path("sharegpt") / "regen-input.jsonl"
+REGEN_PROMPTS = 400
 API_KEY_ENV = "RUNWATCH_DEMO_API_KEY"
 API_KEY_FILE = "api-key"
 """Where a key the demo made up is kept (mode 0600), so that another terminal can use the mock API
@@ -191,12 +198,13 @@ def _stop_strays(cfg: Config, mine: set[int]) -> tuple[int, list[str]]:
     import psutil
 
     workdirs = {os.path.realpath(r.workdir) for r in cfg.runs}
-    client = str(CLIENT)
+    scripts = {str(CLIENT), str(SPECFORGE_SCRIPT)}
     found = []
     for p in psutil.process_iter(["pid", "cmdline", "cwd", "uids"]):
         try:
             argv = p.info["cmdline"] or []
-            if p.pid in mine or client not in argv or p.info["uids"].real != os.getuid():
+            mine_or_other = p.pid in mine or p.info["uids"].real != os.getuid()
+            if mine_or_other or not scripts.intersection(argv):
                 continue
             if p.info["cwd"] and os.path.realpath(p.info["cwd"]) in workdirs:
                 found.append(p)
@@ -245,10 +253,18 @@ def demo_env(demo_dir: Path, tokenizer: Path, local_url: str, api_url: str) -> d
         "RUNWATCH_DEMO_DIR": str(demo_dir),
         "RUNWATCH_DEMO_LOCAL_URL": local_url,
         "RUNWATCH_DEMO_API_URL": api_url,
+        "RUNWATCH_DEMO_LOCAL_ADDRESS": _address(local_url),
         "RUNWATCH_DEMO_PYTHON": sys.executable,
         "RUNWATCH_DEMO_CLIENT": str(CLIENT),
         "RUNWATCH_DEMO_TOKENIZER": str(tokenizer),
     }
+
+
+def _address(url: str) -> str:
+    """``http://127.0.0.1:4321/v1`` -> ``127.0.0.1:4321`` (SpecForge's ``--server-address``)."""
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).netloc
 
 
 def _template() -> str:
@@ -399,8 +415,16 @@ class Demo:
     """Run name -> identity of the Slurm job submitted for it (``--slurm``)."""
 
     def files(self) -> list[Path]:
+        from supervisor.clients import client_of, single_file
+        from supervisor.config import flag_value
+
         paths: list[Path] = []
         for run in self.config.runs:
+            profile = client_of(self.config, run)
+            if single_file(profile):
+                out = flag_value(run.argv, profile.flags.output_file[0])
+                paths.extend([Path(run.workdir) / out] if out else [])
+                continue
             base = Path(run.workdir) / run.output_dir
             paths.extend(base / d / run.data_file for d in self.config.run_datasets(run))
             if run.log:
@@ -452,7 +476,7 @@ def start_demo(demo: Demo, out: IO[str], slurm: bool = False) -> None:
     fails."""
     if slurm:
         _check_slurm()
-    from supervisor.demo.prompts import DATASETS, write_prompts
+    from supervisor.demo.prompts import DATASETS, write_prompts, write_sharegpt
     from supervisor.demo.tokenizer import DemoVocab, ensure_demo_tokenizer
 
     demo_dir = demo.demo_dir
@@ -460,6 +484,10 @@ def start_demo(demo: Demo, out: IO[str], slurm: bool = False) -> None:
     tokenizer = ensure_demo_tokenizer()
     vocab = DemoVocab(tokenizer)
     write_prompts(demo_dir / "prompts", DATASETS, PROMPTS_PER_DATASET)
+    write_sharegpt(demo_dir / REGEN_INPUT, "regen", REGEN_PROMPTS)
+    (demo_dir / SPECFORGE_SCRIPT).parent.mkdir(parents=True, exist_ok=True)
+    (demo_dir / SPECFORGE_SCRIPT).write_bytes(SPECFORGE.read_bytes())
+    (demo_dir / "out").mkdir(exist_ok=True)
     key_file = None
     if not os.environ.get(API_KEY_ENV):
         os.environ[API_KEY_ENV] = "demo-" + secrets.token_hex(12)

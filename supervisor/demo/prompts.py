@@ -80,3 +80,16 @@ def write_prompts(
                 os.unlink(tmp)
         paths[name] = path
     return paths
+
+
+def write_sharegpt(path: str | os.PathLike[str], dataset: str, count: int = 1000) -> Path:
+    """Write the prompts of ``dataset`` as ShareGPT rows (``{"id", "conversations"}``), the input
+    of the SpecForge and Model-Optimizer generation scripts; return the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = (
+        {"id": r["sample_id"], "conversations": r["messages"]}
+        for r in prompt_records(dataset, count)
+    )
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out

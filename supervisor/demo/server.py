@@ -10,7 +10,8 @@ with the demo tokenizer, so text and ids always agree. ``GET /mock/stats`` retur
 counters (requests by status, tokens, peak concurrency, paced tokens and seconds). ``GET /metrics``
 publishes its real state as a serving engine does, in SGLang's Prometheus names (vLLM's with
 ``metrics="vllm"``): requests running and queued, KV use, prompt and generation token counters,
-the generation throughput and a time-to-first-token histogram.
+the generation throughput and a time-to-first-token histogram. A chat request
+with ``chat_template_kwargs.enable_thinking`` gets a ``reasoning_content`` (not streamed).
 
 Knobs (:class:`MockSettings`): per-request decode speed, a total capacity shared by concurrent
 requests (like a saturated GPU server: the aggregate output rate never exceeds it), a seeded
@@ -613,6 +614,21 @@ class _Completions:
         finally:
             stats.active -= 1
 
+    def _message(self, body: dict[str, Any], gen: _Generation) -> dict[str, Any]:
+        """The assistant message; with ``chat_template_kwargs.enable_thinking`` (as SGLang with a
+        reasoning parser) the first quarter of the tokens is its ``reasoning_content``."""
+        kwargs = body.get("chat_template_kwargs")
+        if not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is True):
+            return {"role": "assistant", "content": gen.text}
+        k = max(1, len(gen.ids) // 4) if len(gen.ids) > 1 else 0
+        pieces = self.state.vocab.pieces
+        reasoning = "".join(pieces[i] for i in gen.ids[:k])
+        return {
+            "role": "assistant",
+            "content": gen.text[len(reasoning) :],
+            "reasoning_content": reasoning,
+        }
+
     def _choice_extra(self, body: dict[str, Any], ids: list[int]) -> dict[str, Any]:
         return {"token_ids": ids} if body.get("return_token_ids") else {}
 
@@ -628,7 +644,7 @@ class _Completions:
         if self.chat:
             choice: dict[str, Any] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": gen.text},
+                "message": self._message(body, gen),
                 "logprobs": None,
                 "finish_reason": gen.finish_reason,
             }

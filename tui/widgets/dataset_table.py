@@ -60,7 +60,10 @@ COLUMNS = (
 
 
 def warning_text(ds: DatasetView) -> str:
-    """The one-line warning of a dataset: budget waste first, then a stall or a read problem."""
+    """The one-line warning of a dataset: data loss first, then budget waste, then a stall or a
+    read problem."""
+    if ds.alarm:
+        return "⚠ " + ds.alarm
     if ds.over_budget:
         return "⚠ " + (ds.projection.message or "over its token budget")
     if ds.stalled:
@@ -107,7 +110,8 @@ def dataset_cells(ds: DatasetView, *, live: bool, stale: bool, wide: bool) -> li
     reasons_total = sum(ds.finish_reasons.values())
     length = display.share(ds.finish_reasons.get("length", 0), reasons_total)
     warn = warning_text(ds)
-    name_style = "bold red" if ds.over_budget else ("yellow" if ds.stalled else "bold")
+    red = ds.over_budget or ds.alarm is not None
+    name_style = "bold red" if red else ("yellow" if ds.stalled else "bold")
     cells: dict[str, Text] = {
         "dataset": cell(("⚠ " if warn else "") + ds.name, name_style),
         "responses": cell(responses, right=True),
@@ -121,7 +125,7 @@ def dataset_cells(ds: DatasetView, *, live: bool, stale: bool, wide: bool) -> li
         "verdict": cell(
             "reading" if ds.provisional else ds.verdict, _VERDICT_STYLE.get(ds.verdict, "")
         ),
-        "warning": cell(warn.removeprefix("⚠ "), "bold red" if ds.over_budget else "yellow"),
+        "warning": cell(warn.removeprefix("⚠ "), "bold red" if red else "yellow"),
     }
     return [cells[c.key] for c in COLUMNS if wide or not c.wide_only]
 

@@ -65,11 +65,12 @@ def run_header(run: RunView, *, stale: bool) -> Text:
         text.append(f"  up {display.duration(p.uptime_s)}", style=dim.strip())
         flags: list[tuple[str, str]] = []
         if p.flags.max_samples is not None:
-            flags.append((f"--max-samples {display.count(p.flags.max_samples)}", ""))
+            label = run.samples_flag or "samples"
+            flags.append((f"{label} {display.count(p.flags.max_samples)}", ""))
         if p.flags.token_budget is not None:
             flags.append((f"--token-budget {display.compact(p.flags.token_budget)}", ""))
-        elif any(d.token_budget for d in run.datasets):
-            flags.append(("no --token-budget", "bold yellow"))
+        elif run.budget_flag and any(d.token_budget for d in run.datasets):
+            flags.append((f"no {run.budget_flag}", "bold yellow"))
         if p.flags.concurrency is not None:
             flags.append((f"--concurrency {p.flags.concurrency}", ""))
         if p.gpu_memory_mb:

@@ -1,0 +1,367 @@
+"""Client profiles: the generation scripts runwatch supervises, and what their flags mean.
+
+A :class:`~supervisor.config.ClientProfile` says how a script is recognised (its file names), what
+each of its flags means (datasets, output directory or single output file, input file, samples,
+budget, resume, concurrency, endpoint, model), how it resumes (``always``, or only with its resume
+flag: without it the script OVERWRITES its output), which files beside its output hold failed or
+skipped prompts, how an input row's id appears in a record, which flags do not change what is
+generated (``volatile``), and every flag it accepts. Built-in profiles:
+
+``run_inference``
+    The reference client (``supervisor/demo/run_inference.py``): ``--datasets``, ``--output-dir``,
+    one ``<out>/<dataset>/raw_responses.jsonl`` per dataset, ``--max-samples``, ``--token-budget``;
+    resumes always (skips the sample_ids present).
+``specforge``
+    SpecForge ``scripts/regenerate_train_data.py``: ONE ``--output-file-path``, the input file
+    ``--input-file-path``, ``--num-samples`` (counted per invocation, after the skip), no budget
+    flag; overwrites its output, error and skipped files unless given ``--resume``.
+``modelopt``
+    Model-Optimizer ``server_generate.py``: ONE ``--output_path`` (always appended),
+    ``--data_path``, ``--num_threads``, ``--url``; resumes always (skips the conversation_ids
+    present); no sample or budget flag; its ``--api_key`` value is a secret.
+
+User profiles are ``[clients.NAME]`` tables of the config (same schema; a user profile of a
+built-in's name replaces it). A run names its ``client``, or it is the profile whose ``scripts``
+hold the script of its argv. The host is sent only :func:`wire` of each profile (plain data: the
+scripts and the flag spellings) and reads every run's flags with it (``agent.match.parse_flags``).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from supervisor.agent import match
+from supervisor.config import ClientFlagNames, ClientProfile, Config, RunConfig
+
+_REF = match.REFERENCE_FLAGS
+
+
+def _builtin() -> dict[str, ClientProfile]:
+    reference = ClientProfile(
+        name="run_inference",
+        scripts=["run_inference.py"],
+        format="raw",
+        flags=ClientFlagNames(**{k: list(v) for k, v in _REF.items()}),
+        data_file="raw_responses.jsonl",
+        resume="always",
+        input_id="sample_id",
+        volatile=[
+            *_REF["datasets"],
+            *_REF["output_dir"],
+            *_REF["samples"],
+            *_REF["budget"],
+            *_REF["concurrency"],
+            *_REF["endpoint"],
+            "--api-key-env",
+            "--max-retries",
+            "--max-failures",
+            "--request-timeout",
+            "--report-seconds",
+        ],
+        known_flags=[
+            "--datasets",
+            "--prompts-dir",
+            "--output-dir",
+            "--api-base",
+            "--model",
+            "--api-key-env",
+            "--concurrency",
+            "--max-samples",
+            "--token-budget",
+            "--max-tokens",
+            "--temperature",
+            "--legacy-format",
+            "--max-retries",
+            "--max-failures",
+            "--request-timeout",
+            "--report-seconds",
+        ],
+        switches=["--legacy-format"],
+    )
+    specforge = ClientProfile(
+        name="specforge",
+        scripts=["regenerate_train_data.py"],
+        format="specforge",
+        flags=ClientFlagNames(
+            output_file=["--output-file-path"],
+            input_file=["--input-file-path"],
+            samples=["--num-samples"],
+            resume=["--resume"],
+            concurrency=["--concurrency"],
+            endpoint=["--server-address"],
+            model=["--model"],
+        ),
+        endpoint_template="http://{}/v1",
+        resume="flag",
+        samples_scope="invocation",
+        sidecars={"error": "{stem}_error.jsonl", "skipped": "{stem}_skipped.jsonl"},
+        input_id="id",
+        volatile=[
+            "--output-file-path",
+            "--num-samples",
+            "--resume",
+            "--concurrency",
+            "--server-address",
+        ],
+        known_flags=[
+            "--model",
+            "--reasoning",
+            "--is-gpt-oss",
+            "--temperature",
+            "--top-p",
+            "--top-k",
+            "--repetition-penalty",
+            "--max-tokens",
+            "--concurrency",
+            "--input-file-path",
+            "--output-file-path",
+            "--num-samples",
+            "--resume",
+            "--server-address",
+        ],
+        switches=["--is-gpt-oss", "--resume"],
+    )
+    modelopt = ClientProfile(
+        name="modelopt",
+        scripts=["server_generate.py"],
+        format="modelopt",
+        flags=ClientFlagNames(
+            output_file=["--output_path"],
+            input_file=["--data_path"],
+            concurrency=["--num_threads"],
+            endpoint=["--url"],
+            model=["--model"],
+        ),
+        resume="always",
+        input_id="",
+        volatile=["--output_path", "--num_threads", "--url", "--api_key"],
+        known_flags=[
+            "--data_path",
+            "--output_path",
+            "--num_threads",
+            "--temperature",
+            "--max_tokens",
+            "--chat",
+            "--model",
+            "--url",
+            "--api_key",
+            "--log_empty_conversations",
+            "--system_prompt",
+            "--thinking-modes",
+        ],
+        switches=["--log_empty_conversations"],
+    )
+    return {p.name: p for p in (reference, specforge, modelopt)}
+
+
+BUILTIN_CLIENTS: dict[str, ClientProfile] = _builtin()
+"""The built-in client profiles by name."""
+
+ROLES: tuple[str, ...] = ClientFlagNames.__struct_fields__
+"""What a flag can mean (the keys of a profile's ``flags``)."""
+
+
+def profiles(config: Config) -> dict[str, ClientProfile]:
+    """Every profile the config knows: the built-ins, then ``[clients.NAME]`` (replacing)."""
+    return {**BUILTIN_CLIENTS, **config.clients}
+
+
+def detect(config: Config, argv: Sequence[str]) -> ClientProfile | None:
+    """The profile whose scripts hold the script ``argv`` executes, or None."""
+    known = profiles(config)
+    idx = match.script_index(argv, all_scripts(config))
+    if idx is None:
+        return None
+    base = posixpath.basename(argv[idx])
+    # User profiles first: a [clients.NAME] for a built-in's script takes it over.
+    for p in [*config.clients.values(), *BUILTIN_CLIENTS.values()]:
+        if base in p.scripts:
+            return known[p.name]
+    return None
+
+
+def client_of(config: Config, run: RunConfig, argv: Sequence[str] | None = None) -> ClientProfile:
+    """The run's profile: the one it names, else the one of its script, else the reference
+    client's (a script without a profile is read with the reference client's flag names)."""
+    if run.client is not None:
+        return profiles(config)[run.client]
+    found = detect(config, run.argv if argv is None else argv)
+    return found if found is not None else BUILTIN_CLIENTS["run_inference"]
+
+
+def is_profiled(config: Config, run: RunConfig, argv: Sequence[str] | None = None) -> bool:
+    """True when a profile describes the run's script (named, or detected)."""
+    return run.client is not None or detect(config, run.argv if argv is None else argv) is not None
+
+
+def all_scripts(config: Config) -> list[str]:
+    """Script names that make a process a run: ``scripts`` of the config and of every profile."""
+    names = list(config.scripts)
+    for p in [*BUILTIN_CLIENTS.values(), *config.clients.values()]:
+        names.extend(s for s in p.scripts if s not in names)
+    return names
+
+
+def wire(profile: ClientProfile) -> dict[str, Any]:
+    """What the host needs of a profile, as plain data (``protocol.ClientSpec``)."""
+    flags = {role: list(getattr(profile.flags, role)) for role in ROLES}
+    return {
+        "name": profile.name,
+        "scripts": list(profile.scripts),
+        "flags": {k: v for k, v in flags.items() if v},
+        "endpoint_template": profile.endpoint_template,
+    }
+
+
+def wire_all(config: Config) -> list[dict[str, Any]]:
+    """:func:`wire` of every profile, user profiles first (they take a shared script over)."""
+    known = profiles(config)
+    order = [*config.clients, *(n for n in BUILTIN_CLIENTS if n not in config.clients)]
+    return [wire(known[n]) for n in order]
+
+
+def read_flags(
+    profile: ClientProfile, argv: Sequence[str], scripts: Sequence[str]
+) -> dict[str, Any]:
+    """The run's flags (``model.RunFlags`` shape) read with the profile's spellings."""
+    idx = match.script_index(argv, scripts)
+    return match.parse_flags(list(argv), idx if idx is not None else 0, wire(profile))
+
+
+def single_file(profile: ClientProfile) -> bool:
+    """True when the client writes ONE output file (its one dataset is named after it)."""
+    return bool(profile.flags.output_file)
+
+
+def stem(path: str) -> str:
+    """``out/regen.jsonl`` -> ``regen``: the dataset name of a single-file client's output."""
+    base = posixpath.basename(path)
+    return base[: -len(".jsonl")] if base.endswith(".jsonl") and len(base) > 6 else base
+
+
+def sidecar_paths(profile: ClientProfile, output: str) -> dict[str, str]:
+    """Kind -> path of the files beside ``output`` that hold failed or skipped prompts."""
+    directory = posixpath.dirname(output)
+    return {
+        kind: posixpath.join(directory, pattern.replace("{stem}", stem(output)))
+        for kind, pattern in profile.sidecars.items()
+    }
+
+
+def has_flag(argv: Sequence[str], names: Sequence[str]) -> bool:
+    """True when argv holds one of ``names`` (``--f``, ``--f VALUE`` or ``--f=VALUE``)."""
+    return any(a in names or any(a.startswith(n + "=") for n in names) for a in argv)
+
+
+def overwrite_problem(profile: ClientProfile, argv: Sequence[str]) -> str | None:
+    """Why launching ``argv`` would overwrite the client's existing output (None: it would not)."""
+    if profile.resume != "flag" or has_flag(argv, profile.flags.resume):
+        return None
+    flag = profile.flags.resume[0]
+    return f"{profile.name} overwrites its output without {flag}, and the new command line lacks it"
+
+
+def resume_fix(profile: ClientProfile) -> str:
+    """The ``--set`` that makes the client keep its output."""
+    return f"--set {profile.flags.resume[0].lstrip('-')}" if profile.flags.resume else ""
+
+
+def fingerprint_flags(
+    profile: ClientProfile, argv: Sequence[str], scripts: Sequence[str]
+) -> dict[str, str]:
+    """Every flag after the script except the profile's volatile ones: ``{flag: value}`` (``""``
+    for a flag without value; several values joined by a space)."""
+    idx = match.script_index(argv, scripts)
+    args = list(argv[(idx if idx is not None else 0) + 1 :])
+    volatile = set(profile.volatile)
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("--"):
+            continue
+        name, eq, value = arg.partition("=")
+        values = [value] if eq else []
+        if not eq:
+            while i < len(args) and (not args[i].startswith("-") or _number(args[i])):
+                values.append(args[i])
+                i += 1
+        if name not in volatile:
+            out[name] = " ".join(values)
+    return out
+
+
+def _number(arg: str) -> bool:
+    return len(arg) > 1 and arg[0] == "-" and arg[1].isdigit()
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """One profile as ``runwatch clients`` shows it."""
+
+    name: str
+    source: str
+    """``built-in`` or the config file it comes from."""
+    profile: ClientProfile
+
+    def as_dict(self) -> dict[str, Any]:
+        d = msgspec.to_builtins(self.profile)
+        d["flags"] = {k: v for k, v in d["flags"].items() if v}
+        d["source"] = self.source
+        d["layout"] = "single-file" if single_file(self.profile) else "per-dataset"
+        d["budget_flag"] = self.profile.flags.budget[0] if self.profile.flags.budget else None
+        return dict(d)
+
+
+def list_clients(config: Config) -> list[ClientInfo]:
+    """Every profile, built-ins first, each with where it comes from."""
+    out = [
+        ClientInfo(name, "built-in", p)
+        for name, p in BUILTIN_CLIENTS.items()
+        if name not in config.clients
+    ]
+    out += [ClientInfo(name, config.path or "config", p) for name, p in config.clients.items()]
+    return out
+
+
+def describe(info: ClientInfo) -> list[str]:
+    """Lines for humans: what the profile knows."""
+    p = info.profile
+    d = info.as_dict()
+    flags = d["flags"]
+    lines = [f"{info.name}  ({info.source})", f"  scripts: {', '.join(p.scripts)}"]
+    if single_file(p):
+        lines.append(f"  layout: single file {'/'.join(flags['output_file'])}; dataset = file name")
+    else:
+        lines.append(
+            f"  layout: per dataset <{'/'.join(flags.get('output_dir', ['?']))}>/<dataset>/"
+            f"{p.data_file}"
+        )
+    lines.append(f"  records: format {p.format}")
+    for role in ROLES:
+        if role in flags and role not in ("output_file", "output_dir", "resume"):
+            lines.append(f"  {role.replace('_', ' ')}: {', '.join(flags[role])}")
+    if not p.flags.budget:
+        lines.append("  budget: no budget flag (the guard can only stop it at its budget)")
+    if p.resume == "flag":
+        lines.append(f"  resume: OVERWRITES its output unless given {p.flags.resume[0]}")
+    else:
+        lines.append("  resume: always (keeps and extends its output)")
+    if p.samples_scope == "invocation" and p.flags.samples:
+        lines.append(f"  {p.flags.samples[0]} counts this invocation's samples, after the skip")
+    for kind, pattern in p.sidecars.items():
+        lines.append(f"  {kind} file: {pattern}")
+    lines.append(
+        f"  input id: {'row index' if not p.input_id else p.input_id}; "
+        f"volatile: {', '.join(p.volatile) or 'none'}"
+    )
+    lines.append(
+        f"  known flags: {len(p.known_flags)}" if p.known_flags else "  known flags: from --help"
+    )
+    return lines

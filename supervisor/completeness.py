@@ -1,0 +1,72 @@
+"""A dataset's completeness and its sidecar files, from a scan result into the model.
+
+The host's scan compares the ids of the input file with the ids of the records (``completeness``:
+done, failed, missing, not in the input, duplicates) and counts the files beside the output that
+hold failed or skipped prompts, by reason (``sidecars``). This module turns those parts of a scan
+result into :class:`model.CompletenessView` and :class:`model.SidecarView`, and says them in one
+line for humans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from supervisor import display
+from supervisor.model import CompletenessView, DatasetView, SidecarView
+
+
+def sidecar_views(scan: Mapping[str, Any]) -> list[SidecarView]:
+    """The sidecars of a scan result (``error`` first, then ``skipped``, then the rest)."""
+    raw = scan.get("sidecars") or {}
+    order = sorted(raw, key=lambda k: (k not in ("error", "skipped"), k != "error", k))
+    return [
+        msgspec.convert({**raw[kind], "kind": kind}, SidecarView, strict=False) for kind in order
+    ]
+
+
+def completeness_view(scan: Mapping[str, Any]) -> CompletenessView | None:
+    """The completeness of a scan result, or None when the scan did not compare ids."""
+    raw = scan.get("completeness")
+    if not isinstance(raw, dict):
+        return None
+    fields = set(CompletenessView.__struct_fields__)
+    return msgspec.convert({k: v for k, v in raw.items() if k in fields}, CompletenessView)
+
+
+def with_client_parts(view: DatasetView, scan: Mapping[str, Any]) -> DatasetView:
+    """``view`` with the sidecars and the completeness of its scan."""
+    view.sidecars = sidecar_views(scan)
+    view.completeness = completeness_view(scan)
+    return view
+
+
+def completeness_line(c: CompletenessView) -> str:
+    """``980 / 1,000 done, 12 failed, 8 missing (B1-000017, ...), 3 not in the input``."""
+    if c.error is not None:
+        return f"completeness unknown: {c.error}"
+    parts = [f"{display.count(c.done)} / {display.count(c.input)} done"]
+    if c.failed:
+        parts.append(f"{display.count(c.failed)} failed")
+    if c.missing:
+        shown = ", ".join(str(i) for i in c.missing_first[:3])
+        more = ", ..." if c.missing > len(c.missing_first[:3]) else ""
+        parts.append(f"{display.count(c.missing)} missing ({shown}{more})")
+    if c.not_in_input:
+        parts.append(f"{display.count(c.not_in_input)} not in the input")
+    if c.duplicates:
+        parts.append(f"{display.count(c.duplicates)} duplicates")
+    return ", ".join(parts)
+
+
+def sidecar_line(s: SidecarView) -> str:
+    """``error file: 12 lines (8 Connection refused, 4 timeout)``."""
+    if s.state != "ok":
+        return f"{s.kind} file: {s.state}"
+    if not s.lines:
+        return f"{s.kind} file: empty"
+    reasons = ", ".join(f"{display.count(n)} {why}" for why, n in list(s.reasons.items())[:3])
+    more = f", {display.count(s.other_reasons)} other" if s.other_reasons else ""
+    return f"{s.kind} file: {display.count(s.lines)} lines ({reasons}{more})"

@@ -1,0 +1,69 @@
+"""Data that shrinks or is replaced under a running run raises an alarm with the byte counts,
+kept on the dataset and written to the audit log once; not while no writer is alive."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from supervisor import audit
+from supervisor.agent.scan import Scanner
+from supervisor.dataloss import DataLossWatch
+
+
+@pytest.fixture(autouse=True)
+def _state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+
+def _rows(n: int, start: int = 0) -> str:
+    return "".join(
+        json.dumps({"conversation_id": i, "conversations": [{"role": "assistant", "content": "x"}]})
+        + "\n"
+        for i in range(start, start + n)
+    )
+
+
+def test_overwrite_under_a_running_run_is_an_alarm_once(tmp_path: Path) -> None:
+    data = tmp_path / "out.jsonl"
+    data.write_text(_rows(50))
+    scanner, watch = Scanner(), DataLossWatch()
+    before = data.stat().st_size
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    data.write_text(_rows(3))  # opened "w": the 50 rows are gone
+    alarm = watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True)
+    assert alarm is not None and "shrank" in alarm
+    assert f"{before:,} bytes before" in alarm and f"{data.stat().st_size} bytes now" in alarm
+    with data.open("a") as f:
+        f.write(_rows(100, 3))  # grows past the old size: the alarm stays
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) == alarm
+    records = [r for r in audit.read() if r["action"] == "data-loss"]
+    assert len(records) == 1 and records[0]["bytes_before"] == before
+
+
+def test_replacement_by_a_bigger_file_is_an_alarm(tmp_path: Path) -> None:
+    data = tmp_path / "out.jsonl"
+    data.write_text(_rows(5))
+    scanner, watch = Scanner(), DataLossWatch()
+    watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True)
+    other = tmp_path / "new.jsonl"
+    other.write_text(_rows(20, 100))
+    os.replace(other, data)
+    alarm = watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True)
+    assert alarm is not None and "was replaced" in alarm
+
+
+def test_no_alarm_without_a_writer_or_for_growth(tmp_path: Path) -> None:
+    data = tmp_path / "out.jsonl"
+    data.write_text(_rows(5))
+    scanner, watch = Scanner(), DataLossWatch()
+    watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True)
+    with data.open("a") as f:
+        f.write(_rows(5, 5))
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    data.write_text(_rows(1))  # the documented repair, say: no writer alive
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), False) is None
+    assert watch.alarms() == {}
