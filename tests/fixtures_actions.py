@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
@@ -388,3 +389,15 @@ stop_grace_seconds = 5.0
         top=f'scripts = ["run_inference.py"]\n{top}',
     )
     return run, cfg
+
+
+def runwatch(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
+    """``runwatch ARGS`` as a separate process (the engine's CLI), stdin closed, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures_actions import runwatch
 from tests.fixtures_procs import FakeRun, FakeRuns, alive, gone
 
 
@@ -38,16 +39,6 @@ def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     state = tmp_path / "state"
     monkeypatch.setenv("XDG_STATE_HOME", str(state))
     return state
-
-
-def runwatch(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def start_run(fake_runs: FakeRuns, *extra: str, **kw: object) -> FakeRun:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import stat
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,23 +30,12 @@ from tests.fixtures_actions import (
     pid_alive,
     raw_record,
     run_pids,
+    runwatch,
     sha256_of,
     why,
     write_legacy,
 )
 from tests.waiting import wait_until
-
-
-def runwatch(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", *args],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=dict(os.environ),
-        check=False,
-    )
 
 
 async def launch(

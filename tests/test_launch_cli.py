@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +13,10 @@ from tests.fixtures_actions import (
     legacy_record,
     pid_alive,
     run_pids,
+    runwatch,
     sha256_of,
 )
 from tests.waiting import wait_until
-
-
-def runwatch(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", *args],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=dict(os.environ),
-        check=False,
-    )
 
 
 def test_no_terminal_and_no_yes_refuses(
