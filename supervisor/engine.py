@@ -90,7 +90,6 @@ from supervisor.model import (
 )
 from supervisor.plan import Action, ActionResult, OnStep, Plan, Step, make_plan
 from supervisor.provisional import provisional_view
-from supervisor.runpaths import run_paths
 from supervisor.samples import LatestSamples, SamplePreview, latest_samples
 from supervisor.secrets import known_secrets, note_secrets
 from supervisor.slurm import describe as describe_job
@@ -356,7 +355,7 @@ class Engine:
             ) from None
         if rc.host != host:
             raise UsageError(f"run {run} is on host {rc.host}, not {host}")
-        path = run_paths(self.config, rc)["log"]
+        path = layout_of(self.config, rc).log
         if self.config.host(rc.host).kind == "slurm":  # the job's output file (its StdOut)
             path = slurm.job_output(self.last, run) or path
         reply = await self.host(host).request("tail_log", {"path": path, "lines": int(lines)})

@@ -32,11 +32,3 @@ def launch_env(
                 "environment, never its argv",
             )
     return env, secret
-
-
-def api_key_names(config: Config, run: RunConfig) -> list[str]:
-    """Names of the environment variables holding the run's API key (none without endpoint)."""
-    if run.endpoint is None:
-        return []
-    name = config.endpoint(run.endpoint).api_key_env
-    return [name] if name else []

@@ -584,10 +584,10 @@ def _submit(cfg: Config, run: Any) -> dict[str, Any]:
     """Submit a demo run as a Slurm job (exactly as ``runwatch launch`` would) and return its
     identity; the API key reaches the job through sbatch's environment, never a file."""
     from supervisor.agent.slurm import slurm_submit
-    from supervisor.runpaths import run_paths
+    from supervisor.layout import layout_of
     from supervisor.slurm import submit_params, tag_of
 
-    params = submit_params(cfg, run, list(run.argv), dict(run.env), run_paths(cfg, run))
+    params = submit_params(cfg, run, list(run.argv), dict(run.env), layout_of(cfg, run).paths)
     reply = slurm_submit(params)
     if not reply.get("submitted"):
         raise RunwatchError(f"runwatch demo --slurm: {run.name}: {reply.get('detail')}")
