@@ -187,3 +187,26 @@ def parse_help_flags(text: str) -> dict[str, bool | None]:
                 rest = part.strip()[opt.end() :].strip()
                 found[opt.group(1)] = bool(rest) or bool(opt.group(2))
     return {f: v for f, v in found.items() if f not in ("-", "--")}
+
+
+_CHOICES_RE = re.compile(r"^(--?[A-Za-z0-9][A-Za-z0-9_.\-]*)[ =]\{([^{}]*)\}(?=\s|$)")
+
+
+def parse_help_choices(text: str) -> dict[str, list[str]]:
+    """The choices an argparse-style ``--help`` prints for its options, read from the option
+    column (``  --reasoning {none,save,disable}``, ``  -r {a,b}, --mode {a,b}``):
+    ``{"--reasoning": ["none", "save", "disable"], "-r": [...], "--mode": [...]}``.
+
+    argparse prints ``choices=`` this way (joined by commas, so a choice holding a comma cannot be
+    told apart); it prints no other type, so int and float values cannot be read from a help."""
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped.startswith("-"):
+            continue
+        column = re.split(r"\s{2,}", stripped, maxsplit=1)[0]
+        for part in column.split(", "):
+            m = _CHOICES_RE.match(part.strip())
+            if m is not None and m.group(2):
+                found[m.group(1)] = m.group(2).split(",")
+    return found

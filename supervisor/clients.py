@@ -5,7 +5,9 @@ each of its flags means (datasets, output directory or single output file, input
 budget, resume, concurrency, endpoint, model), how it resumes (``always``, or only with its resume
 flag: without it the script OVERWRITES its output), which files beside its output hold failed or
 skipped prompts, how an input row's id appears in a record, which flags do not change what is
-generated (``volatile``), and every flag it accepts. Built-in profiles:
+generated (``volatile``), every flag it accepts, and what the value of each must be
+(``value_types``: ``int``, ``float``, ``str``, ``path``, or a list of choices; a restart checks
+every ``--set`` value against them before it stops anything). Built-in profiles:
 
 ``run_inference``
     The reference client (``supervisor/demo/run_inference.py``): ``--datasets``, ``--output-dir``,
@@ -82,6 +84,23 @@ def _builtin() -> dict[str, ClientProfile]:
             "--report-seconds",
         ],
         switches=["--legacy-format"],
+        value_types={
+            "--datasets": "str",
+            "--prompts-dir": "path",
+            "--output-dir": "path",
+            "--api-base": "str",
+            "--model": "str",
+            "--api-key-env": "str",
+            "--concurrency": "int",
+            "--max-samples": "int",
+            "--token-budget": "int",
+            "--max-tokens": "int",
+            "--temperature": "float",
+            "--max-retries": "int",
+            "--max-failures": "int",
+            "--request-timeout": "float",
+            "--report-seconds": "float",
+        },
     )
     specforge = ClientProfile(
         name="specforge",
@@ -125,6 +144,20 @@ def _builtin() -> dict[str, ClientProfile]:
             "--server-address",
         ],
         switches=["--is-gpt-oss", "--resume"],
+        value_types={
+            "--model": "str",
+            "--reasoning": ["none", "save", "disable"],
+            "--temperature": "float",
+            "--top-p": "float",
+            "--top-k": "int",
+            "--repetition-penalty": "float",
+            "--max-tokens": "int",
+            "--concurrency": "int",
+            "--input-file-path": "path",
+            "--output-file-path": "path",
+            "--num-samples": "int",
+            "--server-address": "str",
+        },
     )
     modelopt = ClientProfile(
         name="modelopt",
@@ -155,6 +188,19 @@ def _builtin() -> dict[str, ClientProfile]:
             "--thinking-modes",
         ],
         switches=["--log_empty_conversations"],
+        # --chat is argparse type=bool, which takes any value: left untyped.
+        value_types={
+            "--data_path": "path",
+            "--output_path": "path",
+            "--num_threads": "int",
+            "--temperature": "float",
+            "--max_tokens": "int",
+            "--model": "str",
+            "--url": "str",
+            "--api_key": "str",
+            "--system_prompt": "str",
+            "--thinking-modes": "str",
+        },
     )
     return {p.name: p for p in (reference, specforge, modelopt)}
 
@@ -164,6 +210,77 @@ BUILTIN_CLIENTS: dict[str, ClientProfile] = _builtin()
 
 ROLES: tuple[str, ...] = ClientFlagNames.__struct_fields__
 """What a flag can mean (the keys of a profile's ``flags``)."""
+
+
+VALUE_TYPES: tuple[str, ...] = ("int", "float", "str", "path")
+"""The named types of a profile's ``value_types`` (a list of strings is a set of choices)."""
+
+ValueType = str | list[str]
+"""One entry of ``value_types``: a name of :data:`VALUE_TYPES` or the choices."""
+
+
+def value_types_problems(profile: ClientProfile) -> list[tuple[str, str]]:
+    """What is wrong with the profile's ``value_types``: ``(".FLAG: what", hint)`` each (a type
+    that does not exist, choices that are empty, a flag that is not one of ``known_flags`` or
+    is a switch); empty when nothing is."""
+    out: list[tuple[str, str]] = []
+    types_hint = f"a type is one of {', '.join(VALUE_TYPES)}, or a list of choices"
+    for flag, vtype in profile.value_types.items():
+        if not flag.startswith("-") or "=" in flag or " " in flag:
+            out.append((f".{flag}: {flag!r} is not a flag name", "spell it as on the command line"))
+        elif isinstance(vtype, str) and vtype not in VALUE_TYPES:
+            out.append((f".{flag}: unknown type {vtype!r}", types_hint))
+        elif isinstance(vtype, list) and not vtype:
+            out.append((f".{flag}: an empty list of choices", types_hint))
+        elif profile.known_flags and flag not in profile.known_flags:
+            out.append(
+                (
+                    f".{flag}: not one of the profile's known_flags",
+                    f"add {flag} to known_flags, or correct its spelling",
+                )
+            )
+        elif flag in profile.switches:
+            out.append(
+                (f".{flag}: a switch takes no value", "remove it from switches or value_types")
+            )
+    return out
+
+
+def value_problem(value: str, vtype: ValueType, numeric_choices: bool = False) -> str | None:
+    """Why ``value`` is not of type ``vtype`` (``"is not an int"``); None when it is. ``int``
+    and ``float`` read the value as argparse's ``type=int`` / ``type=float`` do. With
+    ``numeric_choices`` (choices whose type is not known, read from ``--help``), a value equal
+    as a number to a choice that is a number passes too (``01`` for ``1``)."""
+    if isinstance(vtype, list):
+        if value in vtype or (numeric_choices and _number_in(value, vtype)):
+            return None
+        return f"is not one of {', '.join(vtype)}"
+    try:
+        if vtype == "int":
+            int(value)
+        elif vtype == "float":
+            float(value)
+    except ValueError:
+        return f"is not {'an int' if vtype == 'int' else 'a float'}"
+    if vtype == "path" and not value:
+        return "is not a path (it is empty)"
+    return None
+
+
+def _number_in(value: str, choices: Sequence[str]) -> bool:
+    def number(text: str) -> float | None:
+        try:
+            return float(text)
+        except ValueError:
+            return None
+
+    n = number(value)
+    return n is not None and any(number(c) == n for c in choices)
+
+
+def describe_type(vtype: ValueType) -> str:
+    """A type for humans: ``int``, or ``one of none/save/disable``."""
+    return f"one of {'/'.join(vtype)}" if isinstance(vtype, list) else vtype
 
 
 def profiles(config: Config) -> dict[str, ClientProfile]:
@@ -364,4 +481,13 @@ def describe(info: ClientInfo) -> list[str]:
     lines.append(
         f"  known flags: {len(p.known_flags)}" if p.known_flags else "  known flags: from --help"
     )
+    if p.value_types:
+        lines.append("  value types (checked for every --set):")
+        for name in VALUE_TYPES:
+            typed = [f for f, t in p.value_types.items() if t == name]
+            if typed:
+                lines.append(f"    {name}: {', '.join(typed)}")
+        for f, t in p.value_types.items():
+            if isinstance(t, list):
+                lines.append(f"    {f}: {describe_type(t)}")
     return lines

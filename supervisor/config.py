@@ -277,6 +277,13 @@ class ClientProfile(_Section):
     """Every flag the script accepts (``--set`` is checked against them); empty: ask ``--help``."""
     switches: list[str] = []
     """Those of ``known_flags`` that take no value (``--resume``)."""
+    value_types: dict[str, str | list[str]] = {}
+    """What the value of a flag must be, checked for every ``--set`` before a restart stops
+    anything (a flag without a type takes any value): ``"int"`` (argparse ``type=int``: what
+    Python's ``int()`` reads), ``"float"`` (``type=float``), ``"str"`` (any value), ``"path"`` (a
+    non-empty path), or a list of strings, one of which the value must be exactly (argparse
+    ``choices``). Each typed flag must be one of ``known_flags`` (when given) and not a switch:
+    ``value_types = { "--max-tokens" = "int", "--reasoning" = ["none", "save", "disable"] }``."""
     name: str = ""
     """Set from the table name (not a key of the file)."""
 
@@ -435,6 +442,7 @@ def load_config(
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{shown}: invalid TOML: {e}") from None
     data = _expand(data, os.environ if env is None else env, shown, "")
+    _check_value_type_shapes(data, shown)
     try:
         config = msgspec.convert(data, Config, strict=True)
     except msgspec.ValidationError as e:
@@ -445,6 +453,26 @@ def load_config(
     _check_references(config)
     _apply_clients(config, data)
     return config
+
+
+def _check_value_type_shapes(data: Any, shown: str) -> None:
+    """Each ``clients.NAME.value_types`` entry is a string or a list of strings (checked before
+    msgspec, whose message cannot name the client and flag of a table of tables)."""
+    table = data.get("clients") if isinstance(data, dict) else None
+    for name, client in (table or {}).items() if isinstance(table, dict) else ():
+        types = client.get("value_types") if isinstance(client, dict) else None
+        if not isinstance(types, dict):
+            continue
+        for flag, vtype in types.items():
+            if isinstance(vtype, str) or (
+                isinstance(vtype, list) and all(isinstance(c, str) for c in vtype)
+            ):
+                continue
+            raise ConfigError(
+                f"{shown}: clients.{name}.value_types.{flag}: expected a type name or a list "
+                f"of strings (choices), got {vtype!r}",
+                'for example value_types = { "--n" = "int", "--mode" = ["fast", "slow"] }',
+            )
 
 
 def _expand(value: Any, env: typing.Mapping[str, str], shown: str, key: str) -> Any:
@@ -671,7 +699,8 @@ def _check_references(config: Config) -> None:
 
 def _check_clients(config: Config, formats: set[str]) -> None:
     """Client profiles name known formats and real flags; runs name known clients."""
-    from supervisor.clients import BUILTIN_CLIENTS  # here: clients reads this module's types
+    # here: clients reads this module's types
+    from supervisor.clients import BUILTIN_CLIENTS, value_types_problems
 
     shown = config.path
     for name, c in config.clients.items():
@@ -695,6 +724,8 @@ def _check_clients(config: Config, formats: set[str]) -> None:
                 f"{shown}: {key}.flags: name either output_file (one output file) or "
                 "output_dir/datasets (a file per dataset)"
             )
+        for problem, hint in value_types_problems(c):
+            raise ConfigError(f"{shown}: {key}.value_types{problem}", hint)
         if c.resume == "flag" and not c.flags.resume:
             raise ConfigError(f"{shown}: {key}.flags.resume: required when resume = 'flag'")
         if "{}" not in c.endpoint_template:

@@ -198,11 +198,14 @@ class Plan:
             for d in last:
                 lines.append(f"    {d['flag']}: {show_value(d['old'])} -> {show_value(d['new'])}")
         if not self.spec.empty:
-            kept = [f if v is None else f"{f} {v}" for f, v in self.spec.sets]
+            # Each "--flag=value" masked whole (a secret flag's value too), shown "--flag value".
+            kept = [
+                f if v is None else mask_argv([f"{f}={v}"], self.secrets)[0].replace("=", " ", 1)
+                for f, v in self.spec.sets
+            ]
             kept += [f"no {f}" for f in self.spec.unsets]
             lines.append(
-                "  launch spec (kept for later launches; --reset drops it): "
-                + ", ".join(mask_argv(kept, self.secrets))
+                "  launch spec (kept for later launches; --reset drops it): " + ", ".join(kept)
             )
         if self.secret_env:
             lines.append(f"  environment: {', '.join(self.secret_env)} passed from this machine")

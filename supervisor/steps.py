@@ -32,7 +32,7 @@ from supervisor import audit, clients, display, launchspec
 from supervisor.agent import match
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import AGENT_LOADER, MASK
-from supervisor.argv import parse_help_flags
+from supervisor.argv import parse_help_choices, parse_help_flags
 from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
 from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
 from supervisor.layout import RunLayout, layout_of
@@ -208,32 +208,77 @@ class _Runner:
         profile = plan.layout.client.known_flags
         source = f"the client profile {plan.layout.client.name!r}"
         known: dict[str, bool | None]
+        # Value types: the profile's (only when a profile describes the script), else the
+        # choices its --help prints (``--mode {a,b}``).
+        types: dict[str, clients.ValueType] = {}
+        type_source = ""
+        if plan.layout.profiled and plan.layout.profile.value_types:
+            types = dict(plan.layout.profile.value_types)
+            name = plan.layout.profile.name
+            user = name in self.engine.config.clients
+            type_source = (
+                f"value_types of the client profile {name!r} in {self.engine.config.path}"
+                if user
+                else f"value_types of the built-in client profile {name!r}"
+            )
+        guessed: dict[str, clients.ValueType] = {}
         if profile is not None:
             known = {f: f not in plan.layout.client.switches for f in profile}
         else:
             read = await self._help_flags(step)
             if read is None:
                 return
-            known, source = read
+            known, source, choices = read
+            guessed = {f: c for f, c in choices.items() if f not in types}
         problems = [_unknown_flag(f, known) for f in flags if f not in known]
+        bad_values: list[str] = []
+        unsure: list[str] = []  # outside the choices read from --help: --force lets them by
+        checked = 0
         for f, value in plan.spec.sets:
             takes = known.get(f)
             if value is None and takes:
                 problems.append(f"{f}: needs a value (--set {f.lstrip('-')}=VALUE)")
             elif value is not None and takes is False:
                 problems.append(f"{f}: takes no value (--set {f.lstrip('-')})")
-        if problems:
+            elif value is not None and f in known and f in types:
+                checked += 1
+                wrong = clients.value_problem(value, types[f])
+                if wrong is not None:
+                    shown = self._shown(f, value)
+                    bad_values.append(f"{f}: {shown} {wrong} (type from {type_source})")
+            elif value is not None and f in known and f in guessed:
+                checked += 1
+                wrong = clients.value_problem(value, guessed[f], numeric_choices=True)
+                if wrong is not None:
+                    unsure.append(f"{f}: {self._shown(f, value)} {wrong} (choices from {source})")
+        if problems or bad_values or (unsure and not plan.force):
             raise StepFailed(
                 "the new command line would not start: "
-                + "; ".join(problems)
-                + f" (flags from {source})",
-                "nothing was stopped or launched; fix the --set / --unset flags",
+                + "; ".join(problems + bad_values + unsure)
+                + (f" (flags from {source})" if problems else ""),
+                "nothing was stopped or launched; fix the --set / --unset flags"
+                + ("; if the script does take that value, pass --force" if unsure else ""),
             )
         step.detail = f"{len(flags)} flag(s) accepted by the client ({source}): " + ", ".join(flags)
+        if checked - len(unsure):
+            step.detail += f"; {checked - len(unsure)} value(s) of the expected type"
+        if unsure:
+            step.detail += "; NOT checked (--force): " + "; ".join(unsure)
 
-    async def _help_flags(self, step: Step) -> tuple[dict[str, bool | None], str] | None:
-        """The flags the client's ``--help`` lists, or None when the step was settled by
-        ``--force`` (the flags could not be read).
+    def _shown(self, flag: str, value: str) -> str:
+        """``value`` quoted for a message, or a placeholder when it is (or holds) a secret: the
+        value of a secret-named flag, a key-shaped value, a known key."""
+        arg = f"{flag}={value}"
+        if mask_argv([arg], self.plan.secrets) != [arg] or mask_text(arg, self.plan.secrets) != arg:
+            return "the value given (not shown: it is a secret)"
+        return repr(value)
+
+    async def _help_flags(
+        self, step: Step
+    ) -> tuple[dict[str, bool | None], str, dict[str, clients.ValueType]] | None:
+        """The flags the client's ``--help`` lists, where they come from, and the choices it
+        prints for some (``--mode {a,b}``); None when the step was settled by ``--force`` (the
+        flags could not be read).
 
         Only the interpreter and the script run, with ``--help`` alone, bounded in time; a
         script that ignores ``--help`` would start working, which is why a client profile's
@@ -265,7 +310,8 @@ class _Runner:
                 problem = f"its --help (exit status {reply.exit_code}) lists no flags"
             else:
                 script = posixpath.basename(plan.argv[idx])
-                return known, f"{script} --help on {plan.host}"
+                choices: dict[str, clients.ValueType] = dict(parse_help_choices(reply.output))
+                return known, f"{script} --help on {plan.host}", choices
         if plan.force:
             await self.set(
                 step,

@@ -227,7 +227,9 @@ client = "specforg"
 def test_clients_command_lists_what_each_profile_knows(tmp_path: Path) -> None:
     cfg = _config(
         tmp_path,
-        '[clients.mygen]\nscripts = ["gen.py"]\n[clients.mygen.flags]\noutput_file = ["--out"]\n',
+        '[clients.mygen]\nscripts = ["gen.py"]\n'
+        'value_types = { "--n" = "int", "--mode" = ["a", "b"] }\n'
+        '[clients.mygen.flags]\noutput_file = ["--out"]\n',
     )
     result = CliRunner().invoke(cli, ["clients", "-c", str(cfg), "--json"])
     assert result.exit_code == 0, result.output
@@ -238,7 +240,13 @@ def test_clients_command_lists_what_each_profile_knows(tmp_path: Path) -> None:
     assert data["specforge"]["budget_flag"] is None
     assert data["run_inference"]["budget_flag"] == "--token-budget"
     assert data["mygen"]["source"] == str(cfg)
+    assert data["specforge"]["value_types"]["--reasoning"] == ["none", "save", "disable"]
+    assert data["modelopt"]["value_types"]["--num_threads"] == "int"
+    assert data["mygen"]["value_types"] == {"--n": "int", "--mode": ["a", "b"]}
     text = CliRunner().invoke(cli, ["clients", "-c", str(cfg)])
     assert text.exit_code == 0
     assert "OVERWRITES its output unless given --resume" in text.output
     assert "no budget flag" in text.output
+    assert "    --reasoning: one of none/save/disable" in text.output
+    assert "    float: --temperature, --top-p, --repetition-penalty" in text.output
+    assert "    --mode: one of a/b" in text.output

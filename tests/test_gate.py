@@ -288,16 +288,17 @@ def test_inv5_help_flags_parses_argparse_help() -> None:
 async def test_inv6_failed_relaunch_is_rolled_back(
     tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
 ) -> None:
-    """The new command line passes the preflight but dies at once: the old one runs again."""
+    """The new command line passes the preflight (``--concurrency 0`` is an int) but the client
+    refuses it at once: the old one runs again."""
     demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
     kill_runs_in.append(demo.workdir)
     async with engine_for(demo) as engine:
         old_pid = await launched(engine, demo)
-        result = await restart(engine, "demo", ["concurrency=two"])
+        result = await restart(engine, "demo", ["concurrency=0"])
         assert not result.ok
         failed = result.failed_step
         assert failed is not None and failed.name == "launch", why(result)
-        assert "invalid int value" in failed.detail
+        assert "--concurrency must be at least 1" in failed.detail
         assert result.rollback is not None and result.rollback["ok"], result.rollback
         assert result.rollback["detail"].startswith("rolled back")
         new_pid = result.rollback["identity"]["pid"]
@@ -307,7 +308,8 @@ async def test_inv6_failed_relaunch_is_rolled_back(
         [rv] = [r for h in snap.hosts for r in h.runs if r.name == "demo"]
         assert rv.state == "running" and rv.process is not None
         assert rv.process.identity.pid == new_pid
-        assert "two" not in rv.process.identity.argv
+        argv = rv.process.identity.argv
+        assert argv[argv.index("--concurrency") + 1] == "2"  # the previous command line
     # the spec of the failed launch was not kept; the rollback is in the audit log
     assert launchspec.load("demo").sets == []
     rolls = [e for e in audit.read() if e["action"] == "rollback"]

@@ -446,7 +446,7 @@ async def _generate(
 # --------------------------------------------------------------------------- main
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Generate responses for datasets of prompts.")
     p.add_argument("--datasets", required=True, help="comma-separated dataset names, e.g. B1,B2")
     p.add_argument("--prompts-dir", default="prompts", help="holds <dataset>.jsonl prompt files")
@@ -470,6 +470,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="PATH",
         help="append where each written line is (file, offset, sha1) to PATH, fsynced",
     )
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = _parser()
     args = p.parse_args(argv)
     args.datasets = [d for d in args.datasets.split(",") if d]
     if not args.datasets:
