@@ -8,7 +8,9 @@ are the files the new command line will write.
 
 0. ``preflight`` - every flag the plan sets or removes must be one the client accepts: from the
    client profile's known flags where it has them, else from the script's own ``--help`` run on
-   the host (``help_flags``), with a "did you mean" for a typo.
+   the host (``help_flags``), with a "did you mean" for a typo; and every value set must be of
+   its type: the profile's ``value_types`` (int, float, str, path, choices), else the choices the
+   script's ``--help`` prints. The script is never run with the new values.
 1. ``format-check`` - every dataset file of the run is scanned with full validation (complete
    lines only) against the format the run writes; ``legacy``, ``mixed``, ``unknown`` or
    ``corrupt`` blocks, naming file, line and keys. With ``move_aside`` those files are moved
@@ -124,7 +126,8 @@ class Plan:
     unsets: list[str] = field(default_factory=list)
     force: bool = False
     """Launch a dataset already over its budget without a budget flag; launch without a
-    preflight when the client's flags cannot be read."""
+    preflight when the client's flags cannot be read; let a value outside the choices read from
+    the client's ``--help`` by."""
     move_aside: bool = False
     allow_change: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)

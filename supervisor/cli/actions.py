@@ -149,8 +149,10 @@ _reset_option = click.option(
 _force_option = click.option(
     "--force",
     is_flag=True,
-    help="Launch even when a dataset is already over its budget with no budget flag, or when "
-    "the client's flags cannot be read to check --set / --unset.",
+    help="Launch even when a dataset is already over its budget with no budget flag, when "
+    "the client's flags cannot be read to check --set / --unset, or with a --set value outside "
+    "the choices the client's --help prints (a client profile's value types are never "
+    "overridden).",
 )
 _dry_option = click.option(
     "--dry-run", is_flag=True, help="Show the plan and run the checks; change nothing."
