@@ -724,7 +724,9 @@ def _check_clients(config: Config, formats: set[str]) -> None:
                 f"{shown}: {key}.flags: name either output_file (one output file) or "
                 "output_dir/datasets (a file per dataset)"
             )
-        for problem, hint in value_types_problems(c):
+        wrong_types = value_types_problems(c)
+        if wrong_types:
+            problem, hint = wrong_types[0]
             raise ConfigError(f"{shown}: {key}.value_types{problem}", hint)
         if c.resume == "flag" and not c.flags.resume:
             raise ConfigError(f"{shown}: {key}.flags.resume: required when resume = 'flag'")

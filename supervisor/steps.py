@@ -234,29 +234,31 @@ class _Runner:
         bad_values: list[str] = []
         unsure: list[str] = []  # outside the choices read from --help: --force lets them by
         checked = 0
+        given = {f for f, _ in plan.overrides}
         for f, value in plan.spec.sets:
             takes = known.get(f)
             if value is None and takes:
                 problems.append(f"{f}: needs a value (--set {f.lstrip('-')}=VALUE)")
             elif value is not None and takes is False:
                 problems.append(f"{f}: takes no value (--set {f.lstrip('-')})")
-            elif value is not None and f in known and f in types:
+            elif value is not None and f in known and (f in types or f in guessed):
                 checked += 1
-                wrong = clients.value_problem(value, types[f])
-                if wrong is not None:
-                    shown = self._shown(f, value)
-                    bad_values.append(f"{f}: {shown} {wrong} (type from {type_source})")
-            elif value is not None and f in known and f in guessed:
-                checked += 1
-                wrong = clients.value_problem(value, guessed[f], numeric_choices=True)
-                if wrong is not None:
-                    unsure.append(f"{f}: {self._shown(f, value)} {wrong} (choices from {source})")
+                vtype = types[f] if f in types else guessed[f]
+                wrong = clients.value_problem(value, vtype, numeric_choices=f not in types)
+                if wrong is None:
+                    continue
+                src = f"type from {type_source}" if f in types else f"choices from {source}"
+                if f not in given:
+                    src += "; kept in the run's launch spec, --reset drops it"
+                text = f"{f}: {self._shown(f, value)} {wrong} ({src})"
+                (bad_values if f in types else unsure).append(text)
         if problems or bad_values or (unsure and not plan.force):
             raise StepFailed(
                 "the new command line would not start: "
                 + "; ".join(problems + bad_values + unsure)
                 + (f" (flags from {source})" if problems else ""),
                 "nothing was stopped or launched; fix the --set / --unset flags"
+                + ("; `runwatch clients` shows each flag's type" if bad_values else "")
                 + ("; if the script does take that value, pass --force" if unsure else ""),
             )
         step.detail = f"{len(flags)} flag(s) accepted by the client ({source}): " + ", ".join(flags)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import audit, clients
+from supervisor import audit, clients, launchspec
 from supervisor.argv import parse_help_choices
 from supervisor.config import load_config
 from supervisor.demo import modelopt_server_generate, run_inference, specforge_regenerate
@@ -258,6 +258,11 @@ def test_inv5_a_user_profile_types_its_flags(tmp_path: Path, state_home: Path) -
     # --service-token is untyped here: any value passes, as before value types existed
     untyped = asyncio.run(go(["service-token=x"]))
     assert next(s for s in untyped.steps if s.name == "preflight").state == "ok", why(untyped)
+    # a value kept from an earlier launch (before the type was declared) is checked too
+    launchspec.save(launchspec.LaunchSpec(run="mine", sets=[("--n", "ten")]))
+    detail = _refused_at_preflight(asyncio.run(go([])))
+    assert "--n: 'ten' is not an int (type from" in detail
+    assert "kept in the run's launch spec, --reset drops it" in detail
 
 
 def test_inv5_a_secret_flag_value_is_refused_without_showing_it(
