@@ -681,7 +681,9 @@ class Engine:
                 pseudo = RunConfig(
                     name=name, host=hc.name, workdir=proc.cwd or "/", argv=list(proc.argv_masked)
                 )
-                dsv.append(self._dataset_view(hc.name, pseudo, ds, found, proc.flags, proc))
+                dsv.append(
+                    self._dataset_view(hc.name, pseudo, ds, found, proc.flags, proc, ours=False)
+                )
             run_views.append(
                 RunView(
                     name=name,
@@ -724,8 +726,12 @@ class Engine:
         proc: ProcessInfo | None,
         prompts: int | None = None,
         alive: bool | None = None,
+        ours: bool = True,
     ) -> DatasetView:
-        """``alive``: whether the dataset's writer runs (default: ``proc`` is alive)."""
+        """``alive``: whether the dataset's writer runs (default: ``proc`` is alive). ``ours``:
+        the dataset is a configured run's; a process the config does not know gets none of the
+        ``[datasets.NAME]`` limits (a dataset of the same name elsewhere is not ours), only its
+        own flags (``--token-budget``, ``--max-samples``)."""
         endpoint = self.config.endpoint(run.endpoint) if run.endpoint is not None else None
         tracker = self._live.dataset_tracker(self._trackers, host, str(scan.get("path") or dataset))
         counter = self._count_texts if scan.get("texts") else None
@@ -737,7 +743,7 @@ class Engine:
                 counter, problem = None, e.message
         view = rates.build_dataset_view(
             scan,
-            self.config.datasets.get(dataset),
+            self.config.datasets.get(dataset) if ours else None,
             flags,
             tracker,
             rates.CostInfo.from_endpoint(endpoint),

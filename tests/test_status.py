@@ -365,3 +365,49 @@ def test_no_config_anywhere_says_where_it_looked(tmp_path: Path) -> None:
         f"runwatch.toml or configs/runwatch.toml in {tmp_path}\n"
     )
     assert "runwatch demo" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_process_not_in_the_config_gets_no_config_budget(
+    tmp_path: Path, fake_runs: FakeRuns
+) -> None:
+    """``[datasets.B2]`` budgets the configured run's B2: a stranger's process writing a dataset
+    of that name elsewhere is not held to it (only to its own ``--token-budget``)."""
+    from tests.fixtures_actions import runwatch
+
+    dirs = {}
+    for name in ("ours", "stranger", "capped"):
+        (tmp_path / name / "out" / "B2").mkdir(parents=True)
+        dirs[name] = tmp_path / name
+        truth = make_raw(tmp_path / name / "out" / "B2" / "raw_responses.jsonl", 20, seed=4)
+    assert truth.completion_tokens > 300
+    config = tmp_path / "rw.toml"
+    config.write_text(
+        '[[hosts]]\nname = "here"\nlocal = true\n\n'
+        f'[[runs]]\nname = "ours"\nhost = "here"\nworkdir = {_q(str(dirs["ours"]))}\n'
+        'argv = ["python3", "run_inference.py", "--datasets", "B2", "--output-dir", "out"]\n\n'
+        "[datasets.B2]\ntoken_budget = 300\n"
+    )
+    stranger = fake_runs.start("--datasets", "B2", "--output-dir", "out", cwd=dirs["stranger"])
+    capped = fake_runs.start(
+        "--datasets", "B2", "--output-dir", "out", "--token-budget", "200", cwd=dirs["capped"]
+    )
+    out = runwatch("status", "-c", str(config), "--json")
+    assert out.returncode == 0, out.stderr
+    (host,) = json.loads(out.stdout)["hosts"]
+    runs = {r["name"]: r for r in host["runs"]}
+    (ours,) = runs["ours"]["datasets"]
+    assert ours["token_budget"] == 300 and ours["over_budget"] is True
+    (theirs,) = runs[f"run_inference.py (pid {stranger.pid})"]["datasets"]
+    assert theirs["name"] == "B2" and theirs["completion_tokens"] == truth.completion_tokens
+    assert theirs["token_budget"] is None and theirs["over_budget"] is False
+    # A process's own --token-budget is its budget, configured or not.
+    (own,) = runs[f"run_inference.py (pid {capped.pid})"]["datasets"]
+    assert own["token_budget"] == 200 and own["over_budget"] is True
+    text = runwatch("status", "-c", str(config))
+    assert text.returncode == 0, text.stderr
+    block = _run_block(text.stdout, f"run_inference.py (pid {stranger.pid})")
+    assert "(not in config)" in block[0]
+    (row,) = [ln for ln in block if ln.lstrip().startswith("B2 ")]
+    assert row.split()[3] == "-", row  # the budget column: none
+    assert "OVER BUDGET" not in "\n".join(block), block
+    assert "OVER BUDGET" in "\n".join(_run_block(text.stdout, "ours"))
