@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from supervisor import audit, clients, rates, slurm
+from supervisor import audit, clients, display, rates, slurm
 from supervisor import kill as kill_ops
 from supervisor.agent.formats import BUILTIN_FORMATS
 from supervisor.agent.masking import mask_argv, mask_text
@@ -644,6 +644,10 @@ class Engine:
                 state = "zombie"
             else:
                 state = "running"
+            if state in ("stopped", "zombie"):  # no writer: a partial last line is torn
+                for dv in datasets:
+                    if dv.state == "ok" and dv.partial_tail_bytes > 0:
+                        dv.torn_tail = torn_tail_note(dv.path, dv.partial_tail_bytes)
             profile = clients.client_of(self.config, run)
             rv = RunView(
                 name=run.name,
@@ -784,6 +788,16 @@ class Engine:
 
         self._tokenizer_ready()
         return sum(count_tokens(self._tokenizer, texts))
+
+
+def torn_tail_note(path: str, partial_bytes: int) -> str:
+    """What a stopped run's partial last line is and what the ``data-repair`` step of the next
+    launch or restart does with it (``supervisor.agent.datafiles.repair_tail``)."""
+    return (
+        f"torn last line: {display.count(partial_bytes)} bytes, no final newline (the run "
+        "stopped mid-record); the next launch or restart cuts it off, keeping a byte-identical "
+        f"copy in {posixpath.basename(path)}.broken"
+    )
 
 
 def _line_count(scan: dict[str, Any] | None) -> int | None:

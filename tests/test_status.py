@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -411,3 +412,64 @@ def test_a_process_not_in_the_config_gets_no_config_budget(
     assert row.split()[3] == "-", row  # the budget column: none
     assert "OVER BUDGET" not in "\n".join(block), block
     assert "OVER BUDGET" in "\n".join(_run_block(text.stdout, "ours"))
+
+
+def test_a_stopped_run_names_its_torn_last_line_and_a_running_one_does_not(
+    tmp_path: Path, fake_runs: FakeRuns
+) -> None:
+    """A partial last line with no writer alive is a torn record: status says so per dataset,
+    with its bytes and what the next launch or restart does; while the run runs it is the
+    record being written and nothing is said."""
+    from tests.fixtures_actions import runwatch
+    from tests.fixtures_data import raw_record
+
+    work = tmp_path / "work"
+    for ds in ("B1", "B2"):
+        (work / "out" / ds).mkdir(parents=True)
+        make_raw(work / "out" / ds / "raw_responses.jsonl", 5, seed=3)
+    torn = work / "out" / "B2" / "raw_responses.jsonl"
+    tail = json.dumps(raw_record(random.Random(1), "s9"))[:37].encode()
+    with torn.open("ab") as f:
+        f.write(tail)
+    before = torn.read_bytes()
+    config = write_config(
+        tmp_path / "rw.toml",
+        [{"name": "here", "local": True}],
+        [
+            {
+                "name": "gen",
+                "host": "here",
+                "workdir": str(work),
+                "argv": [*ARGV, "--output-dir", "out"],
+            }
+        ],
+    )
+    out = runwatch("status", "-c", str(config), "--json")
+    assert out.returncode == 0, out.stderr
+    (run,) = [r for r in json.loads(out.stdout)["hosts"][0]["runs"] if r["name"] == "gen"]
+    assert run["state"] == "stopped"
+    b1, b2 = run["datasets"]
+    assert b1["partial_tail_bytes"] == 0 and b1["torn_tail"] is None
+    assert b2["partial_tail_bytes"] == len(tail)
+    assert b2["torn_tail"] == (
+        f"torn last line: {len(tail)} bytes, no final newline (the run stopped mid-record); "
+        "the next launch or restart cuts it off, keeping a byte-identical copy in "
+        "raw_responses.jsonl.broken"
+    )
+    text = runwatch("status", "-c", str(config))
+    block = _run_block(text.stdout, "gen")
+    notes = [ln for ln in block if "torn last line" in ln]
+    assert notes == [f"      ! {b2['torn_tail']}"], block
+    # The note follows the B2 row (it is about that dataset).
+    (b2_row,) = [i for i, ln in enumerate(block) if ln.lstrip().startswith("B2 ")]
+    assert block[b2_row + 1] == notes[0]
+    assert torn.read_bytes() == before  # status reads, never repairs
+    # The same file under a live writer: the partial line is the record being written.
+    proc = fake_runs.start(*ARGV[2:], "--output-dir", "out", cwd=work)
+    out = runwatch("status", "-c", str(config), "--json")
+    (run,) = [r for r in json.loads(out.stdout)["hosts"][0]["runs"] if r["name"] == "gen"]
+    assert run["state"] == "running" and run["process"]["identity"]["pid"] == proc.pid
+    assert run["datasets"][1]["partial_tail_bytes"] == len(tail)
+    assert run["datasets"][1]["torn_tail"] is None
+    text = runwatch("status", "-c", str(config))
+    assert "torn" not in text.stdout, text.stdout

@@ -130,7 +130,7 @@ def _run_lines(r: RunView) -> list[str]:
         )
         if ds.state == "missing" and not ds.alarm:  # not reached yet: nothing to say
             continue
-        notes = [ds.alarm, ds.error]
+        notes = [ds.alarm, ds.error, ds.torn_tail]
         if ds.state == "ok" and not _plain_progress(ds):
             notes.append(ds.projection.message)
         if ds.verdict not in ("current", "empty"):
