@@ -9,7 +9,8 @@ One style throughout:
 - money: ``$86``, ``$1.20``, ``$0.004``;
 - rates: ``0.42``, ``12.4``, ``1,990``, ``25.1 k`` with an optional unit (``tok/s``, ``req/s``);
 - sizes: ``812 MB``, ``38.8 MB``, ``1.0 GB`` (binary multiples, as ``free`` and ``top`` print);
-- shares: ``54%``.
+- shares: ``54%``;
+- text cut to fit (command lines, paths): ends in ``…`` (:func:`shorten`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import math
 
 UNKNOWN = "-"
 """What every function prints for ``None``."""
+ELLIPSIS = "…"
+"""Ends a text cut to fit (:func:`shorten`): a cut never looks like the end."""
 
 _COMPACT_UNITS = ("", "k", "M", "G", "T")
 _SIZE_UNITS = ("B", "KB", "MB", "GB", "TB", "PB")
@@ -393,3 +396,29 @@ def scanning(files_done: int, files_total: int, bytes_done: int, bytes_total: in
     'scanning 3/8 files, 1.2 GB of 2.0 GB'
     """
     return f"scanning {files_done}/{files_total} files, {size(bytes_done)} of {size(bytes_total)}"
+
+
+def shorten(text: str, width: int, lines: int = 1) -> str:
+    """``text`` in at most ``lines`` lines of at most ``width`` characters, wrapped at spaces (a
+    word longer than a line is split); when it does not fit, the last line ends in ``…``.
+
+    >>> shorten("python3 run_inference.py --datasets B1,B2", 20)
+    'python3 run_inferen…'
+    >>> print(shorten("python3 run_inference.py --datasets B1,B2 --output-dir out", 26, lines=2))
+    python3 run_inference.py
+    --datasets B1,B2 --output…
+    >>> shorten("short", 20, lines=3)
+    'short'
+    """
+    if width < 1 or lines < 1:
+        return ""
+    out: list[str] = []
+    rest = text
+    while len(out) < lines - 1 and len(rest) > width:
+        cut = rest.rfind(" ", 0, width + 1)
+        if cut <= 0:  # no space to break at: split the word
+            cut = width
+        out.append(rest[:cut].rstrip(" "))
+        rest = rest[cut:].lstrip(" ")
+    out.append(rest if len(rest) <= width else rest[: width - 1] + ELLIPSIS)
+    return "\n".join(out)

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from supervisor import audit, clients, rates, slurm
+from supervisor import audit, clients, display, rates, slurm
 from supervisor import kill as kill_ops
 from supervisor.agent.formats import BUILTIN_FORMATS
 from supervisor.agent.masking import mask_argv, mask_text
@@ -644,6 +644,10 @@ class Engine:
                 state = "zombie"
             else:
                 state = "running"
+            if state in ("stopped", "zombie"):  # no writer: a partial last line is torn
+                for dv in datasets:
+                    if dv.state == "ok" and dv.partial_tail_bytes > 0:
+                        dv.torn_tail = torn_tail_note(dv.path, dv.partial_tail_bytes)
             profile = clients.client_of(self.config, run)
             rv = RunView(
                 name=run.name,
@@ -681,7 +685,9 @@ class Engine:
                 pseudo = RunConfig(
                     name=name, host=hc.name, workdir=proc.cwd or "/", argv=list(proc.argv_masked)
                 )
-                dsv.append(self._dataset_view(hc.name, pseudo, ds, found, proc.flags, proc))
+                dsv.append(
+                    self._dataset_view(hc.name, pseudo, ds, found, proc.flags, proc, ours=False)
+                )
             run_views.append(
                 RunView(
                     name=name,
@@ -724,8 +730,12 @@ class Engine:
         proc: ProcessInfo | None,
         prompts: int | None = None,
         alive: bool | None = None,
+        ours: bool = True,
     ) -> DatasetView:
-        """``alive``: whether the dataset's writer runs (default: ``proc`` is alive)."""
+        """``alive``: whether the dataset's writer runs (default: ``proc`` is alive). ``ours``:
+        the dataset is a configured run's; a process the config does not know gets none of the
+        ``[datasets.NAME]`` limits (a dataset of the same name elsewhere is not ours), only its
+        own flags (``--token-budget``, ``--max-samples``)."""
         endpoint = self.config.endpoint(run.endpoint) if run.endpoint is not None else None
         tracker = self._live.dataset_tracker(self._trackers, host, str(scan.get("path") or dataset))
         counter = self._count_texts if scan.get("texts") else None
@@ -737,7 +747,7 @@ class Engine:
                 counter, problem = None, e.message
         view = rates.build_dataset_view(
             scan,
-            self.config.datasets.get(dataset),
+            self.config.datasets.get(dataset) if ours else None,
             flags,
             tracker,
             rates.CostInfo.from_endpoint(endpoint),
@@ -778,6 +788,16 @@ class Engine:
 
         self._tokenizer_ready()
         return sum(count_tokens(self._tokenizer, texts))
+
+
+def torn_tail_note(path: str, partial_bytes: int) -> str:
+    """What a stopped run's partial last line is and what the ``data-repair`` step of the next
+    launch or restart does with it (``supervisor.agent.datafiles.repair_tail``)."""
+    return (
+        f"torn last line: {display.count(partial_bytes)} bytes, no final newline (the run "
+        "stopped mid-record); the next launch or restart cuts it off, keeping a byte-identical "
+        f"copy in {posixpath.basename(path)}.broken"
+    )
 
 
 def _line_count(scan: dict[str, Any] | None) -> int | None:

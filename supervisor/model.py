@@ -171,6 +171,11 @@ class DatasetView(msgspec.Struct, kw_only=True):
     finish_reasons: dict[str, int] = {}
     bad_lines: int = 0
     partial_tail_bytes: int = 0
+    """Bytes after the last newline: a record being written, or torn (see ``torn_tail``)."""
+    torn_tail: str | None = None
+    """Set when the last line is partial and no writer of the run is alive (a record cut short
+    by a kill or crash): its size and what the next launch or restart does with it. None while
+    the run is running, when a partial last line is the record being written."""
     verdict: Verdict = "empty"
     verdict_detail: str | None = None
     max_samples: int | None = None

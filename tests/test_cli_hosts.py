@@ -120,10 +120,46 @@ def test_kill_by_pid_refuses_a_decoy_and_other_targets(fake_runs: FakeRuns, tmp_
     assert out.returncode == 1
     assert "not a run" in out.stderr
     assert decoy.poll() is None
-    usage = runwatch("kill", "-c", str(config), "--pid", str(run.pid), "--yes")
-    assert usage.returncode == 2 and "--host" in usage.stderr
     both = runwatch("kill", "eagle3", "-c", str(config), "--host", "local", "--pid", "1")
     assert both.returncode == 2
+
+
+def test_kill_by_pid_on_the_only_host_needs_no_host(fake_runs: FakeRuns, tmp_path: Path) -> None:
+    """With one host in the config, ``--pid`` alone names the process (``--host`` defaults)."""
+    run = start_run(fake_runs)
+    config = write_config(tmp_path / "rw.toml", os.path.dirname(run.argv[1]))
+    out = runwatch("kill", "-c", str(config), "--pid", str(run.pid), "--yes", "--json")
+    assert out.returncode == 0, out.stderr
+    (result,) = json.loads(out.stdout)["results"]
+    assert result["host"] == "local" and result["pid"] == run.pid and result["confirmed"]
+    assert gone(run.pid, run.start_time)
+
+
+def test_kill_by_pid_on_several_hosts_says_which_command_to_run(
+    fake_runs: FakeRuns, tmp_path: Path
+) -> None:
+    """With several hosts, ``--pid`` alone stops nothing and the error lists the hosts and the
+    exact command for each; the command given for the right host works as written."""
+    from tests.fixtures_sshd import free_port
+
+    run = start_run(fake_runs)
+    config = write_config(tmp_path / "rw.toml", os.path.dirname(run.argv[1]))
+    with config.open("a") as f:
+        f.write(f'\n[[hosts]]\nname = "gpu-b"\naddress = "127.0.0.1"\nport = {free_port()}\n')
+    out = runwatch("kill", "-c", str(config), "--pid", str(run.pid), "--yes")
+    assert out.returncode == 2, out.stderr
+    assert "2 hosts (local, gpu-b)" in out.stderr and "--host" in out.stderr, out.stderr
+    assert alive(run.pid, run.start_time)
+    hinted = f"`runwatch kill -c {config} --host local --pid {run.pid}`"
+    assert hinted in out.stderr, out.stderr
+    assert f"`runwatch kill -c {config} --host gpu-b --pid {run.pid}`" in out.stderr
+    as_json = runwatch("kill", "-c", str(config), "--pid", str(run.pid), "--yes", "--json")
+    assert as_json.returncode == 2
+    assert "local, gpu-b" in json.loads(as_json.stdout)["error"]
+    command = hinted.strip("`").split()[1:]
+    done = runwatch(*command, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert gone(run.pid, run.start_time)
 
 
 def test_kill_by_pid_after_confirmation(fake_runs: FakeRuns, tmp_path: Path) -> None:

@@ -287,3 +287,32 @@ def test_size_keeps_the_magnitude(n: float) -> None:
     step = 0.1 if "." in value else 1.0
     assert abs(float(value) * scale - n) <= max(0.5, step / 2 * scale + 1e-9 * n)  # half a digit
     assert float(value) < 1024
+
+
+_WORDS = ["python3", "run_inference.py", "--datasets", "B1,B2,B3", "--output-dir", "/data/x" * 9]
+
+
+@given(
+    st.lists(st.sampled_from(_WORDS), max_size=12),
+    st.sampled_from([" ", "  "]),
+    st.integers(1, 40),
+    st.integers(1, 5),
+)
+def test_shorten_fits_and_marks_every_cut(
+    words: list[str], sep: str, width: int, lines: int
+) -> None:
+    """Every line fits, there are never more than asked, and a cut always ends in an ellipsis:
+    what is shown is the text's start, in order, with nothing left out before the ellipsis."""
+    text = sep.join(words)
+    shown = display.shorten(text, width, lines)
+    rows = shown.split("\n")
+    assert len(rows) <= lines and all(len(r) <= width for r in rows)
+    flat, whole = "".join(shown.removesuffix("…").split()), "".join(text.split())
+    assert whole.startswith(flat)
+    assert shown.endswith("…") == (len(flat) < len(whole))
+
+
+def test_shorten_splits_a_word_longer_than_a_line() -> None:
+    assert display.shorten("x" * 10, 4, lines=2) == "xxxx\nxxx…"
+    assert display.shorten("x" * 8, 4, lines=2) == "xxxx\nxxxx"
+    assert display.shorten("abc", 0) == "" and display.shorten("abcdef", 1) == "…"

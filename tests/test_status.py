@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -365,3 +366,110 @@ def test_no_config_anywhere_says_where_it_looked(tmp_path: Path) -> None:
         f"runwatch.toml or configs/runwatch.toml in {tmp_path}\n"
     )
     assert "runwatch demo" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_process_not_in_the_config_gets_no_config_budget(
+    tmp_path: Path, fake_runs: FakeRuns
+) -> None:
+    """``[datasets.B2]`` budgets the configured run's B2: a stranger's process writing a dataset
+    of that name elsewhere is not held to it (only to its own ``--token-budget``)."""
+    from tests.fixtures_actions import runwatch
+
+    dirs = {}
+    for name in ("ours", "stranger", "capped"):
+        (tmp_path / name / "out" / "B2").mkdir(parents=True)
+        dirs[name] = tmp_path / name
+        truth = make_raw(tmp_path / name / "out" / "B2" / "raw_responses.jsonl", 20, seed=4)
+    assert truth.completion_tokens > 300
+    config = tmp_path / "rw.toml"
+    config.write_text(
+        '[[hosts]]\nname = "here"\nlocal = true\n\n'
+        f'[[runs]]\nname = "ours"\nhost = "here"\nworkdir = {_q(str(dirs["ours"]))}\n'
+        'argv = ["python3", "run_inference.py", "--datasets", "B2", "--output-dir", "out"]\n\n'
+        "[datasets.B2]\ntoken_budget = 300\n"
+    )
+    stranger = fake_runs.start("--datasets", "B2", "--output-dir", "out", cwd=dirs["stranger"])
+    capped = fake_runs.start(
+        "--datasets", "B2", "--output-dir", "out", "--token-budget", "200", cwd=dirs["capped"]
+    )
+    out = runwatch("status", "-c", str(config), "--json")
+    assert out.returncode == 0, out.stderr
+    (host,) = json.loads(out.stdout)["hosts"]
+    runs = {r["name"]: r for r in host["runs"]}
+    (ours,) = runs["ours"]["datasets"]
+    assert ours["token_budget"] == 300 and ours["over_budget"] is True
+    (theirs,) = runs[f"run_inference.py (pid {stranger.pid})"]["datasets"]
+    assert theirs["name"] == "B2" and theirs["completion_tokens"] == truth.completion_tokens
+    assert theirs["token_budget"] is None and theirs["over_budget"] is False
+    # A process's own --token-budget is its budget, configured or not.
+    (own,) = runs[f"run_inference.py (pid {capped.pid})"]["datasets"]
+    assert own["token_budget"] == 200 and own["over_budget"] is True
+    text = runwatch("status", "-c", str(config))
+    assert text.returncode == 0, text.stderr
+    block = _run_block(text.stdout, f"run_inference.py (pid {stranger.pid})")
+    assert "(not in config)" in block[0]
+    (row,) = [ln for ln in block if ln.lstrip().startswith("B2 ")]
+    assert row.split()[3] == "-", row  # the budget column: none
+    assert "OVER BUDGET" not in "\n".join(block), block
+    assert "OVER BUDGET" in "\n".join(_run_block(text.stdout, "ours"))
+
+
+def test_a_stopped_run_names_its_torn_last_line_and_a_running_one_does_not(
+    tmp_path: Path, fake_runs: FakeRuns
+) -> None:
+    """A partial last line with no writer alive is a torn record: status says so per dataset,
+    with its bytes and what the next launch or restart does; while the run runs it is the
+    record being written and nothing is said."""
+    from tests.fixtures_actions import runwatch
+    from tests.fixtures_data import raw_record
+
+    work = tmp_path / "work"
+    for ds in ("B1", "B2"):
+        (work / "out" / ds).mkdir(parents=True)
+        make_raw(work / "out" / ds / "raw_responses.jsonl", 5, seed=3)
+    torn = work / "out" / "B2" / "raw_responses.jsonl"
+    tail = json.dumps(raw_record(random.Random(1), "s9"))[:37].encode()
+    with torn.open("ab") as f:
+        f.write(tail)
+    before = torn.read_bytes()
+    config = write_config(
+        tmp_path / "rw.toml",
+        [{"name": "here", "local": True}],
+        [
+            {
+                "name": "gen",
+                "host": "here",
+                "workdir": str(work),
+                "argv": [*ARGV, "--output-dir", "out"],
+            }
+        ],
+    )
+    out = runwatch("status", "-c", str(config), "--json")
+    assert out.returncode == 0, out.stderr
+    (run,) = [r for r in json.loads(out.stdout)["hosts"][0]["runs"] if r["name"] == "gen"]
+    assert run["state"] == "stopped"
+    b1, b2 = run["datasets"]
+    assert b1["partial_tail_bytes"] == 0 and b1["torn_tail"] is None
+    assert b2["partial_tail_bytes"] == len(tail)
+    assert b2["torn_tail"] == (
+        f"torn last line: {len(tail)} bytes, no final newline (the run stopped mid-record); "
+        "the next launch or restart cuts it off, keeping a byte-identical copy in "
+        "raw_responses.jsonl.broken"
+    )
+    text = runwatch("status", "-c", str(config))
+    block = _run_block(text.stdout, "gen")
+    notes = [ln for ln in block if "torn last line" in ln]
+    assert notes == [f"      ! {b2['torn_tail']}"], block
+    # The note follows the B2 row (it is about that dataset).
+    (b2_row,) = [i for i, ln in enumerate(block) if ln.lstrip().startswith("B2 ")]
+    assert block[b2_row + 1] == notes[0]
+    assert torn.read_bytes() == before  # status reads, never repairs
+    # The same file under a live writer: the partial line is the record being written.
+    proc = fake_runs.start(*ARGV[2:], "--output-dir", "out", cwd=work)
+    out = runwatch("status", "-c", str(config), "--json")
+    (run,) = [r for r in json.loads(out.stdout)["hosts"][0]["runs"] if r["name"] == "gen"]
+    assert run["state"] == "running" and run["process"]["identity"]["pid"] == proc.pid
+    assert run["datasets"][1]["partial_tail_bytes"] == len(tail)
+    assert run["datasets"][1]["torn_tail"] is None
+    text = runwatch("status", "-c", str(config))
+    assert "torn" not in text.stdout, text.stdout

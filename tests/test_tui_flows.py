@@ -25,7 +25,7 @@ from tui.screens.compare import CompareScreen
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.dashboard import DashboardScreen
 from tui.screens.help import HelpScreen
-from tui.screens.kill import KillScreen
+from tui.screens.kill import ARGV_LINES, KillScreen
 from tui.screens.restart import RestartScreen
 from tui.screens.run_detail import RunDetailScreen
 from tui.widgets.dataset_table import DatasetTable
@@ -409,9 +409,18 @@ async def test_the_kill_dialog_shows_the_children_of_a_long_command_line_at_80x2
         shown = "\n".join(
             strip.text for strip in identity.render_lines(identity.content_region.reset_offset)
         )
-        # The demo's argv wraps to more lines than the dialog has room for: it is the part cut.
+        # The demo's argv wraps to more lines than the dialog has room for: it is the part cut,
+        # and the cut ends in an ellipsis.
         assert f"pid      {local.pid}" in shown
         assert "children" in shown
-        assert "argv" in shown
+        lines = shown.rstrip().split("\n")
+        (at,) = [i for i, ln in enumerate(lines) if ln.startswith("argv ")]
+        argv_lines = [ln.rstrip() for ln in lines[at:]]
+        assert len(argv_lines) == ARGV_LINES and argv_lines[-1].endswith("…"), lines
+        dialog = app.screen
+        assert isinstance(dialog, KillScreen) and dialog.run.process is not None
+        whole = " ".join(dialog.run.process.argv_masked)
+        cut = " ".join(ln.removeprefix("argv").strip() for ln in argv_lines).removesuffix("…")
+        assert whole.startswith(cut) and len(cut) < len(whole)
         await pilot.press("escape")
         assert local.poll() is None

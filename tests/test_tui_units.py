@@ -102,3 +102,17 @@ def test_the_events_panel_lists_the_newest_first() -> None:
     assert "api B11" in lines[0]
     assert "api B4" in lines[-1]  # the last SHOWN (8) of them
     assert not any("api B3:" in line for line in lines)
+
+
+def test_the_run_detail_notes_name_a_torn_last_line() -> None:
+    from supervisor.engine import torn_tail_note
+    from supervisor.model import RunView
+    from tui.screens.run_detail import notes
+
+    path = "/data/out/B2/raw_responses.jsonl"
+    torn = DatasetView(name="B2", path=path, partial_tail_bytes=37)
+    torn.torn_tail = torn_tail_note(path, 37)
+    text = notes(RunView(name="gen", host="h", state="stopped", datasets=[torn])).plain
+    assert "torn last line: 37 bytes" in text and "raw_responses.jsonl.broken" in text
+    clean = DatasetView(name="B2", path=path, partial_tail_bytes=37)  # a writer is on it
+    assert "torn" not in notes(RunView(name="gen", host="h", datasets=[clean])).plain

@@ -78,9 +78,8 @@ def json_option(f: Any) -> Any:
 DEFAULT_CANDIDATES = ("runwatch.toml", "configs/runwatch.toml")
 
 
-def resolve_config_path(config_path: str | None) -> str:
-    """The config named by -c (here or before the command), else $RUNWATCH_CONFIG, else the
-    first of ./runwatch.toml, ./configs/runwatch.toml that exists, else ``runwatch.toml``."""
+def named_config_path(config_path: str | None) -> str | None:
+    """The config named by -c on the command line (here or before the command), else None."""
     if config_path:
         return config_path
     ctx = click.get_current_context(silent=True)
@@ -89,6 +88,15 @@ def resolve_config_path(config_path: str | None) -> str:
         if parent:
             return str(parent)
         ctx = ctx.parent
+    return None
+
+
+def resolve_config_path(config_path: str | None) -> str:
+    """The config named by -c (here or before the command), else $RUNWATCH_CONFIG, else the
+    first of ./runwatch.toml, ./configs/runwatch.toml that exists, else ``runwatch.toml``."""
+    named = named_config_path(config_path)
+    if named:
+        return named
     env = os.environ.get(DEFAULT_CONFIG_ENV)
     if env:
         return env

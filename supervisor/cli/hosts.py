@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from supervisor import display
-from supervisor.cli._common import config_option, get_config, json_option, print_json
+from supervisor.cli._common import (
+    config_option,
+    get_config,
+    json_option,
+    named_config_path,
+    print_json,
+)
 from supervisor.errors import KillRefused, RunwatchError, UsageError
 
 if TYPE_CHECKING:
@@ -64,6 +70,26 @@ def _hosts_of(config: Config, host_name: str | None) -> list[HostConfig]:
     if not config.hosts:
         raise UsageError(f"{config.path}: no hosts configured", "add a [[hosts]] entry")
     return list(config.hosts)
+
+
+def host_of_pid(config: Config, pid: int, config_path: str | None = None) -> HostConfig:
+    """The host of ``kill --pid PID`` given without ``--host``: the config's only host; with
+    several, a UsageError that lists them and the exact command for each."""
+    if len(config.hosts) == 1:
+        return config.hosts[0]
+    import shlex
+
+    named = named_config_path(config_path)
+    where = f" -c {shlex.quote(named)}" if named else ""
+    names = ", ".join(h.name for h in config.hosts)
+    commands = [
+        f"`runwatch kill{where} --host {shlex.quote(h.name)} --pid {pid}`" for h in config.hosts
+    ]
+    raise UsageError(
+        f"--pid {pid} names a process on one host, and the config has {len(config.hosts)} hosts "
+        f"({names}): say which with --host",
+        "run " + " or ".join(commands) + f" (`runwatch ps{where}` shows where it runs)",
+    )
 
 
 def _error_text(name: str, error: str) -> str:
@@ -256,7 +282,9 @@ async def _kill(
 @click.command()
 @config_option
 @click.argument("run", required=False)
-@click.option("--host", "host_name", default=None, help="Host of --pid.")
+@click.option(
+    "--host", "host_name", default=None, help="Host of --pid (default: the config's only host)."
+)
 @click.option(
     "--pid", type=int, default=None, help="PID of a run on --host, or which process RUN is."
 )
@@ -274,7 +302,8 @@ def kill(
     yes: bool,
     as_json: bool,
 ) -> None:
-    """Stop RUN (or --host NAME --pid PID) and every descendant, and prove they are gone.
+    """Stop RUN (or --pid PID, with --host NAME when the config has several hosts) and every
+    descendant, and prove they are gone.
 
     When several processes could each be RUN (it is ambiguous), nothing is stopped until one is
     named with --pid.
@@ -285,20 +314,21 @@ def kill(
     """
     if run is None and pid is None:
         raise UsageError(
-            "name a RUN (and --pid PID when it is ambiguous), or --host NAME --pid PID",
+            "name a RUN (and --pid PID when it is ambiguous), or --pid PID "
+            "(with --host NAME when the config has several hosts)",
             "runwatch kill --help",
         )
-    if run is None and host_name is None:
-        raise UsageError("--pid needs --host NAME or a RUN")
     if grace < 0:
         raise UsageError("--grace must be >= 0")
     config = get_config(config_path, need="hosts")
     if run is not None:
         run_cfg = config.run(run)
         cfg = config.host(host_name or run_cfg.host)
-    else:
-        assert host_name is not None
+    elif host_name is not None:
         cfg = config.host(host_name)
+    else:
+        assert pid is not None
+        cfg = host_of_pid(config, pid, config_path)
     if not yes and not sys.stdin.isatty():
         raise UsageError(
             "refusing to kill without confirmation: stdin is not a terminal",

@@ -130,7 +130,7 @@ def _run_lines(r: RunView) -> list[str]:
         )
         if ds.state == "missing" and not ds.alarm:  # not reached yet: nothing to say
             continue
-        notes = [ds.alarm, ds.error]
+        notes = [ds.alarm, ds.error, ds.torn_tail]
         if ds.state == "ok" and not _plain_progress(ds):
             notes.append(ds.projection.message)
         if ds.verdict not in ("current", "empty"):
@@ -229,7 +229,7 @@ def fit_screen(text: str, rows: int, cols: int = 0) -> str:
     terminal would scroll its top, the hosts, out of sight)."""
     lines = text.splitlines()
     if cols > 1:
-        lines = [ln if len(ln) <= cols else ln[: cols - 1] + "…" for ln in lines]
+        lines = [display.shorten(ln, cols) for ln in lines]
     if rows >= 2 and len(lines) > rows - 1:
         keep = rows - 2
         lines = [

@@ -3,17 +3,18 @@ results."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.table import Table
 from rich.text import Text
-from textual import work
+from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Static
 
+from supervisor import display
 from supervisor.engine import KillReport
 from supervisor.model import RunView
 from tui.messages import PidOutcome, RunKilled
@@ -36,21 +37,47 @@ def outcomes_of(report: KillReport) -> list[PidOutcome]:
     return [PidOutcome(r.pid, r.outcome, r.detail) for r in report.results]
 
 
-def identity_table(run: RunView) -> Table:
-    """The identity the kill names: the agent refuses if any of it differs on the host."""
+ARGV_LINES = 4
+"""Lines the argv may take: ``#identity`` holds 8 (``kill.tcss``), the 4 rows above it use 4."""
+_LABEL = len("children") + 1
+"""Cells of the label column and the gap after it."""
+
+
+def identity_table(run: RunView, width: int | None = None) -> Table:
+    """The identity the kill names: the agent refuses if any of it differs on the host.
+
+    ``width``: the cells the table has; the children and argv are cut to fit it (children on one
+    line, argv on ``ARGV_LINES``), ending in ``…`` when cut. None: shown whole."""
     assert run.process is not None
     p = run.process
     table = Table.grid(padding=(0, 1))
     table.add_column(style="dim", no_wrap=True)
     table.add_column()
+
+    def fit(text: str, lines: int) -> Text:
+        if width is None:
+            return Text(text)
+        return Text(display.shorten(text, width - _LABEL, lines), no_wrap=True, overflow="ellipsis")
+
     table.add_row("pid", Text(str(p.identity.pid), style="bold"))
     table.add_row("user", f"{p.user} (uid {p.identity.uid})")
     table.add_row("started", f"tick {p.identity.start_time} of boot {p.identity.boot_id[:8]}")
-    kids = ", ".join(str(c) for c in p.children[:8]) + (" …" if len(p.children) > 8 else "")
-    table.add_row("children", f"{len(p.children)}" + (f": {kids}" if kids else ""))
-    # The argv last: on a small screen a long one is what gets cut, never who else is stopped.
-    table.add_row("argv", Text(" ".join(p.argv_masked or p.identity.argv)))
+    kids = ", ".join(str(c) for c in p.children)
+    table.add_row("children", fit(f"{len(p.children)}" + (f": {kids}" if kids else ""), 1))
+    # The argv last: a long one is what gets cut (with an ellipsis), never who else is stopped.
+    table.add_row("argv", fit(" ".join(p.argv_masked or p.identity.argv), ARGV_LINES))
     return table
+
+
+class IdentityView(Static):
+    """The identity table, cut to the width it is given (again on each resize)."""
+
+    def __init__(self, run: RunView, **kwargs: Any) -> None:
+        super().__init__(identity_table(run), **kwargs)
+        self.run_view = run
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.update(identity_table(self.run_view, event.size.width))
 
 
 class KillScreen(ModalScreen[bool]):
@@ -83,7 +110,7 @@ class KillScreen(ModalScreen[bool]):
                 Text.assemble("Kill ", (self.run.name, "bold"), " on ", (self.host, "bold"), "?"),
                 id="title",
             )
-            yield Static(identity_table(self.run), id="identity")
+            yield IdentityView(self.run, id="identity")
             with Horizontal(id="grace-row"):
                 yield Label("Grace period (s)", id="grace-label")
                 yield Input(str(int(DEFAULT_GRACE)), type="number", id="grace", compact=True)

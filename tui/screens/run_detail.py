@@ -119,6 +119,8 @@ def notes(run: RunView) -> Text:
             text.append(f"        {warn}\n", style="bold red" if ds.over_budget else "yellow")
         elif ds.projection.message:
             text.append(f"        {ds.projection.message}\n")
+        if ds.torn_tail:
+            text.append(f"        {ds.torn_tail}\n", style="yellow")
         if ds.verdict_detail and ds.verdict_detail not in warn:
             text.append(f"        {ds.verdict_detail}\n", style="dim")
     return text
