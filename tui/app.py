@@ -7,9 +7,10 @@ workers that post typed messages back; the UI thread only renders model objects.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import work
 from textual.app import App
@@ -20,15 +21,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from supervisor.config import Config
-from supervisor.engine import (
-    BudgetEvent,
-    Event,
-    EventTracker,
-    GuardOutcome,
-    budget_event,
-    moved_key,
-    stop_key,
-)
+from supervisor.engine import Event, EventTracker, budget_event, moved_key, stop_key
 from supervisor.model import HostView, RunView, Snapshot
 from tui.commands import RunCommands
 from tui.engine import EngineLike
@@ -42,6 +35,9 @@ from tui.messages import (
 from tui.screens.dashboard import DashboardScreen
 from tui.widgets.events import EventsPanel
 from tui.widgets.fleet import run_key
+
+if TYPE_CHECKING:  # the guard loads when a budget policy first acts, not at start-up
+    from supervisor.engine import BudgetEvent, GuardOutcome
 
 MOVE_EXPECTED_S = 120.0
 """How long after a restart moved a data file aside a smaller file at its path is expected."""
@@ -87,10 +83,14 @@ class RunwatchApp(App[None]):
         engine: EngineLike,
         *,
         refresh_seconds: float | None = None,
+        first_refresh: asyncio.Future[Snapshot] | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.engine = engine
+        self._first_refresh = first_refresh
+        """A refresh begun before the app was built (``tui.cli``, while Textual loads): the app's
+        first refresh takes its snapshot when it has finished by then, and joins it otherwise."""
         self.config_path = config.path
         self.refresh_seconds = refresh_seconds or config.refresh_seconds
         self.alerts: list[Event] = []
@@ -124,8 +124,12 @@ class RunwatchApp(App[None]):
     async def refresh_now(self) -> None:
         """Poll every host once, off the UI path; the result comes back as SnapshotRefreshed."""
         self._refreshing = True
+        first, self._first_refresh = self._first_refresh, None
         try:
-            snapshot = await self.engine.refresh(on_progress=self._progressed)
+            if first is not None and first.done() and not first.cancelled():
+                snapshot = first.result()  # read from the hosts while the app started
+            else:
+                snapshot = await self.engine.refresh(on_progress=self._progressed)
         except Exception as e:  # the engine itself failed (a host failing is in the snapshot)
             self.post_message(RefreshFailed(f"{type(e).__name__}: {e}"))
         else:
@@ -352,7 +356,13 @@ def runwatch_app(app: object) -> RunwatchApp:
 
 
 def make_app(
-    config: Config, engine: EngineLike, *, refresh_seconds: float | None = None
+    config: Config,
+    engine: EngineLike,
+    *,
+    refresh_seconds: float | None = None,
+    first_refresh: asyncio.Future[Snapshot] | None = None,
 ) -> RunwatchApp:
-    """The app, with its engine injected (the real ``supervisor.engine.Engine`` in production)."""
-    return RunwatchApp(config, engine, refresh_seconds=refresh_seconds)
+    """The app, with its engine injected (the real ``supervisor.engine.Engine`` in production).
+
+    ``first_refresh``: ``engine.refresh()`` already under way (see ``RunwatchApp``)."""
+    return RunwatchApp(config, engine, refresh_seconds=refresh_seconds, first_refresh=first_refresh)
