@@ -697,11 +697,12 @@ class Engine:
                 flags.backend = run_backend(self.config, run.name) or flags.backend
             datasets = []
             layout = layout_of(self.config, run, launch_argv(run))
+            prompt_specs = self._prompt_specs(run, hc)
             for ds, spec in zip(layout.data_files, self._file_specs(run, hc, layout), strict=True):
                 scan = scanned.get(
                     spec["path"], {"path": spec["path"], "state": "error", "error": "not scanned"}
                 )
-                prompt_spec = self._prompt_specs(run, hc).get(ds)
+                prompt_spec = prompt_specs.get(ds)
                 prompts = _line_count(scanned.get(prompt_spec["path"])) if prompt_spec else None
                 alive = slurm.dataset_alive(job, ds, run_ds) if hc.kind == "slurm" else None
                 datasets.append(

@@ -89,8 +89,9 @@ class RunwatchApp(App[None]):
         self.config = config
         self.engine = engine
         self._first_refresh = first_refresh
-        """A refresh begun before the app was built (``tui.cli``, while Textual loads): the app's
-        first refresh takes its snapshot when it has finished by then, and joins it otherwise."""
+        """A refresh begun before the app was built (``tui.cli``, while Textual loads): its snapshot
+        is shown at mount when it has finished by then; otherwise the app's first refresh joins
+        it."""
         self.config_path = config.path
         self.refresh_seconds = refresh_seconds or config.refresh_seconds
         self.alerts: list[Event] = []
@@ -109,7 +110,12 @@ class RunwatchApp(App[None]):
     # ------------------------------------------------------------------ lifecycle
 
     def on_mount(self) -> None:
-        self.refresh_now()
+        first, self._first_refresh = self._first_refresh, None
+        if first is not None and first.done() and not first.cancelled() and not first.exception():
+            # Read from the hosts while Textual started: the first frame shows it.
+            self.on_snapshot_refreshed(SnapshotRefreshed(first.result()))
+        else:
+            self.refresh_now()  # joins the refresh under way, if any (Engine.refresh shares it)
         self.set_interval(self.refresh_seconds, self._tick, name="refresh")
 
     async def on_unmount(self) -> None:
@@ -124,12 +130,8 @@ class RunwatchApp(App[None]):
     async def refresh_now(self) -> None:
         """Poll every host once, off the UI path; the result comes back as SnapshotRefreshed."""
         self._refreshing = True
-        first, self._first_refresh = self._first_refresh, None
         try:
-            if first is not None and first.done() and not first.cancelled():
-                snapshot = first.result()  # read from the hosts while the app started
-            else:
-                snapshot = await self.engine.refresh(on_progress=self._progressed)
+            snapshot = await self.engine.refresh(on_progress=self._progressed)
         except Exception as e:  # the engine itself failed (a host failing is in the snapshot)
             self.post_message(RefreshFailed(f"{type(e).__name__}: {e}"))
         else:
