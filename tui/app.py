@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import work
@@ -52,7 +53,12 @@ NOTIFY_SEVERITY: dict[str, SeverityLevel] = {
 class RunwatchApp(App[None]):
     """Watch the fleet; kill, restart and launch runs; compare endpoints."""
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH: ClassVar[str | PurePath | list[str | PurePath] | None] = [
+        "app.tcss",
+        "screens/dashboard.tcss",
+    ]
+    """The dashboard, the first screen, has its styles read with the app's: a screen's own
+    CSS_PATH makes Textual parse every style sheet again when it first mounts."""
     TITLE = "runwatch"
     COMMANDS = App.COMMANDS | {RunCommands}
     MODES: ClassVar[dict[str, str | Callable[[], Screen[Any]]]] = {"dashboard": DashboardScreen}
