@@ -29,9 +29,9 @@ async def _dashboard(config: Any, refresh_seconds: float | None) -> None:
     """Start the first refresh, then load Textual and run the app.
 
     The hosts' agents start (a process each, locally or over SSH) while Textual is imported on a
-    thread, so the first refresh is under way when the app mounts; the app's first refresh takes
-    its snapshot when it is done by then, and joins it otherwise (``Engine.refresh`` shares a
-    refresh in flight)."""
+    thread, so the first refresh is under way when the app mounts: the app shows its snapshot at
+    mount when it is done by then, and its own first refresh joins it otherwise
+    (``Engine.refresh`` shares a refresh in flight)."""
     import asyncio
     import contextlib
     import importlib

@@ -57,7 +57,6 @@ _DEFERRED_OPS = {
     "backup_files": "datafiles:backup_files",
     "tail_log": "datafiles:tail_log",
     "tail_records": "datafiles:tail_records",
-    "gpu_holders": "gpu:gpu_holders",
     "file_holders": "datafiles:holders_op",
     "slurm_jobs": "slurm:slurm_jobs",
     "slurm_submit": "slurm:slurm_submit",
@@ -103,6 +102,7 @@ class Agent:
             "scan": self.scan,
             "kill": lambda p: kill.kill(self, p),
             "probe": lambda p: kill.probe(self, p),
+            "gpu_holders": gpu.gpu_holders,
             **{op: _deferred(target) for op, target in _DEFERRED_OPS.items()},
         }
         """Op name -> handler ``params -> result``; the shapes are in ``protocol.OP_SHAPES``."""
