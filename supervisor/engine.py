@@ -27,41 +27,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 import posixpath
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from supervisor import audit, clients, display, rates, slurm
+from supervisor import audit, clients, display, rates
 from supervisor import kill as kill_ops
-from supervisor.agent.formats import BUILTIN_FORMATS
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.match import script_index
-from supervisor.agent.scan import Scanner
-from supervisor.alerts import Alerter, Delivery, mask_url
-from supervisor.argv import parse_sets, parse_unsets
-from supervisor.bench.history import load_history
-from supervisor.bench.results import BenchResult, LevelResult
-from supervisor.bench.runner import Options as BenchOptions
-from supervisor.bench.target import is_url
-from supervisor.compare import Comparison, comparison_from, format_lines, gather_comparison
 from supervisor.completeness import completeness_line, sidecar_line, with_client_parts
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.dataloss import DataLossWatch
 from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
-from supervisor.events import (
-    EVENT_KINDS,
-    Event,
-    EventTracker,
-    budget_event,
-    moved_key,
-    stop_key,
-)
-from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
 from supervisor.hosts import (
     AgentHost,
     Host,
@@ -88,14 +71,89 @@ from supervisor.model import (
     RunView,
     Snapshot,
 )
-from supervisor.plan import Action, ActionResult, OnStep, Plan, Step, make_plan
 from supervisor.provisional import provisional_view
-from supervisor.samples import LatestSamples, SamplePreview, latest_samples
 from supervisor.secrets import known_secrets, note_secrets
-from supervisor.slurm import describe as describe_job
-from supervisor.steps import execute as execute_plan
-from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
-from supervisor.watch import Watcher, WatchLock, WatchLocked, watch
+
+if TYPE_CHECKING:
+    from supervisor.agent.formats import BUILTIN_FORMATS
+    from supervisor.agent.scan import Scanner
+    from supervisor.alerts import Alerter, Delivery, mask_url
+    from supervisor.argv import parse_sets, parse_unsets
+    from supervisor.bench.history import load_history
+    from supervisor.bench.results import BenchResult, LevelResult
+    from supervisor.bench.runner import Options as BenchOptions
+    from supervisor.bench.target import is_url
+    from supervisor.compare import Comparison, comparison_from, format_lines, gather_comparison
+    from supervisor.events import (
+        EVENT_KINDS,
+        Event,
+        EventTracker,
+        budget_event,
+        moved_key,
+        stop_key,
+    )
+    from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
+    from supervisor.plan import Action, ActionResult, OnStep, Plan, Step
+    from supervisor.samples import LatestSamples, SamplePreview
+    from supervisor.slurm import describe as describe_job
+    from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
+    from supervisor.watch import Watcher, WatchLock, WatchLocked, watch
+
+_LAZY: dict[str, str] = {
+    "BUILTIN_FORMATS": "supervisor.agent.formats",
+    "Scanner": "supervisor.agent.scan",
+    "Alerter": "supervisor.alerts",
+    "Delivery": "supervisor.alerts",
+    "mask_url": "supervisor.alerts",
+    "parse_sets": "supervisor.argv",
+    "parse_unsets": "supervisor.argv",
+    "load_history": "supervisor.bench.history",
+    "BenchResult": "supervisor.bench.results",
+    "LevelResult": "supervisor.bench.results",
+    "BenchOptions": "supervisor.bench.runner:Options",
+    "is_url": "supervisor.bench.target",
+    "Comparison": "supervisor.compare",
+    "comparison_from": "supervisor.compare",
+    "format_lines": "supervisor.compare",
+    "gather_comparison": "supervisor.compare",
+    "EVENT_KINDS": "supervisor.events",
+    "Event": "supervisor.events",
+    "EventTracker": "supervisor.events",
+    "budget_event": "supervisor.events",
+    "moved_key": "supervisor.events",
+    "stop_key": "supervisor.events",
+    "BudgetEvent": "supervisor.guard",
+    "GuardOutcome": "supervisor.guard",
+    "Action": "supervisor.plan",
+    "ActionResult": "supervisor.plan",
+    "OnStep": "supervisor.plan",
+    "Plan": "supervisor.plan",
+    "Step": "supervisor.plan",
+    "LatestSamples": "supervisor.samples",
+    "SamplePreview": "supervisor.samples",
+    "describe_job": "supervisor.slurm:describe",
+    "Tokenizer": "supervisor.tokens",
+    "count_tokens": "supervisor.tokens",
+    "load_tokenizer": "supervisor.tokens",
+    "Watcher": "supervisor.watch",
+    "WatchLock": "supervisor.watch",
+    "WatchLocked": "supervisor.watch",
+    "watch": "supervisor.watch",
+}
+"""Names this module re-exports from a module it imports only when one of them is first asked
+for (``module`` or ``module:attribute``): starting the engine for a refresh does not pay for the
+plans, the bench, the comparison, Slurm, alerts and the headless watcher."""
+
+
+def __getattr__(name: str) -> object:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attr = target.partition(":")
+    value = getattr(importlib.import_module(module), attr or name)
+    globals()[name] = value
+    return value
+
 
 MAX_BACKOFF_S = 30.0
 """Longest wait between reconnection attempts to a failing host."""
@@ -269,6 +327,8 @@ class Engine:
                 f"run {run_name!r} has no Slurm job on {run.host}",
                 f"see `runwatch status {run_name}`",
             )
+        from supervisor import slurm
+
         files = [spec["path"] for spec in self._file_specs(run, hc)]
         wait = run.stop_grace_seconds if grace is None else grace
         out = await slurm.cancel(self.host(run.host), rv.job, wait, files, hc.command_timeout)
@@ -318,6 +378,8 @@ class Engine:
         ``unsets``: flags to drop; ``reset``: forget the stored launch spec; ``force``: launch
         over a budget or without the script's ``--help``; ``pid``: which process is the run when
         several could be (an ambiguous run)."""
+        from supervisor.plan import make_plan
+
         return await make_plan(
             self,
             run,
@@ -337,6 +399,8 @@ class Engine:
     ) -> ActionResult:
         """Run ``plan`` step by step, stopping at the first failure; audited (one record per
         launch or restart, and per move-aside or repair). ``dry_run``: the checks only."""
+        from supervisor.steps import execute as execute_plan
+
         return await execute_plan(self, plan, dry_run=dry_run, on_step=on_step)
 
     async def tail_log(self, host: str, run: str, lines: int = 50) -> LogTail:
@@ -357,6 +421,8 @@ class Engine:
             raise UsageError(f"run {run} is on host {rc.host}, not {host}")
         path = layout_of(self.config, rc).log
         if self.config.host(rc.host).kind == "slurm":  # the job's output file (its StdOut)
+            from supervisor import slurm
+
             path = slurm.job_output(self.last, run) or path
         reply = await self.host(host).request("tail_log", {"path": path, "lines": int(lines)})
         secrets = self.secret_values()
@@ -374,6 +440,8 @@ class Engine:
     async def samples(self, run: RunView, dataset: str, count: int) -> LatestSamples:
         """The last ``count`` complete records of ``dataset`` of ``run``, newest first, decoded
         for a preview (see ``supervisor.samples``)."""
+        from supervisor.samples import latest_samples
+
         return await latest_samples(self, run, dataset, count)
 
     def budget_events(self, snapshot: Snapshot) -> list[BudgetEvent]:
@@ -403,6 +471,8 @@ class Engine:
 
     def _budget_guard(self) -> BudgetGuard:
         if self._guard is None:
+            from supervisor.guard import BudgetGuard
+
             self._guard = BudgetGuard(self.config)
         return self._guard
 
@@ -521,6 +591,8 @@ class Engine:
             await host.connect()
         started = time.monotonic()
         if hc.kind == "slurm":
+            from supervisor import slurm
+
             result = await slurm.refresh(host, params, hc.command_timeout)
             return result, time.monotonic() - started
         if params.get("progress") and isinstance(host, AgentHost):
@@ -600,7 +672,11 @@ class Engine:
         candidates = assign_runs(procs, self.config, hc.name)
         for p in procs:
             set_backend(p, self.config)
-        jobs = slurm.job_views(result.get("slurm")) if hc.kind == "slurm" else {}
+        jobs = {}
+        if hc.kind == "slurm":  # the Slurm helpers are imported for a Slurm host only
+            from supervisor import slurm
+
+            jobs = slurm.job_views(result.get("slurm"))
         for run in runs:
             cands = candidates.get(run.name, [])
             taken.update(p.identity.pid for p in cands)
@@ -621,11 +697,12 @@ class Engine:
                 flags.backend = run_backend(self.config, run.name) or flags.backend
             datasets = []
             layout = layout_of(self.config, run, launch_argv(run))
+            prompt_specs = self._prompt_specs(run, hc)
             for ds, spec in zip(layout.data_files, self._file_specs(run, hc, layout), strict=True):
                 scan = scanned.get(
                     spec["path"], {"path": spec["path"], "state": "error", "error": "not scanned"}
                 )
-                prompt_spec = self._prompt_specs(run, hc).get(ds)
+                prompt_spec = prompt_specs.get(ds)
                 prompts = _line_count(scanned.get(prompt_spec["path"])) if prompt_spec else None
                 alive = slurm.dataset_alive(job, ds, run_ds) if hc.kind == "slurm" else None
                 datasets.append(

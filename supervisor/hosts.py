@@ -47,14 +47,13 @@ _STAGE2 = """\
 import sys
 if sys.path and sys.path[0] in ("", "."):
     del sys.path[0]  # never import from the login directory
-import importlib.abc
 import importlib.util
 
 _SOURCES = %s
 _PACKAGES = %s
 
 
-class _BundleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _BundleFinder:  # a meta path finder and loader (importlib.abc would cost its own imports)
     def find_spec(self, name, path=None, target=None):
         if name in _SOURCES:
             return importlib.util.spec_from_loader(name, self, is_package=name in _PACKAGES)

@@ -99,6 +99,54 @@ def test_every_agent_module_loads_with_only_the_standard_library(python: str) ->
     assert out["psutil"] is False  # optional: absent here, and the agent still loads
 
 
+_START_ONLY = r"""
+import importlib.util, json, sys
+sources = json.loads(sys.stdin.read())
+
+class Finder:
+    def find_spec(self, name, path=None, target=None):
+        if name in sources:
+            return importlib.util.spec_from_loader(
+                name, self, is_package=name in ("supervisor", "supervisor.agent"))
+        return None
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        exec(compile(sources[module.__name__], module.__name__, "exec"), module.__dict__)
+
+sys.meta_path.insert(0, Finder())
+from supervisor.agent.server import Agent
+agent = Agent()
+hello = agent.hello()
+agent.ops["refresh"]({"files": []})
+loaded = sorted(m for m in sys.modules if m.startswith("supervisor.agent."))
+agent.ops["tail_log"]({"path": "/nonexistent/run.log"})
+print(json.dumps({"loaded": loaded, "ops": hello["ops"],
+                  "after": "supervisor.agent.datafiles" in sys.modules}))
+"""
+
+
+def test_the_agent_starts_and_refreshes_without_the_modules_of_other_ops() -> None:
+    """The hello and a refresh import neither launch, data-file repairs, metrics nor Slurm (the
+    agent compiles each module it imports from source on every start); an op of theirs imports
+    its module at its first request."""
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", _START_ONLY],
+        input=json.dumps(bundle_sources()),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    deferred = {f"supervisor.agent.{m}" for m in ("launch", "datafiles", "metrics", "slurm")}
+    assert deferred.isdisjoint(out["loaded"]), out["loaded"]
+    assert "supervisor.agent.scan" in out["loaded"]
+    assert sorted(out["ops"]) == sorted(protocol.OP_SHAPES)
+    assert out["after"] is True
+
+
 def test_the_import_contract_names_every_laptop_module() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     contracts = config["tool"]["importlinter"]["contracts"]
@@ -313,6 +361,24 @@ async def test_the_real_agent_replies_fit_the_shapes(
     )
     _fits("help_flags", helped)
     assert msgspec.convert(helped, replies.HelpFlags).exit_code == 0
+
+    # The ops whose modules the agent imports at their first request and that nothing above
+    # asked for: each is answered by its handler (a request error naming the missing
+    # parameter, or the tool's own failure), never "unknown op" or an import failure.
+    from supervisor.errors import AgentError
+
+    asked = {"ping", "ps", "refresh", "scan", "probe", "kill", "launch", "lock_status"}
+    asked |= {"read_fingerprint", "tail_log", "write_fingerprint", "tail_records"}
+    asked |= {"file_holders", "repair_tail", "move_aside", "gpu_holders", "help_flags"}
+    rest = sorted(set(protocol.OP_SHAPES) - asked)
+    assert {"backup_files", "slurm_jobs", "slurm_submit", "slurm_cancel"} <= set(rest)
+    for op in rest:
+        with pytest.raises(AgentError) as failed:
+            await host.request(op, {})
+        why = str(failed.value)
+        assert f"{op} failed (" in why, why
+        assert "(exception)" not in why and "(unknown-op)" not in why, why
+        assert "Error: No module named" not in why, why
 
 
 def test_a_reply_that_does_not_fit_is_a_clear_agent_error() -> None:

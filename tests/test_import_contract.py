@@ -44,6 +44,46 @@ def test_cli_start_up_does_not_import_heavy_libraries() -> None:
     loaded = _modules_after("import supervisor.cli")
     heavy = {"transformers", "textual", "asyncssh", "httpx", "torch", "uvicorn"} & loaded
     assert heavy == set()
+    # Each command's module is imported when that command runs (supervisor.cli.LazyGroup).
+    assert {m for m in loaded if m.startswith("supervisor.cli.")} == {"supervisor.cli._common"}
+
+
+def test_the_engine_loads_what_a_refresh_does_not_need_on_first_use() -> None:
+    loaded = _modules_after("import supervisor.engine")
+    later = {
+        "supervisor.agent.scan",
+        "supervisor.alerts",
+        "supervisor.bench.runner",
+        "supervisor.compare",
+        "supervisor.guard",
+        "supervisor.plan",
+        "supervisor.samples",
+        "supervisor.slurm",
+        "supervisor.steps",
+        "supervisor.tokens",
+        "supervisor.watch",
+        "apprise",
+        "httpx",
+        "asyncssh",
+        "prometheus_client",
+    }
+    assert later & loaded == set()
+    # Every name the front door exports is there, lazily loaded or not.
+    probe = """
+    import supervisor.engine as engine
+    from supervisor.bench.runner import Options
+    from supervisor.slurm import describe
+    missing = [n for n in engine.__all__ if getattr(engine, n, None) is None]
+    assert missing == [], missing
+    assert engine.BenchOptions is Options and engine.describe_job is describe
+    try:
+        engine.no_such_name
+    except AttributeError:
+        pass
+    else:
+        raise AssertionError("an unknown name resolved")
+    """
+    _modules_after(probe)
 
 
 def _contracts() -> dict[str, dict[str, Any]]:

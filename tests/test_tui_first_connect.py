@@ -109,3 +109,54 @@ async def test_dashboard_on_a_real_first_scan_ends_with_exact_counts(tmp_path: P
         row = _row(table, "B1")
         assert f"{truth.records:,}" in row and "~" not in row
         assert app.snapshot is not None and app.snapshot.hosts[0].progress is None
+
+
+class CountingEngine(Engine):
+    """The real engine, counting the refreshes asked of it."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.asked = 0
+
+    async def refresh(self, on_progress: Callable[[Snapshot], None] | None = None) -> Snapshot:
+        self.asked += 1
+        return await super().refresh(on_progress)
+
+
+async def test_a_refresh_finished_before_the_app_mounts_is_its_first_frame(tmp_path: Path) -> None:
+    """``runwatch tui`` begins the first refresh before Textual loads: when it is done by the
+    time the app mounts, the dashboard shows its exact counts at once, without refreshing
+    again; the next refresh reads what was appended since."""
+    work = tmp_path / "work"
+    data = work / "out" / "B1" / "raw_responses.jsonl"
+    data.parent.mkdir(parents=True)
+    truth = make_raw(data, 120, seed=11)
+    config = Config(
+        hosts=[HostConfig(name="here", local=True, command_timeout=30.0)],
+        runs=[
+            RunConfig(
+                name="gen",
+                host="here",
+                workdir=str(work),
+                argv=["python3", "run_inference.py", "--datasets", "B1"],
+            )
+        ],
+    )
+    engine = CountingEngine(config)
+    first = asyncio.ensure_future(engine.refresh())
+    await asyncio.wait_for(asyncio.shield(first), 30)
+    app = make_app(config, engine, refresh_seconds=3600, first_refresh=first)
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert app.refreshes == 1 and app.snapshot is first.result()
+        await pilot.pause()
+        table = next(t for t in app.screen.query(DatasetTable) if t.run_key == "here/gen")
+        assert _row(table, "B1").split()[:2] == ["B1", f"{truth.records:,}"]
+        assert engine.asked == 1
+        more = make_raw(tmp_path / "more.jsonl", 30, seed=12)
+        with data.open("ab") as f:
+            f.write((tmp_path / "more.jsonl").read_bytes())
+        await pilot.press("r")
+        await wait_for(lambda: app.refreshes == 2, timeout=30, what="the next refresh")
+        await pilot.pause()
+        assert _row(table, "B1").split()[:2] == ["B1", f"{truth.records + more.records:,}"]
+        assert engine.asked == 2

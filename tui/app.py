@@ -7,9 +7,11 @@ workers that post typed messages back; the UI thread only renders model objects.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from pathlib import PurePath
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import work
 from textual.app import App
@@ -20,15 +22,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from supervisor.config import Config
-from supervisor.engine import (
-    BudgetEvent,
-    Event,
-    EventTracker,
-    GuardOutcome,
-    budget_event,
-    moved_key,
-    stop_key,
-)
+from supervisor.engine import Event, EventTracker, budget_event, moved_key, stop_key
 from supervisor.model import HostView, RunView, Snapshot
 from tui.commands import RunCommands
 from tui.engine import EngineLike
@@ -43,6 +37,9 @@ from tui.screens.dashboard import DashboardScreen
 from tui.widgets.events import EventsPanel
 from tui.widgets.fleet import run_key
 
+if TYPE_CHECKING:  # the guard loads when a budget policy first acts, not at start-up
+    from supervisor.engine import BudgetEvent, GuardOutcome
+
 MOVE_EXPECTED_S = 120.0
 """How long after a restart moved a data file aside a smaller file at its path is expected."""
 
@@ -56,7 +53,12 @@ NOTIFY_SEVERITY: dict[str, SeverityLevel] = {
 class RunwatchApp(App[None]):
     """Watch the fleet; kill, restart and launch runs; compare endpoints."""
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH: ClassVar[str | PurePath | list[str | PurePath] | None] = [
+        "app.tcss",
+        "screens/dashboard.tcss",
+    ]
+    """The dashboard, the first screen, has its styles read with the app's: a screen's own
+    CSS_PATH makes Textual parse every style sheet again when it first mounts."""
     TITLE = "runwatch"
     COMMANDS = App.COMMANDS | {RunCommands}
     MODES: ClassVar[dict[str, str | Callable[[], Screen[Any]]]] = {"dashboard": DashboardScreen}
@@ -87,10 +89,15 @@ class RunwatchApp(App[None]):
         engine: EngineLike,
         *,
         refresh_seconds: float | None = None,
+        first_refresh: asyncio.Future[Snapshot] | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.engine = engine
+        self._first_refresh = first_refresh
+        """A refresh begun before the app was built (``tui.cli``, while Textual loads): its snapshot
+        is shown at mount when it has finished by then; otherwise the app's first refresh joins
+        it."""
         self.config_path = config.path
         self.refresh_seconds = refresh_seconds or config.refresh_seconds
         self.alerts: list[Event] = []
@@ -109,7 +116,12 @@ class RunwatchApp(App[None]):
     # ------------------------------------------------------------------ lifecycle
 
     def on_mount(self) -> None:
-        self.refresh_now()
+        first, self._first_refresh = self._first_refresh, None
+        if first is not None and first.done() and not first.cancelled() and not first.exception():
+            # Read from the hosts while Textual started: the first frame shows it.
+            self.on_snapshot_refreshed(SnapshotRefreshed(first.result()))
+        else:
+            self.refresh_now()  # joins the refresh under way, if any (Engine.refresh shares it)
         self.set_interval(self.refresh_seconds, self._tick, name="refresh")
 
     async def on_unmount(self) -> None:
@@ -352,7 +364,13 @@ def runwatch_app(app: object) -> RunwatchApp:
 
 
 def make_app(
-    config: Config, engine: EngineLike, *, refresh_seconds: float | None = None
+    config: Config,
+    engine: EngineLike,
+    *,
+    refresh_seconds: float | None = None,
+    first_refresh: asyncio.Future[Snapshot] | None = None,
 ) -> RunwatchApp:
-    """The app, with its engine injected (the real ``supervisor.engine.Engine`` in production)."""
-    return RunwatchApp(config, engine, refresh_seconds=refresh_seconds)
+    """The app, with its engine injected (the real ``supervisor.engine.Engine`` in production).
+
+    ``first_refresh``: ``engine.refresh()`` already under way (see ``RunwatchApp``)."""
+    return RunwatchApp(config, engine, refresh_seconds=refresh_seconds, first_refresh=first_refresh)

@@ -29,7 +29,8 @@ async def _dashboard(config: Any, refresh_seconds: float | None) -> None:
     """Start the first refresh, then load Textual and run the app.
 
     The hosts' agents start (a process each, locally or over SSH) while Textual is imported on a
-    thread, so the first refresh is under way when the app mounts; its first refresh joins it
+    thread, so the first refresh is under way when the app mounts: the app shows its snapshot at
+    mount when it is done by then, and its own first refresh joins it otherwise
     (``Engine.refresh`` shares a refresh in flight)."""
     import asyncio
     import contextlib
@@ -43,7 +44,9 @@ async def _dashboard(config: Any, refresh_seconds: float | None) -> None:
     first.add_done_callback(lambda f: f.cancelled() or f.exception())
     try:
         app_module = await asyncio.to_thread(importlib.import_module, "tui.app")
-        app = app_module.make_app(config, engine, refresh_seconds=refresh_seconds)
+        app = app_module.make_app(
+            config, engine, refresh_seconds=refresh_seconds, first_refresh=first
+        )
         await app.run_async()
     finally:
         if not first.done():

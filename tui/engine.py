@@ -10,20 +10,22 @@ here: they serve the engine's own plans and previews, never a screen.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from supervisor.engine import (
-    Action,
-    ActionResult,
-    BudgetEvent,
-    GuardOutcome,
-    KillReport,
-    LatestSamples,
-    LogTail,
-    OnStep,
-    Plan,
-)
 from supervisor.model import Identity, ProcessInfo, RunView, Snapshot
+
+if TYPE_CHECKING:  # annotations only: these modules load when first used, not at start-up
+    from supervisor.engine import (
+        Action,
+        ActionResult,
+        BudgetEvent,
+        GuardOutcome,
+        KillReport,
+        LatestSamples,
+        LogTail,
+        OnStep,
+        Plan,
+    )
 
 
 class EngineLike(Protocol):

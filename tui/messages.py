@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
-from supervisor.engine import GuardOutcome
 from supervisor.model import Snapshot
+
+if TYPE_CHECKING:  # the guard loads when a budget policy first acts, not at start-up
+    from supervisor.engine import GuardOutcome
 
 
 class SnapshotRefreshed(Message, bubble=False):

@@ -11,6 +11,7 @@ wall-clock seconds, which cannot be compared exactly. Which processes are runs i
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import pwd
 import time
@@ -24,13 +25,13 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from collections.abc import Set as AbstractSet
 
-try:  # optional on the host
+HAS_PSUTIL = importlib.util.find_spec("psutil") is not None
+"""Whether the host has psutil (optional). It is imported only where there is no ``/proc``, the
+one place it is read (see :func:`uses_proc`)."""
+if HAS_PSUTIL and not os.path.exists("/proc/self/stat"):  # pragma: no cover - hosts without /proc
     import psutil  # type: ignore[import-untyped,unused-ignore]
-
-    HAS_PSUTIL = True
-except ImportError:  # pragma: no cover - depends on the host
+else:
     psutil = None  # type: ignore[assignment,unused-ignore]
-    HAS_PSUTIL = False
 
 PROC = "/proc"
 

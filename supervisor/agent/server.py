@@ -8,12 +8,15 @@ launch is finished first: stopping half-way would leave a run SIGTERMed but neve
 Requests and replies are described in :mod:`supervisor.agent.protocol`. Lines that are not
 requests are ignored. Requests run on threads, so a kill waiting out its grace period never delays
 a ping; scanner ops are serialized (the scanner keeps per-file state across requests). Every reply
-is written as one whole line under a lock.
+is written as one whole line under a lock. The modules of the ops a refresh does not use (launch,
+data-file repairs, metrics, Slurm) are imported at their op's first request, so that the hello and
+the first refresh come sooner.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import platform
@@ -24,7 +27,7 @@ import time
 import traceback
 from typing import IO, TYPE_CHECKING, Any
 
-from supervisor.agent import datafiles, firstpass, gpu, kill, launch, metrics, slurm
+from supervisor.agent import firstpass, gpu, kill
 from supervisor.agent import proc as procs
 from supervisor.agent.match import resolve_runs
 from supervisor.agent.protocol import (
@@ -42,6 +45,40 @@ from supervisor.agent.protocol import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
+
+_DEFERRED_OPS = {
+    "launch": "launch:launch",
+    "lock_status": "launch:lock_status",
+    "read_fingerprint": "launch:read_fingerprint",
+    "write_fingerprint": "launch:write_fingerprint",
+    "help_flags": "launch:help_flags",
+    "repair_tail": "datafiles:repair_tail",
+    "move_aside": "datafiles:move_aside",
+    "backup_files": "datafiles:backup_files",
+    "tail_log": "datafiles:tail_log",
+    "tail_records": "datafiles:tail_records",
+    "file_holders": "datafiles:holders_op",
+    "slurm_jobs": "slurm:slurm_jobs",
+    "slurm_submit": "slurm:slurm_submit",
+    "slurm_cancel": "slurm:slurm_cancel",
+}
+"""Op -> ``module:function`` of ``supervisor.agent`` that answers it, imported at its first call."""
+
+
+def _module(name: str) -> Any:
+    """``supervisor.agent.<name>``, imported now if it was not yet."""
+    return importlib.import_module("supervisor.agent." + name)
+
+
+def _deferred(target: str) -> Callable[[dict[str, Any]], Mapping[str, Any]]:
+    """The handler of ``module:function``; its module is imported at the first request."""
+    module, _, function = target.partition(":")
+
+    def handle(params: dict[str, Any]) -> Mapping[str, Any]:
+        result: Mapping[str, Any] = getattr(_module(module), function)(params)
+        return result
+
+    return handle
 
 
 class Agent:
@@ -65,21 +102,8 @@ class Agent:
             "scan": self.scan,
             "kill": lambda p: kill.kill(self, p),
             "probe": lambda p: kill.probe(self, p),
-            "launch": launch.launch,
-            "lock_status": launch.lock_status,
-            "read_fingerprint": launch.read_fingerprint,
-            "write_fingerprint": launch.write_fingerprint,
-            "help_flags": launch.help_flags,
-            "repair_tail": datafiles.repair_tail,
-            "move_aside": datafiles.move_aside,
-            "backup_files": datafiles.backup_files,
-            "tail_log": datafiles.tail_log,
-            "tail_records": datafiles.tail_records,
             "gpu_holders": gpu.gpu_holders,
-            "file_holders": datafiles.holders_op,
-            "slurm_jobs": slurm.slurm_jobs,
-            "slurm_submit": slurm.slurm_submit,
-            "slurm_cancel": slurm.slurm_cancel,
+            **{op: _deferred(target) for op, target in _DEFERRED_OPS.items()},
         }
         """Op name -> handler ``params -> result``; the shapes are in ``protocol.OP_SHAPES``."""
 
@@ -138,6 +162,7 @@ class Agent:
         fetched: dict[str, Any] = {}
         fetcher = None
         if params.get("metrics"):
+            metrics = _module("metrics")
             specs = metrics.parse_specs(params["metrics"])
 
             def fetch() -> None:

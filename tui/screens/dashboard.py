@@ -51,7 +51,7 @@ def status_line(
 class DashboardScreen(Screen[None]):
     """Hosts, runs and datasets. Every action works on the run under the cursor."""
 
-    CSS_PATH = "dashboard.tcss"
+    # Its styles (dashboard.tcss) are read with the app's (RunwatchApp.CSS_PATH).
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("d", "open_selected", "Details", show=False, tooltip="Open the selected run"),

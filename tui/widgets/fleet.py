@@ -205,6 +205,9 @@ class HostCard(Vertical):
         yield Static(classes="host-header")
         yield ServingPanel(classes="-empty")
         yield Static("no runs on this host", classes="host-empty")
+        # The runs known now mount with the card (one layout pass, not two, at the first paint).
+        for run in self._host.runs:
+            yield RunCard(self.host_name, run, stale=self._host.stale, wide=self._wide)
 
     def on_mount(self) -> None:
         self._ready = True
