@@ -46,7 +46,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "kill": (
         "supervisor.cli.hosts:kill",
-        "Stop RUN (or --host NAME --pid PID) and every descendant, and prove they are gone.",
+        "Stop RUN (or --pid PID, with --host NAME when the config has several hosts) and every "
+        "descendant, and prove they are gone.",
     ),
     "launch": (
         "supervisor.cli.actions:launch",
