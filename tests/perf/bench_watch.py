@@ -13,10 +13,14 @@ seconds, and printed, each beside its baseline:
 
 Baseline: a bare interpreter running an asyncio loop that sleeps the same interval, watched over
 the same seconds (a burst of load on the machine hits both alike). The host agent the watcher
-talks to is reported apart (on a fleet it runs on the GPU host). The steady state starts once the
-watcher has saved its first history (a refresh done, ~15 s after the start); at the end one
-client is killed and the watcher must report that run's death, so the figures are those of a
-watcher that was watching.
+talks to is reported apart (on a fleet it runs on the GPU host).
+
+The watcher starts with the rate history it keeps after three hours of watching
+(``--history-hours``): its rings are then full, so what it costs per refresh and what it holds
+are those of a watcher running for days, not of its first minutes. The steady state starts once
+the watcher has saved its history (refreshes done, ~15 s after the start). At the end one client
+is killed and the watcher must report that run's death, so the figures are those of a watcher
+that was watching.
 
 Run: ``.venv/bin/python tests/perf/bench_watch.py [--seconds 60 | --minutes 20]``.
 Exit status 1 when a target is missed.
@@ -39,9 +43,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psutil
-from livefleet import PER_RUN, RUNS, WARMUP_S, growth_per_hour, make_fleet, usage
+from livefleet import (
+    PER_RUN,
+    RUNS,
+    SEED_RECORDS,
+    WARMUP_S,
+    datasets_of,
+    growth_per_hour,
+    make_fleet,
+    usage,
+)
 
-from supervisor.config import Config
+from supervisor import history
+from supervisor.config import Config, load_config
 
 BASELINE = """\
 import asyncio, sys
@@ -70,19 +84,59 @@ def events(out: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in lines if line.startswith("{")]
 
 
+def fill_history(config: Path, hours: float, now: float) -> int:
+    """Write the history a watcher of ``config`` keeps after ``hours`` of watching (every ring is
+    full at ``history.STEP_S x history.MAX_POINTS`` = 3 hours): one point every ``STEP_S`` per
+    dataset and per run, the counts rising to what the seeded files hold (and never above, so the
+    rates carry on from it). The number of points written."""
+    cfg = load_config(str(config))
+    steps = min(history.MAX_POINTS, int(hours * 3600 / history.STEP_S))
+    rings: dict[str, list[list[float]]] = {}
+    for run in cfg.runs:
+        out = Path(run.workdir) / (run.output_dir or ".")
+        keys = [
+            (f"ds|bench|{out / ds / 'raw_responses.jsonl'}", 1)
+            for ds in datasets_of(int(run.name.removeprefix("run")))
+        ]
+        keys.append((f"run|bench|{run.name}", PER_RUN))
+        for key, per in keys:
+            rings[key] = [
+                [
+                    round(now - (steps - i) * history.STEP_S, 2),
+                    SEED_RECORDS * i // steps * per,
+                    SEED_RECORDS * i // steps * per * 50,  # each record has 50 tokens or more
+                ]
+                for i in range(1, steps + 1)
+            ]
+    path = history.history_path(str(config))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"version": history.VERSION, "rings": rings}))
+    return sum(len(r) for r in rings.values())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--seconds", type=float, default=float(os.environ.get("BENCH_WATCH_SECONDS", "60"))
     )
     ap.add_argument("--minutes", type=float, default=None, help="watch this long instead")
+    ap.add_argument(
+        "--history-hours",
+        type=float,
+        default=3.0,
+        help="hours of rate history the watcher starts with (default 3: the rings are full, as "
+        "after hours of watching; 0: a first start)",
+    )
     args = ap.parse_args()
     watch_s = args.minutes * 60 if args.minutes else args.seconds
 
     tmp = Path(tempfile.mkdtemp(prefix="runwatch-bench-watch-"))
     state = tmp / "state"
-    env = {**os.environ, "XDG_STATE_HOME": str(state), "XDG_CACHE_HOME": str(tmp / "cache")}
+    os.environ["XDG_STATE_HOME"] = str(state)
+    os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")
+    env = dict(os.environ)
     config, argvs = make_fleet(tmp, None)
+    points = fill_history(config, args.history_hours, time.time()) if args.history_hours else 0
     interval = Config().refresh_seconds
     clients = [
         subprocess.Popen(a, cwd=tmp / "work", stdin=subprocess.DEVNULL, start_new_session=True)
@@ -108,8 +162,13 @@ def main() -> int:
                 start_new_session=True,
             )
         )
-        history = state / "runwatch" / "history"
-        wait_for("the watcher's first history", lambda: any(history.glob("*.json")), 60)
+        saved = history.history_path(str(config))
+        before = saved.stat().st_mtime_ns if saved.exists() else 0
+
+        def history_saved() -> bool:
+            return saved.exists() and saved.stat().st_mtime_ns != before
+
+        wait_for("the watcher's first history save", history_saved, 60)
         me, bare = usage([psutil.Process(p.pid) for p in procs], watch_s)
         died = clients[0]
         died.kill()
@@ -149,7 +208,8 @@ def main() -> int:
     )
     print(
         f"bench_watch: {RUNS} live runs x {PER_RUN} datasets, refresh every {interval:g} s "
-        f"(the default), watched {watch_s:.0f} s"
+        f"(the default), watched {watch_s:.0f} s, starting with {args.history_hours:g} h of "
+        f"history ({points:,} points)"
     )
     print(
         f"  CPU, steady      {me.cpu:6.2f} %   (bare asyncio sleep loop: {bare.cpu:.2f} %)   "
