@@ -588,6 +588,9 @@ class Engine:
         Datasets of a run that is not in the config are known only once its process is listed:
         the first time one appears they are scanned at once with one more request."""
         if not host.connected:
+            if params.get("progress") and isinstance(host, AgentHost) and hc.kind != "slurm":
+                # The new agent counts the files' lines while it starts (the provisional counts).
+                host.count_first = [spec["path"] for spec in params.get("files", [])]
             await host.connect()
         started = time.monotonic()
         if hc.kind == "slurm":

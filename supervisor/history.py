@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import json
 import os
 import tempfile
@@ -75,17 +74,27 @@ class History:
         return [p[column] for p in self.points(key)[-limit:] if len(p) > column]
 
     def rates(self, key: str, column: int = 2, limit: int = 120) -> list[float]:
-        """Per-interval rate of a cumulative column (tokens/s from token counts), oldest first;
-        an interval where the count went down (a rescan) is left out, and so is the newest one
-        while it is shorter than ``STEP_S`` (a second or two says nothing of a rate)."""
-        pts = self.points(key)
-        if len(pts) >= 3 and pts[-1][0] - pts[-2][0] < STEP_S:
-            pts = pts[:-1]
+        """Per-interval rate of a cumulative column (tokens/s from token counts), oldest first,
+        the last ``limit`` of them; an interval where the count went down (a rescan) is left
+        out, and so is the newest one while it is shorter than ``STEP_S`` (a second or two says
+        nothing of a rate). Read from the newest point back, as far as ``limit`` needs: every
+        refresh asks this of every ring, and a full ring holds 3 hours."""
+        ring = self._rings.get(key)
+        if not ring:
+            return []
+        newest = reversed(ring)
+        b = next(newest)
+        if len(ring) >= 3 and b[0] - ring[-2][0] < STEP_S:
+            b = next(newest)
         out = []
-        for a, b in itertools.pairwise(pts):
+        for a in newest:
             dt = b[0] - a[0]
             if dt > 0 and len(a) > column and len(b) > column and b[column] >= a[column]:
                 out.append((b[column] - a[column]) / dt)
+                if len(out) == limit:
+                    break
+            b = a
+        out.reverse()
         return out[-limit:]
 
     def keys(self) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import json
 import shlex
 import sys
 from collections import deque
@@ -30,7 +31,7 @@ from supervisor.errors import ConfigError, HostError, RunwatchError
 from supervisor.model import Backend, ProcessInfo
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
 
     from supervisor.config import Config, HostConfig
 
@@ -69,6 +70,10 @@ class _BundleFinder:  # a meta path finder and loader (importlib.abc would cost 
 
 
 sys.meta_path.insert(0, _BundleFinder())
+import supervisor.agent.firstpass
+
+# The files to count at once, while the rest of the agent is compiled and imported.
+supervisor.agent.firstpass.start_early(sys.stdin.buffer.readline())
 import supervisor.agent.server
 
 supervisor.agent.server.main()
@@ -96,10 +101,13 @@ def bundle_sources() -> dict[str, str]:
     return sources
 
 
-def bundle_payload(python: str) -> bytes:
+def bundle_payload(python: str, count: Sequence[str] = ()) -> bytes:
     """Everything to write to the bootstrap's stdin before the first request.
 
-    The interpreter path (one line), then the length of the agent bundle and the bundle itself.
+    The interpreter path (one line), then the length of the agent bundle and the bundle itself,
+    then one JSON line ``{"count": [...]}``: the data files whose lines the agent starts counting
+    as soon as it runs, before it imports the rest of itself (``firstpass.start_early``), for the
+    provisional counts of the first refresh.
     """
     if not python or any(c in python for c in "\n\r\0"):
         raise ConfigError(
@@ -107,7 +115,8 @@ def bundle_payload(python: str) -> bytes:
             "set hosts[].python to the path or name of Python >= 3.8 on the host",
         )
     stage2 = (_STAGE2 % (repr(bundle_sources()), repr(_BUNDLE_PACKAGES))).encode("utf-8")
-    return python.encode("utf-8") + b"\n" + str(len(stage2)).encode() + b"\n" + stage2
+    early = json.dumps({"count": list(count)}).encode("utf-8") + b"\n"
+    return python.encode("utf-8") + b"\n" + str(len(stage2)).encode() + b"\n" + stage2 + early
 
 
 # --------------------------------------------------------------------------- the interface
@@ -155,6 +164,9 @@ class AgentHost(abc.ABC):
         self.name = cfg.name
         self.python = python or cfg.python
         self.hello: dict[str, Any] | None = None
+        self.count_first: list[str] = []
+        """Data files the next agent start counts the lines of at once (see ``bundle_payload``);
+        emptied by that start."""
         self._channel: AgentChannel | None = None
         self._connect_lock: asyncio.Lock | None = None
 
@@ -190,7 +202,8 @@ class AgentHost(abc.ABC):
             reader, writer, diag = await self._open_transport()
             channel = AgentChannel(reader, writer, name=self.name, diagnostics=diag)
             try:
-                writer.write(bundle_payload(self.python))
+                count, self.count_first = self.count_first, []
+                writer.write(bundle_payload(self.python, count))
                 await writer.drain()
                 hello = await channel.start(self._hello_timeout())
             except RunwatchError:

@@ -33,10 +33,13 @@ def test_bootstrap_is_constant_and_has_no_shell_hazards() -> None:
 
 
 def test_bundle_carries_the_interpreter_line_then_the_agent() -> None:
-    payload = bundle_payload("/opt/py/bin/python3")
+    payload = bundle_payload("/opt/py/bin/python3", ["~/out/B1.jsonl"])
     first, length, rest = payload.split(b"\n", 2)
     assert first == b"/opt/py/bin/python3"
-    assert int(length) == len(rest)
+    stage2, early = rest[: int(length)], rest[int(length) :]
+    assert json.loads(early) == {"count": ["~/out/B1.jsonl"]} and early.endswith(b"\n")
+    assert json.loads(bundle_payload("py").split(b"\n")[-2]) == {"count": []}
+    rest = stage2
     for module in ("supervisor.agent.server", "supervisor.agent.proc", "supervisor.agent.formats"):
         assert module.encode() in rest
     for bad in ("py\nthon", "", "a\rb", "x\0y"):

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +45,17 @@ def _files(tmp_path: Path) -> dict[str, bytes]:
     return out
 
 
+@pytest.mark.parametrize("wc", [True, False], ids=["wc", "python"])
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_count_all_counts_every_newline(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, wc: bool
 ) -> None:
-    # Small slices: lines and files are split between counting processes.
+    # Small slices: without wc, lines and files are split between counting processes.
     monkeypatch.setattr(firstpass, "SLICE_BYTES", 4096)
+    if not wc:
+        monkeypatch.setattr(firstpass, "wc_program", lambda: None)
+    else:
+        assert firstpass.wc_program() is not None
     files = _files(tmp_path)
     (tmp_path / "a-dir").mkdir()
     paths = [*files, str(tmp_path / "missing.jsonl"), str(tmp_path / "a-dir")]
@@ -57,10 +63,29 @@ def test_count_all_counts_every_newline(
     assert counted == {p: (data.count(b"\n"), len(data)) for p, data in files.items()}
 
 
+def test_count_all_counts_in_python_what_wc_fails_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    false = shutil.which("false")
+    assert false is not None
+    monkeypatch.setattr(firstpass, "wc_program", lambda: false)  # exits 1, prints nothing
+    files = _files(tmp_path)
+    counted = firstpass.count_all(list(files), 2)
+    assert counted == {p: (data.count(b"\n"), len(data)) for p, data in files.items()}
+
+
+def test_wc_never_sees_a_path(tmp_path: Path) -> None:
+    """The files reach ``wc`` as its stdin: a name that looks like an option counts the same."""
+    hostile = tmp_path / "--files0-from=x"
+    hostile.write_bytes(b"a\nb\nc\n")
+    assert firstpass.count_all([str(hostile)], 1) == {str(hostile): (3, 6)}
+
+
 def test_count_all_counts_alone_when_it_cannot_fork(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(firstpass, "SLICE_BYTES", 4096)
+    monkeypatch.setattr(firstpass, "wc_program", lambda: None)
     files = _files(tmp_path)
     forks = []
 
@@ -72,6 +97,60 @@ def test_count_all_counts_alone_when_it_cannot_fork(
     counted = firstpass.count_all(list(files), 2)
     assert forks  # it tried
     assert counted == {p: (data.count(b"\n"), len(data)) for p, data in files.items()}
+
+
+def test_a_few_big_files_are_counted_in_slices_over_the_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One file and three workers: slices keep more cores busy than one ``wc`` would."""
+    monkeypatch.setattr(firstpass, "SLICE_BYTES", 4096)
+    assert firstpass.wc_program() is not None
+    files = _files(tmp_path)
+    long = next(p for p in files if p.endswith("long.jsonl"))
+    forks = []
+    real_fork = os.fork
+
+    def fork() -> int:
+        forks.append(1)
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", fork)
+    assert firstpass.count_all([long], 3) == {long: (400, len(files[long]))}
+    assert len(forks) == 3
+    forks.clear()
+    assert firstpass.count_all(list(files), 3) == {  # four files: one wc each
+        p: (data.count(b"\n"), len(data)) for p, data in files.items()
+    }
+    assert forks == []
+
+
+def test_early_counting_is_handed_to_the_first_refresh_once(tmp_path: Path) -> None:
+    files = _files(tmp_path)
+    paths = list(files)
+    firstpass.start_early(json.dumps({"count": paths}).encode() + b"\n")
+    assert firstpass.take_early([paths[0], str(tmp_path / "other.jsonl")]) is None  # not all
+    firstpass.start_early(json.dumps({"count": paths}).encode() + b"\n")
+    counting = firstpass.take_early(paths[:2])
+    assert counting is not None
+    assert counting.wait() == {p: (data.count(b"\n"), len(data)) for p, data in files.items()}
+    assert firstpass.take_early(paths[:2]) is None  # taken
+    for bad in (b"", b"not json\n", b"[1]\n", b'{"count": [1]}\n', b'{"count": []}\n'):
+        firstpass.start_early(bad)
+        assert firstpass.take_early([]) is None
+
+
+async def test_a_new_agent_counts_the_files_it_was_started_with(tmp_path: Path) -> None:
+    one = tmp_path / "B1.jsonl"
+    truth = make_raw(one, 300, seed=2)
+    seen: list[dict[str, Any]] = []
+    host = LocalHost(HostConfig(name="here", local=True, command_timeout=30.0))
+    host.count_first = [str(one)]
+    async with host:
+        assert host.count_first == []
+        params = {"files": [{"path": str(one)}], "progress": True, "gpu": False}
+        result = await host.request("refresh", params, on_progress=seen.append)
+    assert result["files"][str(one)]["records"] == truth.records
+    assert seen[0]["files"] == {str(one): {"lines": truth.records, "size": one.stat().st_size}}
 
 
 def _agent_lines(out: io.BytesIO) -> list[dict[str, Any]]:

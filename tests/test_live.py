@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,42 @@ def test_history_is_bounded_atomic_and_reloaded(tmp_path: Path) -> None:
     broken = History(path)
     broken.load()
     assert broken.keys() == []
+
+
+def _every_rate(pts: list[tuple[float, ...]], column: int, limit: int) -> list[float]:
+    """``History.rates`` the long way: every interval of the ring, then the last ``limit``."""
+    if len(pts) >= 3 and pts[-1][0] - pts[-2][0] < 10.0:
+        pts = pts[:-1]
+    out = []
+    for a, b in itertools.pairwise(pts):
+        dt = b[0] - a[0]
+        if dt > 0 and len(a) > column and len(b) > column and b[column] >= a[column]:
+            out.append((b[column] - a[column]) / dt)
+    return out[-limit:]
+
+
+def test_history_rates_read_from_the_newest_point_are_every_rates_last(tmp_path: Path) -> None:
+    """Rescans (counts going down), a short newest interval, times out of order and short points
+    in rings as loaded from disk: the last ``limit`` rates are those of the whole ring."""
+    rng = random.Random(5)
+    rings = {}
+    for k in range(60):
+        t, count, pts = 1000.0, 0, []
+        for _ in range(rng.randint(1, 300)):
+            t += rng.choice([10.0, 10.0, 12.5, 3.0, 0.0, -1.0])
+            count = rng.randint(0, 50) if rng.random() < 0.05 else count + rng.randint(0, 900)
+            pts.append([t, count, count * 3] if rng.random() > 0.02 else [t])
+        rings[f"k{k}"] = pts
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps({"version": 1, "rings": rings}))
+    h = History(path)
+    h.load()
+    assert sorted(h.keys()) == sorted(rings)
+    for key in rings:
+        pts = h.points(key)
+        for column, limit in ((1, 120), (2, 120), (2, 7), (2, 1)):
+            assert h.rates(key, column, limit) == _every_rate(pts, column, limit), (key, limit)
+    assert h.rates("absent") == []
 
 
 async def test_a_one_shot_refresh_has_rates_from_the_history(tmp_path: Path) -> None:

@@ -170,9 +170,10 @@ class Agent:
 
             fetcher = threading.Thread(target=fetch, name="metrics", daemon=True)
             fetcher.start()
-        found, summary = self._list(params, bool(params.get("gpu", True)))
         specs = params.get("files") or []
-        reporter = self._first_pass(specs, found) if params.get("progress") else None
+        counting = self._count_lines(specs) if params.get("progress") else None
+        found, summary = self._list(params, bool(params.get("gpu", True)))
+        reporter = self._first_pass(specs, found, counting) if counting is not None else None
         files = self._scan_files(specs, reporter=reporter)
         reply: RefreshResult = {
             "time": time.time(),
@@ -203,9 +204,10 @@ class Agent:
                 self.scanner_error = f"{type(e).__name__}: {e}"
         return self.scanner
 
-    def _first_pass(self, specs: Any, found: list[Any]) -> firstpass.Reporter | None:
-        """Count the lines of the files never scanned, send the counts as a progress line, and
-        return the reporter of the scan's progress (None outside a request, or without files)."""
+    def _count_lines(self, specs: Any) -> tuple[dict[str, str], firstpass.Counting] | None:
+        """The counting of the lines of the files never scanned, started at the agent's start
+        (``firstpass.start_early``) or now, to run while the processes are listed; with the
+        files' paths as asked -> as opened. None outside a request."""
         rid = getattr(self.request, "rid", None)
         scanner = self._get_scanner()
         if rid is None or scanner is None or not isinstance(specs, list):
@@ -215,7 +217,18 @@ class Agent:
             path = spec.get("path") if isinstance(spec, dict) else None
             if isinstance(path, str) and not scanner.following(os.path.expanduser(path)):
                 paths[path] = os.path.expanduser(path)
-        counted = firstpass.count_all(list(paths.values()), firstpass.cores())
+        counting = firstpass.take_early(list(paths.values()))
+        if counting is None:
+            counting = firstpass.start(list(paths.values()), firstpass.cores())
+        return paths, counting
+
+    def _first_pass(
+        self, specs: Any, found: list[Any], counting: tuple[dict[str, str], firstpass.Counting]
+    ) -> firstpass.Reporter:
+        """Send the line counts of ``counting`` and the processes ``found`` as a progress line,
+        and return the reporter of the scan's progress."""
+        paths, pending = counting
+        counted = pending.wait()
         counts: dict[str, Any] = {}
         totals = []
         for spec in specs:
@@ -226,7 +239,7 @@ class Agent:
                 continue
             counts[path] = {"lines": lines_size[0], "size": lines_size[1]}
             totals.append(lines_size[1])
-        reporter = firstpass.Reporter(self.write, rid, totals)
+        reporter = firstpass.Reporter(self.write, self.request.rid, totals)
         reporter.counts(counts, found)
         return reporter
 

@@ -1,6 +1,6 @@
 """TUI benchmark: the dashboard in a real terminal (tmux) watching 8 live runs of 4 datasets each.
 
-A local host runs 8 stand-in clients (``bench_tui_client.py``) that append one record of 50..300
+A local host runs 8 stand-in clients (``livefleet.CLIENT``) that append one record of 50..300
 tokens to each of their 4 datasets every second (after 300 records written up front); the
 dashboard watches them at a 1 s refresh. Measured in the same run and printed, each beside its
 baseline:
@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
-import json
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -38,12 +36,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psutil
+from livefleet import PER_RUN, RUNS, WARMUP_S, datasets_of, growth_per_hour, make_fleet, steady
 
-RUNS = 8
-PER_RUN = 4
-SEED_RECORDS = 300
 BASELINE_S = 5.0
 PAINTS = 3
 SOCKET = f"runwatch-bench-{os.getpid()}"
@@ -56,84 +53,6 @@ class Bare(App):
         yield Static("bare textual app ready")
 Bare().run()
 """
-CLIENT_NAME = "bench_tui_client.py"
-"""The stand-in client's script, the config's only script: the runs of others on a shared machine
-(``run_inference.py`` of their tests) are then not listed by the dashboard under test."""
-CLIENT = """\
-import json, os, random, sys, time
-args = sys.argv[1:]
-datasets = args[args.index("--datasets") + 1].split(",")
-out = args[args.index("--output-dir") + 1]
-rng = random.Random(os.getpid())
-files = []
-for d in datasets:
-    os.makedirs(os.path.join(out, d), exist_ok=True)
-    files.append(open(os.path.join(out, d, "raw_responses.jsonl"), "ab", buffering=0))
-i = 0
-while True:
-    for f in files:
-        n = rng.randint(50, 300)
-        rec = {"sample_id": "s%d-%d" % (os.getpid(), i),
-               "output_ids": [rng.randrange(163840) for _ in range(n)],
-               "prompt_tokens": 100, "completion_tokens": n, "finish_reason": "stop"}
-        f.write((json.dumps(rec) + "\\n").encode())
-    i += 1
-    time.sleep(1.0)  # the client's pace: one response per dataset per second
-"""
-
-
-def datasets_of(run: int) -> list[str]:
-    return [f"B{run}{k}" for k in range(1, PER_RUN + 1)]
-
-
-def make_fleet(base: Path) -> tuple[Path, list[list[str]]]:
-    """The work dir with seeded datasets and the client, and the config; (config, client argvs)."""
-    work = base / "work"
-    work.mkdir()
-    (work / CLIENT_NAME).write_text(CLIENT)
-    rng = random.Random(7)
-    lines = [
-        "refresh_seconds = 1.0",
-        f'scripts = ["{CLIENT_NAME}"]',
-        "[[hosts]]",
-        'name = "bench"',
-        "local = true",
-        f"python = {json.dumps(sys.executable)}",
-    ]
-    argvs = []
-    for r in range(1, RUNS + 1):
-        out = f"out{r}"
-        for ds in datasets_of(r):
-            d = work / out / ds
-            d.mkdir(parents=True)
-            with (d / "raw_responses.jsonl").open("w") as f:
-                for i in range(SEED_RECORDS):
-                    n = rng.randint(50, 300)
-                    rec = {
-                        "sample_id": f"seed-{i}",
-                        "output_ids": [rng.randrange(163_840) for _ in range(n)],
-                        "prompt_tokens": 100,
-                        "completion_tokens": n,
-                        "finish_reason": "stop",
-                    }
-                    f.write(json.dumps(rec) + "\n")
-        argv = [sys.executable, CLIENT_NAME, "--datasets", ",".join(datasets_of(r))]
-        argv += ["--output-dir", out, "--max-samples", "7000"]
-        argvs.append(argv)
-        lines += [
-            "[[runs]]",
-            f'name = "run{r}"',
-            'host = "bench"',
-            f"workdir = {json.dumps(str(work))}",
-            f"argv = {json.dumps(argv)}",
-            f'output_dir = "{out}"',
-        ]
-    for r in range(1, RUNS + 1):
-        for ds in datasets_of(r):
-            lines += [f"[datasets.{ds}]", "token_budget = 10000000", "max_samples = 7000"]
-    config = base / "runwatch.toml"
-    config.write_text("\n".join(lines) + "\n")
-    return config, argvs
 
 
 def tmux(*args: str) -> str:
@@ -166,48 +85,6 @@ def wait_screen(name: str, ready: object, timeout: float = 30.0) -> float:
     raise SystemExit(f"{name}: not ready after {timeout} s:\n{text}")
 
 
-def steady(
-    proc: psutil.Process, seconds: float
-) -> tuple[float, list[tuple[float, float]], dict[int, float]]:
-    """CPU % of one core of ``proc`` over ``seconds``, its RSS (s, MB) sampled every second, and
-    its children's CPU % apart."""
-    kids = {c.pid: c for c in proc.children(recursive=True)}
-    c0 = proc.cpu_times()
-    k0 = {pid: sum(c.cpu_times()[:2]) for pid, c in kids.items()}
-    t0 = time.perf_counter()
-    samples = [(0.0, proc.memory_info().rss / 2**20)]
-    end = t0 + seconds
-    while time.perf_counter() < end:
-        time.sleep(min(1.0, max(0.0, end - time.perf_counter())))  # the sampling period
-        samples.append((time.perf_counter() - t0, proc.memory_info().rss / 2**20))
-    c1 = proc.cpu_times()
-    wall = time.perf_counter() - t0
-    cpu = 100 * ((c1.user - c0.user) + (c1.system - c0.system)) / wall
-    kid_cpu = {}
-    for pid, c in kids.items():
-        try:
-            kid_cpu[pid] = 100 * (sum(c.cpu_times()[:2]) - k0[pid]) / wall
-        except psutil.Error:
-            continue
-    return cpu, samples, kid_cpu
-
-
-WARMUP_S = 660.0
-"""RSS grows while the rate windows fill (10 minutes of samples); growth is judged after."""
-
-
-def growth_per_hour(samples: list[tuple[float, float]]) -> float | None:
-    """MB per hour: the least-squares slope of RSS over the samples after :data:`WARMUP_S`
-    (None when the watch was too short to tell)."""
-    tail = [s for s in samples if s[0] >= WARMUP_S]
-    if not tail or tail[-1][0] - tail[0][0] < 120:
-        return None
-    mt = sum(t for t, _ in tail) / len(tail)
-    mr = sum(r for _, r in tail) / len(tail)
-    var = sum((t - mt) ** 2 for t, _ in tail)
-    return 3600 * sum((t - mt) * (r - mr) for t, r in tail) / var if var else 0.0
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -225,7 +102,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="runwatch-bench-tui-"))
     os.environ["XDG_STATE_HOME"] = str(tmp / "state")
     env = {**os.environ, "TERM": "xterm-256color"}
-    config, argvs = make_fleet(tmp)
+    config, argvs = make_fleet(tmp, 1.0)
     clients = [
         subprocess.Popen(a, cwd=tmp / "work", stdin=subprocess.DEVNULL, start_new_session=True)
         for a in argvs

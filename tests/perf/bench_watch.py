@@ -1,0 +1,232 @@
+"""Watcher benchmark: ``runwatch watch`` over 8 live runs of 4 datasets each, as it runs for days.
+
+A local host runs the stand-in clients of ``livefleet`` (one record per dataset per second, after
+300 written up front); ``runwatch watch --json`` watches them at its default interval (the
+config's ``refresh_seconds``, left at its default). Measured in the same run, over the same
+seconds, and printed, each beside its baseline:
+
+1. the watcher's steady CPU (user + system) as a share of one core (target <= 3 %);
+2. its RSS sampled every second: the peak (target <= 100 MB) and, on a watch of 13 minutes or
+   more, the growth per hour (least squares over the samples after the first 11 minutes: the
+   engine keeps 10 minutes of samples per dataset for its rates, so RSS grows until then) and the
+   RSS projected to one day of watching (target <= 100 MB).
+
+Baseline: a bare interpreter running an asyncio loop that sleeps the same interval, watched over
+the same seconds (a burst of load on the machine hits both alike). The host agent the watcher
+talks to is reported apart (on a fleet it runs on the GPU host).
+
+The watcher starts with the rate history it keeps after three hours of watching
+(``--history-hours``): its rings are then full, so what it costs per refresh and what it holds
+are those of a watcher running for days, not of its first minutes. The steady state starts once
+the watcher has saved its history (refreshes done, ~15 s after the start). At the end one client
+is killed and the watcher must report that run's death, so the figures are those of a watcher
+that was watching.
+
+Run: ``.venv/bin/python tests/perf/bench_watch.py [--seconds 60 | --minutes 20]``.
+Exit status 1 when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import psutil
+from livefleet import (
+    PER_RUN,
+    RUNS,
+    SEED_RECORDS,
+    WARMUP_S,
+    datasets_of,
+    growth_per_hour,
+    make_fleet,
+    usage,
+)
+
+from supervisor import history
+from supervisor.config import Config, load_config
+
+BASELINE = """\
+import asyncio, sys
+async def main(interval):
+    while True:
+        await asyncio.sleep(interval)
+asyncio.run(main(float(sys.argv[1])))
+"""
+PROJECT_H = 24.0
+"""Hours the RSS trend is projected over: a watcher runs for days."""
+
+
+def wait_for(what: str, ready: object, timeout: float) -> None:
+    """Poll ``ready()`` until true; exit naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():  # type: ignore[operator]
+            return
+        time.sleep(0.1)  # polling interval
+    raise SystemExit(f"bench_watch: {what} not seen after {timeout:g} s")
+
+
+def events(out: Path) -> list[dict[str, object]]:
+    """The JSON lines the watcher printed so far."""
+    lines = out.read_text(errors="replace").splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def fill_history(config: Path, hours: float, now: float) -> int:
+    """Write the history a watcher of ``config`` keeps after ``hours`` of watching (every ring is
+    full at ``history.STEP_S x history.MAX_POINTS`` = 3 hours): one point every ``STEP_S`` per
+    dataset and per run, the counts rising to what the seeded files hold (and never above, so the
+    rates carry on from it). The number of points written."""
+    cfg = load_config(str(config))
+    steps = min(history.MAX_POINTS, int(hours * 3600 / history.STEP_S))
+    rings: dict[str, list[list[float]]] = {}
+    for run in cfg.runs:
+        out = Path(run.workdir) / (run.output_dir or ".")
+        keys = [
+            (f"ds|bench|{out / ds / 'raw_responses.jsonl'}", 1)
+            for ds in datasets_of(int(run.name.removeprefix("run")))
+        ]
+        keys.append((f"run|bench|{run.name}", PER_RUN))
+        for key, per in keys:
+            rings[key] = [
+                [
+                    round(now - (steps - i) * history.STEP_S, 2),
+                    SEED_RECORDS * i // steps * per,
+                    SEED_RECORDS * i // steps * per * 50,  # each record has 50 tokens or more
+                ]
+                for i in range(1, steps + 1)
+            ]
+    path = history.history_path(str(config))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"version": history.VERSION, "rings": rings}))
+    return sum(len(r) for r in rings.values())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--seconds", type=float, default=float(os.environ.get("BENCH_WATCH_SECONDS", "60"))
+    )
+    ap.add_argument("--minutes", type=float, default=None, help="watch this long instead")
+    ap.add_argument(
+        "--history-hours",
+        type=float,
+        default=3.0,
+        help="hours of rate history the watcher starts with (default 3: the rings are full, as "
+        "after hours of watching; 0: a first start)",
+    )
+    args = ap.parse_args()
+    watch_s = args.minutes * 60 if args.minutes else args.seconds
+
+    tmp = Path(tempfile.mkdtemp(prefix="runwatch-bench-watch-"))
+    state = tmp / "state"
+    os.environ["XDG_STATE_HOME"] = str(state)
+    os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")
+    env = dict(os.environ)
+    config, argvs = make_fleet(tmp, None)
+    points = fill_history(config, args.history_hours, time.time()) if args.history_hours else 0
+    interval = Config().refresh_seconds
+    clients = [
+        subprocess.Popen(a, cwd=tmp / "work", stdin=subprocess.DEVNULL, start_new_session=True)
+        for a in argvs
+    ]
+    out = tmp / "watch.out"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with out.open("wb") as sink:
+            watcher = subprocess.Popen(
+                [sys.executable, "-m", "tui.cli", "-c", str(config), "watch", "--json"],
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        procs.append(watcher)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", BASELINE, str(interval)],
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
+        saved = history.history_path(str(config))
+        before = saved.stat().st_mtime_ns if saved.exists() else 0
+
+        def history_saved() -> bool:
+            return saved.exists() and saved.stat().st_mtime_ns != before
+
+        wait_for("the watcher's first history save", history_saved, 60)
+        me, bare = usage([psutil.Process(p.pid) for p in procs], watch_s)
+        died = clients[0]
+        died.kill()
+        died.wait()
+
+        def reported() -> bool:
+            return any(e.get("kind") == "run-died" and e.get("run") == "run1" for e in events(out))
+
+        wait_for("run1's death in the watcher's output", reported, 10 * interval + 30)
+        watcher.send_signal(signal.SIGTERM)
+        watcher.wait(timeout=30)
+        notes = [e["note"] for e in events(out) if "note" in e]
+        assert notes and notes[-1] == "stopped", notes
+    finally:
+        for p in procs + clients:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    rss = max(r for _, r in me.samples)
+    bare_peak = max(r for _, r in bare.samples)
+    growth = growth_per_hour(me.samples)
+    end_s, end_mb = me.samples[-1]
+    projected = end_mb + max(0.0, growth or 0.0) * max(0.0, PROJECT_H - end_s / 3600)
+    ok_cpu = me.cpu <= 3
+    ok_rss = rss <= 100
+    ok_growth = growth is None or projected <= 100
+    trend = (
+        f"growth not judged (watch >= {WARMUP_S / 60 + 2:.0f} min: --minutes 20)"
+        if growth is None
+        else (
+            f"growth {growth:+.2f} MB/h after {WARMUP_S / 60:.0f} min (baseline "
+            f"{growth_per_hour(bare.samples) or 0.0:+.2f} MB/h), {projected:.0f} MB projected "
+            f"at {PROJECT_H:g} h   target <= 100 MB: {'ok' if ok_growth else 'MISSED'}"
+        )
+    )
+    print(
+        f"bench_watch: {RUNS} live runs x {PER_RUN} datasets, refresh every {interval:g} s "
+        f"(the default), watched {watch_s:.0f} s, starting with {args.history_hours:g} h of "
+        f"history ({points:,} points)"
+    )
+    print(
+        f"  CPU, steady      {me.cpu:6.2f} %   (bare asyncio sleep loop: {bare.cpu:.2f} %)   "
+        f"target <= 3 %: {'ok' if ok_cpu else 'MISSED'}"
+    )
+    print(
+        f"  RSS              {rss:6.1f} MB  peak, {me.samples[0][1]:.1f} MB at the start, "
+        f"{end_mb:.1f} MB at the end (bare asyncio sleep loop: {bare_peak:.1f} MB)   "
+        f"target <= 100 MB: {'ok' if ok_rss else 'MISSED'}"
+    )
+    print(f"  RSS trend        {trend}")
+    print(
+        f"  host agent CPU   {sum(me.kids.values()):6.2f} %   (local agent subprocess; on a "
+        "fleet it runs on the host)"
+    )
+    return 0 if ok_cpu and ok_rss and ok_growth else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
