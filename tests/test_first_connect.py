@@ -4,6 +4,7 @@ and in the engine's snapshots."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -22,6 +23,7 @@ from supervisor.hosts import LocalHost
 from supervisor.model import Snapshot
 from tests.fixtures_data import make_raw
 from tests.fixtures_sshd import SshdServer
+from tests.waiting import wait_for
 
 
 def _files(tmp_path: Path) -> dict[str, bytes]:
@@ -249,6 +251,50 @@ async def test_engine_shows_provisional_counts_before_the_first_scan_ends(tmp_pa
         count = len(seen)
         await engine.refresh(on_progress=seen.append)
         assert len(seen) == count
+
+
+SLOW_SMI = """#!/bin/sh
+# A GPU query that answers only once the test creates {release} (at most 30 s).
+i=0
+while [ ! -e "{release}" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
+case "$1" in
+  --query-compute-apps=*) echo "4242, GPU-aaaa, 70000" ;;
+  --query-gpu=*) echo "0, GPU-aaaa, NVIDIA H100 80GB HBM3, 97, 71234, 81559, 612.35, 71" ;;
+esac
+"""
+
+
+async def test_counts_go_out_before_a_slow_gpu_query_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    release = tmp_path / "release"
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(SLOW_SMI.format(release=release))
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    work = tmp_path / "work"
+    (work / "out" / "B1").mkdir(parents=True)
+    truth = make_raw(work / "out" / "B1" / "raw_responses.jsonl", 300, seed=8)
+    argv = ["python3", "run_inference.py", "--datasets", "B1"]
+    config = Config(
+        hosts=[HostConfig(name="here", local=True, command_timeout=60.0)],
+        runs=[RunConfig(name="gen", host="here", workdir=str(work), argv=argv)],
+    )
+    seen: list[Snapshot] = []
+    async with Engine(config) as engine:
+        refresh = asyncio.create_task(engine.refresh(on_progress=seen.append))
+        await wait_for(lambda: seen, timeout=20, what="the line counts while nvidia-smi is asked")
+        assert not refresh.done(), "the reply came before the GPU query answered"
+        (b1,) = next(r for r in seen[0].hosts[0].runs if r.name == "gen").datasets
+        assert (b1.records, b1.provisional) == (truth.records, True)
+        release.touch()
+        snap = await asyncio.wait_for(refresh, 60)
+    (host,) = snap.hosts
+    assert host.has_gpu and [(g.index, g.utilization_pct) for g in host.gpus] == [(0, 97.0)]
+    (b1,) = next(r for r in host.runs if r.name == "gen").datasets
+    assert (b1.records, b1.provisional) == (truth.records, False)
 
 
 @pytest.mark.ssh

@@ -81,6 +81,29 @@ def _deferred(target: str) -> Callable[[dict[str, Any]], Mapping[str, Any]]:
     return handle
 
 
+class _Background:
+    """``fn()`` called on a daemon thread at once; :meth:`result` waits for its value (or raises
+    what it raised)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as e:  # handed to the caller of result()
+            self._error = e
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 class Agent:
     """State kept across requests: the scanner, the process lister, the output lock."""
 
@@ -131,7 +154,14 @@ class Agent:
     def ping(self, params: dict[str, Any]) -> PingResult:
         return {"pong": True, "time": time.time()}
 
-    def _list(self, params: dict[str, Any], with_gpu: bool) -> tuple[list[Any], Any]:
+    def _list(
+        self,
+        params: dict[str, Any],
+        with_gpu: bool,
+        gpu_query: tuple[dict[int, float] | None, dict[str, Any] | None] | None = None,
+    ) -> tuple[list[Any], Any]:
+        """The run processes and the GPU summary; ``gpu_query``: nvidia-smi's answer when it
+        was asked already (:func:`gpu.query_gpu`), else it is asked here when ``with_gpu``."""
         scripts = params.get("scripts") or list(DEFAULT_SCRIPTS)
         if not isinstance(scripts, list) or not all(isinstance(s, str) for s in scripts):
             raise AgentOpError("scripts: expected a list of strings", "bad-request")
@@ -145,7 +175,9 @@ class Agent:
             runs = resolve_runs(params.get("runs"))
         except ValueError as e:
             raise AgentOpError(str(e), "bad-request") from None
-        gpu_pids, summary = gpu.query_gpu() if with_gpu else (None, None)
+        if gpu_query is None:
+            gpu_query = gpu.query_gpu() if with_gpu else (None, None)
+        gpu_pids, summary = gpu_query
         with self.list_lock:
             found = self.lister.list_runs(
                 scripts, bool(params.get("show_other_users")), gpu_pids, runs, secret_env, clients
@@ -172,9 +204,21 @@ class Agent:
             fetcher.start()
         specs = params.get("files") or []
         counting = self._count_lines(specs) if params.get("progress") else None
-        found, summary = self._list(params, bool(params.get("gpu", True)))
-        reporter = self._first_pass(specs, found, counting) if counting is not None else None
+        with_gpu = bool(params.get("gpu", True))
+        reporter = None
+        gpus: _Background | None = None
+        if counting is None:
+            found, summary = self._list(params, with_gpu)
+        else:
+            # The line counts go out as soon as they are made, not after nvidia-smi (a second
+            # or more on a host of 8 GPUs): the GPUs are asked on a thread of their own, the
+            # processes listed without them for the counts and again with them for the reply.
+            gpus = _Background(gpu.query_gpu) if with_gpu else None
+            found, summary = self._list(params, False)
+            reporter = self._first_pass(specs, found, counting)
         files = self._scan_files(specs, reporter=reporter)
+        if gpus is not None:
+            found, summary = self._list(params, True, gpus.result())
         reply: RefreshResult = {
             "time": time.time(),
             "boot_id": self.boot_id,
