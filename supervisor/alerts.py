@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from supervisor.config import AlertsConfig
 from supervisor.errors import ConfigError
-from supervisor.events import EVENT_KINDS, Event, severity_rank
+from supervisor.events import EVENT_KINDS, EVENTS_KEPT, Event, severity_rank
 
 SEND_TIMEOUT_S = 20.0
 
@@ -191,6 +191,7 @@ class Alerter:
                 ok, error = False, type(e).__name__
             delivery = Delivery(ok=ok, title=title, events=batch, error=error)
             self.deliveries.append(delivery)
+            del self.deliveries[:-EVENTS_KEPT]
             out.append(delivery)
         return out
 

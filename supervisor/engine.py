@@ -86,6 +86,7 @@ if TYPE_CHECKING:
     from supervisor.compare import Comparison, comparison_from, format_lines, gather_comparison
     from supervisor.events import (
         EVENT_KINDS,
+        EVENTS_KEPT,
         Event,
         EventTracker,
         budget_event,
@@ -117,6 +118,7 @@ _LAZY: dict[str, str] = {
     "format_lines": "supervisor.compare",
     "gather_comparison": "supervisor.compare",
     "EVENT_KINDS": "supervisor.events",
+    "EVENTS_KEPT": "supervisor.events",
     "Event": "supervisor.events",
     "EventTracker": "supervisor.events",
     "budget_event": "supervisor.events",
@@ -247,6 +249,7 @@ class Engine:
         views = await asyncio.gather(*(self._refresh_host(n) for n in names))
         snap = Snapshot(time=time.time(), hosts=list(views))
         self.last = snap
+        self._live.prune(self._trackers)
         self._live.maybe_save()
         return snap
 
@@ -987,6 +990,7 @@ def audit_location() -> str:
 
 __all__ = [
     "BUILTIN_FORMATS",
+    "EVENTS_KEPT",
     "EVENT_KINDS",
     "MAX_BACKOFF_S",
     "Action",

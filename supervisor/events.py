@@ -59,6 +59,9 @@ EventKind = Literal[
 ]
 EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
 SEVERITIES: tuple[str, ...] = get_args(Severity)
+EVENTS_KEPT = 1000
+"""Events (and alert deliveries) a long-lived front end keeps in memory: the newest; it runs for
+days, and the ones before are in its output, the alerts sent and the audit log."""
 QUIET_AT_START = ("dataset-done", "all-done")
 """Conditions true at the first refresh that ``runwatch watch`` does not report (old news)."""
 

@@ -98,6 +98,16 @@ class Live:
                 ds.done = True
                 ds.rates = rates.stopped_rates(ds.rates)
 
+    def prune(self, datasets: rates.Trackers) -> None:
+        """Drop the rate trackers of the files (``datasets``, keyed ``(host, path)``) and runs
+        no longer watched (:meth:`rates.Trackers.prune`); one that comes back is seeded from the
+        history again."""
+        for key in datasets.prune():
+            if isinstance(key, tuple) and len(key) == 2:
+                self._seeded.discard(f"ds|{key[0]}|{key[1]}")
+        for key in self._runs.prune():
+            self._seeded.discard(str(key))
+
     # ------------------------------------------------------------------ runs
 
     def run_rates(self, host: str, run: RunView, alive: bool, now: float) -> None:

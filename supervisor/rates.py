@@ -52,6 +52,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, get_args
@@ -139,6 +140,10 @@ class RateTracker:
     def reasoning_tokens(self, stream: str | None) -> int:
         """Reasoning tokens among the text tokens of ``stream``."""
         return self._reasoning_tokens if stream == self._text_stream else 0
+
+    def holds_text_tally(self) -> bool:
+        """True when tokenizer counts of texts were added (see :meth:`add_text_tokens`)."""
+        return self._text_stream is not None and bool(self._text_tokens or self._reasoning_tokens)
 
     def text_tokens(self, stream: str | None) -> int:
         return self._text_tokens if stream == self._text_stream else 0
@@ -281,20 +286,48 @@ class RateTracker:
         return out[-HISTORY_POINTS:]
 
 
-class Trackers:
-    """One :class:`RateTracker` per key (e.g. ``(host, path)``), created on first use."""
+IDLE_S = 2 * WINDOW_10M
+"""A tracker not asked for this long is dropped (:meth:`Trackers.prune`): its window is stale and
+the persisted history seeds a new one if the file comes back."""
 
-    def __init__(self) -> None:
+
+class Trackers:
+    """One :class:`RateTracker` per key (e.g. ``(host, path)``), created on first use; the ones
+    not asked for in :data:`IDLE_S` are dropped by :meth:`prune` (a long-lived watcher sees
+    processes and files come and go)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._by_key: dict[Hashable, RateTracker] = {}
+        self._used: dict[Hashable, float] = {}
+        self._clock = clock
 
     def get(self, key: Hashable) -> RateTracker:
         tracker = self._by_key.get(key)
         if tracker is None:
             tracker = self._by_key[key] = RateTracker()
+        self._used[key] = self._clock()
         return tracker
 
     def drop(self, key: Hashable) -> None:
         self._by_key.pop(key, None)
+        self._used.pop(key, None)
+
+    def prune(self, idle_s: float = IDLE_S) -> list[Hashable]:
+        """Drop the trackers not asked for in ``idle_s`` seconds and return their keys. A tracker
+        holding a tally of tokenizer-counted texts is kept: the host's scanner goes on from where
+        it was and sends only new texts, so that tally cannot be rebuilt."""
+        cutoff = self._clock() - idle_s
+        gone = [
+            k
+            for k, t in self._used.items()
+            if t < cutoff and not self._by_key[k].holds_text_tally()
+        ]
+        for k in gone:
+            self.drop(k)
+        return gone
+
+    def __len__(self) -> int:
+        return len(self._by_key)
 
 
 # --------------------------------------------------------------------------- projection

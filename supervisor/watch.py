@@ -32,6 +32,7 @@ from supervisor.alerts import Alerter, Delivery, check_alerts
 from supervisor.autorestart import AutoRestart
 from supervisor.errors import RunwatchError
 from supervisor.events import (
+    EVENTS_KEPT,
     Event,
     EventTracker,
     audited_restart_event,
@@ -152,7 +153,7 @@ class Watcher:
         self.tracker = EventTracker(config, report_initial=True)
         self.restarts = AutoRestart(engine)
         self.events: list[Event] = []
-        """Every event so far, oldest first."""
+        """The events so far, oldest first (the newest ``EVENTS_KEPT``)."""
         self.deliveries: list[Delivery] = []
         self.ticks = 0
         self.started = time.time()
@@ -213,12 +214,14 @@ class Watcher:
         for ev in events:
             self._show(ev)
         self.events.extend(events)
+        del self.events[:-EVENTS_KEPT]
         self.alerter.keep_only(self.tracker.active())
         deliveries = await self.alerter.submit(events)
         for d in deliveries:
             if not d.ok:
                 self.note(f"alert not delivered ({d.title}): {d.error}")
         self.deliveries.extend(deliveries)
+        del self.deliveries[:-EVENTS_KEPT]
         self.ticks += 1
         return events
 

@@ -122,3 +122,16 @@ def test_unknown_event_kinds_and_urls_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="does not understand") as err:
         check_alerts(AlertsConfig(urls=["nosuchscheme://secret-token@example.org/x"]))
     assert "secret-token" not in str(err.value)
+
+
+async def test_a_long_lived_alerter_keeps_only_the_newest_deliveries(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import supervisor.alerts
+
+    monkeypatch.setattr(supervisor.alerts, "EVENTS_KEPT", 3)
+    alerter = Alerter(AlertsConfig(urls=[receiver.url()], max_per_minute=100))
+    for k in range(5):
+        await alerter.submit([event(key=f"k{k}")])
+    assert len(receiver.wait(5)) == 5  # every one was sent
+    assert [d.events[0].key for d in alerter.deliveries] == ["k2", "k3", "k4"]

@@ -10,6 +10,7 @@ import pytest
 from supervisor.config import DatasetConfig, EndpointConfig
 from supervisor.model import RunFlags
 from supervisor.rates import (
+    IDLE_S,
     CostInfo,
     RateTracker,
     Trackers,
@@ -429,3 +430,32 @@ def test_views_from_successive_real_scans(tmp_path: Path) -> None:
     assert v.projection.stop_reason == "max_samples"
     assert v.projection.eta_s == pytest.approx(60 / 0.5)
     assert v.history and not v.stalled and not v.over_budget
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_trackers_not_asked_for_are_dropped_unless_they_hold_a_text_tally() -> None:
+    clock = _Clock()
+    trackers = Trackers(clock=clock)
+    gone_file = trackers.get(("h", "/gone/B1.jsonl"))
+    gone_file.observe(100.0, 10, 1000, stream="s")
+    texts = trackers.get(("h", "/gone/texts.jsonl"))
+    texts.add_text_tokens("s", 500)
+    clock.now += IDLE_S / 2
+    kept = trackers.get(("h", "/live/B1.jsonl"))
+    assert trackers.prune() == []  # nothing idle that long yet
+    clock.now += IDLE_S / 2 + 1
+    trackers.get(("h", "/live/B1.jsonl"))  # asked for at every refresh
+    assert trackers.prune() == [("h", "/gone/B1.jsonl")]
+    assert len(trackers) == 2
+    # The one still asked for is the same tracker; the text tally survives the idle time.
+    assert trackers.get(("h", "/live/B1.jsonl")) is kept
+    assert trackers.get(("h", "/gone/texts.jsonl")).text_tokens("s") == 500
+    # A dropped file that comes back starts a new tracker (seeded again from the history).
+    assert trackers.get(("h", "/gone/B1.jsonl")) is not gone_file

@@ -22,7 +22,14 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from supervisor.config import Config
-from supervisor.engine import Event, EventTracker, budget_event, moved_key, stop_key
+from supervisor.engine import (
+    EVENTS_KEPT,
+    Event,
+    EventTracker,
+    budget_event,
+    moved_key,
+    stop_key,
+)
 from supervisor.model import HostView, RunView, Snapshot
 from tui.commands import RunCommands
 from tui.engine import EngineLike
@@ -101,8 +108,9 @@ class RunwatchApp(App[None]):
         self.config_path = config.path
         self.refresh_seconds = refresh_seconds or config.refresh_seconds
         self.alerts: list[Event] = []
-        """Every event notified so far, oldest first (``supervisor.events``, as
-        ``runwatch watch`` reports them; conditions true at start-up are not notified)."""
+        """The events notified so far, oldest first, the newest ``EVENTS_KEPT`` of them
+        (``supervisor.events``, as ``runwatch watch`` reports them; conditions true at start-up
+        are not notified)."""
         self._events = EventTracker(config, report_initial=False)
         self.refreshes = 0
         """Number of snapshots received (tests wait on it)."""
@@ -203,6 +211,7 @@ class RunwatchApp(App[None]):
         """Show ``event`` as a notification (with the command that acts on it) and in the events
         panel; a critical one rings the terminal bell."""
         self.alerts.append(event)
+        del self.alerts[:-EVENTS_KEPT]
         text = f"{event.message}\n→ {event.command}" if event.command else event.message
         self.notify(text, title=event.title, severity=NOTIFY_SEVERITY[event.severity], markup=False)
         if event.severity == "critical":
