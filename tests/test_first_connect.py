@@ -47,8 +47,15 @@ def _files(tmp_path: Path) -> dict[str, bytes]:
     return out
 
 
+@pytest.fixture
+def any_size_in_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test's small files go to counting processes as big ones do."""
+    monkeypatch.setattr(firstpass, "PROCESS_MIN_BYTES", 0)
+
+
 @pytest.mark.parametrize("wc", [True, False], ids=["wc", "python"])
 @pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.usefixtures("any_size_in_processes")
 def test_count_all_counts_every_newline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, wc: bool
 ) -> None:
@@ -65,6 +72,7 @@ def test_count_all_counts_every_newline(
     assert counted == {p: (data.count(b"\n"), len(data)) for p, data in files.items()}
 
 
+@pytest.mark.usefixtures("any_size_in_processes")
 def test_count_all_counts_in_python_what_wc_fails_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -76,6 +84,7 @@ def test_count_all_counts_in_python_what_wc_fails_on(
     assert counted == {p: (data.count(b"\n"), len(data)) for p, data in files.items()}
 
 
+@pytest.mark.usefixtures("any_size_in_processes")
 def test_wc_never_sees_a_path(tmp_path: Path) -> None:
     """The files reach ``wc`` as its stdin: a name that looks like an option counts the same."""
     hostile = tmp_path / "--files0-from=x"
@@ -83,6 +92,7 @@ def test_wc_never_sees_a_path(tmp_path: Path) -> None:
     assert firstpass.count_all([str(hostile)], 1) == {str(hostile): (3, 6)}
 
 
+@pytest.mark.usefixtures("any_size_in_processes")
 def test_count_all_counts_alone_when_it_cannot_fork(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -101,6 +111,7 @@ def test_count_all_counts_alone_when_it_cannot_fork(
     assert counted == {p: (data.count(b"\n"), len(data)) for p, data in files.items()}
 
 
+@pytest.mark.usefixtures("any_size_in_processes")
 def test_a_few_big_files_are_counted_in_slices_over_the_cores(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -124,6 +135,25 @@ def test_a_few_big_files_are_counted_in_slices_over_the_cores(
         p: (data.count(b"\n"), len(data)) for p, data in files.items()
     }
     assert forks == []
+
+
+def test_small_files_are_counted_without_starting_a_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first connect to a fleet of short files starts no ``wc`` and no fork per file."""
+    started = []
+
+    def no_process(*args: object, **kwargs: object) -> None:
+        started.append(args)
+        raise AssertionError("a counting process was started for a small file")
+
+    files = _files(tmp_path)
+    assert all(len(data) < firstpass.PROCESS_MIN_BYTES for data in files.values())
+    monkeypatch.setattr(firstpass.subprocess, "Popen", no_process)
+    monkeypatch.setattr(os, "fork", no_process)
+    counted = firstpass.count_all(list(files), 4)
+    assert counted == {p: (data.count(b"\n"), len(data)) for p, data in files.items()}
+    assert started == []
 
 
 def test_early_counting_is_handed_to_the_first_refresh_once(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ The host's ``wc -l`` counts whole files (vectorised, about twice as fast per cor
 one process per file, as many at a time as the host has cores, each reading the file on its stdin
 (no path on a command line). Where there is no ``wc``, or where slices of the files would keep more
 cores busy than whole files (a few big files on a many-core host), forked Python processes count
-slices (``memchr`` over large reads). A file ``wc`` fails on is counted in Python.
+slices (``memchr`` over large reads). A file ``wc`` fails on is counted in Python, and so is a file
+under :data:`PROCESS_MIN_BYTES`, on the counting thread (no process is started for it).
 
 :class:`Reporter` then writes how far the scan is (files and bytes), at most every
 :data:`PROGRESS_INTERVAL_S`, until the reply.
@@ -39,6 +40,10 @@ SLICE_BYTES = 64 << 20
 """Bytes of a file one counting process takes at a time."""
 SHORT_LINES = 256
 """Below this many bytes per line on average, ``bytes.count`` beats one ``find`` per line."""
+PROCESS_MIN_BYTES = 16 << 20
+"""Files smaller than this are counted on the counting thread itself: starting a process for
+them (``wc`` or a fork) costs more than counting them, and a dashboard's first connect to a fleet
+of short files must not wait on dozens of process starts."""
 PROGRESS_INTERVAL_S = 0.5
 """Shortest time between two progress lines of one request."""
 
@@ -169,26 +174,33 @@ class Counting:
 
     def _run(self) -> None:
         try:
+            small = {p: s for p, s in self.sizes.items() if s < PROCESS_MIN_BYTES}
+            big = {p: s for p, s in self.sizes.items() if p not in small}
+            lines = {p: _count(self._fds[p], 0, s) for p, s in small.items()}
             slices = [
                 (path, a, min(a + SLICE_BYTES, size))
-                for path, size in self.sizes.items()
+                for path, size in big.items()
                 for a in range(0, size, SLICE_BYTES)
             ]
             wc = wc_program()
-            if wc is not None and len(self.sizes) >= min(self._workers, len(slices)):
-                self._lines = self._by_wc(wc)
+            if not big:
+                pass
+            elif wc is not None and len(big) >= min(self._workers, len(slices)):
+                lines.update(self._by_wc(wc, big))
             else:
-                self._lines = self._by_slices(slices)
+                lines.update(self._by_slices(big, slices))
+            self._lines = lines
         except BaseException as e:  # given to the caller of wait()
             self._error = e
         finally:
             for fd in self._fds.values():
                 os.close(fd)
 
-    def _by_wc(self, wc: str) -> dict[str, int]:
-        """Newlines per file by ``wc -l`` on each file's descriptor, ``workers`` at a time."""
-        lines = dict.fromkeys(self.sizes, 0)
-        todo = sorted(self.sizes, key=self.sizes.__getitem__, reverse=True)
+    def _by_wc(self, wc: str, sizes: dict[str, int]) -> dict[str, int]:
+        """Newlines per file of ``sizes`` by ``wc -l`` on each file's descriptor, ``workers``
+        at a time."""
+        lines = dict.fromkeys(sizes, 0)
+        todo = sorted(sizes, key=sizes.__getitem__, reverse=True)
         running: list[tuple[str, subprocess.Popen[bytes]]] = []
         failed = []
         while todo or running:
@@ -216,16 +228,19 @@ class Counting:
             else:
                 failed.append(path)
         for path in failed:
-            lines[path] = _count(self._fds[path], 0, self.sizes[path])
+            lines[path] = _count(self._fds[path], 0, sizes[path])
         return lines
 
-    def _by_slices(self, slices: list[tuple[str, int, int]]) -> dict[str, int]:
-        """Newlines per file by forked Python processes over ``slices`` (one: no fork).
+    def _by_slices(
+        self, sizes: dict[str, int], slices: list[tuple[str, int, int]]
+    ) -> dict[str, int]:
+        """Newlines per file of ``sizes`` by forked Python processes over ``slices`` (one: no
+        fork).
 
         A child only reads, counts and writes its counts to a pipe, then leaves with ``os._exit``:
         nothing of the agent's threads or locks is touched after the fork.
         """
-        lines = dict.fromkeys(self.sizes, 0)
+        lines = dict.fromkeys(sizes, 0)
         fds = self._fds
         if self._workers < 2 or len(slices) < 2 or not hasattr(os, "fork"):
             for path, a, b in slices:
