@@ -39,7 +39,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psutil
-from livefleet import PER_RUN, RUNS, WARMUP_S, datasets_of, growth_per_hour, make_fleet, steady
+from livefleet import (
+    PER_RUN,
+    RUNS,
+    WARMUP_S,
+    datasets_of,
+    end_on_sigterm,
+    growth_per_hour,
+    make_fleet,
+    steady,
+)
 
 BASELINE_S = 5.0
 PAINTS = 3
@@ -92,6 +101,7 @@ def main() -> int:
     )
     ap.add_argument("--minutes", type=float, default=None, help="watch this long instead")
     args = ap.parse_args()
+    end_on_sigterm()
     watch_s = args.minutes * 60 if args.minutes else args.seconds
 
     # Both apps start from compiled modules, as installed packages do (pip compiles Textual's;

@@ -49,6 +49,7 @@ from livefleet import (
     SEED_RECORDS,
     WARMUP_S,
     datasets_of,
+    end_on_sigterm,
     growth_per_hour,
     make_fleet,
     usage,
@@ -128,6 +129,7 @@ def main() -> int:
         "after hours of watching; 0: a first start)",
     )
     args = ap.parse_args()
+    end_on_sigterm()
     watch_s = args.minutes * 60 if args.minutes else args.seconds
 
     tmp = Path(tempfile.mkdtemp(prefix="runwatch-bench-watch-"))

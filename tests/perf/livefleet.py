@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -45,6 +46,13 @@ while True:
     i += 1
     time.sleep(1.0)  # the client's pace: one response per dataset per second
 """
+
+
+def end_on_sigterm() -> None:
+    """A SIGTERM (``timeout``, a cancelled CI job) ends the benchmark through its ``finally``
+    blocks: the clients it started, in sessions of their own, must not outlive it (they would be
+    listed as runs by the next benchmark of the same fleet)."""
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
 
 def datasets_of(run: int) -> list[str]:
