@@ -36,7 +36,9 @@ def _app(demo: Any) -> RunwatchApp:
 
 
 async def _loaded(app: RunwatchApp, pilot: Any) -> None:
-    """Until both demo runs are on screen with their datasets, and a table has the focus."""
+    """Until both demo runs are on screen with their datasets, a table has the focus and the
+    first refresh is done: the provisional counts of the first scan are on screen before it, and
+    events are reported from the first complete snapshot on (what is true then is not news)."""
 
     def ready() -> bool:
         tables = list(app.screen.query(DatasetTable))
@@ -44,6 +46,7 @@ async def _loaded(app: RunwatchApp, pilot: Any) -> None:
 
     await wait_for(ready, timeout=30, what="both demo runs on the dashboard")
     await wait_for(lambda: isinstance(app.focused, DatasetTable), what="a focused run")
+    await wait_for(lambda: app.refreshes >= 1, timeout=30, what="the first complete refresh")
     await pilot.pause()
 
 
