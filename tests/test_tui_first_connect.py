@@ -86,11 +86,9 @@ async def test_dashboard_shows_provisional_counts_and_progress_then_the_scan() -
         assert display.budget(final.completion_tokens, final.token_budget) in row
 
 
-async def test_dashboard_on_a_real_first_scan_ends_with_exact_counts(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    (work / "out" / "B1").mkdir(parents=True)
-    truth = make_raw(work / "out" / "B1" / "raw_responses.jsonl", 300, seed=9)
-    config = Config(
+def _one_run(work: Path) -> Config:
+    """A local host and one reference-client run ``gen`` of dataset B1 in ``work``."""
+    return Config(
         hosts=[HostConfig(name="here", local=True, command_timeout=30.0)],
         runs=[
             RunConfig(
@@ -101,6 +99,13 @@ async def test_dashboard_on_a_real_first_scan_ends_with_exact_counts(tmp_path: P
             )
         ],
     )
+
+
+async def test_dashboard_on_a_real_first_scan_ends_with_exact_counts(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "out" / "B1").mkdir(parents=True)
+    truth = make_raw(work / "out" / "B1" / "raw_responses.jsonl", 300, seed=9)
+    config = _one_run(work)
     app = make_app(config, Engine(config), refresh_seconds=3600)
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(lambda: app.refreshes >= 1, timeout=30, what="the first refresh")
@@ -131,17 +136,7 @@ async def test_a_refresh_finished_before_the_app_mounts_is_its_first_frame(tmp_p
     data = work / "out" / "B1" / "raw_responses.jsonl"
     data.parent.mkdir(parents=True)
     truth = make_raw(data, 120, seed=11)
-    config = Config(
-        hosts=[HostConfig(name="here", local=True, command_timeout=30.0)],
-        runs=[
-            RunConfig(
-                name="gen",
-                host="here",
-                workdir=str(work),
-                argv=["python3", "run_inference.py", "--datasets", "B1"],
-            )
-        ],
-    )
+    config = _one_run(work)
     engine = CountingEngine(config)
     first = asyncio.ensure_future(engine.refresh())
     await asyncio.wait_for(asyncio.shield(first), 30)

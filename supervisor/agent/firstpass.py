@@ -182,12 +182,10 @@ class Counting:
                 for path, size in big.items()
                 for a in range(0, size, SLICE_BYTES)
             ]
-            wc = wc_program()
-            if not big:
-                pass
-            elif wc is not None and len(big) >= min(self._workers, len(slices)):
+            wc = wc_program() if big else None
+            if wc is not None and len(big) >= min(self._workers, len(slices)):
                 lines.update(self._by_wc(wc, big))
-            else:
+            elif big:
                 lines.update(self._by_slices(big, slices))
             self._lines = lines
         except BaseException as e:  # given to the caller of wait()
