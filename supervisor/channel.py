@@ -23,7 +23,9 @@ from typing import Any, Protocol
 
 from supervisor.errors import AgentError, HostError, OutcomeUnknown
 
-ACTING_OPS = frozenset(("kill", "launch", "repair_tail", "move_aside", "write_fingerprint"))
+ACTING_OPS = frozenset(
+    ("kill", "unit_stop", "launch", "repair_tail", "move_aside", "write_fingerprint")
+)
 """Ops whose effect on the host is unknown when their reply is lost."""
 
 

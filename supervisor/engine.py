@@ -33,7 +33,7 @@ import posixpath
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
@@ -70,6 +70,7 @@ from supervisor.model import (
     RunState,
     RunView,
     Snapshot,
+    UnitInfo,
 )
 from supervisor.provisional import provisional_view
 from supervisor.secrets import known_secrets, note_secrets
@@ -683,6 +684,10 @@ class Engine:
             from supervisor import slurm
 
             jobs = slurm.job_views(result.get("slurm"))
+        units: dict[str, UnitInfo] = {}
+        for raw in result.get("units") or []:  # the newest first
+            u = msgspec.convert(raw, UnitInfo, strict=False)
+            units.setdefault(u.run, u)
         for run in runs:
             cands = candidates.get(run.name, [])
             taken.update(p.identity.pid for p in cands)
@@ -723,10 +728,15 @@ class Engine:
                 state = "ambiguous"
             elif proc is None:
                 state = "stopped"
-            elif proc.state.startswith("Z"):
+            elif proc.state.startswith("Z") and proc.unit is None:
                 state = "zombie"
             else:
+                # In a unit, a zombie leader whose threads or other members still run is running.
                 state = "running"
+            last_unit = units.get(run.name)
+            held_by: Literal["cgroup", "token", "adopted"] | None = None
+            if state == "running" and proc is not None:
+                held_by = proc.unit.held_by if proc.unit is not None else "adopted"
             if state in ("stopped", "zombie"):  # no writer: a partial last line is torn
                 for dv in datasets:
                     if dv.state == "ok" and dv.partial_tail_bytes > 0:
@@ -737,7 +747,13 @@ class Engine:
                 host=hc.name,
                 state=state,
                 # Nothing is scanned for such a run: say so rather than show no datasets.
-                state_detail=f"data files unknown: {layout.problem}" if layout.problem else None,
+                state_detail=f"data files unknown: {layout.problem}"
+                if layout.problem
+                else ending_text(last_unit)
+                if state == "stopped"
+                else None,
+                held_by=held_by,
+                last_unit=last_unit,
                 process=proc,
                 datasets=datasets,
                 job=job,
@@ -871,6 +887,21 @@ class Engine:
 
         self._tokenizer_ready()
         return sum(count_tokens(self._tokenizer, texts))
+
+
+def ending_text(unit: UnitInfo | None) -> str | None:
+    """How a stopped run's last launch ended, for its state: ``finished (exit 0)``, ``died
+    (signal 9)``, ``stopped by runwatch``; None when runwatch did not launch it."""
+    if unit is None or unit.ending is None:
+        return None
+    ex = unit.exit
+    if unit.ending == "lost":
+        return "exit unknown (its waiter ended first)"
+    if unit.ending == "stopped":
+        return "stopped by runwatch"
+    assert ex is not None
+    how = f"signal {ex.signal}" if ex.signal is not None else f"exit {ex.code}"
+    return f"{unit.ending} ({how})"
 
 
 def torn_tail_note(path: str, partial_bytes: int) -> str:

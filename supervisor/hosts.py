@@ -29,6 +29,7 @@ from supervisor.agent.protocol import AGENT_LOADER
 from supervisor.channel import AgentChannel, LineReader, LineWriter
 from supervisor.errors import ConfigError, HostError, RunwatchError
 from supervisor.model import Backend, ProcessInfo
+from supervisor.paths import config_id
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -62,6 +63,9 @@ class _BundleFinder:  # a meta path finder and loader (importlib.abc would cost 
 
     def create_module(self, spec):
         return None
+
+    def get_source(self, name):  # the waiter is started from its source (agent/unit.py)
+        return _SOURCES[name]
 
     def exec_module(self, module):
         name = module.__name__
@@ -369,6 +373,7 @@ def ps_params(config: Config, cfg: HostConfig) -> dict[str, Any]:
         "show_other_users": cfg.show_other_users,
         "runs": run_specs(config, cfg.name),
         "secret_env": secret_env_names(config),
+        "config_id": config_id(config.path),
     }
 
 
@@ -462,6 +467,10 @@ def run_files(config: Config, run_name: str | None) -> list[str]:
 
 def _strength(proc: ProcessInfo, run_name: str) -> int:
     why = set(proc.evidence.get(run_name, ()))
+    if "unit" in why:  # runwatch launched it as this run: ownership, not inference
+        return 8
+    if proc.unit is not None:  # another config's launch: never this config's run
+        return 0
     return 2 * ("fd" in why) + ("argv" in why) if why & STRONG_EVIDENCE else 0
 
 
@@ -498,4 +507,13 @@ def assign_runs(
         for run in config.runs:
             if run.host == host_name and _strength(p, run.name):
                 found.setdefault(run.name, []).append(p)
+    for name, cands in found.items():
+        # A run held in a unit is that unit; a process that only looks like it (same argv, same
+        # files) is another writer for the gate to refuse, not a second candidate.
+        held = [p for p in cands if _strength(p, name) >= 8]
+        if held:
+            found[name] = held
+            for p in cands:
+                if p not in held and p.run == name:
+                    p.run = None
     return found

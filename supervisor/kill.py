@@ -58,6 +58,11 @@ class KillReport(msgspec.Struct, kw_only=True):
     results: list[KillResult] = []
     reconciled: bool = False
     """True when the kill's reply was lost and the results come from re-checking the host."""
+    held_by: Literal["cgroup", "token"] | None = None
+    """Set when the process was in a unit runwatch started: the whole unit was stopped, and
+    it is gone only when the unit is empty (``unit_detail`` says what was found)."""
+    launch_id: str | None = None
+    unit_detail: str | None = None
 
     @property
     def all_gone(self) -> bool:
@@ -83,9 +88,9 @@ def identity_params(identity: Identity) -> dict[str, Any]:
     }
 
 
-def _results(host: Host, raw: Any) -> list[KillResult]:
+def _report(host: Host, identity: Identity, raw: Any) -> KillReport:
     reply = decode(raw, Kill, host.name, "kill")
-    return [
+    results = [
         KillResult(
             pid=t.pid,
             outcome=t.outcome,
@@ -98,6 +103,19 @@ def _results(host: Host, raw: Any) -> list[KillResult]:
         )
         for t in reply.results
     ]
+    if reply.confirmed is False and all(r.gone for r in results):
+        # The unit is not empty although every process the stop saw is gone: never "confirmed".
+        results.append(
+            KillResult(pid=identity.pid, outcome="refused", detail=reply.detail or "unit not empty")
+        )
+    return KillReport(
+        host=host.name,
+        identity=identity,
+        results=results,
+        held_by=reply.held_by,
+        launch_id=reply.launch_id,
+        unit_detail=reply.detail,
+    )
 
 
 async def kill(
@@ -120,7 +138,7 @@ async def kill(
         params["files"] = list(files)
     timeout = float(grace) + KILL_CONFIRM_S + host.cfg.command_timeout
     result = await host.request("kill", params, timeout=timeout)
-    return KillReport(host=host.name, identity=identity, results=_results(host, result))
+    return _report(host, identity, result)
 
 
 async def reconcile(host: Host, identity: Identity, timeout: float | None = None) -> Reconciliation:

@@ -49,6 +49,56 @@ class RunFlags(msgspec.Struct, kw_only=True):
     """Whether the client's resume flag is given (None: the client has none)."""
 
 
+class UnitRef(msgspec.Struct, kw_only=True):
+    """The unit a listed process belongs to (it was started by runwatch; see
+    ``supervisor.agent.unit``)."""
+
+    launch_id: str
+    held_by: Literal["cgroup", "token"]
+    """``cgroup``: a cgroup v2 leaf holds every descendant; ``token``: the launch token in the
+    environment and the waiter's subreaper tree do."""
+    run: str
+    mine: bool = False
+    """Launched by this config (another config's run of the same name is not this one)."""
+
+
+class UnitExit(msgspec.Struct, kw_only=True):
+    """How a unit's client ended, as its waiter recorded it."""
+
+    code: int | None = None
+    signal: int | None = None
+    at: float | None = None
+    stopped: bool = False
+    """runwatch had asked the unit to stop (a kill, a restart, a budget policy) before it ended."""
+
+
+class UnitInfo(msgspec.Struct, kw_only=True):
+    """A unit of this config on a host, running or ended (the agent's ``units``)."""
+
+    launch_id: str
+    run: str
+    held_by: Literal["cgroup", "token"]
+    state: Literal["running", "ending", "ended"]
+    main_pid: int | None = None
+    members: list[int] = []
+    exit: UnitExit | None = None
+    waiter_alive: bool = False
+    launched_at: float | None = None
+
+    @property
+    def ending(self) -> Literal["finished", "died", "stopped", "lost"] | None:
+        """How the run ended: ``finished`` (exit 0 by itself), ``died`` (a non-zero exit or a
+        signal runwatch did not send), ``stopped`` (runwatch stopped it), ``lost`` (its waiter
+        died before the client: the exit is unknown); None while it runs."""
+        if self.state != "ended":
+            return None
+        if self.exit is None:
+            return "lost"
+        if self.exit.stopped:
+            return "stopped"
+        return "finished" if self.exit.code == 0 else "died"
+
+
 class ProcessInfo(msgspec.Struct, kw_only=True):
     """One matching process on a host, as listed by the agent."""
 
@@ -74,7 +124,10 @@ class ProcessInfo(msgspec.Struct, kw_only=True):
     evidence: dict[str, list[str]] = {}
     """Config run name -> what the host found tying this process to that run: ``argv`` (its data
     paths are the run's files), ``fd`` (it holds the run's data files or lock open), ``cwd`` (its
-    working directory is the run's workdir: never enough alone). See ``hosts.match_run``."""
+    working directory is the run's workdir: never enough alone), ``unit`` (it is the main
+    process of a unit this config launched as that run). See ``hosts.match_run``."""
+    unit: UnitRef | None = None
+    """The unit holding it, when runwatch started it; its other members are in ``children``."""
 
 
 class Rates(msgspec.Struct, kw_only=True):
@@ -278,6 +331,17 @@ class RunView(msgspec.Struct, kw_only=True):
     """The run's tokens/s over the last hours, oldest first (persisted across restarts)."""
     endpoint: str | None = None
     """Name of the ``[[endpoints]]`` entry the run sends its requests to."""
+    held_by: Literal["cgroup", "token", "adopted"] | None = None
+    """How runwatch holds the running run: a unit it launched (``cgroup`` or ``token``), or a
+    process it found and adopted by evidence (``adopted``); None when it is not running."""
+    last_unit: UnitInfo | None = None
+    """The newest unit this config launched for the run (running or ended)."""
+
+    @property
+    def ending(self) -> Literal["finished", "died", "stopped", "lost"] | None:
+        """How the run's last launch ended (:attr:`UnitInfo.ending`); None while it runs or
+        when runwatch never launched it."""
+        return self.last_unit.ending if self.last_unit is not None else None
 
     @property
     def state_text(self) -> str:

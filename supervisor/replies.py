@@ -82,6 +82,10 @@ class Kill(msgspec.Struct, kw_only=True):
     """``protocol.KillResult``."""
 
     results: list[KillTarget]
+    launch_id: str | None = None
+    held_by: Literal["cgroup", "token"] | None = None
+    confirmed: bool | None = None
+    detail: str | None = None
 
 
 class Probe(msgspec.Struct, kw_only=True):

@@ -37,6 +37,7 @@ from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
 from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import Identity
+from supervisor.paths import config_id
 from supervisor.plan import ActionResult, OnStep, Plan, Step, StepFailed, StepState
 from supervisor.replies import FileHolders, GpuHolders, HelpFlags, LockHolder, LockStatus, decode
 
@@ -793,6 +794,8 @@ class _Runner:
         return {
             "workdir": layout.workdir,
             "argv": argv,
+            "config_id": config_id(self.engine.config.path),
+            "run": plan.run.name,
             "env": plan.env,
             "secret_env": plan.secret_env,
             "log": layout.log,

@@ -279,6 +279,24 @@ def kill(agent: Agent, params: dict[str, Any]) -> KillResult:
     why = check_identity(agent, ident)
     if why:
         return _refuse(pid, why)
+    from supervisor.agent import unit
+
+    held = unit.unit_of(pid, int(ident["start_time"]))
+    if held is not None:
+        # runwatch started it: the run is its unit, whatever its argv says or its members did
+        # (setsid, double forks, a new argv[0], an exited main thread). Stop the unit whole.
+        live_argv = procs.read_argv(pid)
+        if live_argv and not masked_equal(list(ident.get("argv") or []), live_argv):
+            return _refuse(pid, "refused: argv changed (PID reused by another command?)")
+        stopped = unit.stop({"launch_id": held["launch_id"], "grace": grace})
+        return {
+            "results": stopped["results"]
+            or [_gone_result(_Target(pid, int(ident["start_time"]), "run"), "already gone")],
+            "launch_id": stopped["launch_id"],
+            "held_by": stopped["held_by"],
+            "confirmed": stopped["confirmed"],
+            "detail": stopped["detail"],
+        }
     run = _Target(pid, int(ident["start_time"]), "run")
     try:
         if not run.open():
@@ -562,6 +580,19 @@ def probe(agent: Agent, params: dict[str, Any]) -> ProbeResult:
     pid = int(ident["pid"])
     if ident.get("boot_id") != agent.boot_id:
         return {"state": "rebooted", "alive": False, "children": [], "detail": "host rebooted"}
+    from supervisor.agent import unit
+
+    held = unit.unit_of(pid, int(ident.get("start_time") or 0))
+    if held is not None:
+        # Its unit is the run: alive while any member is (a client that exited may leave some).
+        left = unit.members(held)
+        if left:
+            return {
+                "state": "alive",
+                "alive": True,
+                "children": [p for p in left if p != pid],
+                "detail": f"unit {held['launch_id']} still has {len(left)} process(es)",
+            }
     st = procs.read_stat(pid)
     if st is None:
         return {"state": "gone", "alive": False, "children": [], "detail": "no such process"}

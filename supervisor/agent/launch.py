@@ -29,6 +29,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from supervisor.agent import unit
 from supervisor.agent.datafiles import (
     file_holders,
     fsync_dir,
@@ -253,6 +254,16 @@ def launch(params: dict[str, Any]) -> LaunchResult:
                 "lock_path": busy,
             }
         # Under the locks, so no runwatch launch can slip in between the check and the start.
+        running = unit.live_unit(str(params.get("config_id") or ""), str(params.get("run") or ""))
+        if running is not None:
+            return {
+                "started": False,
+                "reason": "already-running",
+                "detail": f"already running: unit {running['launch_id']} of this run still has "
+                f"processes ({', '.join(str(p) for p in unit.members(running))})",
+                "holder": None,
+                "lock_path": lock_path,
+            }
         users = file_holders(data_files)
         if users["pids"]:
             return {
@@ -280,16 +291,15 @@ def launch(params: dict[str, Any]) -> LaunchResult:
         env = dict(os.environ)
         env.update(env_extra)
         try:
-            proc = subprocess.Popen(
+            pid, unit_data = unit.start(
                 argv,
-                cwd=workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=log_fd,
-                start_new_session=True,
-                close_fds=True,
-                pass_fds=tuple(fds.values()),
+                workdir,
+                env,
+                log_fd,
+                tuple(fds.values()),
+                str(params.get("config_id") or ""),
+                str(params.get("run") or ""),
+                secrets,
             )
         except OSError as e:
             write_all({"state": "failed", "time": time.time()})
@@ -306,7 +316,7 @@ def launch(params: dict[str, Any]) -> LaunchResult:
         seen: list[dict[str, Any] | None] = [None]
 
         def argv_ready() -> bool:
-            seen[0] = identity_of(proc.pid)
+            seen[0] = identity_of(pid)
             return seen[0] is None or bool(seen[0]["argv"])
 
         poll_until(argv_ready, 2.0, 0.005)
@@ -314,7 +324,7 @@ def launch(params: dict[str, Any]) -> LaunchResult:
         if identity is None:  # it exited before it could be read: still report what it wrote
             identity = {
                 "boot_id": boot_id(),
-                "pid": proc.pid,
+                "pid": pid,
                 "start_time": 0,
                 "uid": os.getuid(),
                 "argv": argv,
@@ -326,6 +336,7 @@ def launch(params: dict[str, Any]) -> LaunchResult:
                 "argv": mask_argv(argv, secrets),
                 "workdir": workdir,
                 "log": log,
+                "launch_id": unit_data["launch_id"],
                 "time": time.time(),
             }
         )
@@ -333,25 +344,30 @@ def launch(params: dict[str, Any]) -> LaunchResult:
         # The child holds its own copies of the locks (and releases them when it ends); ours go.
         for fd in fds.values():
             os.close(fd)
-    try:
-        code: int | None = proc.wait(timeout=settle_s)
-    except subprocess.TimeoutExpired:
-        code = None
-    if code is None:
-        # Reap it when it ends, so a finished run never lingers as a zombie of the agent.
-        threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+    # Settled: the client still runs after ``settle_s``, or its exit is recorded by the waiter.
+    # A client that exits while its unit still has members (it daemonised, or its main thread
+    # ended while others write) is running: the unit is the run.
+    launch_id = unit_data["launch_id"]
+    poll_until(lambda: unit.exit_status(launch_id) is not None, settle_s, 0.02)
+    ended = unit.exit_status(launch_id)
+    record = unit.read_record(launch_id)
+    if ended is not None and record is not None and unit.members(record):
+        ended = None
+    code = ended.get("code") if ended is not None else None
     masked_tail = [
         mask_text(line, secrets)
         for line in tail_bytes(log, tail_lines, 64 * 1024, start=log_offset)
     ]
-    if code is not None or not is_alive(identity):
+    if ended is not None:
         return {
             "started": False,
             "reason": "exited",
             "exit_code": code,
+            "launch_id": launch_id,
             "identity": _identity(identity, mask_argv(identity["argv"], secrets)),
             "detail": (f"the process exited with status {code}" if code is not None else "it died")
-            + f" within {settle_s:.1f} s of its start",
+            + f" within {settle_s:.1f} s of its start"
+            + (f" (killed by signal {ended['signal']})" if ended and ended.get("signal") else ""),
             "log_tail": masked_tail,
             "log": log,
             "lock_path": lock_path,
@@ -361,6 +377,8 @@ def launch(params: dict[str, Any]) -> LaunchResult:
         "started": True,
         "identity": _identity(identity, mask_argv(cmd, secrets)),
         "argv_matches": _same_command(cmd, argv),
+        "launch_id": launch_id,
+        "held_by": unit_data["held_by"],
         "log": log,
         "log_offset": log_offset,
         "lock_path": lock_path,

@@ -18,7 +18,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from supervisor.agent.masking import mask_argv
-from supervisor.agent.match import RunFiles, client_for, find_runs, parse_flags, run_evidence
+from supervisor.agent.match import (
+    RunFiles,
+    client_for,
+    find_runs,
+    parse_flags,
+    run_evidence,
+    script_index,
+)
 from supervisor.agent.protocol import DEFAULT_SCRIPTS
 
 if TYPE_CHECKING:
@@ -393,11 +400,18 @@ class Lister:
         runs: Sequence[RunFiles] = (),
         secret_env: Sequence[str] = (),
         clients: Sequence[dict[str, Any]] | None = None,
+        units: Sequence[dict[str, Any]] = (),
+        config_id: str | None = None,
     ) -> list[dict[str, Any]]:
         """ProcessInfo-shaped dicts of every run on the host, each with its ``evidence`` of
         being one of ``runs`` (see ``match.run_evidence``). The values of the ``secret_env``
         variables (in the process's environment or the agent's) are masked in its argv.
-        ``clients`` (client profiles as plain data) say how the flags of each script are read."""
+        ``clients`` (client profiles as plain data) say how the flags of each script are read.
+
+        ``units`` (running units, ``unit.list_units``): each is one run, listed by its main
+        process whatever its argv (a renamed process, a script of no profile), with every other
+        member among its ``children``; its evidence is ``unit`` for its run when it was launched
+        by ``config_id``, and none for any run of this config otherwise (another config's)."""
         if not uses_proc():  # pragma: no cover - non-Linux hosts
             return self._list_psutil(scripts, show_other_users, gpu_per_pid, runs, clients)
         table = process_table()
@@ -406,7 +420,21 @@ class Lister:
         now = time.monotonic()
         out: list[dict[str, Any]] = []
         seen: set[tuple[int, int]] = set()
-        for pid, idx in find_runs(table, scripts, self.excluded()):
+        member_of = {pid: u for u in units for pid in u.get("members") or []}
+        listed: list[tuple[int, int, dict[str, Any] | None]] = []
+        for u in units:
+            main = u.get("main_pid")
+            if isinstance(main, int) and main in table:
+                idx = script_index(table[main].argv, scripts)
+                listed.append((main, 0 if idx is None else idx, u))
+        listed += [
+            (pid, idx, None)
+            for pid, idx in find_runs(table, scripts, self.excluded())
+            if pid not in member_of
+        ]
+        for pid, idx, held in sorted(listed, key=lambda x: x[0]):
+            if not table[pid].argv:
+                continue  # a kernel thread or an exited process has no argv to read
             st = read_stat(pid)
             uid = read_uid(pid)
             if st is None or uid is None:
@@ -415,6 +443,8 @@ class Lister:
                 continue
             argv = table[pid].argv
             kids = descendants(table, pid)
+            if held is not None:
+                kids = sorted(set(kids) | (set(held.get("members") or []) - {pid}))
             cpu_s = (st.utime + st.stime) / CLK_TCK
             started_s = st.start_time / CLK_TCK
             age = max(now_boot - started_s, 0.0)
@@ -460,6 +490,15 @@ class Lister:
                     client_for(argv[idx], clients),
                 ),
             )
+            if held is not None:
+                mine = bool(config_id) and held.get("config_id") == config_id
+                record["evidence"] = {str(held.get("run")): ["unit"]} if mine else {}
+                record["unit"] = {
+                    "launch_id": held.get("launch_id"),
+                    "held_by": held.get("held_by"),
+                    "run": held.get("run"),
+                    "mine": mine,
+                }
             out.append(record)
         for key in list(self._cpu):
             if key not in seen:

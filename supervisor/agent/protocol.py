@@ -25,6 +25,7 @@ signals a process with it (another runwatch's agent holds a run's lock while it 
 DURABLE_OPS = frozenset(
     (
         "kill",
+        "unit_stop",
         "launch",
         "repair_tail",
         "move_aside",
@@ -239,6 +240,8 @@ class PsResult(TypedDict):
     boot_id: str
     processes: list[Process]
     gpu: GpuSummary | None
+    units: list[UnitInfo]
+    """The units the listing's ``config_id`` launched on this host, running or ended."""
 
 
 class _FileSpecRequired(TypedDict):
@@ -448,8 +451,18 @@ class KillTarget(TypedDict):
     exit: KillExit
 
 
-class KillResult(TypedDict):
+class _KillResultRequired(TypedDict):
     results: list[KillTarget]
+
+
+class KillResult(_KillResultRequired, total=False):
+    """With ``launch_id``, ``held_by``, ``confirmed`` and ``detail`` when the process was a
+    member of a unit runwatch started: the whole unit was stopped (``unit_stop``)."""
+
+    launch_id: str
+    held_by: str
+    confirmed: bool
+    detail: str
 
 
 class ProbeParams(TypedDict):
@@ -490,6 +503,10 @@ class LaunchParams(_LaunchParamsRequired, total=False):
     fingerprints: list[FingerprintSpec]
     data_files: list[str]
     """Refused (``writer-alive``) while any process holds one of them open for writing."""
+    config_id: str
+    """The launching config's identity, part of the launch token (``unit.TOKEN_VAR``)."""
+    run: str
+    """The run's name, part of the launch token."""
 
 
 class FileHolder(TypedDict):
@@ -551,6 +568,64 @@ class LaunchResult(_LaunchResultRequired, total=False):
     holders: list[FileHolder]
     uninspected: list[Uninspected]
     warning: str
+    launch_id: str
+    """The unit the run was started in (``units``, ``unit_stop``)."""
+    held_by: str
+    """How the unit holds its processes: ``cgroup`` or ``token``."""
+
+
+class UnitExit(TypedDict):
+    """How a unit's client ended: its exit code or signal, when, and whether runwatch had asked
+    it to stop (``stopped``)."""
+
+    code: int | None
+    signal: int | None
+    at: float | None
+    stopped: bool
+
+
+class UnitInfo(TypedDict):
+    """One unit: ``state`` ``running`` (it has members), ``ending`` (its waiter is reaping the
+    last ones) or ``ended``; ``main_pid`` the client (or its oldest member once it exited)."""
+
+    launch_id: str
+    config_id: str
+    run: str
+    held_by: str
+    state: str
+    main_pid: int | None
+    members: list[int]
+    exit: UnitExit | None
+    waiter_alive: bool
+    launched_at: float | None
+    argv: list[str]
+    workdir: str | None
+
+
+class UnitsParams(TypedDict, total=False):
+    config_id: str
+
+
+class UnitsResult(TypedDict):
+    units: list[UnitInfo]
+
+
+class _UnitStopRequired(TypedDict):
+    launch_id: str
+
+
+class UnitStopParams(_UnitStopRequired, total=False):
+    grace: float
+
+
+class UnitStopResult(TypedDict):
+    """``confirmed``: the unit is empty (its cgroup, its waiter's tree and its token holders)."""
+
+    launch_id: str
+    held_by: str
+    confirmed: bool
+    detail: str
+    results: list[KillTarget]
 
 
 class LockStatusParams(TypedDict, total=False):
@@ -858,6 +933,8 @@ OP_SHAPES: dict[str, tuple[type, type]] = {
     "scan": (ScanParams, ScanResult),
     "kill": (KillParams, KillResult),
     "probe": (ProbeParams, ProbeResult),
+    "units": (UnitsParams, UnitsResult),
+    "unit_stop": (UnitStopParams, UnitStopResult),
     "launch": (LaunchParams, LaunchResult),
     "lock_status": (LockStatusParams, LockStatusResult),
     "repair_tail": (RepairTailParams, RepairTailResult),

@@ -52,6 +52,8 @@ _DEFERRED_OPS = {
     "read_fingerprint": "launch:read_fingerprint",
     "write_fingerprint": "launch:write_fingerprint",
     "help_flags": "launch:help_flags",
+    "units": "unit:list_units",
+    "unit_stop": "unit:stop",
     "repair_tail": "datafiles:repair_tail",
     "move_aside": "datafiles:move_aside",
     "backup_files": "datafiles:backup_files",
@@ -178,15 +180,45 @@ class Agent:
         if gpu_query is None:
             gpu_query = gpu.query_gpu() if with_gpu else (None, None)
         gpu_pids, summary = gpu_query
+        config_id = params.get("config_id")
         with self.list_lock:
             found = self.lister.list_runs(
-                scripts, bool(params.get("show_other_users")), gpu_pids, runs, secret_env, clients
+                scripts,
+                bool(params.get("show_other_users")),
+                gpu_pids,
+                runs,
+                secret_env,
+                clients,
+                self.running_units(),
+                config_id if isinstance(config_id, str) else None,
             )
         return found, summary
 
+    def running_units(self) -> list[dict[str, Any]]:
+        """The units of this agent's user that have members (``unit.list_units``), read only
+        when a unit record exists: a host where runwatch never launched pays nothing."""
+        unit = _module("unit")
+        if not os.path.isdir(unit.units_dir()):
+            return []
+        return [u for u in unit.list_units({})["units"] if u["members"]]
+
+    def config_units(self, params: dict[str, Any]) -> list[Any]:
+        """Every unit the config ``config_id`` launched on this host, the newest first."""
+        cid = params.get("config_id")
+        unit = _module("unit")
+        if not isinstance(cid, str) or not cid or not os.path.isdir(unit.units_dir()):
+            return []
+        return list(unit.list_units({"config_id": cid})["units"])
+
     def ps(self, params: dict[str, Any]) -> PsResult:
         found, summary = self._list(params, bool(params.get("gpu", True)))
-        return {"time": time.time(), "boot_id": self.boot_id, "processes": found, "gpu": summary}
+        return {
+            "time": time.time(),
+            "boot_id": self.boot_id,
+            "processes": found,
+            "gpu": summary,
+            "units": self.config_units(params),
+        }
 
     def refresh(self, params: dict[str, Any]) -> RefreshResult:
         """Processes, GPUs, the files asked for and, with ``metrics``, each serving engine's
@@ -225,6 +257,7 @@ class Agent:
             "processes": found,
             "files": files,
             "gpu": summary,
+            "units": self.config_units(params),
         }
         if fetcher is not None:
             fetcher.join()

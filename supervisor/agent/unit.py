@@ -1,0 +1,655 @@
+"""Units: what runwatch starts, it holds; what it holds, it can stop whole.
+
+Standard library only, Python >= 3.8 (runs on the host inside the agent).
+
+Every launch starts inside a unit, in the manner of systemd's ``KillMode=control-group``:
+
+* a **launch token** ``RUNWATCH_LAUNCH=<config id>:<run>:<launch id>`` in the client's
+  environment, which every descendant inherits (read back from ``/proc/PID/environ``);
+* a **waiter** (``supervisor.agent.waiter``), a child subreaper that starts the client, records
+  its exit status and reaps every orphaned descendant, so the tree stays whole;
+* where the host allows it, a **cgroup v2 leaf** per launch (``<cgroup2 mount>/runwatch/<launch
+  id>``; as root, or wherever the agent may write). A process cannot leave a cgroup by
+  ``setsid``, a double fork, closing its descriptors or exec'ing under another name.
+
+The members of a unit are the cgroup's processes, or, without one, the waiter's descendants; plus
+every token holder anywhere. Stopping a unit freezes it (so nothing forks or exits between the
+listing and the signal), sends TERM to every member, thaws it, waits the grace period, then kills
+what is left (``cgroup.kill``, or SIGKILL to each frozen member); the stop is confirmed only when
+the unit is empty. Its record (``<state dir>/units/<launch id>.json``, 0600) says who started it,
+how it is held, and how it ended (exit status and time, and whether runwatch stopped it).
+
+Ops: ``units`` (every unit with its members and exit), ``unit_stop``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from supervisor.agent import proc as procs
+from supervisor.agent.kill import _running, _Target
+from supervisor.agent.masking import mask_argv
+from supervisor.agent.protocol import KILL_CONFIRM_S, AgentOpError, param_number, param_str
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+TOKEN_VAR = "RUNWATCH_LAUNCH"
+"""The environment variable that names a process's launch: ``<config id>:<run>:<launch id>``."""
+
+NO_CGROUP_VAR = "RUNWATCH_AGENT_NO_CGROUP"
+"""``1`` in the agent's environment: never use a cgroup (the token path, for tests)."""
+
+CGROUP_SUBTREE = "runwatch"
+_ENDED_KEEP_S = 7 * 24 * 3600.0
+_ANSWER_S = 10.0
+
+
+# --------------------------------------------------------------------------- where units live
+
+
+def state_dir() -> str:
+    """``$XDG_STATE_HOME/runwatch`` (default ``~/.local/state/runwatch``) of the agent's user."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return os.path.join(base, "runwatch")
+
+
+def units_dir(create: bool = False) -> str:
+    """The directory of unit records, created 0700 (each level runwatch makes) when asked."""
+    path = os.path.join(state_dir(), "units")
+    if create:
+        try:
+            os.makedirs(os.path.dirname(state_dir()), exist_ok=True)
+        except OSError as e:
+            raise AgentOpError(f"cannot create {e.filename}: {e.strerror}", "io") from None
+        for level in (state_dir(), path):
+            try:
+                os.mkdir(level, 0o700)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise AgentOpError(f"cannot create {level}: {e.strerror}", "io") from None
+            st = os.lstat(level)
+            if not os.path.isdir(level) or os.path.islink(level) or st.st_uid != os.geteuid():
+                raise AgentOpError(f"{level} is not a directory of this user", "unsafe-path")
+            if st.st_mode & 0o077:
+                os.chmod(level, 0o700)
+    return path
+
+
+def _cgroup2_mount() -> str | None:
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 3 and parts[2] == "cgroup2":
+            return parts[1].replace("\\040", " ")
+    return None
+
+
+def cgroup_base() -> str | None:
+    """The cgroup directory under which launches get a leaf, or None (the token path).
+
+    ``<cgroup2 mount>/runwatch`` when this agent may create and populate it (root, or a mount
+    delegated to its user), else None. ``cgroup.kill`` (Linux 5.14) is not required: without
+    it the stop kills each frozen member."""
+    if os.environ.get(NO_CGROUP_VAR) == "1":
+        return None
+    mount = _cgroup2_mount()
+    if mount is None or not os.access(mount, os.W_OK):
+        return None
+    base = os.path.join(mount, CGROUP_SUBTREE)
+    try:
+        os.mkdir(base, 0o755)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    if not os.access(os.path.join(base, "cgroup.procs"), os.W_OK):
+        return None
+    return base
+
+
+# --------------------------------------------------------------------------- records
+
+
+def record_path(launch_id: str) -> str:
+    if not launch_id or not all(c.isalnum() or c == "-" for c in launch_id):
+        raise AgentOpError(f"not a launch id: {launch_id!r}", "bad-params")
+    return os.path.join(units_dir(), launch_id + ".json")
+
+
+def read_record(launch_id: str) -> dict[str, Any] | None:
+    try:
+        with open(record_path(launch_id), "rb") as f:
+            value = json.loads(f.read(1 << 20).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def exit_status(launch_id: str) -> dict[str, Any] | None:
+    """The recorded exit of a unit's client (``{code, signal}``), None while it runs."""
+    rec = read_record(launch_id)
+    ex = rec.get("exit") if rec is not None else None
+    return ex if isinstance(ex, dict) else None
+
+
+def _stop_path(launch_id: str) -> str:
+    return os.path.join(units_dir(), launch_id + ".stop")
+
+
+def _stop_marker(launch_id: str) -> dict[str, Any] | None:
+    try:
+        with open(_stop_path(launch_id), "rb") as f:
+            value = json.loads(f.read(65536).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _records() -> list[dict[str, Any]]:
+    folder = units_dir()
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    out = []
+    now = time.time()
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        rec = read_record(name[: -len(".json")])
+        if rec is None:
+            continue
+        if rec.get("state") == "ended" and now - float(rec.get("ended_at") or now) > _ENDED_KEEP_S:
+            continue
+        out.append(rec)
+    return out
+
+
+# --------------------------------------------------------------------------- start
+
+
+def _waiter_source() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("supervisor.agent.waiter")
+    loader = getattr(spec, "loader", None)
+    source = loader.get_source("supervisor.agent.waiter") if loader is not None else None
+    if not source:
+        raise AgentOpError("the waiter's source is not in this agent", "internal")
+    return str(source)
+
+
+def start(
+    argv: Sequence[str],
+    workdir: str,
+    env: dict[str, str],
+    log_fd: int,
+    keep_fds: Sequence[int],
+    config_id: str,
+    run: str,
+    secrets: Sequence[str],
+) -> tuple[int, dict[str, Any]]:
+    """Start ``argv`` in a new unit; returns the client's pid and the unit's record data.
+
+    Raises OSError (as ``Popen`` would) when the client cannot be executed."""
+    from supervisor.agent.waiter import BOOT
+
+    launch_id = uuid.uuid4().hex[:16]
+    token = f"{config_id}:{run}:{launch_id}"
+    folder = units_dir(create=True)
+    base = cgroup_base()
+    cgroup = None
+    if base is not None:
+        cgroup = os.path.join(base, launch_id)
+        try:
+            os.mkdir(cgroup, 0o755)
+        except OSError:
+            cgroup = None
+    child_env = dict(env)
+    child_env[TOKEN_VAR] = token
+    data = {
+        "launch_id": launch_id,
+        "token": token,
+        "config_id": config_id,
+        "run": run,
+        "cgroup": cgroup,
+        "held_by": "cgroup" if cgroup else "token",
+        "argv": mask_argv(list(argv), secrets),
+        "workdir": workdir,
+        "boot_id": procs.boot_id(),
+        "uid": os.getuid(),
+        "launched_at": time.time(),
+    }
+    spec = {
+        "argv": list(argv),
+        "cwd": workdir,
+        "env": child_env,
+        "log_fd": log_fd,
+        "keep_fds": list(keep_fds),
+        "cgroup": cgroup,
+        "record": os.path.join(folder, launch_id + ".json"),
+        "record_data": data,
+    }
+    waiter = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", BOOT, "runwatch-waiter", launch_id],
+        cwd="/",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+        pass_fds=(log_fd, *keep_fds),
+    )
+    # Reaped when it ends (it outlives the unit's last member), never left a zombie of the agent.
+    threading.Thread(target=waiter.wait, name=f"waiter-{launch_id}", daemon=True).start()
+    assert waiter.stdin is not None and waiter.stdout is not None
+    try:
+        waiter.stdin.write(json.dumps({"source": _waiter_source(), "spec": spec}).encode())
+        waiter.stdin.close()
+        ready, _, _ = select.select([waiter.stdout], [], [], _ANSWER_S)
+        line = waiter.stdout.readline() if ready else b""
+    finally:
+        waiter.stdout.close()
+    try:
+        answer = json.loads(line.decode("utf-8")) if line else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise OSError(errno.EIO, f"the launch's waiter did not answer within {_ANSWER_S:g} s")
+    if not answer.get("ok"):
+        raise OSError(errno.ENOEXEC, str(answer.get("error") or "cannot start"))
+    return int(answer["pid"]), data
+
+
+# --------------------------------------------------------------------------- members
+
+
+def _cgroup_procs(cgroup: str) -> list[int] | None:
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs"), "rb") as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return []
+
+
+def _cgroup_flag(cgroup: str, key: str) -> bool | None:
+    try:
+        with open(os.path.join(cgroup, "cgroup.events"), "rb") as f:
+            for line in f.read().decode().splitlines():
+                k, _, v = line.partition(" ")
+                if k == key:
+                    return v.strip() != "0"
+    except OSError:
+        return None
+    return None
+
+
+def _write(path: str, value: bytes) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        os.write(fd, value)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def token_holders(tokens: Iterable[str]) -> dict[str, list[int]]:
+    """Per launch token, the processes whose environment carries it (those this user may read)."""
+    wanted = {f"{TOKEN_VAR}={t}".encode() for t in tokens}
+    out: dict[str, list[int]] = {}
+    if not wanted:
+        return out
+    me = os.geteuid()
+    prefix = TOKEN_VAR.encode() + b"="
+    for name in os.listdir(procs.PROC):
+        if not name.isdigit():
+            continue
+        try:
+            if me != 0 and os.stat(f"{procs.PROC}/{name}").st_uid != me:
+                continue
+            with open(f"{procs.PROC}/{name}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if prefix not in environ:
+            continue
+        for entry in environ.split(b"\0"):
+            if entry in wanted:
+                out.setdefault(entry[len(prefix) :].decode(), []).append(int(name))
+                break
+    return out
+
+
+def _waiter_alive(rec: dict[str, Any]) -> bool:
+    w = rec.get("waiter") or {}
+    st = procs.read_stat(int(w.get("pid") or 0)) if w.get("pid") else None
+    return st is not None and st.start_time == w.get("start_time") and st.state not in "ZX"
+
+
+def members(rec: dict[str, Any], holders: dict[str, list[int]] | None = None) -> list[int]:
+    """The live processes of a unit: its cgroup's (or the waiter's descendants), plus token
+    holders. ``holders``: :func:`token_holders` already read for many units."""
+    found: set[int] = set()
+    cgroup = rec.get("cgroup")
+    if cgroup:
+        found.update(_cgroup_procs(cgroup) or [])
+    elif _waiter_alive(rec):
+        table = procs.process_table()
+        found.update(procs.descendants(table, int(rec["waiter"]["pid"])))
+    token = str(rec.get("token") or "")
+    if holders is None:
+        holders = token_holders([token])
+    found.update(holders.get(token, []))
+    waiter = (rec.get("waiter") or {}).get("pid")
+    found.discard(waiter if isinstance(waiter, int) else -1)
+    alive = []
+    for pid in sorted(found):
+        st = procs.read_stat(pid)
+        if st is not None and _running(st):
+            alive.append(pid)
+    return alive
+
+
+def _exit_of(rec: dict[str, Any], live: bool) -> dict[str, Any] | None:
+    """How the unit's client ended: ``{code, signal, at, stopped}``, or None while it runs (or
+    when nobody saw it end: its waiter died first)."""
+    ex = rec.get("exit")
+    if not isinstance(ex, dict):
+        return None
+    stop = _stop_marker(str(rec["launch_id"]))
+    return {
+        "code": ex.get("code"),
+        "signal": ex.get("signal"),
+        "at": rec.get("exited_at"),
+        "stopped": stop is not None,
+    }
+
+
+def describe(rec: dict[str, Any], holders: dict[str, list[int]]) -> dict[str, Any]:
+    """A unit as the ``units`` op reports it."""
+    live = members(rec, holders) if rec.get("boot_id") == procs.boot_id() else []
+    child = rec.get("child") or {}
+    main = None
+    cpid = child.get("pid")
+    if isinstance(cpid, int) and cpid in live:
+        st = procs.read_stat(cpid)
+        if st is not None and st.start_time == child.get("start_time"):
+            main = cpid
+    if main is None and live:
+        main = live[0]
+    waiter_alive = _waiter_alive(rec)
+    if live:
+        state = "running"
+    elif rec.get("state") == "ended" or not waiter_alive:
+        state = "ended"
+    else:
+        state = "ending"  # the waiter is reaping the last members
+    return {
+        "launch_id": rec.get("launch_id"),
+        "config_id": rec.get("config_id"),
+        "run": rec.get("run"),
+        "held_by": rec.get("held_by"),
+        "state": state,
+        "main_pid": main,
+        "members": live,
+        "exit": _exit_of(rec, bool(live)),
+        "waiter_alive": waiter_alive,
+        "launched_at": rec.get("launched_at"),
+        "argv": rec.get("argv") or [],
+        "workdir": rec.get("workdir"),
+    }
+
+
+def list_units(params: dict[str, Any]) -> dict[str, Any]:
+    """``{config_id?}`` -> ``{"units": [...]}``: every unit of this user on this boot (the
+    newest first), or those of one config."""
+    want = params.get("config_id")
+    recs = [r for r in _records() if want is None or r.get("config_id") == want]
+    live = [r for r in recs if r.get("state") != "ended" and r.get("boot_id") == procs.boot_id()]
+    holders = token_holders(str(r.get("token") or "") for r in live)
+    units = [describe(r, holders) if r in live else _ended(r) for r in recs]
+    units.sort(key=lambda u: -float(u.get("launched_at") or 0.0))
+    return {"units": units}
+
+
+def _ended(rec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "launch_id": rec.get("launch_id"),
+        "config_id": rec.get("config_id"),
+        "run": rec.get("run"),
+        "held_by": rec.get("held_by"),
+        "state": "ended",
+        "main_pid": None,
+        "members": [],
+        "exit": _exit_of(rec, False),
+        "waiter_alive": False,
+        "launched_at": rec.get("launched_at"),
+        "argv": rec.get("argv") or [],
+        "workdir": rec.get("workdir"),
+    }
+
+
+def live_unit(config_id: str, run: str) -> dict[str, Any] | None:
+    """A unit of ``run`` launched by ``config_id`` that still has members, if any: the run is
+    running, whatever its lock or its argv say (its workdir may even have been replaced)."""
+    if not config_id or not os.path.isdir(units_dir()):
+        return None
+    here = procs.boot_id()
+    for rec in _records():
+        if (
+            rec.get("config_id") == config_id
+            and rec.get("run") == run
+            and rec.get("state") != "ended"
+            and rec.get("boot_id") == here
+            and members(rec)
+        ):
+            return rec
+    return None
+
+
+def unit_of(pid: int, start_time: int) -> dict[str, Any] | None:
+    """The record of the unit the process ``(pid, start_time)`` is (or was, as its client) a
+    member of, on this boot; None when runwatch did not start it. A kill of any member of a
+    unit stops the whole unit; a kill of its client after the client exited still stops what
+    the client left behind."""
+    if not os.path.isdir(units_dir()):
+        return None
+    here = procs.boot_id()
+    recs = [r for r in _records() if r.get("boot_id") == here]
+    for rec in recs:
+        child = rec.get("child") or {}
+        if child.get("pid") == pid and child.get("start_time") == start_time:
+            return rec
+    st = procs.read_stat(pid)
+    if st is None or st.start_time != start_time:
+        return None
+    live = [r for r in recs if r.get("state") != "ended"]
+    holders = token_holders(str(r.get("token") or "") for r in live)
+    for rec in live:
+        if pid in members(rec, holders):
+            return rec
+    return None
+
+
+# --------------------------------------------------------------------------- stop
+
+
+def _targets(pids: Iterable[int], known: dict[int, _Target], main: int | None) -> list[_Target]:
+    """Pin each new pid (by pidfd and start time) as a target; returns those newly added."""
+    added = []
+    for pid in pids:
+        if pid in known:
+            continue
+        st = procs.read_stat(pid)
+        if st is None or not _running(st):
+            continue
+        t = _Target(pid, st.start_time, "run" if pid == main else "child")
+        if t.open():
+            known[pid] = t
+            added.append(t)
+        else:
+            t.close()
+    return added
+
+
+def _wait(cond: Any, timeout: float, interval: float = 0.01) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
+def stop(params: dict[str, Any]) -> dict[str, Any]:
+    """``{launch_id, grace}`` -> stop every member of the unit; confirmed when it is empty.
+
+    Result: ``{"launch_id", "held_by", "confirmed", "detail", "results": [per process as the
+    kill op's]}``. Refused (``confirmed`` false, no signal) for an unknown launch or another boot.
+    """
+    launch_id = param_str(params, "launch_id")
+    grace = max(param_number(params, "grace", 10.0), 0.0)
+    rec = read_record(launch_id)
+    if rec is None:
+        raise AgentOpError(f"no unit {launch_id} on this host", "not-found")
+    held_by = str(rec.get("held_by") or "token")
+    base = {"launch_id": launch_id, "held_by": held_by}
+    if rec.get("boot_id") != procs.boot_id():
+        return dict(base, confirmed=True, results=[], detail="the host rebooted since the launch")
+    from supervisor.agent.waiter import write_record
+
+    with contextlib.suppress(OSError):
+        write_record(_stop_path(launch_id), {"time": time.time(), "agent_pid": os.getpid()})
+    cgroup = rec.get("cgroup") if rec.get("cgroup") and os.path.isdir(rec["cgroup"]) else None
+    main = (rec.get("child") or {}).get("pid")
+    known: dict[int, _Target] = {}
+    started = time.monotonic()
+    try:
+
+        def listed() -> list[int]:
+            return members(rec)
+
+        # 1. Freeze (cgroup) or stop (token) every member so the set holds still, then TERM.
+        if cgroup:
+            _write(os.path.join(cgroup, "cgroup.freeze"), b"1")
+            _wait(lambda: _cgroup_flag(cgroup, "frozen") is not False, 2.0)
+            _targets(listed(), known, main)
+            for t in known.values():
+                t.send(signal.SIGTERM)
+            _write(os.path.join(cgroup, "cgroup.freeze"), b"0")
+        else:
+            _stop_all(listed, known, main)
+            for t in known.values():
+                t.send(signal.SIGTERM)
+                t.send(signal.SIGCONT)
+
+        # 2. The grace period: whatever appears meanwhile (a SIGTERM handler's fork) gets TERM.
+        def empty() -> bool:
+            for t in _targets(listed(), known, main):
+                t.send(signal.SIGTERM)
+            return not listed()
+
+        _wait(empty, grace, 0.05)
+        # 3. What is left is killed: cgroup.kill, or SIGKILL to each frozen/stopped member.
+        for _ in range(5):
+            if not listed():
+                break
+            if cgroup and _write(os.path.join(cgroup, "cgroup.kill"), b"1"):
+                _targets(listed(), known, main)
+                for t in known.values():
+                    if not t.check_gone():
+                        t.signals.append("SIGKILL")
+            else:
+                if cgroup:
+                    _write(os.path.join(cgroup, "cgroup.freeze"), b"1")
+                    _wait(lambda: _cgroup_flag(cgroup, "frozen") is not False, 2.0)
+                    _targets(listed(), known, main)
+                else:
+                    _stop_all(listed, known, main)
+                for t in known.values():
+                    t.send(signal.SIGKILL)
+                if cgroup:
+                    _write(os.path.join(cgroup, "cgroup.freeze"), b"0")
+            _wait(lambda: not listed(), KILL_CONFIRM_S, 0.01)
+        left = listed()
+        results = [_result(t, started, left) for t in known.values()]
+        results += [_still_there(pid) for pid in left if pid not in known]
+    finally:
+        for t in known.values():
+            t.close()
+    confirmed = not left
+    if confirmed:
+        detail = f"unit {launch_id} empty ({held_by}): {len(known)} process(es) stopped"
+    else:
+        detail = f"unit {launch_id} NOT empty after the kill: pids {left} remain"
+    return dict(base, confirmed=confirmed, results=results, detail=detail)
+
+
+def _stop_all(listed: Any, known: dict[int, _Target], main: int | None) -> None:
+    """SIGSTOP every member until no new one appears (a fork between two listings is caught by
+    the next), so the set of members holds still without a cgroup."""
+    for _ in range(20):
+        added = _targets(listed(), known, main)
+        if not added:
+            return
+        for t in added:
+            t.send(signal.SIGSTOP)
+
+
+def _still_there(pid: int) -> dict[str, Any]:
+    return {
+        "pid": pid,
+        "role": "child",
+        "outcome": "refused",
+        "detail": "a member of the unit still running after the kill",
+        "signals": [],
+        "exit": {"confirmed": False, "code": None, "after_s": None},
+    }
+
+
+def _result(t: _Target, started: float, left: Sequence[int]) -> dict[str, Any]:
+    gone = t.pid not in left and t.check_gone()
+    after = round(t.gone_at - started, 4) if t.gone_at is not None else None
+    sent = [s for s in t.signals if s in ("SIGTERM", "SIGKILL")]
+    if not gone:
+        outcome, detail = "refused", "still running after SIGKILL"
+    elif "SIGKILL" in sent:
+        outcome, detail = "killed", "ignored SIGTERM; killed"
+    elif sent:
+        outcome, detail = "terminated", "exited after SIGTERM"
+    else:
+        outcome, detail = "already-gone", "already gone; no signal sent"
+    return {
+        "pid": t.pid,
+        "role": t.role,
+        "outcome": outcome,
+        "detail": detail,
+        "signals": sorted(set(sent), key=sent.index),
+        "exit": {"confirmed": gone, "code": None, "after_s": after},
+    }

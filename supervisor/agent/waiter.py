@@ -1,0 +1,200 @@
+"""The waiter: the small process that starts a run inside its unit and outlives the launch.
+
+Standard library only, Python >= 3.8, and self-contained (it imports nothing of runwatch): the
+agent starts it as ``python -I -S -c BOOT runwatch-waiter <launch id>`` and sends this module's
+source and the launch spec as one JSON document on its stdin (:data:`BOOT` reads them), so no
+value ever becomes shell text and nothing needs to be installed on the host.
+
+What it does, in order:
+
+1. makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, as tini and s6 do), so every
+   descendant of the run that is orphaned — a SIGTERM handler's ``setsid`` child, a double-forked
+   daemon — is re-parented to it rather than to init, and the tree stays whole without privileges;
+2. starts the client in its own session with the launch token in its environment and, where the
+   host gave the launch a cgroup, inside that cgroup (joined between fork and exec, so not one
+   instruction of the client runs outside it);
+3. answers the agent with the client's pid (one JSON line on stdout), then detaches from it;
+4. reaps: records the client's exit status and time in the unit's record the moment it ends, then
+   goes on reaping re-parented descendants until none is left (and the cgroup, if any, is empty),
+   records that too, removes the cgroup and exits.
+
+The record is written atomically (rename) and 0600.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+BOOT = (
+    "import json,sys;d=json.loads(sys.stdin.buffer.read().decode());"
+    "exec(compile(d['source'],'<runwatch-waiter>','exec'),"
+    "{'__name__':'__runwatch_waiter__','SPEC':d['spec']})"
+)
+"""The ``-c`` program of the waiter: this module's source and the spec, read from stdin."""
+
+_PR_SET_CHILD_SUBREAPER = 36
+_CGROUP_POLL_S = 0.5
+
+
+def _subreaper() -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return int(raw[raw.rindex(b")") + 2 :].split()[19])
+
+
+def write_record(path: str, record: dict[str, Any]) -> None:
+    """Write ``record`` to ``path`` atomically, mode 0600."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _populated(cgroup: str) -> bool:
+    try:
+        with open(os.path.join(cgroup, "cgroup.events"), "rb") as f:
+            for line in f.read().decode().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "populated":
+                    return value.strip() != "0"
+    except OSError:
+        return False
+    return False
+
+
+def _joiner(cgroup: str | None) -> Any:
+    if cgroup is None:
+        return None
+    procs = os.path.join(cgroup, "cgroup.procs")
+
+    def join() -> None:  # runs in the child between fork and exec; the waiter has one thread
+        fd = os.open(procs, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+
+    return join
+
+
+def _reply(obj: dict[str, Any]) -> None:
+    os.write(1, (json.dumps(obj) + "\n").encode())
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _exit_of(status: int) -> dict[str, Any]:
+    if os.WIFSIGNALED(status):
+        return {"code": None, "signal": os.WTERMSIG(status)}
+    return {"code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None, "signal": None}
+
+
+def run(spec: dict[str, Any]) -> int:
+    """Start ``spec``'s client in its unit, answer, reap until the unit is empty."""
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    record_path = spec["record"]
+    cgroup = spec.get("cgroup")
+    keep = [int(fd) for fd in spec.get("keep_fds", [])]
+    log_fd = int(spec["log_fd"])
+    record: dict[str, Any] = dict(spec["record_data"])
+    record.update(
+        waiter={"pid": os.getpid(), "start_time": _start_ticks(os.getpid())},
+        subreaper=_subreaper(),
+        state="starting",
+    )
+    env = dict(spec["env"])
+    try:
+        child = subprocess.Popen(
+            spec["argv"],
+            cwd=spec["cwd"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=tuple(keep),
+            preexec_fn=_joiner(cgroup),
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        record.update(state="ended", exit=None, error=str(getattr(e, "strerror", None) or e))
+        record["ended_at"] = time.time()
+        write_record(record_path, record)
+        if cgroup:
+            _rmdir(cgroup)
+        _reply({"ok": False, "error": record["error"]})
+        return 127
+    os.close(log_fd)
+    # The client holds the locks (and its descendants that keep them); the unit itself keeps a
+    # second launch of the run out (``unit.live_unit``), so the waiter keeps no copy.
+    for fd in keep:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    record.update(
+        state="running",
+        child={"pid": child.pid, "start_time": _start_ticks(child.pid)},
+        started_at=time.time(),
+    )
+    write_record(record_path, record)
+    _reply({"ok": True, "pid": child.pid})
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        except InterruptedError:  # pragma: no cover - PEP 475 retries
+            continue
+        if pid == child.pid:
+            record.update(exit=_exit_of(status), exited_at=time.time())
+            write_record(record_path, record)
+    # Nothing of ours is left to reap. A cgroup can still hold a member that something else
+    # moved in or that re-parented elsewhere: the unit ends when the cgroup is empty.
+    while cgroup and _populated(cgroup):
+        time.sleep(_CGROUP_POLL_S)
+    record.update(state="ended", ended_at=time.time())
+    write_record(record_path, record)
+    if cgroup:
+        _rmdir(cgroup)
+    return 0
+
+
+def _rmdir(path: str) -> None:
+    for _ in range(50):
+        try:
+            os.rmdir(path)
+            return
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return
+            time.sleep(0.1)
+
+
+if __name__ == "__runwatch_waiter__":  # started by the agent (see BOOT)
+    sys.exit(run(globals()["SPEC"]))
