@@ -345,7 +345,15 @@ class EventTracker:
                 self._running.pop(key, None)
                 pid = was.identity.pid if was is not None else 0
                 deliberate = stop_key(host.name, run.name, pid) in expected_stops
-                if was is not None and not deliberate and not run_done(run):
+                # A run runwatch launched says how it ended (its waiter recorded the exit): one
+                # that finished by itself or was stopped through runwatch, from any front end,
+                # did not die. Otherwise, the old rule: gone, not stopped here, datasets not done.
+                ending = run.ending
+                if ending in ("finished", "stopped"):
+                    deliberate = True
+                elif ending == "died":
+                    deliberate = False
+                if was is not None and not deliberate and (ending == "died" or not run_done(run)):
                     yield self._died(host.name, run, was, now)
             for ds in run.datasets:
                 rkey = (host.name, run.name, ds.path)
@@ -371,6 +379,8 @@ class EventTracker:
 
     def _died(self, host: str, run: RunView, was: ProcessInfo, now: float) -> Event:
         state = "a zombie (exit not collected)" if run.state == "zombie" else "gone"
+        if run.ending == "died" and run.state_detail:
+            state = run.state_detail  # "died (exit 3)", "died (signal 9)": recorded by its waiter
         return Event(
             kind="run-died",
             severity="critical",
