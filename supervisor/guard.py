@@ -125,6 +125,10 @@ class BudgetGuard:
                 os.close(fd)
         return True
 
+    def _release(self, event: BudgetEvent) -> None:
+        for key in event.keys:
+            (self.marker_dir / f"{key}.json").unlink(missing_ok=True)
+
     def observe(self, snapshot: Snapshot) -> list[BudgetEvent]:
         """Budget events in ``snapshot`` not acted on yet (pure: changes nothing)."""
         events: list[BudgetEvent] = []
@@ -230,6 +234,11 @@ class BudgetGuard:
                     )
             except RunwatchError as e:
                 ok, detail = False, f"restart with budget failed: {e}"
+        if not ok and event.policy == "stop":
+            # A stop that failed is tried again at the next refresh, never dropped: the run would
+            # go on spending past its budget. The claim is released for that.
+            self._release(event)
+            detail += "; will try again at the next refresh"
         audit.record(
             "budget",
             host=event.host,

@@ -367,7 +367,8 @@ async def test_the_real_agent_replies_fit_the_shapes(
     # parameter, or the tool's own failure), never "unknown op" or an import failure.
     from supervisor.errors import AgentError
 
-    asked = {"ping", "ps", "refresh", "scan", "probe", "kill", "launch", "lock_status"}
+    _fits("units", await host.request("units", {}))
+    asked = {"ping", "ps", "refresh", "scan", "probe", "kill", "launch", "lock_status", "units"}
     asked |= {"read_fingerprint", "tail_log", "write_fingerprint", "tail_records"}
     asked |= {"file_holders", "repair_tail", "move_aside", "gpu_holders", "help_flags"}
     rest = sorted(set(protocol.OP_SHAPES) - asked)

@@ -173,3 +173,39 @@ def test_guard_command_acts_once(
     again = runwatch("guard")
     assert again.returncode == 0 and "no budget events" in again.stdout
     assert [e["action"] for e in audit.read()] == ["launch", "kill", "budget"]
+
+
+async def test_o9_a_stop_that_failed_is_tried_again_never_dropped(
+    tmp_path: Path, state_home: Path, mock_endpoint: Any, kill_runs_in: list[Path]
+) -> None:
+    """The host refuses the guard's first stop (here: the identity names another boot, as after
+    a reboot the laptop has not seen yet): the failure is audited, the event stays open, and the
+    next refresh stops the run."""
+    import dataclasses
+
+    import msgspec
+
+    demo = over_budget_demo(tmp_path, mock_endpoint.url, kill_runs_in, ("B2",), "stop")
+    async with engine_for(demo) as engine:
+        launched = await actions.launch(engine, "demo")
+        assert launched.ok
+        pid = (launched.identity or {})["pid"]
+        guard = BudgetGuard(demo.config)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 90
+        while not (events := guard.observe(await engine.refresh())):
+            assert loop.time() < deadline, "never over budget"
+            await asyncio.sleep(0.2)
+        wrong = dataclasses.replace(
+            events[0],
+            identity=msgspec.structs.replace(events[0].identity, boot_id="another-boot"),
+        )
+        failed = await guard.act(engine, wrong)
+        assert failed.acted and not failed.ok, failed.detail
+        assert "try again" in failed.detail
+        assert pid_alive(pid)
+        _snap, outcomes = await until_acted(guard, engine)
+        assert outcomes[0].ok, outcomes[0].detail
+        wait_until(lambda: not pid_alive(pid), timeout=15)
+    budget = [e for e in audit.read() if e["action"] == "budget"]
+    assert [b["ok"] for b in budget] == [False, True]

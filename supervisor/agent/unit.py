@@ -34,7 +34,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from supervisor.agent import proc as procs
@@ -213,7 +212,7 @@ def start(
     Raises OSError (as ``Popen`` would) when the client cannot be executed."""
     from supervisor.agent.waiter import BOOT
 
-    launch_id = uuid.uuid4().hex[:16]
+    launch_id = os.urandom(8).hex()
     token = f"{config_id}:{run}:{launch_id}"
     folder = units_dir(create=True)
     base = cgroup_base()

@@ -144,6 +144,9 @@ def run(spec: dict[str, Any]) -> int:
             preexec_fn=_joiner(cgroup),
         )
     except (OSError, subprocess.SubprocessError) as e:
+        for fd in keep:  # the locks are free the moment the launch is answered
+            with contextlib.suppress(OSError):
+                os.close(fd)
         record.update(state="ended", exit=None, error=str(getattr(e, "strerror", None) or e))
         record["ended_at"] = time.time()
         write_record(record_path, record)

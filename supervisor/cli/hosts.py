@@ -48,7 +48,17 @@ def process_json(p: ProcessInfo) -> dict[str, Any]:
         "cwd": p.cwd,
         "killable": p.killable,
         "evidence": p.evidence,
+        "held_by": held_by(p),
+        "launch_id": p.unit.launch_id if p.unit is not None else None,
     }
+
+
+def held_by(p: ProcessInfo) -> str | None:
+    """``cgroup``/``token`` for a run runwatch launched (its unit), ``adopted`` for a process
+    matched to a config run by evidence, None for a process of no config run."""
+    if p.unit is not None:
+        return p.unit.held_by
+    return "adopted" if p.run is not None else None
 
 
 async def _ps_host(engine: Engine, name: str) -> dict[str, Any]:
@@ -117,6 +127,8 @@ def _print_ps(config: Config, entries: list[dict[str, Any]]) -> None:
                 f"  gpu {display.mebibytes(p.gpu_memory_mb)}" if p.gpu_memory_mb is not None else ""
             )
             mark = " (other user)" if not p.killable else ""
+            if held_by(p) is not None:
+                mark += f"  held by {held_by(p)}"
             kids = len(p.children)
             click.echo(
                 f"  pid {p.identity.pid:<7} {p.run or '(unconfigured)'}  {p.user}{mark}  "

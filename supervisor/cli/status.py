@@ -86,6 +86,8 @@ def _run_lines(r: RunView) -> list[str]:
             head += f"  no {r.budget_flag}"
         if r.configured:  # an unconfigured run is named after its pid already
             head += f"  pid {p.identity.pid}"
+        if r.held_by is not None:
+            head += f"  held by {r.held_by}"
         head += f"  up {display.duration(p.uptime_s)}  cpu {display.percent(p.cpu_percent)}"
         head += f"  rss {display.mebibytes(p.rss_mb)}"
         if p.gpu_memory_mb is not None:

@@ -60,6 +60,8 @@ def identity_table(run: RunView, width: int | None = None) -> Table:
         return Text(display.shorten(text, width - _LABEL, lines), no_wrap=True, overflow="ellipsis")
 
     table.add_row("pid", Text(str(p.identity.pid), style="bold"))
+    if p.unit is not None:  # the whole unit is stopped, whatever its members did
+        table.add_row("unit", f"{p.unit.launch_id} ({p.unit.held_by}): every member is stopped")
     table.add_row("user", f"{p.user} (uid {p.identity.uid})")
     table.add_row("started", f"tick {p.identity.start_time} of boot {p.identity.boot_id[:8]}")
     kids = ", ".join(str(c) for c in p.children)

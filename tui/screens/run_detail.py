@@ -44,8 +44,13 @@ def process_table(run: RunView) -> Table:
             if known
             else Text(f"unknown: {run.state_detail or 'not listed yet'}", style="dim"),
         )
+        if run.last_unit is not None and run.ending is not None:
+            table.add_row("last launch", f"{run.state_detail or run.ending}")
         return table
     table.add_row("pid", Text(f"{p.identity.pid}", style="bold"))
+    if run.held_by is not None:
+        unit = f"  unit {p.unit.launch_id}" if p.unit is not None else ""
+        table.add_row("held by", f"{run.held_by}{unit}")
     table.add_row("user", f"{p.user} (uid {p.identity.uid})")
     table.add_row("uptime", display.duration(p.uptime_s))
     table.add_row("cpu / rss", f"{display.percent(p.cpu_percent)}  {display.mebibytes(p.rss_mb)}")
