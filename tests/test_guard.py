@@ -175,7 +175,7 @@ def test_guard_command_acts_once(
     assert [e["action"] for e in audit.read()] == ["launch", "kill", "budget"]
 
 
-async def test_o9_a_stop_that_failed_is_tried_again_never_dropped(
+async def test_a_budget_stop_that_failed_is_tried_again_never_dropped(
     tmp_path: Path, state_home: Path, mock_endpoint: Any, kill_runs_in: list[Path]
 ) -> None:
     """The host refuses the guard's first stop (here: the identity names another boot, as after
