@@ -78,6 +78,14 @@ if not os.environ.get("RENAMED"):
     os.execv(sys.executable, ["renamed-worker", os.path.abspath(__file__)] + sys.argv[1:])
 write_forever("renamed")
 """,
+    # Keeps its data file open (it writes on whatever happens to its working directory).
+    "keepopen": r"""
+f = open(OUT, "a")
+while True:
+    f.write("{}\n")
+    f.flush()
+    time.sleep(0.05)
+""",
     # The main thread exits (pthread_exit) while another thread writes.
     "mainthread": r"""
 import ctypes, threading
@@ -336,3 +344,109 @@ def test_o1_token_path_as_a_second_user_without_delegation(
     assert got["stop"]["confirmed"], got["stop"]
     assert got["left"] == []
     assert any(r["role"] == "child" for r in got["stop"]["results"]), got["stop"]
+
+
+GEN = r"""
+import json, os, sys, time
+out = sys.argv[sys.argv.index("--out") + 1]
+os.makedirs(os.path.dirname(out), exist_ok=True)
+n = 0
+while True:
+    n += 1
+    rec = {"sample_id": "%d-%d" % (os.getpid(), n), "output_ids": [1, 2, 3, 4, 5],
+           "prompt_tokens": 3, "completion_tokens": 5, "finish_reason": "stop"}
+    with open(out, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    time.sleep(0.05)
+"""
+
+
+async def test_o2_a_profiled_run_of_any_script_is_counted_guarded_killed_and_restarted(
+    tmp_path: Path, held_by: str, stop_units: list[str]
+) -> None:
+    """A ``[clients.NAME]`` run of a script no built-in knows, launched by runwatch: listed,
+    counted, stopped by the guard at its budget, restarted and killed, each through its unit."""
+    from supervisor import audit
+    from supervisor.config import load_config
+    from supervisor.guard import BudgetGuard
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "gen.py").write_text(GEN)
+    cfg = write_local_config(
+        tmp_path / "rw.toml",
+        f"""
+[[runs]]
+name = "mine"
+host = "here"
+workdir = "{work}"
+argv = [{json.dumps(sys.executable)}, "gen.py", "--out", "out/x.jsonl"]
+client = "mygen"
+budget_policy = "stop"
+settle_seconds = 0.5
+stop_grace_seconds = 1.0
+
+[datasets.x]
+token_budget = 100
+
+[clients.mygen]
+scripts = ["gen.py"]
+format = "raw"
+[clients.mygen.flags]
+output_file = ["--out"]
+""",
+        python=True,
+    )
+    async with Engine(load_config(cfg)) as engine:
+        first = await launched(engine, "mine", stop_units)
+        assert first.state == "running" and first.held_by == held_by
+        restarted = await actions.restart(engine, "mine")
+        assert restarted.ok, why(restarted)
+        assert token_holders(first.last_unit.launch_id) == []
+        rv = await snapshot_run(engine, "mine")
+        assert rv.state == "running" and rv.last_unit.launch_id != first.last_unit.launch_id
+        stop_units.append(rv.last_unit.launch_id)
+        guard = BudgetGuard(engine.config)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while True:
+            snap = await engine.refresh()
+            outcomes = await guard.enforce(engine, snap)
+            if outcomes:
+                break
+            assert loop.time() < deadline, "the guard never acted"
+            await asyncio.sleep(0.1)
+        assert outcomes[0].ok, outcomes[0].detail
+        counted = next(r for h in snap.hosts for r in h.runs if r.name == "mine")
+        assert counted.datasets[0].records > 0
+        assert token_holders(rv.last_unit.launch_id) == []
+        stopped = await snapshot_run(engine, "mine")
+        assert stopped.state == "stopped" and stopped.ending == "stopped"
+    assert [e["action"] for e in audit.read()] == ["launch", "restart", "kill", "budget"]
+    assert all(e["ok"] for e in audit.read())
+
+
+async def test_o7_a_run_whose_workdir_was_replaced_is_still_running(
+    tmp_path: Path, held_by: str, stop_units: list[str]
+) -> None:
+    """The workdir removed and made anew under a live run: the run is still its unit, shown
+    running, and a second launch is refused (it would be a second writer)."""
+    import shutil
+
+    from supervisor.config import load_config
+
+    work = tmp_path / "work"
+    client(work, "keepopen")
+    cfg = write_local_config(tmp_path / "rw.toml", run_toml("r", work), python=True)
+    async with Engine(load_config(cfg)) as engine:
+        rv = await launched(engine, "r", stop_units)
+        shutil.rmtree(work)
+        client(work, "keepopen")
+        now = await snapshot_run(engine, "r")
+        assert now.state == "running", now.state_text
+        assert now.process is not None and now.process.identity.pid == rv.process.identity.pid
+        from supervisor.errors import LaunchError
+
+        with pytest.raises(LaunchError, match="already running"):
+            await actions.launch(engine, "r")
+        assert token_holders(rv.last_unit.launch_id) == [rv.process.identity.pid]
