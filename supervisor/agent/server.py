@@ -51,7 +51,7 @@ _DEFERRED_OPS = {
     "lock_status": "launch:lock_status",
     "read_fingerprint": "launch:read_fingerprint",
     "write_fingerprint": "launch:write_fingerprint",
-    "help_flags": "launch:help_flags",
+    "script_flags": "argspec:script_flags",
     "repair_tail": "datafiles:repair_tail",
     "move_aside": "datafiles:move_aside",
     "backup_files": "datafiles:backup_files",
