@@ -13,14 +13,17 @@ they are read and never run.
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
 from supervisor import flagcheck
 from supervisor.agent import argspec
@@ -76,7 +79,12 @@ def parse_arguments():
 
 def main():
     args = parse_arguments()
-    print(json.dumps(vars(args)))
+    with (
+        open(args.output_file_path, "a") as out,
+        open(args.output_file_path + ".log", "a") as log,
+    ):
+        out.write(json.dumps(vars(args)) + "\n")
+        log.write("done\n")
 
 
 if __name__ == "__main__":
@@ -122,6 +130,46 @@ def test_o6_specforge_style_is_read_statically(tmp_path: Path) -> None:
     assert opts["--server-address"]["nargs"] == "+" and opts["--server-address"]["takes_value"]
     # a flag named in a help text is not a flag
     assert "--reasoning none" not in opts and result["allow_abbrev"] is True
+
+
+def test_o6_a_newer_syntax_than_the_agents_python_is_read_call_by_call(tmp_path: Path) -> None:
+    """SpecForge's script opens its files in a parenthesised ``with`` (Python >= 3.9): an agent
+    on Python 3.8 cannot parse the file whole, so it parses each argparse call alone."""
+    python38 = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8")))
+    if not python38:
+        pytest.skip("no Python 3.8 interpreter on this machine (pyenv 3.8.x)")
+    script = tmp_path / "regenerate_train_data.py"
+    script.write_text(SPECFORGE_STYLE)
+    root = Path(argspec.__file__).resolve().parents[2]
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from supervisor.agent import argspec; "
+        "req = {'workdir': sys.argv[2], 'argv': ['py', sys.argv[3]]}; "
+        "print(json.dumps(argspec.script_flags(req)))"
+    )
+    done = subprocess.run(
+        [python38[-1], "-I", "-S", "-c", code, str(root), str(tmp_path), script.name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    old = json.loads(done.stdout)
+    assert old["found"], old["reason"]
+    assert old == _read(tmp_path, SPECFORGE_STYLE, script.name)  # what a newer Python reads
+    opts = _by_flag(old)
+    assert opts["--reasoning"]["choices"] == ["none", "save", "disable"]
+    line = next(n for n, t in enumerate(SPECFORGE_STYLE.split("\n"), 1) if '"--temperature"' in t)
+    assert opts["--temperature"]["type"] == "float" and opts["--temperature"]["line"] == line
+    # a file that is broken, not newer, still says so
+    (tmp_path / "broken.py").write_text("import argparse\np = argparse.ArgumentParser(\n")
+    done = subprocess.run(
+        [python38[-1], "-I", "-S", "-c", code, str(root), str(tmp_path), "broken.py"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    broken = json.loads(done.stdout)
+    assert not broken["found"] and "is not Python 3.8 can parse" in broken["reason"]
 
 
 def test_o6_modelopt_style_is_read_statically_and_its_key_default_masked(
@@ -223,7 +271,7 @@ def test_o6_groups_dest_float_choices_and_a_flag_declared_twice(tmp_path: Path) 
 
 def test_o6_what_cannot_be_read_says_why(tmp_path: Path) -> None:
     cases = {
-        "broken.py": ("import argparse\np = argparse.ArgumentParser(\n", "not Python"),
+        "broken.py": ("import argparse\np = argparse.ArgumentParser(\n", "is not Python 3."),
         "clicked.py": (
             "import click\n\n@click.command()\n@click.option('--n', type=int)\n"
             "def main(n):\n    pass\n",
@@ -235,7 +283,8 @@ def test_o6_what_cannot_be_read_says_why(tmp_path: Path) -> None:
             "add_args(p)\np.parse_args()\n",
             "declares no option in itself",
         ),
-        "binary.py": ("\0\0ELF", "not Python"),
+        "binary.py": ("\0\0ELF", "is not Python 3."),
+        "deep.py": ("x = " + "+".join(["1"] * 100_000) + "\n", "nested too deeply"),
     }
     for name, (source, why) in cases.items():
         result = _read(tmp_path, source, name)

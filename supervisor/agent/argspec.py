@@ -17,8 +17,11 @@ answers ``found: false`` with the reason.
 from __future__ import annotations
 
 import ast
+import io
 import os
 import stat
+import sys
+import tokenize
 from typing import Any
 
 from supervisor.agent.datafiles import resolve
@@ -32,8 +35,9 @@ from supervisor.agent.protocol import (
     param_str_list,
 )
 
-MAX_SOURCE_BYTES = 4 * 1024 * 1024
-"""A script larger than this is not read (no generation script is that large)."""
+MAX_SOURCE_BYTES = 1024 * 1024
+"""A script larger than this is not read: no generation script is that large, and parsing one
+takes about a second."""
 MAX_RANGE_CHOICES = 1000
 """``choices=range(...)`` longer than this is reported as unread."""
 
@@ -164,6 +168,8 @@ class _Reader(ast.NodeVisitor):
         self.positionals = 0
         self.parsers: list[dict[str, Any]] = []
         """Literal keywords of each ``ArgumentParser(...)`` / ``add_parser(...)`` call."""
+        self.prefix = "-"
+        """Every ``prefix_chars`` of the parsers seen."""
         self.imports: set[str] = set()
         self.reads_sys_argv = False
         self.known_args = False
@@ -181,9 +187,13 @@ class _Reader(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
-        name = _name(node.func)
-        if name == "add_argument" and isinstance(node.func, ast.Attribute):
-            self._add_argument(node)
+        self.call(_name(node.func), isinstance(node.func, ast.Attribute), node, node.lineno)
+        self.generic_visit(node)
+
+    def call(self, name: str | None, method: bool, node: ast.Call, line: int) -> None:
+        """A call of ``name`` (``method``: as ``x.name(...)``) at ``line``."""
+        if name == "add_argument" and method:
+            self._add_argument(node, line)
         elif name in ("ArgumentParser", "add_parser"):
             kw = {}
             for k in node.keywords:
@@ -191,15 +201,13 @@ class _Reader(ast.NodeVisitor):
                 if k.arg is not None and ok:
                     kw[k.arg] = value
             self.parsers.append(kw)
+            chars = kw.get("prefix_chars")
+            if isinstance(chars, str):
+                self.prefix += "".join(c for c in chars if c not in self.prefix)
         elif name in ("parse_known_args", "parse_known_intermixed_args"):
             self.known_args = True
-        self.generic_visit(node)
 
-    def _prefix_chars(self) -> str:
-        chars = "".join(str(p.get("prefix_chars", "")) for p in self.parsers)
-        return "-" + chars.replace("-", "")
-
-    def _add_argument(self, node: ast.Call) -> None:
+    def _add_argument(self, node: ast.Call, line: int) -> None:
         names: list[str] = []
         literal = True
         for arg in node.args:
@@ -210,7 +218,7 @@ class _Reader(ast.NodeVisitor):
                 literal = False
         if not literal:
             self.dynamic += 1
-        prefix = self._prefix_chars()
+        prefix = self.prefix
         flags = [n for n in names if n and n[0] in prefix]
         if not flags:
             if names and literal:
@@ -247,7 +255,7 @@ class _Reader(ast.NodeVisitor):
             "default": None,
             "has_default": False,
             "required": False,
-            "line": node.lineno,
+            "line": line,
         }
         if "type" in kw:
             tname = kw["type"].id if isinstance(kw["type"], ast.Name) else None
@@ -335,6 +343,70 @@ def _masked_default(flags: list[str], value: Any) -> Any:
     return value
 
 
+_CALLS = frozenset(
+    (
+        "add_argument", "ArgumentParser", "add_parser", "parse_known_args",
+        "parse_known_intermixed_args",
+    )
+)  # fmt: skip
+_OPENING = {"(": ")", "[": "]", "{": "}"}
+
+
+def _read_by_tokens(source: bytes, reader: _Reader) -> bool:
+    """What :meth:`_Reader.visit` reads, for a file this Python cannot parse whole (a client run
+    by a newer interpreter than the agent's: ``with (a, b):``, ``match``, ``type X = ...``):
+    the tokenizer finds each call of interest and each is parsed alone. False when the file
+    cannot even be tokenized."""
+    try:
+        tokens = list(tokenize.tokenize(io.BytesIO(source).readline))
+    except (tokenize.TokenError, SyntaxError, UnicodeDecodeError):
+        return False
+    encoding = tokens[0].string if tokens and tokens[0].type == tokenize.ENCODING else "utf-8"
+    lines = source.decode(encoding, "replace").split("\n")
+    words = [t for t in tokens if t.type in (tokenize.NAME, tokenize.OP)]
+    for i, tok in enumerate(words):
+        if tok.type != tokenize.NAME:
+            continue
+        before = words[i - 1].string if i else ""
+        if tok.string in ("import", "from") and i + 1 < len(words):
+            if words[i + 1].type == tokenize.NAME and words[i + 1].string != "import":
+                reader.imports.add(words[i + 1].string)
+        elif tok.string == "argv" and before == "." and i > 1 and words[i - 2].string == "sys":
+            reader.reads_sys_argv = True
+        elif tok.string in _CALLS and i + 1 < len(words) and words[i + 1].string == "(":
+            node = _call_at(words, i + 1, lines)
+            if node is not None:
+                reader.call(tok.string, before == ".", node, tok.start[0])
+            elif tok.string == "add_argument" and before == ".":
+                reader.dynamic += 1
+    return True
+
+
+def _call_at(words: list[tokenize.TokenInfo], open_at: int, lines: list[str]) -> ast.Call | None:
+    """The call whose ``(`` is ``words[open_at]``, parsed alone; None when it does not parse."""
+    depth = 0
+    for j in range(open_at, len(words)):
+        s = words[j].string
+        if words[j].type != tokenize.OP:
+            continue
+        if s in _OPENING:
+            depth += 1
+        elif s in _OPENING.values():
+            depth -= 1
+            if depth == 0:
+                (r1, c1), (r2, c2) = words[open_at].start, words[j].end
+                if r1 == r2:
+                    text = lines[r1 - 1][c1:c2]
+                else:
+                    text = "\n".join([lines[r1 - 1][c1:], *lines[r1 : r2 - 1], lines[r2 - 1][:c2]])
+                try:
+                    node = ast.parse("_" + text, mode="eval").body
+                except (SyntaxError, ValueError, RecursionError, MemoryError):
+                    return None
+                return node if isinstance(node, ast.Call) else None
+    return None
+
+
 def read_options(source: bytes, path: str) -> ScriptFlagsResult:
     """What the argparse calls of ``source`` declare (see the module docstring)."""
     result: ScriptFlagsResult = {
@@ -348,16 +420,22 @@ def read_options(source: bytes, path: str) -> ScriptFlagsResult:
         "positionals": 0,
         "known_args": False,
     }
-    try:
-        tree = ast.parse(source, filename=path)
-    except (SyntaxError, ValueError) as e:
-        # ValueError: null bytes (a binary, not a script).
-        where = f" (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else ""
-        msg = e.msg if isinstance(e, SyntaxError) else str(e)
-        result["reason"] = f"{path} is not Python this host can parse{where}: {msg}"
-        return result
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     reader = _Reader()
-    reader.visit(tree)
+    try:
+        reader.visit(ast.parse(source, filename=path))
+    except SyntaxError as e:
+        reader = _Reader()
+        if not _read_by_tokens(source, reader) or not (reader.options or reader.dynamic):
+            where = f" (line {e.lineno})" if e.lineno else ""
+            result["reason"] = f"{path} is not Python {version} can parse{where}: {e.msg}"
+            return result
+    except ValueError as e:  # null bytes: a binary, not a script
+        result["reason"] = f"{path} is not Python {version} can parse: {e}"
+        return result
+    except (RecursionError, MemoryError):
+        result["reason"] = f"{path} is nested too deeply for Python {version} to parse"
+        return result
     result["options"] = reader.options
     result["dynamic"] = reader.dynamic
     result["positionals"] = reader.positionals
