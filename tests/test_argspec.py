@@ -319,6 +319,12 @@ def test_o6_the_script_is_found_as_the_launch_finds_it(tmp_path: Path) -> None:
         {"workdir": str(tmp_path), "argv": ["gen-tool"], "search_path": str(bin_dir)}
     )
     assert found["path"] == str(tool) and "--x" in _by_flag(dict(found))
+    elsewhere = argspec.script_flags(
+        {"workdir": str(tmp_path), "argv": ["gen-tool"], "search_path": "/nonexistent"}
+    )
+    assert not elsewhere["readable"] and elsewhere["reason"] == (
+        "no executable gen-tool on the launch's PATH"
+    )
     direct = argspec.script_flags({"workdir": str(tmp_path), "argv": ["bin/gen-tool"]})
     assert direct["path"] == str(tool) and direct["found"]
     tilde = argspec.script_flags({"workdir": str(tmp_path), "argv": ["python3", "~/gen.py"]})

@@ -38,7 +38,7 @@ from supervisor.agent.protocol import (
 MAX_SOURCE_BYTES = 1024 * 1024
 """A script larger than this is not read: no generation script is that large, and parsing one
 takes about a second."""
-MAX_RANGE_CHOICES = 1000
+MAX_RANGE_CHOICES = 100
 """``choices=range(...)`` longer than this is reported as unread."""
 
 _NO_VALUE_ACTIONS = frozenset(
@@ -63,16 +63,16 @@ _OTHER_PARSERS = {
 """Top-level module -> the argument parser it stands for, named in a ``found: false`` reason."""
 
 
-def script_path(workdir: str, script: str, executed: bool, search_path: str | None) -> str:
+def script_path(workdir: str, script: str, executed: bool, search_path: str | None) -> str | None:
     """The file the launch runs: ``script`` relative to ``workdir`` (``~`` is not expanded: no
     shell sees the argv), or, for a script executed by a name without ``/``, the first
-    executable of that name on ``search_path`` (as ``execvp`` finds it)."""
+    executable of that name on ``search_path`` (as ``execvp`` finds it; None when none is)."""
     if executed and "/" not in script:
         for d in (search_path if search_path is not None else os.defpath).split(os.pathsep):
             candidate = os.path.join(os.path.join(workdir, d) if d else workdir, script)
             if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
                 return candidate
-        return script
+        return None
     return os.path.normpath(os.path.join(workdir, script))
 
 
@@ -471,8 +471,12 @@ def script_flags(params: dict[str, Any]) -> ScriptFlagsResult:
     search_path = params.get("search_path")
     if search_path is not None and not isinstance(search_path, str):
         raise AgentOpError("parameter 'search_path': expected a string", "bad-params")
-    path = script_path(workdir, argv[-1], len(argv) == 1, search_path)
-    source, why = read_source(path)
+    found = script_path(workdir, argv[-1], len(argv) == 1, search_path)
+    path = found or argv[-1]
+    if found is None:
+        source, why = None, f"no executable {path} on the launch's PATH"
+    else:
+        source, why = read_source(found)
     if source is None:
         return {
             "path": path,
