@@ -269,6 +269,63 @@ def test_o6_groups_dest_float_choices_and_a_flag_declared_twice(tmp_path: Path) 
     assert merged["--top-p"].choices == ("0.5", "0.9", "1.0")
 
 
+def test_o6_the_verdict_says_which_source_confirms_or_denies(tmp_path: Path) -> None:
+    """The preflight's verdict on the GROUPS script, read statically: abbreviations are not
+    flags where every parser turns them off; the notes say what the read may have missed; the
+    profile confirms what the source does not declare; a value is checked where either types
+    it, the profile's type first."""
+    read = flagcheck.ScriptRead(
+        script="gen.py",
+        host="h",
+        reply=msgspec.convert(_read(tmp_path, GROUPS), ScriptFlags),
+    )
+    none = flagcheck.ProfileFlags(name="p", known=None)
+
+    def check(sets: list[tuple[str, str | None]], profile: Any = none) -> Any:
+        return flagcheck.check(
+            [f for f, _ in sets], sets, lambda f: False, profile, read, lambda f, v: repr(v)
+        )
+
+    out = check([("--to", "1.0"), ("--top-p", "0.7"), ("--level", "02"), ("--fast", None)])
+    assert out.confirmed == ["--top-p", "--level", "--fast"] and out.problems == []
+    [unconfirmed] = out.unconfirmed
+    # allow_abbrev=False: --to is no abbreviation of --top-p here, just not a flag
+    assert unconfirmed.startswith(
+        "--to: not a flag of the client (did you mean --top-p?): gen.py does not declare it"
+    )
+    assert "1 of its add_argument calls name options not written literally" in unconfirmed
+    assert "parse_known_args" in unconfirmed
+    assert out.unsure == [
+        "--top-p: '0.7' is not one of 0.5, 0.9, 1.0 (choices from gen.py, read statically on h)"
+    ]
+    assert out.typed == 1 and out.sources == ["gen.py, read statically on h"]  # --level 02
+    out = check([("--fast", "1"), ("--out", None), ("--seed", "x")])
+    assert out.problems == [
+        "--fast: takes no value (--set fast)",
+        "--out: needs a value (--set out=VALUE)",
+    ]
+    assert out.typed == 0 and out.unsure == []  # --seed: two types, none assumed
+    profile = flagcheck.ProfileFlags(
+        name="mine",
+        known=frozenset(["--retries", "--top-p"]),
+        types={"--top-p": ["0.7"]},
+        type_source="value_types of mine",
+    )
+    out = check([("--retries", "3"), ("--top-p", "0.7"), ("--tpo-p", "1")], profile)
+    assert out.confirmed == ["--retries", "--top-p"] and out.unsure == [] and out.typed == 1
+    assert out.sources == ["the client profile 'mine'"]
+    assert out.unconfirmed[0].startswith(
+        "--tpo-p: not a flag of the client (did you mean --top-p?): gen.py does not declare it"
+    )
+    assert "nor does the client profile 'mine' list it" in out.unconfirmed[0]
+    unread = flagcheck.ScriptRead(script="gen.py", host="h", reply=None, reason="gone")
+    out = flagcheck.check(["--x"], [("--x", "1")], lambda f: True, profile, unread, repr)
+    assert out.unconfirmed == [
+        "--x: not a flag of the client profile 'mine', and could not read gen.py's flags "
+        "statically: gone"
+    ]
+
+
 def test_o6_what_cannot_be_read_says_why(tmp_path: Path) -> None:
     cases = {
         "broken.py": ("import argparse\np = argparse.ArgumentParser(\n", "is not Python 3."),
