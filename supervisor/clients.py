@@ -249,8 +249,9 @@ def value_types_problems(profile: ClientProfile) -> list[tuple[str, str]]:
 def value_problem(value: str, vtype: ValueType, numeric_choices: bool = False) -> str | None:
     """Why ``value`` is not of type ``vtype`` (``"is not an int"``); None when it is. ``int``
     and ``float`` read the value as argparse's ``type=int`` / ``type=float`` do. With
-    ``numeric_choices`` (choices whose type is not known, read from ``--help``), a value equal
-    as a number to a choice that is a number passes too (``01`` for ``1``)."""
+    ``numeric_choices`` (choices of an option whose type converts, read from the script's
+    source), a value equal as a number to a choice that is a number passes too (``01`` for
+    ``1``)."""
     if isinstance(vtype, list):
         if value in vtype or (numeric_choices and _number_in(value, vtype)):
             return None
@@ -479,7 +480,9 @@ def describe(info: ClientInfo) -> list[str]:
         f"volatile: {', '.join(p.volatile) or 'none'}"
     )
     lines.append(
-        f"  known flags: {len(p.known_flags)}" if p.known_flags else "  known flags: from --help"
+        f"  known flags: {len(p.known_flags)}"
+        if p.known_flags
+        else "  known flags: read from the script's argparse source"
     )
     if p.value_types:
         lines.append("  value types (checked for every --set):")

@@ -274,7 +274,8 @@ class ClientProfile(_Section):
     """Flags that do not change what is generated (concurrency, resume, addresses...): left out of
     the launch fingerprint."""
     known_flags: list[str] = []
-    """Every flag the script accepts (``--set`` is checked against them); empty: ask ``--help``."""
+    """Every flag the script accepts (``--set`` is checked against them, and against the options
+    its argparse source declares, read statically on the host)."""
     switches: list[str] = []
     """Those of ``known_flags`` that take no value (``--resume``)."""
     value_types: dict[str, str | list[str]] = {}

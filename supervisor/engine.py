@@ -380,8 +380,8 @@ class Engine:
         """Look at ``run`` as it is now and build its launch or restart plan (changes nothing;
         see ``supervisor.plan``). ``overrides``: ``KEY=VALUE`` strings or ``(--flag, value)``;
         ``unsets``: flags to drop; ``reset``: forget the stored launch spec; ``force``: launch
-        over a budget or without the script's ``--help``; ``pid``: which process is the run when
-        several could be (an ambiguous run)."""
+        over a budget, or with flags or values that cannot be confirmed; ``pid``: which process
+        is the run when several could be (an ambiguous run)."""
         from supervisor.plan import make_plan
 
         return await make_plan(

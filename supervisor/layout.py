@@ -45,7 +45,8 @@ class ClientFlags:
     budget_flag: str | None = "--token-budget"
     """The flag that makes the client stop at a token budget (None: it has none)."""
     known_flags: frozenset[str] | None = None
-    """Every flag the client accepts, when known; None: ask the script (``--help``)."""
+    """Every flag the client's profile says it accepts; None: the profile does not list them
+    (the script's argparse source, read statically, says)."""
     switches: frozenset[str] = frozenset()
     """Those of ``known_flags`` that take no value."""
 
@@ -122,7 +123,8 @@ def _host_path(local: bool, path: str) -> str:
 
 def client_flags(profile: ClientProfile, profiled: bool = True) -> ClientFlags:
     """What the gate needs of a profile: its name, prompt-dir and budget flags, and the flags it
-    accepts (None when no profile describes the script: its ``--help`` says)."""
+    accepts (None when no profile describes the script: its argparse source, read statically,
+    says)."""
     return ClientFlags(
         name=profile.name,
         prompt_dir_flags=tuple(profile.flags.prompts_dir) or PROMPT_DIR_FLAGS,

@@ -6,11 +6,12 @@ from the *effective* argv (the config's argv, the run's launch spec and this pla
 ``--unset``) through ``supervisor.layout.layout_of``: the files checked, locked and fingerprinted
 are the files the new command line will write.
 
-0. ``preflight`` - every flag the plan sets or removes must be one the client accepts: from the
-   client profile's known flags where it has them, else from the script's own ``--help`` run on
-   the host (``help_flags``), with a "did you mean" for a typo; and every value set must be of
-   its type: the profile's ``value_types`` (int, float, str, path, choices), else the choices the
-   script's ``--help`` prints. The script is never run with the new values.
+0. ``preflight`` - every flag the plan sets or removes must be one the client accepts: its
+   profile's known flags, or the options its argparse source declares, read statically on the
+   host (``script_flags``; the client is never run), with a "did you mean" for a typo; a flag
+   neither confirms needs ``force``. Every value set must be of its type: the profile's
+   ``value_types`` (int, float, str, path, choices), else the int or float type and the literal
+   choices the source declares (``supervisor.flagcheck``).
 1. ``format-check`` - every dataset file of the run is scanned with full validation (complete
    lines only) against the format the run writes; ``legacy``, ``mixed``, ``unknown`` or
    ``corrupt`` blocks, naming file, line and keys. With ``move_aside`` those files are moved
@@ -125,9 +126,9 @@ class Plan:
     overrides: list[tuple[str, str | None]] = field(default_factory=list)
     unsets: list[str] = field(default_factory=list)
     force: bool = False
-    """Launch a dataset already over its budget without a budget flag; launch without a
-    preflight when the client's flags cannot be read; let a value outside the choices read from
-    the client's ``--help`` by."""
+    """Launch a dataset already over its budget without a budget flag; let by a flag that neither
+    the client's profile nor its source (read statically) confirms, and a value outside the type
+    or choices its source declares."""
     move_aside: bool = False
     allow_change: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)

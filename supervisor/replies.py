@@ -177,12 +177,31 @@ class FileHolders(msgspec.Struct, kw_only=True):
     detail: str = ""
 
 
-class HelpFlags(msgspec.Struct, kw_only=True):
-    """``protocol.HelpFlagsResult``: what the client's ``--help`` printed."""
+class ScriptOption(msgspec.Struct, kw_only=True):
+    """``protocol.ScriptOption``: one option the script declares, read statically."""
 
-    exit_code: int | None
-    timed_out: bool
-    output: str
+    flags: list[str]
+    dest: str
+    action: str
+    takes_value: bool | None
+    type: str | None
+    choices: list[str] | None
+    choices_unread: bool
+    nargs: str | None
+    line: int
+
+
+class ScriptFlags(msgspec.Struct, kw_only=True):
+    """``protocol.ScriptFlagsResult``: the options the client's source declares."""
+
+    path: str
+    readable: bool
+    found: bool
+    reason: str
+    options: list[ScriptOption]
+    allow_abbrev: bool
+    dynamic: int
+    known_args: bool
 
 
 class ScanFile(msgspec.Struct, kw_only=True):

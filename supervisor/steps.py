@@ -18,7 +18,6 @@ launch spec (``supervisor.launchspec``) with its argv, so later launches keep th
 from __future__ import annotations
 
 import asyncio
-import difflib
 import inspect
 import posixpath
 import shlex
@@ -28,18 +27,24 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from supervisor import audit, clients, display, launchspec
+from supervisor import audit, clients, display, flagcheck, launchspec
 from supervisor.agent import match
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import AGENT_LOADER, MASK
-from supervisor.argv import parse_help_choices, parse_help_flags
 from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
 from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import Identity
 from supervisor.paths import config_id
 from supervisor.plan import ActionResult, OnStep, Plan, Step, StepFailed, StepState
-from supervisor.replies import FileHolders, GpuHolders, HelpFlags, LockHolder, LockStatus, decode
+from supervisor.replies import (
+    FileHolders,
+    GpuHolders,
+    LockHolder,
+    LockStatus,
+    ScriptFlags,
+    decode,
+)
 
 if TYPE_CHECKING:
     from supervisor.engine import Engine
@@ -50,8 +55,6 @@ BLOCKING_VERDICTS = ("legacy", "mixed", "unknown", "corrupt")
 """Verdicts that make resuming on a file unsafe."""
 DEFAULT_GPU_WAIT_S = 120.0
 DEFAULT_LOCK_WAIT_S = 30.0
-HELP_TIMEOUT_S = 20.0
-"""Bound on the client's ``--help`` run by the preflight."""
 
 
 class _Runner:
@@ -205,68 +208,52 @@ class _Runner:
         if not flags:
             await self.set(step, "skipped", "no flag set or removed: the config's command line")
             return
-        # A client profile that knows its flags is used as is; else the script says (--help).
-        profile = plan.layout.client.known_flags
-        source = f"the client profile {plan.layout.client.name!r}"
-        known: dict[str, bool | None]
-        # Value types: the profile's (only when a profile describes the script), else the
-        # choices its --help prints (``--mode {a,b}``).
+        layout = plan.layout
         types: dict[str, clients.ValueType] = {}
         type_source = ""
-        if plan.layout.profiled and plan.layout.profile.value_types:
-            types = dict(plan.layout.profile.value_types)
-            name = plan.layout.profile.name
-            user = name in self.engine.config.clients
+        if layout.profiled and layout.profile.value_types:
+            types = dict(layout.profile.value_types)
+            name = layout.profile.name
             type_source = (
                 f"value_types of the client profile {name!r} in {self.engine.config.path}"
-                if user
+                if name in self.engine.config.clients
                 else f"value_types of the built-in client profile {name!r}"
             )
-        guessed: dict[str, clients.ValueType] = {}
-        if profile is not None:
-            known = {f: f not in plan.layout.client.switches for f in profile}
-        else:
-            read = await self._help_flags(step)
-            if read is None:
-                return
-            known, source, choices = read
-            guessed = {f: c for f, c in choices.items() if f not in types}
-        problems = [_unknown_flag(f, known) for f in flags if f not in known]
-        bad_values: list[str] = []
-        unsure: list[str] = []  # outside the choices read from --help: --force lets them by
-        checked = 0
+        profile = flagcheck.ProfileFlags(
+            name=layout.client.name,
+            known=layout.client.known_flags,
+            switches=layout.client.switches,
+            types=types,
+            type_source=type_source,
+        )
+        read = None
+        if flagcheck.needs_read(flags, plan.spec.sets, profile):
+            read = await self._script_flags(step)
         given = {f for f, _ in plan.overrides}
-        for f, value in plan.spec.sets:
-            takes = known.get(f)
-            if value is None and takes:
-                problems.append(f"{f}: needs a value (--set {f.lstrip('-')}=VALUE)")
-            elif value is not None and takes is False:
-                problems.append(f"{f}: takes no value (--set {f.lstrip('-')})")
-            elif value is not None and f in known and (f in types or f in guessed):
-                checked += 1
-                vtype = types[f] if f in types else guessed[f]
-                wrong = clients.value_problem(value, vtype, numeric_choices=f not in types)
-                if wrong is None:
-                    continue
-                src = f"type from {type_source}" if f in types else f"choices from {source}"
-                if f not in given:
-                    src += "; kept in the run's launch spec, --reset drops it"
-                text = f"{f}: {self._shown(f, value)} {wrong} ({src})"
-                (bad_values if f in types else unsure).append(text)
-        if problems or bad_values or (unsure and not plan.force):
+        out = flagcheck.check(
+            flags, plan.spec.sets, lambda f: f not in given, profile, read, self._shown
+        )
+        forcible = out.unconfirmed + out.unsure
+        if out.problems or (forcible and not plan.force):
             raise StepFailed(
-                "the new command line would not start: "
-                + "; ".join(problems + bad_values + unsure)
-                + (f" (flags from {source})" if problems else ""),
+                "the new command line would not start: " + "; ".join(out.problems + forcible),
                 "nothing was stopped or launched; fix the --set / --unset flags"
-                + ("; `runwatch clients` shows each flag's type" if bad_values else "")
-                + ("; if the script does take that value, pass --force" if unsure else ""),
+                + ("; `runwatch clients` shows each flag's type" if out.profile_types else "")
+                + (
+                    "; if the client does take them, pass --force to launch anyway"
+                    if forcible
+                    else ""
+                ),
             )
-        step.detail = f"{len(flags)} flag(s) accepted by the client ({source}): " + ", ".join(flags)
-        if checked - len(unsure):
-            step.detail += f"; {checked - len(unsure)} value(s) of the expected type"
-        if unsure:
-            step.detail += "; NOT checked (--force): " + "; ".join(unsure)
+        step.detail = f"{len(out.confirmed)} flag(s) accepted by the client"
+        if out.sources:
+            step.detail += f" ({' and '.join(out.sources)})"
+        if out.confirmed:
+            step.detail += ": " + ", ".join(out.confirmed)
+        if out.typed:
+            step.detail += f"; {out.typed} value(s) of the expected type"
+        if forcible:
+            step.detail += "; NOT checked (--force): " + "; ".join(forcible)
 
     def _shown(self, flag: str, value: str) -> str:
         """``value`` quoted for a message, or a placeholder when it is (or holds) a secret: the
@@ -276,57 +263,33 @@ class _Runner:
             return "the value given (not shown: it is a secret)"
         return repr(value)
 
-    async def _help_flags(
-        self, step: Step
-    ) -> tuple[dict[str, bool | None], str, dict[str, clients.ValueType]] | None:
-        """The flags the client's ``--help`` lists, where they come from, and the choices it
-        prints for some (``--mode {a,b}``); None when the step was settled by ``--force`` (the
-        flags could not be read).
-
-        Only the interpreter and the script run, with ``--help`` alone, bounded in time; a
-        script that ignores ``--help`` would start working, which is why a client profile's
-        known flags, where there is one, are used instead."""
+    async def _script_flags(self, step: Step) -> flagcheck.ScriptRead:
+        """The options the client's source declares, read statically on the host (the script is
+        read, never run), or why they cannot be."""
         plan = self.plan
         idx = plan.layout.script_index
-        problem = None
-        output = ""
         if idx is None:
-            problem = "the script of the command line is not one of the configured scripts"
-        else:
-            env = {k: v for k, v in plan.env.items() if k not in plan.secret_env}
-            help_params = {
-                "workdir": plan.paths["workdir"],
-                "argv": plan.argv[: idx + 1],
-                "env": env,
-                "timeout_s": HELP_TIMEOUT_S,
-            }
-            raw = await self.request(
-                "help_flags", help_params, timeout=HELP_TIMEOUT_S + self.hc.command_timeout
+            return flagcheck.ScriptRead(
+                script="the client",
+                host=plan.host,
+                reply=None,
+                reason="the script of the command line is not one of the configured scripts",
             )
-            reply = decode(raw, HelpFlags, plan.host, "help_flags")
-            output = reply.output
-            known = parse_help_flags(reply.output)
-            step.data["help"] = {"exit_code": reply.exit_code, "timed_out": reply.timed_out}
-            if reply.timed_out:
-                problem = f"its --help did not answer within {HELP_TIMEOUT_S:g} s"
-            elif not known:
-                problem = f"its --help (exit status {reply.exit_code}) lists no flags"
-            else:
-                script = posixpath.basename(plan.argv[idx])
-                choices: dict[str, clients.ValueType] = dict(parse_help_choices(reply.output))
-                return known, f"{script} --help on {plan.host}", choices
-        if plan.force:
-            await self.set(
-                step,
-                "ok",
-                f"flags NOT checked (--force): cannot read the client's flags: {problem}",
-            )
-            return None
-        tail = "\n    ".join(output.splitlines()[-5:])
-        raise StepFailed(
-            f"cannot check the flags: {problem}" + (f"; its output:\n    {tail}" if tail else ""),
-            "nothing was stopped or launched; check the flags by hand and pass --force to "
-            "launch without this check",
+        params: dict[str, Any] = {"workdir": plan.paths["workdir"], "argv": plan.argv[: idx + 1]}
+        if "PATH" in plan.env:
+            params["search_path"] = plan.env["PATH"]
+        reply = await self.reply("script_flags", params, ScriptFlags)
+        step.data["script_flags"] = {
+            "path": reply.path,
+            "found": reply.found,
+            "reason": reply.reason,
+            "options": len(reply.options),
+        }
+        return flagcheck.ScriptRead(
+            script=posixpath.basename(plan.argv[idx]),
+            host=plan.host,
+            reply=reply,
+            reason=reply.reason,
         )
 
     # ------------------------------------------------------------ 1. format check
@@ -1020,12 +983,6 @@ class _Runner:
             "lock now",
             "log": self.plan.paths["log"],
         }
-
-
-def _unknown_flag(flag: str, known: dict[str, bool | None]) -> str:
-    close = difflib.get_close_matches(flag, sorted(known), n=1, cutoff=0.6)
-    # "FLAG: ..." - a word right after a flag name would read as its value (and be masked).
-    return f"{flag}: not a flag of the client" + (f" (did you mean {close[0]}?)" if close else "")
 
 
 def _blocks(scan: dict[str, Any]) -> bool:

@@ -250,7 +250,8 @@ def test_the_shape_checker_rejects_what_does_not_fit() -> None:
         (replies.LockStatus, protocol.LockStatusResult),
         (replies.Launch, protocol.LaunchResult),
         (replies.GpuHolders, protocol.GpuHoldersResult),
-        (replies.HelpFlags, protocol.HelpFlagsResult),
+        (replies.ScriptFlags, protocol.ScriptFlagsResult),
+        (replies.ScriptOption, protocol.ScriptOption),
         (replies.FileHolders, protocol.FileHoldersResult),
         (replies.FileHolder, protocol.FileHolder),
         (replies.Uninspected, protocol.Uninspected),
@@ -356,11 +357,14 @@ async def test_the_real_agent_replies_fit_the_shapes(
     gpu = await host.request("gpu_holders", {"pids": [os.getpid()]})
     _fits("gpu_holders", gpu)
     msgspec.convert(gpu, replies.GpuHolders)
-    helped = await host.request(
-        "help_flags", {"workdir": str(workdir), "argv": [sys.executable, "-c", "print('--x')"]}
+    (workdir / "gen.py").write_text(
+        "import argparse\np = argparse.ArgumentParser()\n"
+        "p.add_argument('--n', type=int, choices=[1, 2], default=1)\np.parse_args()\n"
     )
-    _fits("help_flags", helped)
-    assert msgspec.convert(helped, replies.HelpFlags).exit_code == 0
+    read = await host.request("script_flags", {"workdir": str(workdir), "argv": ["py", "gen.py"]})
+    _fits("script_flags", read)
+    options = msgspec.convert(read, replies.ScriptFlags).options
+    assert [(o.flags, o.type, o.choices) for o in options][1:] == [(["--n"], "int", ["1", "2"])]
 
     # The ops whose modules the agent imports at their first request and that nothing above
     # asked for: each is answered by its handler (a request error naming the missing
@@ -370,7 +374,7 @@ async def test_the_real_agent_replies_fit_the_shapes(
     _fits("units", await host.request("units", {}))
     asked = {"ping", "ps", "refresh", "scan", "probe", "kill", "launch", "lock_status", "units"}
     asked |= {"read_fingerprint", "tail_log", "write_fingerprint", "tail_records"}
-    asked |= {"file_holders", "repair_tail", "move_aside", "gpu_holders", "help_flags"}
+    asked |= {"file_holders", "repair_tail", "move_aside", "gpu_holders", "script_flags"}
     rest = sorted(set(protocol.OP_SHAPES) - asked)
     assert {"backup_files", "slurm_jobs", "slurm_submit", "slurm_cancel"} <= set(rest)
     for op in rest:

@@ -1,6 +1,6 @@
 """The preflight checks every ``--set`` VALUE before anything stops (invariant 5 of
 ``docs/reliability.md``): real runs of the reference client and the SpecForge stand-in, real
-scripts answering ``--help``, real config files.
+scripts read statically (never run), real config files.
 
 A value of the wrong type would pass the flag-name check, stop a healthy run and die in the
 client's argparse; the rollback would bring the old command line back, but the run was down for
@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 from supervisor import audit, clients, launchspec
-from supervisor.argv import parse_help_choices
 from supervisor.config import load_config
 from supervisor.demo import modelopt_server_generate, run_inference, specforge_regenerate
 from supervisor.engine import Engine
@@ -255,9 +254,15 @@ def test_inv5_a_user_profile_types_its_flags(tmp_path: Path, state_home: Path) -
     good = asyncio.run(go(["mode=slow", "n=3"]))
     pre = next(s for s in good.steps if s.name == "preflight")
     assert pre.state == "ok" and "2 value(s) of the expected type" in pre.detail, why(good)
-    # --service-token is untyped here: any value passes, as before value types existed
-    untyped = asyncio.run(go(["service-token=x"]))
-    assert next(s for s in untyped.steps if s.name == "preflight").state == "ok", why(untyped)
+    # --service-token is untyped in the profile: the type=int of gen.py, read statically, checks
+    # it (never showing the value of a secret-named flag)
+    untyped = _refused_at_preflight(asyncio.run(go(["service-token=x"])))
+    assert (
+        "--service-token: the value given (not shown: it is a secret) is not an int (type from "
+        "gen.py, read statically on here)"
+    ) in untyped
+    typed = asyncio.run(go(["service-token=7"]))
+    assert next(s for s in typed.steps if s.name == "preflight").state == "ok", why(typed)
     # a value kept from an earlier launch (before the type was declared) is checked too
     launchspec.save(launchspec.LaunchSpec(run="mine", sets=[("--n", "ten")]))
     detail = _refused_at_preflight(asyncio.run(go([])))
@@ -353,31 +358,35 @@ def test_inv5_values_are_read_as_argparse_reads_them() -> None:
            ("Save", ["none", "save"])]  # fmt: skip
     for value, vtype in bad:
         assert clients.value_problem(value, vtype) is not None, (value, vtype)
-    # choices read from --help (type unknown): a number equal to a numeric choice passes
+    # choices of a type=int option (read statically): a number equal to a numeric choice passes
     assert clients.value_problem("01", ["1", "2"], numeric_choices=True) is None
     assert clients.value_problem("01", ["1", "2"]) is not None
 
 
-# --------------------------------------------------------------------------- no profile: --help
+# --------------------------------------------------------------------------- no profile: its source
 
 TOOL = """
 import argparse
+open("ran", "w").close()
 p = argparse.ArgumentParser()
 p.add_argument("--datasets", required=True)
 p.add_argument("--output-dir", default="out")
 p.add_argument("--mode", choices=["a", "b"], default="a")
 p.add_argument("--level", type=int, choices=[1, 2, 3], default=1)
 p.add_argument("--batch", type=int, default=8)
+p.add_argument("--ratio", type=float, choices=[0.5, 1.0])
+p.add_argument("--output-file-path")
 p.parse_args()
 """
 
 
-def test_inv5_without_a_profile_the_choices_of_its_help_are_checked(
+def test_inv5_without_a_profile_the_declared_types_and_choices_are_checked(
     tmp_path: Path, state_home: Path
 ) -> None:
-    """A script no profile describes: the choices its ``--help`` prints are checked; its int
-    and float types cannot be read there and pass (the script is never run with the new
-    values: an argparse ``type=`` may act, e.g. ``FileType('w')`` truncates a file)."""
+    """A script no profile describes: the int and float types and the choices its argparse
+    source declares are checked, read statically (the script is never run: it would leave a
+    file ``ran``); a wrong value needs --force, as the static read may miss what the script
+    does at run time. An abbreviation argparse would expand is refused even then."""
     work = tmp_path / "work"
     (work / "out" / "B1").mkdir(parents=True)
     (work / "tool.py").write_text(TOOL)
@@ -394,28 +403,30 @@ def test_inv5_without_a_profile_the_choices_of_its_help_are_checked(
             plan = await engine.plan("t", action="launch", overrides=sets, force=force)
             return await engine.execute(plan, dry_run=True)
 
-    detail = _refused_at_preflight(asyncio.run(go(["mode=c"])))
-    assert "--mode: 'c' is not one of a, b (choices from tool.py --help on here)" in detail
-    assert "pass --force" in detail
-    for sets in (["mode=b", "level=2"], ["level=02"], ["batch=many"]):
+    source = "tool.py, read statically on here"
+    refused = {
+        "mode=c": f"--mode: 'c' is not one of a, b (choices from {source})",
+        "batch=many": f"--batch: 'many' is not an int (type from {source})",
+        "level=4": f"--level: '4' is not one of 1, 2, 3 (choices from {source})",
+        "ratio=0.7": f"--ratio: '0.7' is not one of 0.5, 1.0 (choices from {source})",
+    }
+    for sets, expected in refused.items():
+        detail = _refused_at_preflight(asyncio.run(go([sets])))
+        assert expected in detail and "pass --force" in detail, detail
+    for sets in (["mode=b", "level=2"], ["level=02"], ["ratio=1"], ["batch=16"]):
         result = asyncio.run(go(sets))
         pre = next(s for s in result.steps if s.name == "preflight")
         assert pre.state == "ok", why(result)
+        assert f"{len(sets)} value(s) of the expected type" in pre.detail, pre.detail
     forced = asyncio.run(go(["mode=c"], force=True))
     pre = next(s for s in forced.steps if s.name == "preflight")
     assert pre.state == "ok" and "NOT checked (--force): --mode: 'c'" in pre.detail, why(forced)
-
-
-def test_inv5_help_choices_are_read_from_the_option_column() -> None:
-    parser = argparse.ArgumentParser(prog="gen.py")
-    parser.add_argument("--reasoning", choices=["none", "save", "disable"])
-    parser.add_argument("-m", "--mode", choices=["a", "b"], nargs="+")
-    parser.add_argument("--level", type=int, choices=[1, 2], help="see also --other {x,y}")
-    parser.add_argument("--plain", metavar="N")
-    found = parse_help_choices(parser.format_help())
-    assert found == {
-        "--reasoning": ["none", "save", "disable"],
-        "-m": ["a", "b"],
-        "--mode": ["a", "b"],
-        "--level": ["1", "2"],
-    }
+    # --output-file is argparse's abbreviation of --output-file-path: the gate would check
+    # other files than those the client writes
+    for force in (False, True):
+        detail = _refused_at_preflight(asyncio.run(go(["output-file=x.jsonl"], force=force)))
+        assert (
+            "--output-file: tool.py would take it as an abbreviation of --output-file-path"
+            in detail
+        )
+    assert not (work / "ran").exists()

@@ -13,13 +13,10 @@ Ops:
   or it died and the result carries the last lines it wrote to the log.
 - ``lock_status``: whether a run's lock is held, and by whom.
 - ``read_fingerprint`` / ``write_fingerprint``: the ``.runwatch/launch.json`` sidecar.
-- ``help_flags``: the output of a client's own ``--help``, run as the launch would run it (same
-  workdir, interpreter and script), for the restart's preflight of a new command line.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
@@ -528,50 +525,3 @@ def write_fingerprint(params: dict[str, Any]) -> WriteFingerprintResult:
     os.replace(tmp, path)
     fsync_dir(path)
     return {"path": path, "fingerprint": fingerprint}
-
-
-HELP_OUTPUT_MAX = 64 * 1024
-"""Bytes of ``--help`` output returned at most."""
-
-
-def help_flags(params: dict[str, Any]) -> dict[str, Any]:
-    """``{workdir, argv, env?, timeout_s?}`` -> run ``argv + ["--help"]`` in ``workdir`` (no
-    shell, stdin from /dev/null, its own session, killed after ``timeout_s``, default 20) and
-    return ``{"exit_code", "timed_out", "output"}`` (stdout then stderr, at most
-    ``HELP_OUTPUT_MAX`` bytes). ``argv`` is the run's command up to its script (interpreter and
-    script); nothing of the run's own flags is passed, so nothing is generated or written.
-    """
-    workdir = resolve(param_str(params, "workdir"))
-    argv = param_str_list(params, "argv")
-    env = dict(os.environ)
-    env.update(param_str_dict(params, "env"))
-    timeout_s = param_number(params, "timeout_s", 20.0)
-    if not os.path.isdir(workdir):
-        raise AgentOpError(f"workdir {workdir} is not a directory", "bad-params")
-    try:
-        proc = subprocess.Popen(
-            [*argv, "--help"],
-            cwd=workdir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-        )
-    except OSError as e:
-        return {
-            "exit_code": None,
-            "timed_out": False,
-            "output": f"cannot start {argv[0]}: {e.strerror}",
-        }
-    timed_out = False
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, 9)
-        out, err = proc.communicate()
-    text = (out + err)[:HELP_OUTPUT_MAX].decode("utf-8", "replace")
-    return {"exit_code": proc.returncode, "timed_out": timed_out, "output": text}

@@ -908,22 +908,63 @@ class SlurmCancelResult(TypedDict):
     writers: dict[str, list[int]]
 
 
-class _HelpFlagsParamsRequired(TypedDict):
+class _ScriptFlagsParamsRequired(TypedDict):
     workdir: str
     argv: list[str]
-    """The run's command up to its script (interpreter and script); ``--help`` is appended."""
+    """The run's command up to its script (interpreter and script, or the script alone when it
+    is executed directly). The script is read, never run."""
 
 
-class HelpFlagsParams(_HelpFlagsParamsRequired, total=False):
-    env: dict[str, str]
-    timeout_s: float
+class ScriptFlagsParams(_ScriptFlagsParamsRequired, total=False):
+    search_path: str
+    """``PATH`` of the launch's environment (where a script executed by name is found)."""
 
 
-class HelpFlagsResult(TypedDict):
-    exit_code: int | None
-    timed_out: bool
-    output: str
-    """stdout then stderr, bounded."""
+class ScriptOption(TypedDict):
+    """One ``add_argument`` call with option strings, as written in the script."""
+
+    flags: list[str]
+    """Its option strings (``-n``, ``--num-samples``; ``--no-X`` too for BooleanOptionalAction)."""
+    dest: str
+    """``dest=``, else argparse's own; empty when ``dest=`` is not a literal."""
+    action: str
+    """argparse's action name (``store``, ``store_true``, ``count``, ``append``...),
+    ``boolean_optional``, ``custom`` (another class) or ``unknown`` (``**kwargs``)."""
+    takes_value: bool | None
+    """True: needs a value; False: takes none; None: either, or not known."""
+    type: str | None
+    """``int``, ``float``, ``str``, ``bool``, ``unknown`` (any other converter); None: not given
+    (the value stays a string)."""
+    choices: list[str] | None
+    """Literal choices as command-line text; None: none given, or not literal."""
+    choices_unread: bool
+    """``choices=`` is given but not written literally."""
+    nargs: str | None
+    """``nargs`` as text (``?``, ``*``, ``+``, ``2``, ``...``; ``unknown`` when not literal)."""
+    default: str | int | float | bool | None
+    """Literal ``default=`` (masked when secret); meaningful only with ``has_default``."""
+    has_default: bool
+    required: bool | None
+    """Literal ``required=``; None when not literal."""
+    line: int
+
+
+class ScriptFlagsResult(TypedDict):
+    path: str
+    """The file read (or tried)."""
+    readable: bool
+    found: bool
+    """The script declares its options with argparse (``options`` is what it declares)."""
+    reason: str
+    """Why ``found`` is false; empty when it is true."""
+    options: list[ScriptOption]
+    allow_abbrev: bool
+    """False only when every parser is built with ``allow_abbrev=False``."""
+    dynamic: int
+    """``add_argument`` calls whose option strings are not written literally."""
+    positionals: int
+    known_args: bool
+    """The script calls ``parse_known_args``: it may pass undeclared flags on."""
 
 
 OP_SHAPES: dict[str, tuple[type, type]] = {
@@ -949,6 +990,6 @@ OP_SHAPES: dict[str, tuple[type, type]] = {
     "slurm_jobs": (SlurmJobsParams, SlurmJobsResult),
     "slurm_submit": (SlurmSubmitParams, SlurmSubmitResult),
     "slurm_cancel": (SlurmCancelParams, SlurmCancelResult),
-    "help_flags": (HelpFlagsParams, HelpFlagsResult),
+    "script_flags": (ScriptFlagsParams, ScriptFlagsResult),
 }
 """Op name -> (params shape, result shape)."""

@@ -149,10 +149,10 @@ _reset_option = click.option(
 _force_option = click.option(
     "--force",
     is_flag=True,
-    help="Launch even when a dataset is already over its budget with no budget flag, when "
-    "the client's flags cannot be read to check --set / --unset, or with a --set value outside "
-    "the choices the client's --help prints (a client profile's value types are never "
-    "overridden).",
+    help="Launch even when a dataset is already over its budget with no budget flag, with a "
+    "--set / --unset flag that neither the client's profile nor its argparse source (read, "
+    "never run) confirms, or with a --set value outside the type or choices that source "
+    "declares (a client profile's value types are never overridden).",
 )
 _dry_option = click.option(
     "--dry-run", is_flag=True, help="Show the plan and run the checks; change nothing."
@@ -242,9 +242,10 @@ def restart(
     """Check RUN's data and settings, stop it by identity, repair a torn tail, relaunch it.
 
     Checks come first, while the old run is alive: a blocked restart kills nothing; the new
-    command line's flags are checked against the client's own --help before the stop; a relaunch
-    that fails after the stop is rolled back to the previous command line. When several
-    processes could each be RUN, nothing is stopped until one is named with --pid.
+    command line's flags are checked against the client's profile and its argparse source
+    (read, never run) before the stop; a relaunch that fails after the stop is rolled back to
+    the previous command line. When several processes could each be RUN, nothing is stopped
+    until one is named with --pid.
     """
     _run_action(
         get_config(config_path, need="runs"),
