@@ -355,6 +355,11 @@ class Engine:
         scanned: dict[str, dict[str, Any]] = result.get("files", {})
         return [scanned.get(f["path"], {"path": f["path"], "state": "error"}) for f in files]
 
+    def record_points(self, host: str, run: str) -> list[tuple[float, ...]]:
+        """The run's history of ``(time, records, tokens)`` points, oldest first (empty when
+        runwatch has not watched it): the gate sizes its quiet window from it."""
+        return self._live.history.points(f"run|{host}|{run}")
+
     def data_loss(self, host: str, run: str, path: str, bytes_before: int, bytes_after: int) -> str:
         """Raise the data-loss alarm of ``path`` (shown on its dataset from now on, audited once):
         a launch made it shrink. Returns the alarm's message."""

@@ -173,6 +173,35 @@ class FileHolders(msgspec.Struct, kw_only=True):
     detail: str = ""
 
 
+class FileSample(msgspec.Struct, kw_only=True):
+    """``protocol.FileSample``."""
+
+    size: int
+    mtime_ns: int
+    dev: int
+    ino: int
+
+
+class ObservedFile(msgspec.Struct, kw_only=True):
+    """``protocol.ObservedFile``: how one data file changed while it was watched."""
+
+    path: str
+    change: str
+    bytes: int
+    seconds: float
+    before: FileSample | None = None
+    after: FileSample | None = None
+
+
+class ObservedFiles(msgspec.Struct, kw_only=True):
+    """``protocol.ObserveFilesResult``."""
+
+    window_s: float
+    elapsed_s: float
+    changed: bool
+    files: list[ObservedFile] = []
+
+
 class HelpFlags(msgspec.Struct, kw_only=True):
     """``protocol.HelpFlagsResult``: what the client's ``--help`` printed."""
 

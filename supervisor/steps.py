@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from supervisor import audit, clients, display, launchspec
+from supervisor import audit, clients, display, launchspec, quiet
 from supervisor.agent import match
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import AGENT_LOADER, MASK
@@ -69,6 +69,8 @@ class _Runner:
         """The old process is confirmed gone: from here a failure must roll back."""
         self.taken_over = False
         """Another launcher holds the run's lock: the run is not down, nothing to roll back."""
+        self.keep_stopped = False
+        """Another writer appends to the data after the stop: a rollback would write beside it."""
         self.nothing_to_do = False
         self.rollback_outcome: dict[str, Any] | None = None
         self.sizes: dict[str, int] = {}
@@ -103,6 +105,7 @@ class _Runner:
             "format-check": self.format_check,
             "fingerprint": self.fingerprint,
             "writers": self.writers,
+            "quiet": self.quiet,
             "stop": self.stop,
             "gpu-release": self.gpu_release,
             "data-repair": self.data_repair,
@@ -134,7 +137,8 @@ class _Runner:
                 if s.state == "running":
                     await self.set(s, "ok", s.detail)
         confirmed = ok and (self.dry_run or self.identity is not None or self.nothing_to_do)
-        if not ok and not self.dry_run and self.stopped and not self.taken_over:
+        down = self.stopped and not self.taken_over and not self.keep_stopped
+        if not ok and not self.dry_run and down:
             self.rollback_outcome = await self.roll_back()
         if confirmed and not self.dry_run:
             spec = plan.spec
@@ -540,6 +544,9 @@ class _Runner:
         if found.holders and plan.old is not None:
             held = f"only the run itself (pid {plan.old.identity.pid})"
         step.detail = f"writers of the data files: {held}" + (f"; {blind}" if blind else "")
+
+    async def quiet(self, step: Step) -> None:
+        await quiet.check(self, step)
 
     async def fingerprint(self, step: Step) -> None:
         plan = self.plan
