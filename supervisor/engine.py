@@ -188,6 +188,10 @@ class Engine:
         self.config = config
         note_secrets(config)  # their values are masked in everything runwatch prints or writes
         self._hosts: dict[str, Host] = dict(hosts or {})
+        self.stopping: set[str] = set()
+        """``events.stop_key`` of each process a plan of this engine is stopping, until the
+        plan's audit record is written: a restart's run is down for its quiet window, and a
+        watcher of this engine must not take that for a death."""
         for hc in config.hosts:
             if hc.name not in self._hosts:
                 self._hosts[hc.name] = make_host(hc)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from supervisor.plan import StepFailed
-from supervisor.replies import ObservedFile, ObservedFiles, decode
+from supervisor.replies import LockStatus, ObservedFile, ObservedFiles, decode
 
 if TYPE_CHECKING:
     from supervisor.plan import Step
@@ -139,6 +139,7 @@ async def check(runner: _Runner, step: Step) -> None:
         )
         return
     what = "; ".join(describe(f) for f in changed)
+    await _not_another_launch(runner, what)
     if running and runner.plan.action == "restart":
         runner.keep_stopped = True
         raise StepFailed(
@@ -150,4 +151,24 @@ async def check(runner: _Runner, step: Step) -> None:
         f"{what}; nothing was launched",
         "find the writer (`lsof` or `fuser` on the file; it may be another user's process or "
         "on another node) and stop it, then launch again",
+    )
+
+
+async def _not_another_launch(runner: _Runner, what: str) -> None:
+    """The writer is a launch of this run by another runwatch when it holds the run's lock: say
+    so (the run is not down). Slurm jobs hold no lock on the login node."""
+    plan = runner.plan
+    if runner.hc.kind == "slurm" or not plan.locks:
+        return
+    st = await runner.reply("lock_status", {"lock_paths": plan.locks}, LockStatus)
+    holder = st.holder
+    if not st.held or not (st.holder_alive or (holder is not None and holder.state == "launching")):
+        return
+    runner.taken_over = True
+    hid = holder.identity if holder is not None else None
+    who = f"pid {hid.pid}" if hid is not None else "a launch in progress"
+    raise StepFailed(
+        f"already running: {who} holds the run's lock {st.lock_path} (started by another "
+        f"runwatch or launch) and writes its data ({what})",
+        "nothing was launched; refresh to see the process that runs now",
     )

@@ -34,6 +34,7 @@ from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import AGENT_LOADER, MASK
 from supervisor.argv import parse_help_choices, parse_help_flags
 from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
+from supervisor.events import stop_key
 from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import Identity
@@ -176,6 +177,8 @@ class _Runner:
                 nothing_to_do=self.nothing_to_do or None,
                 rollback=self.rollback_outcome,
             )
+        if plan.old is not None:
+            self.engine.stopping.discard(stop_key(plan.host, plan.run.name, plan.old.identity.pid))
         return result
 
     def would(self, name: str) -> str:
@@ -611,6 +614,7 @@ class _Runner:
             await self.set(step, "skipped", "not running; nothing to stop")
             return
         ident = plan.old.identity
+        self.engine.stopping.add(stop_key(plan.host, plan.run.name, ident.pid))
         try:
             res = await self.engine.kill_within_plan(plan.host, ident, plan.run.stop_grace_seconds)
         except OutcomeUnknown as e:
