@@ -189,6 +189,10 @@ class Engine:
         self.config = config
         note_secrets(config)  # their values are masked in everything runwatch prints or writes
         self._hosts: dict[str, Host] = dict(hosts or {})
+        self.stopping: set[str] = set()
+        """``events.stop_key`` of each process a plan of this engine is stopping, until the
+        plan's audit record is written: a restart's run is down for its quiet window, and a
+        watcher of this engine must not take that for a death."""
         for hc in config.hosts:
             if hc.name not in self._hosts:
                 self._hosts[hc.name] = make_host(hc)
@@ -355,6 +359,11 @@ class Engine:
         result = await h.request("scan", {"files": files, "fresh": True}, timeout=timeout)
         scanned: dict[str, dict[str, Any]] = result.get("files", {})
         return [scanned.get(f["path"], {"path": f["path"], "state": "error"}) for f in files]
+
+    def record_points(self, host: str, run: str) -> list[tuple[float, ...]]:
+        """The run's history of ``(time, records, tokens)`` points, oldest first (empty when
+        runwatch has not watched it): the gate sizes its quiet window from it."""
+        return self._live.history.points(f"run|{host}|{run}")
 
     def data_loss(self, host: str, run: str, path: str, bytes_before: int, bytes_after: int) -> str:
         """Raise the data-loss alarm of ``path`` (shown on its dataset from now on, audited once):

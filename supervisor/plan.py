@@ -15,7 +15,7 @@ are the files the new command line will write.
 1. ``format-check`` - every dataset file of the run is scanned with full validation (complete
    lines only) against the format the run writes; ``legacy``, ``mixed``, ``unknown`` or
    ``corrupt`` blocks, naming file, line and keys. With ``move_aside`` those files are moved
-   aside in step 5 instead (``<file>.<format>-<timestamp>``, nothing deleted).
+   aside in step 6 instead (``<file>.<format>-<timestamp>``, nothing deleted).
 2. ``fingerprint`` - the launch fingerprint stored at the last launch of each dataset
    (``.runwatch/<dataset>.launch.json`` in the output dir: argv, model, sampling parameters,
    prompt-file hash, format) is compared with the new launch; a change of model, sampling or
@@ -24,15 +24,19 @@ are the files the new command line will write.
    confirmed (``probe``), then its lock on the host is seen released.
 4. ``gpu-release`` - where the host has nvidia-smi, wait until no process of the stopped run
    holds GPU memory (bounded by ``steps.DEFAULT_GPU_WAIT_S``).
-5. ``data-repair`` - the tails are checked again now that no writer is alive: blocking files are
+5. ``quiet`` - the data files are watched over a quiet window (``supervisor.quiet``): a file that
+   grows or changes while no writer of the run is alive is refused, naming the bytes and seconds;
+   after a stop, the run stays stopped.
+6. ``data-repair`` - the tails are checked again now that no writer is alive: blocking files are
    moved aside (``move_aside``), a torn last line is repaired (``.broken`` backup, truncate, fsync).
-6. ``launch`` - detached, holding one lock per dataset (``.runwatch/<dataset>.lock``) for its
+7. ``launch`` - detached, holding one lock per dataset (``.runwatch/<dataset>.lock``) for its
    lifetime, with the API key in the environment; confirmed by
    the host (alive with the expected identity after a settle time) or reported with its log tail.
    A client that exits 0 at once because every dataset is done is "nothing to do", not a failure.
 
 If anything fails after the old run was stopped, the previous command line is launched again and
-confirmed ("rolled back", audited); a rollback that fails too is reported as such.
+confirmed ("rolled back", audited); a rollback that fails too is reported as such. A refusal of
+``quiet`` is the exception: another writer appends, so the run stays stopped.
 
 A launch is the same plan without steps 3 and 4 (it refuses when the run is already running).
 
@@ -70,6 +74,7 @@ STEP_TITLES = {
     "writers": "check that no other process writes the run's data files",
     "stop": "stop the old process by identity and confirm it is gone",
     "gpu-release": "wait until no process of the run holds GPU memory",
+    "quiet": "watch the data files: nothing else may be appending to them",
     "data-repair": "re-check tails with no writer alive; move aside / repair",
     "launch": "launch detached, holding the run's dataset locks, and confirm",
 }
@@ -82,8 +87,8 @@ class Step:
     """One step of a plan, as it runs."""
 
     name: str
-    """``preflight``, ``format-check``, ``fingerprint``, ``stop``, ``gpu-release``,
-    ``data-repair``, ``launch``."""
+    """``preflight``, ``format-check``, ``fingerprint``, ``writers``, ``stop``, ``gpu-release``,
+    ``quiet``, ``data-repair``, ``launch``."""
     title: str
     state: StepState = "pending"
     detail: str = ""
@@ -334,7 +339,7 @@ async def make_plan(
     names = ["preflight", "format-check", "fingerprint", "writers"]
     if action == "restart":
         names += ["stop", "gpu-release"]
-    names += ["data-repair", "launch"]
+    names += ["quiet", "data-repair", "launch"]
     return Plan(
         action=action,
         run=run,

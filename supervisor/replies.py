@@ -180,6 +180,35 @@ class FileHolders(msgspec.Struct, kw_only=True):
 class ScriptOption(msgspec.Struct, kw_only=True):
     """``protocol.ScriptOption``: one option the script declares, read statically."""
 
+
+class FileSample(msgspec.Struct, kw_only=True):
+    """``protocol.FileSample``."""
+
+    size: int
+    mtime_ns: int
+    dev: int
+    ino: int
+
+
+class ObservedFile(msgspec.Struct, kw_only=True):
+    """``protocol.ObservedFile``: how one data file changed while it was watched."""
+
+    path: str
+    change: str
+    bytes: int
+    seconds: float
+    before: FileSample | None = None
+    after: FileSample | None = None
+
+
+class ObservedFiles(msgspec.Struct, kw_only=True):
+    """``protocol.ObserveFilesResult``."""
+
+    window_s: float
+    elapsed_s: float
+    changed: bool
+    files: list[ObservedFile] = []
+
     flags: list[str]
     dest: str
     action: str

@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from supervisor import audit, clients, display, flagcheck, launchspec
+from supervisor import audit, clients, display, flagcheck, launchspec, quiet
 from supervisor.agent import match
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import AGENT_LOADER, MASK
 from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
+from supervisor.events import stop_key
 from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import Identity
@@ -73,6 +74,8 @@ class _Runner:
         """The old process is confirmed gone: from here a failure must roll back."""
         self.taken_over = False
         """Another launcher holds the run's lock: the run is not down, nothing to roll back."""
+        self.keep_stopped = False
+        """Another writer appends to the data after the stop: a rollback would write beside it."""
         self.nothing_to_do = False
         self.rollback_outcome: dict[str, Any] | None = None
         self.sizes: dict[str, int] = {}
@@ -107,6 +110,7 @@ class _Runner:
             "format-check": self.format_check,
             "fingerprint": self.fingerprint,
             "writers": self.writers,
+            "quiet": self.quiet,
             "stop": self.stop,
             "gpu-release": self.gpu_release,
             "data-repair": self.data_repair,
@@ -138,7 +142,8 @@ class _Runner:
                 if s.state == "running":
                     await self.set(s, "ok", s.detail)
         confirmed = ok and (self.dry_run or self.identity is not None or self.nothing_to_do)
-        if not ok and not self.dry_run and self.stopped and not self.taken_over:
+        down = self.stopped and not self.taken_over and not self.keep_stopped
+        if not ok and not self.dry_run and down:
             self.rollback_outcome = await self.roll_back()
         if confirmed and not self.dry_run:
             spec = plan.spec
@@ -176,6 +181,8 @@ class _Runner:
                 nothing_to_do=self.nothing_to_do or None,
                 rollback=self.rollback_outcome,
             )
+        if plan.old is not None:
+            self.engine.stopping.discard(stop_key(plan.host, plan.run.name, plan.old.identity.pid))
         return result
 
     def would(self, name: str) -> str:
@@ -505,6 +512,9 @@ class _Runner:
             held = f"only the run itself (pid {plan.old.identity.pid})"
         step.detail = f"writers of the data files: {held}" + (f"; {blind}" if blind else "")
 
+    async def quiet(self, step: Step) -> None:
+        await quiet.check(self, step)
+
     async def fingerprint(self, step: Step) -> None:
         plan = self.plan
         config = self.engine.config
@@ -568,6 +578,7 @@ class _Runner:
             await self.set(step, "skipped", "not running; nothing to stop")
             return
         ident = plan.old.identity
+        self.engine.stopping.add(stop_key(plan.host, plan.run.name, ident.pid))
         try:
             res = await self.engine.kill_within_plan(plan.host, ident, plan.run.stop_grace_seconds)
         except OutcomeUnknown as e:

@@ -201,7 +201,8 @@ class Watcher:
                 self._expected.add(stop_key(event.host, event.run, event.identity.pid))
 
         outcomes = await engine.enforce_budget(snap, before_act=deliberate)
-        events = self.tracker.update(snap, self._expected | self.audited_stops())
+        expected = self._expected | self.audited_stops() | engine.stopping
+        events = self.tracker.update(snap, expected)
         events += self._audit_events
         self._audit_events = []
         for outcome in outcomes:

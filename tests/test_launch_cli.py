@@ -44,6 +44,7 @@ def test_dry_run_json_changes_nothing(tmp_path: Path, state_home: Path, slow_end
         ("format-check", True),
         ("fingerprint", True),
         ("writers", True),
+        ("quiet", True),
         ("data-repair", True),
         ("launch", True),
     ]

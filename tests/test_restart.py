@@ -75,6 +75,7 @@ async def test_restart_mid_flight_counts_every_sample_exactly_once(
         "writers",
         "stop",
         "gpu-release",
+        "quiet",
         "data-repair",
         "launch",
     ]
@@ -122,7 +123,7 @@ async def test_legacy_data_blocks_the_restart_and_changes_nothing(
         assert "line 1" in failed.detail and "output_ids" in failed.detail
         assert "--move-aside" in failed.detail
         assert [s.state for s in result.steps][:2] == ["ok", "failed"]
-        assert [s.state for s in result.steps][2:] == ["pending"] * 6
+        assert [s.state for s in result.steps][2:] == ["pending"] * 7
         # the old run was left alone, every byte is as it was
         assert pid_alive(old_pid) and run_pids(slow_demo.workdir) == [old_pid]
         after = {p: sha256_of(p) for p in (tmp_path / "work").rglob("*") if p.is_file()}
@@ -176,6 +177,7 @@ async def test_torn_tail_is_repaired_after_the_writer_is_gone(
             "ok",
             "ok",
             "ok",
+            "skipped",
             "skipped",
             "skipped",
             "skipped",
@@ -264,7 +266,7 @@ async def test_concurrent_launches_start_exactly_one(
     loser = next(r for r in results if not r.ok)
     assert loser.failed_step is not None, why(loser)
     # refused by the lock: before touching data (lock seen held) or at the launch itself
-    assert loser.failed_step.name in ("writers", "data-repair", "launch"), why(loser)
+    assert loser.failed_step.name in ("writers", "quiet", "data-repair", "launch"), why(loser)
     assert "already running" in loser.failed_step.detail
     winner = next(r for r in results if r.ok)
     assert run_pids(slow_demo.workdir) == [(winner.identity or {}).get("pid")]

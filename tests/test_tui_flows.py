@@ -201,7 +201,8 @@ async def test_kill_flow_stops_exactly_the_chosen_run(tui_demo: Any) -> None:
         assert isinstance(launch, RestartScreen) and launch.mode == "launch"
         await wait_for(lambda: launch.plan is not None, timeout=20, what="the launch plan")
         assert [s["name"] for s in launch.steps] == [
-            "preflight", "format-check", "fingerprint", "writers", "data-repair", "launch",
+            "preflight", "format-check", "fingerprint", "writers", "quiet", "data-repair",
+            "launch",
         ]  # fmt: skip
         await pilot.press("m")
         await wait_for(lambda: launch.plan is not None and launch.plan.move_aside, what="plan")

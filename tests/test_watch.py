@@ -153,6 +153,7 @@ async def test_a_run_that_dies_once_is_restarted_through_the_gate(
         "format-check",
         "fingerprint",
         "writers",
+        "quiet",
         "data-repair",
         "launch",
     ]

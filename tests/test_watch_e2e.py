@@ -135,6 +135,7 @@ def test_watch_on_the_demo_alerts_once_per_event_and_restarts_the_killed_run(
         "format-check",
         "fingerprint",
         "writers",
+        "quiet",
         "data-repair",
         "launch",
     ]

@@ -798,6 +798,46 @@ class GpuHoldersResult(_GpuHoldersRequired, total=False):
     detail: str | None
 
 
+class _ObserveFilesRequired(TypedDict):
+    paths: list[str]
+
+
+class ObserveFilesParams(_ObserveFilesRequired, total=False):
+    workdir: str
+    window_s: float
+    """How long to watch (at most ``observe.MAX_WINDOW_S``)."""
+    interval_s: float
+    full: bool
+    """Watch the whole window even after a change (default: return at the first)."""
+
+
+class FileSample(TypedDict):
+    size: int
+    mtime_ns: int
+    dev: int
+    ino: int
+
+
+class ObservedFile(TypedDict):
+    path: str
+    resolved: str
+    change: str
+    """``grew``, ``shrank``, ``replaced``, ``created``, ``removed``, ``modified``, or ''."""
+    bytes: int
+    """Size at the change (or the end) minus size at the start (a missing file: 0)."""
+    seconds: float
+    """From the first sample to the one that saw the change (or the end of the watch)."""
+    before: FileSample | None
+    after: FileSample | None
+
+
+class ObserveFilesResult(TypedDict):
+    window_s: float
+    elapsed_s: float
+    changed: bool
+    files: list[ObservedFile]
+
+
 # --------------------------------------------------------------------------- Slurm (agent/slurm.py)
 
 
@@ -987,6 +1027,7 @@ OP_SHAPES: dict[str, tuple[type, type]] = {
     "tail_records": (TailRecordsParams, TailRecordsResult),
     "gpu_holders": (GpuHoldersParams, GpuHoldersResult),
     "file_holders": (FileHoldersParams, FileHoldersResult),
+    "observe_files": (ObserveFilesParams, ObserveFilesResult),
     "slurm_jobs": (SlurmJobsParams, SlurmJobsResult),
     "slurm_submit": (SlurmSubmitParams, SlurmSubmitResult),
     "slurm_cancel": (SlurmCancelParams, SlurmCancelResult),

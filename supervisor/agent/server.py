@@ -60,6 +60,7 @@ _DEFERRED_OPS = {
     "tail_log": "datafiles:tail_log",
     "tail_records": "datafiles:tail_records",
     "file_holders": "datafiles:holders_op",
+    "observe_files": "observe:observe_files",
     "slurm_jobs": "slurm:slurm_jobs",
     "slurm_submit": "slurm:slurm_submit",
     "slurm_cancel": "slurm:slurm_cancel",

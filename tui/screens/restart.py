@@ -50,6 +50,10 @@ REMEDIES = {
     ),
     "stop": "Remedy: the old process was not confirmed gone; look at the host before retrying.",
     "gpu-release": "Remedy: something still holds the GPUs; check nvidia-smi on the host.",
+    "quiet": (
+        "Remedy: something else appends to a data file; find it (lsof or fuser on the file, on "
+        "every node that mounts it) and stop it, then launch again."
+    ),
     "data-repair": "Remedy: a data file could not be repaired; read the detail above.",
     "launch": "Remedy: the run did not stay up; read its log (run detail, Log tab).",
 }

@@ -1,0 +1,365 @@
+"""O4: writers observed, not only inferred. A writer that appends without keeping the file open (an
+appender that opens, appends and closes per record; a shell loop with ``>>``), run by another Unix
+user, is invisible to the descriptors the ``writers`` check reads; the gate's ``quiet`` step sees
+the file grow and refuses the start: a launch, a restart after its stop (the run stays stopped), a
+Slurm submission. A quiet file, and a restart whose only writer was the run, go ahead.
+Real processes, the real agent, a second Unix user, the real single-node Slurm."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor import quiet
+from supervisor.hosts import Host
+from supervisor.plan import Step
+from tests.fixtures_actions import (
+    DemoRun,
+    engine_for,
+    launch,
+    raw_record,
+    restart,
+    run_pids,
+    runwatch,
+    why,
+)
+from tests.fixtures_procs import FakeRuns
+from tests.fixtures_slurm import SlurmCluster
+from tests.fixtures_users import OtherUser
+from tests.test_agent_package import _fits
+from tests.waiting import wait_until
+
+# Opens, appends one whole record and closes, every ~0.3 s: no descriptor outlives a write.
+APPENDER = r"""
+import json, sys, time
+path, prefix = sys.argv[1], sys.argv[2]
+n = 0
+while True:
+    rec = {"sample_id": "%s-%06d" % (prefix, n), "output_ids": [1, 2, 3],
+           "prompt_tokens": 3, "completion_tokens": 3, "finish_reason": "stop"}
+    with open(path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    n += 1
+    time.sleep(0.3)  # the writer's own pace
+"""
+# The same as a shell loop; the record and the path are arguments, never shell text.
+SHELL_LOOP = 'while :; do printf "%s\\n" "$1" >> "$2"; sleep 0.3; done'
+OTHER = "other"
+
+
+class Appenders:
+    """Writers started by a test; each is killed at teardown."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.procs.append(p)
+        return p
+
+    def python(self, user: OtherUser, path: Path) -> subprocess.Popen[bytes]:
+        """The open-append-close writer, as ``user``, into ``path``."""
+        return self.start([*user.prefix, user.python, "-c", APPENDER, str(path), OTHER])
+
+    def shell(self, user: OtherUser, path: Path) -> subprocess.Popen[bytes]:
+        """The ``>>`` loop, as ``user``, into ``path``."""
+        line = raw_record(f"{OTHER}-sh").decode().rstrip("\n")
+        return self.start([*user.prefix, "/bin/sh", "-c", SHELL_LOOP, "sh", line, str(path)])
+
+    def stop(self) -> None:
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            p.wait(timeout=10)
+        self.procs.clear()
+
+
+@pytest.fixture
+def appenders() -> Iterator[Appenders]:
+    a = Appenders()
+    try:
+        yield a
+    finally:
+        a.stop()
+
+
+def _shared_demo(fake_runs: FakeRuns, url: str, **kw: Any) -> DemoRun:
+    """A demo run under a directory every user reaches, its B1 file seeded with two records of
+    the run's format and writable by the second user."""
+    demo = DemoRun(fake_runs.dir / "observed", url, **kw)
+    data = demo.data_file("B1")
+    data.parent.mkdir(parents=True)
+    data.write_bytes(raw_record("B1-000000") + raw_record("B1-000001"))
+    for d in (demo.root, demo.workdir, data.parent.parent, data.parent):
+        d.chmod(0o777)
+    data.chmod(0o666)
+    return demo
+
+
+def _grows(path: Path, than: int) -> bool:
+    return path.stat().st_size > than
+
+
+def _only_the_other_writer_added(before: bytes, after: bytes) -> None:
+    """``after`` is ``before`` plus whole records of the other writer, nothing of a run's."""
+    assert after.startswith(before) and len(after) > len(before)
+    added = [json.loads(line)["sample_id"] for line in after[len(before) :].splitlines()]
+    assert added and all(s.startswith(f"{OTHER}-") for s in added), added
+
+
+def _observed(result: Any) -> Step:
+    step = result.failed_step
+    assert step is not None and step.name == "quiet", why(result)
+    return step
+
+
+def _audited(state_home: Path) -> list[dict[str, Any]]:
+    log = state_home / "audit.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+# --------------------------------------------------------------------------- the agent's op
+
+
+async def test_o4_observe_files_sees_another_users_open_append_close_writer(
+    host: Host, fake_runs: FakeRuns, appenders: Appenders, second_user: OtherUser
+) -> None:
+    data = fake_runs.dir / "B1.jsonl"
+    data.write_bytes(raw_record("B1-0"))
+    data.chmod(0o666)
+    quiet_file = fake_runs.dir / "B2.jsonl"
+    quiet_file.write_bytes(raw_record("B2-0"))
+    appenders.python(second_user, data)
+    size = data.stat().st_size
+    wait_until(lambda: _grows(data, size), timeout=30, what="the other writer's first record")
+
+    began = time.monotonic()
+    seen = await host.request(
+        "observe_files", {"paths": [str(quiet_file), str(data)], "window_s": 10.0}, timeout=30
+    )
+    _fits("observe_files", seen)
+    assert seen["changed"] is True
+    # the watch ends at the first change, well before its 10 s
+    assert time.monotonic() - began < 5.0 and seen["elapsed_s"] < 5.0, seen
+    still, grew = seen["files"]
+    assert still["change"] == "" and still["bytes"] == 0
+    assert grew["change"] == "grew" and grew["bytes"] > 0 and 0 < grew["seconds"] < 5.0, grew
+    assert grew["before"]["ino"] == grew["after"]["ino"] == data.stat().st_ino
+
+
+async def test_o4_observe_files_watches_a_quiet_file_for_the_whole_window(
+    host: Host, fake_runs: FakeRuns
+) -> None:
+    data = fake_runs.dir / "B1.jsonl"
+    data.write_bytes(raw_record("B1-0"))
+    missing = fake_runs.dir / "B2.jsonl"
+    seen = await host.request(
+        "observe_files", {"paths": [str(data), str(missing)], "window_s": 1.0}, timeout=30
+    )
+    _fits("observe_files", seen)
+    assert seen["changed"] is False and seen["elapsed_s"] >= 1.0, seen
+    assert [(f["change"], f["bytes"]) for f in seen["files"]] == [("", 0), ("", 0)]
+    assert seen["files"][1]["before"] is None and seen["files"][1]["after"] is None
+
+
+def test_o4_the_window_is_three_record_intervals_between_2_and_30_s() -> None:
+    assert quiet.window_for(None) == 2.0
+    # a record every 0.1 s (100 per 10 s point): the floor
+    fast = [(1000.0 + 10 * i, 100.0 * i, 0.0) for i in range(20)]
+    assert quiet.record_interval(fast) == pytest.approx(0.1)
+    assert quiet.window_for(quiet.record_interval(fast)) == 2.0
+    # one record every 4 s: 12 s
+    steady = [(1000.0 + 8 * i, 2.0 * i, 0.0) for i in range(20)]
+    assert quiet.window_for(quiet.record_interval(steady)) == pytest.approx(12.0)
+    # one record a minute, seen at 10 s points: capped at 30 s
+    slow = [(1000.0 + 10 * i, float(i // 6), 0.0) for i in range(60)]
+    assert quiet.record_interval(slow) == pytest.approx(60.0)
+    assert quiet.window_for(quiet.record_interval(slow)) == 30.0
+    # a stop of an hour and a rescan (the count went down) do not move the median
+    pauses = [*steady, (5000.0, 40.0, 0.0), (5008.0, 0.0, 0.0), (5016.0, 2.0, 0.0)]
+    assert quiet.record_interval(pauses) == pytest.approx(4.0)
+    assert quiet.record_interval([(1.0, 5.0, 0.0), (11.0, 5.0, 0.0)]) is None
+
+
+# --------------------------------------------------------------------------- launch
+
+
+async def test_o4_launch_refused_while_another_user_appends_open_append_close(
+    fake_runs: FakeRuns,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    appenders: Appenders,
+    second_user: OtherUser,
+) -> None:
+    demo = _shared_demo(fake_runs, slow_endpoint.url)
+    kill_runs_in.append(demo.workdir)
+    data = demo.data_file("B1")
+    before = data.read_bytes()
+    appenders.python(second_user, data)
+    wait_until(lambda: _grows(data, len(before)), timeout=30, what="the other writer")
+    async with engine_for(demo) as engine:
+        result = await launch(engine, "demo")
+    assert not result.ok
+    step = _observed(result)
+    assert f"something else is appending to {data}: " in step.detail
+    assert " bytes in " in step.detail and "nothing was launched" in step.detail
+    assert "lsof" in step.detail and "stop it, then launch again" in step.detail
+    writers = next(s for s in result.steps if s.name == "writers")
+    assert writers.state == "ok", why(result)  # the descriptors showed nothing
+    assert [s.state for s in result.steps if s.name in ("data-repair", "launch")] == [
+        "pending",
+        "pending",
+    ]
+    assert run_pids(demo.workdir) == []
+    appenders.stop()
+    _only_the_other_writer_added(before, data.read_bytes())
+    (entry,) = _audited(state_home)
+    assert entry["action"] == "launch" and entry["ok"] is False
+    failed = [s for s in entry["steps"] if s["ok"] is False]
+    assert [s["name"] for s in failed] == ["quiet"] and "bytes in" in failed[0]["detail"]
+
+
+def test_o4_cli_launch_refused_while_a_shell_loop_appends(
+    fake_runs: FakeRuns,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    appenders: Appenders,
+    second_user: OtherUser,
+) -> None:
+    demo = _shared_demo(fake_runs, slow_endpoint.url)
+    kill_runs_in.append(demo.workdir)
+    data = demo.data_file("B1")
+    before = data.read_bytes()
+    appenders.shell(second_user, data)
+    wait_until(lambda: _grows(data, len(before)), timeout=30, what="the shell loop")
+    out = runwatch("launch", "demo", "-c", str(demo.config_path), "--yes")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "[FAILED] quiet" in out.stdout, out.stdout
+    assert f"something else is appending to {data}: " in out.stdout
+    assert " bytes in " in out.stdout
+    assert run_pids(demo.workdir) == []
+    appenders.stop()
+    _only_the_other_writer_added(before, data.read_bytes())
+    entries = json.loads(runwatch("audit", "--json").stdout)
+    assert [(e["action"], e["ok"]) for e in entries] == [("launch", False)]
+
+
+async def test_o4_a_quiet_file_passes_and_the_launch_goes_ahead(
+    fake_runs: FakeRuns, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+) -> None:
+    demo = _shared_demo(fake_runs, slow_endpoint.url, max_samples=300)
+    kill_runs_in.append(demo.workdir)
+    async with engine_for(demo) as engine:
+        result = await launch(engine, "demo")
+        assert result.ok and result.identity is not None, why(result)
+    step = next(s for s in result.steps if s.name == "quiet")
+    assert step.state == "ok", why(result)
+    assert "no other writer: 2 data file(s) unchanged for 2." in step.detail, step.detail
+    assert "no record rate known yet" in step.detail
+    assert run_pids(demo.workdir) == [int(result.identity["pid"])]
+
+
+# --------------------------------------------------------------------------- restart
+
+
+async def test_o4_restart_of_a_live_run_whose_only_writer_is_itself_goes_ahead(
+    fake_runs: FakeRuns, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+) -> None:
+    demo = _shared_demo(fake_runs, slow_endpoint.url, max_samples=300)
+    kill_runs_in.append(demo.workdir)
+    async with engine_for(demo) as engine:
+        started = await launch(engine, "demo")
+        assert started.ok and started.identity is not None, why(started)
+        size = demo.data_file("B1").stat().st_size
+        wait_until(lambda: _grows(demo.data_file("B1"), size), timeout=60, what="run's records")
+        result = await restart(engine, "demo")
+        assert result.ok and result.identity is not None, why(result)
+    names = [s.name for s in result.steps]
+    assert names.index("stop") < names.index("quiet") < names.index("data-repair")
+    step = next(s for s in result.steps if s.name == "quiet")
+    assert step.state == "ok" and "unchanged for" in step.detail, why(result)
+    assert run_pids(demo.workdir) == [int(result.identity["pid"])]
+
+
+async def test_o4_restart_refused_after_the_stop_leaves_the_run_stopped(
+    fake_runs: FakeRuns,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    appenders: Appenders,
+    second_user: OtherUser,
+) -> None:
+    """The other writer starts once the run is stopped: the relaunch is refused, and no
+    rollback starts the old command line beside it (never trade data for uptime)."""
+    demo = _shared_demo(fake_runs, slow_endpoint.url, max_samples=300)
+    kill_runs_in.append(demo.workdir)
+    data = demo.data_file("B1")
+
+    def on_step(step: Step) -> None:
+        if step.name == "stop" and step.state == "ok":
+            size = data.stat().st_size
+            appenders.python(second_user, data)
+            wait_until(lambda: _grows(data, size), timeout=30, what="the other writer")
+
+    async with engine_for(demo) as engine:
+        started = await launch(engine, "demo")
+        assert started.ok and started.identity is not None, why(started)
+        old = int(started.identity["pid"])
+        result = await restart(engine, "demo", on_step=on_step)
+    assert not result.ok
+    step = _observed(result)
+    assert f"something else is appending to {data}: " in step.detail
+    assert "the run is stopped and stays stopped: nothing was launched" in step.detail
+    assert "`runwatch launch demo`" in step.detail
+    assert result.rollback is None
+    assert run_pids(demo.workdir) == [] and old not in run_pids(demo.workdir)
+    entry = _audited(state_home)[-1]
+    assert entry["action"] == "restart" and entry["ok"] is False and not entry.get("rollback")
+    assert not [e for e in _audited(state_home) if e["action"] == "rollback"]
+
+
+# --------------------------------------------------------------------------- Slurm
+
+
+async def test_o4_slurm_submission_refused_while_another_user_appends(
+    fake_runs: FakeRuns,
+    state_home: Path,
+    slow_endpoint: Any,
+    slurm_env: SlurmCluster,
+    kill_runs_in: list[Path],
+    appenders: Appenders,
+    second_user: OtherUser,
+) -> None:
+    """A login node sees the shared filesystem: the growth is seen there, and nothing is
+    submitted."""
+    demo = _shared_demo(
+        fake_runs, slow_endpoint.url, max_samples=300, host_name="login",
+        host_toml='[[hosts]]\nname = "login"\nlocal = true\nkind = "slurm"\n',
+        run_toml='stop_grace_seconds = 5.0\n[runs.slurm]\npartition = "rw"\ntime = "0:30:00"\n',
+    )  # fmt: skip
+    kill_runs_in.append(demo.workdir)
+    data = demo.data_file("B1")
+    before = data.read_bytes()
+    jobs = slurm_env.jobs()
+    appenders.python(second_user, data)
+    wait_until(lambda: _grows(data, len(before)), timeout=30, what="the other writer")
+    async with engine_for(demo) as engine:
+        result = await launch(engine, "demo")
+    step = _observed(result)
+    assert f"something else is appending to {data}: " in step.detail and "bytes in" in step.detail
+    assert next(s for s in result.steps if s.name == "launch").state == "pending"
+    assert slurm_env.jobs() == jobs
+    appenders.stop()
+    _only_the_other_writer_added(before, data.read_bytes())
+    (entry,) = _audited(state_home)
+    assert entry["action"] == "launch" and entry["ok"] is False
