@@ -317,16 +317,17 @@ async def test_o7_the_host_matches_processes_by_paths_resolved_as_the_client_doe
     profile's defaults, as the laptop's layout does: the run (``--output-dir ~/legacy`` in
     ``w``) is the process in ``w`` and the one naming ``w/~/legacy`` from elsewhere, never a
     process writing ``$HOME/legacy`` or ``~/legacy`` of another cwd; a run without the flag is
-    the process whose default ``out`` lands in its workdir."""
+    the process whose default ``out`` lands in its workdir; a script no profile describes writes
+    without the flag where its run's ``output_dir`` key says."""
     home = tmp_path / "home"
     work = tmp_path / "w"
     other = tmp_path / "other"
-    for d in (home, work, other, tmp_path / "v"):
+    for d in (home, work, other, tmp_path / "v", tmp_path / "u"):
         d.mkdir()
     monkeypatch.setenv("HOME", str(home))
     tilde = ("--datasets", "B1", "--output-dir", "~/legacy")
     config = Config(
-        scripts=["run_inference.py"],
+        scripts=["run_inference.py", "gen.py"],
         hosts=[HostConfig(name="local", local=True, command_timeout=30.0)],
         runs=[
             RunConfig(
@@ -341,9 +342,17 @@ async def test_o7_the_host_matches_processes_by_paths_resolved_as_the_client_doe
                 workdir=str(tmp_path / "v"),
                 argv=["python3", "run_inference.py", "--datasets", "B2"],
             ),
+            RunConfig(
+                name="mine",
+                host="local",
+                workdir=str(tmp_path / "u"),
+                argv=["python3", "gen.py", "--datasets", "B3"],
+                output_dir="o",
+            ),
         ],
     )
     assert layout_of(config, config.runs[0]).out == str(work / "~" / "legacy")
+    gen = fake_runs.script("gen.py")
     procs = {
         "in_workdir": fake_runs.start(*tilde, cwd=work),
         "absolute": fake_runs.start(
@@ -353,6 +362,8 @@ async def test_o7_the_host_matches_processes_by_paths_resolved_as_the_client_doe
         "other_cwd": fake_runs.start(*tilde, cwd=other),
         "default": fake_runs.start("--datasets", "B2", cwd=tmp_path / "v"),
         "default_elsewhere": fake_runs.start("--datasets", "B2", cwd=other),
+        "unprofiled": fake_runs.start("--datasets", "B3", cwd=tmp_path / "u", script=gen),
+        "unprofiled_elsewhere": fake_runs.start("--datasets", "B3", cwd=other, script=gen),
     }  # fmt: skip
     host = LocalHost(config.hosts[0])
     try:
@@ -367,6 +378,8 @@ async def test_o7_the_host_matches_processes_by_paths_resolved_as_the_client_doe
     assert got["other_cwd"].run is None and "gen" not in got["other_cwd"].evidence
     assert got["default"].run == "plain" and "argv" in got["default"].evidence["plain"]
     assert "plain" not in got["default_elsewhere"].evidence
+    assert got["unprofiled"].run == "mine" and "argv" in got["unprofiled"].evidence["mine"]
+    assert "mine" not in got["unprofiled_elsewhere"].evidence
 
 
 # --------------------------------------------------------------------------- profiles
