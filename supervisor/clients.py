@@ -5,22 +5,28 @@ each of its flags means (datasets, output directory or single output file, input
 budget, resume, concurrency, endpoint, model), how it resumes (``always``, or only with its resume
 flag: without it the script OVERWRITES its output), which files beside its output hold failed or
 skipped prompts, how an input row's id appears in a record, which flags do not change what is
-generated (``volatile``), every flag it accepts, and what the value of each must be
+generated (``volatile``), every flag it accepts, what the value of each must be
 (``value_types``: ``int``, ``float``, ``str``, ``path``, or a list of choices; a restart checks
-every ``--set`` value against them before it stops anything). Built-in profiles:
+every ``--set`` value against them before it stops anything), and the value the script uses for a
+path flag its argv does not give (``path_defaults``: its argparse ``default=``; a flag that decides
+where the data goes, absent from the argv and without a default, leaves the run's files unknown).
+Built-in profiles:
 
 ``run_inference``
-    The reference client (``supervisor/demo/run_inference.py``): ``--datasets``, ``--output-dir``,
-    one ``<out>/<dataset>/raw_responses.jsonl`` per dataset, ``--max-samples``, ``--token-budget``;
-    resumes always (skips the sample_ids present).
+    The reference client (``supervisor/demo/run_inference.py``): ``--datasets``, ``--output-dir``
+    (default ``out``), one ``<out>/<dataset>/raw_responses.jsonl`` per dataset, ``--prompts-dir``
+    (default ``prompts``), ``--max-samples``, ``--token-budget``; resumes always (skips the
+    sample_ids present).
 ``specforge``
     SpecForge ``scripts/regenerate_train_data.py``: ONE ``--output-file-path``, the input file
-    ``--input-file-path``, ``--num-samples`` (counted per invocation, after the skip), no budget
-    flag; overwrites its output, error and skipped files unless given ``--resume``.
+    ``--input-file-path`` (both required), ``--num-samples`` (counted per invocation, after the
+    skip), no budget flag; overwrites its output, error and skipped files unless given
+    ``--resume``.
 ``modelopt``
     Model-Optimizer ``server_generate.py``: ONE ``--output_path`` (always appended),
-    ``--data_path``, ``--num_threads``, ``--url``; resumes always (skips the conversation_ids
-    present); no sample or budget flag; its ``--api_key`` value is a secret.
+    ``--data_path`` (neither has a usable default), ``--num_threads``, ``--url``; resumes always
+    (skips the conversation_ids present); no sample or budget flag; its ``--api_key`` value is a
+    secret.
 
 User profiles are ``[clients.NAME]`` tables of the config (same schema; a user profile of a
 built-in's name replaces it). A run names its ``client``, or it is the profile whose ``scripts``
@@ -84,6 +90,7 @@ def _builtin() -> dict[str, ClientProfile]:
             "--report-seconds",
         ],
         switches=["--legacy-format"],
+        path_defaults={"--output-dir": "out", "--prompts-dir": "prompts"},
         value_types={
             "--datasets": "str",
             "--prompts-dir": "path",
@@ -144,6 +151,7 @@ def _builtin() -> dict[str, ClientProfile]:
             "--server-address",
         ],
         switches=["--is-gpt-oss", "--resume"],
+        # --input-file-path and --output-file-path are required: no defaults.
         value_types={
             "--model": "str",
             "--reasoning": ["none", "save", "disable"],
@@ -188,6 +196,8 @@ def _builtin() -> dict[str, ClientProfile]:
             "--thinking-modes",
         ],
         switches=["--log_empty_conversations"],
+        # --data_path and --output_path default to None, which the script cannot open: no
+        # defaults.
         # --chat is argparse type=bool, which takes any value: left untyped.
         value_types={
             "--data_path": "path",
@@ -210,6 +220,52 @@ BUILTIN_CLIENTS: dict[str, ClientProfile] = _builtin()
 
 ROLES: tuple[str, ...] = ClientFlagNames.__struct_fields__
 """What a flag can mean (the keys of a profile's ``flags``)."""
+
+
+PATH_ROLES: tuple[str, ...] = ("output_dir", "output_file", "input_file", "prompts_dir")
+"""The roles whose flag is a path the client reads or writes."""
+
+DATA_ROLES: tuple[str, ...] = ("output_dir", "output_file")
+"""The roles whose flag decides where the data goes."""
+
+
+def default_of(profile: ClientProfile, role: str) -> str | None:
+    """The value the client uses for ``role`` when its argv gives none (``path_defaults`` of the
+    role's first spelling that has one); None: the profile does not say."""
+    for flag in getattr(profile.flags, role):
+        if flag in profile.path_defaults:
+            return profile.path_defaults[flag]
+    return None
+
+
+def path_defaults_problems(profile: ClientProfile) -> list[tuple[str, str]]:
+    """What is wrong with the profile's ``path_defaults``: ``(".FLAG: what", hint)`` each;
+    empty when nothing is."""
+    out: list[tuple[str, str]] = []
+    for flag, value in profile.path_defaults.items():
+        if not flag.startswith("-") or "=" in flag or " " in flag:
+            out.append((f".{flag}: {flag!r} is not a flag name", "spell it as on the command line"))
+        elif not value or "\0" in value:
+            out.append(
+                (f".{flag}: {value!r} is not a path", "write the script's default, e.g. out")
+            )
+        elif profile.known_flags and flag not in profile.known_flags:
+            out.append(
+                (
+                    f".{flag}: not one of the profile's known_flags",
+                    f"add {flag} to known_flags, or correct its spelling",
+                )
+            )
+        elif flag in profile.switches:
+            out.append((f".{flag}: a switch has no path", "remove it from path_defaults"))
+        elif profile.value_types.get(flag, "path") != "path":
+            out.append(
+                (
+                    f".{flag}: its value_types entry is not path",
+                    f'only path flags have defaults here: set "{flag}" = "path" in value_types',
+                )
+            )
+    return out
 
 
 VALUE_TYPES: tuple[str, ...] = ("int", "float", "str", "path")
@@ -333,6 +389,7 @@ def wire(profile: ClientProfile) -> dict[str, Any]:
         "scripts": list(profile.scripts),
         "flags": {k: v for k, v in flags.items() if v},
         "endpoint_template": profile.endpoint_template,
+        "defaults": {r: d for r in PATH_ROLES if (d := default_of(profile, r)) is not None},
     }
 
 
@@ -475,6 +532,8 @@ def describe(info: ClientInfo) -> list[str]:
         lines.append(f"  {p.flags.samples[0]} counts this invocation's samples, after the skip")
     for kind, pattern in p.sidecars.items():
         lines.append(f"  {kind} file: {pattern}")
+    defaults = ", ".join(f"{f} {v}" for f, v in p.path_defaults.items())
+    lines.append(f"  path defaults: {defaults or 'none (a path flag it needs must be in argv)'}")
     lines.append(
         f"  input id: {'row index' if not p.input_id else p.input_id}; "
         f"volatile: {', '.join(p.volatile) or 'none'}"

@@ -125,11 +125,15 @@ class RunConfig(_Section):
     host: str
     """Name of a ``[[hosts]]`` entry."""
     workdir: str
-    """Directory the command runs in, on the host."""
+    """Directory the command runs in, on the host: absolute, or from the home directory
+    (``~/...``). The client resolves its relative paths from it."""
     argv: list[str]
-    """The command, as a list of arguments (never a shell string)."""
-    output_dir: str = "out"
-    """Output directory, relative to ``workdir`` unless absolute."""
+    """The command, as a list of arguments (never a shell string). No shell expands them: a
+    ``~`` in a value is a directory named ``~`` under the workdir, as the client sees it."""
+    output_dir: str | None = None
+    """Where a script that NO client profile describes writes when its argv has no output-dir
+    flag (its own default, which runwatch cannot know), relative to ``workdir`` unless absolute.
+    Not read for a profiled client: its argv, else its profile's ``path_defaults``, decide."""
     format: str = "raw"
     """Record format the run writes: a built-in profile or a ``[formats.NAME]`` entry."""
     datasets: list[str] = []
@@ -278,6 +282,13 @@ class ClientProfile(_Section):
     its argparse source declares, read statically on the host)."""
     switches: list[str] = []
     """Those of ``known_flags`` that take no value (``--resume``)."""
+    path_defaults: dict[str, str] = {}
+    """The value the script itself uses for a path flag its argv does not give (its argparse
+    ``default=``): ``path_defaults = { "--output-dir" = "out" }``. Where data goes is read from the
+    argv, else from here; a flag that decides where data goes (output dir or file) with neither
+    leaves the run's files unknown, and every action on them is refused. Relative to the workdir;
+    a ``~`` is literal, as in argv. A flag named here is one of ``known_flags`` (when given), not a
+    switch, and of type ``path`` when typed."""
     value_types: dict[str, str | list[str]] = {}
     """What the value of a flag must be, checked for every ``--set`` before a restart stops
     anything (a flag without a type takes any value): ``"int"`` (argparse ``type=int``: what
@@ -644,6 +655,14 @@ def _check_references(config: Config) -> None:
             )
         if not r.argv:
             raise ConfigError(f"{shown}: runs[{i}].argv: expected a non-empty list of strings")
+        if not (r.workdir.startswith(("/", "~")) and "\0" not in r.workdir):
+            # The client's relative paths, and a literal ``~`` in its argv, are read from the
+            # workdir: a relative one would be relative to wherever runwatch or its agent runs.
+            raise ConfigError(
+                f"{shown}: runs[{i}].workdir: expected an absolute path or ~/..., "
+                f"got {r.workdir!r}",
+                "write the directory the command runs in on its host, e.g. /data/run or ~/run",
+            )
         if r.format not in formats:
             raise ConfigError(
                 f"{shown}: runs[{i}].format: unknown format {r.format!r}",
@@ -701,7 +720,7 @@ def _check_references(config: Config) -> None:
 def _check_clients(config: Config, formats: set[str]) -> None:
     """Client profiles name known formats and real flags; runs name known clients."""
     # here: clients reads this module's types
-    from supervisor.clients import BUILTIN_CLIENTS, value_types_problems
+    from supervisor.clients import BUILTIN_CLIENTS, path_defaults_problems, value_types_problems
 
     shown = config.path
     for name, c in config.clients.items():
@@ -729,6 +748,10 @@ def _check_clients(config: Config, formats: set[str]) -> None:
         if wrong_types:
             problem, hint = wrong_types[0]
             raise ConfigError(f"{shown}: {key}.value_types{problem}", hint)
+        wrong_defaults = path_defaults_problems(c)
+        if wrong_defaults:
+            problem, hint = wrong_defaults[0]
+            raise ConfigError(f"{shown}: {key}.path_defaults{problem}", hint)
         if c.resume == "flag" and not c.flags.resume:
             raise ConfigError(f"{shown}: {key}.flags.resume: required when resume = 'flag'")
         if "{}" not in c.endpoint_template:

@@ -40,9 +40,9 @@ import msgspec
 from supervisor import audit, clients, display, rates
 from supervisor import kill as kill_ops
 from supervisor.agent.masking import mask_argv, mask_text
-from supervisor.agent.match import script_index
+from supervisor.agent.match import client_path, script_index
 from supervisor.completeness import completeness_line, sidecar_line, with_client_parts
-from supervisor.config import Config, HostConfig, RunConfig
+from supervisor.config import Config, HostConfig, RunConfig, bad_name
 from supervisor.dataloss import DataLossWatch
 from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
 from supervisor.hosts import (
@@ -628,7 +628,7 @@ class Engine:
             if self._match(hc, runs, p) is not None:
                 continue
             for ds in p.flags.datasets:
-                path = _process_dataset_path(p, ds)
+                path = _process_dataset_path(self.config, p, ds)
                 if path is not None and path not in scanned:
                     new.append({"path": path, "format": "raw", "validate": "sample"})
         if new:
@@ -783,7 +783,7 @@ class Engine:
             name = f"{_script_name(proc, self.config.scripts)} (pid {proc.identity.pid})"
             dsv = []
             for ds in proc.flags.datasets:
-                path = _process_dataset_path(proc, ds)
+                path = _process_dataset_path(self.config, proc, ds)
                 if path is None:
                     continue
                 discovered[path] = {"path": path, "format": "raw", "validate": "sample"}
@@ -943,11 +943,19 @@ def _script_name(proc: ProcessInfo, scripts: list[str]) -> str:
     return posixpath.basename(argv[idx]) if idx is not None else (argv[0] if argv else "?")
 
 
-def _process_dataset_path(proc: ProcessInfo, dataset: str) -> str | None:
-    if not proc.cwd or not dataset or "/" in dataset or dataset in (".", ".."):
+def _process_dataset_path(config: Config, proc: ProcessInfo, dataset: str) -> str | None:
+    """The data file of ``dataset`` of a process no run owns, as its client resolves it: its
+    output dir flag, else its profile's default (neither: None, not a guess)."""
+    if not proc.cwd or bad_name(dataset) is not None:
         return None
-    out = proc.flags.output_dir or "out"
-    return posixpath.normpath(posixpath.join(proc.cwd, out, dataset, "raw_responses.jsonl"))
+    profile = clients.profiles(config).get(proc.flags.client or "")
+    out = proc.flags.output_dir
+    if out is None and profile is not None:
+        out = clients.default_of(profile, "output_dir")
+    if out is None:
+        return None
+    data_file = profile.data_file if profile is not None else "raw_responses.jsonl"
+    return client_path(proc.cwd, posixpath.join(out, dataset, data_file))
 
 
 async def run_once(config: Config, action: Callable[[Engine], Awaitable[T]]) -> T:

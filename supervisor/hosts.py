@@ -426,8 +426,9 @@ def secret_env_names(config: Config) -> list[str]:
 
 
 def run_specs(config: Config, host_name: str) -> list[dict[str, Any]]:
-    """The ``runs`` parameter of a listing: each run of the host with its places as configured
-    (``~`` unexpanded: the host resolves them, see ``supervisor.agent.match.RunFiles``)."""
+    """The ``runs`` parameter of a listing: each run of the host with its places as its layout
+    resolves them from the argv it launches with (the host expands the workdir's ``~``, see
+    ``supervisor.agent.match.RunFiles``)."""
     from supervisor.launchspec import launch_argv
     from supervisor.layout import layout_of
 
@@ -436,18 +437,18 @@ def run_specs(config: Config, host_name: str) -> list[dict[str, Any]]:
         if run.host != host_name:
             continue
         layout = layout_of(config, run, launch_argv(run))
-        specs.append(
-            {
-                "name": run.name,
-                "workdir": run.workdir,
-                "output_dir": run.output_dir,
-                "data_file": run.data_file,
-                "datasets": config.run_datasets(run),
-                "locks": list(layout.locks),
-                # A single-file client's output, as the layout names it.
-                "files": list(layout.data_files.values()) if not config.run_datasets(run) else [],
-            }
-        )
+        spec: dict[str, Any] = {
+            "name": run.name,
+            "workdir": run.workdir,
+            "data_file": run.data_file,
+            "locks": list(layout.locks),
+            "files": list(layout.data_files.values()),
+        }
+        if layout.problem is None:
+            spec["out"] = layout.out
+        if not layout.profiled and run.output_dir is not None:
+            spec["output_dir"] = run.output_dir
+        specs.append(spec)
     return specs
 
 

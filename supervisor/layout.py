@@ -6,17 +6,25 @@ protects data (the format check, the locks, the fingerprints, the writers) uses 
 *effective* argv of the launch it guards (the config's argv with the overrides applied), so a
 restart with ``--set datasets=B2`` or ``--set output-dir=other`` checks the files it will write.
 
-The argv rules; config values are the defaults: ``--datasets`` in the argv wins over the run's
-``datasets`` key, ``--output-dir`` over ``output_dir``. What each flag means comes from the run's
-client profile (``supervisor.clients``): its flag names, its budget flag, the flags it accepts,
-and its layout. A per-dataset client writes ``<out>/<dataset>/<data_file>``; a single-file client
-(SpecForge's ``--output-file-path``, Model-Optimizer's ``--output_path``) writes ONE file, which is
-the run's one dataset, named after the file (``out/regen.jsonl`` -> ``regen``), with its locks and
-fingerprints in ``.runwatch/`` beside it, its error and skipped files (``sidecars``) and its input
-file (``inputs``: what completeness compares the records with).
+Paths are read as the client reads them (``agent.match.client_path``, the rule the host applies
+too): no shell expanded the argv, so a value is taken from the workdir, the client's working
+directory, and a ``~`` in it is a directory of that name (``--output-dir '~/legacy'`` writes
+``<workdir>/~/legacy``); a path flag the argv does not give is the client's own default (its
+profile's ``path_defaults``). A flag that decides where the data goes with neither leaves the files
+unknown (``problem``), never guessed: a script no profile describes is read with the reference
+client's flag names, and without its output dir flag only the run's ``output_dir`` key says where
+it writes. Values of the config itself (``workdir``, ``log``, ``output_dir``) keep their ``~``:
+the home directory of the host. ``--datasets`` in the argv wins over the run's ``datasets`` key.
+What each flag means comes from the run's client profile (``supervisor.clients``): its flag names,
+its budget flag, the flags it accepts, and its layout. A per-dataset client writes
+``<out>/<dataset>/<data_file>``; a single-file client (SpecForge's ``--output-file-path``,
+Model-Optimizer's ``--output_path``) writes ONE file, which is the run's one dataset, named after
+the file (``out/regen.jsonl`` -> ``regen``), with its locks and fingerprints in ``.runwatch/``
+beside it, its error and skipped files (``sidecars``) and its input file (``inputs``: what
+completeness compares the records with).
 
 A run whose data files cannot be determined has ``layout.problem`` set and no files; every action
-on data calls ``layout.require_files()``, which raises naming how to declare them.
+on data calls ``layout.require_files()``, which raises naming how to declare them (``hint``).
 """
 
 from __future__ import annotations
@@ -57,7 +65,8 @@ REFERENCE_CLIENT = ClientFlags(name="run_inference")
 
 @dataclass(frozen=True)
 class RunLayout:
-    """Where a run writes, as paths on its host (``~`` expanded for a local host)."""
+    """Where a run writes, as paths on its host (the config's ``~`` expanded for a local host;
+    a ``~`` of the argv is a directory under the workdir)."""
 
     run: str
     argv: tuple[str, ...]
@@ -80,6 +89,8 @@ class RunLayout:
     client: ClientFlags = REFERENCE_CLIENT
     problem: str | None = None
     """Why the data files cannot be determined (then ``data_files`` is empty)."""
+    hint: str | None = None
+    """How to declare them, when ``problem`` says why they cannot be determined."""
     profile: ClientProfile = clients.BUILTIN_CLIENTS["run_inference"]
     """The run's client profile."""
     profiled: bool = True
@@ -99,7 +110,8 @@ class RunLayout:
         if self.problem is not None:
             raise ConfigError(
                 f"{self.run}: cannot determine the run's data files: {self.problem}",
-                f"declare them: `datasets = [...]` in the [[runs]] entry of {self.run}, or "
+                self.hint
+                or f"declare them: `datasets = [...]` in the [[runs]] entry of {self.run}, or "
                 "--datasets in its argv; dataset names are directory names under the output dir",
             )
 
@@ -117,8 +129,30 @@ class RunLayout:
         return clients.overwrite_problem(self.profile, self.argv)
 
 
-def _host_path(local: bool, path: str) -> str:
-    return os.path.expanduser(path) if local else path
+def _config_path(local: bool, workdir: str, path: str) -> str:
+    """A path written in the config, as a path of its host: ``~`` is the home directory
+    (expanded here for a local host, left for a remote host's agent), relative is from the
+    workdir."""
+    expanded = os.path.expanduser(path) if local else path
+    if expanded.startswith("~"):
+        return expanded
+    return posixpath.normpath(posixpath.join(workdir, expanded))
+
+
+def _missing(profile: ClientProfile, profiled: bool, role: str, script: str) -> tuple[str, str]:
+    """``(problem, hint)`` of a run whose argv lacks the flag that says where its data goes."""
+    flag = getattr(profile.flags, role)[0]
+    if not profiled:
+        return (
+            f"no {flag} in its argv, and no client profile says where {script} writes without it",
+            f"add {flag} to its argv, describe {script} in a [clients.NAME] profile with "
+            f"path_defaults, or give the run an output_dir key",
+        )
+    return (
+        f"no {flag} in its argv, and the {profile.name} profile has no default for it",
+        f"add {flag} to its argv (restart --set {flag.lstrip('-')}=PATH), or give the profile "
+        f'path_defaults = {{ "{flag}" = "..." }} in [clients.{profile.name}]',
+    )
 
 
 def client_flags(profile: ClientProfile, profiled: bool = True) -> ClientFlags:
@@ -157,31 +191,38 @@ def layout_of(
     client = client if client is not None else client_flags(profile, profiled)
     idx = match.script_index(args, clients.all_scripts(config))
     flags = match.parse_flags(args, idx if idx is not None else 0, clients.wire(profile))
-    workdir = _host_path(local, run.workdir)
+    workdir = os.path.expanduser(run.workdir) if local else run.workdir
     if clients.single_file(profile):
         return _single_file(config, run, args, profile, profiled, client, idx, flags, workdir)
+    problem: str | None = None
+    hint: str | None = None
     out_flag = flags.get("output_dir")
-    out_rel = out_flag if isinstance(out_flag, str) and out_flag else run.output_dir
-    out = posixpath.normpath(posixpath.join(workdir, _host_path(local, out_rel)))
+    out_default = clients.default_of(profile, "output_dir") if profiled else None
+    if isinstance(out_flag, str):
+        out = match.client_path(workdir, out_flag)
+    elif out_default is not None:
+        out = match.client_path(workdir, out_default)
+    elif not profiled and run.output_dir is not None:
+        out = _config_path(local, workdir, run.output_dir)
+    else:
+        out = posixpath.normpath(workdir)
+        script = posixpath.basename(args[idx]) if idx is not None else "the script"
+        problem, hint = _missing(profile, profiled, "output_dir", script)
     side = posixpath.join(out, SIDECAR_DIR)
-    log = (
-        posixpath.normpath(posixpath.join(workdir, _host_path(local, run.log)))
-        if run.log
-        else posixpath.join(side, "run.log")
-    )
+    log = _config_path(local, workdir, run.log) if run.log else posixpath.join(side, "run.log")
     argv_datasets = [str(d) for d in flags.get("datasets") or []]
     datasets = argv_datasets or list(run.datasets)
     source = "--datasets in the argv" if argv_datasets else "the run's datasets key"
-    problem = None
     if not datasets:
-        problem = "no `datasets` key and no --datasets in its argv"
+        problem, hint = "no `datasets` key and no --datasets in its argv", None
     for ds in datasets:
         why = bad_name(ds)
         if why is not None:
             problem = f"dataset name {why} (from {source}): it would escape the output dir {out}"
+            hint = None
     why = bad_name(run.data_file)
     if why is not None:
-        problem = f"data_file {why}: it would escape the dataset directory"
+        problem, hint = f"data_file {why}: it would escape the dataset directory", None
     locks: tuple[str, ...] = (posixpath.join(side, LOCK_NAME),)
     fingerprints = {"*": posixpath.join(side, FINGERPRINT_NAME)}
     data_files: dict[str, str] = {}
@@ -195,12 +236,14 @@ def layout_of(
         pdir = None
         for f in client.prompt_dir_flags:
             pdir = flag_value(args, f) or pdir
+        if pdir is None and profiled:
+            pdir = clients.default_of(profile, "prompts_dir")
         for ds in datasets:
             dc = config.datasets.get(ds)
             if dc is not None and dc.prompts:
                 prompts[ds] = dc.prompts
             elif pdir:
-                prompts[ds] = posixpath.join(pdir, f"{ds}.jsonl")
+                prompts[ds] = posixpath.join(match.argv_path(pdir), f"{ds}.jsonl")
     inputs = {
         ds: {"path": posixpath.normpath(posixpath.join(workdir, rel)), "id": profile.input_id}
         for ds, rel in prompts.items()
@@ -219,6 +262,7 @@ def layout_of(
         script_index=idx,
         client=client,
         problem=problem,
+        hint=hint if problem is not None else None,
         profile=profile,
         profiled=profiled,
         inputs=inputs if profiled else {},
@@ -240,24 +284,29 @@ def _single_file(
     local = config.host(run.host).local
     out_flag = flags.get("output_file")
     input_flag = flags.get("input_file")
+    if not isinstance(out_flag, str):
+        out_flag = clients.default_of(profile, "output_file")
+    if not isinstance(input_flag, str):
+        input_flag = clients.default_of(profile, "input_file")
     problem = None
+    hint = None
     path = ""
     ds = ""
-    if not isinstance(out_flag, str) or not out_flag:
-        problem = f"no {profile.flags.output_file[0]} in its argv ({profile.name} writes one file)"
+    if out_flag is None:
+        script = posixpath.basename(args[idx]) if idx is not None else "the script"
+        problem, hint = _missing(profile, profiled, "output_file", script)
+        problem += f" ({profile.name} writes one file)"
+    elif not out_flag:
+        problem = f"an empty {profile.flags.output_file[0]} in its argv (no file to write)"
     else:
-        path = posixpath.normpath(posixpath.join(workdir, _host_path(local, out_flag)))
+        path = match.client_path(workdir, out_flag)
         ds = clients.stem(path)
         why = bad_name(ds)
         if why is not None:
             problem = f"output file name {why}"
     out = posixpath.dirname(path) if path else posixpath.normpath(workdir)
     side = posixpath.join(out, SIDECAR_DIR)
-    log = (
-        posixpath.normpath(posixpath.join(workdir, _host_path(local, run.log)))
-        if run.log
-        else posixpath.join(side, "run.log")
-    )
+    log = _config_path(local, workdir, run.log) if run.log else posixpath.join(side, "run.log")
     if problem is not None:
         return RunLayout(
             run=run.name,
@@ -271,6 +320,7 @@ def _single_file(
             script_index=idx,
             client=client,
             problem=problem,
+            hint=hint,
             profile=profile,
             profiled=profiled,
         )
@@ -278,8 +328,8 @@ def _single_file(
     dc = config.datasets.get(ds)
     if dc is not None and dc.prompts:
         prompts[ds] = dc.prompts
-    elif isinstance(input_flag, str) and input_flag:
-        prompts[ds] = input_flag
+    elif input_flag:
+        prompts[ds] = match.argv_path(input_flag)
     inputs = {
         d: {"path": posixpath.normpath(posixpath.join(workdir, rel)), "id": profile.input_id}
         for d, rel in prompts.items()

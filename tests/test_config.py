@@ -61,7 +61,7 @@ def test_good_config_is_typed(tmp_path: Path) -> None:
     assert config.trust_remote_code is False
     assert config.host("laptop").local is True
     run = config.run("eagle3-b")
-    assert run.output_dir == "out" and run.format == "raw" and run.budget_policy == "warn"
+    assert run.output_dir is None and run.format == "raw" and run.budget_policy == "warn"
     assert config.run_datasets(run) == ["B1", "B2"]
     assert config.datasets["B2"].token_budget == 10_000_000
     assert config.endpoint("openrouter").price_out_per_m == 2.50

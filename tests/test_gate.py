@@ -243,11 +243,12 @@ async def test_inv5_flags_come_from_the_script_on_the_host(
     (work / "gen.py").write_text(GEN)
     cfg = tmp_path / "rw.toml"
     argv = [sys.executable, "gen.py", "--datasets", "B1"]
+    # No profile describes gen.py: the output_dir key says where it writes without --output-dir.
     cfg.write_text(
         'scripts = ["gen.py"]\n'
         + host_toml(ssh_host_cfg)
         + f'[[runs]]\nname = "gen"\nhost = "{ssh_host_cfg.name}"\n'
-        f"workdir = {json.dumps(str(work))}\nargv = {json.dumps(argv)}\n"
+        f'workdir = {json.dumps(str(work))}\nargv = {json.dumps(argv)}\noutput_dir = "out"\n'
     )
     from supervisor.engine import Engine
 

@@ -21,11 +21,11 @@ ARGS = ("--datasets", "B1,B2", "--output-dir", "out")
 ARGV = ["python3", "run_inference.py", *ARGS]
 
 
-def _config(workdir: str, **run: object) -> Config:
+def _config(workdir: str, argv: list[str] = ARGV, **run: object) -> Config:
     return Config(
         scripts=["run_inference.py"],
         hosts=[HostConfig(name="local", local=True, command_timeout=30.0)],
-        runs=[RunConfig(name="gen", host="local", workdir=workdir, argv=list(ARGV), **run)],  # type: ignore[arg-type]
+        runs=[RunConfig(name="gen", host="local", workdir=workdir, argv=list(argv), **run)],  # type: ignore[arg-type]
     )
 
 
@@ -87,7 +87,10 @@ async def test_the_output_directory_alone_is_evidence(tmp_path: Path, fake_runs:
         "--datasets", "B1,B2", "--output-dir", str(work / "data"), cwd=tmp_path
     )  # fmt: skip
     elsewhere = fake_runs.start("--datasets", "B1,B2", "--output-dir", "data", cwd=tmp_path)
-    listed, seen = await _matches(_config(str(work), output_dir="data"))
+    # The run's output dir is where its argv says (the output_dir key is not read for a profiled
+    # client).
+    argv = ["python3", "run_inference.py", "--datasets", "B1,B2", "--output-dir", "data"]
+    listed, seen = await _matches(_config(str(work), argv, output_dir="out"))
     mine = (moved.pid, elsewhere.pid)  # other processes of this machine come and go
     assert [listed[p] for p in mine] == [seen[p] for p in mine]
     assert listed[moved.pid] == "gen"

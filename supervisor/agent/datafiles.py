@@ -44,7 +44,11 @@ _CHUNK = 1 << 20
 
 
 def resolve(path: str, base: str | None = None) -> str:
-    """``~`` expanded; relative paths taken from ``base`` (else the agent's working directory)."""
+    """``~`` expanded; relative paths taken from ``base`` (else the agent's working directory).
+
+    A leading ``~`` is always the config's (a workdir, a log): the laptop sends a path of a
+    command line, where ``~`` is a directory of that name, under the workdir or as ``./~``
+    (``match.client_path``), so it is never taken for the home directory here."""
     p = os.path.expanduser(path)
     if not os.path.isabs(p) and base is not None:
         p = os.path.join(os.path.expanduser(base), p)

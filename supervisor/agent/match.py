@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import posixpath
 import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -128,6 +129,22 @@ REFERENCE_FLAGS = {
 }
 """Flag spellings of the reference client, by meaning: what a run's flags are read with when no
 client profile describes its script (the laptop's built-in ``run_inference`` profile has them)."""
+
+
+def argv_path(value: str) -> str:
+    """A path from a command line as the client reads it. No shell expanded it, so a leading
+    ``~`` is a directory named ``~`` (``./~/legacy``), which ``os.path.expanduser`` and the agent's
+    expansion of configured paths leave alone."""
+    return "./" + value if value.startswith("~") else value
+
+
+def client_path(cwd: str, value: str) -> str:
+    """``value`` (a path flag's value, or the client's default for it) as the client resolves it
+    from its working directory ``cwd``: relative from ``cwd``, ``~`` literal, normalised. The laptop
+    (``supervisor.layout``) and the host (``run_evidence``) both resolve with this."""
+    path = posixpath.normpath(posixpath.join(cwd, argv_path(value)))
+    # Only a ``~`` of ``cwd`` itself (a configured workdir, expanded by the host) may lead.
+    return "./" + path if path.startswith("~") and not cwd.startswith("~") else path
 
 
 def client_for(script: str, clients: Sequence[dict[str, Any]] | None) -> dict[str, Any] | None:
@@ -239,20 +256,22 @@ def find_runs(
 class RunFiles:
     """A configured run's places as resolved on this host: ``~`` expanded here, symlinks
     resolved. Built from one entry of the ``runs`` parameter of a listing (``{"name",
-    "workdir", "output_dir", "data_file", "datasets", "locks"}``, paths as configured)."""
+    "workdir", "out", "output_dir", "data_file", "files", "locks"}``): ``out`` and ``files`` as
+    the laptop's layout resolved them from the run's argv (``~`` of the workdir unexpanded),
+    ``output_dir`` the run's key, where a script no profile describes writes without its output
+    dir flag (absent: not known)."""
 
-    __slots__ = ("data_file", "datasets", "files", "inodes", "name", "out", "output_dir", "workdir")
+    __slots__ = ("data_file", "files", "inodes", "name", "out", "output_dir", "workdir")
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.name = str(spec["name"])
         self.workdir = os.path.realpath(os.path.expanduser(str(spec["workdir"])))
-        self.output_dir = str(spec.get("output_dir") or "out")
-        self.out = _under(self.workdir, self.output_dir)
+        out = spec.get("out")
+        self.out = _under(self.workdir, str(out)) if out else None
+        given = spec.get("output_dir")
+        self.output_dir = str(given) if given else None
         self.data_file = str(spec.get("data_file") or "raw_responses.jsonl")
-        self.datasets = [str(d) for d in spec.get("datasets") or []]
-        self.files = {_under(self.out, os.path.join(d, self.data_file)) for d in self.datasets}
-        # A single-file client's output, named as is (relative to the workdir).
-        self.files |= {_under(self.workdir, str(p)) for p in spec.get("files") or []}
+        self.files = {_under(self.workdir, str(p)) for p in spec.get("files") or []}
         locks = {_under(self.workdir, str(p)) for p in spec.get("locks") or []}
         self.inodes: set[tuple[int, int]] = set()
         for path in self.files | locks:
@@ -262,7 +281,8 @@ class RunFiles:
 
 
 def _under(base: str, path: str) -> str:
-    """``path`` (``~`` expanded on this host) resolved against ``base``, symlinks resolved."""
+    """A configured ``path`` (``~`` expanded on this host) resolved against ``base``, symlinks
+    resolved."""
     return os.path.realpath(os.path.join(base, os.path.expanduser(path)))
 
 
@@ -289,35 +309,51 @@ def run_evidence(
     """Run name -> why a process could be that run, for each run with any evidence. ``cwd``,
     ``argv`` and ``inodes`` (of the files it has open) are the process's:
 
-    * ``argv``: the data files its flags name (read with its ``client`` profile: output dir and
-      datasets, or a single output file; relative paths taken from its cwd; no output dir flag:
-      the run's configured one) are the run's data files (or, without a datasets flag, its
-      explicit ``--output-dir`` is the run's);
+    * ``argv``: the data files its flags name are the run's data files (or, without a datasets
+      flag, its explicit output dir is the run's). The flags are read with its ``client`` profile
+      (output dir and datasets, or a single output file) and resolved as the client resolves them
+      (``client_path``: from its cwd, ``~`` literal); a flag it lacks is the profile's default
+      (``defaults``), and for a script no profile describes the run's ``output_dir`` key;
     * ``fd``: it holds one of the run's data files or locks open;
     * ``cwd``: its working directory is the run's workdir (never enough on its own).
     """
     if not runs:
         return {}
     flags = parse_flags(argv, idx, client)
+    defaults = (client or {}).get("defaults") or {}
     out_flag = flags.get("output_dir")
     out_file = flags.get("output_file")
+    if out_file is None:
+        out_file = defaults.get("output_file")
     datasets = flags.get("datasets") or []
     here = os.path.realpath(cwd) if cwd and os.path.isabs(cwd) else None
     inodes = inodes or set()
     found: dict[str, list[str]] = {}
+
+    def resolved(value: str | None) -> str | None:
+        if value is None or (here is None and not os.path.isabs(value)):
+            return None
+        return os.path.realpath(client_path(here or "/", value))
+
     for run in runs:
         why: list[str] = []
-        out_raw = os.path.expanduser(str(out_flag or run.output_dir))
-        p_out = _under(here or "/", out_raw) if here is not None or os.path.isabs(out_raw) else None
-        if out_file and (here is not None or os.path.isabs(out_file)):
-            if _under(here or "/", os.path.expanduser(str(out_file))) in run.files:
+        if out_flag is not None:
+            p_out = resolved(out_flag)
+        elif client is not None:
+            p_out = resolved(defaults.get("output_dir"))
+        elif run.output_dir is not None and (here is not None or run.output_dir[:1] in ("/", "~")):
+            p_out = _under(here or "/", run.output_dir)
+        else:
+            p_out = None
+        if out_file:
+            if resolved(out_file) in run.files:
                 why.append("argv")
         elif p_out is not None:
             if datasets:
-                paths = {_under(p_out, os.path.join(d, run.data_file)) for d in datasets}
+                paths = {os.path.realpath(os.path.join(p_out, d, run.data_file)) for d in datasets}
                 if paths & run.files:
                     why.append("argv")
-            elif out_flag and p_out == run.out:
+            elif out_flag is not None and p_out == run.out:
                 why.append("argv")  # no datasets flag: an explicit output dir that is the run's
         if inodes & run.inodes:
             why.append("fd")

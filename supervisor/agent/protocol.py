@@ -166,6 +166,9 @@ class ClientSpec(TypedDict, total=False):
     flags: dict[str, list[str]]
     """Meaning (``datasets``, ``output_file``, ``samples``...) -> the flag's spellings."""
     endpoint_template: str
+    defaults: dict[str, str]
+    """Meaning (``output_dir``, ``output_file``, ``input_file``, ``prompts_dir``) -> the value the
+    client uses when its argv gives none (a path, relative to its cwd, ``~`` literal)."""
 
 
 class _ProcessRequired(TypedDict):
@@ -214,13 +217,18 @@ class GpuSummary(TypedDict, total=False):
 
 
 class RunSpec(TypedDict, total=False):
-    """A configured run's places as configured (``~`` unexpanded: the host resolves them)."""
+    """A configured run's places as the laptop's layout resolves them from its argv (a ``~``
+    leading a path is the configured workdir's: the host expands it)."""
 
     name: str
     workdir: str
+    out: str
+    """Its output directory (absent: not known)."""
     output_dir: str
+    """Its ``output_dir`` key, for a script no profile describes (absent: none)."""
     data_file: str
-    datasets: list[str]
+    files: list[str]
+    """Its data files."""
     locks: list[str]
 
 

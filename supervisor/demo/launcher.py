@@ -415,20 +415,15 @@ class Demo:
     """Run name -> identity of the Slurm job submitted for it (``--slurm``)."""
 
     def files(self) -> list[Path]:
-        from supervisor.clients import client_of, single_file
-        from supervisor.config import flag_value
+        from supervisor.clients import single_file
+        from supervisor.layout import layout_of
 
         paths: list[Path] = []
         for run in self.config.runs:
-            profile = client_of(self.config, run)
-            if single_file(profile):
-                out = flag_value(run.argv, profile.flags.output_file[0])
-                paths.extend([Path(run.workdir) / out] if out else [])
-                continue
-            base = Path(run.workdir) / run.output_dir
-            paths.extend(base / d / run.data_file for d in self.config.run_datasets(run))
-            if run.log:
-                paths.append(Path(run.workdir) / run.log)
+            layout = layout_of(self.config, run)
+            paths.extend(Path(p) for p in layout.data_files.values())
+            if run.log and not single_file(layout.profile):
+                paths.append(Path(layout.log))
         return paths
 
     def report(self, elapsed: float) -> str:

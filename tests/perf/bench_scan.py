@@ -274,8 +274,10 @@ async def first_connect(work: Path, datasets: list[str]) -> tuple[float, float, 
                 name="bench",
                 host="bench",
                 workdir=str(work),
-                output_dir=".",
-                argv=["python3", "run_inference.py", "--datasets", ",".join(datasets)],
+                argv=[
+                    *("python3", "run_inference.py", "--datasets", ",".join(datasets)),
+                    *("--output-dir", "."),
+                ],
             )
         ],
     )
