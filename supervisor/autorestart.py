@@ -9,6 +9,11 @@ through the same gate as ``runwatch launch``: ``Engine.plan(action="launch")`` t
 launch, plus one ``auto-restart`` record saying why. A run that dies again after
 ``restart_max`` restarts within ``restart_window_seconds`` is not restarted again: a
 ``restart-gave-up`` event says so and a launch by hand (the run seen running again) resets it.
+
+Uptime is never bought with data: a restart the gate refuses because the client would overwrite
+its output (``supervisor.gate``: a client that resumes only with its flag, started without it)
+is not tried again; a critical ``start-refused`` event names the command that starts the run
+keeping its output, and the run stays stopped until someone does.
 """
 
 from __future__ import annotations
@@ -105,6 +110,7 @@ class AutoRestart:
         count = len(st.times)
         why = f"on_exit = restart: restart {count} of at most {rc.restart_max}"
         result = None
+        command = None
         try:
             plan = await self.engine.plan(name, action="launch")
             result = await self.engine.execute(plan)
@@ -112,6 +118,7 @@ class AutoRestart:
             detail = str(e)
         else:
             failed = result.failed_step
+            command = failed.data.get("resume_command") if failed is not None else None
             pid = (result.identity or {}).get("pid")
             detail = (
                 f"pid {pid}"
@@ -126,9 +133,15 @@ class AutoRestart:
             ok=ok,
             identity=result.identity if result is not None else None,
             detail=f"{why}; {detail}",
+            refused=True if command is not None else None,
+            command=command,
         )
         events = [restart_event(self.engine.config, st.host, name, result, f"{why}; {detail}")]
         if ok:
+            return events
+        if command is not None:
+            # Refused by the gate: another try would be refused the same way.
+            st.gave_up = True
             return events
         if len(st.times) < rc.restart_max:
             st.due = self.clock() + rc.restart_backoff_seconds * (2 ** len(st.times))

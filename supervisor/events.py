@@ -18,7 +18,9 @@ first refresh are taken as known and not reported; ``runwatch watch`` reports pr
 start, but not datasets already done.
 
 Events of actions (the budget policy, automatic restarts) are made by :func:`budget_event` and
-:func:`restart_event`.
+:func:`restart_event`; a start the gate refused (a rollback, a restart on failure: it would
+overwrite the run's output) is a critical ``start-refused`` naming the command that starts the
+run keeping its output (:func:`start_refused_event`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ EventKind = Literal[
     "restart-failed",
     "restart-rolled-back",
     "restart-gave-up",
+    "start-refused",
     "budget-policy",
     "duplicates",
     "data-shrank",
@@ -439,7 +442,20 @@ def restart_event(
             title=run,
             time=now,
         )
-    rolled = result is not None and bool((result.rollback or {}).get("ok"))
+    failed = result.failed_step if result is not None else None
+    resume = failed.data.get("resume_command") if failed is not None else None
+    rollback = (result.rollback if result is not None else None) or {}
+    if rollback.get("refused"):
+        resume = rollback.get("command")
+    if isinstance(resume, str):
+        return start_refused_event(
+            host,
+            run,
+            f"Automatic restart refused: {detail}. Not restarted again: the run stays stopped "
+            "until started with the command below.",
+            resume,
+        )
+    rolled = bool(rollback.get("ok"))
     kind: EventKind = "restart-rolled-back" if rolled else "restart-failed"
     return Event(
         kind=kind,
@@ -466,6 +482,15 @@ def audited_restart_event(config: Config, record: dict[str, Any]) -> Event | Non
     failed = next((s for s in steps if s.get("ok") is False), None)
     rollback = record.get("rollback")
     rolled = isinstance(rollback, dict) and bool(rollback.get("ok"))
+    where = f" at {failed.get('name')}: {failed.get('detail')}" if failed else ""
+    if isinstance(rollback, dict) and rollback.get("refused") and rollback.get("command"):
+        return start_refused_event(
+            host,
+            run,
+            f"Restart failed{where}\n{rollback.get('detail')}",
+            str(rollback["command"]),
+            float(record.get("time") or time.time()),
+        )
     kind: EventKind
     severity: Severity
     if record.get("ok"):
@@ -474,7 +499,6 @@ def audited_restart_event(config: Config, record: dict[str, Any]) -> Event | Non
     else:
         kind = "restart-rolled-back" if rolled else "restart-failed"
         severity = "critical"
-        where = f" at {failed.get('name')}: {failed.get('detail')}" if failed else ""
         message = f"Restart failed{where}" + (" (rolled back)" if rolled else "")
     return Event(
         kind=kind,
@@ -486,6 +510,25 @@ def audited_restart_event(config: Config, record: dict[str, Any]) -> Event | Non
         command=f"{prefix} audit",
         key=f"{kind}|{host}|{run}|{record.get('time')}",
         time=float(record.get("time") or time.time()),
+    )
+
+
+def start_refused_event(
+    host: str, run: str, message: str, command: str, at: float | None = None
+) -> Event:
+    """A start the gate refused (a rollback, a restart on failure): nothing was launched and the
+    run stays stopped; ``command`` starts it keeping its output (``gate.resume_command``)."""
+    now = time.time() if at is None else at
+    return Event(
+        kind="start-refused",
+        severity="critical",
+        host=host,
+        run=run,
+        title=run,
+        message=message,
+        command=command,
+        key=f"start-refused|{host}|{run}|{now}",
+        time=now,
     )
 
 

@@ -29,14 +29,17 @@ are the files the new command line will write.
    after a stop, the run stays stopped.
 6. ``data-repair`` - the tails are checked again now that no writer is alive: blocking files are
    moved aside (``move_aside``), a torn last line is repaired (``.broken`` backup, truncate, fsync).
-7. ``launch`` - detached, holding one lock per dataset (``.runwatch/<dataset>.lock``) for its
-   lifetime, with the API key in the environment; confirmed by
-   the host (alive with the expected identity after a settle time) or reported with its log tail.
+7. ``launch`` - the gate again (``supervisor.gate``: the resume rule, the locks) on the files as
+   they are now that no writer is alive; then detached, holding one lock per dataset
+   (``.runwatch/<dataset>.lock``) for its lifetime, with the API key in the environment;
+   confirmed by the host (alive with the expected identity after a settle time) or reported
+   with its log tail.
    A client that exits 0 at once because every dataset is done is "nothing to do", not a failure.
 
 If anything fails after the old run was stopped, the previous command line is launched again and
-confirmed ("rolled back", audited); a rollback that fails too is reported as such. A refusal of
-``quiet`` is the exception: another writer appends, so the run stays stopped.
+confirmed ("rolled back", audited) once the gate lets it: a rollback that would overwrite the
+run's output is refused and the run stays stopped; a rollback that fails too is reported as such.
+A refusal of ``quiet`` is the exception: another writer appends, so the run stays stopped.
 
 A launch is the same plan without steps 3 and 4 (it refuses when the run is already running).
 

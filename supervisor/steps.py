@@ -11,8 +11,11 @@ outcome; so are the move-asides and repairs it does, the rollbacks, and the budg
 
 runwatch never leaves a run down by its own hand: when anything fails after the old process was
 confirmed gone (and no other launcher took the run over), the previous command line is launched
-again and confirmed; ``result.rollback`` says how that went. A confirmed launch stores the plan's
-launch spec (``supervisor.launchspec``) with its argv, so later launches keep the overrides.
+again and confirmed; ``result.rollback`` says how that went. A rollback is a launch: it passes
+the gate (``supervisor.gate``) like every start, and one that would overwrite the run's output is
+refused (``refused``, with the command that resumes the run): the run stays stopped. A confirmed
+launch stores the plan's launch spec (``supervisor.launchspec``) with its argv, so later launches
+keep the overrides.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from supervisor import audit, clients, display, flagcheck, launchspec, quiet
+from supervisor import audit, clients, display, flagcheck, gate, launchspec, quiet
 from supervisor.agent import match
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import AGENT_LOADER, MASK
@@ -52,8 +55,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-BLOCKING_VERDICTS = ("legacy", "mixed", "unknown", "corrupt")
-"""Verdicts that make resuming on a file unsafe."""
 DEFAULT_GPU_WAIT_S = 120.0
 DEFAULT_LOCK_WAIT_S = 30.0
 
@@ -80,8 +81,6 @@ class _Runner:
         self.rollback_outcome: dict[str, Any] | None = None
         self.sizes: dict[str, int] = {}
         """Data file -> its size before the launch (a smaller one after it is data loss)."""
-        self.backup: list[str] = []
-        """Non-empty data files of a client without a profile, copied before the launch."""
 
     async def emit(self, step: Step) -> None:
         if self.on_step is None:
@@ -330,7 +329,7 @@ class _Runner:
                 f"no data file to check for {self.plan.run.name}",
                 "declare the run's datasets (`datasets = [...]` or --datasets in its argv)",
             )
-        self.keep_output(scans)
+        self.keep_output(scans, step)
         over = self.over_budget(scans)
         if over:
             flag = self.plan.layout.client.budget_flag
@@ -345,7 +344,7 @@ class _Runner:
                     ),
                 )
             step.data["over_budget"] = over
-        self.blocking = [s for s in scans if _blocks(s)]
+        self.blocking = [s for s in scans if gate.blocks(s)]
         if not self.blocking:
             counts: dict[str, int] = {}
             for s in scans:
@@ -355,7 +354,7 @@ class _Runner:
                 f"{n} {v}" for v, n in sorted(counts.items())
             )
             return
-        problems = "; ".join(_explain_block(s) for s in self.blocking)
+        problems = "; ".join(gate.explain_block(s) for s in self.blocking)
         if self.plan.move_aside:
             step.detail = f"will move aside once no writer is alive: {problems}"
             return
@@ -366,47 +365,30 @@ class _Runner:
             "<file>.<format>-<timestamp> (nothing is deleted) so the run starts them afresh",
         )
 
-    def keep_output(self, scans: list[dict[str, Any]]) -> None:
-        """No launch loses a byte of existing output. A client whose profile says it overwrites
-        without its resume flag is refused when the new argv lacks it; a client without a
-        profile gets a copy of its non-empty files (``backup_files`` in the launch step) within
-        the config's ``backup_max_bytes``, else is refused without --force."""
-        layout = self.plan.layout
-        full = [s for s in scans if s.get("state") == "ok" and int(s.get("size") or 0) > 0]
-        if not full:
-            return
-        held = display.size(sum(int(s.get("size") or 0) for s in full))
-        names = ", ".join(str(s["path"]) for s in full)
-        problem = layout.overwrite_problem()
-        if layout.profiled and problem is not None:
-            fix = clients.resume_fix(layout.profile)
-            raise StepFailed(
-                f"{problem}: it would overwrite {held} in {names}",
-                f"keep the output: {fix} (the client then appends to it)",
-            )
-        if layout.profiled:
-            return
-        total = sum(int(s.get("size") or 0) for s in full)
-        limit = self.engine.config.backup_max_bytes
-        if total > limit and not self.plan.force:
-            raise StepFailed(
-                f"no client profile says how {self.plan.run.name}'s script treats existing "
-                f"output, and its {held} are more than backup_max_bytes "
-                f"({display.size(limit)}) allows to copy first",
-                "describe the script in [clients.NAME] (runwatch clients), raise "
-                "backup_max_bytes, or pass --force to launch without a copy",
-            )
-        if total <= limit:
-            self.backup = [str(s["path"]) for s in full]
+    def keep_output(self, scans: list[dict[str, Any]], step: Step) -> None:
+        """No launch loses a byte of existing output (``gate.output_rule``), checked before
+        anything stops; the launch step checks again once no writer is alive."""
+        verdict = gate.output_rule(self.engine.config, self.plan.layout, scans, self.plan.force)
+        if verdict.overwrite:
+            step.data["resume_command"] = self.resume_command(gate.resume_argv(self.plan.layout))
+        if not verdict.ok:
+            raise verdict.failure()
 
-    async def keep_copies(self, step: Step) -> None:
-        """Copy the output of a client without a profile under ``<out>/.runwatch/``."""
-        if not self.backup:
-            return
-        layout = self.plan.layout
+    def start_gate(self) -> gate.Gate:
+        return gate.Gate(self.request, self.engine.config, self.plan.host, self.hc.command_timeout)
+
+    def resume_command(self, argv: list[str]) -> str:
+        """The command that starts the run on ``argv`` (see ``gate.resume_command``)."""
+        return gate.resume_command(self.engine.config, self.plan.run, argv, self.plan.secrets)
+
+    async def keep_copies(self, layout: RunLayout, paths: list[str]) -> list[dict[str, Any]]:
+        """Copy ``paths`` (the output of a client without a profile) under
+        ``<out>/.runwatch/``; the copies made."""
+        if not paths:
+            return []
         dest = posixpath.join(layout.out, ".runwatch", f"backup-{time.strftime('%Y%m%dT%H%M%S')}")
         params = {
-            "paths": self.backup,
+            "paths": paths,
             "dest_dir": dest,
             "max_bytes": self.engine.config.backup_max_bytes,
         }
@@ -418,8 +400,7 @@ class _Runner:
                 f"the output was not copied before the launch: {reply['refused']}",
                 "raise backup_max_bytes, or pass --force to launch without a copy",
             )
-        copied = reply.get("copied") or []
-        step.data["backup"] = copied
+        copied: list[dict[str, Any]] = reply.get("copied") or []
         self.side_records.append(
             audit.record(
                 "backup",
@@ -430,6 +411,7 @@ class _Runner:
                 detail=f"{len(copied)} file(s) copied to {dest} before the launch",
             )
         )
+        return copied
 
     async def data_sizes(self) -> dict[str, int]:
         """Size of each data file of the new argv (0: missing), as the host sees it now."""
@@ -708,10 +690,10 @@ class _Runner:
         notes: list[str] = []
         for s in scans:
             path = str(s.get("path"))
-            if _blocks(s):
+            if gate.blocks(s):
                 if not plan.move_aside:
                     raise StepFailed(
-                        f"{_explain_block(s)} appeared after the check",
+                        f"{gate.explain_block(s)} appeared after the check",
                         "the old run is stopped and nothing was launched; inspect the file",
                     )
                 moved = await self.request(
@@ -793,9 +775,22 @@ class _Runner:
 
     async def launch(self, step: Step) -> None:
         plan = self.plan
-        await self.keep_copies(step)
+        # The gate again, on the files as they are now that no writer is alive (the old run
+        # may have written between the checks and its stop).
+        verdict = await self.start_gate().check(
+            plan.run, plan.layout, validate="none", force=plan.force
+        )
+        if verdict.overwrite:
+            step.data["resume_command"] = self.resume_command(gate.resume_argv(plan.layout))
+        if verdict.running:
+            self.taken_over = True
+        if not verdict.ok:
+            raise verdict.failure()
+        copied = await self.keep_copies(plan.layout, verdict.backup)
+        if copied:
+            step.data["backup"] = copied
         # After runwatch's own moves and repairs: from here the files may only grow.
-        self.sizes = await self.data_sizes()
+        self.sizes = verdict.sizes
         params = self.launch_params(plan.layout)
         started = time.time()
         timeout = plan.run.settle_seconds + 3.0 + self.hc.command_timeout
@@ -910,13 +905,18 @@ class _Runner:
         return launchspec.launch_argv(plan.run), "the run's previous launch spec"
 
     async def roll_back(self) -> dict[str, Any]:
-        """Launch the previous command line again after a failure past the stop; audited."""
+        """Launch the previous command line again after a failure past the stop; audited. A
+        rollback is a launch: the gate may refuse it (``refused``), and the run stays stopped."""
         plan = self.plan
         argv, source = self.previous_argv()
         outcome: dict[str, Any] = {"ok": False, "identity": None, "source": source}
         try:
             layout = layout_of(self.engine.config, plan.run, argv)
             layout.require_files()
+            verdict = await self.start_gate().check(plan.run, layout, force=plan.force)
+            if not verdict.ok:
+                return self.rollback_refused(argv, source, layout, verdict)
+            await self.keep_copies(layout, verdict.backup)
             # The fingerprints on the host stay those of the launch that wrote the data.
             params = self.launch_params(layout, fingerprints=False)
             timeout = plan.run.settle_seconds + 3.0 + self.hc.command_timeout
@@ -961,6 +961,44 @@ class _Runner:
         )
         return outcome
 
+    def rollback_refused(
+        self, argv: list[str], source: str, layout: RunLayout, verdict: gate.Verdict
+    ) -> dict[str, Any]:
+        """The outcome (audited) of a rollback the gate refused: nothing launched, and the
+        command that starts the run keeping its output."""
+        plan = self.plan
+        why = "; ".join(verdict.problems)
+        outcome: dict[str, Any] = {"ok": False, "identity": None, "source": source}
+        if verdict.running:
+            # Another launcher started the run meanwhile: it is not down.
+            outcome["detail"] = f"not rolled back: {why}; nothing was launched"
+        else:
+            resume = gate.resume_argv(layout)
+            command = self.resume_command(resume)
+            what = "would overwrite the run's output" if verdict.overwrite else "fails the gate"
+            outcome.update(
+                refused=True,
+                command=command,
+                resume_argv=mask_argv(resume, plan.secrets),
+                detail=f"ROLLBACK REFUSED: the previous command line (from {source}) {what}: "
+                f"{why}. Nothing was launched: the run is STOPPED, its data as it was. "
+                f"Resume it with: {command}"
+                + ("" if verdict.overwrite else f" ({'; '.join(verdict.hints)})"),
+            )
+        outcome["detail"] = mask_text(str(outcome["detail"]), plan.secrets)
+        audit.record(
+            "rollback",
+            host=plan.host,
+            run=plan.run.name,
+            ok=False,
+            argv=argv,
+            secrets=plan.secrets,
+            detail=outcome["detail"],
+            refused=outcome.get("refused"),
+            command=outcome.get("command"),
+        )
+        return outcome
+
     async def _reconcile_launch(self, started: float, why: str) -> dict[str, Any]:
         await self.host.connect()
         st = await self.request("lock_status", {"lock_paths": self.plan.locks})
@@ -996,36 +1034,11 @@ class _Runner:
         }
 
 
-def _blocks(scan: dict[str, Any]) -> bool:
-    if scan.get("state") in ("unreadable", "not-a-file", "error"):
-        return True
-    return scan.get("verdict") in BLOCKING_VERDICTS
 
 
 def _scan_summary(s: dict[str, Any]) -> dict[str, Any]:
     keys = ("path", "state", "verdict", "verdict_detail", "records", "partial_tail_bytes")
     return {k: s.get(k) for k in keys}
-
-
-def _explain_block(s: dict[str, Any]) -> str:
-    path = s.get("path")
-    verdict = s.get("verdict") if s.get("state") == "ok" else s.get("state")
-    off = s.get("first_offending")
-    parts = [f"{path}: {verdict}"]
-    if isinstance(off, dict):
-        parts.append(
-            f"line {off.get('line')} is {off.get('format') or 'an unknown format'} "
-            f"(missing keys: {', '.join(off.get('missing') or []) or 'none'}; "
-            f"extra keys: {', '.join(off.get('extra') or []) or 'none'})"
-        )
-    elif s.get("bad_lines"):
-        bad = s["bad_lines"][0]
-        parts.append(f"line {bad.get('line')}: {bad.get('reason')}")
-    if s.get("verdict_detail") and not isinstance(off, dict):
-        parts.append(str(s.get("verdict_detail")))
-    elif s.get("error"):
-        parts.append(str(s.get("error")))
-    return " - ".join(parts)
 
 
 def kill_refused(outcome: Any) -> str | None:

@@ -5,13 +5,15 @@
   input (with a row the client files as an error and one it skips, for SpecForge), an ``out/``
   directory and a config (``runwatch.toml``) whose one run ``sf`` / ``mo`` is written the obvious
   way: its command line and its output file. ``.argv`` is that command line, ``.output`` the
-  output file, ``.spawn()`` starts it as a person would (not through runwatch).
+  output file, ``.spawn()`` starts it as a person would (not through runwatch), ``.pids()`` lists
+  its live processes (however started).
 - ``client_server``: a paced mock server (about 0.4 s per response, reasoning on request).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -51,6 +53,7 @@ class ClientRun:
         budget: int | None = None,
         top: str = "",
         run_toml: str = "",
+        settle: float = 0.5,
     ) -> None:
         self.kind = kind
         self.workdir = root / "work"
@@ -116,7 +119,7 @@ class ClientRun:
             "argv = [" + ", ".join(_toml(a) for a in self.argv) + "]",
             f'log = "logs/{self.name}.log"',
             f'budget_policy = "{policy}"',
-            "settle_seconds = 0.5",
+            f"settle_seconds = {settle}",
             run_toml,
             "",
         ]
@@ -142,6 +145,23 @@ class ClientRun:
             stderr=log,
             start_new_session=True,
         )
+
+    def pids(self) -> list[int]:
+        """Live processes of the stand-in whose working directory is the run's workdir."""
+        script = STAND_INS[self.kind][1].encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if script in argv and cwd == str(self.workdir) and state != "Z":
+                found.append(int(entry))
+        return found
 
     def lines(self, path: Path | None = None) -> list[bytes]:
         try:

@@ -33,8 +33,8 @@ def watch(config_path: str | None, as_json: bool, standby: bool, interval: float
     """Watch every host headless: budget policy, alerts, restarts on failure, until stopped.
 
     Events: run-died, stalled, over-budget, waste, dataset-done, all-done, host-lost, host-back,
-    restart-done, restart-failed, restart-rolled-back, restart-gave-up, budget-policy,
-    duplicates, data-shrank. Each names the command that acts on it.
+    restart-done, restart-failed, restart-rolled-back, restart-gave-up, start-refused,
+    budget-policy, duplicates, data-shrank. Each names the command that acts on it.
     """
     import asyncio
     import signal

@@ -1,0 +1,263 @@
+"""The gate: the checks every start of a run passes, whoever starts it.
+
+A launch, a restart, the rollback of a failed restart and a restart on failure each start the
+client on one command line; each passes :meth:`Gate.check` with that command line's layout right
+before the ``launch`` request (a plan's steps apply the same rules earlier as well, before
+anything stops). Nothing starts on a refusal:
+
+- **the resume rule**: a client whose profile says it overwrites its output unless given its
+  resume flag (``resume = "flag"``, SpecForge's ``--resume``) never starts without that flag
+  while one of its data files, or of their error/skipped files, holds data. A client without a
+  profile gets a copy of its non-empty files first (within ``backup_max_bytes``; more is refused
+  unless forced).
+- **the format check**: every data file is read from its first byte against the run's format;
+  ``legacy``, ``mixed``, ``unknown``, ``corrupt`` or a file that cannot be read refuses.
+- **the locks**: a dataset lock held by a live process means another launcher runs the run.
+
+The gate only reads (one ``scan`` and one ``lock_status`` request); it needs of the engine only
+the host's request function, the config and the host's command timeout. A refusal says why and,
+with :func:`resume_command`, the exact command that starts the run keeping its output.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+
+from supervisor import clients, display, launchspec
+from supervisor.agent.masking import mask_argv, mask_text
+from supervisor.argv import apply_overrides, argv_diff
+from supervisor.config import Config, RunConfig
+from supervisor.errors import ConfigError
+from supervisor.events import command_prefix
+from supervisor.layout import RunLayout
+from supervisor.plan import StepFailed
+from supervisor.replies import LockHolder, LockStatus, decode
+
+Request = Callable[[str, dict[str, Any], "float | None"], Awaitable[Any]]
+"""``host.request(op, params, timeout)``."""
+
+BLOCKING_VERDICTS = ("legacy", "mixed", "unknown", "corrupt")
+"""Verdicts that make resuming on a file unsafe."""
+
+
+@dataclass
+class Verdict:
+    """What the gate says of one command line: ``ok``, or the reasons it must not start."""
+
+    argv: list[str]
+    problems: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+    overwrite: bool = False
+    """Refused by the resume rule: started, the client would overwrite its output."""
+    running: str | None = None
+    """Who holds the run's lock (a live process): another launcher runs it."""
+    backup: list[str] = field(default_factory=list)
+    """Non-empty data files of a client without a profile, to copy before the start."""
+    sizes: dict[str, int] = field(default_factory=dict)
+    """Data file -> its size as the gate saw it (0: missing)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def refuse(self, problem: str, hint: str) -> None:
+        self.problems.append(problem)
+        if hint not in self.hints:
+            self.hints.append(hint)
+
+    def failure(self) -> StepFailed:
+        """The refusal as a step's failure."""
+        return StepFailed("; ".join(self.problems), "; ".join(self.hints) or None)
+
+
+class Gate:
+    """The start checks of one host; see the module docstring."""
+
+    def __init__(self, request: Request, config: Config, host: str, command_timeout: float) -> None:
+        self.request = request
+        self.config = config
+        self.host = host
+        self.command_timeout = command_timeout
+
+    async def check(
+        self,
+        run: RunConfig,
+        layout: RunLayout,
+        *,
+        validate: Literal["all", "none"] = "all",
+        force: bool = False,
+    ) -> Verdict:
+        """The verdict on starting ``run`` on ``layout.argv`` now. ``validate="none"`` leaves
+        the records' format out (a plan's data-repair step has just validated them with no
+        writer alive); ``force`` lets a client without a profile start without a copy of more
+        than ``backup_max_bytes``."""
+        scans = await self.scan(run, layout, validate)
+        verdict = Verdict(argv=list(layout.argv))
+        verdict.sizes = {str(s.get("path")): _size(s) for s in scans}
+        for s in scans:
+            if blocks(s, formats=validate == "all"):
+                verdict.refuse(
+                    f"data not in format {run.format!r}: {explain_block(s)}",
+                    "convert or remove that file, or launch with --move-aside to rename it "
+                    "(nothing is deleted)",
+                )
+        rule = output_rule(self.config, layout, scans, force)
+        verdict.problems += rule.problems
+        verdict.hints += [h for h in rule.hints if h not in verdict.hints]
+        verdict.overwrite, verdict.backup = rule.overwrite, rule.backup
+        await self.check_locks(layout, verdict)
+        return verdict
+
+    async def scan(self, run: RunConfig, layout: RunLayout, validate: str) -> list[dict[str, Any]]:
+        """Every data file of ``layout`` (with its error/skipped files), read from its first
+        byte."""
+        profile = self.config.formats.get(run.format)
+        files = []
+        for ds, path in layout.data_files.items():
+            spec: dict[str, Any] = {"path": path, "format": run.format, "validate": validate}
+            if profile is not None:
+                spec["profile"] = msgspec.to_builtins(profile)
+            if ds in layout.sidecars:
+                spec["sidecars"] = layout.sidecars[ds]
+            files.append(spec)
+        reply = await self.request(
+            "scan", {"files": files, "fresh": True}, max(self.command_timeout, 300.0)
+        )
+        found: dict[str, dict[str, Any]] = (reply or {}).get("files") or {}
+        return [found.get(f["path"], {"path": f["path"], "state": "error"}) for f in files]
+
+    async def check_locks(self, layout: RunLayout, verdict: Verdict) -> None:
+        raw = await self.request("lock_status", {"lock_paths": list(layout.locks)}, None)
+        st = decode(raw, LockStatus, self.host, "lock_status")
+        if not st.held:
+            return
+        holder = st.holder or LockHolder()
+        if holder.state != "launching" and not st.holder_alive:
+            return  # left by a run that is gone: the launch takes it over
+        who = f"pid {holder.identity.pid}" if holder.identity else "a launch in progress"
+        verdict.running = who
+        verdict.refuse(
+            f"already running: {who} holds the run's lock {st.lock_path}",
+            "another runwatch or launch started it; refresh to see the process that runs now",
+        )
+
+
+def blocks(scan: dict[str, Any], formats: bool = True) -> bool:
+    """True when a scanned file must not be resumed on: unreadable, or (``formats``) holding
+    records of another format, or corrupt ones."""
+    if scan.get("state") in ("unreadable", "not-a-file", "error"):
+        return True
+    return formats and scan.get("verdict") in BLOCKING_VERDICTS
+
+
+def explain_block(s: dict[str, Any]) -> str:
+    """Why a file blocks: its verdict, the first offending line and its keys."""
+    path = s.get("path")
+    verdict = s.get("verdict") if s.get("state") == "ok" else s.get("state")
+    off = s.get("first_offending")
+    parts = [f"{path}: {verdict}"]
+    if isinstance(off, dict):
+        parts.append(
+            f"line {off.get('line')} is {off.get('format') or 'an unknown format'} "
+            f"(missing keys: {', '.join(off.get('missing') or []) or 'none'}; "
+            f"extra keys: {', '.join(off.get('extra') or []) or 'none'})"
+        )
+    elif s.get("bad_lines"):
+        bad = s["bad_lines"][0]
+        parts.append(f"line {bad.get('line')}: {bad.get('reason')}")
+    if s.get("verdict_detail") and not isinstance(off, dict):
+        parts.append(str(s.get("verdict_detail")))
+    elif s.get("error"):
+        parts.append(str(s.get("error")))
+    return " - ".join(parts)
+
+
+def _size(s: dict[str, Any]) -> int:
+    return int(s.get("size") or 0) if s.get("state", "ok") == "ok" else 0
+
+
+def output_rule(
+    config: Config, layout: RunLayout, scans: Sequence[dict[str, Any]], force: bool
+) -> Verdict:
+    """No start loses a byte of existing output: the resume rule of a profiled client, the copy
+    (or refusal) of a client without a profile; see the module docstring."""
+    verdict = Verdict(argv=list(layout.argv))
+    full = [s for s in scans if s.get("state") == "ok" and _size(s) > 0]
+    problem = layout.overwrite_problem()
+    if layout.profiled and problem is not None:
+        # The client truncates its error/skipped files too, and counts them to skip its input.
+        sides = [
+            side
+            for s in scans
+            for side in (s.get("sidecars") or {}).values()
+            if isinstance(side, dict) and _size(side) > 0
+        ]
+        held = full + sides
+        if held:
+            size = display.size(sum(_size(s) for s in held))
+            names = ", ".join(str(s.get("path")) for s in held)
+            verdict.overwrite = True
+            verdict.refuse(
+                f"{problem}: it would overwrite {size} in {names}",
+                f"keep the output: {clients.resume_fix(layout.profile)} (the client then "
+                "appends to it)",
+            )
+        return verdict
+    if layout.profiled or not full:
+        return verdict
+    total = sum(_size(s) for s in full)
+    limit = config.backup_max_bytes
+    if total > limit and not force:
+        verdict.refuse(
+            f"no client profile says how {layout.run}'s script treats existing output, and "
+            f"its {display.size(total)} are more than backup_max_bytes ({display.size(limit)}) "
+            "allows to copy first",
+            "describe the script in [clients.NAME] (runwatch clients), raise backup_max_bytes, "
+            "or pass --force to launch without a copy",
+        )
+    elif total <= limit:
+        verdict.backup = [str(s["path"]) for s in full]
+    return verdict
+
+
+def resume_argv(layout: RunLayout) -> list[str]:
+    """``layout.argv`` with the client's resume flag, when its profile resumes only with it."""
+    profile = layout.profile
+    if profile.resume != "flag" or not profile.flags.resume:
+        return list(layout.argv)
+    if clients.has_flag(layout.argv, profile.flags.resume):
+        return list(layout.argv)
+    return apply_overrides(layout.argv, [(profile.flags.resume[0], None)])
+
+
+def resume_command(config: Config, run: RunConfig, argv: Sequence[str], secrets: list[str]) -> str:
+    """The command that starts ``run`` on exactly ``argv``, masked: ``runwatch launch RUN`` with
+    the ``--set`` / ``--unset`` that turn the run's launch spec into ``argv`` (they then become
+    its spec); when no such flags give ``argv`` back, ``argv`` itself and where to run it."""
+    wanted = list(argv)
+    try:
+        spec = launchspec.load(run.name)
+    except ConfigError:
+        spec = launchspec.LaunchSpec(run=run.name)
+    sets: list[tuple[str, str | None]] = []
+    unsets: list[str] = []
+    for d in argv_diff(spec.argv(run.argv), wanted):
+        if d["new"] is None:
+            unsets.append(d["flag"])
+        else:
+            sets.append((d["flag"], None if d["new"] is True else str(d["new"])))
+    if spec.merged(sets, unsets).argv(run.argv) != wanted:
+        shown = shlex.join(mask_argv(wanted, secrets))
+        return mask_text(f"on {run.host} in {run.workdir}: {shown}", secrets)
+    args = ["launch", run.name]
+    for flag, value in sets:
+        arg = flag if value is None else mask_argv([f"{flag}={value}"], secrets)[0]
+        args += ["--set", arg.lstrip("-")]
+    for flag in unsets:
+        args += ["--unset", flag.lstrip("-")]
+    return mask_text(f"{command_prefix(config)} {shlex.join(args)}", secrets)
