@@ -309,3 +309,44 @@ def test_o9_scancel_of_a_job_slurm_forgot_is_not_a_failure(slurm_env: SlurmClust
     slurmops._scancel(["--signal=TERM", "--full", unknown])  # "Invalid job id": nothing to do
     out = slurmops.slurm_cancel({"identity": {"job_id": unknown, "submit_time": 1, "tag": ""}})
     assert out["outcome"] == "already-gone" and out["signals"] == [] and out["confirmed"]
+
+
+STUBBORN = """\
+import os, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+while True:
+    signal.pause()
+"""
+
+
+def test_o9_a_job_already_completing_is_confirmed_only_once_its_processes_are_gone(
+    slurm_env: SlurmCluster, tmp_path: Path
+) -> None:
+    (tmp_path / "stubborn.py").write_text(STUBBORN)
+    pid_file = tmp_path / "pid"
+    reply = slurmops.slurm_submit(
+        {
+            "workdir": str(tmp_path), "tag": "runwatch:gen", "name": "rw-gen",
+            "argv": [sys.executable, "stubborn.py", str(pid_file)],
+            "script_path": "job.sh", "lock_path": "job.lock", "settle_s": 10.0,
+            "options": {"output": str(tmp_path / "job-%j.log")},
+        }
+    )  # fmt: skip
+    job = reply["job"]
+    wait_until(pid_file.exists, timeout=30.0, what="the job's process")
+    pid = int(pid_file.read_text())
+    # Someone else's plain scancel: the job is CANCELLED and COMPLETING while slurmd waits
+    # KillWait (5 s) for the process that ignores SIGTERM, then kills it.
+    slurm_env.run("scancel", job["job_id"])
+    wait_until(lambda: slurm_env.job_state(job["job_id"]) == "COMPLETING", timeout=5.0)
+    out = slurmops.slurm_cancel(
+        {"identity": {"job_id": job["job_id"], "submit_time": job["submit_time"],
+                      "tag": "runwatch:gen"}, "grace": 1.0}
+    )  # fmt: skip
+    assert out["outcome"] == "already-gone" and out["signals"] == [], out
+    assert out["confirmed"] and out["state"] in slurmops.TERMINAL_STATES
+    assert not Path(f"/proc/{pid}").exists()  # confirmed only once the process was gone
+    assert slurm_env.job_state(job["job_id"]) in slurmops.TERMINAL_STATES
