@@ -65,6 +65,7 @@ from supervisor.model import (
     DatasetView,
     HostView,
     Identity,
+    JobView,
     ProcessInfo,
     RunFlags,
     RunState,
@@ -312,36 +313,67 @@ class Engine:
         )
 
     async def list_jobs(self, host: str) -> list[dict[str, Any]]:
-        """The Slurm jobs a ``kind = "slurm"`` host's queue holds (the agent's ``slurm_jobs``);
-        bounded by the host's timeouts."""
+        """The Slurm jobs a ``kind = "slurm"`` host's queue holds (the agent's ``slurm_jobs``:
+        the tagged ones and the ones runs adopted), each with ``run``: the run that submitted
+        or adopted it, None for a job that only carries a tag; bounded by the host's
+        timeouts."""
+        from supervisor import slurm
+
         hc = self.config.host(host)
         bound = hc.connect_timeout + hc.command_timeout
+        owned = slurm.owned_jobs(self.config, host)
+        params = {"with_ids": sorted(owned)}
         try:
-            reply = await asyncio.wait_for(self.host(host).request("slurm_jobs", {}), bound)
+            reply = await asyncio.wait_for(self.host(host).request("slurm_jobs", params), bound)
         except asyncio.TimeoutError:
             raise HostError(f"{host}: no answer within {bound:g} s") from None
-        return list(reply.get("jobs") or [])
+        return [dict(j, run=slurm.owner(j, owned)) for j in reply.get("jobs") or []]
 
-    async def cancel_job(self, run_name: str, grace: float | None = None) -> dict[str, Any]:
-        """``scancel`` the Slurm job of a run on a ``kind = "slurm"`` host, as the last refresh
-        saw it (TERM, KILL after ``grace``, default the run's ``stop_grace_seconds``), and
-        confirm it ended: the agent's ``slurm_cancel`` result (``outcome``, ``confirmed``...)."""
+    async def cancel_job(
+        self,
+        run_name: str,
+        grace: float | None = None,
+        *,
+        expect: str | None = None,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> dict[str, Any]:
+        """``scancel`` the Slurm job of a run on a ``kind = "slurm"`` host (TERM, KILL after
+        ``grace``, default the run's ``stop_grace_seconds``) and confirm it ended: the agent's
+        ``slurm_cancel`` result (``outcome``, ``confirmed``...). Only a job the run submitted or
+        adopted; ``expect`` is the id of the job the caller showed (see
+        ``supervisor.slurm.cancel_run``); ``on_wait`` is told when another action on the run
+        holds its lock. Audited, failures included."""
         run = self.config.run(run_name)
         hc = self.config.host(run.host)
-        snap = self.last if self.last is not None else await self.refresh()
-        rv = next((r for h in snap.hosts for r in h.runs if r.name == run_name), None)
-        if hc.kind != "slurm" or rv is None or rv.job is None:
+        if hc.kind != "slurm":
             raise RunwatchError(
-                f"run {run_name!r} has no Slurm job on {run.host}",
-                f"see `runwatch status {run_name}`",
+                f"run {run_name!r} is not on a Slurm host", f"`runwatch kill {run_name}`"
             )
         from supervisor import slurm
 
         files = [spec["path"] for spec in self._file_specs(run, hc)]
         wait = run.stop_grace_seconds if grace is None else grace
-        out = await slurm.cancel(self.host(run.host), rv.job, wait, files, hc.command_timeout)
-        slurm.audit_cancel(run.host, run_name, rv.job, out)
-        return out
+        return await slurm.cancel_run(
+            self.config, self.host(run.host), run, wait, files, expect=expect, on_wait=on_wait
+        )
+
+    async def find_job(self, run_name: str, job_id: str) -> JobView:
+        """The Slurm job ``job_id`` on the host of ``run_name``, checked for adoption by it (a
+        job of this user, queued or running, not any run's yet; the run has no active job)."""
+        run = self.config.run(run_name)
+        if self.config.host(run.host).kind != "slurm":
+            raise UsageError(f"run {run_name!r} is not on a Slurm host: it has no jobs to adopt")
+        from supervisor import slurm
+
+        return await slurm.find_job(self.config, self.host(run.host), run, job_id)
+
+    async def adopt_job(self, run_name: str, job: JobView) -> dict[str, Any]:
+        """Record ``job`` (as :meth:`find_job` gave it) as the run's, so that kill and restart
+        act on it; audited."""
+        from supervisor import slurm
+
+        run = self.config.run(run_name)
+        return await slurm.adopt(self.config, self.host(run.host), run, job)
 
     async def check_run(self, run_name: str, argv: list[str] | None = None) -> list[dict[str, Any]]:
         """Scan every dataset file of a run with full validation; returns the scan results.
@@ -609,7 +641,8 @@ class Engine:
         if hc.kind == "slurm":
             from supervisor import slurm
 
-            result = await slurm.refresh(host, params, hc.command_timeout)
+            owned = slurm.owned_jobs(self.config, hc.name)
+            result = await slurm.refresh(host, params, hc.command_timeout, owned)
             return result, time.monotonic() - started
         if params.get("progress") and isinstance(host, AgentHost):
             result = await host.request(
@@ -688,11 +721,14 @@ class Engine:
         candidates = assign_runs(procs, self.config, hc.name)
         for p in procs:
             set_backend(p, self.config)
-        jobs = {}
+        jobs: dict[str, JobView] = {}
+        foreign: dict[str, list[JobView]] = {}
         if hc.kind == "slurm":  # the Slurm helpers are imported for a Slurm host only
             from supervisor import slurm
 
-            jobs = slurm.job_views(result.get("slurm"))
+            jobs, foreign = slurm.job_views(
+                result.get("slurm"), slurm.owned_jobs(self.config, hc.name)
+            )
         units: dict[str, UnitInfo] = {}
         for raw in result.get("units") or []:  # the newest first
             u = msgspec.convert(raw, UnitInfo, strict=False)
@@ -751,16 +787,17 @@ class Engine:
                     if dv.state == "ok" and dv.partial_tail_bytes > 0:
                         dv.torn_tail = torn_tail_note(dv.path, dv.partial_tail_bytes)
             profile = clients.client_of(self.config, run)
+            # Nothing is scanned for such a run: say so rather than show no datasets.
+            detail = f"data files unknown: {layout.problem}" if layout.problem else None
+            if detail is None and state == "stopped":
+                detail = ending_text(last_unit)
+            if hc.kind == "slurm":  # a job that only carries the run's tag is not the run's
+                detail = detail or slurm.not_ours(foreign.get(run.name, []))
             rv = RunView(
                 name=run.name,
                 host=hc.name,
                 state=state,
-                # Nothing is scanned for such a run: say so rather than show no datasets.
-                state_detail=f"data files unknown: {layout.problem}"
-                if layout.problem
-                else ending_text(last_unit)
-                if state == "stopped"
-                else None,
+                state_detail=detail,
                 held_by=held_by,
                 last_unit=last_unit,
                 process=proc,

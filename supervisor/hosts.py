@@ -29,7 +29,7 @@ from supervisor.agent.protocol import AGENT_LOADER
 from supervisor.channel import AgentChannel, LineReader, LineWriter
 from supervisor.errors import ConfigError, HostError, RunwatchError
 from supervisor.model import Backend, ProcessInfo
-from supervisor.paths import config_id
+from supervisor.paths import config_key
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -373,7 +373,7 @@ def ps_params(config: Config, cfg: HostConfig) -> dict[str, Any]:
         "show_other_users": cfg.show_other_users,
         "runs": run_specs(config, cfg.name),
         "secret_env": secret_env_names(config),
-        "config_id": config_id(config.path),
+        "config_id": config_key(config.path),
     }
 
 

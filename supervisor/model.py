@@ -278,7 +278,8 @@ class JobView(msgspec.Struct, kw_only=True):
     """The job id (of the whole array, for an array job)."""
     submit_time: int | None
     tag: str
-    """``runwatch:<run>``: the job's comment, which maps it to its run."""
+    """The job's comment (``runwatch:<run>`` for the jobs runwatch submits): shown, and part of
+    what a cancel names; the recorded job ids, not the comment, make a job a run's."""
     name: str = ""
     state: str = ""
     """Slurm's state, aggregated over the tasks: RUNNING if any runs, else PENDING if any waits,

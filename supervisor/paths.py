@@ -19,11 +19,37 @@ def cache_dir() -> Path:
     return Path(base) / "runwatch"
 
 
-def config_id(config_path: str) -> str:
-    """A config's identity: 12 hex digits of the SHA-256 of its resolved path ("memory" for a
-    config that was not read from a file). Part of every launch token, so two configs with a
-    run of the same name never take each other's runs."""
-    if not config_path:
-        return "memory"
-    resolved = os.path.realpath(os.path.expanduser(config_path))
-    return hashlib.sha256(resolved.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+def config_key(config_path: str) -> str:
+    """A config's identity in the state dir: 16 hex digits of the sha256 of its resolved path.
+    Two configs never share what is kept under it, and one config named through a link or a
+    relative path is still one."""
+    resolved = os.path.realpath(config_path) if config_path else "-"
+    return hashlib.sha256(resolved.encode()).hexdigest()[:16]
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` made (with its parents) mode 0700 whatever the umask; refused when it is a
+    symbolic link, so that nothing runwatch keeps is written where a link points."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.is_symlink() or not path.is_dir():
+        raise OSError(f"{path}: not a directory of runwatch's own (a link or a file)")
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Replace ``path`` by ``data`` atomically (a temporary file beside it, fsync, rename),
+    mode 0600, in a 0700 directory."""
+    private_dir(path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)

@@ -1,46 +1,69 @@
 """Runs on a Slurm cluster, from the laptop: jobs as runs, and the Slurm variants of the plan steps.
 
 A host with ``kind = "slurm"`` is a login node. Its agent lists the user's jobs (``slurm_jobs``)
-and scans the runs' data files on the shared filesystem (``scan``) in the same refresh; a job maps
-to its run by its tag, the comment ``runwatch:<run>``. The run's state is the scheduler's: running,
-pending (with the reason), or stopped once its job ended.
+and scans the runs' data files on the shared filesystem (``scan``) in the same refresh. On Slurm
+the job is the run's unit (Slurm holds its processes in the node's cgroup), and a run's jobs are
+the ones runwatch submitted for it or that it adopted (``runwatch adopt RUN --job ID``): their
+ids are kept in the state dir per config and run (:func:`record_job`). The comment
+``runwatch:<run>`` that submitted jobs carry is shown, never trusted: anyone can write it, so a
+job that carries it without being recorded is shown as not the run's and never cancelled. The
+run's state is the scheduler's: running, pending (with the reason), or stopped once its job ended.
 
-Kill is ``scancel`` with grace, confirmed by the job's terminal state (``slurm_cancel``). Launch
-and restart go through the same plan as for processes (format check, fingerprint, data repair);
-only the stop (``scancel``), the GPU wait (Slurm frees a job's GPUs with it) and the launch
-(``sbatch``, confirmed running or reported pending with its reason) differ:
-:func:`plan_steps` gives them to the step runner.
+Kill is ``scancel`` with grace, confirmed by the job's end (``slurm_cancel``); actions on one
+run (kill, adopt, the plan's stop and launch) hold the run's lock in the state dir, so they
+happen one after the other, and every cancel is audited, a failed one too. Launch and restart go
+through the same plan as for processes (format check, fingerprint, data repair); only the stop
+(``scancel``), the GPU wait (Slurm frees a job's GPUs with it) and the launch (``sbatch``,
+confirmed running or reported pending with its reason) differ: :func:`plan_steps` gives them to
+the step runner.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import os
 import posixpath
 import re
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
+
+import msgspec
 
 from supervisor import display, replies
-from supervisor.agent.slurm import ACTIVE_STATES, KILL_CONFIRM_S, TAG_PREFIX, TERMINAL_STATES
+from supervisor.agent.slurm import (
+    ACTIVE_STATES,
+    KILL_CONFIRM_S,
+    TAG_PREFIX,
+    TERMINAL_STATES,
+    aggregate_state,
+)
 from supervisor.argv import apply_overrides
 from supervisor.config import Config, HostConfig, RunConfig
-from supervisor.errors import OutcomeUnknown
+from supervisor.errors import OutcomeUnknown, RunwatchError, UsageError
 from supervisor.fingerprint import fingerprint_of
 from supervisor.model import JobTask, JobView, RunState, Snapshot
+from supervisor.paths import config_key, private_dir, state_dir, write_private
 from supervisor.plan import StepFailed
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+    from pathlib import Path
 
     from supervisor.hosts import Host
     from supervisor.plan import Plan, Step
 
-RUNNING_STATES = frozenset(("RUNNING", "COMPLETING", "CONFIGURING"))
+RUNNING_STATES = frozenset(
+    ("RUNNING", "COMPLETING", "CONFIGURING", "RESIZING", "SIGNALING", "STOPPED", "STAGE_OUT")
+)
+"""States in which the job's processes may still write: a job being torn down (``COMPLETING``)
+or stopped (``STOPPED``) still has them."""
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def tag_of(run: str) -> str:
-    """The comment that marks a run's jobs: ``runwatch:<run>``."""
+    """The comment runwatch gives a run's jobs: ``runwatch:<run>`` (shown, never trusted)."""
     return TAG_PREFIX + run
 
 
@@ -48,38 +71,198 @@ def is_slurm(hc: HostConfig) -> bool:
     return hc.kind == "slurm"
 
 
+# --------------------------------------------------------------------------- ownership
+
+KEEP_JOBS = 20
+"""Job ids kept per run and host, the newest: far more than a run has jobs in the queue."""
+
+
+class OwnedJob(msgspec.Struct, kw_only=True):
+    """A job that runwatch submitted for a run, or that the run adopted."""
+
+    run: str
+    host: str
+    job_id: str
+    submit_time: int | None
+    """As listed when it was recorded: a job now holding the id with another submit time is
+    someone else's (an id reused after a controller restart)."""
+    how: Literal["submitted", "adopted"]
+    time: float
+
+
+class _Owned(msgspec.Struct, kw_only=True):
+    config: str
+    """The config's resolved path (what the key of the directory is the hash of)."""
+    jobs: list[OwnedJob] = []
+
+
+def _state(config: Config) -> Path:
+    return state_dir() / "slurm" / config_key(config.path)
+
+
+def _jobs_file(config: Config) -> Path:
+    """``state_dir()/slurm/<config key>/jobs.json``."""
+    return _state(config) / "jobs.json"
+
+
+def _load(config: Config) -> _Owned:
+    path = _jobs_file(config)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return _Owned(config=os.path.realpath(config.path) if config.path else "")
+    except OSError as e:
+        raise RunwatchError(f"{path}: cannot read the run's Slurm jobs: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read()
+    try:
+        return msgspec.json.decode(raw, type=_Owned)
+    except msgspec.DecodeError as e:
+        raise RunwatchError(
+            f"{path}: the record of the Slurm jobs runwatch submitted is damaged: {e}",
+            "look at it; a job not recorded any more can be taken back with `runwatch adopt`",
+        ) from None
+
+
+def owned_jobs(config: Config, host: str) -> dict[str, OwnedJob]:
+    """Job id -> its record, for the jobs on ``host`` that runs of ``config`` submitted or
+    adopted (the newest record of an id)."""
+    return {j.job_id: j for j in _load(config).jobs if j.host == host}
+
+
+def record_job(
+    config: Config,
+    run: str,
+    host: str,
+    job_id: str,
+    submit_time: int | None,
+    how: Literal["submitted", "adopted"],
+) -> OwnedJob:
+    """Keep ``job_id`` as ``run``'s on ``host`` (written at once, 0600, atomically)."""
+    rec = OwnedJob(run=run, host=host, job_id=job_id, submit_time=submit_time, how=how,
+                   time=time.time())  # fmt: skip
+    lock = private_dir(_state(config)) / "jobs.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # two runs of one config submitting: no lost record
+        owned = _load(config)
+        jobs = [j for j in owned.jobs if (j.host, j.job_id) != (host, job_id)] + [rec]
+        mine = [j for j in jobs if (j.run, j.host) == (run, host)]
+        dropped = {id(j) for j in mine[: max(0, len(mine) - KEEP_JOBS)]}
+        owned.jobs = [j for j in jobs if id(j) not in dropped]
+        write_private(_jobs_file(config), msgspec.json.encode(owned) + b"\n")
+    finally:
+        os.close(fd)
+    return rec
+
+
+def lock_path(config: Config, run: str) -> Path:
+    """``state_dir()/slurm/<config key>/<run>.lock``: held by every action on ``run``."""
+    return private_dir(_state(config)) / f"{_SAFE.sub('_', run) or '_'}.lock"
+
+
+@contextlib.asynccontextmanager
+async def run_lock(
+    config: Config, run: str, wait_s: float, on_wait: Callable[[str], None] | None = None
+) -> AsyncIterator[None]:
+    """Hold the lock of ``run`` (:func:`lock_path`): one action on a run at a time, from any
+    runwatch of this user. Waits up to ``wait_s`` for another holder (told to ``on_wait`` once),
+    then refuses naming it."""
+    path = lock_path(config, run)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        deadline = time.monotonic() + wait_s
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                if time.monotonic() > deadline:
+                    raise RunwatchError(
+                        f"run {run}: another runwatch action on it (pid {holder}) has held its "
+                        f"lock for more than {wait_s:g} s",
+                        f"wait for it to end, or look at pid {holder}; the lock is {path}",
+                    ) from None
+                if on_wait is not None and not told:
+                    on_wait(f"run {run}: waiting for another runwatch action on it (pid {holder})")
+                    told = True
+                await asyncio.sleep(0.05)  # the holder's end is not signalled: poll, bounded
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
 # --------------------------------------------------------------------------- listing
 
 
-async def refresh(host: Host, params: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """A Slurm host's refresh reply: its jobs (``slurm``) and the scan of the runs' files, in
-    one concurrent pair of requests; no process listing (the runs' processes are on compute
+async def refresh(
+    host: Host, params: dict[str, Any], timeout: float, owned: Mapping[str, OwnedJob]
+) -> dict[str, Any]:
+    """A Slurm host's refresh reply: its jobs (``slurm``: the tagged ones and those of
+    ``owned``, which an adopted job may not be) and the scan of the runs' files, in one
+    concurrent pair of requests; no process listing (the runs' processes are on compute
     nodes)."""
     scan, jobs = await asyncio.gather(
         host.request("scan", {"files": params.get("files") or []}, timeout=timeout),
-        host.request("slurm_jobs", {"all_states": True}, timeout=timeout),
+        host.request(
+            "slurm_jobs", {"all_states": True, "with_ids": sorted(owned)}, timeout=timeout
+        ),
     )
     replies.decode(jobs, replies.SlurmJobs, host.name, "slurm_jobs")
     return {"processes": [], "files": scan.get("files", {}), "gpu": None, "slurm": jobs}
 
 
-def job_views(reply: dict[str, Any] | None) -> dict[str, JobView]:
-    """Run name -> its job, from a ``slurm_jobs`` reply: the active job of the run's tag, else
-    the one submitted last. Array tasks are gathered under their array job."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+class HostJobs(NamedTuple):
+    """The jobs of a login node's listing, by run."""
+
+    runs: dict[str, JobView]
+    """Run name -> its job: of the jobs it submitted or adopted, the active one, else the one
+    submitted last."""
+    foreign: dict[str, list[JobView]]
+    """Run name -> the jobs that carry its tag but that it neither submitted nor adopted."""
+
+
+def job_views(reply: dict[str, Any] | None, owned: Mapping[str, OwnedJob]) -> HostJobs:
+    """The runs' jobs in a ``slurm_jobs`` reply: a job is a run's when ``owned`` records its id
+    (and its submit time, where one was recorded) for that run; a tag alone makes it foreign.
+    Array tasks are gathered under their array job."""
+    groups: dict[str, list[dict[str, Any]]] = {}
     for j in (reply or {}).get("jobs") or []:
-        comment = str(j.get("comment") or "")
-        if not comment.startswith(TAG_PREFIX):
-            continue
-        key = str(j.get("array_job_id") or j.get("job_id"))
-        groups.setdefault((comment[len(TAG_PREFIX) :], key), []).append(j)
-    best: dict[str, JobView] = {}
-    for (run, job_id), tasks in groups.items():
+        groups.setdefault(str(j.get("array_job_id") or j.get("job_id")), []).append(j)
+    runs: dict[str, JobView] = {}
+    foreign: dict[str, list[JobView]] = {}
+    for job_id, tasks in groups.items():
         view = _view(job_id, tasks)
-        old = best.get(run)
-        if old is None or _rank(view) > _rank(old):
-            best[run] = view
-    return best
+        run = owner(tasks[0], owned)
+        if run is not None:
+            old = runs.get(run)
+            if old is None or _rank(view) > _rank(old):
+                runs[run] = view
+        elif view.tag.startswith(TAG_PREFIX):
+            foreign.setdefault(view.tag[len(TAG_PREFIX) :], []).append(view)
+    return HostJobs(runs, foreign)
+
+
+def owner(job: Mapping[str, Any], owned: Mapping[str, OwnedJob]) -> str | None:
+    """The run that submitted or adopted ``job`` (one line of a ``slurm_jobs`` reply), if any."""
+    rec = owned.get(str(job.get("array_job_id") or job.get("job_id")))
+    return (
+        rec.run if rec is not None and rec.submit_time in (None, job.get("submit_time")) else None
+    )
+
+
+def not_ours(jobs: list[JobView]) -> str | None:
+    """What a run's detail says of the active jobs that carry its tag without being its own."""
+    shown = [
+        f"job {v.job_id} tagged {v.tag}, not submitted or adopted by this runwatch"
+        for v in jobs
+        if v.state in ACTIVE_STATES
+    ]
+    return "; ".join(shown) or None
 
 
 def _rank(v: JobView) -> tuple[bool, int]:
@@ -88,12 +271,7 @@ def _rank(v: JobView) -> tuple[bool, int]:
 
 def _view(job_id: str, tasks: list[dict[str, Any]]) -> JobView:
     tasks = sorted(tasks, key=lambda t: (t.get("array_task_id") is None, t.get("array_task_id")))
-    states = [str(t.get("state") or "") for t in tasks]
-    state = next(
-        (s for s in ("RUNNING", "COMPLETING", "CONFIGURING", "PENDING", "SUSPENDED", "REQUEUED")
-         if s in states),
-        states[0] if states else "",
-    )  # fmt: skip
+    state = aggregate_state(tasks)
     head = tasks[0]
     waiting = [t for t in tasks if t.get("state") == "PENDING" and t.get("reason")]
     elapsed = [int(t["elapsed_s"]) for t in tasks if isinstance(t.get("elapsed_s"), int)]
@@ -178,19 +356,111 @@ def describe(job: JobView) -> str:
 # --------------------------------------------------------------------------- cancel
 
 
+def cancel_timeout(grace: float, command_timeout: float) -> float:
+    """How long one ``slurm_cancel`` may take: the grace, three confirmation waits, a command."""
+    return grace + 3 * KILL_CONFIRM_S + command_timeout
+
+
 async def cancel(
     host: Host, job: JobView, grace: float, files: list[str], command_timeout: float
 ) -> dict[str, Any]:
     """``scancel`` the job (every task) with grace; the agent's ``slurm_cancel`` result."""
-    timeout = grace + 3 * KILL_CONFIRM_S + command_timeout
     params = {"identity": job.identity, "grace": grace, "files": files}
-    out = await host.request("slurm_cancel", params, timeout=timeout)
+    out = await host.request("slurm_cancel", params, timeout=cancel_timeout(grace, command_timeout))
     replies.decode(out, replies.SlurmCancel, host.name, "slurm_cancel")
     return out
 
 
-def audit_cancel(host: str, run: str, job: JobView, out: dict[str, Any]) -> dict[str, Any]:
-    """Append a cancel to the audit log (action ``kill``, the job's identity)."""
+async def host_jobs(config: Config, host: Host, hc: HostConfig, **params: Any) -> HostJobs:
+    """The runs' jobs on a login node as its queue holds them now (ended ones included)."""
+    owned = owned_jobs(config, hc.name)
+    reply = await host.request(
+        "slurm_jobs",
+        {"all_states": True, "with_ids": sorted(owned), **params},
+        timeout=hc.command_timeout,
+    )
+    replies.decode(reply, replies.SlurmJobs, hc.name, "slurm_jobs")
+    return job_views(reply, owned)
+
+
+async def cancel_run(
+    config: Config,
+    host: Host,
+    run: RunConfig,
+    grace: float,
+    files: list[str],
+    *,
+    expect: str | None = None,
+    on_wait: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """``scancel`` the run's job with grace and confirm its end: the agent's ``slurm_cancel``
+    result.
+
+    Under the run's lock, from a listing made under it, so that concurrent kills of one run
+    act one after the other (the later ones find the job ended: ``already-gone``). The job is
+    the run's queued or running one, or ``expect`` (the id of the job the caller showed) in
+    whatever state it is now; ``expect=""``: the caller showed none, so none is cancelled. A job
+    that carries the run's tag without being the run's is refused. Every attempt is audited,
+    failures included; "no job at all" is not an attempt."""
+    hc = config.host(run.host)
+    timeout = cancel_timeout(grace, hc.command_timeout)
+    async with run_lock(config, run.name, timeout + hc.command_timeout, on_wait):
+        try:
+            jobs = await host_jobs(config, host, hc)
+        except BaseException as e:
+            audit_cancel(hc.name, run.name, None, _failure(e, "listing the queue"))
+            raise
+        job = jobs.runs.get(run.name)
+        active = job is not None and job.state in ACTIVE_STATES
+        if job is not None and active and expect is not None and job.job_id != expect:
+            raise RunwatchError(
+                f"run {run.name}: its job is now {describe(job)}, not the one shown"
+                + (f" (job {expect})" if expect else "")
+                + ": nothing cancelled",
+                "look again (`runwatch status`), then kill again",
+            )
+        if job is None or (not active and job.job_id != expect):
+            _refuse_foreign(hc.name, run.name, jobs.foreign.get(run.name, []))
+            raise RunwatchError(
+                f"run {run.name!r} has no queued or running Slurm job",
+                f"see `runwatch status {run.name}` or `runwatch ps --host {hc.name}`",
+            )
+        try:
+            out = await cancel(host, job, grace, files, hc.command_timeout)
+        except BaseException as e:
+            audit_cancel(hc.name, run.name, job, _failure(e, "scancel"))
+            raise
+        audit_cancel(hc.name, run.name, job, out)
+        return out
+
+
+def _refuse_foreign(host: str, run: str, foreign: list[JobView]) -> None:
+    """Refuse (audited) to cancel the active jobs that only carry ``run``'s tag."""
+    active = [v for v in foreign if v.state in ACTIVE_STATES]
+    if not active:
+        return
+    ids = ", ".join(v.job_id for v in active)
+    detail = (
+        f"job {ids} tagged {tag_of(run)}, not submitted or adopted by this runwatch: "
+        "not cancelled (anyone can tag a job)"
+    )
+    for v in active:
+        audit_cancel(host, run, v, {"outcome": "refused", "detail": detail, "confirmed": False})
+    raise RunwatchError(
+        f"run {run}: {detail}",
+        f"if it is the run's, take it with `runwatch adopt {run} --job {active[0].job_id}`, "
+        "then kill again",
+    )
+
+
+def _failure(e: BaseException, what: str) -> dict[str, Any]:
+    text = str(e).strip().split("\n", 1)[0] or type(e).__name__
+    return {"outcome": "error", "detail": f"{what} failed: {text}", "confirmed": False}
+
+
+def audit_cancel(host: str, run: str, job: JobView | None, out: dict[str, Any]) -> dict[str, Any]:
+    """Append a cancel to the audit log (action ``kill``, the job's identity; None when it
+    failed before a job was found)."""
     from supervisor import audit
 
     return audit.record(
@@ -198,17 +468,90 @@ def audit_cancel(host: str, run: str, job: JobView, out: dict[str, Any]) -> dict
         host=host,
         run=run,
         ok=bool(out.get("confirmed")),
-        identity=job.identity,
+        identity=job.identity if job is not None else None,
         steps=[
             {
-                "name": f"job {job.job_id}",
+                "name": f"job {job.job_id}" if job is not None else "slurm_jobs",
                 "ok": bool(out.get("confirmed")),
                 "detail": f"{out.get('outcome')}: {out.get('detail')}",
             }
         ],
+        outcome=out.get("outcome"),
         signals=out.get("signals"),
         state=out.get("state"),
     )
+
+
+# --------------------------------------------------------------------------- adopt
+
+
+async def find_job(config: Config, host: Host, run: RunConfig, job_id: str) -> JobView:
+    """The job ``job_id`` of the run's login node, checked for adoption by ``run``: a job of
+    this user, queued or running, not recorded for any run yet, while ``run`` has no other
+    active job."""
+    if not re.fullmatch(r"[0-9]+", job_id):
+        raise UsageError(
+            f"--job {job_id!r}: expected the number of a job",
+            "an array is adopted whole: give its job id (12, not 12_3)",
+        )
+    hc = config.host(run.host)
+    owned = owned_jobs(config, hc.name)
+    reply = await host.request(
+        "slurm_jobs", {"tag_prefix": "", "all_states": True}, timeout=hc.command_timeout
+    )
+    replies.decode(reply, replies.SlurmJobs, hc.name, "slurm_jobs")
+    tasks = [j for j in reply.get("jobs") or []
+             if str(j.get("array_job_id") or j.get("job_id")) == job_id]  # fmt: skip
+    if not tasks:
+        raise RunwatchError(
+            f"no job {job_id} of yours in the queue of {hc.name}",
+            "check the id with `squeue --me`; another user's job cannot be adopted",
+        )
+    view = _view(job_id, tasks)
+    rec = owned.get(job_id)
+    if rec is not None and rec.submit_time in (None, view.submit_time):
+        raise RunwatchError(
+            f"job {job_id} is already run {rec.run}'s ({rec.how})",
+            "nothing to adopt" if rec.run == run.name else f"it stays {rec.run}'s",
+        )
+    mine = job_views(reply, owned).runs.get(run.name)
+    if view.state not in ACTIVE_STATES:
+        raise RunwatchError(f"job {job_id} has ended ({view.state}): nothing to adopt")
+    if mine is not None and mine.state in ACTIVE_STATES:
+        raise RunwatchError(
+            f"run {run.name} already has {describe(mine)}",
+            f"one job per run: stop it first (`runwatch kill {run.name}`)",
+        )
+    return view
+
+
+async def adopt(config: Config, host: Host, run: RunConfig, shown: JobView) -> dict[str, Any]:
+    """Record ``shown`` (as :func:`find_job` gave it) as ``run``'s job, under the run's lock
+    and after checking again that the job holding the id is still the one shown; audited
+    (action ``adopt``). Returns ``{"run", "job_id", "submit_time", "tag", "detail"}``."""
+    from supervisor import audit
+
+    hc = config.host(run.host)
+    async with run_lock(config, run.name, 2 * hc.command_timeout):
+        now = await find_job(config, host, run, shown.job_id)
+        if now.submit_time != shown.submit_time:
+            raise RunwatchError(
+                f"job {shown.job_id} is not the job shown any more (submitted at "
+                f"{now.submit_time}, shown {shown.submit_time}): nothing adopted",
+                f"look again: `runwatch adopt {run.name} --job {shown.job_id}`",
+            )
+        record_job(config, run.name, hc.name, now.job_id, now.submit_time, "adopted")
+    detail = f"{describe(now)}, comment {now.tag!r}, name {now.name!r}: adopted as {run.name}'s"
+    audit.record(
+        "adopt",
+        host=hc.name,
+        run=run.name,
+        ok=True,
+        identity=now.identity,
+        steps=[{"name": f"job {now.job_id}", "ok": True, "detail": detail}],
+    )
+    return {"run": run.name, "job_id": now.job_id, "submit_time": now.submit_time,
+            "tag": now.tag, "detail": detail}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- submit
@@ -317,15 +660,16 @@ async def stop_job(runner: _Runner, step: Step) -> None:
         await runner.set(step, "skipped", "no job of the run is queued or running")
         return
     files = [posixpath.join(plan.paths["out"], ds, plan.run.data_file) for ds in plan.datasets]
-    try:
-        out = await cancel(
-            runner.host, job, plan.run.stop_grace_seconds, files, runner.hc.command_timeout
-        )
-    except OutcomeUnknown as e:
-        # The reply was lost: the cancel is idempotent, and its second answer is the proof.
-        await runner.host.connect()
-        step.data["lost"] = str(e)
-        out = await cancel(runner.host, job, 0.0, files, runner.hc.command_timeout)
+    grace, command_timeout = plan.run.stop_grace_seconds, runner.hc.command_timeout
+    config = runner.engine.config
+    async with run_lock(config, plan.run.name, cancel_timeout(grace, command_timeout)):
+        try:
+            out = await cancel(runner.host, job, grace, files, command_timeout)
+        except OutcomeUnknown as e:
+            # The reply was lost: the cancel is idempotent, and its second answer is the proof.
+            await runner.host.connect()
+            step.data["lost"] = str(e)
+            out = await cancel(runner.host, job, 0.0, files, command_timeout)
     step.data["cancel"] = out
     if out.get("outcome") == "refused":
         raise StepFailed(
@@ -345,21 +689,30 @@ async def submit(runner: _Runner, step: Step) -> None:
     config = runner.engine.config
     params = submit_params(config, plan.run, plan.argv, plan.env, plan.paths)
     timeout = float(params["settle_s"]) + 2 * runner.hc.command_timeout
-    started = time.time()
-    try:
-        reply = await runner.request("slurm_submit", params, timeout=timeout)
-    except OutcomeUnknown as e:
-        reply = await _reconcile(runner, started, str(e))
-    replies.decode(reply, replies.SlurmSubmit, runner.hc.name, "slurm_submit")
-    step.data["submit"] = reply
-    if not reply.get("submitted"):
-        raise StepFailed(
-            reply.get("detail") or "already queued or running",
-            "another runwatch (or a submission in progress) queued it; refresh to see it",
-        )
-    job = reply.get("job") or {}
+    # Another action on the run may be a cancel: wait as long as one takes, then this submission.
+    wait = cancel_timeout(plan.run.stop_grace_seconds, runner.hc.command_timeout) + timeout
+    async with run_lock(config, plan.run.name, wait):
+        started = time.time()
+        try:
+            reply = await runner.request("slurm_submit", params, timeout=timeout)
+        except OutcomeUnknown as e:
+            reply = await _reconcile(runner, started, str(e))
+        replies.decode(reply, replies.SlurmSubmit, runner.hc.name, "slurm_submit")
+        step.data["submit"] = reply
+        if not reply.get("submitted"):
+            raise StepFailed(
+                reply.get("detail") or "already queued or running",
+                "no second job is submitted while one carries the run's tag (another runwatch's, "
+                f"a submission in progress, or someone's): if it is the run's, `runwatch adopt "
+                f"{plan.run.name} --job ID`; refresh to see it",
+            )
+        job = reply.get("job") or {}
+        job_id = str(reply.get("job_id"))
+        # Recorded before anything else: from now on this job, and no other of its tag, is
+        # the run's.
+        record_job(config, plan.run.name, runner.hc.name, job_id, job.get("submit_time"),
+                   "submitted")  # fmt: skip
     state = str(job.get("state") or "")
-    job_id = str(reply.get("job_id"))
     if state in TERMINAL_STATES:
         tail = "\n    ".join(reply.get("log_tail") or []) or "(the output is empty)"
         raise StepFailed(

@@ -39,7 +39,7 @@ from supervisor.events import stop_key
 from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import Identity
-from supervisor.paths import config_id
+from supervisor.paths import config_key
 from supervisor.plan import ActionResult, OnStep, Plan, Step, StepFailed, StepState
 from supervisor.replies import (
     FileHolders,
@@ -750,7 +750,7 @@ class _Runner:
         return {
             "workdir": layout.workdir,
             "argv": argv,
-            "config_id": config_id(self.engine.config.path),
+            "config_id": config_key(self.engine.config.path),
             "run": plan.run.name,
             "env": plan.env,
             "secret_env": plan.secret_env,

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervisor.slurm import dataset_alive, describe, job_views, run_state
+from supervisor.slurm import OwnedJob, dataset_alive, describe, job_views, run_state
+
+
+def owned(*ids: str, run: str = "gen", submit_time: int | None = 100) -> dict[str, OwnedJob]:
+    """The record of jobs ``ids`` submitted by runwatch for ``run``."""
+    return {
+        i: OwnedJob(run=run, host="login", job_id=i, submit_time=submit_time, how="submitted",
+                    time=0.0)
+        for i in ids
+    }  # fmt: skip
 
 
 def job(job_id: str, state: str, comment: str = "runwatch:gen", **kw: Any) -> dict[str, Any]:
@@ -18,8 +27,8 @@ def job(job_id: str, state: str, comment: str = "runwatch:gen", **kw: Any) -> di
     return base
 
 
-def test_the_active_job_of_a_tag_wins_over_an_ended_later_one() -> None:
-    views = job_views(
+def test_the_active_job_of_a_run_wins_over_an_ended_later_one() -> None:
+    views, _ = job_views(
         {
             "jobs": [
                 job("7", "RUNNING", submit_time=100, nodes="n1", elapsed_s=42, time_limit_s=3600),
@@ -27,7 +36,8 @@ def test_the_active_job_of_a_tag_wins_over_an_ended_later_one() -> None:
                 job("8", "RUNNING", comment="runwatch:other"),
                 job("5", "RUNNING", comment="someone else's"),
             ]
-        }
+        },
+        {**owned("7"), **owned("9", submit_time=200), **owned("8", run="other")},
     )
     assert sorted(views) == ["gen", "other"]
     gen = views["gen"]
@@ -37,9 +47,12 @@ def test_the_active_job_of_a_tag_wins_over_an_ended_later_one() -> None:
 
 
 def test_ended_jobs_leave_the_run_stopped_and_pending_shows_its_reason() -> None:
-    ended = job_views({"jobs": [job("3", "COMPLETED", submit_time=1), job("4", "FAILED")]})
+    ended = job_views(
+        {"jobs": [job("3", "COMPLETED", submit_time=1), job("4", "FAILED")]},
+        {**owned("3", submit_time=1), **owned("4")},
+    ).runs
     assert ended["gen"].job_id == "4" and run_state(ended["gen"]) == "stopped"
-    waiting = job_views({"jobs": [job("5", "PENDING", reason="Resources")]})["gen"]
+    waiting = job_views({"jobs": [job("5", "PENDING", reason="Resources")]}, owned("5")).runs["gen"]
     assert run_state(waiting) == "pending" and describe(waiting) == "job 5 PENDING (Resources)"
     assert run_state(None) == "stopped"
 
@@ -50,7 +63,7 @@ def test_array_tasks_aggregate_per_run_and_per_dataset() -> None:
         job("12_1", "COMPLETED", array_job_id="12", array_task_id=1, nodes="n2", elapsed_s=30),
         job("12_[2-3]", "PENDING", array_job_id="12", reason="Priority"),
     ]
-    view = job_views({"jobs": tasks})["gen"]
+    view = job_views({"jobs": tasks}, owned("12")).runs["gen"]
     assert view.job_id == "12" and view.state == "RUNNING" and run_state(view) == "running"
     assert view.nodes == "n1,n2" and view.elapsed_s == 30
     assert [t.task for t in view.tasks] == [0, 1, None]

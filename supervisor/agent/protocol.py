@@ -874,7 +874,8 @@ class SlurmJob(TypedDict):
     workdir: str
     name: str
     comment: str
-    """The tag ``runwatch:<run>`` of runwatch's jobs."""
+    """The tag ``runwatch:<run>`` of the jobs runwatch submits (anyone can write it: the
+    laptop's record of the submitted and adopted ids, not the tag, makes a job a run's)."""
     stdout: str | None
     """The job's output file, expanded (``scontrol show job`` StdOut)."""
 
@@ -889,6 +890,8 @@ class SlurmJobIdentity(TypedDict):
 
 class SlurmJobsParams(TypedDict, total=False):
     tag_prefix: str
+    with_ids: list[str]
+    """Jobs listed whatever their comment: the ones a run adopted."""
     all_states: bool
     all_users: bool
     job_ids: list[str]

@@ -5,9 +5,11 @@ Every Slurm command is run as an argv list (never a shell); config values reach 
 separate arguments or as data in the batch script, where every word of a run's command line is
 quoted with ``shlex.quote``.
 
-A job is identified by its job id, its submit time and its tag (the comment
-``runwatch:<run>``): a cancel names all three and is refused when the job now holding the id
-differs (an id reused after a controller restart, a job of another run or of nobody's).
+A job is identified by its job id, its submit time and its comment (the tag ``runwatch:<run>``
+of the jobs runwatch submits): a cancel names all three and is refused when the job now holding
+the id differs (an id reused after a controller restart, a job of another run or of nobody's).
+Which jobs are a run's is not decided here: anyone can tag a job, so the laptop keeps the ids it
+submitted or adopted and only those are ever cancelled.
 
 Ops (shapes in ``supervisor.agent.protocol``):
 - ``slurm_jobs``: the user's jobs (``squeue --json`` where this Slurm has it, else a delimited
@@ -17,8 +19,9 @@ Ops (shapes in ``supervisor.agent.protocol``):
   back and wait up to a settle time for it to run; one submission per tag at a time (a lock), and
   none while a job of the tag is still active.
 - ``slurm_cancel``: ``scancel --signal=TERM --full``, then ``--signal=KILL`` after the grace, then a
-  plain ``scancel``; confirmed when the job reaches a terminal state and no process on this
-  machine holds the run's data files for writing.
+  plain ``scancel``; confirmed when the job has left the queue or reached a final state that no
+  flag qualifies (``COMPLETING``: its processes are still being torn down), and no process on
+  this machine holds the run's data files for writing.
 """
 
 from __future__ import annotations
@@ -53,8 +56,41 @@ TERMINAL_STATES = frozenset(
     )
 )
 ACTIVE_STATES = frozenset(
-    ("PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING")
+    (
+        "PENDING",
+        "RUNNING",
+        "SUSPENDED",
+        "COMPLETING",
+        "CONFIGURING",
+        "REQUEUED",
+        "RESIZING",
+        "STAGE_OUT",
+        "STOPPED",
+        "SIGNALING",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESV_DEL_HOLD",
+    )
 )
+"""States of a job that has not ended: its processes may still run (or be torn down), or it
+may still start."""
+FLAG_STATES = (
+    "COMPLETING",
+    "STAGE_OUT",
+    "CONFIGURING",
+    "RESIZING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "SPECIAL_EXIT",
+    "STOPPED",
+    "REVOKED",
+    "RESV_DEL_HOLD",
+    "SIGNALING",
+)
+"""The state flags that Slurm's ``job_state_string`` shows instead of the base state, in its
+order (``src/common/slurm_protocol_defs.c``, the same from 22.05 to 25.05): a job cancelled
+whose processes are still being torn down is ``COMPLETING``, not ``CANCELLED``."""
 KILL_CONFIRM_S = 15.0
 """How long to wait for a terminal state after SIGKILL before a plain ``scancel``."""
 COMMAND_TIMEOUT_S = 30.0
@@ -241,9 +277,16 @@ def _json_number(value: Any) -> int | None:
     return value
 
 
-def _json_state(value: Any) -> str:
-    if isinstance(value, list):  # newer Slurm: a list of flags, the base state first
-        return str(value[0]) if value else ""
+def json_state(value: Any) -> str:
+    """A job's state as ``squeue --format=%T`` writes it, from the ``job_state`` of
+    ``squeue --json``: a string up to Slurm 23.02 (``"COMPLETING"``), a list from 23.11 on (the
+    base state first, then its flags: ``["CANCELLED", "COMPLETING"]``). A flag of
+    :data:`FLAG_STATES` wins over the base state, as in ``job_state_string``: a list with
+    ``COMPLETING`` in it is a job whose processes are not gone yet."""
+    if isinstance(value, list):
+        names = [str(v) for v in value]
+        flag = next((f for f in FLAG_STATES if f in names), None)
+        return flag or (names[0] if names else "")
     return str(value or "")
 
 
@@ -254,7 +297,7 @@ def parse_json_jobs(data: Any, now: float) -> list[dict[str, Any]]:
         if not isinstance(j, dict):
             continue
         job_id = str(j.get("job_id"))
-        state = _json_state(j.get("job_state"))
+        state = json_state(j.get("job_state"))
         start = _json_number(j.get("start_time"))
         end = _json_number(j.get("end_time"))
         elapsed = None
@@ -366,7 +409,7 @@ def _squeue(env: dict[str, str] | None, params: dict[str, Any]) -> tuple[list[di
 
 
 def _add_stdout(jobs: list[dict[str, Any]], env: dict[str, str] | None) -> None:
-    if not any(j["comment"].startswith(TAG_PREFIX) for j in jobs):
+    if not jobs:
         return
     by_key = {_scontrol_key(rec): rec for rec in _scontrol_jobs(env)}
     for j in jobs:
@@ -393,10 +436,11 @@ def _filter(jobs: list[dict[str, Any]], params: dict[str, Any], ids: list[str]
 
 
 def slurm_jobs(params: dict[str, Any]) -> dict[str, Any]:
-    """``{tag_prefix?="runwatch:", all_states?, all_users?, job_ids?, force_format?}`` -> the
-    jobs: ``{"time", "source": "json" | "format", "jobs": [...], "unparsed": [lines]}``.
+    """``{tag_prefix?="runwatch:", with_ids?, all_states?, all_users?, job_ids?, force_format?}``
+    -> the jobs: ``{"time", "source": "json" | "format", "jobs": [...], "unparsed": [lines]}``.
 
-    Only jobs whose comment starts with ``tag_prefix`` are returned (``""``: every job). Each job:
+    Only jobs whose comment starts with ``tag_prefix`` are returned (``""``: every job), and the
+    jobs (or arrays) of ``with_ids`` whatever their comment (jobs adopted by a run). Each job:
     ``job_id`` (``12``, ``12_3`` for an array task, ``12_[4-7]`` for an array's pending rest),
     ``array_job_id``, ``array_task_id``, ``array_tasks``, ``state``, ``reason``, ``nodes``,
     ``elapsed_s``, ``time_limit_s`` (None: unlimited), ``submit_time``, ``start_time`` (unix),
@@ -405,8 +449,12 @@ def slurm_jobs(params: dict[str, Any]) -> dict[str, Any]:
     prefix = params.get("tag_prefix", TAG_PREFIX)
     if not isinstance(prefix, str):
         raise AgentOpError("parameter 'tag_prefix': expected a string", "bad-params")
+    with_ids = params.get("with_ids") or []
+    if not isinstance(with_ids, list) or not all(isinstance(i, str) for i in with_ids):
+        raise AgentOpError("parameter 'with_ids': expected a list of job ids", "bad-params")
     jobs, source, bad = _squeue(None, params)
-    jobs = [j for j in jobs if j["comment"].startswith(prefix)]
+    jobs = [j for j in jobs if j["comment"].startswith(prefix)
+            or (j["array_job_id"] or j["job_id"]) in with_ids]  # fmt: skip
     _add_stdout(jobs, None)
     return {"time": time.time(), "source": source, "jobs": jobs, "unparsed": bad}
 
@@ -570,12 +618,14 @@ def _job_tasks(job_id: str, all_states: bool = True) -> list[dict[str, Any]]:
 
 def aggregate_state(tasks: list[dict[str, Any]]) -> str:
     """One state for a job and its array tasks: RUNNING if any runs, else PENDING if any waits,
-    else the first terminal state ('' for no task)."""
-    states = [t["state"] for t in tasks]
+    else the state of any task not ended (one still COMPLETING: the job has not ended), else the
+    first ended state ('' for no task)."""
+    states = [str(t["state"]) for t in tasks]
     for s in ("RUNNING", "COMPLETING", "CONFIGURING", "PENDING", "SUSPENDED", "REQUEUED"):
         if s in states:
             return s
-    return states[0] if states else ""
+    alive = [s for s in states if s not in TERMINAL_STATES]
+    return (alive or states or [""])[0]
 
 
 def _settle(job_id: str, settle_s: float) -> dict[str, Any] | None:
@@ -673,7 +723,12 @@ def slurm_cancel(params: dict[str, Any]) -> dict[str, Any]:
                     detail=f"already ended ({state}); nothing sent")  # fmt: skip
     started = time.monotonic()
     outcome = "terminated"
-    if state == "PENDING":
+    if state == "COMPLETING":
+        # Being torn down already (by another cancel, or at its own end): nothing to send; its
+        # end is awaited as long as a cancel of ours would take.
+        outcome = "already-gone"
+        state = _wait_terminal(job_id, started + max(grace, 0.0) + KILL_CONFIRM_S)
+    elif state == "PENDING":
         _scancel([job_id])
         result["signals"].append("cancel")
         outcome = "cancelled"
@@ -700,7 +755,8 @@ def slurm_cancel(params: dict[str, Any]) -> dict[str, Any]:
     confirmed = ended and not writers
     if not ended:
         return dict(result, outcome="unconfirmed", state=state, confirmed=False,
-                    detail=f"still {state} after scancel")  # fmt: skip
+                    detail=f"still {state} " + ("after scancel" if result["signals"] else
+                                                "(its teardown did not end)"))  # fmt: skip
     if writers:
         holders = "; ".join(f"{p}: pid {', '.join(map(str, w))}" for p, w in writers.items())
         return dict(result, outcome="unconfirmed", state=state, confirmed=False,
@@ -709,6 +765,7 @@ def slurm_cancel(params: dict[str, Any]) -> dict[str, Any]:
         "terminated": "ended after SIGTERM",
         "killed": "ignored SIGTERM; ended after SIGKILL",
         "cancelled": "cancelled while pending",
+        "already-gone": "was already being torn down (COMPLETING); nothing sent, then ended",
     }[outcome]
     return dict(result, outcome=outcome, state=state, confirmed=confirmed,
                 detail=f"{detail} ({state or 'forgotten by slurmctld'})")  # fmt: skip
@@ -717,7 +774,11 @@ def slurm_cancel(params: dict[str, Any]) -> dict[str, Any]:
 def _scancel(args: list[str]) -> None:
     done = _run(["scancel", *args], None)
     err = _text(done.stderr).strip()
-    if done.returncode != 0 and "already completing or completed" not in err:
+    # A job that ended under another cancel ("already completing or completed") or that
+    # slurmctld forgot since ("Invalid job id"): nothing to signal; the wait that follows
+    # confirms the end from the queue (or from accounting).
+    gone = ("already completing or completed", "Invalid job id")
+    if done.returncode != 0 and not any(g in err for g in gone):
         raise AgentOpError(f"scancel {' '.join(args)} failed: {err[-500:]}", "scancel")
 
 

@@ -15,6 +15,11 @@ import click
 from supervisor.cli._common import open_ui, run_cli
 
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
+    "adopt": (
+        "supervisor.cli.hosts:adopt",
+        "Take a Slurm job that runwatch did not submit as RUN's, so that kill and restart act on "
+        "it.",
+    ),
     "audit": (
         "supervisor.cli.actions:audit",
         "Show the audit log: every kill, launch, restart, move-aside, repair and budget action.",

@@ -1,4 +1,5 @@
-"""``runwatch ps`` and ``runwatch kill``: the runs on each host, and stopping one with proof."""
+"""``runwatch ps``, ``kill`` and ``adopt``: the runs on each host, stopping one with proof, and
+taking a Slurm job runwatch did not submit as a run's."""
 
 from __future__ import annotations
 
@@ -159,10 +160,13 @@ def _print_ps(config: Config, entries: list[dict[str, Any]]) -> None:
 
 
 def _print_jobs(name: str, jobs: list[dict[str, Any]]) -> None:
-    """The runwatch-tagged Slurm jobs of a login node, one line each."""
+    """The Slurm jobs of a login node that are runs' or carry a runwatch tag, one line each."""
     click.echo(f"{name}: {len(jobs)} Slurm job{'' if len(jobs) == 1 else 's'}")
     for j in jobs:
-        run = str(j.get("comment") or "")[len("runwatch:") :]
+        run = (
+            j.get("run")
+            or f"(tagged {j.get('comment')}, not submitted or adopted by this runwatch)"
+        )
         why = f" ({j['reason']})" if j.get("reason") else ""
         where = f" on {j['nodes']}" if j.get("nodes") else ""
         up = f"  up {display.duration(j['elapsed_s'])}" if j.get("elapsed_s") is not None else ""
@@ -382,28 +386,32 @@ def kill(
 
 
 def _kill_job(config: Config, run: str | None, grace: float, yes: bool, as_json: bool) -> None:
-    """``kill RUN`` on a Slurm host: scancel its job with grace and confirm it ended."""
+    """``kill RUN`` on a Slurm host: scancel its job with grace and confirm it ended (only a job
+    the run submitted or adopted: one that merely carries its tag is refused)."""
     from supervisor.engine import describe_job, run_sync
 
     if run is None:
-        raise UsageError("on a Slurm host, name the RUN (its job is found by its tag)")
+        raise UsageError("on a Slurm host, name the RUN (its job is the one runwatch submitted)")
 
     async def act(engine: Engine) -> dict[str, Any] | None:
         snap = await engine.refresh()
         rv = next((r for h in snap.hosts for r in h.runs if r.name == run), None)
-        if rv is None or rv.job is None or rv.state not in ("running", "pending"):
-            raise RunwatchError(
-                f"run {run!r} has no queued or running Slurm job",
-                f"see `runwatch status` or `runwatch ps --host {config.run(run).host}`",
-            )
-        if not yes:
-            click.echo(f"run {run}: Slurm {describe_job(rv.job)}", err=True)
+        shown = rv.job if rv is not None and rv.state in ("running", "pending") else None
+        if shown is not None and not yes:
+            click.echo(f"run {run}: Slurm {describe_job(shown)}", err=True)
             if not click.confirm(
-                f"scancel job {rv.job.job_id} (SIGTERM, then SIGKILL after {grace:g} s)?",
+                f"scancel job {shown.job_id} (SIGTERM, then SIGKILL after {grace:g} s)?",
                 err=True,
             ):
                 return None
-        return await engine.cancel_job(run, grace)
+
+        def waiting(text: str) -> None:
+            click.echo(text, err=True)
+
+        # The engine lists again under the run's lock: a kill that ran meanwhile leaves this
+        # one the job's end to confirm (already-gone), and only the job shown is cancelled.
+        expect = shown.job_id if shown is not None else ("" if not yes else None)
+        return await engine.cancel_job(run, grace, expect=expect, on_wait=waiting)
 
     out = run_sync(config, act)
     if out is None:
@@ -416,3 +424,55 @@ def _kill_job(config: Config, run: str | None, grace: float, yes: bool, as_json:
         click.echo(f"job {out.get('job_id')}: {out.get('outcome')} - {out.get('detail')} [{proof}]")
     if not out.get("confirmed"):
         sys.exit(1)
+
+
+# --------------------------------------------------------------------------- adopt
+
+
+@click.command()
+@config_option
+@click.argument("run")
+@click.option(
+    "--job",
+    "job_id",
+    required=True,
+    help="Id of the Slurm job to take as RUN's (of an array: the array's id).",
+)
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+def adopt(config_path: str | None, run: str, job_id: str, yes: bool, as_json: bool) -> None:
+    """Take a Slurm job that runwatch did not submit as RUN's, so that kill and restart act on it.
+
+    A run's jobs are the ones runwatch submitted for it: a job that only carries its tag
+    (``--comment runwatch:RUN``, which anyone can write) is shown as not the run's and never
+    cancelled. The job is shown first; once confirmed its id is recorded as RUN's and the
+    adoption is audited. Only a job of yours that is queued or running can be adopted, and only
+    while RUN has no other.
+    """
+    from supervisor.engine import describe_job, run_sync
+
+    if not yes and not sys.stdin.isatty():
+        raise UsageError(
+            "refusing to adopt without confirmation: stdin is not a terminal",
+            "pass --yes to confirm on the command line",
+        )
+    config = get_config(config_path, need="runs")
+
+    async def act(engine: Engine) -> dict[str, Any] | None:
+        job = await engine.find_job(run, job_id)
+        click.echo(
+            f"job {job.job_id}: {describe_job(job)}, name {job.name!r}, comment {job.tag!r}",
+            err=True,
+        )
+        if not yes and not click.confirm(f"adopt job {job.job_id} as run {run}'s?", err=True):
+            return None
+        return await engine.adopt_job(run, job)
+
+    out = run_sync(config, act)
+    if out is None:
+        click.echo("not confirmed: nothing was adopted", err=True)
+        sys.exit(1)
+    if as_json:
+        print_json(out)
+    else:
+        click.echo(f"job {out['job_id']}: {out['detail']}")

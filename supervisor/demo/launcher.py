@@ -580,13 +580,15 @@ def _submit(cfg: Config, run: Any) -> dict[str, Any]:
     identity; the API key reaches the job through sbatch's environment, never a file."""
     from supervisor.agent.slurm import slurm_submit
     from supervisor.layout import layout_of
-    from supervisor.slurm import submit_params, tag_of
+    from supervisor.slurm import record_job, submit_params, tag_of
 
     params = submit_params(cfg, run, list(run.argv), dict(run.env), layout_of(cfg, run).paths)
     reply = slurm_submit(params)
     if not reply.get("submitted"):
         raise RunwatchError(f"runwatch demo --slurm: {run.name}: {reply.get('detail')}")
     job = reply.get("job") or {}
+    # The dashboard shows (and kills) only the jobs runwatch recorded as a run's.
+    record_job(cfg, run.name, run.host, reply["job_id"], job.get("submit_time"), "submitted")
     return {
         "job_id": reply["job_id"],
         "submit_time": job.get("submit_time"),
