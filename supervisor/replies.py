@@ -180,6 +180,16 @@ class FileHolders(msgspec.Struct, kw_only=True):
 class ScriptOption(msgspec.Struct, kw_only=True):
     """``protocol.ScriptOption``: one option the script declares, read statically."""
 
+    flags: list[str]
+    dest: str
+    action: str
+    takes_value: bool | None
+    type: str | None
+    choices: list[str] | None
+    choices_unread: bool
+    nargs: str | None
+    line: int
+
 
 class FileSample(msgspec.Struct, kw_only=True):
     """``protocol.FileSample``."""
@@ -208,16 +218,6 @@ class ObservedFiles(msgspec.Struct, kw_only=True):
     elapsed_s: float
     changed: bool
     files: list[ObservedFile] = []
-
-    flags: list[str]
-    dest: str
-    action: str
-    takes_value: bool | None
-    type: str | None
-    choices: list[str] | None
-    choices_unread: bool
-    nargs: str | None
-    line: int
 
 
 class ScriptFlags(msgspec.Struct, kw_only=True):

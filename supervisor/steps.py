@@ -1034,8 +1034,6 @@ class _Runner:
         }
 
 
-
-
 def _scan_summary(s: dict[str, Any]) -> dict[str, Any]:
     keys = ("path", "state", "verdict", "verdict_detail", "records", "partial_tail_bytes")
     return {k: s.get(k) for k in keys}

@@ -21,7 +21,6 @@ import errno
 import fcntl
 import json
 import os
-import subprocess
 import threading
 import time
 from typing import TYPE_CHECKING, Any
