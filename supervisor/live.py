@@ -128,7 +128,10 @@ class Live:
             tracker.observe(now, done, tokens, stream="run")
             latest = tracker.latest()
             if latest is not None:
-                self.history.add(key, *latest, 1.0 if alive else 0.0)
+                state = 1.0 if alive else 0.0
+                newest = self.history.newest(key)
+                changed = newest is not None and len(newest) > 3 and newest[3] != state
+                self.history.add(key, *latest, state, keep_newest=changed)
         run.rates = tracker.rates(now)
         if not alive:
             run.rates = rates.stopped_rates(run.rates)
