@@ -117,6 +117,9 @@ async def check(runner: _Runner, step: Step) -> None:
             "once the run is stopped",
         )
         return
+    await runner.set(
+        step, "running", f"watching {len(paths)} data file(s) for {_seconds(window)} ({rule})"
+    )
     params = {
         "paths": paths,
         "workdir": plan.layout.workdir,
@@ -143,7 +146,7 @@ async def check(runner: _Runner, step: Step) -> None:
         return
     what = "; ".join(describe(f) for f in changed)
     await _not_another_launch(runner, what)
-    if running and runner.plan.action == "restart":
+    if running:
         runner.keep_stopped = True
         raise StepFailed(
             f"{what}; the run is stopped and stays stopped: nothing was launched",
