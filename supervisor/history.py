@@ -50,18 +50,24 @@ class History:
 
     # ------------------------------------------------------------------ points
 
-    def add(self, key: str, t: float, *values: float) -> None:
+    def add(self, key: str, t: float, *values: float, keep_newest: bool = False) -> None:
+        """``keep_newest``: append even when the newest point is recent (it records a change of
+        state that replacing it would hide)."""
         ring = self._rings.get(key)
         if ring is None:
             ring = self._rings[key] = deque(maxlen=MAX_POINTS)
         point = (round(t, 2), *(round(v, 4) for v in values))
         if ring and t <= ring[-1][0]:
             return
-        if len(ring) >= 2 and ring[-1][0] - ring[-2][0] < STEP_S:
+        if not keep_newest and len(ring) >= 2 and ring[-1][0] - ring[-2][0] < STEP_S:
             ring[-1] = point
         else:
             ring.append(point)
         self.dirty = True
+
+    def newest(self, key: str) -> Point | None:
+        ring = self._rings.get(key)
+        return ring[-1] if ring else None
 
     def points(self, key: str, since: float | None = None) -> list[Point]:
         ring = self._rings.get(key)

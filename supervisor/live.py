@@ -9,7 +9,9 @@ serving engines' metrics, the GPUs, and the persisted history behind all of them
   grew since, and this one has not grown for ``MOVED_ON_S`` (runs write their datasets one after
   another), so a finished dataset's rate is 0, not the tail of its last window;
 * measures each run's rate over a window across all its datasets (its own tracker of the summed
-  counts: a dataset switch inside the window is counted once, never as two windows added up);
+  counts: a dataset switch inside the window is counted once, never as two windows added up),
+  and records ``(t, responses, tokens, alive)`` in the history (``alive``: 1 while the run runs,
+  so that the gate's quiet window reads the pace of its writing, not of its stops);
 * turns each local endpoint's ``/metrics`` text into :class:`model.EndpointMetrics`
   (``supervisor.servermetrics``) and nvidia-smi's lines into :class:`model.GpuView` (with the runs
   whose processes hold each GPU);
@@ -126,7 +128,10 @@ class Live:
             tracker.observe(now, done, tokens, stream="run")
             latest = tracker.latest()
             if latest is not None:
-                self.history.add(key, *latest)
+                state = 1.0 if alive else 0.0
+                newest = self.history.newest(key)
+                changed = newest is not None and len(newest) > 3 and newest[3] != state
+                self.history.add(key, *latest, state, keep_newest=changed)
         run.rates = tracker.rates(now)
         if not alive:
             run.rates = rates.stopped_rates(run.rates)

@@ -12,9 +12,10 @@ restart leaves the run stopped (a relaunch beside an unknown writer would interl
 data is never traded for uptime). On Slurm the login node's agent watches the shared filesystem.
 
 The window: three times the run's median interval between records, from its rate history (what
-runwatch saw of it; a writer of the same client appends at about that pace), at least
-``MIN_WINDOW_S`` and at most ``MAX_WINDOW_S``; ``MIN_WINDOW_S`` when the history knows no rate. The
-files are sampled every ``SAMPLE_S``, and the watch ends at the first change.
+runwatch saw of it while it ran; a writer of the same client appends at about that pace), at
+least ``MIN_WINDOW_S`` and at most ``MAX_WINDOW_S``; ``MIN_WINDOW_S`` when the history knows no
+rate (runwatch never watched it write). The files are sampled every ``SAMPLE_S``, and the watch
+ends at the first change.
 
 The gap between this check and the launch (the repair and the launch request, well under a
 second) is not watched; nor is a writer slower than the window, or one whose filesystem shows
@@ -45,14 +46,16 @@ RECENT = 60
 
 
 def record_interval(points: Sequence[Sequence[float]]) -> float | None:
-    """The median interval between records, in seconds, of a history of ``(time, records, ...)``
-    points (oldest first); None when it shows no growth twice. Between two points where the count
-    grew, the time between them spread over the records added; a count that went down (a file
-    replaced, a rescan) starts over."""
+    """The median interval between records, in seconds, of a run's history of ``(time, records,
+    tokens, alive)`` points (oldest first); None when it shows no growth while the run ran. Between
+    two points where the count grew, the time between them spread over the records added; only
+    while every point says the run was running (a stop, and the quiet window itself, would pass
+    for a slow writer), and a count that went down (a file replaced, a rescan) starts over."""
     intervals: list[float] = []
     last: tuple[float, float] | None = None
     for p in points:
-        if len(p) < 2:
+        if len(p) < 4 or not p[3]:
+            last = None
             continue
         t, n = float(p[0]), float(p[1])
         if last is None or n < last[1]:
@@ -114,6 +117,9 @@ async def check(runner: _Runner, step: Step) -> None:
             "once the run is stopped",
         )
         return
+    await runner.set(
+        step, "running", f"watching {len(paths)} data file(s) for {_seconds(window)} ({rule})"
+    )
     params = {
         "paths": paths,
         "workdir": plan.layout.workdir,
@@ -135,12 +141,12 @@ async def check(runner: _Runner, step: Step) -> None:
     if not changed:
         step.detail = (
             f"no other writer: {len(seen.files)} data file(s) unchanged for "
-            f"{_seconds(seen.elapsed_s)} ({rule})"
+            f"{_seconds(seen.window_s)} ({rule})"
         )
         return
     what = "; ".join(describe(f) for f in changed)
     await _not_another_launch(runner, what)
-    if running and runner.plan.action == "restart":
+    if running:
         runner.keep_stopped = True
         raise StepFailed(
             f"{what}; the run is stopped and stays stopped: nothing was launched",

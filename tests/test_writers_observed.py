@@ -171,22 +171,29 @@ async def test_o4_observe_files_watches_a_quiet_file_for_the_whole_window(
 
 
 def test_o4_the_window_is_three_record_intervals_between_2_and_30_s() -> None:
+    """From the run's history ``(t, records, tokens, alive)``: the pace while it ran."""
     assert quiet.window_for(None) == 2.0
     # a record every 0.1 s (100 per 10 s point): the floor
-    fast = [(1000.0 + 10 * i, 100.0 * i, 0.0) for i in range(20)]
+    fast = [(1000.0 + 10 * i, 100.0 * i, 0.0, 1.0) for i in range(20)]
     assert quiet.record_interval(fast) == pytest.approx(0.1)
     assert quiet.window_for(quiet.record_interval(fast)) == 2.0
     # one record every 4 s: 12 s
-    steady = [(1000.0 + 8 * i, 2.0 * i, 0.0) for i in range(20)]
+    steady = [(1000.0 + 8 * i, 2.0 * i, 0.0, 1.0) for i in range(20)]
     assert quiet.window_for(quiet.record_interval(steady)) == pytest.approx(12.0)
     # one record a minute, seen at 10 s points: capped at 30 s
-    slow = [(1000.0 + 10 * i, float(i // 6), 0.0) for i in range(60)]
+    slow = [(1000.0 + 10 * i, float(i // 6), 0.0, 1.0) for i in range(60)]
     assert quiet.record_interval(slow) == pytest.approx(60.0)
     assert quiet.window_for(quiet.record_interval(slow)) == 30.0
-    # a stop of an hour and a rescan (the count went down) do not move the median
-    pauses = [*steady, (5000.0, 40.0, 0.0), (5008.0, 0.0, 0.0), (5016.0, 2.0, 0.0)]
-    assert quiet.record_interval(pauses) == pytest.approx(4.0)
-    assert quiet.record_interval([(1.0, 5.0, 0.0), (11.0, 5.0, 0.0)]) is None
+    # an hour stopped, then a rescan (the count went down): the median stays the running pace
+    stopped = [(4000.0, 38.0, 0.0, 0.0), (7600.0, 38.0, 0.0, 0.0)]
+    rescan = [(7608.0, 0.0, 0.0, 1.0), (7616.0, 2.0, 0.0, 1.0), (7624.0, 4.0, 0.0, 1.0)]
+    assert quiet.record_interval([*steady, *stopped, *rescan]) == pytest.approx(4.0)
+    # launched and stopped between two looks: its records say nothing of its pace
+    blips = [(1000.0 + 20 * i, 3.0 * i, 0.0, 0.0) for i in range(10)]
+    assert quiet.record_interval(blips) is None
+    # no growth while it ran, or a history older than the alive column: unknown
+    assert quiet.record_interval([(1.0, 5.0, 0.0, 1.0), (11.0, 5.0, 0.0, 1.0)]) is None
+    assert quiet.record_interval([(1.0, 5.0, 0.0), (11.0, 9.0, 0.0)]) is None
 
 
 # --------------------------------------------------------------------------- launch
@@ -267,6 +274,27 @@ async def test_o4_a_quiet_file_passes_and_the_launch_goes_ahead(
     assert "no other writer: 2 data file(s) unchanged for 2." in step.detail, step.detail
     assert "no record rate known yet" in step.detail
     assert run_pids(demo.workdir) == [int(result.identity["pid"])]
+
+
+async def test_o4_the_window_follows_the_pace_the_history_recorded(
+    fake_runs: FakeRuns, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+) -> None:
+    """A run seen writing a record every 1.2 s: the quiet window is 3.6 s."""
+    from supervisor.history import History, history_path
+
+    demo = _shared_demo(fake_runs, slow_endpoint.url, max_samples=300)
+    kill_runs_in.append(demo.workdir)
+    seen = History(history_path(str(demo.config_path)))
+    now = time.time()
+    for i in range(30):
+        seen.add("run|local|demo", now - 600 + 12 * i, 10.0 * i, 100.0 * i, 1.0)
+    seen.save(now)
+    async with engine_for(demo) as engine:
+        result = await launch(engine, "demo")
+        assert result.ok, why(result)
+    step = next(s for s in result.steps if s.name == "quiet")
+    assert "unchanged for 3.6 s (3 x the run's median record interval of 1.2 s" in step.detail
+    assert step.data["observed"]["window_s"] == pytest.approx(3.6)
 
 
 # --------------------------------------------------------------------------- restart
