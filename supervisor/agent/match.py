@@ -341,7 +341,7 @@ def run_evidence(
             p_out = resolved(out_flag)
         elif client is not None:
             p_out = resolved(defaults.get("output_dir"))
-        elif run.output_dir is not None and (here is not None or run.output_dir[:1] in ("/", "~")):
+        elif run.output_dir is not None and (here or run.output_dir.startswith(("/", "~"))):
             p_out = _under(here or "/", run.output_dir)
         else:
             p_out = None
