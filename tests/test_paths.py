@@ -64,6 +64,10 @@ async def _wait_lines(path: Path, more_than: int) -> None:
     await asyncio.to_thread(wait_until, lambda: _lines(path) > more_than, 60.0)
 
 
+def step_state(result: Any, name: str) -> str:
+    return str(next(s.state for s in result.steps if s.name == name))
+
+
 def _stop(pid: int | None) -> None:
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):
@@ -503,10 +507,6 @@ async def test_o7_over_ssh_the_gate_reads_the_literal_tilde_directory_on_the_hos
     assert failed is not None and failed.name == "format-check", why(refused)
     assert str(literal) in failed.detail
     assert step_state(passed, "format-check") == "ok", why(passed)
-
-
-def step_state(result: Any, name: str) -> str:
-    return str(next(s.state for s in result.steps if s.name == name))
 
 
 def test_o7_a_remote_workdirs_tilde_is_the_hosts_home_and_the_argvs_is_not(
