@@ -225,9 +225,6 @@ ROLES: tuple[str, ...] = ClientFlagNames.__struct_fields__
 PATH_ROLES: tuple[str, ...] = ("output_dir", "output_file", "input_file", "prompts_dir")
 """The roles whose flag is a path the client reads or writes."""
 
-DATA_ROLES: tuple[str, ...] = ("output_dir", "output_file")
-"""The roles whose flag decides where the data goes."""
-
 
 def default_of(profile: ClientProfile, role: str) -> str | None:
     """The value the client uses for ``role`` when its argv gives none (``path_defaults`` of the

@@ -64,6 +64,10 @@ async def _wait_lines(path: Path, more_than: int) -> None:
     await asyncio.to_thread(wait_until, lambda: _lines(path) > more_than, 60.0)
 
 
+def step_state(result: Any, name: str) -> str:
+    return str(next(s.state for s in result.steps if s.name == name))
+
+
 def _stop(pid: int | None) -> None:
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):
@@ -465,3 +469,65 @@ def test_o7_describe_shows_path_defaults() -> None:
     assert "  path defaults: --output-dir out, --prompts-dir prompts" in clients.describe(info)
     [info] = [i for i in clients.list_clients(Config()) if i.name == "specforge"]
     assert any(line.startswith("  path defaults: none") for line in clients.describe(info))
+
+
+# --------------------------------------------------------------------------- a remote host
+
+
+@pytest.mark.ssh
+async def test_o7_over_ssh_the_gate_reads_the_literal_tilde_directory_on_the_host(
+    tmp_path: Path, state_home: Path, ssh_host_cfg: Any
+) -> None:
+    """Over the real sshd the host's agent reads what the laptop's layout names: legacy records
+    in ``<workdir>/~/legacy`` refuse ``--set output-dir=~/legacy``, current ones pass."""
+    from supervisor.engine import Engine
+    from tests.fixtures_actions import host_toml
+
+    work = tmp_path / "work"
+    work.mkdir()
+    cfg = tmp_path / "rw.toml"
+    argv = ["python3", "run_inference.py", "--datasets", "B1", "--output-dir", "data"]
+    cfg.write_text(
+        host_toml(ssh_host_cfg) + f'[[runs]]\nname = "gen"\nhost = "{ssh_host_cfg.name}"\n'
+        f"workdir = {json.dumps(str(work))}\nargv = {json.dumps(argv)}\n"
+    )
+    literal = work / "~" / "legacy" / "B1" / "raw_responses.jsonl"
+    write_legacy(literal, 3)
+    async with Engine(load_config(cfg)) as engine:
+        plan = await make_plan(engine, "gen", action="launch", overrides=["output-dir=~/legacy"])
+        assert plan.layout.data_files == {"B1": str(literal)}
+        refused = await execute(engine, plan, dry_run=True)
+        literal.write_bytes(raw_record("B1-000000"))
+        passed = await execute(
+            engine,
+            await make_plan(engine, "gen", action="launch", overrides=["output-dir=~/legacy"]),
+            dry_run=True,
+        )
+    failed = refused.failed_step
+    assert failed is not None and failed.name == "format-check", why(refused)
+    assert str(literal) in failed.detail
+    assert step_state(passed, "format-check") == "ok", why(passed)
+
+
+def test_o7_a_remote_workdirs_tilde_is_the_hosts_home_and_the_argvs_is_not(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """For a remote host the laptop leaves the configured workdir's ``~`` to the host and joins
+    the argv's ``~`` under it; the agent's ``resolve`` expands only the leading one."""
+    from supervisor.agent.datafiles import resolve
+
+    run = RunConfig(
+        name="r",
+        host="far",
+        workdir="~/w",
+        argv=["python3", "run_inference.py", "--datasets", "B1", "--output-dir", "~/legacy"],
+        log="~/logs/r.log",
+    )
+    config = Config(hosts=[HostConfig(name="far", address="far.example")], runs=[run])
+    layout = layout_of(config, run)
+    [path] = layout.data_files.values()
+    assert path == "~/w/~/legacy/B1/raw_responses.jsonl"
+    assert layout.log == "~/logs/r.log"  # a config value: the host's home
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve(path) == f"{tmp_path}/w/~/legacy/B1/raw_responses.jsonl"
+    assert resolve(layout.log) == f"{tmp_path}/logs/r.log"

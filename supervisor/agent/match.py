@@ -335,23 +335,31 @@ def run_evidence(
             return None
         return os.path.realpath(client_path(here or "/", value))
 
+    # What the process's own argv and profile say is the same for every run: resolved once.
+    if out_flag is not None:
+        argv_out = resolved(out_flag)
+    else:
+        argv_out = resolved(defaults.get("output_dir")) if client is not None else None
+    file_path = resolved(out_file) if out_file else None
+    data_paths: dict[tuple[str, str], set[str]] = {}
     for run in runs:
         why: list[str] = []
-        if out_flag is not None:
-            p_out = resolved(out_flag)
-        elif client is not None:
-            p_out = resolved(defaults.get("output_dir"))
-        elif run.output_dir is not None and (here is not None or run.output_dir[:1] in ("/", "~")):
-            p_out = _under(here or "/", run.output_dir)
-        else:
-            p_out = None
+        p_out = argv_out
+        # A script no profile describes writes without its flag where the run's key says.
+        declared = run.output_dir if out_flag is None and client is None else None
+        if declared is not None and (here or declared.startswith(("/", "~"))):
+            p_out = _under(here or "/", declared)
         if out_file:
-            if resolved(out_file) in run.files:
+            if file_path in run.files:
                 why.append("argv")
         elif p_out is not None:
             if datasets:
-                paths = {os.path.realpath(os.path.join(p_out, d, run.data_file)) for d in datasets}
-                if paths & run.files:
+                key = (p_out, run.data_file)
+                if key not in data_paths:
+                    data_paths[key] = {
+                        os.path.realpath(os.path.join(p_out, d, run.data_file)) for d in datasets
+                    }
+                if data_paths[key] & run.files:
                     why.append("argv")
             elif out_flag is not None and p_out == run.out:
                 why.append("argv")  # no datasets flag: an explicit output dir that is the run's
