@@ -276,3 +276,57 @@ def test_o5_the_resume_command_reproduces_the_previous_command_line(
     assert gate.resume_command(config, rc, other, []) == (
         f"on local in {rc.workdir}: " + shlex.join(other)
     )
+
+
+async def test_o5_the_dashboard_rings_when_the_rollback_of_its_restart_is_refused(
+    tmp_path: Path, client_server: Any, demo_tokenizer: Path, clients: list[ClientRun]
+) -> None:
+    from textual.widgets import Input, Static
+
+    from tui.app import make_app
+    from tui.screens.confirm import ConfirmScreen
+    from tui.screens.restart import RestartScreen
+    from tui.widgets.dataset_table import DatasetTable
+
+    run = specforge(tmp_path, client_server.url, demo_tokenizer, clients, resume=False)
+    async with Engine(run.config) as engine:
+        first = await engine.execute(await engine.plan("sf", action="launch"))
+        assert first.ok, [s.to_json() for s in first.steps]
+    await wait_for(lambda: len(run.lines()) >= 4, 90, what="4 records")
+    command = expected_command(run, "launch", "sf", "--set", "resume")
+    app = make_app(run.config, Engine(run.config))
+    async with app.run_test(size=(100, 40)) as pilot:
+
+        def table() -> DatasetTable | None:
+            found = [t for t in app.screen.query(DatasetTable) if t.run_key == "local/sf"]
+            return found[0] if found and app.refreshes >= 1 else None
+
+        (await wait_for(table, 30, what="the run on the dashboard")).focus()
+        await pilot.pause()
+        await pilot.press("R")
+        screen = await wait_for(
+            lambda: app.screen if isinstance(app.screen, RestartScreen) else None, 10
+        )
+        await wait_for(lambda: screen.plan is not None, 20, what="the plan")
+        screen.query_one("#flags", Input).value = "resume temperature=1.5"
+        screen.query_one("#allow", Input).value = "temperature"
+        screen.query_one("#allow", Input).focus()
+        await pilot.press("enter")
+        await wait_for(
+            lambda: screen.plan is not None and screen.plan.allow_change == ["temperature"],
+            20,
+            what="the plan with the flags",
+        )
+        await pilot.press("x")
+        await wait_for(lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+        await pilot.click("#confirm")
+        await wait_for(
+            lambda: screen.result is not None and not screen.result.dry_run, 90, what="the restart"
+        )
+        rb = screen.result.rollback
+        refused = [a for a in app.alerts if a.kind == "start-refused"]
+        problem = str(screen.query_one("#problem", Static).content)
+    assert rb is not None and rb["refused"] is True and not run.pids()
+    assert "ROLLBACK REFUSED" in problem and command in problem
+    [event] = refused
+    assert event.severity == "critical" and event.title == "sf" and event.command == command
