@@ -195,6 +195,47 @@ async def test_o5_a_rollback_that_keeps_the_output_goes_ahead(
     assert len(rolls) == 1 and rolls[0]["ok"] is True
 
 
+async def test_o5_data_written_between_the_checks_and_the_stop_is_not_overwritten(
+    tmp_path: Path, demo_tokenizer: Path, clients: list[ClientRun]
+) -> None:
+    """``restart --unset resume`` while the output is still empty passes the checks; the old run
+    writes its first records before it is stopped: the launch's own gate sees them, refuses, and
+    the rollback (with ``--resume``) appends to them."""
+    from supervisor.demo.server import MockSettings, serve_in_thread
+
+    at_stop: dict[str, bytes] = {}
+    # About 13 s per response: the first record comes well after the checks.
+    with serve_in_thread(MockSettings(decode_tps=3.0, mean_tokens=40, length_sigma=0.1)) as srv:
+        run = ClientRun(tmp_path, "specforge", srv.url, demo_tokenizer, rows=400, resume=True)
+        clients.append(run)
+
+        async def on_step(s: Any) -> None:
+            if s.name == "format-check" and s.state == "ok":
+                assert not any(files(run).values()), "a record came before the check"
+                await wait_for(lambda: any(files(run).values()), 60, what="the first record")
+            if s.name == "stop" and s.state == "ok":
+                at_stop.update(files(run))
+
+        async with Engine(run.config) as engine:
+            first = await engine.execute(await engine.plan("sf", action="launch"))
+            assert first.ok, [s.to_json() for s in first.steps]
+            plan = await engine.plan("sf", action="restart", unsets=["resume"])
+            result = await engine.execute(plan, on_step=on_step)
+            rv = await view(engine, "sf")
+    assert not result.ok
+    failed = result.failed_step
+    assert failed is not None and failed.name == "launch", [s.to_json() for s in result.steps]
+    assert "without --resume" in failed.detail and "would overwrite" in failed.detail
+    assert not [s for s in result.steps if "DATA LOSS" in s.detail]
+    assert at_stop and any(at_stop.values())
+    rb = result.rollback
+    assert rb is not None and rb["ok"] is True, rb
+    assert rv.state == "running" and rv.process is not None
+    assert "--resume" in rv.process.identity.argv
+    for name, data in at_stop.items():  # appended to, never reopened with "w"
+        assert (run.output.parent / name).read_bytes().startswith(data), name
+
+
 async def test_o5_restart_on_failure_without_the_resume_flag_is_refused_not_retried(
     tmp_path: Path,
     client_server: Any,
