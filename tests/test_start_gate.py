@@ -149,6 +149,8 @@ async def test_o5_a_rollback_that_would_overwrite_is_refused_and_keeps_every_byt
     rolls = [r for r in records if r["action"] == "rollback"]
     assert len(rolls) == 1 and rolls[0]["ok"] is False and rolls[0]["refused"] is True
     assert rolls[0]["command"] == command and "--resume" not in rolls[0]["argv"]
+    shown = audit.format_record(rolls[0])
+    assert " local/sf " in shown and " REFUSED - ROLLBACK REFUSED" in shown and command in shown
     restart = next(r for r in records if r["action"] == "restart")
     assert restart["ok"] is False and restart["rollback"]["refused"] is True
     # A critical event that names the command; shown by the watcher as one.
