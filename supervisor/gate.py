@@ -118,7 +118,12 @@ class Gate:
         profile = self.config.formats.get(run.format)
         files = []
         for ds, path in layout.data_files.items():
-            spec: dict[str, Any] = {"path": path, "format": run.format, "validate": validate}
+            spec: dict[str, Any] = {
+                "path": path,
+                "format": run.format,
+                "validate": validate,
+                "texts": False,  # the gate counts bytes and checks records, it tokenizes nothing
+            }
             if profile is not None:
                 spec["profile"] = msgspec.to_builtins(profile)
             if ds in layout.sidecars:
