@@ -8,7 +8,8 @@ runwatch processes never interleave their lines. argv is stored masked (``***`` 
 Record fields: ``time`` (Unix seconds), ``action`` (``kill``, ``launch``, ``restart``,
 ``move-aside``, ``repair``, ``budget``), ``host``, ``run``, ``ok``, ``identity`` (the process acted
 on or started, or None), ``argv`` (masked), ``steps`` (``[{"name", "ok", "detail"}]``), plus any
-action-specific keys.
+action-specific keys; a start the gate refused (a ``rollback``, an ``auto-restart``) has
+``refused`` and the ``command`` that starts the run keeping its output.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def format_record(entry: dict[str, Any]) -> str:
     t = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(entry.get("time", 0))))
     ident = entry.get("identity") or {}
     pid = f" pid {ident.get('pid')}" if isinstance(ident, dict) and ident.get("pid") else ""
-    outcome = "ok" if entry.get("ok") else "FAILED"
+    outcome = "ok" if entry.get("ok") else "REFUSED" if entry.get("refused") else "FAILED"
     where = f"{entry.get('host')}/{entry.get('run') or '-'}"
     steps = entry.get("steps") or []
     failed = next((s for s in steps if isinstance(s, dict) and not s.get("ok")), None)

@@ -93,6 +93,7 @@ if TYPE_CHECKING:
         EventTracker,
         budget_event,
         moved_key,
+        start_refused_event,
         stop_key,
     )
     from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
@@ -125,6 +126,7 @@ _LAZY: dict[str, str] = {
     "EventTracker": "supervisor.events",
     "budget_event": "supervisor.events",
     "moved_key": "supervisor.events",
+    "start_refused_event": "supervisor.events",
     "stop_key": "supervisor.events",
     "BudgetEvent": "supervisor.guard",
     "GuardOutcome": "supervisor.guard",
@@ -1128,6 +1130,7 @@ __all__ = [
     "run_once",
     "run_sync",
     "sidecar_line",
+    "start_refused_event",
     "stop_key",
     "watch",
 ]

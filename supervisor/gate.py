@@ -49,7 +49,6 @@ BLOCKING_VERDICTS = ("legacy", "mixed", "unknown", "corrupt")
 class Verdict:
     """What the gate says of one command line: ``ok``, or the reasons it must not start."""
 
-    argv: list[str]
     problems: list[str] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)
     overwrite: bool = False
@@ -97,7 +96,7 @@ class Gate:
         writer alive); ``force`` lets a client without a profile start without a copy of more
         than ``backup_max_bytes``."""
         scans = await self.scan(run, layout, validate)
-        verdict = Verdict(argv=list(layout.argv))
+        verdict = Verdict()
         verdict.sizes = {str(s.get("path")): _size(s) for s in scans}
         for s in scans:
             if blocks(s, formats=validate == "all"):
@@ -119,7 +118,12 @@ class Gate:
         profile = self.config.formats.get(run.format)
         files = []
         for ds, path in layout.data_files.items():
-            spec: dict[str, Any] = {"path": path, "format": run.format, "validate": validate}
+            spec: dict[str, Any] = {
+                "path": path,
+                "format": run.format,
+                "validate": validate,
+                "texts": False,  # the gate counts bytes and checks records, it tokenizes nothing
+            }
             if profile is not None:
                 spec["profile"] = msgspec.to_builtins(profile)
             if ds in layout.sidecars:
@@ -186,7 +190,7 @@ def output_rule(
 ) -> Verdict:
     """No start loses a byte of existing output: the resume rule of a profiled client, the copy
     (or refusal) of a client without a profile; see the module docstring."""
-    verdict = Verdict(argv=list(layout.argv))
+    verdict = Verdict()
     full = [s for s in scans if s.get("state") == "ok" and _size(s) > 0]
     problem = layout.overwrite_problem()
     if layout.profiled and problem is not None:

@@ -231,6 +231,7 @@ class BudgetGuard:
                         if ok
                         else f"restart with budget failed at {failed.name if failed else '?'}: "
                         f"{failed.detail if failed else ''}"
+                        + (f"\n{result.rollback['detail']}" if result.rollback else "")
                     )
             except RunwatchError as e:
                 ok, detail = False, f"restart with budget failed: {e}"

@@ -149,6 +149,8 @@ async def test_o5_a_rollback_that_would_overwrite_is_refused_and_keeps_every_byt
     rolls = [r for r in records if r["action"] == "rollback"]
     assert len(rolls) == 1 and rolls[0]["ok"] is False and rolls[0]["refused"] is True
     assert rolls[0]["command"] == command and "--resume" not in rolls[0]["argv"]
+    shown = audit.format_record(rolls[0])
+    assert " local/sf " in shown and " REFUSED - ROLLBACK REFUSED" in shown and command in shown
     restart = next(r for r in records if r["action"] == "restart")
     assert restart["ok"] is False and restart["rollback"]["refused"] is True
     # A critical event that names the command; shown by the watcher as one.
@@ -193,6 +195,47 @@ async def test_o5_a_rollback_that_keeps_the_output_goes_ahead(
     assert run.output.read_bytes().startswith(at_stop["regen.jsonl"])  # appended
     rolls = [r for r in audit.read() if r["action"] == "rollback"]
     assert len(rolls) == 1 and rolls[0]["ok"] is True
+
+
+async def test_o5_data_written_between_the_checks_and_the_stop_is_not_overwritten(
+    tmp_path: Path, demo_tokenizer: Path, clients: list[ClientRun]
+) -> None:
+    """``restart --unset resume`` while the output is still empty passes the checks; the old run
+    writes its first records before it is stopped: the launch's own gate sees them, refuses, and
+    the rollback (with ``--resume``) appends to them."""
+    from supervisor.demo.server import MockSettings, serve_in_thread
+
+    at_stop: dict[str, bytes] = {}
+    # About 13 s per response: the first record comes well after the checks.
+    with serve_in_thread(MockSettings(decode_tps=3.0, mean_tokens=40, length_sigma=0.1)) as srv:
+        run = ClientRun(tmp_path, "specforge", srv.url, demo_tokenizer, rows=400, resume=True)
+        clients.append(run)
+
+        async def on_step(s: Any) -> None:
+            if s.name == "format-check" and s.state == "ok":
+                assert not any(files(run).values()), "a record came before the check"
+                await wait_for(lambda: any(files(run).values()), 60, what="the first record")
+            if s.name == "stop" and s.state == "ok":
+                at_stop.update(files(run))
+
+        async with Engine(run.config) as engine:
+            first = await engine.execute(await engine.plan("sf", action="launch"))
+            assert first.ok, [s.to_json() for s in first.steps]
+            plan = await engine.plan("sf", action="restart", unsets=["resume"])
+            result = await engine.execute(plan, on_step=on_step)
+            rv = await view(engine, "sf")
+    assert not result.ok
+    failed = result.failed_step
+    assert failed is not None and failed.name == "launch", [s.to_json() for s in result.steps]
+    assert "without --resume" in failed.detail and "would overwrite" in failed.detail
+    assert not [s for s in result.steps if "DATA LOSS" in s.detail]
+    assert at_stop and any(at_stop.values())
+    rb = result.rollback
+    assert rb is not None and rb["ok"] is True, rb
+    assert rv.state == "running" and rv.process is not None
+    assert "--resume" in rv.process.identity.argv
+    for name, data in at_stop.items():  # appended to, never reopened with "w"
+        assert (run.output.parent / name).read_bytes().startswith(data), name
 
 
 async def test_o5_restart_on_failure_without_the_resume_flag_is_refused_not_retried(
@@ -276,3 +319,57 @@ def test_o5_the_resume_command_reproduces_the_previous_command_line(
     assert gate.resume_command(config, rc, other, []) == (
         f"on local in {rc.workdir}: " + shlex.join(other)
     )
+
+
+async def test_o5_the_dashboard_rings_when_the_rollback_of_its_restart_is_refused(
+    tmp_path: Path, client_server: Any, demo_tokenizer: Path, clients: list[ClientRun]
+) -> None:
+    from textual.widgets import Input, Static
+
+    from tui.app import make_app
+    from tui.screens.confirm import ConfirmScreen
+    from tui.screens.restart import RestartScreen
+    from tui.widgets.dataset_table import DatasetTable
+
+    run = specforge(tmp_path, client_server.url, demo_tokenizer, clients, resume=False)
+    async with Engine(run.config) as engine:
+        first = await engine.execute(await engine.plan("sf", action="launch"))
+        assert first.ok, [s.to_json() for s in first.steps]
+    await wait_for(lambda: len(run.lines()) >= 4, 90, what="4 records")
+    command = expected_command(run, "launch", "sf", "--set", "resume")
+    app = make_app(run.config, Engine(run.config))
+    async with app.run_test(size=(100, 40)) as pilot:
+
+        def table() -> DatasetTable | None:
+            found = [t for t in app.screen.query(DatasetTable) if t.run_key == "local/sf"]
+            return found[0] if found and app.refreshes >= 1 else None
+
+        (await wait_for(table, 30, what="the run on the dashboard")).focus()
+        await pilot.pause()
+        await pilot.press("R")
+        screen = await wait_for(
+            lambda: app.screen if isinstance(app.screen, RestartScreen) else None, 10
+        )
+        await wait_for(lambda: screen.plan is not None, 20, what="the plan")
+        screen.query_one("#flags", Input).value = "resume temperature=1.5"
+        screen.query_one("#allow", Input).value = "temperature"
+        screen.query_one("#allow", Input).focus()
+        await pilot.press("enter")
+        await wait_for(
+            lambda: screen.plan is not None and screen.plan.allow_change == ["temperature"],
+            20,
+            what="the plan with the flags",
+        )
+        await pilot.press("x")
+        await wait_for(lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+        await pilot.click("#confirm")
+        await wait_for(
+            lambda: screen.result is not None and not screen.result.dry_run, 90, what="the restart"
+        )
+        rb = screen.result.rollback
+        refused = [a for a in app.alerts if a.kind == "start-refused"]
+        problem = str(screen.query_one("#problem", Static).content)
+    assert rb is not None and rb["refused"] is True and not run.pids()
+    assert "ROLLBACK REFUSED" in problem and command in problem
+    [event] = refused
+    assert event.severity == "critical" and event.title == "sf" and event.command == command

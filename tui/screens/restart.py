@@ -18,7 +18,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Checkbox, Footer, Input, Label, Static
 
-from supervisor.engine import ActionResult, Plan, Step
+from supervisor.engine import ActionResult, Plan, Step, start_refused_event
 from supervisor.model import RunView
 from tui.messages import PlanFinished, PlanMade, StepChanged
 from tui.screens.confirm import ConfirmScreen
@@ -334,8 +334,16 @@ class RestartScreen(Screen[None]):
         if failed is not None:
             number = [s["name"] for s in self.steps].index(failed.name) + 1
             text = f"✗ Blocked at step {number}, {failed.name} (detail above)."
-            if result.rollback is not None:
-                text += f"\n{result.rollback['detail']}"
+            rollback = result.rollback
+            if rollback is not None:
+                text += f"\n{rollback['detail']}"
+            if rollback is not None and rollback.get("refused"):
+                # The run is down and stays down: said as loudly as a run that died.
+                self.rw.notify_event(
+                    start_refused_event(
+                        self.host, self.run.name, str(rollback["detail"]), str(rollback["command"])
+                    )
+                )
             self._problem(text, failed.name)
         elif result.nothing_to_do:
             problem.update(Text(f"{self.run.name}: nothing to do: all datasets done."))
