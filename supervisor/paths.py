@@ -28,8 +28,9 @@ def config_key(config_path: str) -> str:
 
 
 def private_dir(path: Path) -> Path:
-    """``path`` made (with its parents) mode 0700 whatever the umask; refused when it is a
-    symbolic link, so that nothing runwatch keeps is written where a link points."""
+    """``path`` made if missing (its parents as the umask says) and kept mode 0700 whatever the
+    umask; refused when it is a symbolic link, so that nothing runwatch keeps is written where a
+    link points."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     if path.is_symlink() or not path.is_dir():
         raise OSError(f"{path}: not a directory of runwatch's own (a link or a file)")

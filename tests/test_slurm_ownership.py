@@ -19,7 +19,17 @@ from supervisor.agent import slurm as slurmops
 from supervisor.config import load_config
 from supervisor.engine import Engine
 from supervisor.errors import RunwatchError
-from supervisor.slurm import OwnedJob, job_views, lock_path, not_ours, run_state
+from supervisor.slurm import (
+    KEEP_JOBS,
+    OwnedJob,
+    job_views,
+    lock_path,
+    not_ours,
+    owned_jobs,
+    record_job,
+    run_lock,
+    run_state,
+)
 from tests.fixtures_actions import DemoRun, run_pids
 from tests.fixtures_slurm import SlurmCluster
 from tests.waiting import wait_until
@@ -132,6 +142,50 @@ def test_o9_only_recorded_jobs_are_a_runs_and_a_tag_alone_is_shown_as_foreign() 
         "job 5 tagged runwatch:gen, not submitted or adopted by this runwatch"
     )
     assert not_ours([]) is None
+
+
+def test_o9_the_record_of_a_runs_jobs_is_private_bounded_and_per_config(
+    tmp_path: Path, state_home: Path
+) -> None:
+    one = DemoRun(tmp_path / "one", "http://127.0.0.1:9", host_toml=LOGIN, host_name="login")
+    two = DemoRun(tmp_path / "two", "http://127.0.0.1:9", host_toml=LOGIN, host_name="login")
+    first, second = one.config, two.config
+    for n in range(KEEP_JOBS + 5):
+        record_job(first, "demo", "login", str(100 + n), 1000 + n, "submitted")
+    record_job(second, "demo", "login", "7", 7, "adopted")
+    record_job(first, "demo", "other-login", "7", 8, "submitted")
+    kept = owned_jobs(first, "login")
+    assert sorted(kept) == [str(100 + n) for n in range(5, KEEP_JOBS + 5)]  # the newest
+    assert kept["124"].submit_time == 1024 and kept["124"].how == "submitted"
+    assert list(owned_jobs(second, "login")) == ["7"]  # the same run name in another config
+    assert owned_jobs(first, "other-login")["7"].submit_time == 8  # and on another host
+    # the same config through a link is the same config
+    (tmp_path / "link.toml").symlink_to(one.config_path)
+    assert sorted(owned_jobs(load_config(tmp_path / "link.toml"), "login")) == sorted(kept)
+    files = sorted((state_home / "slurm").glob("*/jobs.json"))
+    assert len(files) == 2
+    for f in files:
+        assert f.stat().st_mode & 0o777 == 0o600 and f.parent.stat().st_mode & 0o777 == 0o700
+        assert json.loads(f.read_text())["config"] in (
+            str(one.config_path.resolve()), str(two.config_path.resolve())
+        )  # fmt: skip
+
+
+async def test_o9_an_action_waits_for_the_runs_lock_then_refuses_naming_its_holder(
+    tmp_path: Path, state_home: Path
+) -> None:
+    config = DemoRun(tmp_path, "http://127.0.0.1:9", host_toml=LOGIN, host_name="login").config
+    told: list[str] = []
+    async with run_lock(config, "demo", 1.0):
+        with pytest.raises(RunwatchError) as refused:
+            async with run_lock(config, "demo", 0.3, told.append):
+                raise AssertionError("two holders of one run's lock")
+        async with run_lock(config, "other", 0.3):  # another run is not held up
+            pass
+    assert told == [f"run demo: waiting for another runwatch action on it (pid {os.getpid()})"]
+    assert f"(pid {os.getpid()}) has held its lock for more than 0.3 s" in str(refused.value)
+    async with run_lock(config, "demo", 0.3):  # released with its holder
+        pass
 
 
 # --------------------------------------------------------------------------- the real cluster
