@@ -395,8 +395,8 @@ class Engine:
         return [scanned.get(f["path"], {"path": f["path"], "state": "error"}) for f in files]
 
     def record_points(self, host: str, run: str) -> list[tuple[float, ...]]:
-        """The run's history of ``(time, records, tokens)`` points, oldest first (empty when
-        runwatch has not watched it): the gate sizes its quiet window from it."""
+        """The run's history of ``(time, records, tokens, alive)`` points, oldest first (empty
+        when runwatch has not watched it): the gate sizes its quiet window from it."""
         return self._live.history.points(f"run|{host}|{run}")
 
     def data_loss(self, host: str, run: str, path: str, bytes_before: int, bytes_after: int) -> str:

@@ -109,7 +109,7 @@ class _Runner:
             "format-check": self.format_check,
             "fingerprint": self.fingerprint,
             "writers": self.writers,
-            "quiet": self.quiet,
+            "quiet": self.observe,
             "stop": self.stop,
             "gpu-release": self.gpu_release,
             "data-repair": self.data_repair,
@@ -494,7 +494,7 @@ class _Runner:
             held = f"only the run itself (pid {plan.old.identity.pid})"
         step.detail = f"writers of the data files: {held}" + (f"; {blind}" if blind else "")
 
-    async def quiet(self, step: Step) -> None:
+    async def observe(self, step: Step) -> None:
         await quiet.check(self, step)
 
     async def fingerprint(self, step: Step) -> None:

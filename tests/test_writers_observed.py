@@ -7,6 +7,7 @@ Real processes, the real agent, a second Unix user, the real single-node Slurm."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import subprocess
@@ -73,6 +74,9 @@ class Appenders:
         """The ``>>`` loop, as ``user``, into ``path``."""
         line = raw_record(f"{OTHER}-sh").decode().rstrip("\n")
         return self.start([*user.prefix, "/bin/sh", "-c", SHELL_LOOP, "sh", line, str(path)])
+
+    def of_kind(self, kind: str, user: OtherUser, path: Path) -> subprocess.Popen[bytes]:
+        return self.python(user, path) if kind == "open-append-close" else self.shell(user, path)
 
     def stop(self) -> None:
         for p in self.procs:
@@ -170,6 +174,22 @@ async def test_o4_observe_files_watches_a_quiet_file_for_the_whole_window(
     assert seen["files"][1]["before"] is None and seen["files"][1]["after"] is None
 
 
+async def test_o4_a_long_watch_holds_up_no_other_op(host: Host, fake_runs: FakeRuns) -> None:
+    """The agent answers each request on a thread of its own: a ping during a 3 s watch is
+    answered at once."""
+    data = fake_runs.dir / "B1.jsonl"
+    data.write_bytes(raw_record("B1-0"))
+    await host.request("ping", {})
+    watch = asyncio.ensure_future(
+        host.request("observe_files", {"paths": [str(data)], "window_s": 3.0}, timeout=30)
+    )
+    began = time.monotonic()
+    await host.request("ping", {})
+    assert time.monotonic() - began < 1.0 and not watch.done()
+    seen = await watch
+    assert seen["changed"] is False and seen["elapsed_s"] >= 3.0
+
+
 def test_o4_the_window_is_three_record_intervals_between_2_and_30_s() -> None:
     """From the run's history ``(t, records, tokens, alive)``: the pace while it ran."""
     assert quiet.window_for(None) == 2.0
@@ -199,7 +219,12 @@ def test_o4_the_window_is_three_record_intervals_between_2_and_30_s() -> None:
 # --------------------------------------------------------------------------- launch
 
 
-async def test_o4_launch_refused_while_another_user_appends_open_append_close(
+WRITERS = ["open-append-close", "shell-loop"]
+
+
+@pytest.mark.parametrize("kind", WRITERS)
+async def test_o4_launch_refused_while_another_user_appends(
+    kind: str,
     fake_runs: FakeRuns,
     state_home: Path,
     slow_endpoint: Any,
@@ -211,7 +236,7 @@ async def test_o4_launch_refused_while_another_user_appends_open_append_close(
     kill_runs_in.append(demo.workdir)
     data = demo.data_file("B1")
     before = data.read_bytes()
-    appenders.python(second_user, data)
+    appenders.of_kind(kind, second_user, data)
     wait_until(lambda: _grows(data, len(before)), timeout=30, what="the other writer")
     async with engine_for(demo) as engine:
         result = await launch(engine, "demo")
@@ -235,7 +260,9 @@ async def test_o4_launch_refused_while_another_user_appends_open_append_close(
     assert [s["name"] for s in failed] == ["quiet"] and "bytes in" in failed[0]["detail"]
 
 
-def test_o4_cli_launch_refused_while_a_shell_loop_appends(
+@pytest.mark.parametrize("kind", WRITERS)
+def test_o4_cli_launch_refused_while_another_user_appends(
+    kind: str,
     fake_runs: FakeRuns,
     state_home: Path,
     slow_endpoint: Any,
@@ -247,8 +274,8 @@ def test_o4_cli_launch_refused_while_a_shell_loop_appends(
     kill_runs_in.append(demo.workdir)
     data = demo.data_file("B1")
     before = data.read_bytes()
-    appenders.shell(second_user, data)
-    wait_until(lambda: _grows(data, len(before)), timeout=30, what="the shell loop")
+    appenders.of_kind(kind, second_user, data)
+    wait_until(lambda: _grows(data, len(before)), timeout=30, what="the other writer")
     out = runwatch("launch", "demo", "-c", str(demo.config_path), "--yes")
     assert out.returncode == 1, out.stdout + out.stderr
     assert "[FAILED] quiet" in out.stdout, out.stdout
