@@ -1,6 +1,7 @@
 """Data that shrinks or is replaced under a running run: an alarm, never a quiet rescan.
 
-A run's data files only grow. When a refresh finds one smaller than the last refresh saw it, or a
+A run's data files only grow. When a refresh finds one's complete records (its bytes up to the
+last newline) smaller than the last refresh saw them, or a
 new file in its place (another inode, rewritten bytes), while a process of the run is alive (a
 relaunch without its resume flag, a second writer, someone's ``> out.jsonl``), that is data loss:
 :class:`DataLossWatch` raises an alarm naming the file and the byte counts, keeps it on the dataset
@@ -42,7 +43,9 @@ class DataLossWatch:
         before = self._seen.get(key)
         state = scan.get("state")
         if state == "ok":
-            size = int(scan.get("size") or 0)
+            # Complete records only: a partial last line is not data yet, and its removal (the
+            # torn-tail repair of runwatch or of the client itself) loses nothing.
+            size = int(scan.get("size") or 0) - int(scan.get("partial_tail_bytes") or 0)
             self._seen[key] = _Seen(size, scan.get("stream"))
         elif state == "missing":
             size = 0
@@ -54,7 +57,8 @@ class DataLossWatch:
         reason = str(scan.get("rescan_reason") or "")
         if size < before.size:
             what = "disappeared" if state == "missing" else "shrank"
-        elif reason.startswith(_LOSS_REASONS):
+        elif reason.startswith(_LOSS_REASONS) and not reason.startswith("file truncated"):
+            # (A truncation that kept every complete record cut a partial line only.)
             what = "was replaced" if reason.startswith("file replaced") else "was rewritten"
         else:
             return None

@@ -270,6 +270,9 @@ class SshdPool:
                 "PrintLastLog no",
                 "LogLevel VERBOSE",
                 "MaxStartups 100:30:200",
+                # The agent's own state (its units) stays in the test's directory, never the
+                # user's: a session gets its XDG directories here.
+                f"SetEnv XDG_STATE_HOME={d / 'state'} XDG_CACHE_HOME={d / 'cache'}",
                 *extra,
             ]
             (d / "sshd_config").write_text("\n".join(lines) + "\n")

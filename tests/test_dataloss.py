@@ -67,3 +67,19 @@ def test_no_alarm_without_a_writer_or_for_growth(tmp_path: Path) -> None:
     data.write_text(_rows(1))  # the documented repair, say: no writer alive
     assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), False) is None
     assert watch.alarms() == {}
+
+
+def test_a_torn_tail_repaired_under_a_running_run_is_no_loss(tmp_path: Path) -> None:
+    """A partial last line is not data: its removal (runwatch's repair before a relaunch, or the
+    relaunched client's own) raises no alarm; losing a complete record still does."""
+    data = tmp_path / "out.jsonl"
+    complete = _rows(5)
+    data.write_text(complete + '{"conversation_id": 5, "conv')  # killed mid-write
+    scanner, watch = Scanner(), DataLossWatch()
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    os.truncate(data, len(complete))  # the repair: back to the last newline
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    os.truncate(data, len(complete) - 3)  # into a complete record: loss
+    alarm = watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True)
+    assert alarm is not None
+    assert [r["action"] for r in audit.read()] == ["data-loss"]

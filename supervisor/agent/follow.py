@@ -156,11 +156,7 @@ class Follower(Generic[P]):
             state = new(epoch)
             self._files[path] = state
             state.dev, state.ino = st.st_dev, st.st_ino
-        size = st.st_size
-        if state.head_len < HEAD_BYTES and size > state.head_len:
-            f.seek(0)
-            head = f.read(min(size, HEAD_BYTES))
-            state.head_len, state.head_hash = len(head), hashlib.sha1(head).digest()
+        _remember_head(state, f)
         return state, reason
 
     def advanced(self, state: Position, f: Any, start: int) -> None:
@@ -169,6 +165,7 @@ class Follower(Generic[P]):
             k = min(state.offset, TAIL_BYTES)
             f.seek(state.offset - k)
             state.tail_len, state.tail_hash = k, hashlib.sha1(f.read(k)).digest()
+        _remember_head(state, f)
 
     def stream(self, state: Position) -> str:
         """The id of the stream of results of one epoch of one file (new on every rescan)."""
@@ -215,6 +212,16 @@ class Follower(Generic[P]):
                 return lines
         except OSError:
             return None
+
+
+def _remember_head(state: Position, f: Any) -> None:
+    """Hash the file's first bytes, up to ``HEAD_BYTES`` and never past the offset: a partial
+    last line is not part of the file's identity (its repair must not read as a rewrite)."""
+    limit = min(state.offset, HEAD_BYTES)
+    if state.head_len < limit:
+        f.seek(0)
+        head = f.read(limit)
+        state.head_len, state.head_hash = len(head), hashlib.sha1(head).digest()
 
 
 def _changed(state: Position, f: Any, st: os.stat_result, settings: tuple[Any, ...]) -> str | None:
