@@ -295,7 +295,9 @@ class Engine:
         # Whatever holds the run's data files or locks once it is stopped is stopped too.
         files = run_files(self.config, run)
         try:
-            report = await kill_ops.kill(h, identity, grace, self.config.scripts, files)
+            report = await kill_ops.kill(
+                h, identity, grace, clients.all_scripts(self.config), files
+            )
         except OutcomeUnknown as lost:
             kill_ops.audit_kill_unknown(host, identity, run, lost.message)
             try:
@@ -311,7 +313,7 @@ class Engine:
         record holds the stop); a lost reply is reconciled the same way."""
         files = run_files(self.config, self._listed_run(host, identity))
         return await kill_ops.kill_or_reconcile(
-            self.host(host), identity, grace, self.config.scripts, files
+            self.host(host), identity, grace, clients.all_scripts(self.config), files
         )
 
     async def list_jobs(self, host: str) -> list[dict[str, Any]]:
@@ -784,6 +786,17 @@ class Engine:
             held_by: Literal["cgroup", "token", "adopted"] | None = None
             if state == "running" and proc is not None:
                 held_by = proc.unit.held_by if proc.unit is not None else "adopted"
+            unit_note = None
+            if state == "stopped" and last_unit is not None and last_unit.state == "running":
+                # Its unit still holds processes that no listing could pin (they fork and exit
+                # faster than a listing): the run is running, never "stopped".
+                state, held_by = "running", last_unit.held_by
+                unit_note = f"unit {last_unit.launch_id} has processes that could not be listed"
+            if last_unit is not None and not last_unit.tracked and last_unit.state == "running":
+                unit_note = (
+                    "its unit's waiter was killed: a process that left the tree and dropped the "
+                    "launch token cannot be found"
+                )
             if state in ("stopped", "zombie"):  # no writer: a partial last line is torn
                 for dv in datasets:
                     if dv.state == "ok" and dv.partial_tail_bytes > 0:
@@ -793,6 +806,7 @@ class Engine:
             detail = f"data files unknown: {layout.problem}" if layout.problem else None
             if detail is None and state == "stopped":
                 detail = ending_text(last_unit)
+            detail = detail or unit_note
             if hc.kind == "slurm":  # a job that only carries the run's tag is not the run's
                 detail = detail or slurm.not_ours(foreign.get(run.name, []))
             rv = RunView(
@@ -819,7 +833,9 @@ class Engine:
         for proc in procs:
             if proc.identity.pid in taken:
                 continue
-            name = f"{_script_name(proc, self.config.scripts)} (pid {proc.identity.pid})"
+            name = (
+                f"{_script_name(proc, clients.all_scripts(self.config))} (pid {proc.identity.pid})"
+            )
             dsv = []
             for ds in proc.flags.datasets:
                 path = _process_dataset_path(self.config, proc, ds)
@@ -949,6 +965,11 @@ def ending_text(unit: UnitInfo | None) -> str | None:
         return "stopped by runwatch"
     assert ex is not None
     how = f"signal {ex.signal}" if ex.signal is not None else f"exit {ex.code}"
+    if ex.failed is not None and ex.code == 0 and ex.signal is None:
+        what = ex.failed.get("signal")
+        how += f"; its process {ex.failed.get('pid')} " + (
+            f"died of signal {what}" if what is not None else f"exited {ex.failed.get('code')}"
+        )
     return f"{unit.ending} ({how})"
 
 

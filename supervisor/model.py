@@ -70,6 +70,9 @@ class UnitExit(msgspec.Struct, kw_only=True):
     at: float | None = None
     stopped: bool = False
     """runwatch had asked the unit to stop (a kill, a restart, a budget policy) before it ended."""
+    failed: dict[str, int | None] | None = None
+    """The first orphaned member that died of a signal or a non-zero exit (``pid``, ``code``,
+    ``signal``): a worker that crashed after its parent exited 0."""
 
 
 class UnitInfo(msgspec.Struct, kw_only=True):
@@ -78,11 +81,13 @@ class UnitInfo(msgspec.Struct, kw_only=True):
     launch_id: str
     run: str
     held_by: Literal["cgroup", "token"]
-    state: Literal["running", "ending", "ended"]
+    state: Literal["running", "ended"]
     main_pid: int | None = None
     members: list[int] = []
     exit: UnitExit | None = None
     waiter_alive: bool = False
+    tracked: bool = True
+    """False once a member killed the waiter of a unit without a cgroup (see ``agent.unit``)."""
     launched_at: float | None = None
 
     @property
@@ -96,7 +101,7 @@ class UnitInfo(msgspec.Struct, kw_only=True):
             return "lost"
         if self.exit.stopped:
             return "stopped"
-        return "finished" if self.exit.code == 0 else "died"
+        return "finished" if self.exit.code == 0 and self.exit.failed is None else "died"
 
 
 class ProcessInfo(msgspec.Struct, kw_only=True):

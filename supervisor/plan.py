@@ -332,6 +332,14 @@ async def make_plan(
             f"{run.name} is already running on {run.host}: pid {old.identity.pid}",
             f"use `runwatch restart {run.name}` to stop it and start it again",
         )
+    unit = rv.last_unit if rv is not None and rv.state == "running" else None
+    if old is None and unit is not None and unit.state == "running":
+        # Its unit still has processes, none of which a listing could pin: never a second copy.
+        raise LaunchError(
+            f"{run.name} is already running on {run.host}: unit {unit.launch_id} still has "
+            "processes",
+            f"stop it first (`runwatch kill {run.name}`), or see `runwatch status {run.name}`",
+        )
     job = rv.job if rv is not None and rv.state in ("running", "pending") else None
     if action == "launch" and job is not None:
         raise LaunchError(

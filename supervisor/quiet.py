@@ -17,10 +17,16 @@ least ``MIN_WINDOW_S`` and at most ``MAX_WINDOW_S``; ``MIN_WINDOW_S`` when the h
 rate (runwatch never watched it write). The files are sampled every ``SAMPLE_S``, and the watch
 ends at the first change.
 
+A file changed ``age`` seconds before the watch began is watched for at least ``INTERVALS x
+age`` (up to ``MAX_WINDOW_S``): whatever changed it moments ago may be a writer slower than the
+window (a record every few seconds), and after a restart's stop that costs a few seconds at
+most. A change is a new size, inode, mtime or ctime (an in-place rewrite that puts the mtime
+back still moves the ctime).
+
 The gap between this check and the launch (the repair and the launch request, well under a
-second) is not watched; nor is a writer slower than the window, or one whose filesystem shows
-its writes to the login node later than the window (an NFS client's write-back of a file it keeps
-open).
+second) is not watched; nor is a writer slower than the window whose last write is older than
+``MAX_WINDOW_S / INTERVALS``, or one whose filesystem shows its writes to the login node later
+than the window (an NFS client's write-back of a file it keeps open).
 """
 
 from __future__ import annotations
@@ -125,8 +131,10 @@ async def check(runner: _Runner, step: Step) -> None:
         "workdir": plan.layout.workdir,
         "window_s": window,
         "interval_s": SAMPLE_S,
+        "recent_factor": INTERVALS,
+        "recent_max_s": MAX_WINDOW_S,
     }
-    timeout = window + runner.hc.command_timeout
+    timeout = max(window, MAX_WINDOW_S) + runner.hc.command_timeout
     raw = await runner.request("observe_files", params, timeout=timeout)
     seen = decode(raw, ObservedFiles, plan.host, "observe_files")
     step.data["observed"] = {

@@ -198,6 +198,7 @@ class FileSample(msgspec.Struct, kw_only=True):
     mtime_ns: int
     dev: int
     ino: int
+    ctime_ns: int = 0
 
 
 class ObservedFile(msgspec.Struct, kw_only=True):

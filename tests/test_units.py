@@ -450,3 +450,263 @@ async def test_o7_a_run_whose_workdir_was_replaced_is_still_running(
         with pytest.raises(LaunchError, match="already running"):
             await actions.launch(engine, "r")
         assert token_holders(rv.last_unit.launch_id) == [rv.process.identity.pid]
+
+
+# Variants found by an adversarial round on what landed first.
+
+LEAVER = r"""
+import json, os, sys, time
+out = os.path.abspath(sys.argv[sys.argv.index("--out") + 1])
+os.makedirs(os.path.dirname(out), exist_ok=True)
+if "--escaped" not in sys.argv:
+    if os.fork() == 0:
+        if os.environ.get("LEAVE_CGROUP"):  # root may move itself to another cgroup
+            with open("/sys/fs/cgroup/unified/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+        if os.environ.get("KILL_WAITER"):  # then leave the tree: double fork, setsid
+            if os.fork():
+                os._exit(0)
+            os.setsid()
+            if os.fork():
+                os._exit(0)
+        with open(out + ".escaped", "w") as f:
+            f.write(str(os.getpid()))
+        # An empty environment: no launch token.
+        os.execve(sys.executable, [sys.executable, __file__, "--out", out, "--escaped"], {})
+    if os.environ.get("KILL_WAITER"):
+        while not os.path.exists(out + ".escaped"):
+            time.sleep(0.01)
+        os.kill(os.getppid(), 9)  # the waiter
+n = 0
+while True:
+    n += 1
+    with open(out, "a") as f:
+        f.write(json.dumps({"sample_id": "%d-%d" % (os.getpid(), n), "output_ids": [1],
+                            "prompt_tokens": 1, "completion_tokens": 1,
+                            "finish_reason": "stop"}) + "\n")
+    time.sleep(0.05)
+"""
+
+
+def leaver_config(tmp_path: Path, env: dict[str, str]) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "gen.py").write_text(LEAVER)
+    envs = "\n".join(f'{k} = "{v}"' for k, v in env.items())
+    return write_local_config(
+        tmp_path / "rw.toml",
+        f"""
+[[runs]]
+name = "g"
+host = "here"
+workdir = "{work}"
+argv = [{json.dumps(sys.executable)}, "gen.py", "--out", "out/g.jsonl"]
+client = "mygen"
+settle_seconds = 0.5
+stop_grace_seconds = 1.0
+[runs.env]
+{envs}
+
+[clients.mygen]
+scripts = ["gen.py"]
+format = "raw"
+[clients.mygen.flags]
+output_file = ["--out"]
+""",
+        python=True,
+    )
+
+
+def escaped_pid(tmp_path: Path) -> int:
+    marker = tmp_path / "work" / "out" / "g.jsonl.escaped"
+    wait_until(lambda: marker.exists() and marker.read_text().strip() != "", timeout=30)
+    return int(marker.read_text())
+
+
+async def test_o1_a_member_that_leaves_the_cgroup_and_drops_its_token_is_still_stopped(
+    tmp_path: Path, stop_units: list[str]
+) -> None:
+    """Root may move a process out of the unit's cgroup, and an empty environment drops the
+    token: the subreaper waiter's tree still holds it, and the stop is confirmed only once it
+    is gone."""
+    if not (os.geteuid() == 0 and (CGROUP_MOUNT / "cgroup.procs").exists()):
+        pytest.skip("needs root and cgroup v2 mounted at /sys/fs/cgroup/unified")
+    from supervisor.config import load_config
+
+    cfg = leaver_config(tmp_path, {"LEAVE_CGROUP": "1"})
+    async with Engine(load_config(cfg)) as engine:
+        rv = await launched(engine, "g", stop_units)
+        assert rv.held_by == "cgroup"
+        away = escaped_pid(tmp_path)
+        assert token_holders(rv.last_unit.launch_id) != [] and away not in token_holders(
+            rv.last_unit.launch_id
+        )
+        report = await engine.kill("here", rv.process.identity, grace=1.0, run="g")
+        assert report.all_gone, report.results
+        assert not Path(f"/proc/{away}").exists() or "Z" in Path(f"/proc/{away}/stat").read_text()
+
+
+async def test_o1_a_member_that_kills_the_waiter_makes_the_stop_unconfirmed(
+    tmp_path: Path, stop_units: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a cgroup, a member that kills the waiter and leaves its tree with an empty
+    environment can no longer be found: the stop is never reported confirmed."""
+    from supervisor.config import load_config
+
+    monkeypatch.setenv("RUNWATCH_AGENT_NO_CGROUP", "1")
+    cfg = leaver_config(tmp_path, {"KILL_WAITER": "1"})
+    async with Engine(load_config(cfg)) as engine:
+        rv = await launched(engine, "g", stop_units)
+        away = escaped_pid(tmp_path)
+        try:
+            lid = rv.last_unit.launch_id
+            await asyncio.to_thread(
+                wait_until, lambda: not (_unit_record(lid).get("waiter_alive", True)), 10
+            )
+            now = await snapshot_run(engine, "g")
+            if now.process is not None:
+                report = await engine.kill("here", now.process.identity, grace=1.0, run="g")
+                assert not report.all_gone
+                assert "waiter" in (report.unit_detail or ""), report.unit_detail
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(away, 9)
+
+
+def _unit_record(launch_id: str) -> dict[str, Any]:
+    from supervisor.agent import unit
+
+    rec = unit.read_record(launch_id) or {}
+    return {"waiter_alive": unit._waiter_alive(rec)} if rec else {}
+
+
+HOPPER = r"""
+import json, os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+out = os.path.abspath(os.path.join("out", "B1", "raw_responses.jsonl"))
+os.makedirs(os.path.dirname(out), exist_ok=True)
+last = 0.0
+while True:
+    if os.fork():
+        os._exit(0)  # a new pid every few milliseconds
+    if time.time() - last > 0.5:
+        with open(out, "a") as f:
+            f.write(json.dumps({"sample_id": str(time.time()), "output_ids": [1],
+                                "prompt_tokens": 1, "completion_tokens": 1,
+                                "finish_reason": "stop"}) + "\n")
+        last = time.time()
+    time.sleep(0.002)
+"""
+
+
+async def test_o1_a_run_that_changes_pid_faster_than_a_listing_is_running_and_stoppable(
+    tmp_path: Path, held_by: str, stop_units: list[str]
+) -> None:
+    """A client that forks and exits every few milliseconds: its unit is running (never
+    "stopped" or "finished"), a second launch is refused, and the unit's stop is confirmed."""
+    from supervisor.config import load_config
+    from supervisor.errors import LaunchError
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "run_inference.py").write_text(HOPPER)
+    cfg = write_local_config(tmp_path / "rw.toml", run_toml("r", work), python=True)
+    async with Engine(load_config(cfg)) as engine:
+        result = await actions.launch(engine, "r")
+        assert result.ok, why(result)
+        rv = await snapshot_run(engine, "r")
+        assert rv.last_unit is not None
+        lid = rv.last_unit.launch_id
+        stop_units.append(lid)
+        assert rv.state == "running", rv.state_text
+        try:
+            again = await actions.launch(engine, "r")
+        except LaunchError as e:
+            assert "already running" in str(e)
+        else:
+            assert not again.ok and "already running" in why(again), why(again)
+        stopped = await engine.host("here").request("unit_stop", {"launch_id": lid, "grace": 0.5})
+        assert stopped["confirmed"], stopped
+        assert token_holders(lid) == []
+
+
+CRASHING_WORKER = r"""
+import os, sys, time
+out = os.path.join("out", "B1", "raw_responses.jsonl")
+os.makedirs(os.path.dirname(out), exist_ok=True)
+if os.fork() == 0:
+    with open("worker.pid", "w") as f:
+        f.write(str(os.getpid()))
+    while True:
+        time.sleep(0.05)
+sys.exit(0)  # the client exits 0 at once; its worker goes on
+"""
+
+
+async def test_o8_a_worker_that_crashes_after_its_client_exited_0_is_a_death(
+    tmp_path: Path, held_by: str, stop_units: list[str]
+) -> None:
+    from supervisor.config import load_config
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "run_inference.py").write_text(CRASHING_WORKER)
+    cfg = write_local_config(tmp_path / "rw.toml", run_toml("r", work), python=True)
+    async with Engine(load_config(cfg)) as engine:
+        result = await actions.launch(engine, "r")
+        assert result.ok, why(result)
+        rv = await snapshot_run(engine, "r")
+        lid = rv.last_unit.launch_id
+        stop_units.append(lid)
+        pidfile = work / "worker.pid"
+        await asyncio.to_thread(wait_until, lambda: pidfile.exists() and pidfile.read_text(), 30)
+        os.kill(int(pidfile.read_text()), 9)
+        await asyncio.to_thread(wait_until, lambda: _ended(lid), 30)
+        now = await snapshot_run(engine, "r")
+        assert now.ending == "died", now.last_unit
+        assert "signal 9" in (now.state_detail or ""), now.state_detail
+
+
+async def test_o2_a_run_of_a_profile_started_by_hand_is_adopted_and_killable(
+    tmp_path: Path,
+) -> None:
+    """A ``[clients.NAME]`` run started by hand is listed as adopted and its kill goes through
+    (the kill recognises the profile's scripts, not only the built-in ones)."""
+    from supervisor.config import load_config
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "gen.py").write_text(GEN)
+    cfg = write_local_config(
+        tmp_path / "rw.toml",
+        f"""
+[[runs]]
+name = "mine"
+host = "here"
+workdir = "{work}"
+argv = [{json.dumps(sys.executable)}, "gen.py", "--out", "out/x.jsonl"]
+client = "mygen"
+
+[clients.mygen]
+scripts = ["gen.py"]
+format = "raw"
+[clients.mygen.flags]
+output_file = ["--out"]
+""",
+        python=True,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "gen.py", "--out", "out/x.jsonl"], cwd=work, start_new_session=True
+    )
+    try:
+        async with Engine(load_config(cfg)) as engine:
+            await asyncio.to_thread(wait_until, lambda: (work / "out" / "x.jsonl").exists(), 30)
+            rv = await snapshot_run(engine, "mine")
+            assert rv.state == "running" and rv.held_by == "adopted", rv.state_text
+            report = await engine.kill("here", rv.process.identity, grace=1.0, run="mine")
+            assert report.all_gone, report.results
+        assert proc.wait(timeout=10) is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -418,3 +420,59 @@ async def test_o4_slurm_submission_refused_while_another_user_appends(
     _only_the_other_writer_added(before, data.read_bytes())
     (entry,) = _audited(state_home)
     assert entry["action"] == "launch" and entry["ok"] is False
+
+
+async def test_o4_a_file_changed_moments_ago_is_watched_longer_than_a_slow_writers_pace(
+    host: Host, fake_runs: FakeRuns
+) -> None:
+    """A writer that appends every few seconds, slower than the window: the file was changed
+    2 s before the watch, so the watch lasts at least 3 x 2 s and sees its next record."""
+    data = fake_runs.dir / "B1.jsonl"
+    data.write_bytes(raw_record("B1-0"))
+    two_s_ago = time.time_ns() - 2_000_000_000
+    os.utime(data, ns=(two_s_ago, two_s_ago))
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; time.sleep(2.5); "
+            "open(sys.argv[1], 'ab').write(sys.argv[2].encode())",
+            str(data),
+            raw_record("B1-1").decode(),
+        ]
+    )
+    try:
+        seen = await host.request(
+            "observe_files",
+            {"paths": [str(data)], "window_s": 1.0, "recent_factor": 3.0, "recent_max_s": 30.0},
+            timeout=60,
+        )
+    finally:
+        writer.wait(timeout=30)
+    assert seen["window_s"] >= 5.9, seen
+    assert seen["changed"] is True and seen["files"][0]["change"] == "grew", seen
+
+
+async def test_o4_an_in_place_rewrite_that_puts_the_mtime_back_is_seen(
+    host: Host, fake_runs: FakeRuns
+) -> None:
+    data = fake_runs.dir / "B1.jsonl"
+    data.write_bytes(b'{"finish_reason": "stop"}\n')
+    rewrite = (
+        "import os, sys, time\n"
+        "p = sys.argv[1]\n"
+        "time.sleep(0.5)\n"
+        "st = os.stat(p)\n"
+        "data = open(p, 'rb').read().replace(b'stop', b'STOP')\n"
+        "open(p, 'r+b').write(data)\n"
+        "os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))\n"
+    )
+    writer = subprocess.Popen([sys.executable, "-c", rewrite, str(data)])
+    try:
+        seen = await host.request(
+            "observe_files", {"paths": [str(data)], "window_s": 5.0}, timeout=60
+        )
+    finally:
+        writer.wait(timeout=30)
+    assert data.read_bytes() == b'{"finish_reason": "STOP"}\n'
+    assert seen["changed"] is True and seen["files"][0]["change"] == "modified", seen

@@ -55,7 +55,13 @@ def sample(path: str) -> FileSample | None:
                 st = os.fstat(fd)
             finally:
                 os.close(fd)
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "dev": st.st_dev, "ino": st.st_ino}
+    return {
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "dev": st.st_dev,
+        "ino": st.st_ino,
+        "ctime_ns": st.st_ctime_ns,
+    }
 
 
 def change(before: FileSample | None, after: FileSample | None) -> str:
@@ -71,7 +77,7 @@ def change(before: FileSample | None, after: FileSample | None) -> str:
         return "grew"
     if after["size"] < before["size"]:
         return "shrank"
-    if after["mtime_ns"] != before["mtime_ns"]:
+    if after["mtime_ns"] != before["mtime_ns"] or after["ctime_ns"] != before["ctime_ns"]:
         return "modified"
     return ""
 
@@ -94,6 +100,15 @@ def observe_files(params: dict[str, Any]) -> ObserveFilesResult:
     full = bool(params.get("full"))
     paths = {p: resolve(p, base) for p in raw}
     first = {p: sample(real) for p, real in paths.items()}
+    factor = param_number(params, "recent_factor", 0.0)
+    if factor > 0:
+        # A file changed moments ago: whoever changed it may write again later than the window.
+        now_ns = time.time_ns()
+        ages = [(now_ns - s["mtime_ns"]) / 1e9 for s in first.values() if s is not None]
+        longest = min(param_number(params, "recent_max_s", window), MAX_WINDOW_S)
+        for age in ages:
+            if age >= 0:
+                window = max(window, min(factor * age, longest))
     began = time.monotonic()
     seen: dict[str, tuple[str, FileSample | None, float]] = {}
     while True:

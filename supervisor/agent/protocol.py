@@ -590,6 +590,9 @@ class UnitExit(TypedDict):
     signal: int | None
     at: float | None
     stopped: bool
+    failed: dict[str, Any] | None
+    """The first orphaned descendant the waiter reaped that died of a signal or a non-zero exit
+    (``{pid, code, signal}``)."""
 
 
 class UnitInfo(TypedDict):
@@ -605,6 +608,9 @@ class UnitInfo(TypedDict):
     members: list[int]
     exit: UnitExit | None
     waiter_alive: bool
+    tracked: bool
+    """False when a member killed the waiter of a unit without a cgroup: a member that left its
+    tree and dropped the token can no longer be found."""
     launched_at: float | None
     argv: list[str]
     workdir: str | None
@@ -817,6 +823,11 @@ class ObserveFilesParams(_ObserveFilesRequired, total=False):
     interval_s: float
     full: bool
     """Watch the whole window even after a change (default: return at the first)."""
+    recent_factor: float
+    """Watch a file changed ``age`` seconds before the watch for at least ``recent_factor *
+    age`` (up to ``recent_max_s``): a writer that touched it moments ago, slower than the
+    window, is waited for."""
+    recent_max_s: float
 
 
 class FileSample(TypedDict):
@@ -824,6 +835,8 @@ class FileSample(TypedDict):
     mtime_ns: int
     dev: int
     ino: int
+    ctime_ns: int
+    """The inode's change time: an in-place rewrite that restores the mtime still moves it."""
 
 
 class ObservedFile(TypedDict):

@@ -14,8 +14,9 @@ What it does, in order:
    host gave the launch a cgroup, inside that cgroup (joined between fork and exec, so not one
    instruction of the client runs outside it);
 3. answers the agent with the client's pid (one JSON line on stdout), then detaches from it;
-4. reaps: records the client's exit status and time in the unit's record the moment it ends, then
-   goes on reaping re-parented descendants until none is left (and the cgroup, if any, is empty),
+4. reaps: records the client's exit status and time in the unit's record the moment it ends (and
+   the first orphaned descendant that crashed), records its tree's members every second, goes on
+   reaping re-parented descendants until none is left (and the cgroup, if any, is empty),
    records that too, removes the cgroup and exits.
 
 The record is written atomically (rename) and 0600.
@@ -43,6 +44,8 @@ BOOT = (
 
 _PR_SET_CHILD_SUBREAPER = 36
 _CGROUP_POLL_S = 0.5
+_TRACK_S = 1.0
+"""How often the waiter records its tree's members (and wakes when no child ends)."""
 
 
 def _subreaper() -> bool:
@@ -167,16 +170,7 @@ def run(spec: dict[str, Any]) -> int:
     )
     write_record(record_path, record)
     _reply({"ok": True, "pid": child.pid})
-    while True:
-        try:
-            pid, status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries
-            continue
-        if pid == child.pid:
-            record.update(exit=_exit_of(status), exited_at=time.time())
-            write_record(record_path, record)
+    _reap(child.pid, record, record_path)
     # Nothing of ours is left to reap. A cgroup can still hold a member that something else
     # moved in or that re-parented elsewhere: the unit ends when the cgroup is empty.
     while cgroup and _populated(cgroup):
@@ -186,6 +180,69 @@ def run(spec: dict[str, Any]) -> int:
     if cgroup:
         _rmdir(cgroup)
     return 0
+
+
+def _reap(client: int, record: dict[str, Any], record_path: str) -> None:
+    """Reap the client and every orphaned descendant until none is left.
+
+    Records the client's exit status the moment it ends, the first descendant the waiter reaps
+    that died of a signal or a non-zero exit (a worker that crashed after its parent exited 0:
+    the run did not finish), and, every ``_TRACK_S``, the tree's members as (pid, start time),
+    so that a member that dropped the token is still known if this waiter is killed."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    known: list[list[int]] = []
+    tracked = 0.0
+    while True:
+        try:
+            while True:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+                if pid == client:
+                    record.update(exit=_exit_of(status), exited_at=time.time())
+                    write_record(record_path, record)
+                elif "failed" not in record and not _clean(status):
+                    record["failed"] = dict(_exit_of(status), pid=pid)
+                    write_record(record_path, record)
+        except ChildProcessError:
+            return
+        if time.monotonic() - tracked >= _TRACK_S:
+            tracked = time.monotonic()
+            now = _tree(os.getpid())
+            if now != known:
+                known = now
+                record["known"] = known
+                write_record(record_path, record)
+        signal.sigtimedwait({signal.SIGCHLD}, _TRACK_S)
+
+
+def _clean(status: int) -> bool:
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def _tree(root: int) -> list[list[int]]:
+    """``[pid, start time]`` of every descendant of ``root``, from one pass over /proc."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        parent[int(name)] = int(fields[1])
+        ticks[int(name)] = int(fields[19])
+    out = []
+    for pid in sorted(parent):
+        p, seen = parent.get(pid), 0
+        while p is not None and p != root and p > 1 and seen < 4096:
+            p, seen = parent.get(p), seen + 1
+        if p == root:
+            out.append([pid, ticks[pid]])
+    return out
 
 
 def _rmdir(path: str) -> None:
