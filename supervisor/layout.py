@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import posixpath
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from supervisor import clients
 from supervisor.agent import match
@@ -182,8 +182,51 @@ def layout_of(
     """The layout of ``run`` launched with ``argv`` (default: the config's argv), as its client
     profile reads it (``client`` overrides the gate's view of the profile).
 
-    Flags read from the argv (after the script) win; the run's config keys are the defaults.
+    Flags read from the argv (after the script) win; the run's config keys are the defaults. An
+    abbreviation of one of the profile's flags (``--output-d`` for ``--output-dir``: argparse
+    expands any unique prefix) makes the files unknown: the gate would check other files than
+    the ones the client writes.
     """
+    layout = _layout_of(config, run, argv, client)
+    args = list(run.argv if argv is None else argv)
+    short = abbreviation(args, clients.client_of(config, run, args), clients.all_scripts(config))
+    if short is None or layout.problem is not None:
+        return layout
+    token, full = short
+    return replace(
+        layout,
+        problem=f"{token} in the command line is an abbreviation of {full} (argparse accepts a "
+        "prefix; runwatch reads flags by their full names)",
+        hint=f"write {full} in full in the run's argv (or `--set`)",
+    )
+
+
+def abbreviation(
+    args: Sequence[str], profile: ClientProfile, scripts: Sequence[str]
+) -> tuple[str, str] | None:
+    """The first option after the script that is not one of ``profile``'s flags but a strict
+    prefix of some (``--output-d`` -> ``--output-dir``), with the flag(s) it abbreviates."""
+    spellings = {f for role in clients.ROLES for f in getattr(profile.flags, role)}
+    known = spellings | set(profile.known_flags)
+    idx = match.script_index(args, scripts)
+    for arg in args[(idx if idx is not None else 0) + 1 :]:
+        if arg == "--":
+            break
+        token = arg.split("=", 1)[0]
+        if not token.startswith("--") or token in known:
+            continue
+        full = sorted(f for f in spellings if f.startswith(token) and f != token)
+        if full:
+            return token, " or ".join(full)
+    return None
+
+
+def _layout_of(
+    config: Config,
+    run: RunConfig,
+    argv: Sequence[str] | None,
+    client: ClientFlags | None,
+) -> RunLayout:
     args = list(run.argv if argv is None else argv)
     local = config.host(run.host).local
     profile = clients.client_of(config, run, args)

@@ -531,3 +531,30 @@ def test_o7_a_remote_workdirs_tilde_is_the_hosts_home_and_the_argvs_is_not(
     monkeypatch.setenv("HOME", str(tmp_path))
     assert resolve(path) == f"{tmp_path}/w/~/legacy/B1/raw_responses.jsonl"
     assert resolve(layout.log) == f"{tmp_path}/logs/r.log"
+
+
+def test_o7_an_abbreviated_path_flag_in_the_argv_is_refused_never_read_as_absent(
+    tmp_path: Path, state_home: Path
+) -> None:
+    """argparse expands ``--output-d`` to ``--output-dir``: read as an unknown flag, the gate
+    would check the default ``out/`` while the client appends into ``legacy/``. The files are
+    unknown instead, and launch refuses saying which flag to write in full."""
+    legacy = tmp_path / "legacy" / "B1" / "raw_responses.jsonl"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text('{"sample_id": 0, "text": "legacy"}\n')
+    spec = tmp_path / "abbr.toml"
+    spec.write_text(
+        '[[hosts]]\nname = "here"\nlocal = true\n[[runs]]\nname = "ab"\nhost = "here"\n'
+        f'workdir = "{tmp_path}"\n'
+        'argv = ["python3", "run_inference.py", "--datasets", "B1", "--output-d", "legacy"]\n'
+    )
+    out = runwatch("launch", "ab", "--dry-run", "-c", str(spec))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--output-d in the command line is an abbreviation of --output-dir" in out.stderr
+    assert "write --output-dir in full" in out.stderr
+    assert legacy.read_text() == '{"sample_id": 0, "text": "legacy"}\n'
+    cfg = load_config(spec)
+    assert (
+        layout_of(cfg, cfg.run("ab"), [*cfg.run("ab").argv[:-2], "--output-dir", "x"]).problem
+        is None
+    )
