@@ -201,13 +201,20 @@ def layout_of(
     )
 
 
+_WHERE_ROLES = ("datasets", "output_dir", "output_file", "input_file", "prompts_dir")
+"""The flags that decide which files a run writes and reads."""
+
+
 def abbreviation(
     args: Sequence[str], profile: ClientProfile, scripts: Sequence[str]
 ) -> tuple[str, str] | None:
     """The first option after the script that is not one of ``profile``'s flags but a strict
-    prefix of some (``--output-d`` -> ``--output-dir``), with the flag(s) it abbreviates."""
-    spellings = {f for role in clients.ROLES for f in getattr(profile.flags, role)}
-    known = spellings | set(profile.known_flags)
+    prefix of one that says where the data is (``--output-d`` -> ``--output-dir``), with the
+    flag(s) it abbreviates. (A prefix of another flag may be an option the script declares
+    itself, which argparse matches exactly: ``--mode`` beside ``--model``.)"""
+    spellings = {f for role in _WHERE_ROLES for f in getattr(profile.flags, role)}
+    known = {f for role in clients.ROLES for f in getattr(profile.flags, role)}
+    known |= set(profile.known_flags)
     idx = match.script_index(args, scripts)
     for arg in args[(idx if idx is not None else 0) + 1 :]:
         if arg == "--":
