@@ -255,6 +255,8 @@ class FixedEngine:
         self.config = config or fixed_config()
         self.kills: list[tuple[str, Identity, float]] = []
         self.closed = False
+        self.stopping: set[str] = set()
+        """As ``Engine.stopping``: the stops a plan of this engine is making."""
 
     async def refresh(self, on_progress: Callable[[Snapshot], None] | None = None) -> Snapshot:
         return self.snapshot
