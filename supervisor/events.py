@@ -425,8 +425,9 @@ def budget_event(outcome: GuardOutcome, config: Config) -> Event | None:
 def restart_event(
     config: Config, host: str, run: str, result: ActionResult | None, detail: str
 ) -> Event:
-    """The event of an automatic restart: done, failed, or rolled back (the launch failed and
-    the previous command line was put back)."""
+    """The event of an automatic restart: done, failed, rolled back (the launch failed and the
+    previous command line was put back), or refused by the gate (``start-refused``, naming the
+    command that starts the run keeping its output)."""
     prefix = command_prefix(config)
     now = time.time()
     if result is not None and result.ok:
