@@ -162,9 +162,10 @@ class Agent:
         params: dict[str, Any],
         with_gpu: bool,
         gpu_query: tuple[dict[int, float] | None, dict[str, Any] | None] | None = None,
-    ) -> tuple[list[Any], Any]:
-        """The run processes and the GPU summary; ``gpu_query``: nvidia-smi's answer when it
-        was asked already (:func:`gpu.query_gpu`), else it is asked here when ``with_gpu``."""
+    ) -> tuple[list[Any], Any, list[Any]]:
+        """The run processes, the GPU summary and the units of the listing's ``config_id``;
+        ``gpu_query``: nvidia-smi's answer when it was asked already (:func:`gpu.query_gpu`),
+        else it is asked here when ``with_gpu``."""
         scripts = params.get("scripts") or list(DEFAULT_SCRIPTS)
         if not isinstance(scripts, list) or not all(isinstance(s, str) for s in scripts):
             raise AgentOpError("scripts: expected a list of strings", "bad-request")
@@ -182,6 +183,8 @@ class Agent:
             gpu_query = gpu.query_gpu() if with_gpu else (None, None)
         gpu_pids, summary = gpu_query
         config_id = params.get("config_id")
+        cid = config_id if isinstance(config_id, str) and config_id else None
+        units = self.units()
         with self.list_lock:
             found = self.lister.list_runs(
                 scripts,
@@ -190,35 +193,27 @@ class Agent:
                 runs,
                 secret_env,
                 clients,
-                self.running_units(),
-                config_id if isinstance(config_id, str) else None,
+                [u for u in units if u["members"]],
+                cid,
             )
-        return found, summary
+        return found, summary, [u for u in units if cid is not None and u["config_id"] == cid]
 
-    def running_units(self) -> list[dict[str, Any]]:
-        """The units of this agent's user that have members (``unit.list_units``), read only
-        when a unit record exists: a host where runwatch never launched pays nothing."""
+    def units(self) -> list[dict[str, Any]]:
+        """Every unit of this agent's user (``unit.list_units``), read only when a unit record
+        exists: a host where runwatch never launched pays nothing."""
         unit = _module("unit")
         if not os.path.isdir(unit.units_dir()):
             return []
-        return [u for u in unit.list_units({})["units"] if u["members"]]
-
-    def config_units(self, params: dict[str, Any]) -> list[Any]:
-        """Every unit the config ``config_id`` launched on this host, the newest first."""
-        cid = params.get("config_id")
-        unit = _module("unit")
-        if not isinstance(cid, str) or not cid or not os.path.isdir(unit.units_dir()):
-            return []
-        return list(unit.list_units({"config_id": cid})["units"])
+        return list(unit.list_units({})["units"])
 
     def ps(self, params: dict[str, Any]) -> PsResult:
-        found, summary = self._list(params, bool(params.get("gpu", True)))
+        found, summary, units = self._list(params, bool(params.get("gpu", True)))
         return {
             "time": time.time(),
             "boot_id": self.boot_id,
             "processes": found,
             "gpu": summary,
-            "units": self.config_units(params),
+            "units": units,
         }
 
     def refresh(self, params: dict[str, Any]) -> RefreshResult:
@@ -241,24 +236,24 @@ class Agent:
         reporter = None
         gpus: _Background | None = None
         if counting is None:
-            found, summary = self._list(params, with_gpu)
+            found, summary, units = self._list(params, with_gpu)
         else:
             # The line counts go out as soon as they are made, not after nvidia-smi (a second
             # or more on a host of 8 GPUs): the GPUs are asked on a thread of their own, the
             # processes listed without them for the counts and again with them for the reply.
             gpus = _Background(gpu.query_gpu) if with_gpu else None
-            found, summary = self._list(params, False)
+            found, summary, units = self._list(params, False)
             reporter = self._first_pass(specs, found, counting)
         files = self._scan_files(specs, reporter=reporter)
         if gpus is not None:
-            found, summary = self._list(params, True, gpus.result())
+            found, summary, units = self._list(params, True, gpus.result())
         reply: RefreshResult = {
             "time": time.time(),
             "boot_id": self.boot_id,
             "processes": found,
             "files": files,
             "gpu": summary,
-            "units": self.config_units(params),
+            "units": units,
         }
         if fetcher is not None:
             fetcher.join()

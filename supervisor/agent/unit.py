@@ -351,9 +351,14 @@ def _waiter_alive(rec: dict[str, Any]) -> bool:
     return st is not None and st.start_time == w.get("start_time") and st.state not in "ZX"
 
 
-def members(rec: dict[str, Any], holders: dict[str, list[int]] | None = None) -> list[int]:
+def members(
+    rec: dict[str, Any],
+    holders: dict[str, list[int]] | None = None,
+    table: dict[int, procs.ProcRow] | None = None,
+) -> list[int]:
     """The live processes of a unit: its cgroup's (or the waiter's descendants), plus token
-    holders. ``holders``: :func:`token_holders` already read for many units."""
+    holders. ``holders`` (:func:`token_holders`) and ``table`` (``proc.process_table``): read
+    once for many units."""
     found: set[int] = set()
     cgroup = rec.get("cgroup")
     if cgroup:
@@ -361,7 +366,7 @@ def members(rec: dict[str, Any], holders: dict[str, list[int]] | None = None) ->
     # The waiter's tree too, with a cgroup or not: a member that moved itself to another cgroup
     # (root may) is still the subreaper's descendant. Without the waiter (a member killed it),
     # the members it last recorded and their descendants.
-    table = procs.process_table()
+    table = procs.process_table() if table is None else table
     if _waiter_alive(rec):
         found.update(procs.descendants(table, int(rec["waiter"]["pid"])))
     else:
@@ -401,9 +406,13 @@ def _exit_of(rec: dict[str, Any], live: bool) -> dict[str, Any] | None:
     }
 
 
-def describe(rec: dict[str, Any], holders: dict[str, list[int]]) -> dict[str, Any]:
+def describe(
+    rec: dict[str, Any],
+    holders: dict[str, list[int]],
+    table: dict[int, procs.ProcRow] | None = None,
+) -> dict[str, Any]:
     """A unit as the ``units`` op reports it."""
-    live = members(rec, holders) if rec.get("boot_id") == procs.boot_id() else []
+    live = members(rec, holders, table) if rec.get("boot_id") == procs.boot_id() else []
     child = rec.get("child") or {}
     main = None
     cpid = child.get("pid")
@@ -444,7 +453,8 @@ def list_units(params: dict[str, Any]) -> dict[str, Any]:
     recs = [r for r in _records() if want is None or r.get("config_id") == want]
     live = [r for r in recs if r.get("state") != "ended" and r.get("boot_id") == procs.boot_id()]
     holders = token_holders(str(r.get("token") or "") for r in live)
-    units = [describe(r, holders) if r in live else _ended(r) for r in recs]
+    table = procs.process_table() if live else {}
+    units = [describe(r, holders, table) if r in live else _ended(r) for r in recs]
     units.sort(key=lambda u: -float(u.get("launched_at") or 0.0))
     return {"units": units}
 
