@@ -584,7 +584,7 @@ class Soak:
         self.escape_checks += 1
         left = run.unit_members(None if kill else launch_ids)
         grew: dict[str, tuple[int, int]] = {}
-        if kill:
+        if kill and self.appender_on(run) is None:  # an appender's growth is the soak's own
             sizes = self._sizes(run)
             self.stop.wait(ESCAPE_WATCH_S)  # the observation window itself
             after = self._sizes(run)
@@ -610,11 +610,13 @@ class Soak:
         )
 
     def _sizes(self, run: Run) -> dict[str, int]:
+        """The sizes of the run's own data files (a decoy client in its workdir writes others)."""
         out: dict[str, int] = {}
-        for path in (run.workdir / "out").rglob("*"):
+        paths = run.output_files() if run.behaviour == "specforge" else []
+        paths += [run.data_file(d) for d in run.datasets if run.behaviour != "specforge"]
+        for path in paths:
             with contextlib.suppress(OSError):
-                if path.is_file():
-                    out[str(path)] = path.stat().st_size
+                out[str(path)] = path.stat().st_size
         return out
 
     def check_left_down(
