@@ -329,3 +329,82 @@ def test_a_run_started_while_an_appender_writes_its_file_is_a_violation(tmp_path
             p.wait(10)
             assert p.stdin is not None
             p.stdin.close()
+
+
+def _adversary(tmp_path: Path, behaviour: str) -> tuple[Path, list[str]]:
+    """A wrapper of ``behaviour`` and the client argv it runs with (an endpoint that refuses
+    connections: the client retries, so it stays up without a server)."""
+    from tests.soak import adversaries
+    from tests.soak.run import REPO
+
+    script = adversaries.write_wrapper(tmp_path / "bin", behaviour, REPO)
+    work = tmp_path / "work"
+    (work / "prompts").mkdir(parents=True)
+    (work / "out" / "E1").mkdir(parents=True)  # the escaped writer creates no directory
+    (work / "prompts" / "E1.jsonl").write_text('{"sample_id": "E1-0", "prompt": "hi"}\n')
+    argv = [sys.executable, str(script), "--datasets", "E1", "--output-dir", "out"]
+    argv += ["--api-base", "http://127.0.0.1:9/v1", "--model", "m", "--ledger", "l.jsonl"]
+    return work, argv
+
+
+def _writers_of(path: Path) -> list[int]:
+    """Live escaped writers (the adversaries' exec'd writer) of ``path``."""
+    return [p for p in procs.pids() if str(path) in procs.argv(p) and procs.alive(p)]
+
+
+def _session(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+
+
+def test_the_escape_adversary_leaves_a_setsid_writer_behind_on_sigterm(tmp_path: Path) -> None:
+    work, argv = _adversary(tmp_path, "escape")
+    data = work / "out" / "E1" / "raw_responses.jsonl"
+    p = _spawn(argv, work)
+    try:
+        wait_until(lambda: _handles_term(p.pid))
+        os.kill(p.pid, signal.SIGTERM)
+        assert p.wait(10) == 128 + signal.SIGTERM
+        [writer] = wait_until(lambda: _writers_of(data))
+        assert _session(writer) == writer != p.pid  # its own session, not the run's group
+        assert os.listdir(f"/proc/{writer}/fd") == []  # it holds nothing open between records
+        wait_until(lambda: data.exists() and data.read_text().count('"ESC-') >= 2)
+    finally:
+        for pid in _writers_of(data):
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not _writers_of(data))
+
+
+def test_the_daemon_adversary_double_forks_a_writer_and_runs_on(tmp_path: Path) -> None:
+    work, argv = _adversary(tmp_path, "daemon")
+    data = work / "out" / "E1" / "raw_responses.jsonl"
+    p = _spawn(argv, work)
+    try:
+        [writer] = wait_until(lambda: _writers_of(data))
+        # A session of its own whose leader (the first child) is gone: no terminal, no group.
+        assert _session(writer) != _session(p.pid) and procs.alive(p.pid)
+        wait_until(lambda: not procs.alive(_session(writer)))
+        ppid = int(Path(f"/proc/{writer}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert ppid != p.pid  # orphaned by the double fork
+        wait_until(lambda: data.exists() and data.read_text().count('"ESC-') >= 2)
+    finally:
+        p.kill()
+        p.wait(10)
+        for pid in _writers_of(data):
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not _writers_of(data))
+
+
+def test_the_renamed_adversary_runs_the_client_under_another_argv0(tmp_path: Path) -> None:
+    from tests.soak.adversaries import RENAMED_ARGV0
+    from tests.soak.run import Run
+
+    work, argv = _adversary(tmp_path, "renamed")
+    run = Run("n", "here", work, ["E1"], work / "l.jsonl", "l.jsonl", "renamed")
+    p = _spawn(argv, work)
+    try:
+        wait_until(lambda: procs.argv(p.pid)[:1] == [RENAMED_ARGV0])
+        assert procs.argv(p.pid)[1:] == argv[1:]  # the same process, re-executed
+        wait_until(lambda: [x for x, _, _ in run.processes()] == [p.pid])
+    finally:
+        p.kill()
+        p.wait(10)
