@@ -3,10 +3,15 @@
     python -m tests.soak.run --minutes 10 [--seed S] [--interval 5] [--keep]
 
 Set-up: a mock OpenAI-compatible server (``python -m supervisor.demo.server``), a real sshd on
-127.0.0.1 (``tests.fixtures_sshd.SshdPool``), and two runs of the reference client with
-``--ledger``: ``local`` on this machine and ``remote`` reached over that sshd. Both are launched,
-and later acted on, only through the real CLI (``python -m supervisor.cli -c CONFIG ...``). Before
-the first launch a decoy neighbourhood is started (``tests.soak.decoys``).
+127.0.0.1 (``tests.fixtures_sshd.SshdPool``), and eight runs, all launched, and later acted on,
+only through the real CLI (``python -m supervisor.cli -c CONFIG ...``): two of the reference
+client with ``--ledger``, ``local`` on this machine and ``remote`` reached over that sshd; five of
+the reference client wrapped by ``tests.soak.adversaries`` (``escape``: its SIGTERM handler leaves
+a ``setsid`` writer behind; ``daemon``: a double-forked open-append-close daemon; ``renamed``:
+re-execs under another ``argv[0]``; ``twin-a`` and ``twin-b``: the same argv in two workdirs,
+recording the signals they catch); and ``sf``, the SpecForge stand-in, which overwrites its output
+unless given ``--resume`` (its config command line lacks it). Before the first launch a decoy
+neighbourhood is started (``tests.soak.decoys``).
 
 Faults, from a plan drawn once from the seed (the same seed and length give the same faults in the
 same order; the processes' timing does not change the plan):
@@ -18,7 +23,17 @@ same order; the processes' timing does not change the plan):
 - ``rotate-rename`` / ``rotate-copytruncate`` of the data file a run is writing;
 - ``other-user-writer``: a process of another Unix user holds a dataset file open for writing for
   a while;
-- ``decoy-churn``: one more look-alike decoy is started.
+- ``decoy-churn``: one more look-alike decoy is started;
+- ``escaping-fork`` / ``renamed`` / ``twin``: a kill and a launch, or a restart, of ``escape`` or
+  ``daemon`` / ``renamed`` / one twin;
+- ``oac-writer``: a shell ``>>`` loop or another user's open-append-close appender on ``local``'s
+  data file, then a kill and a launch or a restart of ``local`` (to be refused), then the appender
+  is retired and ``local`` launched;
+- ``flag-resume``: a restart of ``sf`` with ``--set resume`` and a value it rejects at start (the
+  rollback goes ahead), the same after archiving its output and launching it without ``--resume``
+  (the rollback would overwrite: refused), or a restart without ``--resume``.
+
+The soak stops at its minutes: the faults reached are a prefix of the plan.
 
 Invariants, checked continuously by a thread polling /proc and the files (and at the end for
 the ledgers):
@@ -32,8 +47,17 @@ the ledgers):
   copy, ``.broken``, ``.torn``, a moved-aside file), except lines the soak's own copytruncate
   raced (counted apart, with the window);
 - ``run-left-down``: after each runwatch action exits, the run is running (the same process alive
-  for ``STABLE_S``) within ``BOUND_S``, unless the action was a kill or it reported failure with
-  the run's process untouched.
+  for ``STABLE_S``) within ``BOUND_S``, unless the action was a kill, it reported failure with
+  the run's process untouched, it was refused while the soak's appender writes the run's data, or
+  its rollback was refused because the previous command line lacked ``--resume``;
+- ``escaped-writer``: once runwatch says it stopped a run (a kill exited 0, a restart got past its
+  stop), no process of the stopped launch (its launch token, its cgroup) is alive, and after a kill
+  the run's data files do not grow for ``ESCAPE_WATCH_S``;
+- ``twin-signalled``: a twin catches a signal, or its process ends, only while runwatch acts on it;
+- ``launched-beside-writer``: no run's process starts while an appender that is not a run appended
+  to its data file all through the quiet window the gate watched before it (``BESIDE``);
+- ``output-shrank``: no complete line of ``sf``'s output or sidecars is lost or changed, and the
+  files are not replaced, except by the soak's own archiving.
 
 Every violation is printed with its evidence (pids, start ticks, argv, files, offsets, the
 runwatch command and its output). Exit status 1 on any violation, 0 otherwise.
