@@ -259,9 +259,12 @@ class Run:
                 out.append((pid, s[1], a))
         return out
 
-    def unit_members(self, launch_ids: set[str] | None = None) -> list[dict[str, Any]]:
-        """Every live process of this run's launches (``launch_ids``, or any): holding a launch
-        token that names the run, or in a launch's cgroup; with what holds it."""
+    def unit_members(
+        self, config_ids: set[str], launch_ids: set[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Every live process of this run's launches (``launch_ids``, or any) by the soak's
+        config (``config_ids``: another config may have a run of the same name): holding a
+        launch token that names the run, or in a launch's cgroup; with what holds it."""
         found = []
         for pid in procs.pids():
             st = procs.stat(pid)
@@ -271,7 +274,7 @@ class Run:
             token = procs.launch_token(pid)
             if token is not None:
                 parts = token.rsplit(":", 2)
-                ours = len(parts) == 3 and parts[1] == self.name
+                ours = len(parts) == 3 and parts[0] in config_ids and parts[1] == self.name
                 if ours and (launch_ids is None or parts[2] in launch_ids):
                     why.append(f"token {token}")
             cg = procs.cgroup(pid) or ""
@@ -283,13 +286,13 @@ class Run:
                 )
         return found
 
-    def launch_ids(self) -> set[str]:
-        """The launch ids in the tokens of the run's live processes."""
+    def tokens(self) -> set[tuple[str, str]]:
+        """(config id, launch id) of the launch tokens of the run's live processes."""
         ids = set()
         for pid, _, _ in self.processes():
-            token = procs.launch_token(pid)
-            if token is not None and token.count(":") >= 2:
-                ids.add(token.rsplit(":", 1)[1])
+            parts = (procs.launch_token(pid) or "").rsplit(":", 2)
+            if len(parts) == 3 and parts[1] == self.name:
+                ids.add((parts[0], parts[2]))
         return ids
 
 
@@ -367,6 +370,9 @@ class Soak:
         self.twin_alive: dict[str, set[tuple[int, int]]] = {}
         self.seen_starts: set[tuple[int, int]] = set()
         self.escape_checks = 0
+        self.config_ids: set[str] = set()
+        """The config ids in the launch tokens of the soak's runs (runwatch derives one per
+        config; another soak's runs have the same names)."""
 
     # ------------------------------------------------------------------ set-up
 
@@ -498,7 +504,9 @@ class Soak:
 
         for run in self.runs.values():
             action = self.cli("launch (set-up)", "launch", run.name, "--yes")
-            if action.rc != 0 or self.wait_running(run, BOUND_S) is None:
+            running = self.wait_running(run, BOUND_S)
+            self.tokens_of(run)
+            if action.rc != 0 or running is None:
                 decoys = {d.pid: d.kind for d in self.hood.decoys}
                 self.notes.append(
                     f"set-up: launch {run.name} exited {action.rc} and it is not running "
@@ -575,6 +583,12 @@ class Soak:
                 return None
             time.sleep(0.2)  # polling interval of a condition wait
 
+    def tokens_of(self, run: Run) -> set[tuple[str, str]]:
+        """The run's launch tokens now; their config ids are the soak's from then on."""
+        tokens = run.tokens()
+        self.config_ids.update(c for c, _ in tokens)
+        return tokens
+
     def appender_on(self, run: Run) -> Any:
         """A live open-append-close decoy on one of the run's data files, or None."""
         files = {str(run.data_file(d)) for d in run.datasets}
@@ -587,7 +601,7 @@ class Soak:
         self,
         run: Run,
         action: Action,
-        launch_ids: set[str],
+        tokens: set[tuple[str, str]],
         before: list[tuple[int, int, list[str]]],
     ) -> None:
         """``escaped-writer``: once runwatch says a run is stopped (a kill that exited 0, a
@@ -606,7 +620,8 @@ class Soak:
         if not confirmed:
             return
         self.escape_checks += 1
-        left = run.unit_members(None if kill else launch_ids)
+        launch_ids = {lid for _, lid in tokens}
+        left = run.unit_members(self.config_ids, None if kill else launch_ids)
         grew: dict[str, tuple[int, int]] = {}
         if kill and self.appender_on(run) is None:  # an appender's growth is the soak's own
             sizes = self._sizes(run)
@@ -709,12 +724,12 @@ class Soak:
             args = [a for s in f.params["sets"] for a in ("--set", s)]
             if "allow_change" in f.params:
                 args += ["--allow-change", f.params["allow_change"]]
-            ids = run.launch_ids()
+            ids = self.tokens_of(run)
             action = self.cli(label, "restart", run.name, *args, "--yes")
             self.check_escapes(run, action, ids, before)
             self.check_left_down(run, action, before)
         elif f.kind == "kill":
-            ids, before = run.launch_ids(), run.processes()
+            ids, before = self.tokens_of(run), run.processes()
             action = self.cli("kill", "kill", run.name, "--yes", "--grace", "3")
             self.check_escapes(run, action, ids, before)
             if action.rc == 0 and run.processes():
@@ -760,7 +775,7 @@ class Soak:
     def kill_or_restart(self, run: Run, f: Fault, label: str) -> None:
         """A kill and a launch, or a restart, of a run whose process escapes, renames itself or
         has a twin; ``escaped-writer`` is checked once runwatch says it stopped it."""
-        ids, before = run.launch_ids(), run.processes()
+        ids, before = self.tokens_of(run), run.processes()
         if f.params["action"] == "kill":
             action = self.cli(f"{label}: kill", "kill", run.name, "--yes", "--grace", "3")
             self.check_escapes(run, action, ids, before)
@@ -787,12 +802,12 @@ class Soak:
         try:
             wait_for(lambda: len(self.hood.append_times(decoy)) >= 3, 15.0)
             if f.params["action"] == "kill":
-                ids, before = run.launch_ids(), run.processes()
+                ids, before = self.tokens_of(run), run.processes()
                 action = self.cli("oac-writer: kill", "kill", run.name, "--yes", "--grace", "3")
                 self.check_escapes(run, action, ids, before)
                 action = self.cli("oac-writer: launch beside it", "launch", run.name, "--yes")
             else:
-                ids, before = run.launch_ids(), run.processes()
+                ids, before = self.tokens_of(run), run.processes()
                 action = self.cli("oac-writer: restart beside it", "restart", run.name, "--yes")
                 self.check_escapes(run, action, ids, before)
             if action.rc == 0:
@@ -1237,9 +1252,15 @@ class Soak:
         if self.sshd is not None:
             self.thaw_sshd()
         for run in self.runs.values():
+            self.tokens_of(run)
+        for run in self.runs.values():
             for pid, _start, _ in run.processes():
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(os.getpgid(pid), signal.SIGKILL)
+            # What a run left in other sessions (the daemon's writer) carries its token.
+            for m in run.unit_members(self.config_ids):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(m["pid"], signal.SIGKILL)
         self.hood.close()
         if self.server is not None:
             with contextlib.suppress(ProcessLookupError):

@@ -167,30 +167,36 @@ APPENDER = (
 
 def test_an_escaped_writer_alive_after_a_confirmed_kill_is_a_violation(tmp_path: Path) -> None:
     """A process holding the killed run's launch token, appending to its file: reported with
-    its pid and the growth; the same kill reported as failed is not checked."""
+    its pid and the growth; the same kill reported as failed is not checked; a run of the same
+    name in another config (another soak) is not this one."""
     from tests.soak.run import Run
 
     soak = _soak(tmp_path)
     run = Run("esc", "here", tmp_path / "work", ["E1"], tmp_path / "work" / "ledger.jsonl")
     soak.runs = {"esc": run}
+    soak.config_ids.add("cfg0")
     run.data_file().parent.mkdir(parents=True)
     token = {"RUNWATCH_LAUNCH": "cfg0:esc:L1"}
     escaped = _spawn([sys.executable, "-c", APPENDER, str(run.data_file())], tmp_path, token)
+    other = _spawn([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path,
+                   {"RUNWATCH_LAUNCH": "cfg9:esc:L9"})  # fmt: skip
     try:
         wait_until(lambda: run.data_file().exists() and procs.launch_token(escaped.pid))
+        wait_until(lambda: procs.launch_token(other.pid))
         failed = _action(["kill", "esc", "--yes"], 1, "kill esc: not confirmed", "esc")
-        soak.check_escapes(run, failed, {"L1"}, [])
+        soak.check_escapes(run, failed, {("cfg0", "L1")}, [])
         assert soak.violations.items == []
         kill = _action(["kill", "esc", "--yes"], 0, "esc: exit confirmed", "esc")
-        soak.check_escapes(run, kill, {"L1"}, [])
+        soak.check_escapes(run, kill, {("cfg0", "L1")}, [])
         [v] = soak.violations.items
         assert v["kind"] == "escaped-writer"
         assert [m["pid"] for m in v["alive"]] == [escaped.pid]
         assert v["alive"][0]["held"] == ["token cfg0:esc:L1"]
         assert str(run.data_file()) in v["grew"]
     finally:
-        escaped.kill()
-        escaped.wait(10)
+        for p in (escaped, other):
+            p.kill()
+            p.wait(10)
 
 
 def test_a_restart_whose_stop_left_the_old_launch_alive_is_a_violation(tmp_path: Path) -> None:
@@ -201,6 +207,7 @@ def test_a_restart_whose_stop_left_the_old_launch_alive_is_a_violation(tmp_path:
     soak = _soak(tmp_path)
     run = Run("r", "here", tmp_path / "work", ["A1"], tmp_path / "work" / "ledger.jsonl")
     soak.runs = {"r": run}
+    soak.config_ids.add("cfg0")
     old = _spawn([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path,
                  {"RUNWATCH_LAUNCH": "cfg0:r:OLD"})  # fmt: skip
     new = _spawn([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path,
@@ -210,7 +217,7 @@ def test_a_restart_whose_stop_left_the_old_launch_alive_is_a_violation(tmp_path:
     try:
         wait_until(lambda: procs.launch_token(old.pid) and procs.launch_token(new.pid))
         restart = _action(["restart", "r", "--yes"], 1, "restart r: stopped at launch", "r")
-        soak.check_escapes(run, restart, {"OLD"}, [(gone.pid, 0, [])])
+        soak.check_escapes(run, restart, {("cfg0", "OLD")}, [(gone.pid, 0, [])])
         [v] = soak.violations.items
         assert v["kind"] == "escaped-writer" and [m["pid"] for m in v["alive"]] == [old.pid]
         assert v["grew"] == {}  # a restart's relaunch writes: growth is not checked
