@@ -31,7 +31,7 @@ same order; the processes' timing does not change the plan):
   is retired and ``local`` launched;
 - ``flag-resume``: a restart of ``sf`` with ``--set resume`` and a value it rejects at start (the
   rollback goes ahead), the same after archiving its output and launching it without ``--resume``
-  (the rollback would overwrite: refused), or a restart without ``--resume``.
+  (the rollback would overwrite: refused), or a restart with ``--unset resume``.
 
 The soak stops at its minutes: the faults reached are a prefix of the plan.
 
@@ -148,8 +148,9 @@ FAULT_RUNS = {
 """The runs a fault kind acts on (any other kind: REFERENCE_RUNS); a kind none of whose runs the
 soak has is planned as ``quiet``."""
 SF_VARIANTS = ("archive-then-fail", "bad-value-with-resume", "without-resume")
-"""``flag-resume``: archive the output, launch without ``--resume`` and fail a restart (the
-rollback would overwrite); fail a restart given ``--resume``; restart without ``--resume``."""
+"""``flag-resume``: archive the output, launch without ``--resume`` (``--reset``: the launch spec
+keeps a ``--set resume``) and fail a restart (the rollback would overwrite); fail a restart given
+``--resume``; restart with ``--unset resume``."""
 SF_BAD_VALUE = "temperature=1.5"
 """A value the SpecForge stand-in rejects at start (after the restart's stop)."""
 
@@ -833,14 +834,17 @@ class Soak:
                     st = path.stat()
                     self.archived.add((st.st_dev, st.st_ino))
                     os.rename(path, archive / path.name)
-            action = self.cli("flag-resume: launch on no data", "launch", run.name, "--yes")
+            # --reset: without the launch spec a --set resume left, the config's command line.
+            action = self.cli(
+                "flag-resume: launch on no data", "launch", run.name, "--reset", "--yes"
+            )
             if action.rc != 0:
                 self.notes.append(f"flag-resume: launch on no data exited {action.rc}")
                 self.recover(run)
                 return
             wait_for(lambda: _lines(run.data_file()) >= 3, 60.0)
         if variant == "without-resume":
-            sets = ["--set", "concurrency=2"]
+            sets = ["--unset", "resume", "--set", "concurrency=2"]
         else:
             sets = ["--set", "resume", "--set", SF_BAD_VALUE, "--allow-change", "temperature"]
         before = run.processes()
