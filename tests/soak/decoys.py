@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,37 @@ while True:
     signal.pause()
 """
 
+# Another user's appender: opens, appends one record and closes, every 0.25 s; notes the time of
+# each append that worked in its appends file.
+PY_OAC = PY_DECOY.replace(
+    "while True:\n    signal.pause()",
+    """import json
+data, appends, n = sys.argv[1], sys.argv[2], 0
+while True:
+    n += 1
+    rec = {"sample_id": "OAC-%d-%d" % (os.getpid(), n), "output_ids": [1, 2, 3],
+           "prompt_tokens": 3, "completion_tokens": 3, "finish_reason": "stop"}
+    line = json.dumps(rec) + "\\n"
+    try:
+        with open(data, "a") as f:
+            f.write(line)
+        with open(appends, "a") as f:
+            f.write("%.3f\\n" % time.time())
+    except OSError:
+        pass
+    time.sleep(0.25)""",
+)
+
+# A shell loop appending with `>>` (bash opens and closes the file around each builtin printf).
+BASH_OAC = (
+    "for s in TERM INT HUP USR1 USR2 QUIT ALRM; do "
+    'trap "echo $(date +%s.%N) $s >> \\"$SOAK_DECOY_RECORD\\"" $s; done; n=0; '
+    "while :; do n=$((n+1)); "
+    """printf '{"sample_id": "SH-%s-%s", "output_ids": [1, 2, 3], """
+    """"prompt_tokens": 3, "completion_tokens": 3, "finish_reason": "stop"}\\n' $$ $n """
+    """>> "$1" && date +%s.%N >> "$2"; sleep 0.25; done"""
+)
+
 BASH_DECOY = (
     ": python3 run_inference.py --datasets {datasets} --output-dir out; "
     "for s in TERM INT HUP USR1 USR2 QUIT ALRM; do "
@@ -60,6 +92,9 @@ class Decoy:
     reported: bool = False
     seen_records: int = 0
     note: dict[str, object] = field(default_factory=dict)
+    appends: Path | None = None
+    """An appender's log of the times it appended (None: the decoy does not write)."""
+    retired_at: float | None = None
 
     @property
     def pid(self) -> int:
@@ -78,6 +113,7 @@ class Decoy:
     def retire(self) -> None:
         """Stop it on purpose (the soak's own doing, never counted as a violation)."""
         self.retired = True
+        self.retired_at = time.time()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -172,6 +208,43 @@ class Neighbourhood:
             os.close(fd)
         decoy.note["holds"] = str(data_file)
         return decoy
+
+    def appender(self, kind: str, data_file: Path, user: str | None = None) -> Decoy:
+        """A writer that is not a run: opens ``data_file``, appends a record and closes it, every
+        0.25 s; ``kind`` ``oac-other-user`` (a Python appender of ``user``; the file is made
+        writable for it) or ``oac-shell`` (a ``bash`` loop with ``>>``). The time of each append
+        is in the decoy's ``appends`` file."""
+        appends = self.dir / f"{self._n + 1:03d}-{kind}.appends"
+        appends.touch()
+        if kind == "oac-other-user":
+            if user is None:
+                raise ValueError("an other-user appender needs a user")
+            shutil.chown(appends, user)
+            os.chmod(data_file, 0o666)
+            argv = ["python3", "-c", PY_OAC, str(data_file), str(appends)]
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+            decoy = self._start(kind, argv, Path("/"), user=user, env=env)
+        elif kind == "oac-shell":
+            argv = ["bash", "-c", BASH_OAC, "oac", str(data_file), str(appends)]
+            decoy = self._start(kind, argv, data_file.parent)
+        else:
+            raise ValueError(f"unknown appender {kind!r}: oac-other-user or oac-shell")
+        decoy.appends = appends
+        decoy.note["appends_to"] = str(data_file)
+        return decoy
+
+    def append_times(self, decoy: Decoy) -> list[float]:
+        if decoy.appends is None:
+            return []
+        try:
+            text = decoy.appends.read_text()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError):
+                out.append(float(line))
+        return out
 
     def live(self) -> list[Decoy]:
         return [d for d in self.decoys if not d.retired]

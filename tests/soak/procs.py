@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 _ACCMODE = 0o3  # O_ACCMODE: O_RDONLY 0, O_WRONLY 1, O_RDWR 2
@@ -114,3 +115,38 @@ def writers_under(root: str, name_prefix: str) -> dict[tuple[int, int], list[Wri
                 pid, s[1], uid(pid) or 0, int(fd), target, flags, tuple(argv(pid))
             )
     return {k: list(v.values()) for k, v in out.items()}
+
+
+def launch_token(pid: int) -> str | None:
+    """The ``RUNWATCH_LAUNCH`` token in ``pid``'s environment (inherited by every descendant of a
+    launch, whatever it did), or None."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    for var in raw.split(b"\0"):
+        if var.startswith(b"RUNWATCH_LAUNCH="):
+            return var.split(b"=", 1)[1].decode(errors="replace")
+    return None
+
+
+def cgroup(pid: int) -> str | None:
+    """``pid``'s cgroup v2 path (``0::/...``), or None."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    return next((ln[3:] for ln in lines if ln.startswith("0::")), None)
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def start_wall(ticks: int) -> float:
+    """The wall-clock time of a process start given in clock ticks since boot (``/proc/uptime``
+    has hundredths of a second, the boot time in ``/proc/stat`` whole seconds only)."""
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return time.time() - (uptime - ticks / CLK_TCK)

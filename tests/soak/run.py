@@ -3,10 +3,15 @@
     python -m tests.soak.run --minutes 10 [--seed S] [--interval 5] [--keep]
 
 Set-up: a mock OpenAI-compatible server (``python -m supervisor.demo.server``), a real sshd on
-127.0.0.1 (``tests.fixtures_sshd.SshdPool``), and two runs of the reference client with
-``--ledger``: ``local`` on this machine and ``remote`` reached over that sshd. Both are launched,
-and later acted on, only through the real CLI (``python -m supervisor.cli -c CONFIG ...``). Before
-the first launch a decoy neighbourhood is started (``tests.soak.decoys``).
+127.0.0.1 (``tests.fixtures_sshd.SshdPool``), and eight runs, all launched, and later acted on,
+only through the real CLI (``python -m supervisor.cli -c CONFIG ...``): two of the reference
+client with ``--ledger``, ``local`` on this machine and ``remote`` reached over that sshd; five of
+the reference client wrapped by ``tests.soak.adversaries`` (``escape``: its SIGTERM handler leaves
+a ``setsid`` writer behind; ``daemon``: a double-forked open-append-close daemon; ``renamed``:
+re-execs under another ``argv[0]``; ``twin-a`` and ``twin-b``: the same argv in two workdirs,
+recording the signals they catch); and ``sf``, the SpecForge stand-in, which overwrites its output
+unless given ``--resume`` (its config command line lacks it). Before the first launch a decoy
+neighbourhood is started (``tests.soak.decoys``).
 
 Faults, from a plan drawn once from the seed (the same seed and length give the same faults in the
 same order; the processes' timing does not change the plan):
@@ -18,7 +23,17 @@ same order; the processes' timing does not change the plan):
 - ``rotate-rename`` / ``rotate-copytruncate`` of the data file a run is writing;
 - ``other-user-writer``: a process of another Unix user holds a dataset file open for writing for
   a while;
-- ``decoy-churn``: one more look-alike decoy is started.
+- ``decoy-churn``: one more look-alike decoy is started;
+- ``escaping-fork`` / ``renamed`` / ``twin``: a kill and a launch, or a restart, of ``escape`` or
+  ``daemon`` / ``renamed`` / one twin;
+- ``oac-writer``: a shell ``>>`` loop or another user's open-append-close appender on ``local``'s
+  data file, then a kill and a launch or a restart of ``local`` (to be refused), then the appender
+  is retired and ``local`` launched;
+- ``flag-resume``: a restart of ``sf`` with ``--set resume`` and a value it rejects at start (the
+  rollback goes ahead), the same after archiving its output and launching it without ``--resume``
+  (the rollback would overwrite: refused), or a restart with ``--unset resume``.
+
+The soak stops at its minutes: the faults reached are a prefix of the plan.
 
 Invariants, checked continuously by a thread polling /proc and the files (and at the end for
 the ledgers):
@@ -32,8 +47,17 @@ the ledgers):
   copy, ``.broken``, ``.torn``, a moved-aside file), except lines the soak's own copytruncate
   raced (counted apart, with the window);
 - ``run-left-down``: after each runwatch action exits, the run is running (the same process alive
-  for ``STABLE_S``) within ``BOUND_S``, unless the action was a kill or it reported failure with
-  the run's process untouched.
+  for ``STABLE_S``) within ``BOUND_S``, unless the action was a kill, it reported failure with
+  the run's process untouched, it was refused while the soak's appender writes the run's data, or
+  its rollback was refused because the previous command line lacked ``--resume``;
+- ``escaped-writer``: once runwatch says it stopped a run (a kill exited 0, a restart got past its
+  stop), no process of the stopped launch (its launch token, its cgroup) is alive, and after a kill
+  the run's data files do not grow for ``ESCAPE_WATCH_S``;
+- ``twin-signalled``: a twin catches a signal, or its process ends, only while runwatch acts on it;
+- ``launched-beside-writer``: no run's process starts while an appender that is not a run appended
+  to its data file all through the quiet window the gate watched before it (``BESIDE``);
+- ``output-shrank``: no complete line of ``sf``'s output or sidecars is lost or changed, and the
+  files are not replaced, except by the soak's own archiving.
 
 Every violation is printed with its evidence (pids, start ticks, argv, files, offsets, the
 runwatch command and its output). Exit status 1 on any violation, 0 otherwise.
@@ -60,12 +84,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.soak import procs
+from tests.soak import adversaries, procs
 from tests.soak.decoys import Neighbourhood
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT = REPO / "supervisor" / "demo" / "run_inference.py"
 DATA_FILE = "raw_responses.jsonl"
+SF_OUTPUT = "regen.jsonl"
 OTHER_USER = "rwsoak"
 BOUND_S = 40.0
 """How long after a runwatch action exits the run must be running again."""
@@ -96,15 +121,38 @@ INVALID_SETS = [
     "max-tokens",  # no value
 ]
 FAULT_WEIGHTS = {
-    "restart": 34,
-    "kill": 10,
-    "sshd-freeze": 12,
-    "rotate-rename": 8,
-    "rotate-copytruncate": 8,
-    "other-user-writer": 12,
-    "decoy-churn": 8,
-    "quiet": 8,
+    "restart": 24,
+    "kill": 8,
+    "sshd-freeze": 10,
+    "rotate-rename": 6,
+    "rotate-copytruncate": 6,
+    "other-user-writer": 8,
+    "decoy-churn": 6,
+    "quiet": 6,
+    "escaping-fork": 14,
+    "renamed": 6,
+    "twin": 10,
+    "oac-writer": 8,
+    "flag-resume": 10,
 }
+REFERENCE_RUNS = ("local", "remote")
+"""The reference client's runs with a ledger, acted on by restarts, kills and rotations."""
+FAULT_RUNS = {
+    "sshd-freeze": ("remote",),
+    "escaping-fork": ("escape", "daemon"),
+    "renamed": ("renamed",),
+    "twin": ("twin-a", "twin-b"),
+    "oac-writer": ("local",),
+    "flag-resume": ("sf",),
+}
+"""The runs a fault kind acts on (any other kind: REFERENCE_RUNS); a kind none of whose runs the
+soak has is planned as ``quiet``."""
+SF_VARIANTS = ("archive-then-fail", "bad-value-with-resume", "without-resume")
+"""``flag-resume``: archive the output, launch without ``--resume`` (``--reset``: the launch spec
+keeps a ``--set resume``) and fail a restart (the rollback would overwrite); fail a restart given
+``--resume``; restart with ``--unset resume``."""
+SF_BAD_VALUE = "temperature=1.5"
+"""A value the SpecForge stand-in rejects at start (after the restart's stop)."""
 
 
 @dataclass
@@ -127,7 +175,10 @@ def make_plan(seed: int, slots: int, runs: list[str]) -> list[Fault]:
     plan = []
     for slot in range(slots):
         kind = rng.choices(kinds, weights)[0]
-        run = rng.choice(runs)
+        eligible = [r for r in FAULT_RUNS.get(kind, REFERENCE_RUNS) if r in runs]
+        if not eligible:
+            kind, eligible = "quiet", runs
+        run = rng.choice(eligible)
         params: dict[str, Any] = {}
         if kind == "restart":
             keys = rng.sample(sorted(VALID_SETS), rng.randint(1, 2))
@@ -145,12 +196,19 @@ def make_plan(seed: int, slots: int, runs: list[str]) -> list[Fault]:
         elif kind == "kill":
             params["relaunch_after"] = round(rng.uniform(1.0, 4.0), 1)
         elif kind == "sshd-freeze":
-            run = "remote"
             params["seconds"] = round(rng.uniform(3.0, 12.0), 1)
         elif kind == "other-user-writer":
             params["seconds"] = round(rng.uniform(8.0, 30.0), 1)
         elif kind == "decoy-churn":
             params["decoy"] = rng.choice(["python-c-lookalike", "bash-c-wrapper", "tail-f"])
+        elif kind in ("escaping-fork", "renamed", "twin"):
+            params["action"] = rng.choice(["kill", "restart"])
+            params["sets"] = [f"concurrency={rng.choice(['1', '2'])}"]
+        elif kind == "oac-writer":
+            params["writer"] = rng.choice(["oac-shell", "oac-other-user"])
+            params["action"] = rng.choice(["kill", "restart"])
+        elif kind == "flag-resume":
+            params["variant"] = rng.choice(SF_VARIANTS)
         plan.append(Fault(slot, kind, run, params))
     return plan
 
@@ -165,22 +223,78 @@ class Run:
     workdir: Path
     datasets: list[str]
     ledger: Path
+    ledger_arg: str = ""
+    """The ``--ledger`` value in its argv (relative for the twins, whose argv is the same)."""
+    behaviour: str = "reference"
+    """``reference``, one of ``adversaries.BEHAVIOURS``, or ``specforge``."""
 
     def data_file(self, dataset: str | None = None) -> Path:
+        if self.behaviour == "specforge":
+            return self.workdir / "out" / SF_OUTPUT
         return self.workdir / "out" / (dataset or self.datasets[0]) / DATA_FILE
+
+    def output_files(self) -> list[Path]:
+        """The files a flag-resume client must never lose a line of: its output and sidecars."""
+        out = self.workdir / "out"
+        return [out / SF_OUTPUT, out / "regen_error.jsonl", out / "regen_skipped.jsonl"]
 
     def processes(self) -> list[tuple[int, int, list[str]]]:
         """(pid, start ticks, argv) of the live processes of this run: its client, recognised
-        by its own ledger path in its argv (no decoy has one)."""
+        by its own ledger argument and working directory (no decoy has both; a twin has the
+        other's argv but not its workdir), or the SpecForge script in its workdir. An escaped
+        writer (another argv) is not the run's client."""
         out = []
-        ledger = str(self.ledger)
+        marker = "regenerate_train_data.py" if self.behaviour == "specforge" else None
+        ledger = self.ledger_arg or str(self.ledger)
         for pid in procs.pids():
             a = procs.argv(pid)
-            if "--ledger" in a and ledger in a:
-                s = procs.stat(pid)
-                if s is not None and s[0] != "Z":
-                    out.append((pid, s[1], a))
+            if marker is not None:
+                if not any(x.endswith(marker) for x in a):
+                    continue
+            elif "--ledger" not in a or ledger not in a:
+                continue
+            if procs.cwd(pid) != str(self.workdir):
+                continue
+            s = procs.stat(pid)
+            if s is not None and s[0] != "Z":
+                out.append((pid, s[1], a))
         return out
+
+    def unit_members(
+        self, config_ids: set[str], launch_ids: set[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Every live process of this run's launches (``launch_ids``, or any) by the soak's
+        config (``config_ids``: another config may have a run of the same name): holding a
+        launch token that names the run, or in a launch's cgroup; with what holds it."""
+        found = []
+        for pid in procs.pids():
+            st = procs.stat(pid)
+            if st is None or st[0] == "Z":
+                continue
+            why = []
+            token = procs.launch_token(pid)
+            if token is not None:
+                parts = token.rsplit(":", 2)
+                ours = len(parts) == 3 and parts[0] in config_ids and parts[1] == self.name
+                if ours and (launch_ids is None or parts[2] in launch_ids):
+                    why.append(f"token {token}")
+            cg = procs.cgroup(pid) or ""
+            if launch_ids and cg.rsplit("/", 1)[-1] in launch_ids and "/runwatch/" in cg:
+                why.append(f"cgroup {cg}")
+            if why:
+                found.append(
+                    {"pid": pid, "start_ticks": st[1], "argv": procs.argv(pid), "held": why}
+                )
+        return found
+
+    def tokens(self) -> set[tuple[str, str]]:
+        """(config id, launch id) of the launch tokens of the run's live processes."""
+        ids = set()
+        for pid, _, _ in self.processes():
+            parts = (procs.launch_token(pid) or "").rsplit(":", 2)
+            if len(parts) == 3 and parts[1] == self.name:
+                ids.add((parts[0], parts[2]))
+        return ids
 
 
 @dataclass
@@ -190,6 +304,8 @@ class Action:
     label: str
     argv: list[str]
     started: float
+    run: str | None = None
+    """The run it acts on (launch, restart, kill)."""
     ended: float = 0.0
     rc: int | None = None
     output: str = ""
@@ -246,6 +362,18 @@ class Soak:
         self.runs: dict[str, Run] = {}
         self.env = dict(os.environ)
         self.elapsed = 0.0
+        self.planned = 0
+        self.archived: set[tuple[int, int]] = set()
+        """(dev, inode) of flag-resume outputs the soak itself moved aside."""
+        self.outputs: dict[str, tuple[int, int, int, str]] = {}
+        """Per flag-resume file: (dev, inode, length, sha1) of the complete lines last seen."""
+        self.twin_signals: dict[str, int] = {}
+        self.twin_alive: dict[str, set[tuple[int, int]]] = {}
+        self.seen_starts: set[tuple[int, int]] = set()
+        self.escape_checks = 0
+        self.config_ids: set[str] = set()
+        """The config ids in the launch tokens of the soak's runs (runwatch derives one per
+        config; another soak's runs have the same names)."""
 
     # ------------------------------------------------------------------ set-up
 
@@ -300,21 +428,63 @@ class Soak:
         write_prompts(self.runs["local"].workdir / "prompts", ["X1"], prompts)
         elsewhere = self.root / "elsewhere" / "work-remote"
         write_prompts(elsewhere / "prompts", ["R1"], prompts)
+        scripts = {name: CLIENT for name in REFERENCE_RUNS}
+        for name, behaviour, dataset in (
+            ("escape", "escape", "E1"),
+            ("daemon", "daemon", "D1"),
+            ("renamed", "renamed", "N1"),
+        ):
+            workdir = self.root / f"work-{name}"
+            write_prompts(workdir / "prompts", [dataset], prompts)
+            (workdir / "ledger").mkdir(parents=True)
+            ledger = workdir / "ledger" / "ledger.jsonl"
+            self.runs[name] = Run(name, "here", workdir, [dataset], ledger, behaviour=behaviour)
+            scripts[name] = adversaries.write_wrapper(self.root / "clients" / name, behaviour, REPO)
+        # Twins: one script, the same argv (relative paths), two workdirs.
+        twin_script = adversaries.write_wrapper(self.root / "clients" / "twin", "twin", REPO)
+        for name in ("twin-a", "twin-b"):
+            workdir = self.root / "twins" / name[-1] / "work"
+            write_prompts(workdir / "prompts", ["T1"], prompts)
+            (workdir / "ledger").mkdir(parents=True)
+            self.runs[name] = Run(
+                name, "here", workdir, ["T1"], workdir / "ledger" / "ledger.jsonl",
+                ledger_arg="ledger/ledger.jsonl", behaviour="twin",
+            )  # fmt: skip
+            scripts[name] = twin_script
+        sf_dir = self.root / "work-sf"
+        adversaries.specforge_workdir(sf_dir, max(2000, int(self.minutes * 60 * 8)), REPO)
+        self.runs["sf"] = Run("sf", "here", sf_dir, [SF_OUTPUT], sf_dir / "no-ledger",
+                              behaviour="specforge")  # fmt: skip
 
         lines = ['[[hosts]]\nname = "here"\nlocal = true', f"python = {json.dumps(sys.executable)}"]
         lines.append(host_toml(ssh_cfg))
         for run in self.runs.values():
-            argv = [sys.executable, str(CLIENT), "--datasets", ",".join(run.datasets)]
-            argv += ["--prompts-dir", "prompts", "--output-dir", "out", "--api-base", self.url]
-            argv += ["--model", "soak", "--concurrency", "2", "--max-tokens", "96"]
-            argv += ["--report-seconds", "10", "--ledger", str(run.ledger)]
+            if run.behaviour == "specforge":
+                address = self.url.split("//", 1)[1].split("/", 1)[0]
+                argv = [sys.executable, "scripts/regenerate_train_data.py", "--model", "soak"]
+                argv += ["--server-address", address, "--input-file-path", "in.jsonl"]
+                argv += ["--output-file-path", f"out/{SF_OUTPUT}", "--concurrency", "1"]
+                argv += ["--max-tokens", "96"]
+                extra = ["settle_seconds = 3.0"]
+            else:
+                concurrency = "2" if run.name in REFERENCE_RUNS else "1"
+                argv = [
+                    sys.executable,
+                    str(scripts[run.name]),
+                    "--datasets",
+                    ",".join(run.datasets),
+                ]
+                argv += ["--prompts-dir", "prompts", "--output-dir", "out", "--api-base", self.url]
+                argv += ["--model", "soak", "--concurrency", concurrency, "--max-tokens", "96"]
+                argv += ["--report-seconds", "10", "--ledger", run.ledger_arg or str(run.ledger)]
+                extra = ['output_dir = "out"']
             lines += [
                 "[[runs]]",
                 f'name = "{run.name}"',
                 f'host = "{run.host}"',
                 f"workdir = {json.dumps(str(run.workdir))}",
                 "argv = [" + ", ".join(json.dumps(a) for a in argv) + "]",
-                'output_dir = "out"',
+                *extra,
                 f'log = "logs/{run.name}.log"',
                 "stop_grace_seconds = 3.0",
                 "",
@@ -335,7 +505,9 @@ class Soak:
 
         for run in self.runs.values():
             action = self.cli("launch (set-up)", "launch", run.name, "--yes")
-            if action.rc != 0 or self.wait_running(run, BOUND_S) is None:
+            running = self.wait_running(run, BOUND_S)
+            self.tokens_of(run)
+            if action.rc != 0 or running is None:
                 decoys = {d.pid: d.kind for d in self.hood.decoys}
                 self.notes.append(
                     f"set-up: launch {run.name} exited {action.rc} and it is not running "
@@ -366,7 +538,8 @@ class Soak:
 
     def cli(self, label: str, *args: str) -> Action:
         argv = [sys.executable, "-m", "supervisor.cli", "-c", str(self.config), *args]
-        action = Action(label, argv, time.time())
+        target = args[1] if len(args) > 1 and args[0] in ("launch", "restart", "kill") else None
+        action = Action(label, argv, time.time(), run=target)
         with self.lock:
             self.history.append(action)
         try:
@@ -411,6 +584,81 @@ class Soak:
                 return None
             time.sleep(0.2)  # polling interval of a condition wait
 
+    def tokens_of(self, run: Run) -> set[tuple[str, str]]:
+        """The run's launch tokens now; their config ids are the soak's from then on."""
+        tokens = run.tokens()
+        self.config_ids.update(c for c, _ in tokens)
+        return tokens
+
+    def appender_on(self, run: Run) -> Any:
+        """A live open-append-close decoy on one of the run's data files, or None."""
+        files = {str(run.data_file(d)) for d in run.datasets}
+        for d in self.hood.live():
+            if d.appends is not None and d.note.get("appends_to") in files:
+                return d
+        return None
+
+    def check_escapes(
+        self,
+        run: Run,
+        action: Action,
+        tokens: set[tuple[str, str]],
+        before: list[tuple[int, int, list[str]]],
+    ) -> None:
+        """``escaped-writer``: once runwatch says a run is stopped (a kill that exited 0, a
+        restart that got past its stop), nothing of the stopped launches is alive (a process
+        with their launch token, or in their cgroup), and after a kill nothing appends to the
+        run's files."""
+        args = action.evidence()["argv"]
+        kill = "kill" in args
+        if kill:
+            confirmed = action.rc == 0
+        else:
+            confirmed = action.rc == 0 or any(
+                f"stopped at {s}" in action.output for s in STEPS_AFTER_STOP
+            )
+            confirmed = confirmed and not all(procs.alive(p, s) for p, s, _ in before)
+        if not confirmed:
+            return
+        self.escape_checks += 1
+        launch_ids = {lid for _, lid in tokens}
+        left = run.unit_members(self.config_ids, None if kill else launch_ids)
+        grew: dict[str, tuple[int, int]] = {}
+        if kill and self.appender_on(run) is None:  # an appender's growth is the soak's own
+            sizes = self._sizes(run)
+            self.stop.wait(ESCAPE_WATCH_S)  # the observation window itself
+            after = self._sizes(run)
+            grew = {p: (sizes.get(p, 0), n) for p, n in after.items() if n > sizes.get(p, 0)}
+        if not left and not grew:
+            return
+        what = []
+        if left:
+            what.append(f"{len(left)} process(es) of the stopped launch alive")
+        if grew:
+            what.append(f"{len(grew)} file(s) grew within {ESCAPE_WATCH_S:g} s")
+        self.violations.add(
+            "escaped-writer",
+            f"{run.name}: after `{' '.join(args)}` exited {action.rc}: " + "; ".join(what),
+            {
+                "run": run.name,
+                "launch_ids": sorted(launch_ids),
+                "processes_before": [{"pid": p, "start_ticks": s, "argv": a} for p, s, a in before],
+                "alive": left,
+                "grew": grew,
+                "runwatch": action.evidence(),
+            },
+        )
+
+    def _sizes(self, run: Run) -> dict[str, int]:
+        """The sizes of the run's own data files (a decoy client in its workdir writes others)."""
+        out: dict[str, int] = {}
+        paths = run.output_files() if run.behaviour == "specforge" else []
+        paths += [run.data_file(d) for d in run.datasets if run.behaviour != "specforge"]
+        for path in paths:
+            with contextlib.suppress(OSError):
+                out[str(path)] = path.stat().st_size
+        return out
+
     def check_left_down(
         self, run: Run, action: Action, before: list[tuple[int, int, list[str]]]
     ) -> None:
@@ -419,6 +667,14 @@ class Soak:
         untouched = all(procs.alive(pid, start) for pid, start, _ in before)
         if action.rc not in (0, None) and untouched:
             return  # reported failure, and stopped nothing (or the run was down already)
+        if action.rc not in (0, None) and self.appender_on(run) is not None:
+            return  # a writer that is not a run appends to its data: it must stay down
+        if (
+            "ROLLBACK REFUSED" in action.output
+            and before
+            and all("--resume" not in a for _, _, a in before)
+        ):
+            return  # the previous command line would overwrite: stopped, never traded for data
         if self.wait_running(run, BOUND_S) is not None:
             return
         log = run.workdir / "logs" / f"{run.name}.log"
@@ -439,13 +695,14 @@ class Soak:
 
     def recover(self, run: Run) -> None:
         """Bring a run that is down back (the operator's launch), so the soak goes on."""
-        action = self.cli("launch (recovery)", "launch", run.name, "--yes")
+        resume = ["--set", "resume"] if run.behaviour == "specforge" else []
+        action = self.cli("launch (recovery)", "launch", run.name, *resume, "--yes")
         if action.rc != 0 and "stopped at fingerprint" in action.output:
             # The config's argv differs from the last launch (a restart's --set is not kept)
             # and launch has no --allow-change: what an operator can do is a restart.
             action = self.cli(
                 "restart (recovery, --allow-change sampling)",
-                *("restart", run.name, "--allow-change", "sampling", "--yes"),
+                *("restart", run.name, *resume, "--allow-change", "sampling", "--yes"),
             )
         if action.rc == 0 and self.wait_running(run, BOUND_S) is not None:
             return
@@ -468,10 +725,14 @@ class Soak:
             args = [a for s in f.params["sets"] for a in ("--set", s)]
             if "allow_change" in f.params:
                 args += ["--allow-change", f.params["allow_change"]]
+            ids = self.tokens_of(run)
             action = self.cli(label, "restart", run.name, *args, "--yes")
+            self.check_escapes(run, action, ids, before)
             self.check_left_down(run, action, before)
         elif f.kind == "kill":
+            ids, before = self.tokens_of(run), run.processes()
             action = self.cli("kill", "kill", run.name, "--yes", "--grace", "3")
+            self.check_escapes(run, action, ids, before)
             if action.rc == 0 and run.processes():
                 self.notes.append(
                     f"kill {run.name} exited 0 but {[p for p, _, _ in run.processes()]} remain"
@@ -496,6 +757,12 @@ class Soak:
             timer = threading.Timer(f.params["seconds"], decoy.retire)
             timer.daemon = True
             timer.start()
+        elif f.kind in ("escaping-fork", "renamed", "twin"):
+            self.kill_or_restart(run, f, label)
+        elif f.kind == "oac-writer":
+            self.beside_appender(run, f)
+        elif f.kind == "flag-resume":
+            self.flag_resume(run, f)
         elif f.kind == "decoy-churn":
             local = self.runs["local"]
             kind = f.params["decoy"]
@@ -505,6 +772,88 @@ class Soak:
                 self.hood.bash_wrapper(run.workdir, ",".join(run.datasets))
             else:
                 self.hood.tail_follower(local.workdir, Path("out") / local.datasets[0] / DATA_FILE)
+
+    def kill_or_restart(self, run: Run, f: Fault, label: str) -> None:
+        """A kill and a launch, or a restart, of a run whose process escapes, renames itself or
+        has a twin; ``escaped-writer`` is checked once runwatch says it stopped it."""
+        ids, before = self.tokens_of(run), run.processes()
+        if f.params["action"] == "kill":
+            action = self.cli(f"{label}: kill", "kill", run.name, "--yes", "--grace", "3")
+            self.check_escapes(run, action, ids, before)
+            before = run.processes()
+            action = self.cli(f"{label}: launch after kill", "launch", run.name, "--yes")
+        else:
+            args = [a for s in f.params["sets"] for a in ("--set", s)]
+            action = self.cli(f"{label}: restart", "restart", run.name, *args, "--yes")
+            self.check_escapes(run, action, ids, before)
+        self.check_left_down(run, action, before)
+
+    def beside_appender(self, run: Run, f: Fault) -> None:
+        """An appender that is not a run (a shell ``>>`` loop, another user's open-append-close
+        writer) on the run's data file, then a kill and launch or a restart of the run: every
+        start must be refused while it appends (``launched-beside-writer`` is the checker's).
+        Then the appender is retired and the run launched again."""
+        path = run.data_file()
+        kind = f.params["writer"]
+        if not path.exists() or (kind == "oac-other-user" and self.other_user is None):
+            self.skip("oac-writer", f"{f.describe()}: {path} missing or no other user")
+            return
+        decoy = self.hood.appender(kind, path, self.other_user)
+        self.faults[f"oac-writer {kind}"] += 1
+        try:
+            wait_for(lambda: len(self.hood.append_times(decoy)) >= 3, 15.0)
+            if f.params["action"] == "kill":
+                ids, before = self.tokens_of(run), run.processes()
+                action = self.cli("oac-writer: kill", "kill", run.name, "--yes", "--grace", "3")
+                self.check_escapes(run, action, ids, before)
+                action = self.cli("oac-writer: launch beside it", "launch", run.name, "--yes")
+            else:
+                ids, before = self.tokens_of(run), run.processes()
+                action = self.cli("oac-writer: restart beside it", "restart", run.name, "--yes")
+                self.check_escapes(run, action, ids, before)
+            if action.rc == 0:
+                self.notes.append(f"oac-writer: a start of {run.name} beside {kind} exited 0")
+        finally:
+            decoy.retire()
+        self.recover(run)
+
+    def flag_resume(self, run: Run, f: Fault) -> None:
+        """The SpecForge stand-in (overwrites its output unless given ``--resume``) under
+        restarts whose relaunch fails; ``output-shrank`` is the checker's."""
+        variant = f.params["variant"]
+        self.faults[f"flag-resume {variant}"] += 1
+        if variant == "archive-then-fail":
+            # The operator archives the output: a launch without --resume is then fine (there
+            # is nothing to overwrite), and the rollback of a failed restart would overwrite
+            # what it has written since.
+            self.cli("flag-resume: kill", "kill", run.name, "--yes", "--grace", "3")
+            archive = run.workdir / f"archive-{f.slot}"
+            archive.mkdir()
+            for path in run.output_files():
+                if path.exists():
+                    st = path.stat()
+                    self.archived.add((st.st_dev, st.st_ino))
+                    os.rename(path, archive / path.name)
+            # --reset: without the launch spec a --set resume left, the config's command line.
+            action = self.cli(
+                "flag-resume: launch on no data", "launch", run.name, "--reset", "--yes"
+            )
+            if action.rc != 0:
+                self.notes.append(f"flag-resume: launch on no data exited {action.rc}")
+                self.recover(run)
+                return
+            wait_for(lambda: _lines(run.data_file()) >= 3, 60.0)
+        if variant == "without-resume":
+            sets = ["--unset", "resume", "--set", "concurrency=2"]
+        else:
+            sets = ["--set", "resume", "--set", SF_BAD_VALUE, "--allow-change", "temperature"]
+        before = run.processes()
+        action = self.cli(f"flag-resume: restart ({variant})", "restart", run.name, *sets, "--yes")
+        self.check_left_down(run, action, before)
+        if "ROLLBACK REFUSED" in action.output:
+            self.faults["flag-resume rollback refused"] += 1
+        if not run.processes():
+            self.recover(run)
 
     def skip(self, label: str, why: str) -> None:
         """A planned fault that found nothing to act on: counted apart from the injected ones."""
@@ -561,6 +910,9 @@ class Soak:
             try:
                 self.check_decoys()
                 self.check_writers()
+                self.check_twins()
+                self.check_outputs()
+                self.check_beside_appenders()
             except Exception as e:  # a checker bug must show, not end the soak silently
                 self.notes.append(f"checker error: {type(e).__name__}: {e}")
             self.stop.wait(CHECK_EVERY_S)  # the checker's polling period
@@ -647,6 +999,121 @@ class Soak:
                     key=(ino, w.pid, w.start),
                 )
 
+    def acting_on(self, run: str, t: float, margin: float = 2.0) -> list[Action]:
+        """The runwatch commands on ``run`` running at ``t`` (give or take ``margin``)."""
+        with self.lock:
+            return [
+                a
+                for a in self.history
+                if a.run == run
+                and a.started - margin <= t
+                and (a.ended == 0.0 or t <= a.ended + margin)
+            ]
+
+    def check_twins(self) -> None:
+        """``twin-signalled``: a twin catches a signal, or its process ends, only while runwatch
+        acts on that twin (never while it acts on the other one)."""
+        for run in self.runs.values():
+            if run.behaviour != "twin":
+                continue
+            got = adversaries.signals_of(run.workdir / "signals.log")
+            for t, pid, name in got[self.twin_signals.get(run.name, 0) :]:
+                if not self.acting_on(run.name, t):
+                    self.violations.add(
+                        "twin-signalled",
+                        f"{run.name} pid {pid} caught {name} with no runwatch command on it",
+                        {"run": run.name, "pid": pid, "signal": name, "time": t,
+                         "runwatch": self.recent_actions(t - 30)},
+                        key=(run.name, pid, t),
+                    )  # fmt: skip
+            self.twin_signals[run.name] = len(got)
+            now = {(p, st) for p, st, _ in run.processes()}
+            for pid, start in self.twin_alive.get(run.name, set()) - now:
+                if not self.acting_on(run.name, time.time()):
+                    self.violations.add(
+                        "twin-signalled",
+                        f"{run.name} pid {pid} ended with no runwatch command on it",
+                        {"run": run.name, "pid": pid, "start_ticks": start,
+                         "runwatch": self.recent_actions(time.time() - 30)},
+                        key=(run.name, pid, start),
+                    )  # fmt: skip
+            self.twin_alive[run.name] = now
+
+    def check_outputs(self) -> None:
+        """``output-shrank``: a flag-resume client's files only grow: every complete line seen
+        in one stays, at its place, unless the soak itself moved the file aside."""
+        for run in self.runs.values():
+            if run.behaviour != "specforge":
+                continue
+            for path in run.output_files():
+                try:
+                    with open(path, "rb") as f:
+                        st = os.fstat(f.fileno())
+                        data = f.read()
+                except FileNotFoundError:
+                    continue
+                data = data[: data.rfind(b"\n") + 1]
+                key = str(path)
+                old = self.outputs.get(key)
+                self.outputs[key] = (
+                    st.st_dev,
+                    st.st_ino,
+                    len(data),
+                    hashlib.sha1(data).hexdigest(),
+                )
+                if old is None:
+                    continue
+                dev, ino, length, sha = old
+                if (dev, ino) != (st.st_dev, st.st_ino):
+                    if (dev, ino) in self.archived:
+                        continue
+                    why = f"replaced (inode {ino} -> {st.st_ino})"
+                elif len(data) < length:
+                    why = f"shrank from {length} to {len(data)} bytes"
+                elif hashlib.sha1(data[:length]).hexdigest() != sha:
+                    why = f"its first {length} bytes changed"
+                else:
+                    continue
+                self.violations.add(
+                    "output-shrank",
+                    f"{run.name}: {path.name} {why}",
+                    {"file": key, "before": {"ino": ino, "bytes": length, "sha1": sha},
+                     "now": {"ino": st.st_ino, "bytes": len(data)},
+                     "runwatch": self.recent_actions(time.time() - 60)},
+                    key=(key, st.st_ino, length),
+                )  # fmt: skip
+
+    def check_beside_appenders(self) -> None:
+        """``launched-beside-writer``: no process of a run starts while an appender that is not
+        a run writes its data file (appends all through the quiet window before the start)."""
+        appenders = [d for d in self.hood.decoys if d.appends is not None]
+        if not appenders:
+            return
+        for run in self.runs.values():
+            files = {str(run.data_file(ds)) for ds in run.datasets}
+            for pid, start, argv in run.processes():
+                if (pid, start) in self.seen_starts:
+                    continue
+                self.seen_starts.add((pid, start))
+                t = procs.start_wall(start)
+                for d in appenders:
+                    if d.note.get("appends_to") not in files:
+                        continue
+                    during = [
+                        a for a in self.hood.append_times(d) if t - BESIDE[0] <= a <= t - BESIDE[1]
+                    ]
+                    if len(during) < 2:
+                        continue
+                    self.violations.add(
+                        "launched-beside-writer",
+                        f"{run.name} pid {pid} started while {d.kind} pid {d.pid} appended to "
+                        f"{d.note['appends_to']} ({len(during)} appends 2 to 1 s before)",
+                        {"run": run.name, "pid": pid, "start": round(t, 3), "argv": argv,
+                         "appender": d.evidence(), "appends": during,
+                         "runwatch": self.recent_actions(t - 30)},
+                        key=(pid, start, d.pid),
+                    )  # fmt: skip
+
     # ------------------------------------------------------------------ the ledgers
 
     def check_ledgers(self) -> dict[str, int]:
@@ -725,7 +1192,11 @@ class Soak:
         checker = threading.Thread(target=self.checker, name="checker", daemon=True)
         checker.start()
         t0 = time.monotonic()
+        deadline = t0 + self.minutes * 60
         for i, f in enumerate(plan):
+            if time.monotonic() >= deadline:
+                break  # faults outlast their slots: the soak's length is its minutes
+            self.planned = i + 1
             next_at = t0 + i * self.interval
             self._pause(max(0.0, next_at - time.monotonic()))  # the soak's pacing
             for run in self.runs.values():
@@ -753,7 +1224,10 @@ class Soak:
         print("\n== soak report")
         print(f"seed {self.seed}; replay: python -m tests.soak.run --seed {self.seed} "
               f"--minutes {self.minutes:g} --interval {self.interval:g}")  # fmt: skip
-        print(f"ran {self.elapsed / 60:.1f} min ({self.interval:g} s between planned faults)")
+        print(
+            f"ran {self.elapsed / 60:.1f} min ({self.interval:g} s between planned faults); "
+            f"{self.planned} faults reached; {self.escape_checks} stops checked for escapes"
+        )
         print("faults injected:")
         for k, n in sorted((k, n) for k, n in self.faults.items() if n):
             print(f"  {k:<24} {n}")
@@ -782,9 +1256,15 @@ class Soak:
         if self.sshd is not None:
             self.thaw_sshd()
         for run in self.runs.values():
+            self.tokens_of(run)
+        for run in self.runs.values():
             for pid, _start, _ in run.processes():
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(os.getpgid(pid), signal.SIGKILL)
+            # What a run left in other sessions (the daemon's writer) carries its token.
+            for m in run.unit_members(self.config_ids):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(m["pid"], signal.SIGKILL)
         self.hood.close()
         if self.server is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -792,6 +1272,36 @@ class Soak:
             self.server.wait(10)
         if self.pool is not None:
             self.pool.close()
+
+
+def wait_for(condition: Any, timeout: float) -> bool:
+    """Poll ``condition`` until true (True) or ``timeout`` seconds (False): the soak goes on
+    either way."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)  # polling interval of a condition wait
+    return True
+
+
+def _lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+STEPS_AFTER_STOP = ("gpu-release", "quiet", "data-repair", "launch")
+"""A restart that stopped at one of these had its stop confirmed."""
+ESCAPE_WATCH_S = 2.0
+"""How long the run's files are watched for growth after runwatch says it stopped the run: the
+escaped writers append every 0.3 s."""
+BESIDE = (2.0, 1.0)
+"""``launched-beside-writer``: an appender's appends between 2.0 and 1.0 s before a run's process
+started fall in every quiet window the gate could have watched (at least 2 s, ending at most
+1 s before the launch)."""
 
 
 def _render(obj: object) -> object:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.soak import procs
 from tests.soak.decoys import Neighbourhood
@@ -123,3 +124,294 @@ def test_a_ledger_line_in_no_file_is_a_lost_line_with_its_offset(tmp_path: Path)
     assert lost["kind"] == "line-lost" and lost["ledger_entry"]["sample_id"] == "A1-2"
     assert lost["ledger_entry"]["offset"] == len(lines[0]) + len(lines[1])
     assert "size" in lost["at_offset_now"]
+
+
+# ------------------------------------------------------------------ the issue-20 invariants
+
+
+def _soak(tmp_path: Path) -> Any:
+    from tests.soak.run import Soak
+
+    return Soak(tmp_path, seed=1, minutes=1, interval=5)
+
+
+def _action(argv: list[str], rc: int, output: str, run: str) -> Any:
+    import time
+
+    from tests.soak.run import Action
+
+    now = time.time()
+    argv = ["python", "-c", "cfg", *argv]
+    return Action("test", argv, now - 1, run=run, ended=now, rc=rc, output=output)
+
+
+def _spawn(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> Any:
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+APPENDER = (
+    "import sys, time\n"
+    "while True:\n"
+    "    with open(sys.argv[1], 'a') as f:\n"
+    "        f.write('x\\n')\n"
+    "    time.sleep(0.1)\n"
+)
+
+
+def test_an_escaped_writer_alive_after_a_confirmed_kill_is_a_violation(tmp_path: Path) -> None:
+    """A process holding the killed run's launch token, appending to its file: reported with
+    its pid and the growth; the same kill reported as failed is not checked; a run of the same
+    name in another config (another soak) is not this one."""
+    from tests.soak.run import Run
+
+    soak = _soak(tmp_path)
+    run = Run("esc", "here", tmp_path / "work", ["E1"], tmp_path / "work" / "ledger.jsonl")
+    soak.runs = {"esc": run}
+    soak.config_ids.add("cfg0")
+    run.data_file().parent.mkdir(parents=True)
+    token = {"RUNWATCH_LAUNCH": "cfg0:esc:L1"}
+    escaped = _spawn([sys.executable, "-c", APPENDER, str(run.data_file())], tmp_path, token)
+    other = _spawn([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path,
+                   {"RUNWATCH_LAUNCH": "cfg9:esc:L9"})  # fmt: skip
+    try:
+        wait_until(lambda: run.data_file().exists() and procs.launch_token(escaped.pid))
+        wait_until(lambda: procs.launch_token(other.pid))
+        failed = _action(["kill", "esc", "--yes"], 1, "kill esc: not confirmed", "esc")
+        soak.check_escapes(run, failed, {("cfg0", "L1")}, [])
+        assert soak.violations.items == []
+        kill = _action(["kill", "esc", "--yes"], 0, "esc: exit confirmed", "esc")
+        soak.check_escapes(run, kill, {("cfg0", "L1")}, [])
+        [v] = soak.violations.items
+        assert v["kind"] == "escaped-writer"
+        assert [m["pid"] for m in v["alive"]] == [escaped.pid]
+        assert v["alive"][0]["held"] == ["token cfg0:esc:L1"]
+        assert str(run.data_file()) in v["grew"]
+    finally:
+        for p in (escaped, other):
+            p.kill()
+            p.wait(10)
+
+
+def test_a_restart_whose_stop_left_the_old_launch_alive_is_a_violation(tmp_path: Path) -> None:
+    """After a restart past its stop, a holder of the OLD launch's token is a violation; one of
+    the new launch's is the relaunch."""
+    from tests.soak.run import Run
+
+    soak = _soak(tmp_path)
+    run = Run("r", "here", tmp_path / "work", ["A1"], tmp_path / "work" / "ledger.jsonl")
+    soak.runs = {"r": run}
+    soak.config_ids.add("cfg0")
+    old = _spawn([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path,
+                 {"RUNWATCH_LAUNCH": "cfg0:r:OLD"})  # fmt: skip
+    new = _spawn([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path,
+                 {"RUNWATCH_LAUNCH": "cfg0:r:NEW"})  # fmt: skip
+    gone = _spawn([sys.executable, "-c", "pass"], tmp_path)
+    gone.wait(10)
+    try:
+        wait_until(lambda: procs.launch_token(old.pid) and procs.launch_token(new.pid))
+        restart = _action(["restart", "r", "--yes"], 1, "restart r: stopped at launch", "r")
+        soak.check_escapes(run, restart, {("cfg0", "OLD")}, [(gone.pid, 0, [])])
+        [v] = soak.violations.items
+        assert v["kind"] == "escaped-writer" and [m["pid"] for m in v["alive"]] == [old.pid]
+        assert v["grew"] == {}  # a restart's relaunch writes: growth is not checked
+    finally:
+        for p in (old, new):
+            p.kill()
+            p.wait(10)
+
+
+def test_a_twin_signalled_while_runwatch_acts_on_the_other_is_a_violation(tmp_path: Path) -> None:
+    import time
+
+    from tests.soak.run import Run
+
+    soak = _soak(tmp_path)
+    runs = {}
+    for name in ("twin-a", "twin-b"):
+        work = tmp_path / name
+        work.mkdir()
+        runs[name] = Run(name, "here", work, ["T1"], work / "ledger.jsonl", behaviour="twin")
+    soak.runs = runs
+    kill_a = _action(["kill", "twin-a", "--yes"], 0, "", "twin-a")
+    soak.history.append(kill_a)
+    now = time.time()
+    (runs["twin-a"].workdir / "signals.log").write_text(f"{now:.3f} 101 SIGTERM\n")
+    soak.check_twins()
+    assert soak.violations.items == []  # the twin runwatch acted on
+    (runs["twin-b"].workdir / "signals.log").write_text(f"{now:.3f} 202 SIGTERM\n")
+    soak.check_twins()
+    [v] = soak.violations.items
+    assert v["kind"] == "twin-signalled" and v["run"] == "twin-b" and v["pid"] == 202
+
+
+def test_a_twin_process_that_ends_with_no_command_on_it_is_a_violation(tmp_path: Path) -> None:
+    from tests.soak.run import Run
+
+    soak = _soak(tmp_path)
+    work = tmp_path / "twin-b"
+    work.mkdir()
+    run = Run("twin-b", "here", work, ["T1"], work / "l.jsonl", "ledger/ledger.jsonl", "twin")
+    soak.runs = {"twin-b": run}
+    argv = [sys.executable, "-c", "import sys; sys.stdin.read()", "--ledger", run.ledger_arg]
+    p = subprocess.Popen(argv, cwd=work, stdin=subprocess.PIPE)
+    try:
+        wait_until(lambda: [x for x, _, _ in run.processes()] == [p.pid])
+        soak.check_twins()
+        assert soak.violations.items == []
+    finally:
+        p.kill()
+        p.wait(10)
+        assert p.stdin is not None
+        p.stdin.close()
+    soak.check_twins()
+    [v] = soak.violations.items
+    assert v["kind"] == "twin-signalled" and v["pid"] == p.pid and "ended" in v["summary"]
+
+
+def test_a_flag_resume_output_that_loses_lines_is_a_violation(tmp_path: Path) -> None:
+    """Growth is fine, the soak's own move aside is fine, an overwrite (mode "w") is not."""
+    from tests.soak.run import Run
+
+    soak = _soak(tmp_path)
+    work = tmp_path / "sf"
+    run = Run("sf", "here", work, ["regen.jsonl"], work / "none", behaviour="specforge")
+    soak.runs = {"sf": run}
+    out = run.data_file()
+    out.parent.mkdir(parents=True)
+    out.write_bytes(b'{"id": 1}\n{"id": 2}\n{"id": 3}\n')
+    soak.check_outputs()
+    with open(out, "ab") as f:
+        f.write(b'{"id": 4}\n{"id"')  # a line being written is not yet a line
+    soak.check_outputs()
+    st = out.stat()
+    soak.archived.add((st.st_dev, st.st_ino))
+    out.rename(tmp_path / "archived.jsonl")
+    out.write_bytes(b'{"id": 5}\n{"id": 6}\n')
+    soak.check_outputs()
+    assert soak.violations.items == []
+    with open(out, "w") as f:  # what the client does without --resume
+        f.write('{"id": 7}\n')
+    soak.check_outputs()
+    [v] = soak.violations.items
+    assert v["kind"] == "output-shrank" and "shrank from 20 to 10 bytes" in v["summary"]
+
+
+def test_a_run_started_while_an_appender_writes_its_file_is_a_violation(tmp_path: Path) -> None:
+    """A real shell ``>>`` loop on the run's data file: the run's process started before it is
+    not reported; one started while it appends is."""
+    from tests.soak.run import Run
+
+    soak = _soak(tmp_path)
+    run = Run("local", "here", tmp_path / "work", ["A1"], tmp_path / "work" / "ledger.jsonl")
+    soak.runs = {"local": run}
+    run.data_file().parent.mkdir(parents=True)
+    run.data_file().touch()
+    argv = [sys.executable, "-c", "import sys; sys.stdin.read()", "--ledger", str(run.ledger)]
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        started.append(subprocess.Popen(argv, cwd=run.workdir, stdin=subprocess.PIPE))
+        wait_until(lambda: len(run.processes()) == 1)
+        decoy = soak.hood.appender("oac-shell", run.data_file())
+        wait_until(lambda: len(soak.hood.append_times(decoy)) >= 12, timeout=30)
+        assert run.data_file().read_text().count("SH-") >= 12
+        soak.check_beside_appenders()
+        assert soak.violations.items == []
+        started.append(subprocess.Popen(argv, cwd=run.workdir, stdin=subprocess.PIPE))
+        wait_until(lambda: len(run.processes()) == 2)
+        soak.check_beside_appenders()
+        [v] = soak.violations.items
+        assert v["kind"] == "launched-beside-writer" and v["pid"] == started[1].pid
+        assert v["appender"]["pid"] == decoy.pid and len(v["appends"]) >= 2
+    finally:
+        soak.hood.close()
+        for p in started:
+            p.kill()
+            p.wait(10)
+            assert p.stdin is not None
+            p.stdin.close()
+
+
+def _adversary(tmp_path: Path, behaviour: str) -> tuple[Path, list[str]]:
+    """A wrapper of ``behaviour`` and the client argv it runs with (an endpoint that refuses
+    connections: the client retries, so it stays up without a server)."""
+    from tests.soak import adversaries
+    from tests.soak.run import REPO
+
+    script = adversaries.write_wrapper(tmp_path / "bin", behaviour, REPO)
+    work = tmp_path / "work"
+    (work / "prompts").mkdir(parents=True)
+    (work / "out" / "E1").mkdir(parents=True)  # the escaped writer creates no directory
+    (work / "prompts" / "E1.jsonl").write_text('{"sample_id": "E1-0", "prompt": "hi"}\n')
+    argv = [sys.executable, str(script), "--datasets", "E1", "--output-dir", "out"]
+    argv += ["--api-base", "http://127.0.0.1:9/v1", "--model", "m", "--ledger", "l.jsonl"]
+    return work, argv
+
+
+def _writers_of(path: Path) -> list[int]:
+    """Live escaped writers (the adversaries' exec'd writer) of ``path``."""
+    return [p for p in procs.pids() if str(path) in procs.argv(p) and procs.alive(p)]
+
+
+def _session(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+
+
+def test_the_escape_adversary_leaves_a_setsid_writer_behind_on_sigterm(tmp_path: Path) -> None:
+    work, argv = _adversary(tmp_path, "escape")
+    data = work / "out" / "E1" / "raw_responses.jsonl"
+    p = _spawn(argv, work)
+    try:
+        wait_until(lambda: _handles_term(p.pid))
+        os.kill(p.pid, signal.SIGTERM)
+        assert p.wait(10) == 128 + signal.SIGTERM
+        [writer] = wait_until(lambda: _writers_of(data))
+        assert _session(writer) == writer != p.pid  # its own session, not the run's group
+        assert os.listdir(f"/proc/{writer}/fd") == []  # it holds nothing open between records
+        wait_until(lambda: data.exists() and data.read_text().count('"ESC-') >= 2)
+    finally:
+        for pid in _writers_of(data):
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not _writers_of(data))
+
+
+def test_the_daemon_adversary_double_forks_a_writer_and_runs_on(tmp_path: Path) -> None:
+    work, argv = _adversary(tmp_path, "daemon")
+    data = work / "out" / "E1" / "raw_responses.jsonl"
+    p = _spawn(argv, work)
+    try:
+        [writer] = wait_until(lambda: _writers_of(data))
+        # A session of its own whose leader (the first child) is gone: no terminal, no group.
+        assert _session(writer) != _session(p.pid) and procs.alive(p.pid)
+        wait_until(lambda: not procs.alive(_session(writer)))
+        ppid = int(Path(f"/proc/{writer}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert ppid != p.pid  # orphaned by the double fork
+        wait_until(lambda: data.exists() and data.read_text().count('"ESC-') >= 2)
+    finally:
+        p.kill()
+        p.wait(10)
+        for pid in _writers_of(data):
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not _writers_of(data))
+
+
+def test_the_renamed_adversary_runs_the_client_under_another_argv0(tmp_path: Path) -> None:
+    from tests.soak.adversaries import RENAMED_ARGV0
+    from tests.soak.run import Run
+
+    work, argv = _adversary(tmp_path, "renamed")
+    run = Run("n", "here", work, ["E1"], work / "l.jsonl", "l.jsonl", "renamed")
+    p = _spawn(argv, work)
+    try:
+        wait_until(lambda: procs.argv(p.pid)[:1] == [RENAMED_ARGV0])
+        assert procs.argv(p.pid)[1:] == argv[1:]  # the same process, re-executed
+        wait_until(lambda: [x for x, _, _ in run.processes()] == [p.pid])
+    finally:
+        p.kill()
+        p.wait(10)
