@@ -271,9 +271,17 @@ class SshdPool:
                 "LogLevel VERBOSE",
                 "MaxStartups 100:30:200",
                 # The agent's own state (its units) stays in the test's directory, never the
-                # user's: a session gets its XDG directories here.
-                f"SetEnv XDG_STATE_HOME={d / 'state'} XDG_CACHE_HOME={d / 'cache'}",
-                *extra,
+                # user's: a session gets its XDG directories here. sshd takes the first SetEnv
+                # line only, so those that ``extra`` asks for join this one.
+                " ".join(
+                    [
+                        "SetEnv",
+                        f"XDG_STATE_HOME={d / 'state'}",
+                        f"XDG_CACHE_HOME={d / 'cache'}",
+                        *(e.split(None, 1)[1] for e in extra if e.startswith("SetEnv ")),
+                    ]
+                ),
+                *(e for e in extra if not e.startswith("SetEnv ")),
             ]
             (d / "sshd_config").write_text("\n".join(lines) + "\n")
             log = d / "sshd.log"
