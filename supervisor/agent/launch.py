@@ -21,7 +21,6 @@ import errno
 import fcntl
 import json
 import os
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +34,7 @@ from supervisor.agent.datafiles import (
     tail_bytes,
 )
 from supervisor.agent.masking import mask_argv, mask_text
-from supervisor.agent.proc import boot_id, identity_of, is_alive
+from supervisor.agent.proc import boot_id, identity_of, is_alive, poll_until
 from supervisor.agent.protocol import (
     FINGERPRINT_VERSION,
     AgentOpError,
@@ -54,18 +53,7 @@ from supervisor.agent.protocol import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-
-def poll_until(cond: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
-    """Wait until ``cond()`` is true or ``timeout`` seconds passed; return the last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if cond():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        threading.Event().wait(interval)
+    pass
 
 
 # --------------------------------------------------------------------------- lock

@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import os
 import pwd
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from supervisor.agent.match import (
 from supervisor.agent.protocol import DEFAULT_SCRIPTS
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
     from collections.abc import Set as AbstractSet
 
 HAS_PSUTIL = importlib.util.find_spec("psutil") is not None
@@ -376,6 +377,17 @@ def inodes_of(paths: Iterable[str]) -> set[tuple[int, int]]:
             st = os.stat(path)
             out.add((st.st_dev, st.st_ino))
     return out
+
+
+def poll_until(cond: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
+    """Wait until ``cond()`` is true or ``timeout`` seconds passed; return the last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if cond():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        threading.Event().wait(interval)
 
 
 # --------------------------------------------------------------------------- listing

@@ -411,8 +411,10 @@ def describe(
     holders: dict[str, list[int]],
     table: dict[int, procs.ProcRow] | None = None,
 ) -> dict[str, Any]:
-    """A unit as the ``units`` op reports it."""
-    live = members(rec, holders, table) if rec.get("boot_id") == procs.boot_id() else []
+    """A unit as the ``units`` op reports it (an ended one without looking for members)."""
+    ended = rec.get("state") == "ended"
+    here = rec.get("boot_id") == procs.boot_id()
+    live = members(rec, holders, table) if here and not ended else []
     child = rec.get("child") or {}
     main = None
     cpid = child.get("pid")
@@ -422,12 +424,12 @@ def describe(
             main = cpid
     if main is None and live:
         main = live[0]
-    waiter_alive = _waiter_alive(rec)
+    waiter_alive = not ended and _waiter_alive(rec)
     cgroup = rec.get("cgroup")
     # Running while anything of it is: a member listed, a populated cgroup (members that change
     # faster than a listing), a waiter that has not seen its tree empty.
-    busy = bool(cgroup) and _cgroup_flag(str(cgroup), "populated") is True
-    running = live or busy or (waiter_alive and rec.get("state") != "ended")
+    busy = not ended and bool(cgroup) and _cgroup_flag(str(cgroup), "populated") is True
+    running = live or busy or waiter_alive
     state = "running" if running else "ended"
     return {
         "launch_id": rec.get("launch_id"),
@@ -439,7 +441,7 @@ def describe(
         "members": live,
         "exit": _exit_of(rec, bool(live)),
         "waiter_alive": waiter_alive,
-        "tracked": waiter_alive or rec.get("state") == "ended" or bool(cgroup),
+        "tracked": waiter_alive or ended or bool(cgroup),
         "launched_at": rec.get("launched_at"),
         "argv": rec.get("argv") or [],
         "workdir": rec.get("workdir"),
@@ -454,27 +456,9 @@ def list_units(params: dict[str, Any]) -> dict[str, Any]:
     live = [r for r in recs if r.get("state") != "ended" and r.get("boot_id") == procs.boot_id()]
     holders = token_holders(str(r.get("token") or "") for r in live)
     table = procs.process_table() if live else {}
-    units = [describe(r, holders, table) if r in live else _ended(r) for r in recs]
+    units = [describe(r, holders, table) for r in recs]
     units.sort(key=lambda u: -float(u.get("launched_at") or 0.0))
     return {"units": units}
-
-
-def _ended(rec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "launch_id": rec.get("launch_id"),
-        "config_id": rec.get("config_id"),
-        "run": rec.get("run"),
-        "held_by": rec.get("held_by"),
-        "state": "ended",
-        "main_pid": None,
-        "members": [],
-        "exit": _exit_of(rec, False),
-        "waiter_alive": False,
-        "tracked": True,
-        "launched_at": rec.get("launched_at"),
-        "argv": rec.get("argv") or [],
-        "workdir": rec.get("workdir"),
-    }
 
 
 def live_unit(config_id: str, run: str) -> dict[str, Any] | None:
@@ -513,8 +497,9 @@ def unit_of(pid: int, start_time: int) -> dict[str, Any] | None:
         return None
     live = [r for r in recs if r.get("state") != "ended"]
     holders = token_holders(str(r.get("token") or "") for r in live)
+    table = procs.process_table() if live else {}
     for rec in live:
-        if pid in members(rec, holders):
+        if pid in members(rec, holders, table):
             return rec
     return None
 
@@ -538,15 +523,6 @@ def _targets(pids: Iterable[int], known: dict[int, _Target], main: int | None) -
         else:
             t.close()
     return added
-
-
-def _wait(cond: Any, timeout: float, interval: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
-    return True
 
 
 def stop(params: dict[str, Any]) -> dict[str, Any]:
@@ -587,7 +563,7 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
         # 1. Freeze (cgroup) or stop (token) every member so the set holds still, then TERM.
         if cgroup:
             _write(os.path.join(cgroup, "cgroup.freeze"), b"1")
-            _wait(lambda: _cgroup_flag(cgroup, "frozen") is not False, 2.0)
+            procs.poll_until(lambda: _cgroup_flag(cgroup, "frozen") is not False, 2.0, 0.01)
             _targets(listed(), known, main)
             for t in known.values():
                 t.send(signal.SIGTERM)
@@ -610,7 +586,7 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
                 t.send(signal.SIGTERM)
             return not remaining()
 
-        _wait(empty, grace, 0.05)
+        procs.poll_until(empty, grace, 0.05)
         # 3. What is left is killed: cgroup.kill, or SIGKILL to each frozen/stopped member.
         for _ in range(5):
             if not remaining():
@@ -623,7 +599,7 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
             else:
                 if cgroup:
                     _write(os.path.join(cgroup, "cgroup.freeze"), b"1")
-                    _wait(lambda: _cgroup_flag(cgroup, "frozen") is not False, 2.0)
+                    procs.poll_until(lambda: _cgroup_flag(cgroup, "frozen") is not False, 2.0, 0.01)
                     _targets(listed(), known, main)
                 else:
                     _stop_all(listed, known, main)
@@ -634,7 +610,7 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
                     t.send(signal.SIGKILL)
                 if cgroup:
                     _write(os.path.join(cgroup, "cgroup.freeze"), b"0")
-            _wait(lambda: not remaining(), KILL_CONFIRM_S, 0.01)
+            procs.poll_until(lambda: not remaining(), KILL_CONFIRM_S, 0.01)
         left = remaining()
         results = [_result(t, started, left) for t in known.values()]
         results += [_still_there(pid) for pid in left if pid not in known and pid]
