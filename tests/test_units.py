@@ -361,6 +361,34 @@ while True:
 """
 
 
+def mygen_config(tmp_path: Path, source: str, name: str, out: str, run_keys: str = "") -> Path:
+    """``<tmp>/rw.toml``: run ``name`` of ``gen.py`` (``source``, written in ``<tmp>/work``)
+    under a ``[clients.mygen]`` profile, writing ``out``; ``run_keys``: more TOML after the
+    run's own keys (its settle and grace, an ``env`` table, datasets)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "gen.py").write_text(source)
+    return write_local_config(
+        tmp_path / "rw.toml",
+        f"""
+[[runs]]
+name = "{name}"
+host = "here"
+workdir = "{work}"
+argv = [{json.dumps(sys.executable)}, "gen.py", "--out", "{out}"]
+client = "mygen"
+{run_keys.strip()}
+
+[clients.mygen]
+scripts = ["gen.py"]
+format = "raw"
+[clients.mygen.flags]
+output_file = ["--out"]
+""",
+        python=True,
+    )
+
+
 async def test_o2_a_profiled_run_of_any_script_is_counted_guarded_killed_and_restarted(
     tmp_path: Path, held_by: str, stop_units: list[str]
 ) -> None:
@@ -370,32 +398,19 @@ async def test_o2_a_profiled_run_of_any_script_is_counted_guarded_killed_and_res
     from supervisor.config import load_config
     from supervisor.guard import BudgetGuard
 
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "gen.py").write_text(GEN)
-    cfg = write_local_config(
-        tmp_path / "rw.toml",
-        f"""
-[[runs]]
-name = "mine"
-host = "here"
-workdir = "{work}"
-argv = [{json.dumps(sys.executable)}, "gen.py", "--out", "out/x.jsonl"]
-client = "mygen"
+    cfg = mygen_config(
+        tmp_path,
+        GEN,
+        "mine",
+        "out/x.jsonl",
+        """
 budget_policy = "stop"
 settle_seconds = 0.5
 stop_grace_seconds = 1.0
 
 [datasets.x]
 token_budget = 100
-
-[clients.mygen]
-scripts = ["gen.py"]
-format = "raw"
-[clients.mygen.flags]
-output_file = ["--out"]
 """,
-        python=True,
     )
     async with Engine(load_config(cfg)) as engine:
         first = await launched(engine, "mine", stop_units)
@@ -489,31 +504,13 @@ while True:
 
 
 def leaver_config(tmp_path: Path, env: dict[str, str]) -> Path:
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "gen.py").write_text(LEAVER)
     envs = "\n".join(f'{k} = "{v}"' for k, v in env.items())
-    return write_local_config(
-        tmp_path / "rw.toml",
-        f"""
-[[runs]]
-name = "g"
-host = "here"
-workdir = "{work}"
-argv = [{json.dumps(sys.executable)}, "gen.py", "--out", "out/g.jsonl"]
-client = "mygen"
-settle_seconds = 0.5
-stop_grace_seconds = 1.0
-[runs.env]
-{envs}
-
-[clients.mygen]
-scripts = ["gen.py"]
-format = "raw"
-[clients.mygen.flags]
-output_file = ["--out"]
-""",
-        python=True,
+    return mygen_config(
+        tmp_path,
+        LEAVER,
+        "g",
+        "out/g.jsonl",
+        f"settle_seconds = 0.5\nstop_grace_seconds = 1.0\n[runs.env]\n{envs}",
     )
 
 
@@ -674,27 +671,8 @@ async def test_o2_a_run_of_a_profile_started_by_hand_is_adopted_and_killable(
     (the kill recognises the profile's scripts, not only the built-in ones)."""
     from supervisor.config import load_config
 
+    cfg = mygen_config(tmp_path, GEN, "mine", "out/x.jsonl")
     work = tmp_path / "work"
-    work.mkdir()
-    (work / "gen.py").write_text(GEN)
-    cfg = write_local_config(
-        tmp_path / "rw.toml",
-        f"""
-[[runs]]
-name = "mine"
-host = "here"
-workdir = "{work}"
-argv = [{json.dumps(sys.executable)}, "gen.py", "--out", "out/x.jsonl"]
-client = "mygen"
-
-[clients.mygen]
-scripts = ["gen.py"]
-format = "raw"
-[clients.mygen.flags]
-output_file = ["--out"]
-""",
-        python=True,
-    )
     proc = subprocess.Popen(
         [sys.executable, "gen.py", "--out", "out/x.jsonl"], cwd=work, start_new_session=True
     )
