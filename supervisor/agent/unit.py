@@ -570,7 +570,7 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
             _write(os.path.join(cgroup, "cgroup.freeze"), b"0")
         else:
             _stop_all(listed, known, main)
-            groups = _member_groups(listed())
+            groups = _member_groups(listed(), main)
             for t in known.values():
                 t.send(signal.SIGTERM)
             for sig in (signal.SIGTERM, signal.SIGCONT):
@@ -603,7 +603,7 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
                     _targets(listed(), known, main)
                 else:
                     _stop_all(listed, known, main)
-                    for pgid in _member_groups(listed()):
+                    for pgid in _member_groups(listed(), main):
                         with contextlib.suppress(OSError):
                             os.killpg(pgid, signal.SIGKILL)
                 for t in known.values():
@@ -643,7 +643,7 @@ def _stop_all(listed: Any, known: dict[int, _Target], main: int | None) -> None:
     listing keeps its group."""
     for _ in range(20):
         pids = listed()
-        for pgid in _member_groups(pids):
+        for pgid in _member_groups(pids, main):
             with contextlib.suppress(OSError):
                 os.killpg(pgid, signal.SIGSTOP)
         added = _targets(pids, known, main)
@@ -653,16 +653,31 @@ def _stop_all(listed: Any, known: dict[int, _Target], main: int | None) -> None:
             t.send(signal.SIGSTOP)
 
 
-def _member_groups(pids: Sequence[int]) -> list[int]:
-    """Process groups whose every process is one of ``pids`` (never a group of anyone else)."""
+def _member_groups(pids: Sequence[int], main: int | None = None) -> list[int]:
+    """Process groups that hold members only: those whose every process is one of ``pids``,
+    and every group of the client's own session. The waiter starts the client as a session
+    leader, so a process in that session descends from the client (a session is joined only by
+    inheritance), and the number cannot be reused while a process holds it as its session: a
+    group there is the unit's even when a member forks and exits faster than a listing (a
+    ``killpg`` reaches the group's processes at once, a fork in flight included)."""
     members = set(pids)
+    session = None
+    if main:
+        for pid in members:
+            st = procs.read_stat(pid)
+            if st is not None and st.session == main:
+                session = main
+                break
     groups: dict[int, set[int]] = {}
+    ours: set[int] = set()
     for name in os.listdir(procs.PROC):
         if name.isdigit():
             st = procs.read_stat(int(name))
             if st is not None and st.pgrp > 1:
                 groups.setdefault(st.pgrp, set()).add(int(name))
-    return sorted(g for g, who in groups.items() if who and who <= members)
+                if session is not None and st.session == session:
+                    ours.add(st.pgrp)
+    return sorted(g for g, who in groups.items() if g in ours or (who and who <= members))
 
 
 def _still_there(pid: int) -> dict[str, Any]:
