@@ -98,6 +98,10 @@ if TYPE_CHECKING:
     )
     from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
     from supervisor.plan import Action, ActionResult, OnStep, Plan, Step
+    from supervisor.rebalance import Rebalance, parse_deadline
+    from supervisor.rebalance import apply as apply_rebalance
+    from supervisor.rebalance import describe as describe_rebalance
+    from supervisor.rebalance import gather as gather_rebalance
     from supervisor.samples import LatestSamples, SamplePreview
     from supervisor.slurm import describe as describe_job
     from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
@@ -135,6 +139,11 @@ _LAZY: dict[str, str] = {
     "OnStep": "supervisor.plan",
     "Plan": "supervisor.plan",
     "Step": "supervisor.plan",
+    "Rebalance": "supervisor.rebalance",
+    "parse_deadline": "supervisor.rebalance",
+    "apply_rebalance": "supervisor.rebalance:apply",
+    "describe_rebalance": "supervisor.rebalance:describe",
+    "gather_rebalance": "supervisor.rebalance:gather",
     "LatestSamples": "supervisor.samples",
     "SamplePreview": "supervisor.samples",
     "describe_job": "supervisor.slurm:describe",
@@ -1121,6 +1130,7 @@ __all__ = [
     "LogTail",
     "OnStep",
     "Plan",
+    "Rebalance",
     "SamplePreview",
     "Scanner",
     "Step",
@@ -1128,6 +1138,7 @@ __all__ = [
     "WatchLock",
     "WatchLocked",
     "Watcher",
+    "apply_rebalance",
     "assign_runs",
     "audit_line",
     "audit_location",
@@ -1138,14 +1149,17 @@ __all__ = [
     "completeness_line",
     "count_tokens",
     "describe_job",
+    "describe_rebalance",
     "format_lines",
     "gather_comparison",
+    "gather_rebalance",
     "is_url",
     "load_history",
     "load_tokenizer",
     "mask_argv",
     "mask_url",
     "moved_key",
+    "parse_deadline",
     "parse_sets",
     "parse_unsets",
     "run_once",
