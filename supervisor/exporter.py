@@ -437,12 +437,12 @@ def serve(config: Config, listen: str | None = None) -> Exporter:
     return Exporter(collector=collector, server=server, thread=thread, url=url)
 
 
-def exposure_warning(exporter: Exporter, config: Config) -> str | None:
-    """What to say when the metrics are served beyond this machine without TLS."""
-    host = exporter.url.split("://", 1)[1].rsplit(":", 1)[0].strip("[]")
+def exposure_warning(url: str, config: Config) -> str | None:
+    """What to say when the metrics at ``url`` are served beyond this machine without TLS."""
+    host = url.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
     if Listen(host=host, port=0).loopback or config.exporter.cert_file is not None:
         return None
     return (
-        f"metrics served beyond this machine without TLS at {exporter.url}: set [exporter] "
-        "cert_file and key_file, or put it behind a proxy with basic auth (README)"
+        f"metrics served beyond this machine without TLS at {url}: set [exporter] cert_file "
+        "and key_file, or put it behind a proxy with basic auth (README)"
     )

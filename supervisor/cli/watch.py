@@ -74,7 +74,7 @@ def watch(
                 if exporter is not None:
                     watcher.observers.append(exporter.collector.publish)
                     watcher.note(f"metrics at {exporter.url}")
-                    warning = exposure_warning(exporter, config)
+                    warning = exposure_warning(exporter.url, config)
                     if warning:
                         watcher.note(warning)
                 await run_watch(engine, stop, standby=standby, watcher=watcher)
