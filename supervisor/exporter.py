@@ -75,7 +75,7 @@ class Listen:
 
 
 def parse_listen(text: str, where: str = "--metrics-listen") -> Listen:
-    """``HOST:PORT``, ``[V6]:PORT``, ``:PORT`` or ``PORT`` (the last two on 127.0.0.1)."""
+    """``HOST:PORT``, ``[IPV6]:PORT``, ``:PORT`` or ``PORT`` (the last two on 127.0.0.1)."""
     value = text.strip()
     host, sep, port_text = value.rpartition(":")
     if not sep:

@@ -126,7 +126,7 @@ def status_datasets(config: Path) -> dict[tuple[str, str], dict[str, Any]]:
     }
 
 
-def test_a_scrape_holds_the_figures_of_status_json_and_promtool_accepts_it(
+def test_x1_x2_a_scrape_holds_the_figures_of_status_json_masked_and_promtool_accepts_it(
     tmp_path: Path, state_home: Path, spawn: Callable[..., Any], promtool: str
 ) -> None:
     demo = DemoRun(tmp_path, "http://127.0.0.1:9/v1")  # never launched: files written here
@@ -256,7 +256,7 @@ def collected(collector: FleetCollector) -> str:
     return generate_latest(registry).decode()
 
 
-def test_every_contract_name_is_served_and_the_rules_and_dashboard_use_only_served_names(
+def test_x4_every_contract_name_is_served_and_the_rules_and_dashboard_use_only_served_names(
     tmp_path: Path,
 ) -> None:
     collector = FleetCollector(full_config(tmp_path))
@@ -286,7 +286,7 @@ def test_every_contract_name_is_served_and_the_rules_and_dashboard_use_only_serv
     assert {p["title"] for p in panels} >= {"Tokens against budget", "ETA", "GPU utilisation"}
 
 
-def test_the_example_rules_pass_promtool_and_fire_on_their_series(promtool: str) -> None:
+def test_x4_the_example_rules_pass_promtool_and_fire_on_their_series(promtool: str) -> None:
     checked = subprocess.run(
         [promtool, "check", "rules", str(RULES)], capture_output=True, text=True
     )
@@ -309,7 +309,7 @@ def test_the_example_rules_pass_promtool_and_fire_on_their_series(promtool: str)
         ("localhost:9464", "localhost", 9464),
     ],
 )
-def test_listen_addresses_default_to_loopback(text: str, host: str, port: int) -> None:
+def test_x3_listen_addresses_default_to_loopback(text: str, host: str, port: int) -> None:
     addr = parse_listen(text)
     assert (addr.host, addr.port) == (host, port)
     assert addr.loopback == (host != "0.0.0.0")
@@ -324,13 +324,13 @@ def test_listen_addresses_default_to_loopback(text: str, host: str, port: int) -
         ("metrics.example:9464", "is not an IP address"),
     ],
 )
-def test_a_bad_listen_address_is_refused_saying_what_to_write(text: str, says: str) -> None:
+def test_x3_a_bad_listen_address_is_refused_saying_what_to_write(text: str, says: str) -> None:
     with pytest.raises(ConfigError) as e:
         parse_listen(text)
     assert says in e.value.message and e.value.hint
 
 
-def test_the_cli_refuses_a_bad_address_and_a_port_in_use(tmp_path: Path, state_home: Path) -> None:
+def test_x3_the_cli_refuses_a_bad_address_and_a_port_in_use(tmp_path: Path, state_home: Path) -> None:
     demo = DemoRun(tmp_path, "http://127.0.0.1:9/v1")
     bad = runwatch("-c", str(demo.config_path), "watch", "--metrics-listen", "localhost:x")
     assert bad.returncode == 2 and "is not HOST:PORT" in bad.stderr, bad.stderr
@@ -346,19 +346,30 @@ def test_the_cli_refuses_a_bad_address_and_a_port_in_use(tmp_path: Path, state_h
         held.close()
 
 
-def test_beyond_loopback_without_tls_is_said(tmp_path: Path) -> None:
+def test_x3_beyond_loopback_without_tls_is_said(tmp_path: Path) -> None:
     config = full_config(tmp_path)
     assert exposure_warning("http://127.0.0.1:9464/metrics", config) is None
     warning = exposure_warning("http://0.0.0.0:9464/metrics", config)
     assert warning is not None and "without TLS" in warning and "cert_file" in warning
 
 
-def test_tls_through_prometheus_client(tmp_path: Path, state_home: Path) -> None:
+def test_x3_tls_through_prometheus_client(tmp_path: Path, state_home: Path) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subject = ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
+    files = ["-keyout", str(key), "-out", str(cert)]
     made = subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
-        + ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
-        + ["-keyout", str(key), "-out", str(cert)],
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            *subject,
+            *files,
+        ],
         capture_output=True,
         text=True,
     )
@@ -385,7 +396,7 @@ def test_tls_through_prometheus_client(tmp_path: Path, state_home: Path) -> None
         serve(demo.config, "127.0.0.1:0")
 
 
-def test_prometheus_scrapes_the_watcher_and_finds_the_tokens_of_status_json(
+def test_x1_prometheus_scrapes_the_watcher_and_finds_the_tokens_of_status_json(
     tmp_path: Path,
     state_home: Path,
     spawn: Callable[..., Any],
