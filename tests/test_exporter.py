@@ -122,6 +122,7 @@ def status_datasets(config: Path) -> dict[tuple[str, str], dict[str, Any]]:
         (r["name"], ds["name"]): ds
         for h in snap["hosts"]
         for r in h["runs"]
+        if r["configured"]
         for ds in r["datasets"]
     }
 
@@ -330,7 +331,9 @@ def test_x3_a_bad_listen_address_is_refused_saying_what_to_write(text: str, says
     assert says in e.value.message and e.value.hint
 
 
-def test_x3_the_cli_refuses_a_bad_address_and_a_port_in_use(tmp_path: Path, state_home: Path) -> None:
+def test_x3_the_cli_refuses_a_bad_address_and_a_port_in_use(
+    tmp_path: Path, state_home: Path
+) -> None:
     demo = DemoRun(tmp_path, "http://127.0.0.1:9/v1")
     bad = runwatch("-c", str(demo.config_path), "watch", "--metrics-listen", "localhost:x")
     assert bad.returncode == 2 and "is not HOST:PORT" in bad.stderr, bad.stderr
