@@ -141,12 +141,18 @@ def test_x1_x2_a_scrape_holds_the_figures_of_status_json_masked_and_promtool_acc
     )
     # A label made from a value holding a key: masked like everything runwatch writes.
     text += '\n[exporter]\nconfig_label = "fleet-${RW_DEMO_API_KEY}"\n'
+    # Alerts to a port where nothing listens: every delivery fails.
+    text += f'\n[alerts]\nurls = ["json://127.0.0.1:{free_port()}/hook"]\n'
     text += "\n[datasets.B1]\ntoken_budget = 20\n"
     demo.config_path.write_text(text)
 
     url = start_watcher(spawn, demo.config_path, tmp_path / "watch.out", "127.0.0.1:0")
     assert url.startswith("http://127.0.0.1:")
     body = wait_until(lambda: scrape_with(url, "runwatch_dataset_tokens{"), 60)
+    failed = wait_until(
+        lambda: value(fetch(url), "runwatch_alert_deliveries_failed_total"), 60, what="a failure"
+    )
+    assert failed >= 1
     checked = subprocess.run(
         [promtool, "check", "metrics"], input=body, text=True, capture_output=True
     )
@@ -177,7 +183,6 @@ def test_x1_x2_a_scrape_holds_the_figures_of_status_json_masked_and_promtool_acc
     assert value(body, "runwatch_host_up", host="local") == 1
     assert value(body, "runwatch_host_refresh_seconds", host="local") is not None
     assert value(body, "runwatch_endpoint_usd_per_million_output_tokens", endpoint="mock") == 2.5
-    assert value(body, "runwatch_alert_deliveries_failed_total") == 0
     # The duplicate id and the budget at start are events of the watcher's first tick.
     assert value(body, "runwatch_events_total", kind="duplicates") == 1
     assert value(body, "runwatch_events_total", kind="run-died") == 0
@@ -285,6 +290,36 @@ def test_x4_every_contract_name_is_served_and_the_rules_and_dashboard_use_only_s
     assert used <= served, sorted(used - served)
     panels = json.loads(DASHBOARD.read_text())["panels"]
     assert {p["title"] for p in panels} >= {"Tokens against budget", "ETA", "GPU utilisation"}
+
+
+def test_x1_the_watchers_counters_add_up_over_ticks(tmp_path: Path) -> None:
+    from supervisor.alerts import Delivery
+    from supervisor.events import Event
+
+    def event(kind: Any, run: str | None = "eagle3") -> Event:
+        return Event(
+            kind=kind,
+            severity="info",
+            host="gpu-box",
+            run=run,
+            title="t",
+            message="m",
+            key=kind,
+            time=0.0,
+        )
+
+    collector = FleetCollector(full_config(tmp_path))
+    snap = full_snapshot()
+    collector.publish(snap, [event("restart-done"), event("run-died")], [Delivery(False, "t", [])])
+    collector.publish(snap, [event("restart-done"), event("host-lost", None)], [])
+    collector.publish(snap, [], [Delivery(True, "t", []), Delivery(False, "t", [])])
+    body = collected(collector)
+    assert value(body, "runwatch_run_restarts_total", run="eagle3") == 2
+    assert value(body, "runwatch_events_total", kind="restart-done") == 2
+    assert value(body, "runwatch_events_total", kind="run-died") == 1
+    assert value(body, "runwatch_events_total", kind="host-lost") == 1
+    assert value(body, "runwatch_events_total", kind="stalled") == 0
+    assert value(body, "runwatch_alert_deliveries_failed_total") == 2
 
 
 def test_x4_the_example_rules_pass_promtool_and_fire_on_their_series(promtool: str) -> None:
