@@ -103,10 +103,13 @@ def watcher_url(out: Path) -> str | None:
     return m.group(1) if m else None
 
 
-def start_watcher(spawn: Callable[..., Any], config: Path, out: Path, listen: str) -> str:
-    """``runwatch watch --metrics-listen LISTEN`` on ``config``; the URL it serves on."""
-    argv = [sys.executable, "-m", "supervisor.cli", "-c", str(config), "watch"]
-    argv += ["--interval", "0.3", "--metrics-listen", listen]
+def start_watcher(
+    spawn: Callable[..., Any], config: Path, out: Path, listen: str | None = None
+) -> str:
+    """``runwatch watch --metrics-listen LISTEN`` on ``config`` (without LISTEN: the config's
+    ``[exporter] listen``); the URL it serves on."""
+    argv = [sys.executable, "-m", "supervisor.cli", "-c", str(config), "watch", "--interval", "0.3"]
+    argv += ["--metrics-listen", listen] if listen else []
     spawn(argv, stdout=out.open("wb"), stderr=subprocess.STDOUT)
     url: str = wait_until(lambda: watcher_url(out), 60, what="the watcher serving metrics")
     return url
@@ -140,13 +143,13 @@ def test_x1_x2_a_scrape_holds_the_figures_of_status_json_masked_and_promtool_acc
         'kind = "api"\n', 'kind = "api"\nprice_out_per_m = 2.5\n'
     )
     # A label made from a value holding a key: masked like everything runwatch writes.
-    text += '\n[exporter]\nconfig_label = "fleet-${RW_DEMO_API_KEY}"\n'
+    text += '\n[exporter]\nlisten = "127.0.0.1:0"\nconfig_label = "fleet-${RW_DEMO_API_KEY}"\n'
     # Alerts to a port where nothing listens: every delivery fails.
     text += f'\n[alerts]\nurls = ["json://127.0.0.1:{free_port()}/hook"]\n'
     text += "\n[datasets.B1]\ntoken_budget = 20\n"
     demo.config_path.write_text(text)
 
-    url = start_watcher(spawn, demo.config_path, tmp_path / "watch.out", "127.0.0.1:0")
+    url = start_watcher(spawn, demo.config_path, tmp_path / "watch.out")  # [exporter] listen
     assert url.startswith("http://127.0.0.1:")
     body = wait_until(lambda: scrape_with(url, "runwatch_dataset_tokens{"), 60)
     failed = wait_until(
