@@ -323,6 +323,24 @@ class AlertsConfig(_Section):
     """More events than this at once are sent as one digest message."""
 
 
+class ExporterConfig(_Section):
+    """The Prometheus exporter of ``runwatch watch`` (``[exporter]``, ``supervisor.exporter``)."""
+
+    listen: str = ""
+    """``HOST:PORT`` to serve ``/metrics`` on (``runwatch watch --metrics-listen`` overrides it);
+    '' serves nothing. A bare ``PORT`` or ``:PORT`` means ``127.0.0.1:PORT``: any other address
+    than loopback must be written out."""
+    cert_file: str | None = None
+    """PEM certificate: serve HTTPS (with ``key_file``)."""
+    key_file: str | None = None
+    """PEM private key of ``cert_file``."""
+    client_ca_file: str | None = None
+    """PEM CA bundle: only scrapers with a client certificate it signed are answered (mTLS)."""
+    config_label: str = ""
+    """The value of every series' ``config`` label (default: the config file's name without
+    ``.toml``)."""
+
+
 class Config(_Section):
     """The whole configuration file."""
 
@@ -347,6 +365,7 @@ class Config(_Section):
     """User client profiles (``runwatch clients`` lists them with the built-in ones)."""
 
     alerts: AlertsConfig = msgspec.field(default_factory=AlertsConfig)
+    exporter: ExporterConfig = msgspec.field(default_factory=ExporterConfig)
     path: str = ""
     """Where the config was read from (set by the loader, not a key of the file)."""
 

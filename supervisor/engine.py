@@ -19,8 +19,9 @@ host: refresh, list, kill (audited here, a lost reply included), check, plan and
 or restart (audited by ``supervisor.steps``), the log tail (secrets masked), the latest samples and
 the budget policy. The functions below it serve what needs no host connection of its own: bench,
 compare, the audit log, scanning local files, tokenizers. The types front ends see are re-exported
-here, with the events every front end reports (``supervisor.events``), the alerts and the headless
-watcher (``supervisor.alerts``, ``supervisor.watch``).
+here, with the events every front end reports (``supervisor.events``), the alerts, the headless
+watcher and its Prometheus exporter (``supervisor.alerts``, ``supervisor.watch``,
+``supervisor.exporter``).
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ if TYPE_CHECKING:
         start_refused_event,
         stop_key,
     )
+    from supervisor.exporter import Exporter, exposure_warning
+    from supervisor.exporter import serve as serve_metrics
     from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
     from supervisor.plan import Action, ActionResult, OnStep, Plan, Step
     from supervisor.rebalance import Rebalance, parse_deadline
@@ -132,6 +135,9 @@ _LAZY: dict[str, str] = {
     "moved_key": "supervisor.events",
     "start_refused_event": "supervisor.events",
     "stop_key": "supervisor.events",
+    "Exporter": "supervisor.exporter",
+    "exposure_warning": "supervisor.exporter",
+    "serve_metrics": "supervisor.exporter:serve",
     "BudgetEvent": "supervisor.guard",
     "GuardOutcome": "supervisor.guard",
     "Action": "supervisor.plan",
@@ -1121,6 +1127,7 @@ __all__ = [
     "Engine",
     "Event",
     "EventTracker",
+    "Exporter",
     "GuardOutcome",
     "HostError",
     "KillReport",
@@ -1150,6 +1157,7 @@ __all__ = [
     "count_tokens",
     "describe_job",
     "describe_rebalance",
+    "exposure_warning",
     "format_lines",
     "gather_comparison",
     "gather_rebalance",
@@ -1164,6 +1172,7 @@ __all__ = [
     "parse_unsets",
     "run_once",
     "run_sync",
+    "serve_metrics",
     "sidecar_line",
     "start_refused_event",
     "stop_key",

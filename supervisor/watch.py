@@ -46,6 +46,7 @@ from supervisor.paths import state_dir
 if TYPE_CHECKING:
     from supervisor.engine import Engine
     from supervisor.guard import BudgetEvent
+    from supervisor.model import Snapshot
 
 LOG_LINES = 10
 """Lines of a dead run's log attached to its alert."""
@@ -155,6 +156,9 @@ class Watcher:
         self.events: list[Event] = []
         """The events so far, oldest first (the newest ``EVENTS_KEPT``)."""
         self.deliveries: list[Delivery] = []
+        self.observers: list[Callable[[Snapshot, list[Event], list[Delivery]], None]] = []
+        """Called at the end of every tick with its snapshot, events and alert deliveries (the
+        Prometheus exporter, ``supervisor.exporter``)."""
         self.ticks = 0
         self.started = time.time()
         self._expected: set[str] = set()
@@ -223,6 +227,8 @@ class Watcher:
                 self.note(f"alert not delivered ({d.title}): {d.error}")
         self.deliveries.extend(deliveries)
         del self.deliveries[:-EVENTS_KEPT]
+        for observe in self.observers:
+            observe(snap, events, deliveries)
         self.ticks += 1
         return events
 

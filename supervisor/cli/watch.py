@@ -4,7 +4,8 @@ It refreshes every host every ``refresh_seconds``, applies each run's budget pol
 line per event (``--json``: one JSON object per line) and sends alerts to ``[alerts] urls``;
 runs with ``on_exit = "restart"`` are restarted through the launch checks. SIGINT or SIGTERM
 end it cleanly (exit status 0). A second watcher of the same config exits with status 3 naming
-the one that acts, or with ``--standby`` waits to take over.
+the one that acts, or with ``--standby`` waits to take over. ``--metrics-listen`` (or
+``[exporter] listen``) serves the watcher's latest snapshot to Prometheus (``supervisor.exporter``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,20 @@ from supervisor.cli._common import config_option, get_config, json_option
     metavar="SECONDS",
     help="Seconds between refreshes (default: the config's refresh_seconds).",
 )
-def watch(config_path: str | None, as_json: bool, standby: bool, interval: float | None) -> None:
+@click.option(
+    "--metrics-listen",
+    default=None,
+    metavar="HOST:PORT",
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: [exporter] listen; "
+    "a bare PORT is 127.0.0.1:PORT).",
+)
+def watch(
+    config_path: str | None,
+    as_json: bool,
+    standby: bool,
+    interval: float | None,
+    metrics_listen: str | None,
+) -> None:
     """Watch every host headless: budget policy, alerts, restarts on failure, until stopped.
 
     Events: run-died, stalled, over-budget, waste, dataset-done, all-done, host-lost, host-back,
@@ -39,7 +53,7 @@ def watch(config_path: str | None, as_json: bool, standby: bool, interval: float
     import asyncio
     import signal
 
-    from supervisor.engine import Engine
+    from supervisor.engine import Engine, Watcher, exposure_warning, serve_metrics
     from supervisor.engine import watch as run_watch
 
     config = get_config(config_path)
@@ -52,9 +66,20 @@ def watch(config_path: str | None, as_json: bool, standby: bool, interval: float
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        async with Engine(config) as engine:
-            await run_watch(
-                engine, stop, emit=out, as_json=as_json, standby=standby, interval=interval
-            )
+        listen = metrics_listen or config.exporter.listen
+        exporter = serve_metrics(config, listen) if listen else None
+        try:
+            async with Engine(config) as engine:
+                watcher = Watcher(engine, emit=out, as_json=as_json, interval=interval)
+                if exporter is not None:
+                    watcher.observers.append(exporter.collector.publish)
+                    watcher.note(f"metrics at {exporter.url}")
+                    warning = exposure_warning(exporter.url, config)
+                    if warning:
+                        watcher.note(warning)
+                await run_watch(engine, stop, standby=standby, watcher=watcher)
+        finally:
+            if exporter is not None:
+                exporter.close()
 
     asyncio.run(main())
