@@ -14,8 +14,12 @@ history of scrapes so that
   everything since the server started, and say so;
 * gauges (running, queued, KV use) are the latest value.
 
-Several label sets of one name (data-parallel ranks, several models) are summed, KV use takes the
-largest. Only the names below are read; a server that publishes none of them is "not enabled".
+Label sets are read as the engines write them (``replicas``): one copy of a scheduler's figures
+is kept per data-parallel rank (SGLang's tensor, pipeline and expert ranks all report the same
+batch with ``--enable-metrics-for-all-schedulers``), a gauge's per-priority breakdown is dropped
+when its total is there, and what is left (data-parallel ranks: SGLang ``dp_rank``, vLLM
+``engine``; several models) is summed, KV use takes the largest. Only the names below are read; a
+server that publishes none of them is "not enabled".
 """
 
 from __future__ import annotations
@@ -54,6 +58,65 @@ VLLM = {
 }
 NOT_ENABLED = "not enabled: SGLang needs --enable-metrics (vLLM serves /metrics by default)"
 
+REPLICA_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank", "pid")
+"""Labels that tell copies of one data-parallel rank's figures apart. SGLang labels its scheduler
+metrics with ``tp_rank`` and ``pp_rank`` (0.5 on) and ``moe_ep_rank`` (later 0.5 releases); by
+default only the first rank of each data-parallel rank writes them, with
+``--enable-metrics-for-all-schedulers`` every rank does, and every rank of one data-parallel rank
+runs the same batch. prometheus_client's multiprocess mode ``all`` (the default of a gauge
+declared without a mode, e.g. vLLM's ``kv_cache_usage_perc``) adds a ``pid`` per process. Of
+each set of copies the lowest ranks are read; the labels that remain (``dp_rank``, vLLM's
+``engine``, the model) are distinct work and are summed."""
+PRIORITY_LABEL = "priority"
+"""SGLang with priority scheduling writes a queue gauge's total under ``priority=""`` and its
+breakdown under ``priority="<n>"`` (its counters count each request once, under its priority)."""
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def _rank(value: str | None) -> tuple[int, int, str]:
+    """Sort key of a replica label's value: absent first, then numbers as numbers."""
+    if value is None:
+        return (0, 0, "")
+    if value.isdigit():
+        return (1, int(value), "")
+    return (2, 0, value)
+
+
+def distinct_samples(families: Iterable[Any]) -> list[tuple[str, dict[str, str], float]]:
+    """``(name, labels, value)`` of every sample that counts once: of the samples that differ
+    only in :data:`REPLICA_LABELS` the one with the lowest ranks, and of a gauge that has a
+    ``priority=""`` total, only the total (NaN values are skipped)."""
+    chosen: dict[tuple[str, Labels], tuple[tuple[tuple[int, int, str], ...], dict[str, str], float]]
+    chosen = {}
+    gauges: set[str] = set()
+    for family in families:
+        if family.type == "gauge":
+            gauges.add(family.name)
+        for sample in family.samples:
+            value = float(sample.value)
+            if math.isnan(value):
+                continue
+            labels: dict[str, str] = dict(sample.labels)
+            rest = tuple(sorted((k, v) for k, v in labels.items() if k not in REPLICA_LABELS))
+            rank = tuple(_rank(labels.get(k)) for k in REPLICA_LABELS)
+            key = (sample.name, rest)
+            held = chosen.get(key)
+            if held is None or rank < held[0]:
+                chosen[key] = (rank, labels, value)
+    totals = {
+        (name, tuple(kv for kv in rest if kv[0] != PRIORITY_LABEL))
+        for name, rest in chosen
+        if name in gauges and (PRIORITY_LABEL, "") in rest
+    }
+    out = []
+    for (name, rest), (_, labels, value) in chosen.items():
+        whole = (name, tuple(kv for kv in rest if kv[0] != PRIORITY_LABEL))
+        if labels.get(PRIORITY_LABEL, "") != "" and name in gauges and whole in totals:
+            continue  # a part of a total that is there
+        out.append((name, labels, value))
+    return out
+
 
 class Scrape(msgspec.Struct, kw_only=True):
     """The figures of one ``/metrics`` text."""
@@ -78,18 +141,14 @@ def parse(text: str, t: float) -> Scrape:
     sums: dict[str, float] = {}
     maxima: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name, value = sample.name, float(sample.value)
-            if math.isnan(value):
-                continue
-            if name.endswith("_bucket") and "le" in sample.labels:
-                le = float(sample.labels["le"])
-                per = buckets.setdefault(name[: -len("_bucket")], {})
-                per[le] = per.get(le, 0.0) + value
-                continue
-            sums[name] = sums.get(name, 0.0) + value
-            maxima[name] = max(maxima.get(name, value), value)
+    for name, labels, value in distinct_samples(text_string_to_metric_families(text)):
+        if name.endswith("_bucket") and "le" in labels:
+            le = float(labels["le"])
+            per = buckets.setdefault(name[: -len("_bucket")], {})
+            per[le] = per.get(le, 0.0) + value
+            continue
+        sums[name] = sums.get(name, 0.0) + value
+        maxima[name] = max(maxima.get(name, value), value)
     engine: str | None = None
     names: Mapping[str, str] = {}
     if any(n.startswith("sglang:") for n in (*sums, *buckets)):

@@ -425,7 +425,7 @@ class Bench:
                                         j,
                                         u.prompt_tokens,
                                         u.completion_tokens,
-                                        u.cost,
+                                        u.true_cost(),
                                         text,
                                         finish,
                                     )
@@ -549,7 +549,7 @@ class Bench:
             j,
             usage.prompt_tokens,
             usage.completion_tokens,
-            usage.cost,
+            usage.true_cost(),
             text,
             finish,
             ttft,

@@ -8,10 +8,26 @@ from __future__ import annotations
 import msgspec
 
 
+class CostDetails(msgspec.Struct):
+    upstream_inference_cost: float | None = None
+
+
 class Usage(msgspec.Struct):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cost: float | None = None
+    """OpenRouter's charge: with the user's own provider key (``is_byok``) only its fee."""
+    is_byok: bool | None = None
+    cost_details: CostDetails | None = None
+
+    def true_cost(self) -> float | None:
+        """What the request cost: ``cost``, plus, when the provider was paid with the user's own
+        key (OpenRouter BYOK), ``cost_details.upstream_inference_cost`` (without BYOK the
+        upstream cost is part of ``cost``)."""
+        upstream = self.cost_details.upstream_inference_cost if self.cost_details else None
+        if self.is_byok and upstream is not None:
+            return (self.cost or 0.0) + upstream
+        return self.cost
 
 
 class Message(msgspec.Struct):
@@ -44,11 +60,25 @@ decode_response = msgspec.json.Decoder(Response).decode
 decode_models = msgspec.json.Decoder(Models).decode
 
 
+def reasoning_text(a: str | None, b: str | None) -> str:
+    """The reasoning of a message that may carry it under two names (vLLM fills both
+    ``reasoning`` and ``reasoning_content`` with the same text; SGLang only the second): once,
+    when the two are equal or one holds the other."""
+    if not a or not b:
+        return a or b or ""
+    if b in a:
+        return a
+    if a in b:
+        return b
+    return a + b
+
+
 def text_of(m: Message | None) -> str:
+    """The generated text of a message or a streamed delta: its reasoning, once, then its
+    content."""
     if m is None:
         return ""
-    parts = [x for x in (m.reasoning_content, m.reasoning, m.content) if x]
-    return parts[0] if len(parts) == 1 else "".join(parts)
+    return reasoning_text(m.reasoning_content, m.reasoning) + (m.content or "")
 
 
 class Done(msgspec.Struct, array_like=True):
