@@ -67,6 +67,7 @@ from supervisor.model import (
     HostView,
     Identity,
     JobView,
+    PlanProgress,
     ProcessInfo,
     RunFlags,
     RunState,
@@ -105,6 +106,7 @@ if TYPE_CHECKING:
     from supervisor.rebalance import apply as apply_rebalance
     from supervisor.rebalance import describe as describe_rebalance
     from supervisor.rebalance import gather as gather_rebalance
+    from supervisor.rebalance import plan_for as plan_rebalance
     from supervisor.samples import LatestSamples, SamplePreview
     from supervisor.slurm import describe as describe_job
     from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
@@ -150,6 +152,7 @@ _LAZY: dict[str, str] = {
     "apply_rebalance": "supervisor.rebalance:apply",
     "describe_rebalance": "supervisor.rebalance:describe",
     "gather_rebalance": "supervisor.rebalance:gather",
+    "plan_rebalance": "supervisor.rebalance:plan_for",
     "LatestSamples": "supervisor.samples",
     "SamplePreview": "supervisor.samples",
     "describe_job": "supervisor.slurm:describe",
@@ -271,10 +274,23 @@ class Engine:
         names = [hc.name for hc in self.config.hosts]
         views = await asyncio.gather(*(self._refresh_host(n) for n in names))
         snap = Snapshot(time=time.time(), hosts=list(views))
+        snap.plan = self._plan_progress(snap)
         self.last = snap
         self._live.prune(self._trackers)
         self._live.maybe_save()
         return snap
+
+    def _plan_progress(self, snap: Snapshot) -> PlanProgress | None:
+        """The applied rebalance plan against this snapshot (None when there is none)."""
+        from supervisor import rebalance
+
+        if not rebalance.plan_path(self.config).exists():
+            return None
+        from supervisor.bench.history import load_history
+        from supervisor.compare import comparison_from
+
+        comparison = comparison_from(self.config, snap, load_history())
+        return rebalance.progress(self.config, snap, comparison)
 
     async def list_processes(self, host: str) -> list[ProcessInfo]:
         """The runs on ``host`` (every process executing a configured script), each matched to
@@ -1170,6 +1186,7 @@ __all__ = [
     "parse_deadline",
     "parse_sets",
     "parse_unsets",
+    "plan_rebalance",
     "run_once",
     "run_sync",
     "serve_metrics",

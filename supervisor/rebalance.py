@@ -18,8 +18,10 @@ records there (the reference client skips the sample ids its file holds).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,10 +30,13 @@ import msgspec
 from supervisor import display
 from supervisor.compare import Comparison, Estimate
 from supervisor.errors import UsageError
+from supervisor.paths import config_key, state_dir, write_private
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from supervisor.config import Config
-    from supervisor.model import Snapshot
+    from supervisor.model import PlanProgress, Snapshot
 
 RESTART_S = 5.0
 """Seconds a run that changes datasets loses to its restart (the stop, the quiet window, the
@@ -79,6 +84,8 @@ class Option(msgspec.Struct, kw_only=True):
     meets_deadline: bool | None = None
     within_cap: bool | None = None
     moves: int = 0
+    possible: bool = True
+    """False for an alternative that would move a dataset that must stay where it is."""
 
 
 class Move(msgspec.Struct, kw_only=True):
@@ -230,6 +237,16 @@ def plan(
         out.refused = "nothing left to split: every dataset is done or has no budget"
         return out
     home = [next(i for i, s in enumerate(slots) if d in s.datasets) for d in datasets]
+    pinned = pinned or {}
+    fixed = [j for j, d in enumerate(datasets) if d in pinned]
+    for d, why in pinned.items():
+        out.kept.setdefault(d, f"stays with its run: {why}")
+
+    def allowed(choice: Sequence[int]) -> bool:
+        return not any(choice[j] != home[j] for j in fixed) and not any(
+            slots[i].frozen and i != home[j] for j, i in enumerate(choice)
+        )
+
     as_now = _option("as now", slots, home, datasets, est, deadline_s, max_usd)
     out.alternatives = [as_now]
     for i, s in enumerate(slots):
@@ -238,18 +255,13 @@ def plan(
         alt = _option(
             f"all on {s.endpoint}", slots, [i] * len(datasets), datasets, est, deadline_s, max_usd
         )
+        alt.possible = allowed([i] * len(datasets))
         out.alternatives.append(alt)
-    pinned = pinned or {}
-    fixed = [j for j, d in enumerate(datasets) if d in pinned]
-    for d, why in pinned.items():
-        out.kept.setdefault(d, f"stays with its run: {why}")
     best: Option | None = None
     fastest: Option | None = None
     candidates = _choices(len(slots), len(datasets))
     for choice in candidates if candidates is not None else _greedy(slots, datasets, est, home):
-        if any(choice[j] != home[j] for j in fixed) or any(
-            slots[i].frozen and i != home[j] for j, i in enumerate(choice)
-        ):
+        if not allowed(choice):
             continue
         opt = _option("plan", slots, choice, datasets, est, deadline_s, max_usd)
         if opt.within_cap is False:
@@ -396,6 +408,9 @@ def slots_from(
         if run.endpoint is None:
             kept[run.name] = "the run names no endpoint (`endpoint = ...` in its [[runs]] table)"
             continue
+        if config.host(run.host).kind == "slurm":
+            kept[run.name] = "a Slurm run: rebalance moves datasets between process runs only"
+            continue
         if not profile.flags.datasets:
             kept[run.name] = f"its client ({profile.name}) has no dataset flag to split its work by"
             continue
@@ -487,6 +502,7 @@ def describe(result: Rebalance) -> list[str]:
             + (f" ± {_usd(opt.cost_err)}" if opt.cost_err else "")
             + ("" if opt.meets_deadline is not False else "  (misses the deadline)")
             + ("" if opt.within_cap is not False else "  (over the cap)")
+            + ("" if opt.possible else "  (not possible now: see the datasets kept below)")
         )
         if opt is result.plan:
             for sh in opt.shares:
@@ -574,6 +590,8 @@ async def apply(
             undo = await _carry_out(engine, st.run, back, st.previous, force=True)
             out.rolled_back = undo.ok
             say(f"  {'ok' if undo.ok else 'FAILED'}: {undo.detail}")
+    if failed is None:
+        save_applied(engine.config, result)
     audit.record(
         "rebalance",
         host="-",
@@ -688,7 +706,26 @@ async def gather(
     while waiting_for_rates(config, snapshot) and time.monotonic() - start < sample_s:
         await asyncio.sleep(max(0.2, config.refresh_seconds))  # the measuring interval
         snapshot = await engine.refresh()
-    comparison = comparison_from(config, snapshot, load_history())
+    return plan_for(
+        config,
+        snapshot,
+        comparison_from(config, snapshot, load_history()),
+        deadline_s=deadline_s,
+        max_usd=max_usd,
+        move_aside=move_aside,
+    )
+
+
+def plan_for(
+    config: Config,
+    snapshot: Snapshot,
+    comparison: Comparison,
+    *,
+    deadline_s: float | None,
+    max_usd: float | None,
+    move_aside: bool = False,
+) -> Rebalance:
+    """The plan for a snapshot and its comparison the caller already has (pure, instant)."""
     slots, kept, pinned, refused = slots_from(config, snapshot, move_aside)
     if refused is not None:
         return Rebalance(
@@ -697,5 +734,128 @@ async def gather(
     result = plan(
         comparison, slots, deadline_s=deadline_s, max_usd=max_usd, kept=kept, pinned=pinned
     )
+    result.time = snapshot.time
     result.move_aside = move_aside
     return result
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def plan_path(config: Config) -> Path:
+    """Where the config's applied plan is kept: one per config (``paths.config_key``)."""
+    return state_dir() / "rebalance" / f"{config_key(config.path)}.json"
+
+
+class Applied(msgspec.Struct, kw_only=True):
+    """What ``--apply`` carried out, kept until the next plan replaces it."""
+
+    applied_at: float
+    datasets: list[str]
+    deadline_s: float | None = None
+    max_usd: float | None = None
+    projected_s: float
+    projected_err: float | None = None
+    projected_usd: float | None = None
+    ended_at: float | None = None
+
+
+def save_applied(config: Config, result: Rebalance) -> None:
+    assert result.plan is not None
+    applied = Applied(
+        applied_at=result.time,
+        datasets=sorted({d for sh in result.plan.shares for d in sh.datasets}, key=_natural),
+        deadline_s=result.deadline_s,
+        max_usd=result.max_usd,
+        projected_s=result.plan.seconds,
+        projected_err=result.plan.seconds_err,
+        projected_usd=result.plan.cost_usd,
+    )
+    write_private(plan_path(config), msgspec.json.encode(applied))
+
+
+def _load_applied(config: Config) -> Applied | None:
+    try:
+        return msgspec.json.decode(plan_path(config).read_bytes(), type=Applied)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def progress(config: Config, snapshot: Snapshot, comparison: Comparison) -> PlanProgress | None:
+    """The applied plan against the snapshot: done, on track, or going to miss its deadline
+    (by today's rates, as ``compare`` measures them); when done, how the projection held."""
+    applied = _load_applied(config)
+    if applied is None:
+        return None
+    from supervisor.model import PlanProgress
+
+    now = snapshot.time
+    left = {
+        dc.work.dataset: dc for dc in comparison.datasets if dc.work.dataset in applied.datasets
+    }
+    out = PlanProgress(
+        applied_at=applied.applied_at,
+        datasets=applied.datasets,
+        deadline_at=None if applied.deadline_s is None else applied.applied_at + applied.deadline_s,
+        max_usd=applied.max_usd,
+        projected_end=applied.applied_at + applied.projected_s,
+        projected_err=applied.projected_err,
+        projected_usd=applied.projected_usd,
+    )
+    stamp = time.strftime("%H:%M", time.localtime(applied.applied_at))
+    projected = _clock(out.projected_end) + (
+        f" ± {display.duration(applied.projected_err)}" if applied.projected_err else ""
+    )
+    if not left:
+        if applied.ended_at is None:
+            views = [
+                d for h in snapshot.hosts for r in h.runs if r.configured for d in r.datasets
+                if d.name in applied.datasets
+            ]  # fmt: skip
+            idle = min((d.idle_s for d in views), default=0.0)
+            applied.ended_at = max(applied.applied_at, now - idle)
+            with contextlib.suppress(OSError):
+                write_private(plan_path(config), msgspec.json.encode(applied))
+        out.ended_at = applied.ended_at
+        took = applied.ended_at - applied.applied_at
+        off = (took / applied.projected_s - 1) * 100 if applied.projected_s > 0 else 0.0
+        out.will_miss = out.deadline_at is not None and applied.ended_at > out.deadline_at
+        out.text = (
+            f"plan of {stamp}: done at {_clock(applied.ended_at)}, projected {projected} "
+            f"({off:+.0f} %)" + ("; the deadline was missed" if out.will_miss else "")
+        )
+        return out
+    # By today's rates: each run's datasets one after another on its endpoint.
+    per_run: dict[str, float] = {}
+    for h in snapshot.hosts:
+        for r in h.runs:
+            if not r.configured:
+                continue
+            ep = next((c.endpoint for c in config.runs if c.name == r.name), None)
+            for d in r.datasets:
+                dc = left.get(d.name)
+                e = next((e for e in dc.estimates if e.endpoint == ep), None) if dc else None
+                if e is not None and e.seconds is not None:
+                    per_run[r.name] = per_run.get(r.name, 0.0) + e.seconds
+    if per_run:
+        out.expected_end = now + max(per_run.values())
+    out.will_miss = (
+        out.deadline_at is not None
+        and out.expected_end is not None
+        and out.expected_end > out.deadline_at
+    )
+    expected = "unknown yet" if out.expected_end is None else _clock(out.expected_end)
+    out.text = (
+        f"plan of {stamp}: {len(left)} of {len(applied.datasets)} datasets left; projected "
+        f"end {projected}, now {expected}"
+        + (
+            f"; WILL MISS the deadline {_clock(out.deadline_at)}"
+            if out.will_miss and out.deadline_at is not None
+            else (" (on track)" if out.deadline_at is not None else "")
+        )
+    )
+    return out
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))

@@ -303,3 +303,62 @@ def test_rebalance_apply_moves_datasets_and_finishes_as_projected(
     if local_share["datasets"]:
         spent += min(gpu_s, took) * 36.0 / 3600.0
     assert spent == pytest.approx(projected_usd, rel=0.15), (spent, result["plan"])
+    # status shows the plan done, with how the projection held.
+    plan_now = final["plan"] or _status(cfg)["plan"]
+    assert plan_now["ended_at"] == pytest.approx(max(ends), abs=2.5)
+    assert plan_now["projected_end"] == pytest.approx(start + projected_s)
+    text = runwatch("-c", str(cfg), "status").stdout
+    assert "done at" in text and "projected" in text, text
+
+
+def test_runs_that_cannot_take_datasets_are_kept_and_a_down_host_refuses(tmp_path: Path) -> None:
+    from supervisor.config import load_config
+    from supervisor.model import DatasetView, HostView, RunView, Snapshot
+    from supervisor.rebalance import slots_from
+
+    cfg = load_config(
+        write_local_config(
+            tmp_path / "c.toml",
+            f"""
+[[runs]]
+name = "ref"
+host = "here"
+workdir = "{tmp_path}"
+argv = ["python3", "run_inference.py", "--datasets", "B1", "--api-base", "http://127.0.0.1:1/v1"]
+endpoint = "api"
+[[runs]]
+name = "sf"
+host = "here"
+workdir = "{tmp_path}"
+argv = ["python3", "regenerate_train_data.py", "--input-file-path", "in.jsonl",
+        "--output-file-path", "out.jsonl", "--resume"]
+endpoint = "api"
+[[runs]]
+name = "bare"
+host = "here"
+workdir = "{tmp_path}"
+argv = ["python3", "run_inference.py", "--datasets", "B2"]
+[[endpoints]]
+name = "api"
+kind = "api"
+base_url = "http://127.0.0.1:1/v1"
+""",
+        )
+    )
+    runs = [
+        RunView(name="ref", host="here", datasets=[DatasetView(name="B1", path="/x/B1")]),
+        RunView(name="sf", host="here", datasets=[DatasetView(name="out", path="/x/out")]),
+        RunView(name="bare", host="here", datasets=[DatasetView(name="B2", path="/x/B2")]),
+    ]
+    up = Snapshot(time=1.0, hosts=[HostView(name="here", connected=True, runs=runs)])
+    slots, kept, pinned, refused = slots_from(cfg, up)
+    assert refused is None and pinned == {}
+    assert [s.run for s in slots] == ["ref"]
+    assert "no dataset flag" in kept["sf"] and "specforge" in kept["sf"]
+    assert "names no endpoint" in kept["bare"]
+    down = Snapshot(
+        time=1.0, hosts=[HostView(name="here", connected=False, error="timed out", runs=runs)]
+    )
+    slots, kept, pinned, refused = slots_from(cfg, down)
+    assert slots == [] and refused is not None
+    assert "host here of run ref is down (timed out)" in refused and "nothing moved" in refused

@@ -60,8 +60,11 @@ def rebalance(
     yes: bool,
     as_json: bool,
 ) -> None:
-    """Split the datasets left between the runs' endpoints (local GPU, API) so that the work
-    finishes soonest under --max-usd, or costs least by --by; with --apply, carry it out.
+    """Split the datasets left between the runs' endpoints to finish by a deadline under a
+    cost cap; --apply carries it out.
+
+    The plan: the cheapest split that finishes within --by under --max-usd, else the fastest
+    under the cap (the local GPU run or runs, the API run or runs).
 
     Times and costs come from `runwatch compare`'s measurements, each with its error; "as now"
     and "all on <endpoint>" are shown beside the plan. A run moves whole datasets, through its
