@@ -179,6 +179,7 @@ def test_a_deadline_that_is_not_a_duration_says_how_to_write_it(text: str) -> No
 
 DATASETS = ("B1", "B2", "B3", "B4")
 SAMPLES = 150  # per dataset, ~100 tokens each: ~15,000 tokens a dataset
+PRICE_OUT = 20.0  # USD per million output tokens of the "API"
 
 
 def _two_run_config(root: Path, local_url: str, api_url: str) -> Path:
@@ -203,11 +204,14 @@ def _two_run_config(root: Path, local_url: str, api_url: str) -> Path:
     body = (
         run("local", "B1,B2,B3", local_url, "gpu", 16)
         + run("cloud", "B4", api_url, "api", 16)
-        + "".join(f"[datasets.{d}]\nmax_samples = {SAMPLES}\n" for d in DATASETS)
+        + "".join(
+            f'[datasets.{d}]\nmax_samples = {SAMPLES}\nprompts = "prompts/{d}.jsonl"\n'
+            for d in DATASETS
+        )
         + f'[[endpoints]]\nname = "gpu"\nkind = "local"\nbase_url = "{local_url}"\n'
         "gpu_cost_per_hour = 36.0\n"
         f'[[endpoints]]\nname = "api"\nkind = "api"\nbase_url = "{api_url}"\n'
-        f'api_key_env = "{KEY_ENV}"\nprice_in_per_m = 0.0\nprice_out_per_m = 100.0\n'
+        f'api_key_env = "{KEY_ENV}"\nprice_in_per_m = 0.0\nprice_out_per_m = {PRICE_OUT}\n'
     )
     return write_local_config(root / "runwatch.toml", body, python=True)
 
@@ -237,45 +241,53 @@ def test_rebalance_apply_moves_datasets_and_finishes_as_projected(
     mock_server: Any,
     kill_runs_in: list[Path],
 ) -> None:
-    """Two real runs of the reference client against two real mock servers (a slow free "GPU",
-    a fast priced "API"): the plan, applied with --apply --yes, moves the datasets it gives the
-    API, no dataset gets two writers or a duplicate, every dataset ends complete, and the work
-    ends within 15 % of the projected time and cost."""
+    """Two runs of the reference client against two real mock servers (a slow "GPU" priced
+    by the hour, a fast "API" priced per token): the GPU run is running, the API run is not (a
+    bench measured it). The plan, applied with --apply --yes, moves the datasets it gives the
+    API run and launches it; no dataset gets two writers or a duplicate, every dataset ends
+    complete, and the work ends within 15 % of the projected time and cost."""
     from tests.fixtures_actions import API_KEY, runwatch
 
     local = mock_server(capacity_tps=500.0, mean_tokens=100, length_sigma=0.2, seed=1)
     api = mock_server(
-        capacity_tps=2500.0, mean_tokens=100, length_sigma=0.2, seed=2, api_key=API_KEY,
-        price_in=0.0, price_out=100.0,
+        capacity_tps=1500.0, mean_tokens=100, length_sigma=0.2, seed=2, api_key=API_KEY,
+        price_in=0.0, price_out=PRICE_OUT,
     )  # fmt: skip
     cfg = _two_run_config(tmp_path, local.url, api.url)
     kill_runs_in.append(tmp_path / "work")
-    for run in ("local", "cloud"):
-        p = runwatch("-c", str(cfg), "launch", run, "--yes")
-        assert p.returncode == 0, p.stdout + p.stderr
+    p = runwatch("-c", str(cfg), "launch", "local", "--yes")
+    assert p.returncode == 0, p.stdout + p.stderr
+    # The API run is not running: its rate comes from a bench of its shape, as a user gets it.
+    p = runwatch(
+        "-c", str(cfg), "bench", "api", "--prompts", "B4", "--requests", "150",
+        "--concurrency", "16", "--json",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
 
-    # Rates need responses over a window: plan once every dataset of the local run has some.
+    # The local rate needs responses over a window: until then the plan is refused and nothing
+    # changes.
+    api_before = api.stats()
     last: list[str] = []
 
-    def measured() -> dict[str, Any] | None:
-        p = runwatch("-c", str(cfg), "rebalance", "--max-usd", "2.0", "--json", "--sample", "5")
+    def applied_once() -> dict[str, Any] | None:
+        p = runwatch("-c", str(cfg), "rebalance", "--max-usd", "2.0", "--apply", "--yes", "--json")
         last[:] = [p.stdout + p.stderr]
         out = json.loads(p.stdout) if p.stdout.strip() else None
-        return out if out is not None and out.get("refused") is None else None
+        if out is not None and "steps" in out and "ok" in out:
+            return dict(out)
+        assert out is not None and "no throughput measured" in str(out.get("refused")), last
+        return None
 
     try:
-        wait_until(measured, timeout=60, interval=1.0)
+        applied = wait_until(applied_once, timeout=60, interval=0.5)
     except AssertionError:
-        raise AssertionError(f"no rates measured: {last}") from None
-    api_before = api.stats()
-    p = runwatch("-c", str(cfg), "rebalance", "--max-usd", "2.0", "--apply", "--yes", "--json")
-    assert p.returncode == 0, p.stdout + p.stderr
-    applied = json.loads(p.stdout)
-    assert applied["ok"] is True
+        raise AssertionError(f"never applied: {last}") from None
+    assert applied["ok"] is True, applied
     result = applied["plan"]
     assert result["plan"]["within_cap"] is True
     moved = {m["dataset"]: m["to_run"] for m in result["moves"]}
     assert any(to == "cloud" for to in moved.values()), result
+    assert ("cloud", "launch") in {(st["run"], st["action"]) for st in result["steps"]}
     projected_s = result["plan"]["seconds"]
     projected_usd = result["plan"]["cost_usd"]
     start = result["time"]
@@ -296,12 +308,14 @@ def test_rebalance_apply_moves_datasets_and_finishes_as_projected(
         assert all(v["duplicates"] == 0 for v in by_name[d])
         ends.append(path.stat().st_mtime)
     took = max(ends) - start
+    print(f"\nrebalance: took {took:.1f} s, projected {projected_s:.1f} s")
     assert took == pytest.approx(projected_s, rel=0.15), (took, result["plan"])
-    spent = (api.stats()["completion_tokens"] - api_before["completion_tokens"]) * 100.0 / 1e6
+    spent = (api.stats()["completion_tokens"] - api_before["completion_tokens"]) * PRICE_OUT / 1e6
     gpu_s = max(e for e in ends) - start  # the GPU run is the one that ends last, or idle
     local_share = next(s for s in result["plan"]["shares"] if s["run"] == "local")
     if local_share["datasets"]:
         spent += min(gpu_s, took) * 36.0 / 3600.0
+    print(f"rebalance: spent ${spent:.3f}, projected ${projected_usd:.3f}")
     assert spent == pytest.approx(projected_usd, rel=0.15), (spent, result["plan"])
     # status shows the plan done, with how the projection held.
     plan_now = final["plan"] or _status(cfg)["plan"]
