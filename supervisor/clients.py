@@ -20,13 +20,15 @@ Built-in profiles:
 ``specforge``
     SpecForge ``scripts/regenerate_train_data.py``: ONE ``--output-file-path``, the input file
     ``--input-file-path`` (both required), ``--num-samples`` (counted per invocation, after the
-    skip), no budget flag; overwrites its output, error and skipped files unless given
-    ``--resume``.
+    rows its ``--resume`` skips: once it resumes, no bound on the dataset's records), no budget
+    flag, ``--temperature`` within 0..1; overwrites its output, error and skipped files unless
+    given ``--resume``.
 ``modelopt``
     Model-Optimizer ``server_generate.py``: ONE ``--output_path`` (always appended),
-    ``--data_path`` (neither has a usable default), ``--num_threads``, ``--url``; resumes always
-    (skips the conversation_ids present); no sample or budget flag; its ``--api_key`` value is a
-    secret.
+    ``--data_path`` (JSON lines, or one JSON array; neither has a usable default),
+    ``--num_threads``, ``--url``; resumes always (skips the conversation_ids present, failed ones
+    logged by ``--log_empty_conversations`` included); no sample or budget flag; its ``--api_key``
+    value is a secret.
 
 User profiles are ``[clients.NAME]`` tables of the config (same schema; a user profile of a
 built-in's name replaces it). A run names its ``client``, or it is the profile whose ``scripts``
@@ -109,6 +111,12 @@ def _builtin() -> dict[str, ClientProfile]:
             "--report-seconds": "float",
         },
     )
+    # SpecForge scripts/regenerate_train_data.py, every released shape of its argparse options
+    # (sgl-project/SpecForge, 2025-09-28 a2cb6d84 .. 2026-07-13 1e759089): the first versions
+    # launched their own server (--batch-size, --port, --tp-size, ...); --server-address and
+    # --concurrency since 2025-11-18; --is-reasoning-model (reasoning saved under "thinking",
+    # then "reasoning_content" from 2026-03-17) until --reasoning replaced it on 2026-06-05;
+    # --resume since 2026-02-03. Every version refuses a --temperature outside 0..1.
     specforge = ClientProfile(
         name="specforge",
         scripts=["regenerate_train_data.py"],
@@ -133,10 +141,13 @@ def _builtin() -> dict[str, ClientProfile]:
             "--resume",
             "--concurrency",
             "--server-address",
+            "--port",
+            "--batch-size",
         ],
         known_flags=[
             "--model",
             "--reasoning",
+            "--is-reasoning-model",
             "--is-gpt-oss",
             "--temperature",
             "--top-p",
@@ -149,8 +160,15 @@ def _builtin() -> dict[str, ClientProfile]:
             "--num-samples",
             "--resume",
             "--server-address",
+            "--batch-size",
+            "--port",
+            "--tp-size",
+            "--dp-size",
+            "--mem-fraction-static",
+            "--max-running-requests",
+            "--auto-launch-server",
         ],
-        switches=["--is-gpt-oss", "--resume"],
+        switches=["--is-gpt-oss", "--is-reasoning-model", "--resume", "--auto-launch-server"],
         # --input-file-path and --output-file-path are required: no defaults.
         value_types={
             "--model": "str",
@@ -165,8 +183,25 @@ def _builtin() -> dict[str, ClientProfile]:
             "--output-file-path": "path",
             "--num-samples": "int",
             "--server-address": "str",
+            "--batch-size": "int",
+            "--port": "int",
+            "--tp-size": "int",
+            "--dp-size": "int",
+            "--mem-fraction-static": "float",
+            "--max-running-requests": "int",
+        },
+        value_ranges={"--temperature": [0.0, 1.0]},
+        defaults={
+            "--reasoning": "none",
+            "--temperature": "0.7 (0 before 2025-11-18)",
+            "--max-tokens": "4096",
+            "--concurrency": "64",
+            "--num-samples": "all the rows after the skip",
         },
     )
+    # Model-Optimizer examples/speculative_decoding/server_generate.py (scripts/ since
+    # 2025-11-19), every release from 0.31.0 (2025-06-05) on: no version of it has any other flag
+    # (--chat was a switch in 0.31.0, type=bool after: left untyped).
     modelopt = ClientProfile(
         name="modelopt",
         scripts=["server_generate.py"],
@@ -193,7 +228,6 @@ def _builtin() -> dict[str, ClientProfile]:
             "--api_key",
             "--log_empty_conversations",
             "--system_prompt",
-            "--thinking-modes",
         ],
         switches=["--log_empty_conversations"],
         # --data_path and --output_path default to None, which the script cannot open: no
@@ -209,7 +243,13 @@ def _builtin() -> dict[str, ClientProfile]:
             "--url": "str",
             "--api_key": "str",
             "--system_prompt": "str",
-            "--thinking-modes": "str",
+        },
+        defaults={
+            "--num_threads": "256",
+            "--temperature": "0.0",
+            "--max_tokens": "2048",
+            "--model": "model",
+            "--url": "http://localhost:8000/v1",
         },
     )
     return {p.name: p for p in (reference, specforge, modelopt)}
@@ -296,6 +336,16 @@ def value_types_problems(profile: ClientProfile) -> list[tuple[str, str]]:
             out.append(
                 (f".{flag}: a switch takes no value", "remove it from switches or value_types")
             )
+    for flag, bounds in profile.value_ranges.items():
+        if profile.value_types.get(flag) not in ("int", "float"):
+            out.append(
+                (
+                    f".{flag}: a range needs a numeric type",
+                    f'set "{flag}" = "float" (or "int") in value_types',
+                )
+            )
+        elif len(bounds) != 2 or bounds[0] > bounds[1]:
+            out.append((f".{flag}: expected [low, high]", "write the range as [low, high]"))
     return out
 
 
@@ -318,6 +368,18 @@ def value_problem(value: str, vtype: ValueType, numeric_choices: bool = False) -
         return f"is not {'an int' if vtype == 'int' else 'a float'}"
     if vtype == "path" and not value:
         return "is not a path (it is empty)"
+    return None
+
+
+def range_problem(value: str, bounds: tuple[float, float]) -> str | None:
+    """Why a numeric ``value`` lies outside the inclusive ``bounds`` (None: inside)."""
+    try:
+        x = float(value)
+    except ValueError:
+        return "is not a number"
+    low, high = bounds
+    if not low <= x <= high:
+        return f"is outside {low:g}..{high:g}, which the script refuses when it starts"
     return None
 
 
@@ -549,4 +611,8 @@ def describe(info: ClientInfo) -> list[str]:
         for f, t in p.value_types.items():
             if isinstance(t, list):
                 lines.append(f"    {f}: {describe_type(t)}")
+    for f, (low, high) in ((f, (r[0], r[1])) for f, r in p.value_ranges.items()):
+        lines.append(f"  {f} must lie in {low:g}..{high:g}")
+    if p.defaults:
+        lines.append("  defaults: " + ", ".join(f"{f} {v}" for f, v in p.defaults.items()))
     return lines

@@ -37,11 +37,16 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
-from supervisor import audit, clients, display, rates
+from supervisor import audit, clients, display, launchspec, rates
 from supervisor import kill as kill_ops
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.match import client_path, script_index
-from supervisor.completeness import completeness_line, sidecar_line, with_client_parts
+from supervisor.completeness import (
+    completeness_line,
+    scan_notes,
+    sidecar_line,
+    with_client_parts,
+)
 from supervisor.config import Config, HostConfig, RunConfig, bad_name
 from supervisor.dataloss import DataLossWatch
 from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
@@ -911,7 +916,7 @@ class Engine:
         view = rates.build_dataset_view(
             scan,
             self.config.datasets.get(dataset) if ours else None,
-            flags,
+            total_flags(self.config, flags, self._started_records(run, proc, scan)),
             tracker,
             rates.CostInfo.from_endpoint(endpoint),
             alive if alive is not None else proc is not None and not proc.state.startswith("Z"),
@@ -931,6 +936,26 @@ class Engine:
         self._live.record_dataset(host, view, tracker)
         return view
 
+    def _started_records(
+        self, run: RunConfig, proc: ProcessInfo | None, scan: dict[str, Any]
+    ) -> int | None:
+        """The records the dataset's file held when runwatch launched ``proc`` (None: it did
+        not launch it, or does not know)."""
+        profile = clients.profiles(self.config).get(proc.flags.client or "") if proc else None
+        if proc is None or profile is None or profile.samples_scope != "invocation":
+            return None
+        try:
+            started = launchspec.load(run.name).started
+        except RunwatchError:
+            return None
+        if (
+            started is None
+            or started.pid != proc.identity.pid
+            or started.start_time != proc.identity.start_time
+        ):
+            return None
+        return started.records.get(str(scan.get("path") or ""))
+
     def _tokenizer_ready(self) -> None:
         if self._tokenizer is not None:
             return
@@ -944,6 +969,14 @@ class Engine:
         self._tokenizer = load_tokenizer(
             self.config.tokenizer, trust_remote_code=self.config.trust_remote_code
         )
+
+    def scan_tokens(self, scan: dict[str, Any]) -> int:
+        """Completion tokens of a whole-file scan (``check_run``) as the dashboard counts them:
+        the format's token field, plus the answers and reasoning a tokenizer-counted format hands
+        back (SpecForge, Model-Optimizer). ConfigError when such a format has no tokenizer."""
+        tokens = int(scan.get("completion_tokens") or 0)
+        texts = [*(scan.get("texts") or []), *(scan.get("reasoning_texts") or [])]
+        return tokens + (self._count_texts(texts) if texts else 0)
 
     def _count_texts(self, texts: list[str]) -> int:
         """Tokens of texts handed back by a scan (formats counted with the tokenizer)."""
@@ -1075,6 +1108,24 @@ def client_lines(config: Config) -> list[list[str]]:
     return [clients.describe(i) for i in clients.list_clients(config)]
 
 
+def total_flags(config: Config, flags: RunFlags, started: int | None) -> RunFlags:
+    """The run's flags with its sample flag as a bound on the dataset's records. A client whose
+    sample flag counts this invocation's rows after those its resume skipped (SpecForge's
+    ``--num-samples``) stops at the records its file held when it started (``started``) plus its
+    flag; when that is not known (a run started by hand with its resume flag) there is no bound:
+    never ``47/40 done`` while the script makes 40 more."""
+    profile = clients.profiles(config).get(flags.client or "")
+    if (
+        profile is None
+        or profile.samples_scope != "invocation"
+        or flags.max_samples is None
+        or not (flags.resume or profile.resume == "always")
+    ):
+        return flags
+    total = None if started is None else started + flags.max_samples
+    return msgspec.structs.replace(flags, max_samples=total)
+
+
 def engine_budget_flag(config: Config, client: str | None) -> str | None:
     """The token-budget flag of a client profile (None: it has none); no name: the reference's."""
     profile = clients.profiles(config).get(client or "", clients.BUILTIN_CLIENTS["run_inference"])
@@ -1150,6 +1201,7 @@ __all__ = [
     "parse_unsets",
     "run_once",
     "run_sync",
+    "scan_notes",
     "sidecar_line",
     "start_refused_event",
     "stop_key",

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import msgspec
 
+from supervisor import clients
 from supervisor.config import AlertsConfig, Config
 from supervisor.model import DatasetView, HostView, ProcessInfo, RunView, Snapshot
 
@@ -175,6 +176,15 @@ class EventTracker:
     def cmd(self, *args: str) -> str:
         return " ".join([self._prefix, *(shlex.quote(a) for a in args)])
 
+    def _budget_fix(self, run: RunView, budget: int | None) -> str:
+        """What holds a run to its budget: a restart setting its client's budget flag, or, for a
+        client without one (SpecForge, Model-Optimizer), stopping it (``budget_policy = 'stop'``
+        does it at the budget)."""
+        flag = budget_flag_of(self.config, run)
+        if flag is None:
+            return self.cmd("kill", run.name) + "  # its client has no budget flag"
+        return self.cmd("restart", run.name, "--set", f"{flag.lstrip('-')}={budget or 'N'}")
+
     def update(self, snapshot: Snapshot, expected_stops: Container[str] = ()) -> list[Event]:
         """The events from the previous snapshot to ``snapshot`` (conditions that started,
         transitions); the first call reports conditions only (see ``report_initial``)."""
@@ -277,13 +287,13 @@ class EventTracker:
         budget = ds.token_budget
         # A run with --token-budget stops each dataset at it (a few in-flight responses over).
         unenforced = run.process is not None and run.process.flags.token_budget is None
+        fix = self._budget_fix(run, budget)
         if writing and unenforced and ds.over_budget:
-            set_budget = f"token-budget={budget}" if budget else "token-budget=N"
             yield event(
                 "over-budget",
                 "warning",
                 ds.projection.message or "past its token budget",
-                self.cmd("restart", run.name, "--set", set_budget),
+                fix,
             )
         t = self.thresholds
         waste, cost = ds.projection.waste_tokens, ds.projection.waste_cost_usd
@@ -296,7 +306,7 @@ class EventTracker:
                 "waste",
                 "warning",
                 f"projected {waste:,} tokens{usd} past its budget",
-                self.cmd("restart", run.name, "--set", f"token-budget={budget or 'N'}"),
+                fix,
             )
         if writing and self._stalled(ds):
             yield event(
@@ -549,3 +559,17 @@ def gave_up_event(config: Config, host: str, run: str, count: int, window: float
         key=f"restart-gave-up|{host}|{run}|{now}",
         time=now,
     )
+
+
+def budget_flag_of(config: Config, run: RunView) -> str | None:
+    """The budget flag of the run's client (its process's profile, else its config's); None when
+    the client has none."""
+    name = run.process.flags.client if run.process is not None else None
+    profile = clients.profiles(config).get(name or "")
+    if profile is None:
+        known = {r.name: r for r in config.runs}
+        rc = known.get(run.name)
+        profile = clients.client_of(config, rc) if rc is not None else None
+    if profile is None:
+        profile = clients.BUILTIN_CLIENTS["run_inference"]
+    return profile.flags.budget[0] if profile.flags.budget else None

@@ -59,6 +59,8 @@ class Verdict:
     """Non-empty data files of a client without a profile, to copy before the start."""
     sizes: dict[str, int] = field(default_factory=dict)
     """Data file -> its size as the gate saw it (0: missing)."""
+    records: dict[str, int] = field(default_factory=dict)
+    """Data file -> its records (distinct ids) as the gate saw it (0: missing)."""
 
     @property
     def ok(self) -> bool:
@@ -98,6 +100,7 @@ class Gate:
         scans = await self.scan(run, layout, validate)
         verdict = Verdict()
         verdict.sizes = {str(s.get("path")): _size(s) for s in scans}
+        verdict.records = {str(s.get("path")): _records(s) for s in scans}
         for s in scans:
             if blocks(s, formats=validate == "all"):
                 verdict.refuse(
@@ -179,6 +182,12 @@ def explain_block(s: dict[str, Any]) -> str:
     elif s.get("error"):
         parts.append(str(s.get("error")))
     return " - ".join(parts)
+
+
+def _records(s: dict[str, Any]) -> int:
+    if s.get("state", "ok") != "ok":
+        return 0
+    return int(s.get("unique_ids") or 0) or int(s.get("records") or 0)
 
 
 def _size(s: dict[str, Any]) -> int:

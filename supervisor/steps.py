@@ -81,6 +81,8 @@ class _Runner:
         self.rollback_outcome: dict[str, Any] | None = None
         self.sizes: dict[str, int] = {}
         """Data file -> its size before the launch (a smaller one after it is data loss)."""
+        self.records_at_start: dict[str, int] = {}
+        """Data file -> its records before the launch."""
 
     async def emit(self, step: Step) -> None:
         if self.on_step is None:
@@ -147,6 +149,12 @@ class _Runner:
         if confirmed and not self.dry_run:
             spec = plan.spec
             spec.last_argv = mask_argv(plan.argv, plan.secrets)
+            if self.identity is not None and "pid" in self.identity:
+                spec.started = launchspec.Invocation(
+                    pid=int(self.identity["pid"]),
+                    start_time=int(self.identity.get("start_time") or 0),
+                    records=dict(self.records_at_start),
+                )
             launchspec.save(spec)
         result = ActionResult(
             action=plan.action,
@@ -230,6 +238,11 @@ class _Runner:
             known=layout.client.known_flags,
             switches=layout.client.switches,
             types=types,
+            ranges=(
+                {f: (r[0], r[1]) for f, r in layout.profile.value_ranges.items()}
+                if layout.profiled
+                else {}
+            ),
             type_source=type_source,
         )
         read = None
@@ -316,8 +329,10 @@ class _Runner:
         for scan in scans:
             ds = by_path.get(str(scan.get("path")))
             dc = self.engine.config.datasets.get(ds) if ds else None
-            tokens = int(scan.get("completion_tokens") or 0)
-            if dc is not None and dc.token_budget is not None and tokens >= dc.token_budget:
+            if dc is None or dc.token_budget is None:
+                continue
+            tokens = self.engine.scan_tokens(scan)
+            if tokens >= dc.token_budget:
                 over.append(f"{ds}: {tokens} completion tokens, budget {dc.token_budget}")
         return over
 
@@ -791,6 +806,7 @@ class _Runner:
             step.data["backup"] = copied
         # After runwatch's own moves and repairs: from here the files may only grow.
         self.sizes = verdict.sizes
+        self.records_at_start = verdict.records
         params = self.launch_params(plan.layout)
         started = time.time()
         timeout = plan.run.settle_seconds + 3.0 + self.hc.command_timeout

@@ -14,12 +14,15 @@ profiles:
 ``raw-legacy``
     The older run_inference.py format: ``text`` instead of ``output_ids``. ``legacy`` of ``raw``.
 ``specforge``
-    SpecForge regenerated conversations: ``id, conversations[{role, content}], status``; the
-    assistant contents are counted with the tokenizer, their ``reasoning_content`` apart. Error
-    and skipped files lie beside it.
+    SpecForge regenerated conversations: ``id, conversations[{role, content}]`` and, since late
+    2025, ``status`` (older records have none); the assistant contents are counted with the
+    tokenizer, their reasoning apart (``reasoning_content``, or ``thinking`` as the script wrote
+    it from late 2025 to March 2026). Error and skipped files lie beside it.
 ``modelopt``
     Model-Optimizer ``server_generate`` output: ``conversation_id, conversations``, optional
-    ``truncated``, and a final ``{"finished": true}`` line (a marker, not a record).
+    ``truncated``; with ``--log_empty_conversations`` a failed request is a line holding only
+    ``{"conversation_id": N}`` (a failed row: the script's resume skips it) and the file ends with
+    a ``{"finished": true}`` line (a marker, not a record).
 ``speculators``
     vLLM speculators regeneration: ``id, input_ids, loss_mask, text, metadata`` with
     ``metadata.finish_reason`` and ``metadata.usage.{prompt,completion}_tokens``.
@@ -45,13 +48,14 @@ class Profile:
         "check_list_field",
         "companions",
         "end_marker",
+        "failed_keys",
         "finish_reason_field",
         "id_field",
         "legacy",
         "name",
         "optional",
         "prompt_tokens_field",
-        "reasoning_key",
+        "reasoning_keys",
         "required",
         "signature",
         "text_field",
@@ -79,7 +83,8 @@ class Profile:
         legacy: str | None = None,
         end_marker: str | None = None,
         companions: tuple[str, ...] = (),
-        reasoning_key: str | None = None,
+        reasoning_keys: tuple[str, ...] = (),
+        failed_keys: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.id_field = id_field
@@ -109,8 +114,12 @@ class Profile:
         """Top-level key of a final marker line (``{"finished": true}``), not a record."""
         self.companions = companions
         """Words naming files beside the data file that hold failed or skipped prompts."""
-        self.reasoning_key = reasoning_key
-        """Key of a counted message's reasoning text (``reasoning_content``), counted apart."""
+        self.reasoning_keys = reasoning_keys
+        """Keys of a counted message's reasoning text (``reasoning_content``), counted apart: the
+        first one a message has (a writer stores it under one of them)."""
+        self.failed_keys = failed_keys
+        """The exact top-level keys of a line that records a failed request (not a record: its
+        id is a failed row of the input)."""
 
     @property
     def token_source(self) -> str:
@@ -159,10 +168,11 @@ def _builtin() -> dict[str, Profile]:
             text_field="conversations",
             text_role="assistant",
             finish_reason_field="status",
-            required=("id", "conversations", "status"),
+            required=("id", "conversations"),
+            optional=("status",),
             signature=("id", "conversations"),
             companions=("error", "skipped"),
-            reasoning_key="reasoning_content",
+            reasoning_keys=("reasoning_content", "thinking"),
         ),
         "modelopt": Profile(
             "modelopt",
@@ -173,6 +183,7 @@ def _builtin() -> dict[str, Profile]:
             required=("conversation_id", "conversations"),
             optional=("truncated",),
             end_marker="finished",
+            failed_keys=("conversation_id",),
         ),
         "speculators": Profile(
             "speculators",
@@ -333,17 +344,33 @@ def texts_of(profile: Profile, record: Mapping[str, Any]) -> list[str] | None:
 
 
 def reasoning_of(profile: Profile, record: Mapping[str, Any]) -> list[str]:
-    """Reasoning texts of a record's counted messages (``reasoning_content``), for the tokenizer."""
-    key = profile.reasoning_key
-    if key is None or profile.text_field is None:
+    """Reasoning texts of a record's counted messages, for the tokenizer: per message the first of
+    ``reasoning_keys`` it holds as text (one text per message, never counted twice)."""
+    keys = profile.reasoning_keys
+    if not keys or profile.text_field is None:
         return []
     found, v = lookup(record, profile.text_field)
     if not found or not isinstance(v, list):
         return []
-    return [
-        m[key]
-        for m in v
-        if isinstance(m, dict)
-        and (profile.text_role is None or m.get("role") == profile.text_role)
-        and isinstance(m.get(key), str)
-    ]
+    out: list[str] = []
+    for m in v:
+        if not isinstance(m, dict):
+            continue
+        if profile.text_role is not None and m.get("role") != profile.text_role:
+            continue
+        for key in keys:
+            text = m.get(key)
+            if isinstance(text, str):
+                out.append(text)
+                break
+    return out
+
+
+def is_failed_line(profile: Profile | None, record: Mapping[str, Any]) -> bool:
+    """True when ``record`` is the profile's line for a failed request (only its id)."""
+    return (
+        profile is not None
+        and bool(profile.failed_keys)
+        and len(record) == len(profile.failed_keys)
+        and all(k in record for k in profile.failed_keys)
+    )

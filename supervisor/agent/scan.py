@@ -60,6 +60,7 @@ from supervisor.agent.formats import (
     differing_keys,
     finish_value,
     get_profile,
+    is_failed_line,
     lookup,
     matches,
     reasoning_of,
@@ -367,6 +368,9 @@ class _FileState(Position):
         self.records = 0
         self.ids: set[Any] = set()
         self.duplicates = 0
+        self.failed = 0
+        """Lines recording a failed request (``Profile.failed_keys``)."""
+        self.failed_ids: set[Any] = set()
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.texts_records = 0
@@ -475,6 +479,7 @@ class Scanner:
                 input_file["path"],
                 str(input_file.get("id") or ""),
                 result.get("sidecars") or {},
+                failed_inline=state.failed_ids if state is not None else set(),
             )
         return result
 
@@ -853,6 +858,14 @@ class Scanner:
                 state.lines += 1
                 state.finished = True
                 return False
+        if exp is not None and exp.failed_keys and is_failed_line(exp, obj):
+            # A failed request the client logged (its resume skips the row): not a record.
+            state.lines += 1
+            state.failed += 1
+            found, ident = lookup(obj, exp.id_field)
+            if found:
+                state.failed_ids.add(_id_key(ident))
+            return False
         # Records of one file nearly always share their keys: classify a key set once.
         shape = tuple(obj)
         cached = state.shapes.get(shape) if exp is not None else None
@@ -942,7 +955,7 @@ class Scanner:
                 self._validate(prof, obj, arrays, buf, full, tokens, length)
             if prof.text_field is not None:
                 record_texts = texts_of(prof, obj)
-                record_reasoning = reasoning_of(prof, obj) if prof.reasoning_key else []
+                record_reasoning = reasoning_of(prof, obj) if prof.reasoning_keys else []
         # Counted from here on: the line is a record.
         state.lines += 1
         state.records += 1
@@ -1054,6 +1067,7 @@ class Scanner:
                 "records": state.records,
                 "unique_ids": len(state.ids),
                 "duplicates": state.duplicates,
+                "failed_lines": state.failed,
                 "prompt_tokens": state.prompt_tokens,
                 "completion_tokens": state.completion_tokens,
                 "token_source": exp.token_source if exp is not None else None,
@@ -1149,6 +1163,7 @@ def _empty_result(path: str, fmt: str | None) -> dict[str, Any]:
         "records": 0,
         "unique_ids": 0,
         "duplicates": 0,
+        "failed_lines": 0,
         "prompt_tokens": 0,
         "completion_tokens": 0,
         "token_source": None,
