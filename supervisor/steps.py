@@ -376,8 +376,12 @@ class _Runner:
         raise StepFailed(
             f"{self.plan.action} blocked by data not in format {self.plan.run.format!r}: "
             f"{problems}",
-            "convert or remove those files, or pass --move-aside to rename them to "
-            "<file>.<format>-<timestamp> (nothing is deleted) so the run starts them afresh",
+            (
+                gate.blocked_hint(self.plan.layout)
+                if gate.resumes_from_output(self.plan.layout)
+                else "convert or remove those files, or pass --move-aside to rename them to "
+                "<file>.<format>-<timestamp> (nothing is deleted) so the run starts them afresh"
+            ),
         )
 
     def keep_output(self, scans: list[dict[str, Any]], step: Step) -> None:
