@@ -384,22 +384,55 @@ class Engine:
         run = self.config.run(run_name)
         return await slurm.adopt(self.config, self.host(run.host), run, job)
 
-    async def check_run(self, run_name: str, argv: list[str] | None = None) -> list[dict[str, Any]]:
+    async def check_run(
+        self, run_name: str, argv: list[str] | None = None, *, tokens: bool = False
+    ) -> list[dict[str, Any]]:
         """Scan every dataset file of a run with full validation; returns the scan results.
 
         The files are those ``argv`` writes (default: the run's launch argv, ``launch_argv``);
-        ConfigError when they cannot be determined: a check never passes on nothing."""
+        ConfigError when they cannot be determined: a check never passes on nothing. With
+        ``tokens``, each result's ``tokens_counted`` is its completion tokens as the dashboard
+        counts them (a tokenizer-counted format's answers and reasoning, every text of the file
+        counted, over as many replies as its texts need; ``tokens_error`` says why not)."""
         run = self.config.run(run_name)
         hc = self.config.host(run.host)
         layout = layout_of(self.config, run, argv if argv is not None else launch_argv(run))
         layout.require_files()
-        files = [{**spec, "validate": "all"} for spec in self._file_specs(run, hc, layout)]
+        files = [
+            {**spec, "validate": "all", "texts": tokens}
+            for spec in self._file_specs(run, hc, layout)
+        ]
         h = self.host(run.host)
         timeout = max(hc.command_timeout, 300.0)
-        # ``fresh``: validated from the first byte, however the refreshes sampled the file.
-        result = await h.request("scan", {"files": files, "fresh": True}, timeout=timeout)
-        scanned: dict[str, dict[str, Any]] = result.get("files", {})
-        return [scanned.get(f["path"], {"path": f["path"], "state": "error"}) for f in files]
+        # ``fresh``: validated from the first byte, however the refreshes sampled the file; a
+        # ``session`` goes on where a reply full of texts stopped.
+        params: dict[str, Any] = {"files": files, "fresh": True}
+        if tokens:
+            params["session"] = f"check-{os.getpid()}-{id(params)}-{time.time()}"
+        counted: dict[str, int] = {}
+        errors: dict[str, str] = {}
+        while True:
+            result = await h.request("scan", params, timeout=timeout)
+            scanned: dict[str, dict[str, Any]] = result.get("files", {})
+            for path, scan in scanned.items():
+                texts = [*(scan.get("texts") or []), *(scan.get("reasoning_texts") or [])]
+                if tokens and texts and path not in errors:
+                    try:
+                        counted[path] = counted.get(path, 0) + self._count_texts(texts)
+                    except RunwatchError as e:
+                        errors[path] = e.message
+            if not tokens or not any(s.get("texts_more") for s in scanned.values()):
+                break
+        out = [scanned.get(f["path"], {"path": f["path"], "state": "error"}) for f in files]
+        if tokens:
+            for scan in out:
+                path = str(scan.get("path"))
+                scan["tokens_counted"] = int(scan.get("completion_tokens") or 0) + counted.get(
+                    path, 0
+                )
+                if path in errors:
+                    scan["tokens_error"] = errors[path]
+        return out
 
     def record_points(self, host: str, run: str) -> list[tuple[float, ...]]:
         """The run's history of ``(time, records, tokens, alive)`` points, oldest first (empty
@@ -969,14 +1002,6 @@ class Engine:
         self._tokenizer = load_tokenizer(
             self.config.tokenizer, trust_remote_code=self.config.trust_remote_code
         )
-
-    def scan_tokens(self, scan: dict[str, Any]) -> int:
-        """Completion tokens of a whole-file scan (``check_run``) as the dashboard counts them:
-        the format's token field, plus the answers and reasoning a tokenizer-counted format hands
-        back (SpecForge, Model-Optimizer). ConfigError when such a format has no tokenizer."""
-        tokens = int(scan.get("completion_tokens") or 0)
-        texts = [*(scan.get("texts") or []), *(scan.get("reasoning_texts") or [])]
-        return tokens + (self._count_texts(texts) if texts else 0)
 
     def _count_texts(self, texts: list[str]) -> int:
         """Tokens of texts handed back by a scan (formats counted with the tokenizer)."""

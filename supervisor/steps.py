@@ -81,6 +81,8 @@ class _Runner:
         self.rollback_outcome: dict[str, Any] | None = None
         self.sizes: dict[str, int] = {}
         """Data file -> its size before the launch (a smaller one after it is data loss)."""
+        self.budget_notes: list[str] = []
+        """Datasets whose budget the format check could not check (no tokenizer)."""
         self.records_at_start: dict[str, int] = {}
         """Data file -> its records before the launch."""
 
@@ -315,8 +317,22 @@ class _Runner:
 
     async def scan_all(self) -> list[dict[str, Any]]:
         # The files the NEW command line writes (datasets, output dir from the effective argv).
-        scans = await self.engine.check_run(self.plan.run.name, self.plan.argv)
+        scans = await self.engine.check_run(
+            self.plan.run.name, self.plan.argv, tokens=self.budget_to_check()
+        )
         return list(scans)
+
+    def budget_to_check(self) -> bool:
+        """Whether the new argv writes a dataset with a configured budget and no budget flag
+        (its tokens are then counted, as the dashboard counts them)."""
+        plan = self.plan
+        if plan.layout.has_budget_flag():
+            return False
+        datasets = self.engine.config.datasets
+        return any(
+            (dc := datasets.get(ds)) is not None and dc.token_budget is not None
+            for ds in plan.layout.data_files
+        )
 
     def over_budget(self, scans: list[dict[str, Any]]) -> list[str]:
         """Datasets already past their budget that the new argv would write without a budget
@@ -331,7 +347,10 @@ class _Runner:
             dc = self.engine.config.datasets.get(ds) if ds else None
             if dc is None or dc.token_budget is None:
                 continue
-            tokens = self.engine.scan_tokens(scan)
+            if scan.get("tokens_error"):
+                self.budget_notes.append(f"{ds}: budget not checked: {scan['tokens_error']}")
+                continue
+            tokens = int(scan.get("tokens_counted", scan.get("completion_tokens")) or 0)
             if tokens >= dc.token_budget:
                 over.append(f"{ds}: {tokens} completion tokens, budget {dc.token_budget}")
         return over
@@ -368,6 +387,9 @@ class _Runner:
             step.detail = f"{len(scans)} file(s): " + ", ".join(
                 f"{n} {v}" for v, n in sorted(counts.items())
             )
+            if self.budget_notes:
+                step.detail += "; " + "; ".join(self.budget_notes)
+                step.data["budget_not_checked"] = list(self.budget_notes)
             return
         problems = "; ".join(gate.explain_block(s) for s in self.blocking)
         if self.plan.move_aside:

@@ -388,3 +388,42 @@ def test_v18_a_blocked_resuming_client_is_never_told_to_move_its_output_aside(
     text = failed.detail
     assert "modelopt resumes from that file" in text, text
     assert "--move-aside to rename" not in text and "pass --move-aside" not in text
+
+
+def test_v16_the_launch_check_counts_every_text_of_a_file_larger_than_one_reply(
+    tmp_path: Path, client_server: Any, demo_tokenizer: Path
+) -> None:
+    """The host hands texts back 8 MB at a time; the launch check reads on until the file's
+    last text, so a dataset past its budget only in its last records is still over."""
+    from supervisor.engine import count_tokens, load_tokenizer
+
+    text = "alpha beta gamma delta " * 4500  # about 100 KB
+    per_record = count_tokens(load_tokenizer(str(demo_tokenizer)), [text])[0]
+    records = 90  # about 9 MB: more than one reply's texts
+    budget = per_record * 86
+    run = ClientRun(tmp_path, "specforge", client_server.url, demo_tokenizer, budget=budget)
+    _jsonl(
+        run.output,
+        [
+            {
+                "id": f"B1-{i:06d}",
+                "conversations": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": text},
+                ],
+                "status": "success",
+            }
+            for i in range(records)
+        ],
+    )
+
+    async def go() -> Any:
+        async with Engine(run.config) as engine:
+            plan = await engine.plan("sf", action="launch")
+            return await engine.execute(plan, dry_run=True)
+
+    result = asyncio.run(go())
+    assert not result.ok, why(result)
+    failed = result.failed_step
+    assert failed is not None and "already over budget" in failed.detail, why(result)
+    assert f"regen: {per_record * records} completion tokens, budget {budget}" in failed.detail

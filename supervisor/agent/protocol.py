@@ -421,6 +421,10 @@ class RefreshResult(_RefreshResultRequired, total=False):
 class ScanParams(TypedDict, total=False):
     files: list[FileSpec]
     fresh: bool
+    session: str
+    """With ``fresh``: the scanner of this name goes on where its last call stopped (a file whose
+    texts filled a reply, ``texts_more``, is read on by the next call); dropped once no file has
+    more, or when too many are open."""
 
 
 class ScanResult(TypedDict):

@@ -152,10 +152,12 @@ def scan_paths(
                 r = scanner.scan(
                     path, fmt, validate=validate, profile=profile, texts=texts, progress=progress
                 )
-                if tokenizer is not None and r["texts"]:
+                # Answers and reasoning alike, as the dashboard counts them.
+                texts = [*(r.get("texts") or []), *(r.get("reasoning_texts") or [])]
+                if tokenizer is not None and texts:
                     from supervisor.engine import count_tokens
 
-                    extra += sum(count_tokens(tokenizer, r["texts"]))
+                    extra += sum(count_tokens(tokenizer, texts))
                 if not r.get("texts_more"):
                     break
         finally:
