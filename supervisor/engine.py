@@ -802,6 +802,9 @@ class Engine:
                 )
                 prompt_spec = prompt_specs.get(ds)
                 prompts = _line_count(scanned.get(prompt_spec["path"])) if prompt_spec else None
+                rows = _input_rows(scan)
+                if rows is not None:
+                    prompts = rows  # the input's rows as the client reads them (a JSON array too)
                 alive = slurm.dataset_alive(job, ds, run_ds) if hc.kind == "slurm" else None
                 datasets.append(
                     self._dataset_view(
@@ -1039,6 +1042,15 @@ def torn_tail_note(path: str, partial_bytes: int) -> str:
         "stopped mid-record); the next launch or restart cuts it off, keeping a byte-identical "
         f"copy in {posixpath.basename(path)}.broken"
     )
+
+
+def _input_rows(scan: dict[str, Any]) -> int | None:
+    """The distinct rows of the run's input as its completeness read them, or None."""
+    c = scan.get("completeness")
+    if not isinstance(c, dict) or c.get("error") is not None:
+        return None
+    rows = c.get("input")
+    return rows if isinstance(rows, int) else None
 
 
 def _line_count(scan: dict[str, Any] | None) -> int | None:

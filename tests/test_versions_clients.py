@@ -124,6 +124,21 @@ def test_v11_modelopt_json_array_input_is_counted_by_row(tmp_path: Path) -> None
     c = scan["completeness"]
     assert c["error"] is None
     assert (c["input"], c["done"], c["failed"], c["missing"]) == (6, 4, 2, 0)
+    # Through the engine: a run whose --data_path is that array.
+    run = ClientRun(tmp_path / "mo", "modelopt", "http://127.0.0.1:9/v1", tmp_path, rows=6)
+    (run.workdir / "train.json").write_text(json.dumps(rows, indent=2))
+    run.config_path.write_text(run.config_path.read_text().replace('"in.jsonl"', '"train.json"'))
+    _jsonl(run.output, gen.records)
+
+    async def view() -> RunView:
+        async with Engine(run.config) as engine:
+            return await _view(engine, "mo")
+
+    ds = _ds(asyncio.run(view()))
+    assert ds.completeness is not None and ds.completeness.error is None
+    c2 = ds.completeness
+    assert (c2.input, c2.done, c2.failed, c2.missing) == (6, 4, 2, 0)
+    assert ds.verdict == "current" and ds.records == 4
     bad = tmp_path / "bad.json"
     bad.write_text("[{")
     scan = Scanner().scan(str(out), fmt="modelopt", input_file={"path": str(bad), "id": ""})
@@ -197,6 +212,11 @@ def test_v14_check_passes_failed_rows_and_says_what_status_says(
     r = CliRunner().invoke(cli, ["check", str(path), "--format", "modelopt"])
     assert r.exit_code == 0, r.output
     assert "3 failed requests logged" in r.output
+    # Without --format, a file that starts with a failed request is still Model-Optimizer's.
+    first_failed = _jsonl(tmp_path / "first.jsonl", [mo.records[1], mo.records[0], *mo.records[2:]])
+    r = CliRunner().invoke(cli, ["check", str(first_failed)])
+    assert r.exit_code == 0, r.output
+    assert "modelopt current" in r.output and "3 failed requests logged" in r.output
 
     run = ClientRun(tmp_path / "sf", "specforge", client_server.url, demo_tokenizer)
     gen = SPECFORGE_GENERATIONS[-1]
@@ -427,3 +447,23 @@ def test_v16_the_launch_check_counts_every_text_of_a_file_larger_than_one_reply(
     failed = result.failed_step
     assert failed is not None and "already over budget" in failed.detail, why(result)
     assert f"regen: {per_record * records} completion tokens, budget {budget}" in failed.detail
+
+
+def test_v10_runwatch_scan_counts_reasoning_under_either_key(
+    tmp_path: Path, demo_tokenizer: Path
+) -> None:
+    """``runwatch scan --tokenizer`` counts answers and reasoning, as the dashboard does."""
+    from supervisor.engine import count_tokens, load_tokenizer
+
+    gen = SPECFORGE_GENERATIONS[2]  # reasoning under "thinking"
+    path = _jsonl(tmp_path / "regen.jsonl", gen.records)
+    tok = load_tokenizer(str(demo_tokenizer))
+    wanted = sum(count_tokens(tok, [*gen.answers, *gen.reasoning]))
+    r = CliRunner().invoke(
+        cli,
+        ["scan", str(path), "--format", "specforge", "--tokenizer", str(demo_tokenizer), "--json"],
+    )
+    assert r.exit_code == 0, r.output
+    [f] = json.loads(r.output)["files"]
+    assert f["completion_tokens"] == wanted
+    assert wanted > sum(count_tokens(tok, gen.answers))

@@ -86,6 +86,14 @@ def _sf_record(i: int, reasoning_key: str | None, status: bool) -> dict[str, Any
     row: dict[str, Any] = {"id": f"row-{i}", "conversations": _conv(i, answer)}
     if status:
         row["status"] = "success"
+    elif i % 2:
+        # Before status the script dropped only the input's LAST assistant turn and appended
+        # its answer: earlier turns of a multi-turn row are the input's, not generated.
+        row["conversations"] = [
+            {"role": "user", "content": f"first question {i}"},
+            {"role": "assistant", "content": "the dataset's own earlier answer"},
+            *row["conversations"],
+        ]
     return row
 
 

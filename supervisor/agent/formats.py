@@ -15,7 +15,8 @@ profiles:
     The older run_inference.py format: ``text`` instead of ``output_ids``. ``legacy`` of ``raw``.
 ``specforge``
     SpecForge regenerated conversations: ``id, conversations[{role, content}]`` and, since late
-    2025, ``status`` (older records have none); the assistant contents are counted with the
+    2025, ``status`` (older records have none, and only their last assistant turn was generated:
+    the earlier ones are the input's); the assistant contents are counted with the
     tokenizer, their reasoning apart (``reasoning_content``, or ``thinking`` as the script wrote
     it from late 2025 to March 2026). Error and skipped files lie beside it.
 ``modelopt``
@@ -51,6 +52,7 @@ class Profile:
         "failed_keys",
         "finish_reason_field",
         "id_field",
+        "last_turn_without",
         "legacy",
         "name",
         "optional",
@@ -85,6 +87,7 @@ class Profile:
         companions: tuple[str, ...] = (),
         reasoning_keys: tuple[str, ...] = (),
         failed_keys: tuple[str, ...] = (),
+        last_turn_without: str | None = None,
     ) -> None:
         self.name = name
         self.id_field = id_field
@@ -117,6 +120,9 @@ class Profile:
         self.reasoning_keys = reasoning_keys
         """Keys of a counted message's reasoning text (``reasoning_content``), counted apart: the
         first one a message has (a writer stores it under one of them)."""
+        self.last_turn_without = last_turn_without
+        """A key whose absence means only the LAST counted message of a record was generated
+        (SpecForge before ``status``: earlier assistant turns are the input's own)."""
         self.failed_keys = failed_keys
         """The exact top-level keys of a line that records a failed request (not a record: its
         id is a failed row of the input)."""
@@ -173,6 +179,7 @@ def _builtin() -> dict[str, Profile]:
             signature=("id", "conversations"),
             companions=("error", "skipped"),
             reasoning_keys=("reasoning_content", "thinking"),
+            last_turn_without="status",
         ),
         "modelopt": Profile(
             "modelopt",
@@ -330,17 +337,26 @@ def texts_of(profile: Profile, record: Mapping[str, Any]) -> list[str] | None:
         return [v]
     if isinstance(v, list):
         out: list[str] = []
-        for m in v:
+        for m in _counted(profile, record, v):
             if isinstance(m, str) and profile.text_role is None:
                 out.append(m)
-            elif (
-                isinstance(m, dict)
-                and (profile.text_role is None or m.get("role") == profile.text_role)
-                and isinstance(m.get("content"), str)
-            ):
+            elif isinstance(m, dict) and isinstance(m.get("content"), str):
                 out.append(m["content"])
         return out
     return None
+
+
+def _counted(profile: Profile, record: Mapping[str, Any], messages: list[Any]) -> list[Any]:
+    """The messages of a record whose texts are counted: those of ``text_role`` (every one, or
+    only the last when the record lacks ``last_turn_without``)."""
+    role = profile.text_role
+    if role is None:
+        picked = list(messages)
+    else:
+        picked = [m for m in messages if isinstance(m, dict) and m.get("role") == role]
+    if profile.last_turn_without is not None and profile.last_turn_without not in record:
+        return picked[-1:]
+    return picked
 
 
 def reasoning_of(profile: Profile, record: Mapping[str, Any]) -> list[str]:
@@ -353,10 +369,8 @@ def reasoning_of(profile: Profile, record: Mapping[str, Any]) -> list[str]:
     if not found or not isinstance(v, list):
         return []
     out: list[str] = []
-    for m in v:
+    for m in _counted(profile, record, v):
         if not isinstance(m, dict):
-            continue
-        if profile.text_role is not None and m.get("role") != profile.text_role:
             continue
         for key in keys:
             text = m.get(key)

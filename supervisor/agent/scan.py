@@ -858,11 +858,15 @@ class Scanner:
                 state.lines += 1
                 state.finished = True
                 return False
-        if exp is not None and exp.failed_keys and is_failed_line(exp, obj):
-            # A failed request the client logged (its resume skips the row): not a record.
+        failed_prof = exp if exp is not None else _FAILED_LINE_PROFILES.get(frozenset(obj))
+        if failed_prof is not None and failed_prof.failed_keys and is_failed_line(failed_prof, obj):
+            # A failed request the client logged (its resume skips the row): not a record. A
+            # file of no expected format is of the format whose failed line it is.
+            if exp is None and state.first_unknown is None:
+                state.expected = exp = failed_prof
             state.lines += 1
             state.failed += 1
-            found, ident = lookup(obj, exp.id_field)
+            found, ident = lookup(obj, failed_prof.id_field)
             if found:
                 state.failed_ids.add(_id_key(ident))
             return False
@@ -1092,6 +1096,9 @@ class Scanner:
         )
         return result
 
+
+_FAILED_LINE_PROFILES = {frozenset(p.failed_keys): p for p in PROFILES.values() if p.failed_keys}
+"""The built-in formats by the keys of their failed-request line."""
 
 _ALL_BIG_LISTS = tuple(dict.fromkeys(k for p in PROFILES.values() for k in p.big_lists))
 

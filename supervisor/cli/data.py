@@ -153,11 +153,11 @@ def scan_paths(
                     path, fmt, validate=validate, profile=profile, texts=texts, progress=progress
                 )
                 # Answers and reasoning alike, as the dashboard counts them.
-                texts = [*(r.get("texts") or []), *(r.get("reasoning_texts") or [])]
-                if tokenizer is not None and texts:
+                counted = [*(r.get("texts") or []), *(r.get("reasoning_texts") or [])]
+                if tokenizer is not None and counted:
                     from supervisor.engine import count_tokens
 
-                    extra += sum(count_tokens(tokenizer, texts))
+                    extra += sum(count_tokens(tokenizer, counted))
                 if not r.get("texts_more"):
                     break
         finally:
