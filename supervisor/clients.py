@@ -116,7 +116,8 @@ def _builtin() -> dict[str, ClientProfile]:
     # launched their own server (--batch-size, --port, --tp-size, ...); --server-address and
     # --concurrency since 2025-11-18; --is-reasoning-model (reasoning saved under "thinking",
     # then "reasoning_content" from 2026-03-17) until --reasoning replaced it on 2026-06-05;
-    # --resume since 2026-02-03. Every version refuses a --temperature outside 0..1.
+    # --resume since 2026-02-03. Every version refuses a --temperature outside 0..1 and a
+    # --max-tokens (and the first ones a --batch-size) below 1.
     specforge = ClientProfile(
         name="specforge",
         scripts=["regenerate_train_data.py"],
@@ -190,7 +191,8 @@ def _builtin() -> dict[str, ClientProfile]:
             "--mem-fraction-static": "float",
             "--max-running-requests": "int",
         },
-        value_ranges={"--temperature": [0.0, 1.0]},
+        # Every version refuses these when it starts (ValueError before any request).
+        value_ranges={"--temperature": [0.0, 1.0], "--max-tokens": [1], "--batch-size": [1]},
         defaults={
             "--reasoning": "none",
             "--temperature": "0.7 (0 before 2025-11-18)",
@@ -344,8 +346,13 @@ def value_types_problems(profile: ClientProfile) -> list[tuple[str, str]]:
                     f'set "{flag}" = "float" (or "int") in value_types',
                 )
             )
-        elif len(bounds) != 2 or bounds[0] > bounds[1]:
-            out.append((f".{flag}: expected [low, high]", "write the range as [low, high]"))
+        elif len(bounds) not in (1, 2) or (len(bounds) == 2 and bounds[0] > bounds[1]):
+            out.append(
+                (
+                    f".{flag}: expected [low, high] or [low]",
+                    "write the range as [low, high], or [low] for at least low",
+                )
+            )
     return out
 
 
@@ -371,16 +378,23 @@ def value_problem(value: str, vtype: ValueType, numeric_choices: bool = False) -
     return None
 
 
-def range_problem(value: str, bounds: tuple[float, float]) -> str | None:
-    """Why a numeric ``value`` lies outside the inclusive ``bounds`` (None: inside)."""
+def range_problem(value: str, bounds: Sequence[float]) -> str | None:
+    """Why a numeric ``value`` lies outside the inclusive ``bounds`` (``[low, high]``, or
+    ``[low]``: at least low); None: inside."""
     try:
         x = float(value)
     except ValueError:
         return "is not a number"
-    low, high = bounds
-    if not low <= x <= high:
-        return f"is outside {low:g}..{high:g}, which the script refuses when it starts"
+    if x < bounds[0] or (len(bounds) > 1 and x > bounds[1]):
+        return f"is outside {describe_range(bounds)}, which the script refuses when it starts"
     return None
+
+
+def describe_range(bounds: Sequence[float]) -> str:
+    """``0..1``, or ``at least 1``."""
+    if len(bounds) > 1:
+        return f"{bounds[0]:g}..{bounds[1]:g}"
+    return f"at least {bounds[0]:g}"
 
 
 def _number_in(value: str, choices: Sequence[str]) -> bool:
@@ -611,8 +625,8 @@ def describe(info: ClientInfo) -> list[str]:
         for f, t in p.value_types.items():
             if isinstance(t, list):
                 lines.append(f"    {f}: {describe_type(t)}")
-    for f, (low, high) in ((f, (r[0], r[1])) for f, r in p.value_ranges.items()):
-        lines.append(f"  {f} must lie in {low:g}..{high:g}")
+    for f, bounds in p.value_ranges.items():
+        lines.append(f"  {f} must be {describe_range(bounds)}")
     if p.defaults:
         lines.append("  defaults: " + ", ".join(f"{f} {v}" for f, v in p.defaults.items()))
     return lines

@@ -80,7 +80,7 @@ class ProfileFlags:
     script)."""
     switches: frozenset[str] = frozenset()
     types: dict[str, clients.ValueType] = field(default_factory=dict)
-    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    ranges: dict[str, list[float]] = field(default_factory=dict)
     """Inclusive ranges of numeric values (the profile's ``value_ranges``)."""
     type_source: str = ""
     """Where ``types`` come from, for messages."""

@@ -240,11 +240,7 @@ class _Runner:
             known=layout.client.known_flags,
             switches=layout.client.switches,
             types=types,
-            ranges=(
-                {f: (r[0], r[1]) for f, r in layout.profile.value_ranges.items()}
-                if layout.profiled
-                else {}
-            ),
+            ranges=dict(layout.profile.value_ranges) if layout.profiled else {},
             type_source=type_source,
         )
         read = None

@@ -196,6 +196,9 @@ def test_v13_preflight_refuses_flags_and_values_no_version_accepts(
     detail = refused(asyncio.run(plan(sf, ["temperature=1.5"])))
     assert "--temperature: '1.5' is outside 0..1" in detail
     assert "-0.1" in refused(asyncio.run(plan(sf, ["temperature=-0.1"])))
+    assert "--max-tokens: '0' is outside at least 1" in refused(
+        asyncio.run(plan(sf, ["max-tokens=0"]))
+    )
     good = asyncio.run(plan(sf, ["temperature=1.0"]))
     pre = next(s for s in good.steps if s.name == "preflight")
     assert pre.state == "ok", why(good)
@@ -467,3 +470,47 @@ def test_v10_runwatch_scan_counts_reasoning_under_either_key(
     [f] = json.loads(r.output)["files"]
     assert f["completion_tokens"] == wanted
     assert wanted > sum(count_tokens(tok, gen.answers))
+
+
+def test_v10_the_demo_server_answers_reasoning_content_as_sglang_does(client_server: Any) -> None:
+    """SpecForge's ``--is-reasoning-model`` read ``message.reasoning_content`` whatever the
+    request: the demo server, like SGLang, always has the key (null without thinking), so that
+    version runs against it and writes ``"thinking": null``."""
+    import httpx
+
+    def message(extra: dict[str, Any]) -> dict[str, Any]:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+        r = httpx.post(f"{client_server.url}/chat/completions", json={**body, **extra})
+        r.raise_for_status()
+        return dict(r.json()["choices"][0]["message"])
+
+    plain = message({})
+    assert "reasoning_content" in plain and plain["reasoning_content"] is None
+    thinking = message({"chat_template_kwargs": {"enable_thinking": True}})
+    assert isinstance(thinking["reasoning_content"], str) and thinking["reasoning_content"]
+
+
+def test_v13_a_user_profile_range_needs_a_numeric_type(tmp_path: Path) -> None:
+    """``value_ranges`` of a ``[clients.NAME]`` profile: only on an int or float flag."""
+    from supervisor.errors import ConfigError
+    from tests.fixtures_config import write_local_config
+
+    def config(ranges: str) -> Path:
+        return write_local_config(
+            tmp_path / "rw.toml",
+            f"""
+[clients.mygen]
+scripts = ["gen.py"]
+known_flags = ["--out", "--t", "--mode"]
+value_types = {{ "--t" = "float", "--mode" = "str" }}
+value_ranges = {ranges}
+[clients.mygen.flags]
+output_file = ["--out"]
+""",
+        )
+
+    assert load_config(config('{ "--t" = [0.0, 2.0] }')).clients["mygen"].value_ranges
+    with pytest.raises(ConfigError, match="a range needs a numeric type"):
+        load_config(config('{ "--mode" = [0.0, 1.0] }'))
+    with pytest.raises(ConfigError, match=r"expected \[low, high\] or \[low\]"):
+        load_config(config('{ "--t" = [2.0, 1.0] }'))

@@ -296,7 +296,7 @@ class Completeness(TypedDict, total=False):
     input_duplicates: int
     done: int
     failed: int
-    """Input ids only in a sidecar (error or skipped)."""
+    """Input ids only in a sidecar (error or skipped) or in a failed-request line."""
     missing: int
     missing_first: list[Any]
     not_in_input: int
@@ -326,6 +326,8 @@ class ScanFile(_ScanFileRequired, total=False):
     records: int
     unique_ids: int
     duplicates: int
+    failed_lines: int
+    """Lines recording a failed request (Model-Optimizer's ``{"conversation_id": N}``)."""
     prompt_tokens: int
     completion_tokens: int
     token_source: str | None
