@@ -38,6 +38,7 @@ scripts and the flag spellings) and reads every run's flags with it (``agent.mat
 
 from __future__ import annotations
 
+import json
 import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ from typing import Any
 
 import msgspec
 
-from supervisor.agent import match
+from supervisor.agent import formats, match
 from supervisor.config import ClientFlagNames, ClientProfile, Config, RunConfig
 
 _REF = match.REFERENCE_FLAGS
@@ -564,7 +565,23 @@ class ClientInfo:
         d["source"] = self.source
         d["layout"] = "single-file" if single_file(self.profile) else "per-dataset"
         d["budget_flag"] = self.profile.flags.budget[0] if self.profile.flags.budget else None
+        d["lines"] = format_lines(self.profile.format)
         return dict(d)
+
+
+def format_lines(fmt: str) -> dict[str, Any]:
+    """What the lines of a built-in format are besides records: its end marker, its line for a
+    failed request, the keys its reasoning is under, the key whose absence means only the last
+    answer was generated; empty for a user format."""
+    prof = formats.PROFILES.get(fmt)
+    if prof is None:
+        return {}
+    return {
+        "end_marker": {prof.end_marker: True} if prof.end_marker else None,
+        "failed_line": list(prof.failed_keys) or None,
+        "reasoning_keys": list(prof.reasoning_keys),
+        "last_turn_without": prof.last_turn_without,
+    }
 
 
 def list_clients(config: Config) -> list[ClientInfo]:
@@ -592,6 +609,18 @@ def describe(info: ClientInfo) -> list[str]:
             f"{p.data_file}"
         )
     lines.append(f"  records: format {p.format}")
+    fl = format_lines(p.format)
+    if fl.get("end_marker"):
+        lines.append(f"  end marker line (not a record): {json.dumps(fl['end_marker'])}")
+    if fl.get("failed_line"):
+        keys = ", ".join(f'"{k}": N' for k in fl["failed_line"])
+        lines.append(f"  failed-request line (a failed row, not missing): {{{keys}}}")
+    if fl.get("reasoning_keys"):
+        lines.append(f"  reasoning under: {' or '.join(fl['reasoning_keys'])} (counted apart)")
+    if fl.get("last_turn_without"):
+        lines.append(
+            f"  a record without {fl['last_turn_without']!r}: only its last answer was generated"
+        )
     for role in ROLES:
         if role in flags and role not in ("output_file", "output_dir", "resume"):
             lines.append(f"  {role.replace('_', ' ')}: {', '.join(flags[role])}")
@@ -602,7 +631,11 @@ def describe(info: ClientInfo) -> list[str]:
     else:
         lines.append("  resume: always (keeps and extends its output)")
     if p.samples_scope == "invocation" and p.flags.samples:
-        lines.append(f"  {p.flags.samples[0]} counts this invocation's samples, after the skip")
+        lines.append(
+            f"  {p.flags.samples[0]} counts this invocation's samples, after the rows its resume "
+            "skips: launched by runwatch the bound is the records at the launch plus it, started "
+            "by hand and resumed there is no bound"
+        )
     for kind, pattern in p.sidecars.items():
         lines.append(f"  {kind} file: {pattern}")
     defaults = ", ".join(f"{f} {v}" for f, v in p.path_defaults.items())

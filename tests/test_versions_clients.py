@@ -514,3 +514,23 @@ output_file = ["--out"]
         load_config(config('{ "--mode" = [0.0, 1.0] }'))
     with pytest.raises(ConfigError, match=r"expected \[low, high\] or \[low\]"):
         load_config(config('{ "--t" = [2.0, 1.0] }'))
+
+
+def test_v12_clients_says_each_format_s_lines_and_the_sample_bound(tmp_path: Path) -> None:
+    """``runwatch clients``: the marker and failed-request lines, the reasoning keys, the value
+    rules and defaults, and what the sample flag bounds after a resume."""
+    from tests.fixtures_config import write_local_config
+
+    cfg = write_local_config(tmp_path / "rw.toml", "")
+    out = CliRunner().invoke(cli, ["clients", "-c", str(cfg), "--json"])
+    assert out.exit_code == 0, out.output
+    data = {c["name"]: c for c in json.loads(out.output)["clients"]}
+    assert data["modelopt"]["lines"]["failed_line"] == ["conversation_id"]
+    assert data["modelopt"]["lines"]["end_marker"] == {"finished": True}
+    assert data["specforge"]["lines"]["reasoning_keys"] == ["reasoning_content", "thinking"]
+    assert data["specforge"]["value_ranges"]["--temperature"] == [0.0, 1.0]
+    assert data["modelopt"]["defaults"]["--num_threads"] == "256"
+    text = CliRunner().invoke(cli, ["clients", "-c", str(cfg)]).output
+    assert 'failed-request line (a failed row, not missing): {"conversation_id": N}' in text
+    assert "--temperature must be 0..1" in text
+    assert "launched by runwatch the bound is the records at the launch plus it" in text
