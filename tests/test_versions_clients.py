@@ -534,3 +534,55 @@ def test_v12_clients_says_each_format_s_lines_and_the_sample_bound(tmp_path: Pat
     assert 'failed-request line (a failed row, not missing): {"conversation_id": N}' in text
     assert "--temperature must be 0..1" in text
     assert "launched by runwatch the bound is the records at the launch plus it" in text
+
+
+def test_v11_modelopt_failed_requests_end_to_end_restart_and_check(
+    tmp_path: Path, demo_tokenizer: Path
+) -> None:
+    """The Model-Optimizer stand-in with ``--log_empty_conversations`` against a server that
+    fails half its requests: the restart is not blocked, every row ends up done or failed (none
+    missing), status and check agree, and check passes."""
+    from supervisor.demo.server import MockSettings, serve_in_thread
+
+    settings = MockSettings(decode_tps=100.0, mean_tokens=40, length_sigma=0.3, error_500=0.5)
+    with serve_in_thread(settings) as server:
+        run = ClientRun(
+            tmp_path,
+            "modelopt",
+            server.url,
+            demo_tokenizer,
+            rows=16,
+            extra=("--log_empty_conversations",),
+        )
+
+        async def go() -> RunView:
+            async with Engine(run.config) as engine:
+                assert (await engine.execute(await engine.plan("mo", action="launch"))).ok
+                await _until(
+                    engine, "mo", lambda rv: rv.state == "running" and len(run.lines()) >= 3
+                )
+                restarted = await engine.execute(await engine.plan("mo", action="restart"))
+                assert restarted.ok, why(restarted)
+                return await _until(
+                    engine,
+                    "mo",
+                    lambda rv: (
+                        rv.state == "stopped"
+                        and rv.datasets
+                        and _ds(rv).completeness is not None
+                        and _ds(rv).completeness.missing == 0
+                    ),
+                )
+
+        rv = asyncio.run(go())
+    lines = [json.loads(line) for line in run.lines()]
+    failed = [r for r in lines if set(r) == {"conversation_id"}]
+    assert failed and lines[-1] == {"finished": True}
+    ds = _ds(rv)
+    assert ds.verdict == "current" and ds.records == len(lines) - len(failed) - 1
+    c = ds.completeness
+    assert c is not None and (c.done, c.failed, c.missing) == (ds.records, len(failed), 0)
+    r = CliRunner().invoke(cli, ["check", "mo", "-c", str(run.config_path)])
+    assert r.exit_code == 0, r.output
+    assert f"{len(failed)} failed requests logged" in r.output
+    assert f"{ds.records} / 16 done, {len(failed)} failed" in r.output
