@@ -586,3 +586,32 @@ def test_v11_modelopt_failed_requests_end_to_end_restart_and_check(
     assert r.exit_code == 0, r.output
     assert f"{len(failed)} failed requests logged" in r.output
     assert f"{ds.records} / 16 done, {len(failed)} failed" in r.output
+
+
+async def test_v15_the_restart_screen_offers_no_budget_flag_to_a_client_without_one(
+    tmp_path: Path, demo_tokenizer: Path
+) -> None:
+    """The launch screen of a Model-Optimizer run (no budget flag) does not suggest one."""
+    from textual.widgets import Input
+
+    from tui.app import make_app
+    from tui.screens.restart import RestartScreen
+    from tui.widgets.dataset_table import DatasetTable
+
+    run = ClientRun(tmp_path, "modelopt", "http://127.0.0.1:9/v1", demo_tokenizer)
+    _jsonl(run.output, MODELOPT_GENERATIONS[-1].records[:2])
+    app = make_app(run.config, Engine(run.config))
+    async with app.run_test(size=(100, 40)) as pilot:
+
+        def table() -> DatasetTable | None:
+            found = [t for t in app.screen.query(DatasetTable) if t.run_key == "local/mo"]
+            return found[0] if found and app.refreshes >= 1 else None
+
+        (await wait_for(table, 30, what="the run on the dashboard")).focus()
+        await pilot.pause()
+        await pilot.press("L")
+        screen = await wait_for(
+            lambda: app.screen if isinstance(app.screen, RestartScreen) else None, 10
+        )
+        placeholder = str(screen.query_one("#flags", Input).placeholder)
+    assert "token-budget" not in placeholder and "no budget flag" in placeholder
