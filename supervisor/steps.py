@@ -313,10 +313,10 @@ class _Runner:
 
     async def scan_all(self) -> list[dict[str, Any]]:
         # The files the NEW command line writes (datasets, output dir from the effective argv).
-        scans = await self.engine.check_run(
-            self.plan.run.name, self.plan.argv, tokens=self.budget_to_check()
-        )
-        return list(scans)
+        run, argv = self.plan.run.name, self.plan.argv
+        if self.budget_to_check():
+            return list(await self.engine.check_run(run, argv, tokens=True))
+        return list(await self.engine.check_run(run, argv))
 
     def budget_to_check(self) -> bool:
         """Whether the new argv writes a dataset with a configured budget and no budget flag
