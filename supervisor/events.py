@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import msgspec
 
-from supervisor import clients
 from supervisor.config import AlertsConfig, Config
 from supervisor.model import DatasetView, HostView, ProcessInfo, RunView, Snapshot
 
@@ -180,9 +179,9 @@ class EventTracker:
         """What holds a run to its budget: a restart setting its client's budget flag, or, for a
         client without one (SpecForge, Model-Optimizer), stopping it (``budget_policy = 'stop'``
         does it at the budget)."""
-        flag = budget_flag_of(self.config, run)
+        flag = run.budget_flag
         if flag is None:
-            return self.cmd("kill", run.name) + "  # its client has no budget flag"
+            return self.cmd("kill", run.name)
         return self.cmd("restart", run.name, "--set", f"{flag.lstrip('-')}={budget or 'N'}")
 
     def update(self, snapshot: Snapshot, expected_stops: Container[str] = ()) -> list[Event]:
@@ -559,17 +558,3 @@ def gave_up_event(config: Config, host: str, run: str, count: int, window: float
         key=f"restart-gave-up|{host}|{run}|{now}",
         time=now,
     )
-
-
-def budget_flag_of(config: Config, run: RunView) -> str | None:
-    """The budget flag of the run's client (its process's profile, else its config's); None when
-    the client has none."""
-    name = run.process.flags.client if run.process is not None else None
-    profile = clients.profiles(config).get(name or "")
-    if profile is None:
-        known = {r.name: r for r in config.runs}
-        rc = known.get(run.name)
-        profile = clients.client_of(config, rc) if rc is not None else None
-    if profile is None:
-        profile = clients.BUILTIN_CLIENTS["run_inference"]
-    return profile.flags.budget[0] if profile.flags.budget else None
