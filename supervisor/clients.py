@@ -20,13 +20,15 @@ Built-in profiles:
 ``specforge``
     SpecForge ``scripts/regenerate_train_data.py``: ONE ``--output-file-path``, the input file
     ``--input-file-path`` (both required), ``--num-samples`` (counted per invocation, after the
-    skip), no budget flag; overwrites its output, error and skipped files unless given
-    ``--resume``.
+    rows its ``--resume`` skips: once it resumes, no bound on the dataset's records), no budget
+    flag, ``--temperature`` within 0..1; overwrites its output, error and skipped files unless
+    given ``--resume``.
 ``modelopt``
     Model-Optimizer ``server_generate.py``: ONE ``--output_path`` (always appended),
-    ``--data_path`` (neither has a usable default), ``--num_threads``, ``--url``; resumes always
-    (skips the conversation_ids present); no sample or budget flag; its ``--api_key`` value is a
-    secret.
+    ``--data_path`` (JSON lines, or one JSON array; neither has a usable default),
+    ``--num_threads``, ``--url``; resumes always (skips the conversation_ids present, failed ones
+    logged by ``--log_empty_conversations`` included); no sample or budget flag; its ``--api_key``
+    value is a secret.
 
 User profiles are ``[clients.NAME]`` tables of the config (same schema; a user profile of a
 built-in's name replaces it). A run names its ``client``, or it is the profile whose ``scripts``
@@ -36,6 +38,7 @@ scripts and the flag spellings) and reads every run's flags with it (``agent.mat
 
 from __future__ import annotations
 
+import json
 import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,7 +46,7 @@ from typing import Any
 
 import msgspec
 
-from supervisor.agent import match
+from supervisor.agent import formats, match
 from supervisor.config import ClientFlagNames, ClientProfile, Config, RunConfig
 
 _REF = match.REFERENCE_FLAGS
@@ -109,6 +112,13 @@ def _builtin() -> dict[str, ClientProfile]:
             "--report-seconds": "float",
         },
     )
+    # SpecForge scripts/regenerate_train_data.py, every released shape of its argparse options
+    # (sgl-project/SpecForge, 2025-09-28 a2cb6d84 .. 2026-07-13 1e759089): the first versions
+    # launched their own server (--batch-size, --port, --tp-size, ...); --server-address and
+    # --concurrency since 2025-11-18; --is-reasoning-model (reasoning saved under "thinking",
+    # then "reasoning_content" from 2026-03-17) until --reasoning replaced it on 2026-06-05;
+    # --resume since 2026-02-03. Every version refuses a --temperature outside 0..1 and a
+    # --max-tokens (and the first ones a --batch-size) below 1.
     specforge = ClientProfile(
         name="specforge",
         scripts=["regenerate_train_data.py"],
@@ -133,10 +143,13 @@ def _builtin() -> dict[str, ClientProfile]:
             "--resume",
             "--concurrency",
             "--server-address",
+            "--port",
+            "--batch-size",
         ],
         known_flags=[
             "--model",
             "--reasoning",
+            "--is-reasoning-model",
             "--is-gpt-oss",
             "--temperature",
             "--top-p",
@@ -149,8 +162,15 @@ def _builtin() -> dict[str, ClientProfile]:
             "--num-samples",
             "--resume",
             "--server-address",
+            "--batch-size",
+            "--port",
+            "--tp-size",
+            "--dp-size",
+            "--mem-fraction-static",
+            "--max-running-requests",
+            "--auto-launch-server",
         ],
-        switches=["--is-gpt-oss", "--resume"],
+        switches=["--is-gpt-oss", "--is-reasoning-model", "--resume", "--auto-launch-server"],
         # --input-file-path and --output-file-path are required: no defaults.
         value_types={
             "--model": "str",
@@ -165,8 +185,26 @@ def _builtin() -> dict[str, ClientProfile]:
             "--output-file-path": "path",
             "--num-samples": "int",
             "--server-address": "str",
+            "--batch-size": "int",
+            "--port": "int",
+            "--tp-size": "int",
+            "--dp-size": "int",
+            "--mem-fraction-static": "float",
+            "--max-running-requests": "int",
+        },
+        # Every version refuses these when it starts (ValueError before any request).
+        value_ranges={"--temperature": [0.0, 1.0], "--max-tokens": [1], "--batch-size": [1]},
+        defaults={
+            "--reasoning": "none",
+            "--temperature": "0.7 (0 before 2025-11-18)",
+            "--max-tokens": "4096",
+            "--concurrency": "64",
+            "--num-samples": "all the rows after the skip",
         },
     )
+    # Model-Optimizer examples/speculative_decoding/server_generate.py (scripts/ since
+    # 2025-11-19), every release from 0.31.0 (2025-06-05) on: no version of it has any other flag
+    # (--chat was a switch in 0.31.0, type=bool after: left untyped).
     modelopt = ClientProfile(
         name="modelopt",
         scripts=["server_generate.py"],
@@ -193,7 +231,6 @@ def _builtin() -> dict[str, ClientProfile]:
             "--api_key",
             "--log_empty_conversations",
             "--system_prompt",
-            "--thinking-modes",
         ],
         switches=["--log_empty_conversations"],
         # --data_path and --output_path default to None, which the script cannot open: no
@@ -209,7 +246,13 @@ def _builtin() -> dict[str, ClientProfile]:
             "--url": "str",
             "--api_key": "str",
             "--system_prompt": "str",
-            "--thinking-modes": "str",
+        },
+        defaults={
+            "--num_threads": "256",
+            "--temperature": "0.0",
+            "--max_tokens": "2048",
+            "--model": "model",
+            "--url": "http://localhost:8000/v1",
         },
     )
     return {p.name: p for p in (reference, specforge, modelopt)}
@@ -296,6 +339,21 @@ def value_types_problems(profile: ClientProfile) -> list[tuple[str, str]]:
             out.append(
                 (f".{flag}: a switch takes no value", "remove it from switches or value_types")
             )
+    for flag, bounds in profile.value_ranges.items():
+        if profile.value_types.get(flag) not in ("int", "float"):
+            out.append(
+                (
+                    f".{flag}: a range needs a numeric type",
+                    f'set "{flag}" = "float" (or "int") in value_types',
+                )
+            )
+        elif len(bounds) not in (1, 2) or (len(bounds) == 2 and bounds[0] > bounds[1]):
+            out.append(
+                (
+                    f".{flag}: expected [low, high] or [low]",
+                    "write the range as [low, high], or [low] for at least low",
+                )
+            )
     return out
 
 
@@ -319,6 +377,25 @@ def value_problem(value: str, vtype: ValueType, numeric_choices: bool = False) -
     if vtype == "path" and not value:
         return "is not a path (it is empty)"
     return None
+
+
+def range_problem(value: str, bounds: Sequence[float]) -> str | None:
+    """Why a numeric ``value`` lies outside the inclusive ``bounds`` (``[low, high]``, or
+    ``[low]``: at least low); None: inside."""
+    try:
+        x = float(value)
+    except ValueError:
+        return "is not a number"
+    if x < bounds[0] or (len(bounds) > 1 and x > bounds[1]):
+        return f"is outside {describe_range(bounds)}, which the script refuses when it starts"
+    return None
+
+
+def describe_range(bounds: Sequence[float]) -> str:
+    """``0..1``, or ``at least 1``."""
+    if len(bounds) > 1:
+        return f"{bounds[0]:g}..{bounds[1]:g}"
+    return f"at least {bounds[0]:g}"
 
 
 def _number_in(value: str, choices: Sequence[str]) -> bool:
@@ -488,7 +565,23 @@ class ClientInfo:
         d["source"] = self.source
         d["layout"] = "single-file" if single_file(self.profile) else "per-dataset"
         d["budget_flag"] = self.profile.flags.budget[0] if self.profile.flags.budget else None
+        d["lines"] = format_lines(self.profile.format)
         return dict(d)
+
+
+def format_lines(fmt: str) -> dict[str, Any]:
+    """What the lines of a built-in format are besides records: its end marker, its line for a
+    failed request, the keys its reasoning is under, the key whose absence means only the last
+    answer was generated; empty for a user format."""
+    prof = formats.PROFILES.get(fmt)
+    if prof is None:
+        return {}
+    return {
+        "end_marker": {prof.end_marker: True} if prof.end_marker else None,
+        "failed_line": list(prof.failed_keys) or None,
+        "reasoning_keys": list(prof.reasoning_keys),
+        "last_turn_without": prof.last_turn_without,
+    }
 
 
 def list_clients(config: Config) -> list[ClientInfo]:
@@ -516,6 +609,18 @@ def describe(info: ClientInfo) -> list[str]:
             f"{p.data_file}"
         )
     lines.append(f"  records: format {p.format}")
+    fl = format_lines(p.format)
+    if fl.get("end_marker"):
+        lines.append(f"  end marker line (not a record): {json.dumps(fl['end_marker'])}")
+    if fl.get("failed_line"):
+        keys = ", ".join(f'"{k}": N' for k in fl["failed_line"])
+        lines.append(f"  failed-request line (a failed row, not missing): {{{keys}}}")
+    if fl.get("reasoning_keys"):
+        lines.append(f"  reasoning under: {' or '.join(fl['reasoning_keys'])} (counted apart)")
+    if fl.get("last_turn_without"):
+        lines.append(
+            f"  a record without {fl['last_turn_without']!r}: only its last answer was generated"
+        )
     for role in ROLES:
         if role in flags and role not in ("output_file", "output_dir", "resume"):
             lines.append(f"  {role.replace('_', ' ')}: {', '.join(flags[role])}")
@@ -526,7 +631,11 @@ def describe(info: ClientInfo) -> list[str]:
     else:
         lines.append("  resume: always (keeps and extends its output)")
     if p.samples_scope == "invocation" and p.flags.samples:
-        lines.append(f"  {p.flags.samples[0]} counts this invocation's samples, after the skip")
+        lines.append(
+            f"  {p.flags.samples[0]} counts this invocation's samples, after the rows its resume "
+            "skips: launched by runwatch the bound is the records at the launch plus it, started "
+            "by hand and resumed there is no bound"
+        )
     for kind, pattern in p.sidecars.items():
         lines.append(f"  {kind} file: {pattern}")
     defaults = ", ".join(f"{f} {v}" for f, v in p.path_defaults.items())
@@ -549,4 +658,8 @@ def describe(info: ClientInfo) -> list[str]:
         for f, t in p.value_types.items():
             if isinstance(t, list):
                 lines.append(f"    {f}: {describe_type(t)}")
+    for f, bounds in p.value_ranges.items():
+        lines.append(f"  {f} must be {describe_range(bounds)}")
+    if p.defaults:
+        lines.append("  defaults: " + ", ".join(f"{f} {v}" for f, v in p.defaults.items()))
     return lines

@@ -70,3 +70,17 @@ def sidecar_line(s: SidecarView) -> str:
     reasons = ", ".join(f"{display.count(n)} {why}" for why, n in list(s.reasons.items())[:3])
     more = f", {display.count(s.other_reasons)} other" if s.other_reasons else ""
     return f"{s.kind} file: {display.count(s.lines)} lines ({reasons}{more})"
+
+
+def scan_notes(scan: Mapping[str, Any]) -> list[str]:
+    """What ``status`` says of a scan's client parts, for ``check``: failed requests logged in the
+    output, the completeness against the input, and the error / skipped files that hold lines."""
+    notes = []
+    failed = int(scan.get("failed_lines") or 0)
+    if failed:
+        notes.append(f"{display.count(failed)} failed requests logged in the file (id only)")
+    c = completeness_view(scan)
+    if c is not None:
+        notes.append(completeness_line(c))
+    notes.extend(sidecar_line(s) for s in sidecar_views(scan) if s.lines)
+    return notes

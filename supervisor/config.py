@@ -296,6 +296,14 @@ class ClientProfile(_Section):
     non-empty path), or a list of strings, one of which the value must be exactly (argparse
     ``choices``). Each typed flag must be one of ``known_flags`` (when given) and not a switch:
     ``value_types = { "--max-tokens" = "int", "--reasoning" = ["none", "save", "disable"] }``."""
+    value_ranges: dict[str, list[float]] = {}
+    """The inclusive range ``[low, high]`` (or ``[low]``: at least low) a numeric flag's value must
+    lie in, as the script checks it when it starts (SpecForge refuses a ``--temperature`` outside
+    0..1): checked for every ``--set`` with ``value_types``
+    (``value_ranges = { "--temperature" = [0.0, 1.0], "--max-tokens" = [1] }``)."""
+    defaults: dict[str, str] = {}
+    """The script's own default of a flag its argv does not give (its argparse ``default=``), as
+    ``runwatch clients`` shows it; where data goes is ``path_defaults``."""
     name: str = ""
     """Set from the table name (not a key of the file)."""
 

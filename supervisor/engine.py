@@ -38,11 +38,16 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
-from supervisor import audit, clients, display, rates
+from supervisor import audit, clients, display, launchspec, rates
 from supervisor import kill as kill_ops
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.match import client_path, script_index
-from supervisor.completeness import completeness_line, sidecar_line, with_client_parts
+from supervisor.completeness import (
+    completeness_line,
+    scan_notes,
+    sidecar_line,
+    with_client_parts,
+)
 from supervisor.config import Config, HostConfig, RunConfig, bad_name
 from supervisor.dataloss import DataLossWatch
 from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
@@ -410,22 +415,55 @@ class Engine:
         run = self.config.run(run_name)
         return await slurm.adopt(self.config, self.host(run.host), run, job)
 
-    async def check_run(self, run_name: str, argv: list[str] | None = None) -> list[dict[str, Any]]:
+    async def check_run(
+        self, run_name: str, argv: list[str] | None = None, *, tokens: bool = False
+    ) -> list[dict[str, Any]]:
         """Scan every dataset file of a run with full validation; returns the scan results.
 
         The files are those ``argv`` writes (default: the run's launch argv, ``launch_argv``);
-        ConfigError when they cannot be determined: a check never passes on nothing."""
+        ConfigError when they cannot be determined: a check never passes on nothing. With
+        ``tokens``, each result's ``tokens_counted`` is its completion tokens as the dashboard
+        counts them (a tokenizer-counted format's answers and reasoning, every text of the file
+        counted, over as many replies as its texts need; ``tokens_error`` says why not)."""
         run = self.config.run(run_name)
         hc = self.config.host(run.host)
         layout = layout_of(self.config, run, argv if argv is not None else launch_argv(run))
         layout.require_files()
-        files = [{**spec, "validate": "all"} for spec in self._file_specs(run, hc, layout)]
+        files = [
+            {**spec, "validate": "all", "texts": tokens}
+            for spec in self._file_specs(run, hc, layout)
+        ]
         h = self.host(run.host)
         timeout = max(hc.command_timeout, 300.0)
-        # ``fresh``: validated from the first byte, however the refreshes sampled the file.
-        result = await h.request("scan", {"files": files, "fresh": True}, timeout=timeout)
-        scanned: dict[str, dict[str, Any]] = result.get("files", {})
-        return [scanned.get(f["path"], {"path": f["path"], "state": "error"}) for f in files]
+        # ``fresh``: validated from the first byte, however the refreshes sampled the file; a
+        # ``session`` goes on where a reply full of texts stopped.
+        params: dict[str, Any] = {"files": files, "fresh": True}
+        if tokens:
+            params["session"] = f"check-{os.getpid()}-{id(params)}-{time.time()}"
+        counted: dict[str, int] = {}
+        errors: dict[str, str] = {}
+        while True:
+            result = await h.request("scan", params, timeout=timeout)
+            scanned: dict[str, dict[str, Any]] = result.get("files", {})
+            for path, scan in scanned.items():
+                texts = [*(scan.get("texts") or []), *(scan.get("reasoning_texts") or [])]
+                if tokens and texts and path not in errors:
+                    try:
+                        counted[path] = counted.get(path, 0) + self._count_texts(texts)
+                    except RunwatchError as e:
+                        errors[path] = e.message
+            if not tokens or not any(s.get("texts_more") for s in scanned.values()):
+                break
+        out = [scanned.get(f["path"], {"path": f["path"], "state": "error"}) for f in files]
+        if tokens:
+            for scan in out:
+                path = str(scan.get("path"))
+                scan["tokens_counted"] = int(scan.get("completion_tokens") or 0) + counted.get(
+                    path, 0
+                )
+                if path in errors:
+                    scan["tokens_error"] = errors[path]
+        return out
 
     def record_points(self, host: str, run: str) -> list[tuple[float, ...]]:
         """The run's history of ``(time, records, tokens, alive)`` points, oldest first (empty
@@ -795,6 +833,9 @@ class Engine:
                 )
                 prompt_spec = prompt_specs.get(ds)
                 prompts = _line_count(scanned.get(prompt_spec["path"])) if prompt_spec else None
+                rows = _input_rows(scan)
+                if rows is not None:
+                    prompts = rows  # the input's rows as the client reads them (a JSON array too)
                 alive = slurm.dataset_alive(job, ds, run_ds) if hc.kind == "slurm" else None
                 datasets.append(
                     self._dataset_view(
@@ -942,7 +983,7 @@ class Engine:
         view = rates.build_dataset_view(
             scan,
             self.config.datasets.get(dataset) if ours else None,
-            flags,
+            total_flags(self.config, flags, self._started_records(run, proc, scan)),
             tracker,
             rates.CostInfo.from_endpoint(endpoint),
             alive if alive is not None else proc is not None and not proc.state.startswith("Z"),
@@ -961,6 +1002,26 @@ class Engine:
             view.error = f"tokens not counted: {problem}"
         self._live.record_dataset(host, view, tracker)
         return view
+
+    def _started_records(
+        self, run: RunConfig, proc: ProcessInfo | None, scan: dict[str, Any]
+    ) -> int | None:
+        """The records the dataset's file held when runwatch launched ``proc`` (None: it did
+        not launch it, or does not know)."""
+        profile = clients.profiles(self.config).get(proc.flags.client or "") if proc else None
+        if proc is None or profile is None or profile.samples_scope != "invocation":
+            return None
+        try:
+            started = launchspec.load(run.name).started
+        except RunwatchError:
+            return None
+        if (
+            started is None
+            or started.pid != proc.identity.pid
+            or started.start_time != proc.identity.start_time
+        ):
+            return None
+        return started.records.get(str(scan.get("path") or ""))
 
     def _tokenizer_ready(self) -> None:
         if self._tokenizer is not None:
@@ -1012,6 +1073,15 @@ def torn_tail_note(path: str, partial_bytes: int) -> str:
         "stopped mid-record); the next launch or restart cuts it off, keeping a byte-identical "
         f"copy in {posixpath.basename(path)}.broken"
     )
+
+
+def _input_rows(scan: dict[str, Any]) -> int | None:
+    """The distinct rows of the run's input as its completeness read them, or None."""
+    c = scan.get("completeness")
+    if not isinstance(c, dict) or c.get("error") is not None:
+        return None
+    rows = c.get("input")
+    return rows if isinstance(rows, int) else None
 
 
 def _line_count(scan: dict[str, Any] | None) -> int | None:
@@ -1106,6 +1176,24 @@ def client_lines(config: Config) -> list[list[str]]:
     return [clients.describe(i) for i in clients.list_clients(config)]
 
 
+def total_flags(config: Config, flags: RunFlags, started: int | None) -> RunFlags:
+    """The run's flags with its sample flag as a bound on the dataset's records. A client whose
+    sample flag counts this invocation's rows after those its resume skipped (SpecForge's
+    ``--num-samples``) stops at the records its file held when it started (``started``) plus its
+    flag; when that is not known (a run started by hand with its resume flag) there is no bound:
+    never ``47/40 done`` while the script makes 40 more."""
+    profile = clients.profiles(config).get(flags.client or "")
+    if (
+        profile is None
+        or profile.samples_scope != "invocation"
+        or flags.max_samples is None
+        or not (flags.resume or profile.resume == "always")
+    ):
+        return flags
+    total = None if started is None else started + flags.max_samples
+    return msgspec.structs.replace(flags, max_samples=total)
+
+
 def engine_budget_flag(config: Config, client: str | None) -> str | None:
     """The token-budget flag of a client profile (None: it has none); no name: the reference's."""
     profile = clients.profiles(config).get(client or "", clients.BUILTIN_CLIENTS["run_inference"])
@@ -1189,6 +1277,7 @@ __all__ = [
     "plan_rebalance",
     "run_once",
     "run_sync",
+    "scan_notes",
     "serve_metrics",
     "sidecar_line",
     "start_refused_event",

@@ -175,6 +175,15 @@ class EventTracker:
     def cmd(self, *args: str) -> str:
         return " ".join([self._prefix, *(shlex.quote(a) for a in args)])
 
+    def _budget_fix(self, run: RunView, budget: int | None) -> str:
+        """What holds a run to its budget: a restart setting its client's budget flag, or, for a
+        client without one (SpecForge, Model-Optimizer), stopping it (``budget_policy = 'stop'``
+        does it at the budget)."""
+        flag = run.budget_flag
+        if flag is None:
+            return self.cmd("kill", run.name)
+        return self.cmd("restart", run.name, "--set", f"{flag.lstrip('-')}={budget or 'N'}")
+
     def update(self, snapshot: Snapshot, expected_stops: Container[str] = ()) -> list[Event]:
         """The events from the previous snapshot to ``snapshot`` (conditions that started,
         transitions); the first call reports conditions only (see ``report_initial``)."""
@@ -277,13 +286,13 @@ class EventTracker:
         budget = ds.token_budget
         # A run with --token-budget stops each dataset at it (a few in-flight responses over).
         unenforced = run.process is not None and run.process.flags.token_budget is None
+        fix = self._budget_fix(run, budget)
         if writing and unenforced and ds.over_budget:
-            set_budget = f"token-budget={budget}" if budget else "token-budget=N"
             yield event(
                 "over-budget",
                 "warning",
                 ds.projection.message or "past its token budget",
-                self.cmd("restart", run.name, "--set", set_budget),
+                fix,
             )
         t = self.thresholds
         waste, cost = ds.projection.waste_tokens, ds.projection.waste_cost_usd
@@ -296,7 +305,7 @@ class EventTracker:
                 "waste",
                 "warning",
                 f"projected {waste:,} tokens{usd} past its budget",
-                self.cmd("restart", run.name, "--set", f"token-budget={budget or 'N'}"),
+                fix,
             )
         if writing and self._stalled(ds):
             yield event(

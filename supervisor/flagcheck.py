@@ -80,6 +80,8 @@ class ProfileFlags:
     script)."""
     switches: frozenset[str] = frozenset()
     types: dict[str, clients.ValueType] = field(default_factory=dict)
+    ranges: dict[str, list[float]] = field(default_factory=dict)
+    """Inclusive ranges of numeric values (the profile's ``value_ranges``)."""
     type_source: str = ""
     """Where ``types`` come from, for messages."""
 
@@ -175,6 +177,8 @@ def check(
             out.problems.append(f"{f}: takes no value (--set {f.lstrip('-')})")
         elif value is not None and f in profile.types:
             wrong = clients.value_problem(value, profile.types[f])
+            if wrong is None and f in profile.ranges:
+                wrong = clients.range_problem(value, profile.ranges[f])
             src = f"type from {profile.type_source}"
             if wrong is None:
                 out.typed += 1

@@ -59,6 +59,8 @@ class Verdict:
     """Non-empty data files of a client without a profile, to copy before the start."""
     sizes: dict[str, int] = field(default_factory=dict)
     """Data file -> its size as the gate saw it (0: missing)."""
+    records: dict[str, int] = field(default_factory=dict)
+    """Data file -> its records (distinct ids) as the gate saw it (0: missing)."""
 
     @property
     def ok(self) -> bool:
@@ -98,12 +100,12 @@ class Gate:
         scans = await self.scan(run, layout, validate)
         verdict = Verdict()
         verdict.sizes = {str(s.get("path")): _size(s) for s in scans}
+        verdict.records = {str(s.get("path")): _records(s) for s in scans}
         for s in scans:
             if blocks(s, formats=validate == "all"):
                 verdict.refuse(
                     f"data not in format {run.format!r}: {explain_block(s)}",
-                    "convert or remove that file, or launch with --move-aside to rename it "
-                    "(nothing is deleted)",
+                    blocked_hint(layout),
                 )
         rule = output_rule(self.config, layout, scans, force)
         verdict.problems += rule.problems
@@ -179,6 +181,37 @@ def explain_block(s: dict[str, Any]) -> str:
     elif s.get("error"):
         parts.append(str(s.get("error")))
     return " - ".join(parts)
+
+
+def resumes_from_output(layout: RunLayout) -> bool:
+    """True when a single-file client picks up where its output file ends (it resumes always,
+    or its resume flag is in the argv): moving that file aside takes its resume point away
+    (SpecForge would also skip as many rows as its error and skipped files hold). A per-dataset
+    client's move-aside starts that dataset afresh in the new format, which is what it is for."""
+    p = layout.profile
+    if not layout.profiled or not clients.single_file(p):
+        return False
+    return p.resume == "always" or clients.has_flag(layout.argv, p.flags.resume)
+
+
+def blocked_hint(layout: RunLayout) -> str:
+    """What to do about data files the format check refuses. ``--move-aside`` only for a client
+    that does not resume from them: for one that does, the rename would make it start over."""
+    if resumes_from_output(layout):
+        return (
+            f"{layout.profile.name} resumes from that file: remove or fix the offending lines "
+            "(the check names them) and launch again; --move-aside would rename it and the "
+            "client would start over from the first row"
+        )
+    return (
+        "convert or remove that file, or launch with --move-aside to rename it (nothing is deleted)"
+    )
+
+
+def _records(s: dict[str, Any]) -> int:
+    if s.get("state", "ok") != "ok":
+        return 0
+    return int(s.get("unique_ids") or 0) or int(s.get("records") or 0)
 
 
 def _size(s: dict[str, Any]) -> int:

@@ -91,8 +91,11 @@ class BudgetGuard:
         self.config = config
         self.marker_dir = marker_dir or (state_dir() / "guard")
 
-    def _key(self, host: str, run: str, ident: Identity, dataset: str) -> str:
-        raw = json.dumps([host, run, ident.boot_id, ident.pid, ident.start_time, dataset])
+    def _key(self, host: str, run: str, ident: Identity, dataset: str, policy: str) -> str:
+        """The once-only marker of acting on ``policy`` for one dataset of one process: a policy's
+        action (a refused one too) never uses up another's (set ``stop`` after a refused
+        ``restart-with-budget`` and the run is stopped)."""
+        raw = json.dumps([host, run, ident.boot_id, ident.pid, ident.start_time, dataset, policy])
         return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
     def _marked(self, key: str) -> bool:
@@ -151,7 +154,7 @@ class BudgetGuard:
                     budget = dv.token_budget or (dc.token_budget if dc else None)
                     if budget is None or dv.completion_tokens <= budget:
                         continue
-                    key = self._key(hv.name, rv.name, proc.identity, dv.name)
+                    key = self._key(hv.name, rv.name, proc.identity, dv.name, rc.budget_policy)
                     if self._marked(key):
                         continue
                     over[dv.name] = dv.completion_tokens
@@ -175,7 +178,10 @@ class BudgetGuard:
                         tokens=over,
                         waste_tokens=waste,
                         message=f"{rv.name}: past the token budget {lacks}: " + ", ".join(parts),
-                        keys=[self._key(hv.name, rv.name, proc.identity, d) for d in names],
+                        keys=[
+                            self._key(hv.name, rv.name, proc.identity, d, rc.budget_policy)
+                            for d in names
+                        ],
                     )
                 )
         return events

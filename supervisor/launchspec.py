@@ -28,6 +28,18 @@ from supervisor.paths import state_dir
 SPEC_DIR = "launch-spec"
 
 
+class Invocation(msgspec.Struct, kw_only=True):
+    """A process runwatch launched, and what its data files held when it started: a client whose
+    sample flag counts after the rows its resume skips (SpecForge's ``--num-samples``) stops at
+    those records plus its flag."""
+
+    pid: int
+    start_time: int
+    """In clock ticks since boot, as ``model.Identity``."""
+    records: dict[str, int] = {}
+    """Data file -> its records (distinct ids) at the launch."""
+
+
 class LaunchSpec(msgspec.Struct, kw_only=True):
     """The overrides of one run, in the order they apply."""
 
@@ -38,6 +50,8 @@ class LaunchSpec(msgspec.Struct, kw_only=True):
     """Flags removed from the config's argv."""
     last_argv: list[str] | None = None
     """The argv of the last confirmed launch (masked), or None."""
+    started: Invocation | None = None
+    """The process of the last confirmed launch and the records its data files held then."""
     time: float = 0.0
 
     @property
@@ -61,6 +75,7 @@ class LaunchSpec(msgspec.Struct, kw_only=True):
             sets=kept_sets + new_sets,
             unsets=kept_unsets + [f for f in new_unsets if f not in kept_unsets],
             last_argv=self.last_argv,
+            started=self.started,
             time=self.time,
         )
 

@@ -81,6 +81,10 @@ class _Runner:
         self.rollback_outcome: dict[str, Any] | None = None
         self.sizes: dict[str, int] = {}
         """Data file -> its size before the launch (a smaller one after it is data loss)."""
+        self.budget_notes: list[str] = []
+        """Datasets whose budget the format check could not check (no tokenizer)."""
+        self.records_at_start: dict[str, int] = {}
+        """Data file -> its records before the launch."""
 
     async def emit(self, step: Step) -> None:
         if self.on_step is None:
@@ -147,6 +151,12 @@ class _Runner:
         if confirmed and not self.dry_run:
             spec = plan.spec
             spec.last_argv = mask_argv(plan.argv, plan.secrets)
+            if self.identity is not None and "pid" in self.identity:
+                spec.started = launchspec.Invocation(
+                    pid=int(self.identity["pid"]),
+                    start_time=int(self.identity.get("start_time") or 0),
+                    records=dict(self.records_at_start),
+                )
             launchspec.save(spec)
         result = ActionResult(
             action=plan.action,
@@ -230,6 +240,7 @@ class _Runner:
             known=layout.client.known_flags,
             switches=layout.client.switches,
             types=types,
+            ranges=dict(layout.profile.value_ranges) if layout.profiled else {},
             type_source=type_source,
         )
         read = None
@@ -302,8 +313,22 @@ class _Runner:
 
     async def scan_all(self) -> list[dict[str, Any]]:
         # The files the NEW command line writes (datasets, output dir from the effective argv).
-        scans = await self.engine.check_run(self.plan.run.name, self.plan.argv)
-        return list(scans)
+        run, argv = self.plan.run.name, self.plan.argv
+        if self.budget_to_check():
+            return list(await self.engine.check_run(run, argv, tokens=True))
+        return list(await self.engine.check_run(run, argv))
+
+    def budget_to_check(self) -> bool:
+        """Whether the new argv writes a dataset with a configured budget and no budget flag
+        (its tokens are then counted, as the dashboard counts them)."""
+        plan = self.plan
+        if plan.layout.has_budget_flag():
+            return False
+        datasets = self.engine.config.datasets
+        return any(
+            (dc := datasets.get(ds)) is not None and dc.token_budget is not None
+            for ds in plan.layout.data_files
+        )
 
     def over_budget(self, scans: list[dict[str, Any]]) -> list[str]:
         """Datasets already past their budget that the new argv would write without a budget
@@ -316,8 +341,13 @@ class _Runner:
         for scan in scans:
             ds = by_path.get(str(scan.get("path")))
             dc = self.engine.config.datasets.get(ds) if ds else None
-            tokens = int(scan.get("completion_tokens") or 0)
-            if dc is not None and dc.token_budget is not None and tokens >= dc.token_budget:
+            if dc is None or dc.token_budget is None:
+                continue
+            if scan.get("tokens_error"):
+                self.budget_notes.append(f"{ds}: budget not checked: {scan['tokens_error']}")
+                continue
+            tokens = int(scan.get("tokens_counted", scan.get("completion_tokens")) or 0)
+            if tokens >= dc.token_budget:
                 over.append(f"{ds}: {tokens} completion tokens, budget {dc.token_budget}")
         return over
 
@@ -353,6 +383,9 @@ class _Runner:
             step.detail = f"{len(scans)} file(s): " + ", ".join(
                 f"{n} {v}" for v, n in sorted(counts.items())
             )
+            if self.budget_notes:
+                step.detail += "; " + "; ".join(self.budget_notes)
+                step.data["budget_not_checked"] = list(self.budget_notes)
             return
         problems = "; ".join(gate.explain_block(s) for s in self.blocking)
         if self.plan.move_aside:
@@ -361,8 +394,12 @@ class _Runner:
         raise StepFailed(
             f"{self.plan.action} blocked by data not in format {self.plan.run.format!r}: "
             f"{problems}",
-            "convert or remove those files, or pass --move-aside to rename them to "
-            "<file>.<format>-<timestamp> (nothing is deleted) so the run starts them afresh",
+            (
+                gate.blocked_hint(self.plan.layout)
+                if gate.resumes_from_output(self.plan.layout)
+                else "convert or remove those files, or pass --move-aside to rename them to "
+                "<file>.<format>-<timestamp> (nothing is deleted) so the run starts them afresh"
+            ),
         )
 
     def keep_output(self, scans: list[dict[str, Any]], step: Step) -> None:
@@ -791,6 +828,7 @@ class _Runner:
             step.data["backup"] = copied
         # After runwatch's own moves and repairs: from here the files may only grow.
         self.sizes = verdict.sizes
+        self.records_at_start = verdict.records
         params = self.launch_params(plan.layout)
         started = time.time()
         timeout = plan.run.settle_seconds + 3.0 + self.hc.command_timeout

@@ -340,7 +340,9 @@ class FixedEngine:
     ) -> list[GuardOutcome]:
         return []
 
-    async def check_run(self, run: str, argv: list[str] | None = None) -> list[dict[str, Any]]:
+    async def check_run(
+        self, run: str, argv: list[str] | None = None, *, tokens: bool = False
+    ) -> list[dict[str, Any]]:
         # What a full validation finds: B3 still holds records of the legacy text format.
         out = []
         for host in self.snapshot.hosts:

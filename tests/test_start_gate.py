@@ -31,6 +31,10 @@ from tests.waiting import wait_for, wait_until
 pytestmark = pytest.mark.usefixtures("state_home")
 
 SETTLE = 3.0
+DEAD = "127.0.0.1:1"
+"""A server address where nothing listens: the SpecForge stand-in finds no server and exits at
+start, a failure no preflight can foresee (a value the profile rules out, such as a
+``--temperature`` outside 0..1, is refused before the stop: V13)."""
 """Long enough that a client refusing its flags exits within it (the host answers at once)."""
 RESTART_TOML = """on_exit = "restart"
 restart_backoff_seconds = 0.2
@@ -95,7 +99,7 @@ async def test_o5_a_rollback_that_would_overwrite_is_refused_and_keeps_every_byt
     tmp_path: Path, client_server: Any, demo_tokenizer: Path, clients: list[ClientRun]
 ) -> None:
     """The SpecForge case: launched without ``--resume`` (fine on no data), restarted with
-    ``--set resume`` and a ``--temperature`` the script rejects at start: the relaunch fails
+    ``--set resume`` and a ``--server-address`` where no server answers: the relaunch fails
     after the stop, and the previous command line (no ``--resume``) must not run."""
     run = specforge(tmp_path, client_server.url, demo_tokenizer, clients, resume=False)
     at_stop: dict[str, bytes] = {}
@@ -112,8 +116,7 @@ async def test_o5_a_rollback_that_would_overwrite_is_refused_and_keeps_every_byt
             plan = await engine.plan(
                 "sf",
                 action="restart",
-                overrides=["resume", "temperature=1.5"],
-                allow_change=["temperature"],
+                overrides=["resume", f"server-address={DEAD}"],
             )
             result = await engine.execute(plan, on_step=on_step)
             after = files(run)
@@ -135,12 +138,12 @@ async def test_o5_a_rollback_that_would_overwrite_is_refused_and_keeps_every_byt
     assert not result.ok
     failed = result.failed_step
     assert failed is not None and failed.name == "launch"
-    assert "Temperature must be between 0.0 and 1.0" in failed.detail
+    assert "No server address is available" in failed.detail
     rb = result.rollback
     assert rb is not None and rb["ok"] is False and rb["refused"] is True
     assert rb["identity"] is None
     assert rb["command"] == command
-    assert rb["resume_argv"][-1] == "--resume" and "--temperature" not in rb["resume_argv"]
+    assert rb["resume_argv"][-1] == "--resume" and DEAD not in rb["resume_argv"]
     assert "ROLLBACK REFUSED" in rb["detail"] and "would overwrite" in rb["detail"]
     assert "without --resume" in rb["detail"] and f"Resume it with: {command}" in rb["detail"]
     assert "the run is STOPPED" in rb["detail"]
@@ -176,9 +179,7 @@ async def test_o5_a_rollback_that_keeps_the_output_goes_ahead(
         first = await engine.execute(await engine.plan("sf", action="launch"))
         assert first.ok, [s.to_json() for s in first.steps]
         await wait_for(lambda: len(run.lines()) >= 4, 90, what="4 records")
-        plan = await engine.plan(
-            "sf", action="restart", overrides=["temperature=1.5"], allow_change=["temperature"]
-        )
+        plan = await engine.plan("sf", action="restart", overrides=[f"server-address={DEAD}"])
         result = await engine.execute(plan, on_step=on_step)
         rb = result.rollback
         assert rb is not None and rb["ok"] is True, rb
@@ -190,7 +191,7 @@ async def test_o5_a_rollback_that_keeps_the_output_goes_ahead(
     assert result.failed_step.name == "launch"
     assert rb["detail"].startswith("rolled back") and "refused" not in rb
     assert rv.state == "running" and rv.process is not None and rv.process.identity.pid == pid
-    assert "--temperature" not in rv.process.identity.argv  # the previous command line
+    assert DEAD not in rv.process.identity.argv  # the previous command line
     assert run.pids() == [pid]
     assert run.output.read_bytes().startswith(at_stop["regen.jsonl"])  # appended
     rolls = [r for r in audit.read() if r["action"] == "rollback"]
@@ -351,12 +352,11 @@ async def test_o5_the_dashboard_rings_when_the_rollback_of_its_restart_is_refuse
             lambda: app.screen if isinstance(app.screen, RestartScreen) else None, 10
         )
         await wait_for(lambda: screen.plan is not None, 20, what="the plan")
-        screen.query_one("#flags", Input).value = "resume temperature=1.5"
-        screen.query_one("#allow", Input).value = "temperature"
+        screen.query_one("#flags", Input).value = f"resume server-address={DEAD}"
         screen.query_one("#allow", Input).focus()
         await pilot.press("enter")
         await wait_for(
-            lambda: screen.plan is not None and screen.plan.allow_change == ["temperature"],
+            lambda: screen.plan is not None and ("--server-address", DEAD) in screen.plan.overrides,
             20,
             what="the plan with the flags",
         )

@@ -46,7 +46,9 @@ class EngineLike(Protocol):
         """Stop the process named by ``identity`` on ``host``, audited; per-pid results."""
         ...
 
-    async def check_run(self, run: str, argv: list[str] | None = None) -> list[dict[str, Any]]:
+    async def check_run(
+        self, run: str, argv: list[str] | None = None, *, tokens: bool = False
+    ) -> list[dict[str, Any]]:
         """Validate every data file of a run (of ``argv``, default its launch argv); one scan
         result per dataset."""
         ...

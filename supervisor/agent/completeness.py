@@ -124,6 +124,12 @@ class Companions:
         error = None
         try:
             with open(path, "rb") as f:
+                head = f.read(4096).lstrip()
+                f.seek(0)
+                if head.startswith(b"["):
+                    keys, error = _array_keys(f, id_key)
+                    self._inputs[path] = (sig, keys, error)
+                    return keys, error
                 for n, line in enumerate(f):
                     if not id_key:
                         keys.append(n)
@@ -149,8 +155,10 @@ class Companions:
         input_path: str,
         id_key: str,
         sidecars: dict[str, Any],
+        failed_inline: set[Any] | None = None,
     ) -> dict[str, Any]:
-        """Input ids against output ids: done, failed (only in a sidecar), missing, not in input."""
+        """Input ids against output ids: done, failed (only in a sidecar, or in a line of the
+        output that records a failed request: ``failed_inline``), missing, not in input."""
         keys, error = self.input_keys(input_path, id_key)
         result: dict[str, Any] = {
             "input_path": input_path,
@@ -161,7 +169,7 @@ class Companions:
         if error is not None:
             return result
         wanted = set(keys)
-        failed_ids: set[Any] = set()
+        failed_ids: set[Any] = set(failed_inline or ())
         for side in sidecars.values():
             cached = self.sidecars.get(side.get("path", ""))
             if cached is not None:
@@ -183,3 +191,22 @@ class Companions:
             }
         )
         return result
+
+
+def _array_keys(f: Any, id_key: str) -> tuple[list[Any], str | None]:
+    """The ids of the rows of an input file that is ONE JSON array (Model-Optimizer's
+    ``--data_path`` read with ``json.load``): the row index, or each row's ``id_key``."""
+    try:
+        rows = json.loads(f.read())
+    except ValueError as e:
+        return [], f"input is not a JSON array ({e})"
+    if not isinstance(rows, list):
+        return [], "input is not a JSON array"
+    if not id_key:
+        return list(range(len(rows))), None
+    keys: list[Any] = []
+    for n, row in enumerate(rows):
+        if not isinstance(row, dict) or id_key not in row:
+            return keys, f"input row {n + 1} has no {id_key!r}"
+        keys.append(remembered_id(row[id_key]))
+    return keys, None

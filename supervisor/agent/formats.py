@@ -14,12 +14,16 @@ profiles:
 ``raw-legacy``
     The older run_inference.py format: ``text`` instead of ``output_ids``. ``legacy`` of ``raw``.
 ``specforge``
-    SpecForge regenerated conversations: ``id, conversations[{role, content}], status``; the
-    assistant contents are counted with the tokenizer, their ``reasoning_content`` apart. Error
-    and skipped files lie beside it.
+    SpecForge regenerated conversations: ``id, conversations[{role, content}]`` and, since late
+    2025, ``status`` (older records have none, and only their last assistant turn was generated:
+    the earlier ones are the input's); the assistant contents are counted with the
+    tokenizer, their reasoning apart (``reasoning_content``, or ``thinking`` as the script wrote
+    it from late 2025 to March 2026). Error and skipped files lie beside it.
 ``modelopt``
     Model-Optimizer ``server_generate`` output: ``conversation_id, conversations``, optional
-    ``truncated``, and a final ``{"finished": true}`` line (a marker, not a record).
+    ``truncated``; with ``--log_empty_conversations`` a failed request is a line holding only
+    ``{"conversation_id": N}`` (a failed row: the script's resume skips it) and the file ends with
+    a ``{"finished": true}`` line (a marker, not a record).
 ``speculators``
     vLLM speculators regeneration: ``id, input_ids, loss_mask, text, metadata`` with
     ``metadata.finish_reason`` and ``metadata.usage.{prompt,completion}_tokens``.
@@ -45,13 +49,15 @@ class Profile:
         "check_list_field",
         "companions",
         "end_marker",
+        "failed_keys",
         "finish_reason_field",
         "id_field",
+        "last_turn_without",
         "legacy",
         "name",
         "optional",
         "prompt_tokens_field",
-        "reasoning_key",
+        "reasoning_keys",
         "required",
         "signature",
         "text_field",
@@ -79,7 +85,9 @@ class Profile:
         legacy: str | None = None,
         end_marker: str | None = None,
         companions: tuple[str, ...] = (),
-        reasoning_key: str | None = None,
+        reasoning_keys: tuple[str, ...] = (),
+        failed_keys: tuple[str, ...] = (),
+        last_turn_without: str | None = None,
     ) -> None:
         self.name = name
         self.id_field = id_field
@@ -109,8 +117,15 @@ class Profile:
         """Top-level key of a final marker line (``{"finished": true}``), not a record."""
         self.companions = companions
         """Words naming files beside the data file that hold failed or skipped prompts."""
-        self.reasoning_key = reasoning_key
-        """Key of a counted message's reasoning text (``reasoning_content``), counted apart."""
+        self.reasoning_keys = reasoning_keys
+        """Keys of a counted message's reasoning text (``reasoning_content``), counted apart: the
+        first one a message has (a writer stores it under one of them)."""
+        self.last_turn_without = last_turn_without
+        """A key whose absence means only the LAST counted message of a record was generated
+        (SpecForge before ``status``: earlier assistant turns are the input's own)."""
+        self.failed_keys = failed_keys
+        """The exact top-level keys of a line that records a failed request (not a record: its
+        id is a failed row of the input)."""
 
     @property
     def token_source(self) -> str:
@@ -159,10 +174,12 @@ def _builtin() -> dict[str, Profile]:
             text_field="conversations",
             text_role="assistant",
             finish_reason_field="status",
-            required=("id", "conversations", "status"),
+            required=("id", "conversations"),
+            optional=("status",),
             signature=("id", "conversations"),
             companions=("error", "skipped"),
-            reasoning_key="reasoning_content",
+            reasoning_keys=("reasoning_content", "thinking"),
+            last_turn_without="status",
         ),
         "modelopt": Profile(
             "modelopt",
@@ -173,6 +190,7 @@ def _builtin() -> dict[str, Profile]:
             required=("conversation_id", "conversations"),
             optional=("truncated",),
             end_marker="finished",
+            failed_keys=("conversation_id",),
         ),
         "speculators": Profile(
             "speculators",
@@ -319,31 +337,54 @@ def texts_of(profile: Profile, record: Mapping[str, Any]) -> list[str] | None:
         return [v]
     if isinstance(v, list):
         out: list[str] = []
-        for m in v:
+        for m in _counted(profile, record, v):
             if isinstance(m, str) and profile.text_role is None:
                 out.append(m)
-            elif (
-                isinstance(m, dict)
-                and (profile.text_role is None or m.get("role") == profile.text_role)
-                and isinstance(m.get("content"), str)
-            ):
+            elif isinstance(m, dict) and isinstance(m.get("content"), str):
                 out.append(m["content"])
         return out
     return None
 
 
+def _counted(profile: Profile, record: Mapping[str, Any], messages: list[Any]) -> list[Any]:
+    """The messages of a record whose texts are counted: those of ``text_role`` (every one, or
+    only the last when the record lacks ``last_turn_without``)."""
+    role = profile.text_role
+    if role is None:
+        picked = list(messages)
+    else:
+        picked = [m for m in messages if isinstance(m, dict) and m.get("role") == role]
+    if profile.last_turn_without is not None and profile.last_turn_without not in record:
+        return picked[-1:]
+    return picked
+
+
 def reasoning_of(profile: Profile, record: Mapping[str, Any]) -> list[str]:
-    """Reasoning texts of a record's counted messages (``reasoning_content``), for the tokenizer."""
-    key = profile.reasoning_key
-    if key is None or profile.text_field is None:
+    """Reasoning texts of a record's counted messages, for the tokenizer: per message the first of
+    ``reasoning_keys`` it holds as text (one text per message, never counted twice)."""
+    keys = profile.reasoning_keys
+    if not keys or profile.text_field is None:
         return []
     found, v = lookup(record, profile.text_field)
     if not found or not isinstance(v, list):
         return []
-    return [
-        m[key]
-        for m in v
-        if isinstance(m, dict)
-        and (profile.text_role is None or m.get("role") == profile.text_role)
-        and isinstance(m.get(key), str)
-    ]
+    out: list[str] = []
+    for m in _counted(profile, record, v):
+        if not isinstance(m, dict):
+            continue
+        for key in keys:
+            text = m.get(key)
+            if isinstance(text, str):
+                out.append(text)
+                break
+    return out
+
+
+def is_failed_line(profile: Profile | None, record: Mapping[str, Any]) -> bool:
+    """True when ``record`` is the profile's line for a failed request (only its id)."""
+    return (
+        profile is not None
+        and bool(profile.failed_keys)
+        and len(record) == len(profile.failed_keys)
+        and all(k in record for k in profile.failed_keys)
+    )

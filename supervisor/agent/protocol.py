@@ -296,7 +296,7 @@ class Completeness(TypedDict, total=False):
     input_duplicates: int
     done: int
     failed: int
-    """Input ids only in a sidecar (error or skipped)."""
+    """Input ids only in a sidecar (error or skipped) or in a failed-request line."""
     missing: int
     missing_first: list[Any]
     not_in_input: int
@@ -326,6 +326,8 @@ class ScanFile(_ScanFileRequired, total=False):
     records: int
     unique_ids: int
     duplicates: int
+    failed_lines: int
+    """Lines recording a failed request (Model-Optimizer's ``{"conversation_id": N}``)."""
     prompt_tokens: int
     completion_tokens: int
     token_source: str | None
@@ -421,6 +423,10 @@ class RefreshResult(_RefreshResultRequired, total=False):
 class ScanParams(TypedDict, total=False):
     files: list[FileSpec]
     fresh: bool
+    session: str
+    """With ``fresh``: the scanner of this name goes on where its last call stopped (a file whose
+    texts filled a reply, ``texts_more``, is read on by the next call); dropped once no file has
+    more, or when too many are open."""
 
 
 class ScanResult(TypedDict):

@@ -60,6 +60,7 @@ from supervisor.agent.formats import (
     differing_keys,
     finish_value,
     get_profile,
+    is_failed_line,
     lookup,
     matches,
     reasoning_of,
@@ -367,6 +368,9 @@ class _FileState(Position):
         self.records = 0
         self.ids: set[Any] = set()
         self.duplicates = 0
+        self.failed = 0
+        """Lines recording a failed request (``Profile.failed_keys``)."""
+        self.failed_ids: set[Any] = set()
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.texts_records = 0
@@ -475,6 +479,7 @@ class Scanner:
                 input_file["path"],
                 str(input_file.get("id") or ""),
                 result.get("sidecars") or {},
+                failed_inline=state.failed_ids if state is not None else set(),
             )
         return result
 
@@ -853,6 +858,18 @@ class Scanner:
                 state.lines += 1
                 state.finished = True
                 return False
+        failed_prof = exp if exp is not None else _FAILED_LINE_PROFILES.get(frozenset(obj))
+        if failed_prof is not None and failed_prof.failed_keys and is_failed_line(failed_prof, obj):
+            # A failed request the client logged (its resume skips the row): not a record. A
+            # file of no expected format is of the format whose failed line it is.
+            if exp is None and state.first_unknown is None:
+                state.expected = exp = failed_prof
+            state.lines += 1
+            state.failed += 1
+            found, ident = lookup(obj, failed_prof.id_field)
+            if found:
+                state.failed_ids.add(_id_key(ident))
+            return False
         # Records of one file nearly always share their keys: classify a key set once.
         shape = tuple(obj)
         cached = state.shapes.get(shape) if exp is not None else None
@@ -942,7 +959,7 @@ class Scanner:
                 self._validate(prof, obj, arrays, buf, full, tokens, length)
             if prof.text_field is not None:
                 record_texts = texts_of(prof, obj)
-                record_reasoning = reasoning_of(prof, obj) if prof.reasoning_key else []
+                record_reasoning = reasoning_of(prof, obj) if prof.reasoning_keys else []
         # Counted from here on: the line is a record.
         state.lines += 1
         state.records += 1
@@ -1054,6 +1071,7 @@ class Scanner:
                 "records": state.records,
                 "unique_ids": len(state.ids),
                 "duplicates": state.duplicates,
+                "failed_lines": state.failed,
                 "prompt_tokens": state.prompt_tokens,
                 "completion_tokens": state.completion_tokens,
                 "token_source": exp.token_source if exp is not None else None,
@@ -1078,6 +1096,9 @@ class Scanner:
         )
         return result
 
+
+_FAILED_LINE_PROFILES = {frozenset(p.failed_keys): p for p in PROFILES.values() if p.failed_keys}
+"""The built-in formats by the keys of their failed-request line."""
 
 _ALL_BIG_LISTS = tuple(dict.fromkeys(k for p in PROFILES.values() for k in p.big_lists))
 
@@ -1149,6 +1170,7 @@ def _empty_result(path: str, fmt: str | None) -> dict[str, Any]:
         "records": 0,
         "unique_ids": 0,
         "duplicates": 0,
+        "failed_lines": 0,
         "prompt_tokens": 0,
         "completion_tokens": 0,
         "token_source": None,

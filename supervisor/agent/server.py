@@ -46,6 +46,9 @@ from supervisor.agent.protocol import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+MAX_SESSIONS = 4
+"""Scan sessions kept at once (the oldest is dropped)."""
+
 _DEFERRED_OPS = {
     "launch": "launch:launch",
     "lock_status": "launch:lock_status",
@@ -119,6 +122,8 @@ class Agent:
         self.list_lock = threading.Lock()  # the lister keeps CPU times between calls
         self.scanner: Any = None
         self.scanner_error: str | None = None
+        self.sessions: dict[str, Any] = {}
+        """Scanners of fresh scans that go on over several requests (``ScanParams.session``)."""
         self.request = threading.local()
         """``rid``: the id of the request the current thread answers (for progress lines)."""
         self.ops: dict[str, Callable[[dict[str, Any]], Mapping[str, Any]]] = {
@@ -264,7 +269,21 @@ class Agent:
         """``files`` scanned; with ``fresh``, each from its first byte by a scanner of its own
         (every complete line validated as the specs ask), leaving the incremental state of the
         refreshes untouched."""
-        files = self._scan_files(params.get("files") or [], fresh=bool(params.get("fresh")))
+        session = params.get("session")
+        if not (isinstance(session, str) and params.get("fresh")):
+            files = self._scan_files(params.get("files") or [], fresh=bool(params.get("fresh")))
+            return {"time": time.time(), "files": files}
+        with self.scan_lock:
+            scanner = self.sessions.pop(session, None)
+            shared = self._get_scanner()
+        if scanner is None and shared is not None:
+            scanner = type(shared)()
+        files = self._scan_files(params.get("files") or [], fresh=True, scanner=scanner)
+        if scanner is not None and any(f.get("texts_more") for f in files.values()):
+            with self.scan_lock:
+                self.sessions[session] = scanner
+                while len(self.sessions) > MAX_SESSIONS:
+                    self.sessions.pop(next(iter(self.sessions)))
         return {"time": time.time(), "files": files}
 
     def _get_scanner(self) -> Any:
@@ -321,13 +340,17 @@ class Agent:
         specs: list[Any],
         fresh: bool = False,
         reporter: firstpass.Reporter | None = None,
+        scanner: Any = None,
     ) -> dict[str, ScanFile]:
         if not isinstance(specs, list):
             raise AgentOpError("files: expected a list", "bad-request")
         out: dict[str, ScanFile] = {}
+        given = scanner
         with self.scan_lock:
             scanner = self._get_scanner()
-        if fresh and scanner is not None:
+        if fresh and given is not None:
+            scanner = given  # a session's scanner, going on where it stopped
+        elif fresh and scanner is not None:
             # A cold scan with a scanner of its own: an earlier sampled scan proves nothing, and
             # a long full validation must not hold up the refreshes (no shared state, no lock).
             scanner = type(scanner)()

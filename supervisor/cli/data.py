@@ -152,10 +152,12 @@ def scan_paths(
                 r = scanner.scan(
                     path, fmt, validate=validate, profile=profile, texts=texts, progress=progress
                 )
-                if tokenizer is not None and r["texts"]:
+                # Answers and reasoning alike, as the dashboard counts them.
+                counted = [*(r.get("texts") or []), *(r.get("reasoning_texts") or [])]
+                if tokenizer is not None and counted:
                     from supervisor.engine import count_tokens
 
-                    extra += sum(count_tokens(tokenizer, r["texts"]))
+                    extra += sum(count_tokens(tokenizer, counted))
                 if not r.get("texts_more"):
                     break
         finally:
@@ -355,8 +357,25 @@ def check(target: str, fmt: str | None, config_path: str | None, as_json: bool) 
             problems.append(f"{odd[r['path']]}: pass --format NAME to say which is expected")
         ok = ok and not problems
         report.append((r, problems))
+    from supervisor.engine import scan_notes
+
     if as_json:
-        print_json({"ok": ok, "files": [{**_json_file(r), "problems": p} for r, p in report]})
+        print_json(
+            {
+                "ok": ok,
+                "files": [
+                    {
+                        **_json_file(r),
+                        "failed_lines": r.get("failed_lines", 0),
+                        "completeness": r.get("completeness"),
+                        "sidecars": r.get("sidecars"),
+                        "notes": scan_notes(r),
+                        "problems": p,
+                    }
+                    for r, p in report
+                ],
+            }
+        )
     else:
         for r, p in report:
             records = r.get("records", 0)
@@ -371,6 +390,9 @@ def check(target: str, fmt: str | None, config_path: str | None, as_json: bool) 
                 click.echo(f"FAIL  {where}")
                 for line in p:
                     click.echo(f"      - {line}")
+            # What status shows of it too: failed rows, completeness, error / skipped files.
+            for note in scan_notes(r):
+                click.echo(f"      . {note}")
         click.echo("all files pass" if ok else "check failed")
     # sys.exit, not ctx.exit: the entry point runs click with standalone_mode=False, where a
     # click Exit is returned rather than raised.

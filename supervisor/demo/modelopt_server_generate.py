@@ -7,14 +7,15 @@ It behaves as the documented script does:
   ``conversations``), ``--output_path`` (ONE file, always appended to), ``--num_threads`` (256),
   ``--temperature`` (0.0), ``--max_tokens`` (2048), ``--chat`` (default True), ``--model``
   (``model``), ``--url`` (``http://localhost:8000/v1``), ``--api_key`` (``token-abc123``; a secret
-  on the command line), ``--log_empty_conversations``, ``--system_prompt`` (several words),
-  ``--thinking-modes a,b`` (cycled per conversation; the record gets ``thinking_mode``).
+  on the command line), ``--log_empty_conversations``, ``--system_prompt`` (several words). No
+  released version has any other flag.
 - Resume, always: on start it reads the output, collects the ``conversation_id`` of every line and
   skips those input indices; a line ``{"finished": true}`` means done: it prints ``All
   conversations already generated`` and exits 0.
 - A record is ``{"conversation_id": idx, "conversations": [...]}`` (``system`` first when given,
   then user / assistant turns, one request per user turn, every other input message); a turn cut
-  by ``max_tokens`` (finish reason ``length``) ends the conversation there; a failed request is
+  by ``max_tokens`` (finish reason ``length``) is kept and ends the conversation there, the record
+  then has ``"truncated": true``; a failed request is
   printed and ends it. A conversation with no answer is dropped, or written as
   ``{"conversation_id": idx}`` with ``--log_empty_conversations``, which also appends
   ``{"finished": true}`` at the very end.
@@ -49,13 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--api_key", type=str, default="token-abc123")
     p.add_argument("--log_empty_conversations", action="store_true")
     p.add_argument("--system_prompt", nargs="+", type=str, default="")
-    p.add_argument("--thinking-modes", type=str, default="")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    modes = [m.strip() for m in args.thinking_modes.split(",") if m.strip()]
     with open(args.data_path, encoding="utf-8") as f:
         data = (
             [json.loads(line) for line in f] if args.data_path.endswith("jsonl") else json.load(f)
@@ -72,9 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             out.write(json.dumps(row) + "\n")
 
     def generate(messages: list[dict[str, Any]], idx: int, system_prompt: str) -> None:
-        mode = modes[idx % len(modes)] if modes else None
-        extra = {"chat_template_kwargs": {"thinking_mode": mode}} if mode else {}
         out: list[dict[str, Any]] = []
+        truncated = False
         if system_prompt and messages:
             out.append({"role": "system", "content": system_prompt})
         for message in messages[::2]:
@@ -96,14 +94,16 @@ def main(argv: list[str] | None = None) -> int:
                         "messages": out,
                         "max_tokens": args.max_tokens,
                         "temperature": args.temperature,
-                        **extra,
                     },
                 )
                 r.raise_for_status()
                 choice = r.json()["choices"][0]
+                out.append(
+                    {"role": "assistant", "content": (choice["message"]["content"] or "").strip()}
+                )
                 if choice.get("finish_reason") == "length":
+                    truncated = True
                     break
-                out.append({"role": "assistant", "content": choice["message"]["content"].strip()})
             except Exception as e:  # printed and the conversation ends, like the original
                 print(e, flush=True)
                 break
@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             write({"conversation_id": idx})
             return
         row: dict[str, Any] = {"conversation_id": idx, "conversations": out}
-        if mode:
-            row["thinking_mode"] = mode
+        if truncated:
+            row["truncated"] = True
         write(row)
 
     finished: set[Any] = set()

@@ -617,10 +617,12 @@ class _Completions:
 
     def _message(self, body: dict[str, Any], gen: _Generation) -> dict[str, Any]:
         """The assistant message; with ``chat_template_kwargs.enable_thinking`` (as SGLang with a
-        reasoning parser) the first quarter of the tokens is its ``reasoning_content``."""
+        reasoning parser) the first quarter of the tokens is its ``reasoning_content``. Without,
+        the key is there and null, as SGLang writes it (a client that reads the attribute, as
+        SpecForge's ``--is-reasoning-model`` did, gets None)."""
         kwargs = body.get("chat_template_kwargs")
         if not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is True):
-            return {"role": "assistant", "content": gen.text}
+            return {"role": "assistant", "content": gen.text, "reasoning_content": None}
         k = max(1, len(gen.ids) // 4) if len(gen.ids) > 1 else 0
         pieces = self.state.vocab.pieces
         reasoning = "".join(pieces[i] for i in gen.ids[:k])

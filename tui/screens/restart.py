@@ -125,7 +125,7 @@ class RestartScreen(Screen[None]):
         Binding("c", "check", "Check only", tooltip="Run the checks without changing anything"),
         Binding("x", "execute", "Execute", tooltip="Run the plan: stop, repair, launch"),
         Binding("m", "toggle_move_aside", "Move aside", tooltip="Rename files in another format"),
-        Binding("e", "edit_flags", "Edit flags", tooltip="Change flags, e.g. token-budget=1000000"),
+        Binding("e", "edit_flags", "Edit flags", tooltip="Change flags: KEY=VALUE, or a switch"),
     ]
 
     def __init__(
@@ -147,6 +147,14 @@ class RestartScreen(Screen[None]):
         self._run_when_planned: bool | None = None
         """``dry_run`` of a run asked for while the plan was being recomputed."""
 
+    def flags_example(self) -> str:
+        """The placeholder of the flags field: the run's budget flag when its client has one
+        (a client without one is never offered a budget flag)."""
+        flag = self.run.budget_flag
+        if flag is None:
+            return "KEY=VALUE ... (its client has no budget flag)"
+        return f"KEY=VALUE ... e.g. {flag.lstrip('-')}=100000"
+
     @property
     def rw(self) -> RunwatchApp:
         from tui.app import runwatch_app
@@ -162,9 +170,7 @@ class RestartScreen(Screen[None]):
         with VerticalScroll(id="body"):
             with Horizontal(classes="option"):
                 yield Label("Set flags", classes="option-label")
-                yield Input(
-                    placeholder="KEY=VALUE ... e.g. token-budget=100000", id="flags", compact=True
-                )
+                yield Input(placeholder=self.flags_example(), id="flags", compact=True)
             with Horizontal(classes="option"):
                 yield Label("Allow changes", classes="option-label")
                 yield Input(placeholder="model sampling prompts ...", id="allow", compact=True)
