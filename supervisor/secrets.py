@@ -34,9 +34,11 @@ from supervisor.config import Config
 __all__ = [
     "known_secrets",
     "mask",
+    "mask_argv",
     "mask_json_text",
     "mask_known",
     "mask_registered",
+    "mask_text",
     "note_overrides",
     "note_secrets",
     "secret_env_names",

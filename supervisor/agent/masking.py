@@ -111,6 +111,11 @@ def _is_secret_name(name: str) -> bool:
     return words[-1] not in _NOT_A_VALUE_WORDS and any(w in _STRONG_WORDS for w in words)
 
 
+def is_secret_flag(name: str) -> bool:
+    """True when the value of flag (or key) ``name`` is a secret (see ``_is_secret_name``)."""
+    return _is_secret_name(name)
+
+
 _ENV_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE")
 _ENV_PUBLIC = re.compile(
     r"(_TOKENS$|MAX_TOKENS|TOKENIZER|^SSH_AUTH_SOCK$|^XAUTHORITY$|_(ENV|FILE|PATH|DIR|SOCK)$|KEYBOARD"
