@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from supervisor.agent.masking import mask_argv, mask_json_text, mask_text
 from supervisor.paths import state_dir
+from supervisor.secrets import mask_argv, mask_json_text, mask_text
 
 AUDIT_NAME = "audit.jsonl"
 

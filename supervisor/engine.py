@@ -39,7 +39,6 @@ import msgspec
 
 from supervisor import audit, clients, display, rates
 from supervisor import kill as kill_ops
-from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.match import client_path, script_index
 from supervisor.completeness import completeness_line, sidecar_line, with_client_parts
 from supervisor.config import Config, HostConfig, RunConfig, bad_name
@@ -74,7 +73,7 @@ from supervisor.model import (
     UnitInfo,
 )
 from supervisor.provisional import provisional_view
-from supervisor.secrets import known_secrets, note_secrets
+from supervisor.secrets import known_secrets, mask_argv, mask_text, note_secrets
 
 if TYPE_CHECKING:
     from supervisor.agent.formats import BUILTIN_FORMATS

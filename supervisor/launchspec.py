@@ -20,11 +20,12 @@ from pathlib import Path
 
 import msgspec
 
-from supervisor.agent.masking import is_secret_flag, mask_argv, mask_registered, mask_text
+from supervisor.agent.masking import is_secret_flag
 from supervisor.argv import apply_overrides, remove_flags
 from supervisor.config import RunConfig
 from supervisor.errors import ConfigError
 from supervisor.paths import state_dir
+from supervisor.secrets import mask_argv, mask_registered, mask_text
 
 SPEC_DIR = "launch-spec"
 

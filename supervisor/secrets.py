@@ -8,28 +8,36 @@ profile's ``secret_flags``, credential headers), URL credentials and credential 
 or ``k=v`` values, and the values of secret ``--set`` overrides. The host registers what it sees
 (process environments, launch environments) and masks before anything crosses the channel; the
 laptop masks again here. Masking by pattern (``mask_text``) stays as a second net.
+
+A value given once (``restart --set api-key=K``) is still in the run's log after the process
+that knew it has exited: its salted SHA-256 digest (never the value) is kept in
+``state_dir()/secret-digests`` (0600), and text is masked where a word of the same length has
+that digest (:func:`mask_digests`), in every process that shows the log later.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from supervisor.agent import masking
 from supervisor.agent.masking import (
     MIN_SECRET_LEN,
     argv_secret_values,
     env_secret_values,
-    mask_argv,
-    mask_json_text,
-    mask_registered,
-    mask_text,
     register,
     register_environ,
     registered,
     value_secrets,
 )
+from supervisor.agent.protocol import MASK
 from supervisor.config import Config
+from supervisor.paths import state_dir
 
 __all__ = [
     "known_secrets",
@@ -69,7 +77,9 @@ def note_overrides(
     for flag, value in sets:
         if value is not None:
             argv += [flag if flag.startswith("-") else "--" + flag, value]
-    register(argv_secret_values(argv, secret_flags))
+    values = argv_secret_values(argv, secret_flags)
+    register(values)
+    remember(values)
 
 
 def secret_env_names(config: Config) -> list[str]:
@@ -123,3 +133,139 @@ def mask(value: Any) -> Any:
                 out[key] = mask(v)
         return out
     return value
+
+
+# ------------------------------------------------------------------ values given once: digests
+
+DIGESTS_NAME = "secret-digests"
+_BOUNDARY = frozenset(" \t\n\r\"'`=:,;&@/()[]{}<>|")
+_digests: dict[int, set[str]] = {}
+_salt: bytes = b""
+_seen: tuple[int, int] | None = None
+_checked = 0.0
+
+
+def _digests_path() -> Path:
+    return state_dir() / DIGESTS_NAME
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(_salt + value.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _load(force: bool = False) -> None:
+    """(Re)read the digests file when it changed (looked at most once a second)."""
+    global _salt, _seen, _checked
+    now = time.monotonic()
+    if not force and now - _checked < 1.0:
+        return
+    _checked = now
+    path = _digests_path()
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return
+    if (st.st_size, st.st_mtime_ns) == _seen:
+        return
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return
+    _seen = (st.st_size, st.st_mtime_ns)
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("salt "):
+        return
+    _salt = bytes.fromhex(lines[0].split()[1])
+    _digests.clear()
+    for line in lines[1:]:
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            _digests.setdefault(int(parts[0]), set()).add(parts[1])
+
+
+def _ensure_file(path: Path) -> None:
+    """The digests file, created whole (its salt line) or not at all."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, f"salt {os.urandom(16).hex()}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(FileExistsError):
+        os.link(tmp, path)  # never replaces a file another process made meanwhile
+    os.unlink(tmp)
+
+
+def remember(values: Iterable[str]) -> None:
+    """Keep the digests of ``values`` (at least ``MIN_SECRET_LEN`` long) for later processes."""
+    wanted = sorted({v.strip() for v in values if len(v.strip()) >= MIN_SECRET_LEN})
+    if not wanted:
+        return
+    path = _digests_path()
+    try:
+        _ensure_file(path)
+        _load(force=True)
+        new = [v for v in wanted if _digest(v) not in _digests.get(len(v), set())]
+        if not new:
+            return
+        lines = "".join(f"{len(v)} {_digest(v)}\n" for v in new)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            os.write(fd, lines.encode())
+        finally:
+            os.close(fd)
+        _load(force=True)
+    except OSError:
+        pass  # the value is still registered in this process; only later ones miss it
+
+
+def mask_digests(text: str) -> str:
+    """``text`` with every word whose digest was remembered (:func:`remember`) masked: a word
+    starts and ends at a boundary (space, quote, ``=``, ``:``, ``,``, ``/``...)."""
+    _load()
+    if not _digests or len(text) < MIN_SECRET_LEN:
+        return text
+    spans: list[tuple[int, int]] = []
+    i, n = 0, len(text)
+    while i < n:
+        if i == 0 or text[i - 1] in _BOUNDARY:
+            for length, digests in _digests.items():
+                end = i + length
+                bounded = end <= n and (end == n or text[end] in _BOUNDARY)
+                if bounded and _digest(text[i:end]) in digests:
+                    spans.append((i, end))
+                    i = end - 1
+                    break
+        i += 1
+    if not spans:
+        return text
+    out, last = [], 0
+    for start, end in spans:
+        out += [text[last:start], MASK]
+        last = end
+    out.append(text[last:])
+    return "".join(out)
+
+
+def mask_registered(text: str) -> str:
+    """``text`` with every registered value and every remembered one masked (values only)."""
+    return mask_digests(masking.mask_registered(text))
+
+
+def mask_json_text(text: str) -> str:
+    """JSON text with every registered or remembered value masked inside its strings."""
+    return mask_digests(masking.mask_json_text(text))
+
+
+def mask_text(text: str, secrets: Iterable[str] | None = None) -> str:
+    """Free text masked by value (registered, remembered, ``secrets``) and by pattern."""
+    return mask_digests(masking.mask_text(text, secrets))
+
+
+def mask_argv(argv: Sequence[str], secrets: Iterable[str] | None = None) -> list[str]:
+    """An argv masked by value (registered, remembered, ``secrets``) and by pattern."""
+    return [mask_digests(a) for a in masking.mask_argv(argv, secrets)]

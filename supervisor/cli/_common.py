@@ -202,7 +202,8 @@ def _run_cli(group: click.Group) -> None:
     global _json_wanted
     _json_wanted = False  # set by the --json option of the command that runs
     try:
-        group.main(standalone_mode=False)
+        # color=True: click never strips escape sequences itself; SafeStream escapes them all.
+        group.main(standalone_mode=False, color=True)
     except RunwatchError as e:
         if _json_wanted:
             print_json({"error": e.message, "hint": e.hint})
