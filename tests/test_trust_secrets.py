@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from rich.console import Console
@@ -57,7 +56,7 @@ SECRETS = {
     "set": "set-api-key-GGGG",  # restart --set api-key=V
     "misspelt": "misspelt-key-HHHH",  # restart --set api-ky=V (did you mean --api-key)
 }
-NOTE = "\x1b[31mNOTE-IN-ARGV"
+NOTE = "\x1b[31mNOTE-IN-ARGV[bold]not-markup[/bold]"
 
 
 def _toml(s: str) -> str:
@@ -193,7 +192,9 @@ async def test_t1_no_secret_form_reaches_any_output_file_screen_or_alert(
         first = json.loads(launched.stdout)["identity"]["pid"]
         wait_until(lambda: _records(workdir) >= 2, 30, what="records of the first launch")
         for cmd in ("ps", "status"):
-            assert rw(cmd + "-json", cmd, "-c", cfg, "--json").returncode == 0, outputs[cmd + "-json"]
+            assert rw(cmd + "-json", cmd, "-c", cfg, "--json").returncode == 0, outputs[
+                cmd + "-json"
+            ]
             assert rw(cmd, cmd, "-c", cfg).returncode == 0, outputs[cmd]
         # The argv's escape sequence is data: escaped in the text listing.
         assert "\\x1b[31mNOTE-IN-ARGV" in outputs["ps"]
@@ -265,6 +266,7 @@ async def test_t1_no_secret_form_reaches_any_output_file_screen_or_alert(
         assert "\\x1b]0;owned-title\\x07" in "\n".join(log_lines)
         assert not any("\x1b" in x for x in log_lines)
         assert "\\x1b[31mNOTE-IN-ARGV" in process_text  # the argv's escape, shown as text
+        assert "NOTE-IN-ARGV[bold]not-markup[/bold]" in process_text  # never markup
 
         assert rw("kill", "kill", "gen", "-c", cfg, "--yes", "--json").returncode == 0, outputs[
             "kill"
@@ -289,7 +291,7 @@ async def test_t1_no_secret_form_reaches_any_output_file_screen_or_alert(
     for name, text in outputs.items():
         assert "\x1b" not in text or name == "dashboard", f"a raw escape in {name}"
     state = tmp_path / "state"
-    private = [p for p in [*state.rglob("*"), *(workdir / "out").rglob(".runwatch/**/*")]]
+    private = [*state.rglob("*"), *(workdir / "out").rglob(".runwatch/**/*")]
     files = [p for p in private if p.is_file()]
     assert any(p.name == "audit.jsonl" for p in files)
     assert any(p.parent.name == ".runwatch" for p in files)

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from supervisor.agent.masking import env_secret_values, mask_argv, register
+from supervisor.agent.masking import argv_secret_values, env_secret_values, mask_argv, register
 from supervisor.agent.match import (
     RunFiles,
     client_for,
@@ -592,6 +592,7 @@ def process_record(
     The identity carries the argv masked (by pattern, and the known ``secrets`` values), so
     secrets never leave the host.
     """
+    register(argv_secret_values(argv))  # its log may print them: masked in every tail too
     masked = mask_argv(argv, secrets)
     gpu = None
     if gpu_per_pid is not None:
