@@ -42,7 +42,7 @@ SECRETS = {
     "header": "hdr-xapikey-2222",  # --header "x-api-key: V"
     "bearer": "bearer-tok-3333",  # -H "Authorization: Bearer V"
     "cookie": "cookie-session-4444",  # --header "Cookie: sid=V"
-    "keys1": "multi-key-one-5555",  # --api-keys V1,V2
+    "keys1": "multi-key-one-5555",  # --api-keys A,B (each item)
     "keys2": "multi-key-two-6666",
     "json": "json-client-secret-7777",  # --credentials-json '{"client_secret": "V"}'
     "short_k": "short-k-flag-8888",  # -k V
