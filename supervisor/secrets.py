@@ -41,7 +41,6 @@ from supervisor.paths import state_dir
 
 __all__ = [
     "known_secrets",
-    "mask",
     "mask_argv",
     "mask_json_text",
     "mask_known",
@@ -113,25 +112,6 @@ def mask_known(value: Any, secrets: list[str] | None = None) -> Any:
         return [mask_known(v, known) for v in value]
     if isinstance(value, dict):
         return {mask_known(k, known): mask_known(v, known) for k, v in value.items()}
-    return value
-
-
-def mask(value: Any) -> Any:
-    """``value`` (JSON-like) with every secret masked: registered values everywhere, and by
-    pattern (``mask_text``) in strings; a list under an ``argv`` key is masked as an argv."""
-    if isinstance(value, str):
-        return mask_text(value)
-    if isinstance(value, (list, tuple)):
-        return [mask(v) for v in value]
-    if isinstance(value, dict):
-        out: dict[Any, Any] = {}
-        for k, v in value.items():
-            key = mask_registered(k) if isinstance(k, str) else k
-            if k in ("argv", "argv_masked") and isinstance(v, (list, tuple)):
-                out[key] = mask_argv([str(a) for a in v])
-            else:
-                out[key] = mask(v)
-        return out
     return value
 
 

@@ -331,3 +331,11 @@ def test_t2_secret_forms_are_registered_by_value_and_names_never_masked() -> Non
     assert masking.mask_argv(["gen.py", "--api-kye", "K9", "--max_token", "128"]) == [
         "gen.py", "--api-kye", "***", "--max_token", "128",
     ]  # fmt: skip
+    for misspelt in ("--my-api-ky", "--hf-tokn", "--db-pasword", "--client-secrt"):
+        assert masking.mask_argv([misspelt, "value"]) == [misspelt, "***"], misspelt
+    for count in ("--max-tokens", "--gen-tokens", "--token-buget", "--top-k", "--passes"):
+        assert masking.mask_argv([count, "12"]) == [count, "12"], count
+    # A misspelling of a profile's secret flag is secret too.
+    assert masking.argv_secret_values(["--org-tokn", "org-value-0012"], ["--org-token"]) == [
+        "org-value-0012"
+    ]

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 _SECRET_LAST_WORDS = frozenset(
     (
         "key", "apikey", "token", "secret", "password", "passwd", "pass", "passphrase",
-        "credential", "credentials", "auth", "authorization", "bearer", "cookie", "signature",
+        "credential", "credentials", "creds", "auth", "authorization", "bearer", "cookie",
+        "signature",
     )
 )  # fmt: skip
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
@@ -65,6 +66,7 @@ _PUBLIC_FLAG_NAMES = frozenset(
     )
 )  # fmt: skip
 _COUNT_WORDS = frozenset(("max", "min", "num", "n", "total"))
+_PLURAL_COUNTS = frozenset(("tokens", "keys", "passes"))
 _STRONG_WORDS = frozenset(("apikey", "secret", "password", "passwd", "credential", "credentials"))
 _NOT_A_VALUE_WORDS = frozenset(("env", "file", "path", "dir", "name", "id", "var", "len"))
 CREDENTIAL_HEADERS = frozenset(
@@ -108,6 +110,10 @@ def _is_secret_name(name: str) -> bool:
         return False
     if words[-1] in _SECRET_LAST_WORDS:
         return True
+    if words[-1] not in _PLURAL_COUNTS and difflib.get_close_matches(
+        words[-1], sorted(_SECRET_LAST_WORDS), n=1, cutoff=0.8
+    ):
+        return True  # a misspelled secret word: --my-api-ky, --hf-tokn, --db-pasword
     return words[-1] not in _NOT_A_VALUE_WORDS and any(w in _STRONG_WORDS for w in words)
 
 
@@ -265,6 +271,11 @@ def _header_secret(value: str) -> list[str]:
     return []
 
 
+def _close_to(name: str, names: set[str]) -> bool:
+    """``name`` is one of ``names`` or a misspelling of one."""
+    return name in names or bool(difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.85))
+
+
 def argv_secret_values(argv: Sequence[str], secret_flags: Iterable[str] = ()) -> list[str]:
     """The secret values of a command line: values of secret flags (``--api-key K``,
     ``--api-keys K1,K2`` and each of its items, ``-k K``, ``--credentials-json '{...}'``, and the
@@ -294,7 +305,7 @@ def argv_secret_values(argv: Sequence[str], secret_flags: Iterable[str] = ()) ->
         if value is not None and name is not None:
             if name.lower() in _HEADER_FLAGS:
                 out.extend(_header_secret(value))
-            elif _is_secret_name(name) or _normal_name(name) in extra:
+            elif _is_secret_name(name) or _close_to(_normal_name(name), extra):
                 out.append(value)
                 out.extend(_scheme_stripped(value))
                 if "," in value:
