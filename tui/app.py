@@ -43,7 +43,7 @@ from tui.messages import (
 from tui.screens.dashboard import DashboardScreen
 from tui.widgets.events import EventsPanel
 from tui.widgets.fleet import run_key
-from tui.widgets.format import shown
+from tui.widgets.format import host_text, shown
 
 if TYPE_CHECKING:  # the guard loads when a budget policy first acts, not at start-up
     from supervisor.engine import BudgetEvent, GuardOutcome
@@ -210,7 +210,8 @@ class RunwatchApp(App[None]):
 
     def notify_event(self, event: Event) -> None:
         """Show ``event`` as a notification (with the command that acts on it) and in the events
-        panel; a critical one rings the terminal bell."""
+        panel; a critical one rings the terminal bell. Its texts are shown as data (``shown``)."""
+        event = shown(event)
         self.alerts.append(event)
         del self.alerts[:-EVENTS_KEPT]
         text = f"{event.message}\n→ {event.command}" if event.command else event.message
@@ -227,14 +228,14 @@ class RunwatchApp(App[None]):
             panel.toggle_class("-shown")
 
     def on_refresh_failed(self, message: RefreshFailed) -> None:
-        self.refresh_error = message.error
+        self.refresh_error = host_text(message.error)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """One place for workers that died with an error nobody handled."""
         if event.state == WorkerState.ERROR and event.worker.error is not None:
             error = event.worker.error
             self.notify(
-                f"{type(error).__name__}: {error}",
+                host_text(f"{type(error).__name__}: {error}"),
                 title=f"{event.worker.name} failed",
                 severity="error",
                 markup=False,
