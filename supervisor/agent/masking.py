@@ -139,6 +139,8 @@ def is_secret_env_name(name: str) -> bool:
 
 _REGISTERED: set[str] = set()
 """Every secret value this process has seen (see :func:`register`); masked in all it masks."""
+_SORTED: list[str] = []
+"""``_REGISTERED``, longest first (kept by :func:`register`)."""
 
 
 def register(values: Iterable[str]) -> None:
@@ -151,14 +153,14 @@ def register(values: Iterable[str]) -> None:
             quoted = json.dumps(v)[1:-1]  # as it appears inside a JSON string
             if quoted != v:
                 _REGISTERED.add(quoted)
+    if len(_SORTED) != len(_REGISTERED):
+        _SORTED[:] = sorted(_REGISTERED, key=len, reverse=True)
 
 
 def mask_registered(text: str) -> str:
     """``text`` with every registered value replaced by ``***`` (values only, no patterns: how a
     whole reply or output line is masked as it leaves this process)."""
-    if not _REGISTERED:
-        return text
-    for s in registered():
+    for s in _SORTED:
         if s in text:
             text = text.replace(s, MASK)
     return text
@@ -172,7 +174,7 @@ def mask_json_text(text: str) -> str:
     in its numbers or punctuation, so the text stays valid JSON of the same shape."""
     if not _REGISTERED:
         return text
-    values = [s for s in registered() if s in text]
+    values = [s for s in _SORTED if s in text]
     if not values:
         return text
 
@@ -188,7 +190,7 @@ def mask_json_text(text: str) -> str:
 
 def registered() -> list[str]:
     """The registered values, longest first (so a value that contains another is masked whole)."""
-    return sorted(_REGISTERED, key=len, reverse=True)
+    return list(_SORTED)
 
 
 def env_secret_values(env: Mapping[str, str]) -> list[str]:
