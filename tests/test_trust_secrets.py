@@ -322,6 +322,7 @@ def test_t2_secret_forms_are_registered_by_value_and_names_never_masked() -> Non
         "MY_SERVICE_TOKEN": "svc-token-0010", "DB_PASSWORD": "db-pass-0011",
         "MAX_TOKENS": "100000000", "NUM_TOKENS": "200000000", "TOKENIZERS_PARALLELISM": "false",
         "GOOGLE_APPLICATION_CREDENTIALS": "/etc/creds.json", "SHORT_KEY": "abc",
+        "TOKEN_BUDGET": "10000000", "GIT_AUTHOR_NAME": "Ada Lovelace", "AUTH_HOST": "localhost",
     }  # fmt: skip
     assert sorted(masking.env_secret_values(env)) == ["db-pass-0011", "svc-token-0010"]
     # A misspelled flag takes the class of its "did you mean" target; names stay whole.

@@ -124,15 +124,16 @@ def is_secret_flag(name: str) -> bool:
 
 _ENV_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE")
 _ENV_PUBLIC = re.compile(
-    r"(_TOKENS$|MAX_TOKENS|TOKENIZER|^SSH_AUTH_SOCK$|^XAUTHORITY$|_(ENV|FILE|PATH|DIR|SOCK)$|KEYBOARD"
-    r"|^RUNWATCH_LAUNCH$)"
+    r"(_TOKENS$|MAX_TOKENS|TOKENIZER|^SSH_AUTH_SOCK$|^XAUTHORITY$|KEYBOARD|AUTHOR|^RUNWATCH_LAUNCH$"
+    r"|_(ENV|FILE|PATH|DIR|SOCK|HOST|PORT|USER|NAME|EMAIL|TYPE|MODE|REGION|ID)$)"
 )
 
 
 def is_secret_env_name(name: str) -> bool:
     """True for a credential-named variable: its name holds KEY, TOKEN, SECRET, PASSWORD,
     CREDENTIAL, AUTH or COOKIE (any case), but not ``*_TOKENS``, ``MAX_TOKENS``, a tokenizer
-    setting or a name that holds a path (``*_FILE``, ``*_PATH``, ``*_ENV``, ``SSH_AUTH_SOCK``)."""
+    setting, an author, or a name that holds a path or a public part (``*_FILE``, ``*_PATH``,
+    ``*_ENV``, ``*_HOST``, ``*_USER``, ``*_ID``..., ``SSH_AUTH_SOCK``)."""
     upper = name.upper()
     return any(w in upper for w in _ENV_SECRET_WORDS) and not _ENV_PUBLIC.search(upper)
 
@@ -193,14 +194,19 @@ def registered() -> list[str]:
     return list(_SORTED)
 
 
+_NUMBER = re.compile(r"^\s*[-+]?[0-9_.,eE]+\s*$")
+"""A count or a size (``TOKEN_BUDGET=10000000``): never registered from a variable."""
+
+
 def env_secret_values(env: Mapping[str, str]) -> list[str]:
-    """The secret values of an environment: credential-named variables' values, and the secrets
-    inside any value (URL credentials, JSON or ``k=v`` credential keys)."""
+    """The secret values of an environment: credential-named variables' values (not paths nor
+    numbers), and the secrets inside any value (URL credentials, JSON or ``k=v`` credential
+    keys)."""
     out: list[str] = []
     for name, value in env.items():
         if not value:
             continue
-        if is_secret_env_name(name) and not value.startswith("/"):
+        if is_secret_env_name(name) and not value.startswith("/") and not _NUMBER.match(value):
             out.append(value)
             out.extend(_scheme_stripped(value))
         out.extend(value_secrets(value))
