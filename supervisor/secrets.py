@@ -106,7 +106,7 @@ def mask_known(value: Any, secrets: list[str] | None = None) -> Any:
     known = known_secrets() if secrets is None else secrets
     if isinstance(value, str):
         for s in known:
-            value = value.replace(s, "***") if len(s) >= MIN_SECRET_LEN else value
+            value = value.replace(s, MASK) if len(s) >= MIN_SECRET_LEN else value
         return mask_registered(value)
     if isinstance(value, (list, tuple)):
         return [mask_known(v, known) for v in value]

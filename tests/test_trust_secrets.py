@@ -340,3 +340,36 @@ def test_t2_secret_forms_are_registered_by_value_and_names_never_masked() -> Non
     assert masking.argv_secret_values(["--org-tokn", "org-value-0012"], ["--org-token"]) == [
         "org-value-0012"
     ]
+
+
+def test_t8_a_value_given_once_is_masked_by_later_processes_from_its_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``restart --set api-key=K`` is the only place K was ever given: the process that knew it
+    keeps its salted digest (never K), and a later process masks K in a log line it never saw
+    given; words of the same length that are not K stay."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    value = "given-once-" + os.urandom(6).hex()
+    code = (
+        "import sys\n"
+        "from supervisor.secrets import note_overrides, mask_text\n"
+        "if sys.argv[1] == 'give':\n"
+        "    note_overrides([('api-key', sys.argv[2]), ('max_token', '128')])\n"
+        "else:\n"
+        "    print(mask_text(sys.argv[2]))\n"
+    )
+
+    def child(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60,
+            check=True, env={**os.environ},
+        )  # fmt: skip
+        return done.stdout
+
+    child("give", value)
+    digests = tmp_path / "state" / "runwatch" / "secret-digests"
+    assert value not in digests.read_text()
+    assert digests.stat().st_mode & 0o777 == 0o600
+    other = "x" * len(value)
+    shown = child("show", f"client sent {value}, then {other} and max_token=128")
+    assert shown == f"client sent ***, then {other} and max_token=128\n"
