@@ -216,3 +216,19 @@ async def test_t6_the_host_masks_what_it_read_before_text_crosses_the_channel(
     text = json.dumps([listing, tail])
     assert env_value not in text and header_value not in text
     assert tail["lines"] == ["token *** accepted", "sent x-api-key: ***"]
+
+
+def test_t9_a_file_name_with_an_escape_sequence_is_shown_escaped(tmp_path: Path) -> None:
+    name = f"{TITLE}\x1b[2Jdata.jsonl"
+    path = tmp_path / name
+    record = {"sample_id": "B1-0", "output_ids": [1, 2], "prompt_tokens": 1,
+              "completion_tokens": 2, "finish_reason": "stop"}  # fmt: skip
+    path.write_text(json.dumps(record) + "\n")
+    done = _cli("scan", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout + done.stderr
+    assert escape_control(str(path)) in done.stdout
+    as_json = _cli("scan", str(path), "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    (entry,) = json.loads(as_json.stdout)["files"]
+    assert entry["path"] == str(path)  # the data keeps the real name
