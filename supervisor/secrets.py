@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -118,7 +119,10 @@ def mask_known(value: Any, secrets: list[str] | None = None) -> Any:
 # ------------------------------------------------------------------ values given once: digests
 
 DIGESTS_NAME = "secret-digests"
-_BOUNDARY = frozenset(" \t\n\r\"'`=:,;&@/()[]{}<>|")
+_BOUNDARY_RE = re.compile(r"""[\s"'`=:,;&@/()\[\]{}<>|]""")
+DIGEST_SCAN_MAX = 1 << 18
+"""Longest text searched for remembered values (256 KiB: a log tail, an event, an error; a bulk
+JSON listing holds no log text)."""
 _digests: dict[int, set[str]] = {}
 _salt: bytes = b""
 _seen: tuple[int, int] | None = None
@@ -205,22 +209,25 @@ def remember(values: Iterable[str]) -> None:
 
 def mask_digests(text: str) -> str:
     """``text`` with every word whose digest was remembered (:func:`remember`) masked: a word
-    starts and ends at a boundary (space, quote, ``=``, ``:``, ``,``, ``/``...)."""
+    starts and ends at a boundary (space, quote, ``=``, ``:``, ``,``, ``/``...). Text longer
+    than ``DIGEST_SCAN_MAX`` is left as it is (a bulk JSON listing holds no log text)."""
     _load()
-    if not _digests or len(text) < MIN_SECRET_LEN:
+    if not _digests or len(text) < min(_digests) or len(text) > DIGEST_SCAN_MAX:
         return text
+    n = len(text)
+    ends = {m.start() for m in _BOUNDARY_RE.finditer(text)}
+    ends.add(n)
     spans: list[tuple[int, int]] = []
-    i, n = 0, len(text)
-    while i < n:
-        if i == 0 or text[i - 1] in _BOUNDARY:
-            for length, digests in _digests.items():
-                end = i + length
-                bounded = end <= n and (end == n or text[end] in _BOUNDARY)
-                if bounded and _digest(text[i:end]) in digests:
-                    spans.append((i, end))
-                    i = end - 1
-                    break
-        i += 1
+    covered = 0
+    for start in [0, *(e + 1 for e in sorted(ends) if e < n)]:
+        if start < covered:
+            continue
+        for length, digests in _digests.items():
+            end = start + length
+            if end in ends and _digest(text[start:end]) in digests:
+                spans.append((start, end))
+                covered = end
+                break
     if not spans:
         return text
     out, last = [], 0
