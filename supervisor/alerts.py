@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from supervisor.config import AlertsConfig
 from supervisor.errors import ConfigError
 from supervisor.events import EVENT_KINDS, EVENTS_KEPT, Event, severity_rank
+from supervisor.secrets import mask_text
 
 SEND_TIMEOUT_S = 20.0
 
@@ -179,6 +180,7 @@ class Alerter:
         out = []
         for batch in batches:
             title, body, severity = compose(batch)
+            title, body = mask_text(title), mask_text(body)  # a payload never carries a secret
             self._sent_at.append(now)
             try:
                 ok = await asyncio.wait_for(

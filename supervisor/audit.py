@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.paths import state_dir
+from supervisor.secrets import mask_argv, mask_json_text, mask_text
 
 AUDIT_NAME = "audit.jsonl"
 
@@ -84,7 +84,7 @@ def append(entry: dict[str, Any]) -> None:
     """Append one JSON line with a single ``O_APPEND`` write."""
     path = audit_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(entry, sort_keys=True, default=str) + "\n").encode()
+    line = (mask_json_text(json.dumps(entry, sort_keys=True, default=str)) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         if os.fstat(fd).st_mode & 0o077:  # written by an older runwatch: the owner's only

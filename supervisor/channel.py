@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from supervisor.agent.masking import mask_json_text
 from supervisor.errors import AgentError, HostError, OutcomeUnknown
 
 ACTING_OPS = frozenset(
@@ -273,7 +274,7 @@ def _parse(text: str) -> dict[str, Any] | None:
     if start < 0:
         return None
     try:
-        msg = json.loads(line[start:])
+        msg = json.loads(mask_json_text(line[start:]))
     except ValueError:
         return None
     if not isinstance(msg, dict) or not isinstance(msg.get("id"), int):

@@ -149,7 +149,9 @@ class RunConfig(_Section):
     stall_seconds: float = 300.0
     """A dataset that has not grown for this long while its writer is alive is stalled."""
     env: dict[str, str] = {}
-    """Extra environment variables for the launched command (never secrets: see api_key_env)."""
+    """Extra environment variables for the launched command. Prefer ``api_key_env`` for an API
+    key; the values of credential-named variables (``*TOKEN*``, ``*KEY*``...) are masked in
+    every output."""
     settle_seconds: float = 2.0
     """After a launch, how long the new process must stay alive to count as started."""
     stop_grace_seconds: float = 10.0
@@ -282,6 +284,10 @@ class ClientProfile(_Section):
     its argparse source declares, read statically on the host)."""
     switches: list[str] = []
     """Those of ``known_flags`` that take no value (``--resume``)."""
+    secret_flags: list[str] = []
+    """Flags whose value is a secret besides those runwatch knows (``--api-key``, ``-k``,
+    ``--credentials-json``, credential ``--header`` values...): their values are masked in every
+    output (``secret_flags = ["--org-token"]``)."""
     path_defaults: dict[str, str] = {}
     """The value the script itself uses for a path flag its argv does not give (its argparse
     ``default=``): ``path_defaults = { "--output-dir" = "out" }``. Where data goes is read from the

@@ -10,12 +10,15 @@ One style throughout:
 - rates: ``0.42``, ``12.4``, ``1,990``, ``25.1 k`` with an optional unit (``tok/s``, ``req/s``);
 - sizes: ``812 MB``, ``38.8 MB``, ``1.0 GB`` (binary multiples, as ``free`` and ``top`` print);
 - shares: ``54%``;
-- text cut to fit (command lines, paths): ends in ``…`` (:func:`shorten`).
+- text cut to fit (command lines, paths): ends in ``…`` (:func:`shorten`);
+- text from hosts (argv, process and file names, log lines, ``/metrics``, Slurm fields): control
+  characters and escape sequences shown escaped, ``\\x1b`` (:func:`escape_control`).
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 UNKNOWN = "-"
 """What every function prints for ``None``."""
@@ -24,6 +27,27 @@ ELLIPSIS = "…"
 
 _COMPACT_UNITS = ("", "k", "M", "G", "T")
 _SIZE_UNITS = ("B", "KB", "MB", "GB", "TB", "PB")
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(m: re.Match[str]) -> str:
+    code = ord(m.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_control(text: str) -> str:
+    r"""``text`` with its control characters (all but tab and newline), escape sequences and
+    bidirectional overrides written as escapes, so that text from a host is shown as data and
+    never changes the terminal (its title, colours, cursor) or reorders what is shown.
+
+    >>> escape_control("ok\x1b]0;owned\x07 done")
+    'ok\\x1b]0;owned\\x07 done'
+    >>> escape_control("a\tb\nc\rd")
+    'a\tb\nc\\x0dd'
+    """
+    return _CONTROL.sub(_escaped, text)
 
 
 def count(n: float | None) -> str:

@@ -40,7 +40,6 @@ import msgspec
 
 from supervisor import audit, clients, display, launchspec, rates
 from supervisor import kill as kill_ops
-from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.match import client_path, script_index
 from supervisor.completeness import (
     completeness_line,
@@ -81,7 +80,7 @@ from supervisor.model import (
     UnitInfo,
 )
 from supervisor.provisional import provisional_view
-from supervisor.secrets import known_secrets, note_secrets
+from supervisor.secrets import known_secrets, mask_argv, mask_text, note_secrets
 
 if TYPE_CHECKING:
     from supervisor.agent.formats import BUILTIN_FORMATS

@@ -36,6 +36,7 @@ import msgspec
 
 from supervisor.config import AlertsConfig, Config
 from supervisor.model import DatasetView, HostView, ProcessInfo, RunView, Snapshot
+from supervisor.secrets import mask_text
 
 if TYPE_CHECKING:
     from supervisor.guard import GuardOutcome
@@ -92,6 +93,15 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     time: float
     lines: list[str] = []
     """Extra lines: the last lines of a dead run's log."""
+
+    def __post_init__(self) -> None:
+        # Every event is shown, written and sent: its texts are masked once, here.
+        for name in ("title", "message", "command"):
+            value = getattr(self, name)
+            if value:
+                msgspec.structs.force_setattr(self, name, mask_text(value))
+        if self.lines:
+            msgspec.structs.force_setattr(self, "lines", [mask_text(x) for x in self.lines])
 
     def text(self) -> str:
         """One line for humans: ``CRITICAL eagle3-kimi: Run died ... -> runwatch launch ...``."""

@@ -20,10 +20,12 @@ from pathlib import Path
 
 import msgspec
 
+from supervisor.agent.masking import is_secret_flag
 from supervisor.argv import apply_overrides, remove_flags
 from supervisor.config import RunConfig
 from supervisor.errors import ConfigError
 from supervisor.paths import state_dir
+from supervisor.secrets import mask_argv, mask_registered, mask_text
 
 SPEC_DIR = "launch-spec"
 
@@ -112,11 +114,28 @@ def load(run: str) -> LaunchSpec:
     return spec
 
 
+def secret_sets(spec: LaunchSpec) -> list[str]:
+    """Flags of ``spec`` set to a secret value (a secret flag, a misspelling of one, or a value
+    that holds a known secret): never written to the spec file, so they last one launch."""
+    return [
+        f
+        for f, v in spec.sets
+        if v is not None and (is_secret_flag(f) or mask_registered(v) != v or mask_text(v) != v)
+    ]
+
+
 def save(spec: LaunchSpec) -> Path:
-    """Write ``spec`` atomically, mode 0600 (the directory 0700)."""
+    """Write ``spec`` atomically, mode 0600 (the directory 0700), without its secret sets
+    (:func:`secret_sets`) and with its last argv masked."""
     path = spec_path(spec.run)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     spec.time = time.time()
+    secret = set(secret_sets(spec))
+    spec = msgspec.structs.replace(
+        spec,
+        sets=[(f, v) for f, v in spec.sets if f not in secret],
+        last_argv=mask_argv(spec.last_argv) if spec.last_argv is not None else None,
+    )
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as f:

@@ -63,6 +63,7 @@ from supervisor.launchspec import LaunchSpec
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import HostView, JobView, ProcessInfo, RunView, Snapshot
 from supervisor.runenv import launch_env
+from supervisor.secrets import note_overrides
 
 if TYPE_CHECKING:
     from supervisor.engine import Engine
@@ -219,6 +220,12 @@ class Plan:
             lines.append(
                 "  launch spec (kept for later launches; --reset drops it): " + ", ".join(kept)
             )
+            secret = launchspec.secret_sets(self.spec)
+            if secret:
+                lines.append(
+                    f"  not kept in the launch spec (secret values): {', '.join(secret)}; "
+                    "pass them again, or give them through the run's env"
+                )
         if self.secret_env:
             lines.append(f"  environment: {', '.join(self.secret_env)} passed from this machine")
         lines.append(f"  log: {self.paths['log']}")
@@ -310,6 +317,7 @@ async def make_plan(
     config = engine.config
     run = config.run(run_name)
     pairs = _as_pairs(overrides)
+    note_overrides(pairs, [f for c in config.clients.values() for f in c.secret_flags])
     removed = parse_unsets(unsets)
     stored = launchspec.load(run.name)
     base = launchspec.LaunchSpec(run=run.name, last_argv=stored.last_argv) if reset else stored

@@ -1,28 +1,85 @@
-"""The secret values runwatch knows (every endpoint's API key present in the environment), and
-masking them in whatever this process prints or writes.
+"""The secret values runwatch knows, and masking them in whatever this process prints or writes.
 
-The host masks by pattern before anything crosses the channel (``supervisor.agent.masking``);
-this adds the values themselves, which only the laptop knows.
+Every value runwatch knows to be a secret is registered once (``agent.masking.register``, one
+registry per process, shared with the masking functions of the agent package) and masked wherever
+it occurs: the values of credential-named variables of this environment and of a run's ``env``,
+of every endpoint's ``api_key_env``, of secret flags in a run's argv (built-in list plus the
+profile's ``secret_flags``, credential headers), URL credentials and credential keys inside JSON
+or ``k=v`` values, and the values of secret ``--set`` overrides. The host registers what it sees
+(process environments, launch environments) and masks before anything crosses the channel; the
+laptop masks again here. Masking by pattern (``mask_text``) stays as a second net.
+
+A value given once (``restart --set api-key=K``) is still in the run's log after the process
+that knew it has exited: its salted SHA-256 digest (never the value) is kept in
+``state_dir()/secret-digests`` (0600), and text is masked where a word of the same length has
+that digest (:func:`mask_digests`), in every process that shows the log later.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
-from collections.abc import Mapping
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from supervisor.agent.masking import MIN_SECRET_LEN
+from supervisor.agent import masking
+from supervisor.agent.masking import (
+    MIN_SECRET_LEN,
+    argv_secret_values,
+    env_secret_values,
+    register,
+    register_environ,
+    registered,
+    value_secrets,
+)
 from supervisor.agent.protocol import MASK
 from supervisor.config import Config
+from supervisor.paths import state_dir
 
-_NOTED: set[str] = set()
-"""Key variable names of every config loaded in this process (see :func:`note_secrets`)."""
+__all__ = [
+    "known_secrets",
+    "mask_argv",
+    "mask_json_text",
+    "mask_known",
+    "mask_registered",
+    "mask_text",
+    "note_overrides",
+    "note_secrets",
+    "secret_env_names",
+]
 
 
-def note_secrets(config: Config) -> None:
-    """Remember the key variables (``api_key_env``) of ``config``: from now on their values are
-    masked in everything this process prints or writes (:func:`known_secrets`)."""
-    _NOTED.update(e.api_key_env for e in config.endpoints if e.api_key_env)
+def note_secrets(config: Config, environ: Mapping[str, str] | None = None) -> None:
+    """Register every secret value ``config`` and this environment hold: the credential values of
+    the environment, every endpoint's ``api_key_env`` value, each run's ``env`` values that are
+    secrets and the secret values in each run's argv (with its profile's ``secret_flags``)."""
+    source = os.environ if environ is None else environ
+    register_environ(source)
+    register(source.get(e.api_key_env, "") for e in config.endpoints if e.api_key_env)
+    extra = [f for c in config.clients.values() for f in c.secret_flags]
+    for run in config.runs:
+        register(env_secret_values(run.env))
+        register(argv_secret_values(run.argv, extra))
+    for url in config.alerts.urls:
+        register(value_secrets(url))
+
+
+def note_overrides(
+    sets: Iterable[tuple[str, str | None]], secret_flags: Sequence[str] = ()
+) -> None:
+    """Register the values of secret ``--set`` overrides (``api-key=K``, a misspelled
+    ``api-ky=K`` whose "did you mean" target is secret, or a flag of ``secret_flags``)."""
+    argv: list[str] = []
+    for flag, value in sets:
+        if value is not None:
+            argv += [flag if flag.startswith("-") else "--" + flag, value]
+    values = argv_secret_values(argv, secret_flags)
+    register(values)
+    remember(values)
 
 
 def secret_env_names(config: Config) -> list[str]:
@@ -33,30 +90,169 @@ def secret_env_names(config: Config) -> list[str]:
 def known_secrets(
     config: Config | None = None, environ: Mapping[str, str] | None = None
 ) -> list[str]:
-    """The values runwatch knows to be secrets: every endpoint's ``api_key_env`` value present in
-    the environment (of ``config`` and of every config noted by :func:`note_secrets`), longest
-    first (so a key that contains another is masked whole)."""
-    source = os.environ if environ is None else environ
-    names = set(_NOTED)
+    """The values runwatch knows to be secrets, longest first (so a key that contains another is
+    masked whole): everything registered, plus those of ``config`` and ``environ`` (default this
+    process's environment), registered now."""
     if config is not None:
-        names.update(e.api_key_env for e in config.endpoints if e.api_key_env)
-    values = {source[n] for n in names if len(source.get(n) or "") >= MIN_SECRET_LEN}
-    return sorted(values, key=len, reverse=True)
+        note_secrets(config, environ)
+    else:
+        register_environ(os.environ if environ is None else environ)
+    return [v for v in registered() if len(v) >= MIN_SECRET_LEN]
 
 
 def mask_known(value: Any, secrets: list[str] | None = None) -> Any:
-    """``value`` (JSON-like: dicts, lists, strings) with every known secret value (default
-    :func:`known_secrets`) replaced by ``***`` wherever it occurs in a string or a key. Only
-    values are masked: what the host already masked by pattern stays as it came."""
+    """``value`` (JSON-like: dicts, lists, strings) with every known secret value (default: every
+    registered one) replaced by ``***`` wherever it occurs in a string or a key. Only values are
+    masked: what the host already masked by pattern stays as it came."""
     known = known_secrets() if secrets is None else secrets
-    if not known:
-        return value
     if isinstance(value, str):
         for s in known:
-            value = value.replace(s, MASK)
-        return value
+            value = value.replace(s, MASK) if len(s) >= MIN_SECRET_LEN else value
+        return mask_registered(value)
     if isinstance(value, (list, tuple)):
         return [mask_known(v, known) for v in value]
     if isinstance(value, dict):
         return {mask_known(k, known): mask_known(v, known) for k, v in value.items()}
     return value
+
+
+# ------------------------------------------------------------------ values given once: digests
+
+DIGESTS_NAME = "secret-digests"
+_BOUNDARY_RE = re.compile(r"""[\s"'`=:,;&@/()\[\]{}<>|]""")
+DIGEST_SCAN_MAX = 1 << 18
+"""Longest text searched for remembered values (256 KiB: a log tail, an event, an error; a bulk
+JSON listing holds no log text)."""
+_digests: dict[int, set[str]] = {}
+_salt: bytes = b""
+_seen: tuple[int, int] | None = None
+_checked = 0.0
+
+
+def _digests_path() -> Path:
+    return state_dir() / DIGESTS_NAME
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(_salt + value.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _load(force: bool = False) -> None:
+    """(Re)read the digests file when it changed (looked at most once a second)."""
+    global _salt, _seen, _checked
+    now = time.monotonic()
+    if not force and now - _checked < 1.0:
+        return
+    _checked = now
+    path = _digests_path()
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return
+    if (st.st_size, st.st_mtime_ns) == _seen:
+        return
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return
+    _seen = (st.st_size, st.st_mtime_ns)
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("salt "):
+        return
+    _salt = bytes.fromhex(lines[0].split()[1])
+    _digests.clear()
+    for line in lines[1:]:
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            _digests.setdefault(int(parts[0]), set()).add(parts[1])
+
+
+def _ensure_file(path: Path) -> None:
+    """The digests file, created whole (its salt line) or not at all."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, f"salt {os.urandom(16).hex()}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(FileExistsError):
+        os.link(tmp, path)  # never replaces a file another process made meanwhile
+    os.unlink(tmp)
+
+
+def remember(values: Iterable[str]) -> None:
+    """Keep the digests of ``values`` (at least ``MIN_SECRET_LEN`` long) for later processes."""
+    wanted = sorted({v.strip() for v in values if len(v.strip()) >= MIN_SECRET_LEN})
+    if not wanted:
+        return
+    path = _digests_path()
+    try:
+        _ensure_file(path)
+        _load(force=True)
+        new = [v for v in wanted if _digest(v) not in _digests.get(len(v), set())]
+        if not new:
+            return
+        lines = "".join(f"{len(v)} {_digest(v)}\n" for v in new)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            os.write(fd, lines.encode())
+        finally:
+            os.close(fd)
+        _load(force=True)
+    except OSError:
+        pass  # the value is still registered in this process; only later ones miss it
+
+
+def mask_digests(text: str) -> str:
+    """``text`` with every word whose digest was remembered (:func:`remember`) masked: a word
+    starts and ends at a boundary (space, quote, ``=``, ``:``, ``,``, ``/``...). Text longer
+    than ``DIGEST_SCAN_MAX`` is left as it is (a bulk JSON listing holds no log text)."""
+    _load()
+    if not _digests or len(text) < min(_digests) or len(text) > DIGEST_SCAN_MAX:
+        return text
+    n = len(text)
+    ends = {m.start() for m in _BOUNDARY_RE.finditer(text)}
+    ends.add(n)
+    spans: list[tuple[int, int]] = []
+    covered = 0
+    for start in [0, *(e + 1 for e in sorted(ends) if e < n)]:
+        if start < covered:
+            continue
+        for length, digests in _digests.items():
+            end = start + length
+            if end in ends and _digest(text[start:end]) in digests:
+                spans.append((start, end))
+                covered = end
+                break
+    if not spans:
+        return text
+    out, last = [], 0
+    for start, end in spans:
+        out += [text[last:start], MASK]
+        last = end
+    out.append(text[last:])
+    return "".join(out)
+
+
+def mask_registered(text: str) -> str:
+    """``text`` with every registered value and every remembered one masked (values only)."""
+    return mask_digests(masking.mask_registered(text))
+
+
+def mask_json_text(text: str) -> str:
+    """JSON text with every registered or remembered value masked inside its strings."""
+    return mask_digests(masking.mask_json_text(text))
+
+
+def mask_text(text: str, secrets: Iterable[str] | None = None) -> str:
+    """Free text masked by value (registered, remembered, ``secrets``) and by pattern."""
+    return mask_digests(masking.mask_text(text, secrets))
+
+
+def mask_argv(argv: Sequence[str], secrets: Iterable[str] | None = None) -> list[str]:
+    """An argv masked by value (registered, remembered, ``secrets``) and by pattern."""
+    return [mask_digests(a) for a in masking.mask_argv(argv, secrets)]

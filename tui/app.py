@@ -43,6 +43,7 @@ from tui.messages import (
 from tui.screens.dashboard import DashboardScreen
 from tui.widgets.events import EventsPanel
 from tui.widgets.fleet import run_key
+from tui.widgets.format import host_text, shown
 
 if TYPE_CHECKING:  # the guard loads when a budget policy first acts, not at start-up
     from supervisor.engine import BudgetEvent, GuardOutcome
@@ -127,7 +128,7 @@ class RunwatchApp(App[None]):
         first, self._first_refresh = self._first_refresh, None
         if first is not None and first.done() and not first.cancelled() and not first.exception():
             # Read from the hosts while Textual started: the first frame shows it.
-            self.on_snapshot_refreshed(SnapshotRefreshed(first.result()))
+            self.on_snapshot_refreshed(SnapshotRefreshed(shown(first.result())))
         else:
             self.refresh_now()  # joins the refresh under way, if any (Engine.refresh shares it)
         self.set_interval(self.refresh_seconds, self._tick, name="refresh")
@@ -149,12 +150,12 @@ class RunwatchApp(App[None]):
         except Exception as e:  # the engine itself failed (a host failing is in the snapshot)
             self.post_message(RefreshFailed(f"{type(e).__name__}: {e}"))
         else:
-            self.post_message(SnapshotRefreshed(snapshot))
+            self.post_message(SnapshotRefreshed(shown(snapshot)))
         finally:
             self._refreshing = False
 
     def _progressed(self, snapshot: Snapshot) -> None:
-        self.post_message(RefreshProgressed(snapshot))
+        self.post_message(RefreshProgressed(shown(snapshot)))
 
     def on_refresh_progressed(self, message: RefreshProgressed) -> None:
         if self.refreshes == 0:  # provisional counts only until the first refresh is done
@@ -209,7 +210,8 @@ class RunwatchApp(App[None]):
 
     def notify_event(self, event: Event) -> None:
         """Show ``event`` as a notification (with the command that acts on it) and in the events
-        panel; a critical one rings the terminal bell."""
+        panel; a critical one rings the terminal bell. Its texts are shown as data (``shown``)."""
+        event = shown(event)
         self.alerts.append(event)
         del self.alerts[:-EVENTS_KEPT]
         text = f"{event.message}\n→ {event.command}" if event.command else event.message
@@ -226,14 +228,14 @@ class RunwatchApp(App[None]):
             panel.toggle_class("-shown")
 
     def on_refresh_failed(self, message: RefreshFailed) -> None:
-        self.refresh_error = message.error
+        self.refresh_error = host_text(message.error)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """One place for workers that died with an error nobody handled."""
         if event.state == WorkerState.ERROR and event.worker.error is not None:
             error = event.worker.error
             self.notify(
-                f"{type(error).__name__}: {error}",
+                host_text(f"{type(error).__name__}: {error}"),
                 title=f"{event.worker.name} failed",
                 severity="error",
                 markup=False,

@@ -12,6 +12,7 @@ from supervisor.engine import SamplePreview
 from supervisor.errors import RunwatchError
 from supervisor.model import RunView
 from tui.engine import EngineLike
+from tui.widgets.format import host_text
 
 
 async def read_log_tail(engine: EngineLike, host: str, run: str, lines: int) -> list[str]:
@@ -19,10 +20,10 @@ async def read_log_tail(engine: EngineLike, host: str, run: str, lines: int) -> 
     try:
         tail = await engine.tail_log(host, run, lines)
     except RunwatchError as e:
-        return [f"({e.message})"]
+        return [host_text(f"({e.message})")]
     if not tail.exists:
-        return [f"(no log yet at {tail.path})"]
-    return list(tail.lines)
+        return [host_text(f"(no log yet at {tail.path})")]
+    return [host_text(line) for line in tail.lines]
 
 
 async def read_samples(engine: EngineLike, run: RunView, dataset: str, count: int) -> list[str]:
@@ -47,4 +48,4 @@ def render_sample(sample: SamplePreview) -> str:
     if sample.tokens is not None:
         head += f"  {display.count(sample.tokens)} tokens"
     body = sample.text if sample.text is not None else f"({sample.note})"
-    return f"{head}\n{body}"
+    return host_text(f"{head}\n{body}")

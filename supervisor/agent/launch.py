@@ -33,7 +33,14 @@ from supervisor.agent.datafiles import (
     sha256_file,
     tail_bytes,
 )
-from supervisor.agent.masking import mask_argv, mask_text
+from supervisor.agent.masking import (
+    argv_secret_values,
+    env_secret_values,
+    mask_argv,
+    mask_json_text,
+    mask_text,
+    register,
+)
 from supervisor.agent.proc import boot_id, identity_of, is_alive, poll_until
 from supervisor.agent.protocol import (
     FINGERPRINT_VERSION,
@@ -183,6 +190,8 @@ def launch(params: dict[str, Any]) -> LaunchResult:
     env_extra = param_str_dict(params, "env")
     secret_names = params.get("secret_env") or []
     secrets = [v for k, v in env_extra.items() if k in secret_names and v]
+    secrets += env_secret_values(env_extra) + argv_secret_values(argv)
+    register(secrets)
     log = resolve(param_str(params, "log"), workdir)
     lock_paths = _lock_paths(params, workdir)
     raw_files = params.get("data_files") or []
@@ -501,6 +510,7 @@ def write_fingerprint(params: dict[str, Any]) -> WriteFingerprintResult:
         fingerprint["prompts"] = _hashes(files, workdir)
     if isinstance(fingerprint.get("argv"), list):
         fingerprint["argv"] = mask_argv([str(a) for a in fingerprint["argv"]])
+    fingerprint = json.loads(mask_json_text(json.dumps(fingerprint)))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from supervisor.agent.masking import mask_argv
+from supervisor.agent.masking import argv_secret_values, env_secret_values, mask_argv, register
 from supervisor.agent.match import (
     RunFiles,
     client_for,
@@ -592,6 +592,7 @@ def process_record(
     The identity carries the argv masked (by pattern, and the known ``secrets`` values), so
     secrets never leave the host.
     """
+    register(argv_secret_values(argv))  # its log may print them: masked in every tail too
     masked = mask_argv(argv, secrets)
     gpu = None
     if gpu_per_pid is not None:
@@ -616,21 +617,27 @@ def process_record(
 
 
 def env_values(pid: int, names: Sequence[str]) -> list[str]:
-    """The values of the environment variables ``names`` in process ``pid`` (those it has and
-    this user may read) and in the agent's own environment."""
-    if not names:
-        return []
+    """The secret values in the environment of process ``pid`` (those this user may read): the
+    variables ``names`` and every credential-named variable (``masking.env_secret_values``), and
+    the same in the agent's own environment. They are registered: every text this agent sends
+    from now on has them masked (a log tail that prints the run's token)."""
     wanted = set(names)
     found = [os.environ[n] for n in wanted if os.environ.get(n)]
+    found += env_secret_values(os.environ)
     try:
         with open(f"{PROC}/{pid}/environ", "rb") as f:
             raw = f.read()
     except OSError:
+        register(found)
         return found
+    env: dict[str, str] = {}
     for item in raw.split(b"\0"):
         name, sep, value = item.partition(b"=")
-        if sep and value and name.decode("utf-8", "replace") in wanted:
-            found.append(value.decode("utf-8", "backslashreplace"))
+        if sep and value:
+            env[name.decode("utf-8", "replace")] = value.decode("utf-8", "backslashreplace")
+    found += [v for k, v in env.items() if k in wanted]
+    found += env_secret_values(env)
+    register(found)
     return found
 
 

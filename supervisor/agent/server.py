@@ -29,6 +29,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from supervisor.agent import firstpass, gpu, kill
 from supervisor.agent import proc as procs
+from supervisor.agent.masking import mask_json_text, register_environ
 from supervisor.agent.match import resolve_runs
 from supervisor.agent.protocol import (
     DEFAULT_SCRIPTS,
@@ -395,7 +396,8 @@ class Agent:
     # ------------------------------------------------------------ serving
 
     def write(self, obj: dict[str, Any]) -> None:
-        line = (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
+        text = mask_json_text(json.dumps(obj, separators=(",", ":")))
+        line = (text + "\n").encode("utf-8")
         with self.write_lock:
             if self.out is None:
                 return
@@ -476,6 +478,7 @@ def main() -> None:
     """Serve on stdin/stdout; stray prints of any module go to stderr, never into the protocol."""
     out = sys.stdout.buffer
     sys.stdout = sys.stderr
+    register_environ()  # the host's own credentials never leave it in clear
     agent = Agent(out)
     agent.serve(sys.stdin.buffer)
     with contextlib.suppress(OSError):

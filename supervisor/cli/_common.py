@@ -1,19 +1,22 @@
-"""What every command shares: config loading, error reporting, JSON output."""
+"""What every command shares: config loading, error reporting, JSON output, and the one output
+filter every line passes (secrets masked by value, control characters from hosts escaped)."""
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 import msgspec
 
 from supervisor.config import Config, load_config
+from supervisor.display import escape_control
 from supervisor.errors import ConfigError, RunwatchError, UsageError
-from supervisor.secrets import mask_known, note_secrets
+from supervisor.secrets import mask_json_text, mask_known, mask_registered, note_secrets
 
 DEFAULT_CONFIG_ENV = "RUNWATCH_CONFIG"
 
@@ -131,13 +134,76 @@ def print_json(value: Any) -> None:
     sys.stdout.write(msgspec.json.encode(mask_known(msgspec.to_builtins(value))).decode() + "\n")
 
 
+class SafeStream(io.TextIOBase):
+    """stdout or stderr as every command writes to it: each write has every registered secret
+    value masked (inside JSON strings only, for a JSON line) and its control characters escaped
+    (``display.escape_control``). runwatch's own terminal controls (the progress line's ``\\r``,
+    a screen clear) go through :func:`write_control`, never through text."""
+
+    def __init__(self, inner: TextIO) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def write(self, s: str) -> int:
+        if not isinstance(s, str):
+            raise TypeError("write() argument must be str")  # click asks: a text stream
+        masked = mask_json_text(s) if s.lstrip()[:1] in ("{", "[") else mask_registered(s)
+        self.inner.write(escape_control(masked))
+        return len(s)
+
+    def control(self, seq: str) -> None:
+        self.inner.write(seq)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def isatty(self) -> bool:
+        return self.inner.isatty()
+
+    def fileno(self) -> int:
+        return self.inner.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.inner, "encoding", None) or "utf-8"
+
+    @property
+    def errors(self) -> str | None:  # type: ignore[override]
+        return getattr(self.inner, "errors", None)
+
+
+def write_control(stream: TextIO, seq: str) -> None:
+    """Write runwatch's own terminal control ``seq`` (``\\r``, ``\\x1b[K``) as is."""
+    if isinstance(stream, SafeStream):
+        stream.control(seq)
+    else:
+        stream.write(seq)
+
+
 def run_cli(group: click.Group) -> None:
     """Run the CLI; a RunwatchError becomes one clear message on stderr and its exit status
-    (under ``--json``: ``{"error", "hint"}`` on stdout, with the same exit status)."""
+    (under ``--json``: ``{"error", "hint"}`` on stdout, with the same exit status). Everything
+    written to stdout and stderr meanwhile passes :class:`SafeStream`."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout = SafeStream(sys.stdout)
+    sys.stderr = SafeStream(sys.stderr)
+    try:
+        _run_cli(group)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = saved
+
+
+def _run_cli(group: click.Group) -> None:
     global _json_wanted
     _json_wanted = False  # set by the --json option of the command that runs
     try:
-        group.main(standalone_mode=False)
+        # color=True: click never strips escape sequences itself; SafeStream escapes them all.
+        group.main(standalone_mode=False, color=True)
     except RunwatchError as e:
         if _json_wanted:
             print_json({"error": e.message, "hint": e.hint})

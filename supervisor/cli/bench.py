@@ -20,6 +20,7 @@ from supervisor.cli._common import (
     json_option,
     print_json,
     resolve_config_path,
+    write_control,
 )
 
 if TYPE_CHECKING:
@@ -65,8 +66,9 @@ class _ProgressLine:
         if not self.enabled:
             return
         elapsed = time.monotonic() - self.started
+        write_control(sys.stderr, "\r")
         sys.stderr.write(
-            f"\r  bench: {display.count(done)}/{display.count(total)} requests "
+            f"  bench: {display.count(done)}/{display.count(total)} requests "
             f"({display.share(done, total)}), {display.duration(elapsed)} "
         )
         sys.stderr.flush()
@@ -74,7 +76,7 @@ class _ProgressLine:
 
     def clear(self) -> None:
         if self.drawn:
-            sys.stderr.write("\r\x1b[K")
+            write_control(sys.stderr, "\r\x1b[K")
             sys.stderr.flush()
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from supervisor import display
-from supervisor.cli._common import config_option, get_config, json_option, print_json
+from supervisor.cli._common import config_option, get_config, json_option, print_json, write_control
 from supervisor.errors import UsageError
 
 DATA_FILE = "raw_responses.jsonl"
@@ -122,12 +122,13 @@ class _Progress:
             return
         self.last = now
         self.shown = True
-        sys.stderr.write(f"\rscanning {self.path}  {display.share(done, total):>4}")
+        write_control(sys.stderr, "\r")
+        sys.stderr.write(f"scanning {self.path}  {display.share(done, total):>4}")
         sys.stderr.flush()
 
     def close(self) -> None:
         if self.shown:
-            sys.stderr.write("\r\x1b[K")
+            write_control(sys.stderr, "\r\x1b[K")
             sys.stderr.flush()
 
 

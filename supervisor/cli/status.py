@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from supervisor import display
-from supervisor.cli._common import config_option, get_config, json_option, print_json
+from supervisor.cli._common import config_option, get_config, json_option, print_json, write_control
 from supervisor.engine import describe_job
 
 if TYPE_CHECKING:
@@ -266,7 +266,8 @@ async def _watch(config: Any, seconds: float, as_json: bool) -> None:
                 if sys.stdout.isatty():
                     size = shutil.get_terminal_size()
                     text = fit_screen(text, size.lines, size.columns)
-                sys.stdout.write(CLEAR + text)
+                write_control(sys.stdout, CLEAR)
+                sys.stdout.write(text)
                 sys.stdout.flush()
             await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
 
@@ -289,14 +290,15 @@ class _Progress:
             scan = display.scanning(p.files_done, p.files_total, p.bytes_done, p.bytes_total)
             parts.append(f"{h.name}: {lines} responses in {len(counted)} datasets; {scan}")
         if parts:
-            sys.stderr.write("\r" + "; ".join(parts)[: shutil.get_terminal_size().columns - 1])
-            sys.stderr.write("\x1b[K")
+            write_control(sys.stderr, "\r")
+            sys.stderr.write("; ".join(parts)[: shutil.get_terminal_size().columns - 1])
+            write_control(sys.stderr, "\x1b[K")
             sys.stderr.flush()
             self.shown = True
 
     def done(self) -> None:
         if self.shown:
-            sys.stderr.write("\r\x1b[K")
+            write_control(sys.stderr, "\r\x1b[K")
             sys.stderr.flush()
             self.shown = False
 

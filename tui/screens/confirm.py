@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
+
+from tui.widgets.format import plain
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -31,7 +32,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
-            yield Static(Text(self.question), id="question")
+            yield Static(plain(self.question), id="question")
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel", variant="primary", compact=True)
                 yield Button(self.confirm, id="confirm", variant="warning", compact=True)

@@ -18,7 +18,7 @@ from supervisor import display
 from supervisor.engine import KillReport
 from supervisor.model import RunView
 from tui.messages import PidOutcome, RunKilled
-from tui.widgets.format import error_text
+from tui.widgets.format import error_text, host_text, plain
 
 if TYPE_CHECKING:
     from tui.app import RunwatchApp
@@ -56,14 +56,19 @@ def identity_table(run: RunView, width: int | None = None) -> Table:
 
     def fit(text: str, lines: int) -> Text:
         if width is None:
-            return Text(text)
-        return Text(display.shorten(text, width - _LABEL, lines), no_wrap=True, overflow="ellipsis")
+            return plain(text)
+        cut = display.shorten(host_text(text), width - _LABEL, lines)
+        return Text(cut, no_wrap=True, overflow="ellipsis")
 
     table.add_row("pid", Text(str(p.identity.pid), style="bold"))
     if p.unit is not None:  # the whole unit is stopped, whatever its members did
-        table.add_row("unit", f"{p.unit.launch_id} ({p.unit.held_by}): every member is stopped")
-    table.add_row("user", f"{p.user} (uid {p.identity.uid})")
-    table.add_row("started", f"tick {p.identity.start_time} of boot {p.identity.boot_id[:8]}")
+        table.add_row(
+            "unit", plain(f"{p.unit.launch_id} ({p.unit.held_by}): every member is stopped")
+        )
+    table.add_row("user", plain(f"{p.user} (uid {p.identity.uid})"))
+    table.add_row(
+        "started", plain(f"tick {p.identity.start_time} of boot {p.identity.boot_id[:8]}")
+    )
     kids = ", ".join(str(c) for c in p.children)
     table.add_row("children", fit(f"{len(p.children)}" + (f": {kids}" if kids else ""), 1))
     # The argv last: a long one is what gets cut (with an ellipsis), never who else is stopped.
@@ -203,7 +208,7 @@ class KillScreen(ModalScreen[bool]):
             results.add_row(
                 Text(str(o.pid)),
                 Text(o.outcome, style=_OUTCOME_STYLE.get(o.outcome, "")),
-                Text(o.detail),
+                plain(o.detail),
             )
         results.display = bool(message.outcomes)
         outcome = self.query_one("#outcome", Static)
@@ -212,7 +217,7 @@ class KillScreen(ModalScreen[bool]):
         else:
             refused = [o for o in message.outcomes if o.outcome == "refused"]
             if refused:
-                outcome.update(Text(f"Refused: {refused[0].detail}", style="bold red"))
+                outcome.update(plain(f"Refused: {refused[0].detail}", style="bold red"))
             else:
                 n = len(message.outcomes)
                 plural = "es" if n != 1 else ""

@@ -22,7 +22,7 @@ from supervisor.engine import ActionResult, Plan, Step, start_refused_event
 from supervisor.model import RunView
 from tui.messages import PlanFinished, PlanMade, StepChanged
 from tui.screens.confirm import ConfirmScreen
-from tui.widgets.format import error_text
+from tui.widgets.format import error_text, host_text, plain
 
 if TYPE_CHECKING:
     from tui.app import RunwatchApp
@@ -71,7 +71,7 @@ def steps_table(steps: list[dict[str, str]]) -> Table:
         table.add_row(
             Text(f"{mark}", style=style),
             Text(f"{i}. {step['name']}"),
-            Text(detail, style="dim" if step["state"] == "pending" else ""),
+            plain(detail, style="dim" if step["state"] == "pending" else ""),
         )
     return table
 
@@ -87,14 +87,21 @@ def diff_text(plan: Plan) -> Table:
         table.add_row("running now", Text(f"pid {plan.old.identity.pid}", style="bold"))
     else:
         table.add_row("running now", "nothing")
-    table.add_row("new argv", " ".join(shlex.quote(a) for a in mask_argv(plan.argv, plan.secrets)))
+    table.add_row(
+        "new argv", plain(" ".join(shlex.quote(a) for a in mask_argv(plan.argv, plan.secrets)))
+    )
     changes = plan.argv_diff()
     for d in changes:
         old = "(absent)" if d["old"] is None else str(d["old"])
         new = "(absent)" if d["new"] is None else str(d["new"])
         table.add_row(
             "changes",
-            Text.assemble((f"{d['flag']}: ", "bold"), (old, "red"), " → ", (new, "green")),
+            Text.assemble(
+                (host_text(f"{d['flag']}: "), "bold"),
+                (host_text(old), "red"),
+                " → ",
+                (host_text(new), "green"),
+            ),
         )
     if not changes:
         table.add_row("changes", "none: the same argv as " + ("now" if plan.old else "the config"))
@@ -108,9 +115,14 @@ def diff_text(plan: Plan) -> Table:
         new = "(absent)" if d["new"] is None else str(d["new"])
         table.add_row(
             "last launch",
-            Text.assemble((f"{d['flag']}: ", "bold"), (old, "red"), " → ", (new, "green")),
+            Text.assemble(
+                (host_text(f"{d['flag']}: "), "bold"),
+                (host_text(old), "red"),
+                " → ",
+                (host_text(new), "green"),
+            ),
         )
-    table.add_row("log", str(plan.paths.get("log", "-")))
+    table.add_row("log", plain(str(plan.paths.get("log", "-"))))
     return table
 
 
@@ -253,7 +265,7 @@ class RestartScreen(Screen[None]):
             self.query_one(f"#{button_id}", Button).disabled = not enabled
 
     def _problem(self, text: str, step: str | None) -> None:
-        body = Text(text, style="bold red")
+        body = plain(text, style="bold red")
         remedy = REMEDIES.get(step or "")
         if remedy:
             body.append("\n" + remedy, style="yellow")

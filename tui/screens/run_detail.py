@@ -19,6 +19,7 @@ from supervisor.model import DatasetView, HostView, RunView
 from tui.messages import LogTailRead, SamplesRead
 from tui.widgets.dataset_table import warning_text
 from tui.widgets.fleet import host_header, run_header
+from tui.widgets.format import plain
 from tui.widgets.serving import RunPlot
 
 if TYPE_CHECKING:
@@ -42,16 +43,16 @@ def process_table(run: RunView) -> Table:
             "process",
             Text("none: no process writes this run's datasets", style="yellow")
             if known
-            else Text(f"unknown: {run.state_detail or 'not listed yet'}", style="dim"),
+            else plain(f"unknown: {run.state_detail or 'not listed yet'}", style="dim"),
         )
         if run.last_unit is not None and run.ending is not None:
-            table.add_row("last launch", f"{run.state_detail or run.ending}")
+            table.add_row("last launch", plain(f"{run.state_detail or run.ending}"))
         return table
     table.add_row("pid", Text(f"{p.identity.pid}", style="bold"))
     if run.held_by is not None:
         unit = f"  unit {p.unit.launch_id}" if p.unit is not None else ""
-        table.add_row("held by", f"{run.held_by}{unit}")
-    table.add_row("user", f"{p.user} (uid {p.identity.uid})")
+        table.add_row("held by", plain(f"{run.held_by}{unit}"))
+    table.add_row("user", plain(f"{p.user} (uid {p.identity.uid})"))
     table.add_row("uptime", display.duration(p.uptime_s))
     table.add_row("cpu / rss", f"{display.percent(p.cpu_percent)}  {display.mebibytes(p.rss_mb)}")
     gpu = (
@@ -61,14 +62,15 @@ def process_table(run: RunView) -> Table:
     )
     table.add_row("GPU memory", gpu)
     table.add_row(
-        "backend", f"{p.flags.backend}" + (f"  {p.flags.api_base}" if p.flags.api_base else "")
+        "backend",
+        plain(f"{p.flags.backend}" + (f"  {p.flags.api_base}" if p.flags.api_base else "")),
     )
     if p.flags.model:
-        table.add_row("model", p.flags.model)
-    table.add_row("cwd", p.cwd or "-")
+        table.add_row("model", plain(p.flags.model))
+    table.add_row("cwd", plain(p.cwd or "-"))
     kids = ", ".join(str(c) for c in p.children) or "none"
     table.add_row("children", f"{len(p.children)}: {kids}" if p.children else kids)
-    table.add_row("argv", Text(" ".join(p.argv_masked or list(p.identity.argv)), style="bold"))
+    table.add_row("argv", plain(" ".join(p.argv_masked or list(p.identity.argv)), style="bold"))
     return table
 
 

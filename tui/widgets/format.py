@@ -1,11 +1,75 @@
-"""Bars, sparklines and error text for the dashboard (numbers are written by
-``supervisor.display``)."""
+"""Bars, sparklines, error text and text from hosts for the dashboard (numbers are written by
+``supervisor.display``).
+
+Text from hosts is data: every snapshot the dashboard renders passes :func:`shown` (control
+characters and escape sequences written as ``\\x1b``, secrets masked by value) and a string
+put in a Rich table passes :func:`plain` (a ``Text``, never parsed as markup)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, TypeVar
 
+import msgspec
+from rich.text import Text
+
+from supervisor.display import escape_control
 from supervisor.errors import RunwatchError
+from supervisor.secrets import mask_registered
+
+T = TypeVar("T")
+
+_KEPT_FIELDS = frozenset(("identity",))
+"""Fields :func:`shown` leaves as they are: a process's identity is what a kill checks on the
+host, never shown as such (its argv is shown through ``argv_masked``)."""
+
+
+def host_text(text: str) -> str:
+    """``text`` from a host as shown: secrets masked by value, control characters escaped."""
+    return escape_control(mask_registered(text))
+
+
+def plain(text: str, style: str = "") -> Text:
+    """``text`` from a host as a Rich ``Text``: shown as :func:`host_text`, never as markup."""
+    return Text(host_text(text), style=style)
+
+
+def shown(value: T) -> T:
+    """``value`` (a snapshot, an event, a list of them) with every string shown as
+    :func:`host_text`; objects that have nothing to escape are returned as they are."""
+    return _shown(value)  # type: ignore[no-any-return]
+
+
+def _shown(value: Any) -> Any:
+    if isinstance(value, str):
+        out = host_text(value)
+        return value if out == value else out
+    if isinstance(value, msgspec.Struct):
+        changed = {}
+        for name in value.__struct_fields__:
+            if name in _KEPT_FIELDS:
+                continue
+            old = getattr(value, name)
+            new = _shown(old)
+            if new is not old:
+                changed[name] = new
+        return msgspec.structs.replace(value, **changed) if changed else value
+    if isinstance(value, list):
+        items = [_shown(v) for v in value]
+        return items if any(a is not b for a, b in zip(items, value, strict=False)) else value
+    if isinstance(value, tuple):
+        items = [_shown(v) for v in value]
+        return (
+            tuple(items) if any(a is not b for a, b in zip(items, value, strict=False)) else value
+        )
+    if isinstance(value, dict):
+        pairs = {_shown(k): _shown(v) for k, v in value.items()}
+        same = all(a is b for a, b in zip(pairs.values(), value.values(), strict=False)) and len(
+            pairs
+        ) == len(value)
+        return value if same else pairs
+    return value
+
 
 _SPARK = "▁▂▃▄▅▆▇█"
 _FULL = "█"
@@ -41,4 +105,5 @@ def sparkline(values: Sequence[float], width: int) -> str:
 
 def error_text(e: BaseException) -> str:
     """An error as shown in a dialog: runwatch's own with its hint, others with their type."""
-    return str(e) if isinstance(e, RunwatchError) else f"{type(e).__name__}: {e}"
+    text = str(e) if isinstance(e, RunwatchError) else f"{type(e).__name__}: {e}"
+    return host_text(text)
