@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from supervisor import audit
+from supervisor import audit, runlock
 from supervisor.alerts import Alerter, Delivery, check_alerts
 from supervisor.autorestart import AutoRestart
 from supervisor.errors import RunwatchError
@@ -36,7 +36,9 @@ from supervisor.events import (
     Event,
     EventTracker,
     audited_restart_event,
+    audited_stop_event,
     budget_event,
+    busy_key,
     moved_key,
     stop_key,
     with_lines,
@@ -178,10 +180,18 @@ class Watcher:
             f"watching {len(cfg.hosts)} host(s), {len(cfg.runs)} run(s) every "
             f"{self.interval:g} s; alerts to {targets}"
         )
+        # Restarts a previous watcher of this config intended and did not make (it was killed
+        # during a backoff): taken over, or abandoned with the reason as a critical event.
+        taken, abandoned = self.restarts.take_over()
+        for text in taken:
+            self.note(text)
+        self._audit_events.extend(abandoned)
         while not stop.is_set():
             started = time.monotonic()
             try:
                 await self.tick()
+                if self.ticks == 1:
+                    self.note(self._first_look())
             except RunwatchError as e:
                 self.note(f"refresh failed: {e}")
             except Exception as e:  # a watcher keeps going: say what failed, try again next tick
@@ -201,7 +211,10 @@ class Watcher:
                 self._expected.add(stop_key(event.host, event.run, event.identity.pid))
 
         outcomes = await engine.enforce_budget(snap, before_act=deliberate)
-        expected = self._expected | self.audited_stops() | engine.stopping
+        # The runs an action holds first, then the audit log: a stop holds its run's lock until
+        # its audit record is written, so a run the refresh saw gone is in one or the other.
+        busy = self.busy_runs()
+        expected = self._expected | busy | self.audited_stops() | engine.stopping
         events = self.tracker.update(snap, expected)
         events += self._audit_events
         self._audit_events = []
@@ -225,6 +238,22 @@ class Watcher:
         del self.deliveries[:-EVENTS_KEPT]
         self.ticks += 1
         return events
+
+    def busy_runs(self) -> set[str]:
+        """``events.busy_key`` of each configured run an action holds now (its lock, from any
+        runwatch: a kill from another terminal may have stopped it before its audit record)."""
+        cfg = self.engine.config
+        return {busy_key(r.host, r.name) for r in cfg.runs if runlock.holder(cfg, r.name)}
+
+    def _first_look(self) -> str:
+        """``first refresh: running demo; stopped other``: what the watcher starts from."""
+        snap = self.engine.last
+        runs = [r for h in (snap.hosts if snap else []) for r in h.runs if r.configured]
+        states: dict[str, list[str]] = {}
+        for r in runs:
+            states.setdefault(r.state, []).append(r.name)
+        said = "; ".join(f"{state} {', '.join(names)}" for state, names in sorted(states.items()))
+        return f"first refresh: {said or 'no configured run seen'}"
 
     def audited_stops(self) -> set[str]:
         """Processes stopped through runwatch (kill, restart, budget stop) since this watcher
@@ -251,6 +280,8 @@ class Watcher:
             if at >= self.started and seen not in self._audit_seen:
                 self._audit_seen.add(seen)
                 ev = audited_restart_event(self.engine.config, rec)
+                if ev is None and not audit.by_this_process(rec):
+                    ev = audited_stop_event(self.engine.config, rec)
                 if ev is not None:
                     self._audit_events.append(ev)
             action = rec.get("action")

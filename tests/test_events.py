@@ -201,7 +201,8 @@ def test_a_run_that_finished_its_datasets_did_not_die_and_all_done_is_said_once(
             msgspec.structs.replace(running, datasets=[msgspec.structs.replace(ds, records=5,
                                                                                unique_ids=5)])])])
     )  # fmt: skip
-    assert sorted(e.kind for e in tracker.update(live)) == ["all-done", "dataset-done"]
+    # Done while it runs: responses in flight still land, so the figure is not final yet.
+    assert sorted(e.kind for e in tracker.update(live)) == ["all-done"]
     stopped = Snapshot(
         time=2.0,
         hosts=[
@@ -212,6 +213,10 @@ def test_a_run_that_finished_its_datasets_did_not_die_and_all_done_is_said_once(
             )
         ],
     )
+    # It ended by itself: finished, not died; its datasets done with the final figure, once.
+    ended = tracker.update(stopped)
+    assert sorted(e.kind for e in ended) == ["dataset-done", "finished"]
+    assert next(e for e in ended if e.kind == "dataset-done").message.startswith("done: 10 ")
     assert tracker.update(stopped) == []
 
 
