@@ -83,3 +83,47 @@ def test_a_torn_tail_repaired_under_a_running_run_is_no_loss(tmp_path: Path) -> 
     alarm = watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True)
     assert alarm is not None
     assert [r["action"] for r in audit.read()] == ["data-loss"]
+
+
+def test_w15_a_scan_stopped_at_its_text_budget_then_a_torn_tail_repair_is_no_loss(
+    tmp_path: Path,
+) -> None:
+    """A scan that stops early (its texts budget full, as under load with a backlog) reads no
+    tail: the file's size then counts the record being written. Its repair is no loss."""
+    data = tmp_path / "out.jsonl"
+    complete = _rows(5)
+    data.write_text(complete + '{"conversation_id": 5, "conv')  # a record being written
+    scanner, watch = Scanner(max_text_bytes=1), DataLossWatch()
+    first = scanner.scan(str(data), fmt="modelopt")
+    assert first["texts_more"] and first["offset"] < first["size"]  # stopped early
+    assert watch.observe("h", "r", first, True) is None
+    os.truncate(data, len(complete))  # the torn tail cut off (the writer was killed mid-record)
+    for _ in range(6):  # the scan catches up, a record per call
+        assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    assert watch.alarms() == {}
+    assert not [r for r in audit.read() if r["action"] == "data-loss"]
+
+
+def test_w15_runwatchs_own_move_aside_from_another_process_is_no_loss(tmp_path: Path) -> None:
+    """A restart with --move-aside (the dashboard's, or ``runwatch restart`` in another terminal)
+    puts a new file in place of a big one under a running run: its audit record says runwatch did
+    it, so no alarm; the same change without that record is an alarm."""
+    data = tmp_path / "out.jsonl"
+    data.write_text(_rows(50))
+    scanner, watch = Scanner(), DataLossWatch()
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    os.rename(data, tmp_path / "out.jsonl.legacy")
+    audit.record("move-aside", host="h", run="r", ok=True, path=str(data), to="x", size=1)
+    data.write_text(_rows(2, 100))  # the relaunched client's first records
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    with data.open("a") as f:
+        f.write(_rows(2, 102))
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+
+    other = tmp_path / "other.jsonl"
+    other.write_text(_rows(50))
+    assert watch.observe("h", "r", scanner.scan(str(other), fmt="modelopt"), True) is None
+    other.write_text(_rows(2, 100))  # no move-aside of this path: data loss
+    alarm = watch.observe("h", "r", scanner.scan(str(other), fmt="modelopt"), True)
+    assert alarm is not None and str(other) in alarm
+    assert [r["action"] for r in audit.read()] == ["move-aside", "data-loss"]
