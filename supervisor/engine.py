@@ -41,7 +41,12 @@ from supervisor import audit, clients, display, rates, runlock
 from supervisor import kill as kill_ops
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.match import client_path, script_index
-from supervisor.completeness import completeness_line, sidecar_line, with_client_parts
+from supervisor.completeness import (
+    completeness_line,
+    settle_missing,
+    sidecar_line,
+    with_client_parts,
+)
 from supervisor.config import Config, HostConfig, RunConfig, bad_name
 from supervisor.dataloss import DataLossWatch
 from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
@@ -837,6 +842,11 @@ class Engine:
                     "its unit's waiter was killed: a process that left the tree and dropped the "
                     "launch token cannot be found"
                 )
+            finished = (
+                state == "stopped" and last_unit is not None and (last_unit.ending == "finished")
+            )
+            for dv in datasets:
+                settle_missing(dv, finished)
             if state in ("stopped", "zombie"):  # no writer: a partial last line is torn
                 for dv in datasets:
                     if dv.state == "ok" and dv.partial_tail_bytes > 0:

@@ -203,8 +203,13 @@ class CompletenessView(msgspec.Struct, kw_only=True):
     failed: int = 0
     """Input ids only in an error or skipped file."""
     missing: int = 0
-    """Input ids with neither."""
+    """Input ids with neither that the client passed (it answered a later row), or, once the run
+    finished by itself short of its limits, every input id with neither."""
     missing_first: list[str | int] = []
+    not_reached: int = 0
+    """Input ids after the last row answered: not attempted yet (a run still going, or one that
+    stopped at its ``--max-samples`` or budget). Never missing."""
+    not_reached_first: list[str | int] = []
     not_in_input: int = 0
     """Record ids the input does not hold."""
     not_in_input_first: list[str | int] = []

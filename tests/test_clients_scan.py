@@ -50,7 +50,8 @@ def test_specforge_completeness_and_sidecars(tmp_path: Path) -> None:
     assert c["done"] == 4  # s0..s3 (s3 twice: a duplicate)
     assert c["duplicates"] == 1
     assert c["failed"] == 3  # s4, s5, s6 in the error file
-    assert c["missing"] == 3 and c["missing_first"] == ["s7", "s8", "s9"]
+    # s7..s9 come after the last row answered (s6): not attempted yet, not missing.
+    assert c["missing"] == 0 and c["not_reached_first"] == ["s7", "s8", "s9"]
     assert c["not_in_input"] == 1 and c["not_in_input_first"] == ["s99"]
     assert r["sidecars"]["error"]["lines"] == 3
     assert r["sidecars"]["error"]["reasons"] == {
@@ -61,7 +62,8 @@ def test_specforge_completeness_and_sidecars(tmp_path: Path) -> None:
     view = completeness_view(r)
     assert view is not None
     line = completeness_line(view)
-    assert "4 / 10 done" in line and "3 failed" in line and "3 missing (s7, s8, s9)" in line
+    assert "4 / 10 done" in line and "3 failed" in line and "3 not attempted yet" in line
+    assert "missing" not in line
     kinds = [s.kind for s in sidecar_views(r)]
     assert kinds == ["error", "skipped"]
 

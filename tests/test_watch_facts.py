@@ -179,3 +179,39 @@ async def test_w14_a_second_action_on_a_run_waits_then_refuses_naming_the_holder
     kills = [r for r in audit.read() if r["action"] == "kill"][1:]
     assert len(kills) == 2 and all(r["ok"] for r in kills), kills
     wait_until(lambda: runlock.holder(config, "demo") is None, 10, what="the lock released")
+
+
+async def test_w16_rows_not_attempted_are_not_missing_unless_the_run_claims_its_input(
+    tmp_path: Path,
+    state_home: Path,
+    even_endpoint: Any,
+    kill_runs_in: list[Path],
+    receiver: Receiver,
+) -> None:
+    # B1 has 30 prompts; the run stops at --max-samples 10: 20 rows never attempted.
+    demo = DemoRun(
+        tmp_path, even_endpoint.url, datasets=("B1",), max_samples=10, prompts=30, concurrency=1
+    )
+    kill_runs_in.append(demo.workdir)
+    with_alerts(demo, receiver)
+    async with actions.engine_for(demo) as engine:
+        launched = await actions.launch(engine, "demo")
+        assert launched.ok, actions.why(launched)
+        async with watching(engine, tmp_path) as (watcher, _lines):
+            await wait_for(
+                lambda: (c := b1(engine).completeness) is not None and 0 < c.done < 10,
+                60,
+                what="the run part way",
+            )
+            running = b1(engine).completeness
+            assert running is not None and running.missing == 0
+            assert running.not_reached == 30 - running.done
+            await wait_for(lambda: kinds(watcher.events, "finished"), 90, what="its end")
+            ended = b1(engine)
+    c = ended.completeness
+    assert c is not None and (c.input, c.done) == (30, 10)
+    assert c.missing == 0 and c.not_reached == 20
+    from supervisor.engine import completeness_line
+
+    line = completeness_line(c)
+    assert "10 / 30 done" in line and "20 not attempted yet" in line and "missing" not in line

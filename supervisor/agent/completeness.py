@@ -150,7 +150,8 @@ class Companions:
         id_key: str,
         sidecars: dict[str, Any],
     ) -> dict[str, Any]:
-        """Input ids against output ids: done, failed (only in a sidecar), missing, not in input."""
+        """Input ids against output ids: done, failed (only in a sidecar), missing (passed by the
+        client without an answer), not reached yet, not in input."""
         keys, error = self.input_keys(input_path, id_key)
         result: dict[str, Any] = {
             "input_path": input_path,
@@ -166,7 +167,18 @@ class Companions:
             cached = self.sidecars.get(side.get("path", ""))
             if cached is not None:
                 failed_ids |= cached.ids
-        missing = [k for k in keys if k not in done_ids and k not in failed_ids]
+        # The client goes through its input in order: the rows up to the last one it answered
+        # (or failed) are passed; one of those without an answer is missing. The rows after it
+        # are not reached yet (a running run, or one stopped at its --max-samples).
+        passed = -1
+        for n, k in enumerate(keys):
+            if k in done_ids or k in failed_ids:
+                passed = n
+        unanswered = [
+            (n, k) for n, k in enumerate(keys) if k not in done_ids and k not in failed_ids
+        ]
+        missing = [k for n, k in unanswered if n < passed]
+        later = [k for n, k in unanswered if n > passed]
         strangers = [k for k in done_ids if k not in wanted]
         result.update(
             {
@@ -176,6 +188,8 @@ class Companions:
                 "failed": len((failed_ids & wanted) - done_ids),
                 "missing": len(missing),
                 "missing_first": [_shown_id(k) for k in missing[:MAX_IDS_SHOWN]],
+                "not_reached": len(later),
+                "not_reached_first": [_shown_id(k) for k in later[:MAX_IDS_SHOWN]],
                 "not_in_input": len(strangers),
                 "not_in_input_first": sorted(
                     (_shown_id(k) for k in strangers[: MAX_IDS_SHOWN * 10]), key=str

@@ -298,7 +298,11 @@ class Completeness(TypedDict, total=False):
     failed: int
     """Input ids only in a sidecar (error or skipped)."""
     missing: int
+    """Input ids the client passed (a later row is answered) without an answer."""
     missing_first: list[Any]
+    not_reached: int
+    """Input ids after the last answered row: not attempted yet."""
+    not_reached_first: list[Any]
     not_in_input: int
     not_in_input_first: list[Any]
 
