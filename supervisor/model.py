@@ -340,6 +340,12 @@ class RunView(msgspec.Struct, kw_only=True):
     windows)."""
     history: list[float] = []
     """The run's tokens/s over the last hours, oldest first (persisted across restarts)."""
+    last_rates: Rates | None = None
+    """A run that is not running: its rate over the last window while it ran (from the persisted
+    history), kept so that a finished run's endpoint is still measured; None when none holds
+    enough responses."""
+    last_rates_at: float | None = None
+    """When ``last_rates`` ends (Unix seconds): the run's last observation while alive."""
     endpoint: str | None = None
     """Name of the ``[[endpoints]]`` entry the run sends its requests to."""
     held_by: Literal["cgroup", "token", "adopted"] | None = None

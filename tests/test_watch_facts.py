@@ -215,3 +215,32 @@ async def test_w16_rows_not_attempted_are_not_missing_unless_the_run_claims_its_
 
     line = completeness_line(c)
     assert "10 / 30 done" in line and "20 not attempted yet" in line and "missing" not in line
+
+
+async def test_w17_compare_keeps_an_endpoints_last_rate_with_its_age_after_the_run_ends(
+    tmp_path: Path,
+    state_home: Path,
+    even_endpoint: Any,
+    kill_runs_in: list[Path],
+    receiver: Receiver,
+) -> None:
+    demo = DemoRun(tmp_path, even_endpoint.url, datasets=("B1", "B2"), max_samples=12)
+    kill_runs_in.append(demo.workdir)
+    with_alerts(demo, receiver)
+    from supervisor.engine import comparison_from, format_lines
+
+    async with actions.engine_for(demo) as engine:
+        launched = await actions.launch(engine, "demo")
+        assert launched.ok, actions.why(launched)
+        async with watching(engine, tmp_path) as (watcher, _lines):
+            await wait_for(lambda: kinds(watcher.events, "finished"), 90, what="its end")
+        snap = engine.last
+        assert snap is not None
+        result = comparison_from(demo.config, snap, [])
+    (mock,) = [r for r in result.rates if r.endpoint == "mock"]
+    # Measured while it ran (about 2 x 150 tok/s), kept with its age once it finished.
+    assert mock.out_tok_per_s is not None and 50 < mock.out_tok_per_s < 1000
+    assert mock.source.startswith("last live rate, measured ")
+    assert "(run demo: " in mock.source and "not running now" in mock.source
+    assert mock.measured_at is not None and mock.measured_at <= snap.time
+    assert not any(line.rstrip().endswith(": -") for line in format_lines(result))
