@@ -6,16 +6,22 @@ returns the events of one refresh:
 
 - conditions, reported once when they start and again only after they have cleared: a dataset
   over its budget (while its writer runs without ``--token-budget``), projected waste above a
-  threshold, stalled, duplicate ids, dataset done, all done, host lost (its clearing is
-  ``host-back``);
-- transitions between two refreshes: a run died (seen running, then seen gone, not stopped on
-  purpose: ``expected_stops`` holds :func:`stop_key` keys of processes runwatch stopped), a data
-  file shrank.
+  threshold, stalled, duplicate ids, all done, host lost (its clearing is ``host-back``);
+- transitions between two refreshes, from facts: a run seen running is gone and it ``finished``
+  (exit 0, or every dataset done) or died (a non-zero or signalled exit, or unknown, with its
+  datasets not done), unless it was stopped through runwatch (its unit says ``stopped``;
+  ``expected_stops`` holds :func:`stop_key` keys of processes runwatch stopped and
+  :func:`busy_key` keys of runs an action holds now); a dataset done, once per figure with its
+  final figure (see :meth:`EventTracker._done`); a data file shrank.
+
+Stops through runwatch from any front end are ``stopped`` events made from their audit records
+(:func:`audited_stop_event`: who and from where); a restart a previous watcher intended and this
+one cannot keep is ``restart-abandoned`` (:func:`abandoned_event`).
 
 A host that does not answer keeps its conditions as they were (nothing clears, nothing fires on
 stale values). With ``report_initial=False`` (the dashboard) the conditions already true at the
 first refresh are taken as known and not reported; ``runwatch watch`` reports problems found at
-start, but not datasets already done.
+start, but not datasets already done (nor all done).
 
 Events of actions (the budget policy, automatic restarts) are made by :func:`budget_event` and
 :func:`restart_event`; a start the gate refused (a rollback, a restart on failure: it would

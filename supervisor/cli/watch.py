@@ -32,9 +32,11 @@ from supervisor.cli._common import config_option, get_config, json_option
 def watch(config_path: str | None, as_json: bool, standby: bool, interval: float | None) -> None:
     """Watch every host headless: budget policy, alerts, restarts on failure, until stopped.
 
-    Events: run-died, stalled, over-budget, waste, dataset-done, all-done, host-lost, host-back,
-    restart-done, restart-failed, restart-rolled-back, restart-gave-up, start-refused,
-    budget-policy, duplicates, data-shrank. Each names the command that acts on it.
+    Events: run-died, finished, stopped, stalled, over-budget, waste, dataset-done, all-done,
+    host-lost, host-back, restart-done, restart-failed, restart-rolled-back, restart-gave-up,
+    restart-abandoned, start-refused, budget-policy, duplicates, data-shrank. Each names the
+    command that acts on it. A restart waiting for its backoff is written in the state dir: a
+    watcher started after one was killed takes it over, or says why it abandons it.
     """
     import asyncio
     import signal
