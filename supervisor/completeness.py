@@ -47,6 +47,22 @@ LIMITS = ("max_samples", "token_budget")
 """The stop conditions short of the input's end (``Projection.etas``)."""
 
 
+def discount_in_flight(view: DatasetView, concurrency: int | None) -> None:
+    """A running client with ``concurrency`` requests in flight: the missing rows fewer than
+    that before the last row answered may still be answered (a later row overtook them); they
+    are ``in_flight``, not missing."""
+    c = view.completeness
+    if c is None or not concurrency or concurrency < 2 or not c.missing_near:
+        return
+    flying = [shown for distance, shown in c.missing_near if 0 < int(distance) < concurrency]
+    if not flying:
+        return
+    c.in_flight = len(flying)
+    c.missing = max(0, c.missing - len(flying))
+    gone = set(map(str, flying))
+    c.missing_first = [i for i in c.missing_first if str(i) not in gone]
+
+
 def settle_missing(view: DatasetView, finished: bool) -> None:
     """A run that ``finished`` by itself (exit 0) without reaching a limit of the dataset claims
     its whole input: the rows it never reached are missing too. A run still going, or stopped at
@@ -77,6 +93,8 @@ def completeness_line(c: CompletenessView) -> str:
         shown = ", ".join(str(i) for i in c.missing_first[:3])
         more = ", ..." if c.missing > len(c.missing_first[:3]) else ""
         parts.append(f"{display.count(c.missing)} missing ({shown}{more})")
+    if c.in_flight:
+        parts.append(f"{display.count(c.in_flight)} in flight")
     if c.not_reached:
         parts.append(f"{display.count(c.not_reached)} not attempted yet")
     if c.not_in_input:

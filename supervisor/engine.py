@@ -43,6 +43,7 @@ from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.match import client_path, script_index
 from supervisor.completeness import (
     completeness_line,
+    discount_in_flight,
     settle_missing,
     sidecar_line,
     with_client_parts,
@@ -847,6 +848,8 @@ class Engine:
             )
             for dv in datasets:
                 settle_missing(dv, finished)
+                if state == "running" and proc is not None:
+                    discount_in_flight(dv, proc.flags.concurrency)
             if state in ("stopped", "zombie"):  # no writer: a partial last line is torn
                 for dv in datasets:
                     if dv.state == "ok" and dv.partial_tail_bytes > 0:

@@ -210,6 +210,11 @@ class CompletenessView(msgspec.Struct, kw_only=True):
     """Input ids after the last row answered: not attempted yet (a run still going, or one that
     stopped at its ``--max-samples`` or budget). Never missing."""
     not_reached_first: list[str | int] = []
+    in_flight: int = 0
+    """Rows just before the last one answered, fewer than the running client's concurrency:
+    requests still in flight, not missing."""
+    missing_near: list[list[str | int]] = []
+    """``[distance to the last row answered, id]`` of the missing rows nearest it."""
     not_in_input: int = 0
     """Record ids the input does not hold."""
     not_in_input_first: list[str | int] = []

@@ -28,6 +28,7 @@ from supervisor.engine import (
     EventTracker,
     budget_event,
     moved_key,
+    set_origin,
     stop_key,
 )
 from supervisor.model import HostView, RunView, Snapshot
@@ -381,5 +382,7 @@ def make_app(
 ) -> RunwatchApp:
     """The app, with its engine injected (the real ``supervisor.engine.Engine`` in production).
 
-    ``first_refresh``: ``engine.refresh()`` already under way (see ``RunwatchApp``)."""
+    ``first_refresh``: ``engine.refresh()`` already under way (see ``RunwatchApp``). What the
+    app does is audited as done from the dashboard."""
+    set_origin("dashboard")
     return RunwatchApp(config, engine, refresh_seconds=refresh_seconds, first_refresh=first_refresh)

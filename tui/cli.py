@@ -36,9 +36,8 @@ async def _dashboard(config: Any, refresh_seconds: float | None) -> None:
     import contextlib
     import importlib
 
-    from supervisor.engine import Engine, set_origin
+    from supervisor.engine import Engine
 
-    set_origin("dashboard")
     engine = Engine(config)
     first = asyncio.ensure_future(engine.refresh())
     # The app reports what the first refresh raised, if anything: here it is only retrieved.

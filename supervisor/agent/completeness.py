@@ -30,6 +30,8 @@ def remembered_id(value: Any) -> Any:
 MAX_REASONS = 10
 """Distinct reasons listed per sidecar file (the rest are summed in ``other_reasons``)."""
 MAX_IDS_SHOWN = 10
+MAX_NEAR = 256
+"""Missing rows reported with their distance to the last row answered (in-flight candidates)."""
 """Missing ids (and ids not in the input) listed by a completeness result."""
 MAX_REASON_CHARS = 160
 
@@ -177,8 +179,12 @@ class Companions:
         unanswered = [
             (n, k) for n, k in enumerate(keys) if k not in done_ids and k not in failed_ids
         ]
-        missing = [k for n, k in unanswered if n < passed]
+        passed_over = [(n, k) for n, k in unanswered if n < passed]
+        missing = [k for _, k in passed_over]
         later = [k for n, k in unanswered if n > passed]
+        # The missing rows nearest the last one answered, with their distance to it: a running
+        # client's requests in flight (fewer than its concurrency) are not missing yet.
+        near = [[passed - n, _shown_id(k)] for n, k in passed_over[-MAX_NEAR:]]
         strangers = [k for k in done_ids if k not in wanted]
         result.update(
             {
@@ -188,6 +194,7 @@ class Companions:
                 "failed": len((failed_ids & wanted) - done_ids),
                 "missing": len(missing),
                 "missing_first": [_shown_id(k) for k in missing[:MAX_IDS_SHOWN]],
+                "missing_near": near,
                 "not_reached": len(later),
                 "not_reached_first": [_shown_id(k) for k in later[:MAX_IDS_SHOWN]],
                 "not_in_input": len(strangers),
