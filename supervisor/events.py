@@ -613,6 +613,8 @@ def audited_stop_event(config: Config, record: dict[str, Any]) -> Event | None:
     if record.get("action") != "kill" or not record.get("run"):
         return None
     host, run = str(record.get("host")), str(record.get("run"))
+    if not any(rc.name == run and rc.host == host for rc in config.runs):
+        return None  # the audit log is shared: another config's run of the same name
     ident = record.get("identity") if isinstance(record.get("identity"), dict) else {}
     what = (
         f"job {ident.get('job_id')}"

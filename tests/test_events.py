@@ -270,3 +270,24 @@ def test_an_audited_restart_is_done_failed_or_rolled_back() -> None:
     assert failed is not None and failed.kind == "restart-failed"
     assert rolled is not None and rolled.kind == "restart-rolled-back"
     assert "(rolled back)" in rolled.message and "exited at once" in rolled.message
+
+
+def test_w13_an_audited_stop_says_who_and_from_where_for_this_configs_runs_only() -> None:
+    from supervisor.events import audited_stop_event
+
+    config = fixed_config()
+    by = "ana@laptop, pid 77, runwatch kill"
+    base = {"action": "kill", "host": "gpu-box", "run": "eagle3-kimi", "time": 5.0, "by": by}
+    ok = audited_stop_event(config, {**base, "ok": True, "identity": {"pid": 42}})
+    assert ok is not None and (ok.kind, ok.severity) == ("stopped", "info")
+    assert ok.message == f"Stopped through runwatch (pid 42) by {by}."
+    failed = audited_stop_event(
+        config, {**base, "ok": False, "identity": {"pid": 42}, "detail": "refused: busy\nmore"}
+    )
+    assert failed is not None and failed.severity == "warning"
+    assert failed.message.endswith("failed: refused: busy")
+    job = audited_stop_event(config, {**base, "ok": True, "identity": {"job_id": "12"}})
+    assert job is not None and "(job 12)" in job.message
+    # The audit log is shared by every config: another config's run is not this one's.
+    assert audited_stop_event(config, {**base, "ok": True, "run": "someone-elses"}) is None
+    assert audited_stop_event(config, {**base, "ok": True, "host": "elsewhere"}) is None
