@@ -244,3 +244,32 @@ async def test_w17_compare_keeps_an_endpoints_last_rate_with_its_age_after_the_r
     assert "(run demo: " in mock.source and "not running now" in mock.source
     assert mock.measured_at is not None and mock.measured_at <= snap.time
     assert not any(line.rstrip().endswith(": -") for line in format_lines(result))
+
+
+async def test_w12_done_is_said_with_the_final_figure_not_at_the_budget_with_requests_in_flight(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    receiver: Receiver,
+) -> None:
+    # Four requests in flight, of varied lengths, when the budget is reached: they land after it.
+    demo = DemoRun(
+        tmp_path, slow_endpoint.url, datasets=("B1",), max_samples=300, concurrency=4,
+        extra_argv=("--token-budget", "500"),
+    )  # fmt: skip
+    kill_runs_in.append(demo.workdir)
+    with_alerts(demo, receiver)
+    async with actions.engine_for(demo) as engine:
+        launched = await actions.launch(engine, "demo")
+        assert launched.ok, actions.why(launched)
+        async with watching(engine, tmp_path) as (watcher, lines):
+            assert any("first refresh: running demo" in line for line in lines), lines
+            await wait_for(lambda: kinds(watcher.events, "finished"), 90, what="its end")
+            await wait_for(lambda: kinds(watcher.events, "dataset-done"), 30, what="done")
+            ds = b1(engine)
+    final = demo.complete_ids("B1")
+    assert ds.records == len(final) and ds.completion_tokens >= 500
+    (done,) = kinds(watcher.events, "dataset-done")
+    assert done.message == f"done: {len(final):,} responses, {ds.completion_tokens:,} tokens"
+    assert not kinds(watcher.events, "run-died")
