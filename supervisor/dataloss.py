@@ -34,14 +34,13 @@ class _Seen:
     at: float
 
 
-def complete_bytes(scan: Mapping[str, Any]) -> int:
-    """The bytes of a scanned file up to the end of its last complete record, as the scan read
-    them (``offset``). Not ``size`` less the partial tail: a scan that stopped early (its text
-    budget full) reads no tail, and the file's size then counts a record still being written,
-    which a later torn-tail repair removes."""
-    offset = scan.get("offset")
-    if offset is not None:
-        return int(offset)
+def complete_bytes(scan: Mapping[str, Any]) -> int | None:
+    """The bytes of a scanned file up to the end of its last complete record; None when the scan
+    stopped early (its texts budget full, ``texts_more``): it read no tail, so the file's size
+    would count a record still being written (which a torn-tail repair later removes), and its
+    offset may be short of records it has not read yet."""
+    if scan.get("texts_more"):
+        return None
     return int(scan.get("size") or 0) - int(scan.get("partial_tail_bytes") or 0)
 
 
@@ -72,10 +71,14 @@ class DataLossWatch:
         before = self._seen.get(key)
         state = scan.get("state")
         now = time.time()
-        if state == "ok":
+        complete = complete_bytes(scan) if state == "ok" else None
+        if state == "ok" and complete is None:
+            # Read part way: its size is not known this time (the last one seen is kept).
+            size = before.size if before is not None else 0
+        elif state == "ok" and complete is not None:
             # Complete records only: a partial last line is not data yet, and its removal (the
             # torn-tail repair of runwatch or of the client itself) loses nothing.
-            size = complete_bytes(scan)
+            size = complete
             self._seen[key] = _Seen(size, scan.get("stream"), now)
         elif state == "missing":
             size = 0

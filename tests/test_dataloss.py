@@ -127,3 +127,24 @@ def test_w15_runwatchs_own_move_aside_from_another_process_is_no_loss(tmp_path: 
     alarm = watch.observe("h", "r", scanner.scan(str(other), fmt="modelopt"), True)
     assert alarm is not None and str(other) in alarm
     assert [r["action"] for r in audit.read()] == ["move-aside", "data-loss"]
+
+
+def test_w15_a_launch_measures_complete_bytes_so_a_clients_own_tail_cut_is_no_loss(
+    tmp_path: Path,
+) -> None:
+    """The launch's check (a data file smaller after it than before it is data loss) compares
+    complete bytes: a client that cuts its own torn last line when it resumes loses nothing; a
+    scan that stopped early counts only what it read."""
+    from supervisor.gate import complete_size
+
+    data = tmp_path / "out.jsonl"
+    complete = _rows(5)
+    data.write_text(complete + '{"conversation_id": 5, "conv')
+    before = complete_size(Scanner().scan(str(data), fmt="modelopt", validate="none"))
+    assert before == len(complete)
+    os.truncate(data, len(complete))  # the client's own repair when it resumes
+    after = complete_size(Scanner().scan(str(data), fmt="modelopt", validate="none"))
+    assert after == before
+    early = Scanner(max_text_bytes=1).scan(str(data), fmt="modelopt")
+    assert early["texts_more"] and 0 < complete_size(early) < len(complete)
+    assert complete_size({"path": str(data), "state": "missing"}) == 0
