@@ -106,6 +106,7 @@ if TYPE_CHECKING:
     from supervisor.plan import Action, ActionResult, OnStep, Plan, Step
     from supervisor.samples import LatestSamples, SamplePreview
     from supervisor.slurm import describe as describe_job
+    from supervisor.stops import StopLedger
     from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
     from supervisor.watch import Watcher, WatchLock, WatchLocked, watch
 
@@ -134,6 +135,7 @@ _LAZY: dict[str, str] = {
     "moved_key": "supervisor.events",
     "start_refused_event": "supervisor.events",
     "stop_key": "supervisor.events",
+    "StopLedger": "supervisor.stops",
     "BudgetEvent": "supervisor.guard",
     "GuardOutcome": "supervisor.guard",
     "Action": "supervisor.plan",
@@ -1183,6 +1185,7 @@ __all__ = [
     "SamplePreview",
     "Scanner",
     "Step",
+    "StopLedger",
     "Tokenizer",
     "WatchLock",
     "WatchLocked",

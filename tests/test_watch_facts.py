@@ -18,7 +18,7 @@ import pytest
 from supervisor import audit, runlock
 from supervisor.engine import Engine
 from tests import fixtures_actions as actions
-from tests.fixtures_actions import API_KEY, DemoRun, run_pids
+from tests.fixtures_actions import API_KEY, KEY_ENV, DemoRun, run_pids
 from tests.fixtures_alerts import Receiver
 from tests.test_watch import running_pid, watching, with_alerts
 from tests.waiting import wait_for, wait_until
@@ -273,3 +273,44 @@ async def test_w12_done_is_said_with_the_final_figure_not_at_the_budget_with_req
     (done,) = kinds(watcher.events, "dataset-done")
     assert done.message == f"done: {len(final):,} responses, {ds.completion_tokens:,} tokens"
     assert not kinds(watcher.events, "run-died")
+
+
+async def test_w13_the_dashboard_takes_a_kill_from_another_terminal_for_a_stop_not_a_death(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    spawn: Any,
+) -> None:
+    """A run started by hand (adopted: no unit records how it ended) is stopped with `runwatch
+    kill` in another terminal while the dashboard is open: the audit log says runwatch stopped
+    it, so the dashboard raises no "run died"."""
+    import os
+
+    from supervisor.engine import Engine as RealEngine
+    from tui.app import make_app
+
+    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
+    kill_runs_in.append(demo.workdir)
+    env = {**os.environ, KEY_ENV: API_KEY}
+    by_hand = spawn(demo.argv, cwd=demo.workdir, env=env, stdout=subprocess.DEVNULL)
+    config = demo.config
+    app = make_app(config, RealEngine(config), refresh_seconds=0.3)
+    async with app.run_test(size=(120, 36)):
+
+        def state() -> str | None:
+            snap = app.snapshot
+            runs = [r for h in (snap.hosts if snap else []) for r in h.runs if r.name == "demo"]
+            return runs[0].state if runs else None
+
+        await wait_for(lambda: state() == "running", 60, what="the dashboard sees it running")
+        proc = kill_cli(demo)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out + err
+        assert by_hand.wait(30) is not None
+        await wait_for(lambda: state() == "stopped", 30, what="the dashboard sees it stopped")
+        seen = app.refreshes
+        await wait_for(lambda: app.refreshes >= seen + 3, 30, what="three more refreshes")
+    assert not [a for a in app.alerts if a.kind == "run-died"], [a.message for a in app.alerts]
+    (kill,) = [r for r in audit.read() if r["action"] == "kill"]
+    assert kill["ok"] is True and kill["identity"]["pid"] == by_hand.pid

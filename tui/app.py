@@ -26,6 +26,7 @@ from supervisor.engine import (
     EVENTS_KEPT,
     Event,
     EventTracker,
+    StopLedger,
     budget_event,
     moved_key,
     set_origin,
@@ -113,6 +114,7 @@ class RunwatchApp(App[None]):
         (``supervisor.events``, as ``runwatch watch`` reports them; conditions true at start-up
         are not notified)."""
         self._events = EventTracker(config, report_initial=False)
+        self._stops = StopLedger(config)
         self.refreshes = 0
         """Number of snapshots received (tests wait on it)."""
         self._expected_stops: set[str] = set()
@@ -164,7 +166,8 @@ class RunwatchApp(App[None]):
     def on_snapshot_refreshed(self, message: SnapshotRefreshed) -> None:
         now = time.monotonic()
         self._expected_moves = {k: t for k, t in self._expected_moves.items() if t > now}
-        expected = self._expected_stops | set(self._expected_moves)
+        # What any runwatch stopped or moved (another terminal's kill, the watcher's restart).
+        expected = self._expected_stops | set(self._expected_moves) | self._stops.expected()
         for event in self._events.update(message.snapshot, expected):
             self.notify_event(event)
         # A deliberate stop is expected until that process is seen gone (or replaced).
