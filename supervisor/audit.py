@@ -8,14 +8,17 @@ runwatch processes never interleave their lines. argv is stored masked (``***`` 
 Record fields: ``time`` (Unix seconds), ``action`` (``kill``, ``launch``, ``restart``,
 ``move-aside``, ``repair``, ``budget``), ``host``, ``run``, ``ok``, ``identity`` (the process acted
 on or started, or None), ``argv`` (masked), ``steps`` (``[{"name", "ok", "detail"}]``), plus any
-action-specific keys; a start the gate refused (a ``rollback``, an ``auto-restart``) has
-``refused`` and the ``command`` that starts the run keeping its output.
+action-specific keys, and ``by``: who acted and from where (``user@machine, pid N, runwatch
+kill``: the front end that :func:`set_origin` named); a start the gate refused (a ``rollback``,
+an ``auto-restart``) has ``refused`` and the ``command`` that starts the run keeping its output.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,23 @@ from supervisor.paths import state_dir
 from supervisor.secrets import mask_argv, mask_json_text, mask_text
 
 AUDIT_NAME = "audit.jsonl"
+_origin = "runwatch"
+
+
+def set_origin(origin: str) -> None:
+    """Name the front end this process acts from (``runwatch kill``, ``dashboard``, ``runwatch
+    watch``): every record it writes says so in ``by``."""
+    global _origin
+    _origin = origin
+
+
+def actor() -> str:
+    """Who acts and from where: ``user@machine, pid N, <front end>``."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}, pid {os.getpid()}, {_origin}"
 
 
 def audit_path() -> Path:
@@ -49,6 +69,16 @@ def _masked(value: Any, secrets: list[str]) -> Any:
     return value
 
 
+def by_this_process(entry: dict[str, Any]) -> bool:
+    """Whether ``entry`` was written by this process (its ``by`` names this pid and machine)."""
+    parts = str(entry.get("by") or "").split(", ")
+    return (
+        len(parts) >= 2
+        and parts[1] == f"pid {os.getpid()}"
+        and (parts[0].endswith(f"@{socket.gethostname()}"))
+    )
+
+
 def record(
     action: str,
     *,
@@ -71,6 +101,7 @@ def record(
         "identity": identity,
         "argv": argv,
         "steps": steps or [],
+        "by": actor(),
     }
     entry.update(extra)
     from supervisor.secrets import known_secrets

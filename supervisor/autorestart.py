@@ -14,19 +14,25 @@ Uptime is never bought with data: a restart the gate refuses because the client 
 its output (``supervisor.gate``: a client that resumes only with its flag, started without it)
 is not tried again; a critical ``start-refused`` event names the command that starts the run
 keeping its output, and the run stays stopped until someone does.
+
+A restart waiting for its backoff is written down first (``supervisor.intents``): a watcher
+killed meanwhile leaves it in the state dir, and the next watcher of the config takes it over
+(:meth:`AutoRestart.take_over`) or says why it abandons it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from supervisor import audit
+from supervisor import audit, intents
 from supervisor.errors import RunwatchError
-from supervisor.events import Event, gave_up_event, restart_event
+from supervisor.events import Event, abandoned_event, gave_up_event, restart_event
 from supervisor.model import Snapshot
 
 if TYPE_CHECKING:
@@ -40,6 +46,7 @@ class _Restarts:
     """When each automatic restart of the window was attempted (monotonic seconds)."""
     due: float | None = None
     gave_up: bool = False
+    reason: str = ""
 
 
 class AutoRestart:
@@ -80,7 +87,73 @@ class AutoRestart:
                 out.append(self._gave_up(ev.host, ev.run, len(st.times)))
                 continue
             st.due = now + rc.restart_backoff_seconds * (2 ** len(st.times))
+            self._intend(ev.run, st, f"run-died: {ev.message}")
         return out
+
+    def _intend(self, run: str, st: _Restarts, reason: str) -> None:
+        """Write the restart's intent before its backoff (``supervisor.intents``)."""
+        if st.due is None:
+            return
+        st.reason = reason
+        now = time.time()
+        intent = intents.Intent(
+            run=run,
+            host=st.host,
+            attempt=len(st.times) + 1,
+            not_before=now + max(0.0, st.due - self.clock()),
+            reason=reason,
+            written=now,
+            by=audit.actor(),
+        )
+        intents.write(self.engine.config, intent)
+
+    def _forget(self, run: str) -> None:
+        intents.remove(self.engine.config, run)
+
+    def take_over(self) -> tuple[list[str], list[Event]]:
+        """The restarts a previous watcher of this config intended and did not make: each one
+        scheduled here (its attempt count and time kept), or abandoned with the reason. Returns
+        notes (taken over) and events (abandoned: the run may stay down)."""
+        cfg = self.engine.config
+        notes: list[str] = []
+        events: list[Event] = []
+        found, bad = intents.pending(cfg)
+        for path, error in bad:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            events.append(
+                abandoned_event(cfg, "*", path.stem, f"its intent {path} is unreadable: {error}")
+            )
+        now, mono = time.time(), self.clock()
+        for it in found:
+            why: str | None = None
+            try:
+                rc = cfg.run(it.run)
+            except RunwatchError:
+                rc = None
+                why = "the run is no longer in the config"
+            if rc is not None and rc.on_exit != "restart":
+                why = f'the run\'s on_exit is now "{rc.on_exit}", not "restart"'
+            elif rc is not None and rc.host != it.host:
+                why = f"the run moved to host {rc.host} (the intent was for {it.host})"
+            if why is not None:
+                intents.remove(cfg, it.run)
+                events.append(
+                    abandoned_event(
+                        cfg, it.host, it.run, f"{why}; {it.reason} ({intents.age_text(it, now)})"
+                    )
+                )
+                continue
+            st = self._runs.setdefault(it.run, _Restarts(host=it.host))
+            st.times = deque([mono] * max(0, it.attempt - 1))
+            st.due = mono + max(0.0, it.not_before - now)
+            st.gave_up = False
+            st.reason = it.reason
+            notes.append(
+                f"took over the pending restart of {it.run} (attempt {it.attempt}, due in "
+                f"{max(0.0, it.not_before - now):.0f} s; {it.reason}; {intents.age_text(it, now)})"
+            )
+        return notes, events
 
     async def step(self, snapshot: Snapshot) -> list[Event]:
         """Restart every run whose time has come (and that is still not running)."""
@@ -96,6 +169,8 @@ class AutoRestart:
                 if st.gave_up:
                     st.gave_up = False
                     st.times.clear()
+                if st.due is not None:
+                    self._forget(name)
                 st.due = None
                 continue
             if st.due is None or now < st.due:
@@ -126,6 +201,7 @@ class AutoRestart:
                 else f"{failed.name if failed else 'launch'}: {failed.detail if failed else ''}"
             )
         ok = result is not None and result.ok
+        self._forget(name)
         audit.record(
             "auto-restart",
             host=st.host,
@@ -145,6 +221,7 @@ class AutoRestart:
             return events
         if len(st.times) < rc.restart_max:
             st.due = self.clock() + rc.restart_backoff_seconds * (2 ** len(st.times))
+            self._intend(name, st, f"{why} failed: {detail}")
         else:
             st.gave_up = True
             events.append(self._gave_up(st.host, name, len(st.times)))

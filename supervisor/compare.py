@@ -78,7 +78,10 @@ class EndpointRate(msgspec.Struct, kw_only=True):
     shape_note: str | None = None
     """Set when the bench used does not match how the runs use the endpoint."""
     source: str = "no measurement"
-    """``live rate (run X)``, ``bench of 2026-11-30 01:23 (c=64)`` or ``no measurement``."""
+    """``live rate (run X)``, ``last live rate, measured 4 min ago (run X ...)``, ``bench of
+    2026-11-30 01:23 (c=64), measured 2 h ago`` or ``no measurement``."""
+    measured_at: float | None = None
+    """When a measurement that is not live was made (Unix seconds): its age is shown."""
     price_in_per_m: float | None = None
     price_out_per_m: float | None = None
     gpu_cost_per_hour: float | None = None
@@ -370,12 +373,17 @@ class LiveRate(msgspec.Struct, kw_only=True):
     runs: list[str] = []
     concurrency: int | None = None
     """The runs' ``--concurrency`` (when they agree)."""
+    last: LiveRate | None = None
+    """The newest measurement of a run that has stopped (see ``RunView.last_rates``)."""
+    last_at: float | None = None
+    """When ``last`` ends (Unix seconds)."""
 
 
 def live_rates(config: Config, snapshot: Snapshot) -> dict[str, LiveRate]:
     """Endpoint -> its running runs' output: each run's rate over a window across all its
     datasets (``RunView.rates``), added up over the runs (errors in quadrature). ``tok_per_s``
-    is None while a run's window holds too few responses to say."""
+    is None while a run's window holds too few responses to say. An endpoint whose runs have
+    stopped has no running runs (``runs`` empty) but keeps their last measurement (``last``)."""
     from supervisor.rates import combine
 
     parts: dict[str, list[Any]] = {}
@@ -383,6 +391,7 @@ def live_rates(config: Config, snapshot: Snapshot) -> dict[str, LiveRate]:
     for host in snapshot.hosts:
         for run in host.runs:
             if run.state != "running" or not run.configured:
+                _keep_last(config, run, out)
                 continue
             try:
                 ep = config.run(run.name).endpoint
@@ -404,6 +413,28 @@ def live_rates(config: Config, snapshot: Snapshot) -> dict[str, LiveRate]:
     return out
 
 
+def _keep_last(config: Config, run: Any, out: dict[str, LiveRate]) -> None:
+    """A run that stopped keeps its endpoint's last measurement (``RunView.last_rates``): the
+    newest of them per endpoint, with when it was made, used while nothing runs there."""
+    if not run.configured or run.last_rates is None or run.last_rates_at is None:
+        return
+    try:
+        ep = config.run(run.name).endpoint
+    except Exception:
+        return
+    if ep is None:
+        return
+    live = out.setdefault(ep, LiveRate())
+    if live.last_at is not None and live.last_at >= run.last_rates_at:
+        return
+    r = run.last_rates
+    live.last = LiveRate(
+        tok_per_s=r.tok_per_s, err=r.tok_per_s_err, window_s=r.window_s,
+        responses=r.responses, runs=[run.name],
+    )  # fmt: skip
+    live.last_at = run.last_rates_at
+
+
 def server_rates(snapshot: Snapshot) -> dict[str, float]:
     """Endpoint -> generated tok/s from its serving engine's counter (local endpoints)."""
     out: dict[str, float] = {}
@@ -420,17 +451,25 @@ def _window_words(seconds: float | None) -> str:
     return f" over {display.duration(seconds)}"
 
 
+def _age(now: float, then: float) -> str:
+    """``measured 4 min ago``."""
+    return f"measured {display.duration(max(0.0, now - then))} ago"
+
+
 def endpoint_rates(
     config: Config,
     live: dict[str, LiveRate],
     history: Sequence[BenchResult],
     server: dict[str, float] | None = None,
+    now: float | None = None,
 ) -> list[EndpointRate]:
     """Each configured endpoint's rate: live when a run is using it (and its window holds
-    enough responses), else its latest bench of the runs' shape, else the latest bench marked
-    as another shape."""
+    enough responses), else the newest of its last live measurement (a run that stopped) and
+    its latest bench of the runs' shape, with its age, else the latest bench marked as another
+    shape."""
     from supervisor.bench.history import bench_label
 
+    now = time.time() if now is None else now
     out = []
     for ep in config.endpoints:
         r = _rate_base(ep)
@@ -447,11 +486,29 @@ def endpoint_rates(
                 r.gap_tok_per_s = r.server_tok_per_s - r.out_tok_per_s
         want_c = (lr.concurrency if lr is not None else None) or ep.concurrency
         bench, level, mismatch = _matching_bench(ep, history, want_c)
+        last = lr.last if lr is not None else None
+        last_at = lr.last_at if lr is not None else None
+        if (
+            r.out_tok_per_s is None
+            and last is not None
+            and last_at is not None
+            and last.tok_per_s
+            and (bench is None or level is None or bench.time <= last_at)
+        ):
+            # Nothing runs there now: its last live measurement, newer than any bench, and
+            # how old it is (never dropped because the run finished).
+            r.out_tok_per_s, r.out_tok_per_s_err = last.tok_per_s, last.err
+            r.source = (
+                f"last live rate, {_age(now, last_at)} (run {', '.join(last.runs)}: "
+                f"{last.responses} responses{_window_words(last.window_s)}; not running now)"
+            )
+            r.measured_at = last_at
         if bench is not None and level is not None:
             if r.out_tok_per_s is None and level.output_tok_per_s > 0:
                 r.out_tok_per_s = level.output_tok_per_s
-                r.source = f"{bench_label(bench)} (c={level.concurrency})"
+                r.source = f"{bench_label(bench)} (c={level.concurrency}), {_age(now, bench.time)}"
                 r.shape_note = mismatch
+                r.measured_at = bench.time
             if level.cost_usd is not None and level.cost_source == "usage.cost" and level.completed:
                 r.cost_per_request = level.cost_usd / level.completed
                 r.completion_per_request = level.completion_tokens / level.completed
@@ -459,7 +516,7 @@ def endpoint_rates(
             r.out_tok_per_s = r.server_tok_per_s
             r.source = "server counters (no run's files measured yet)"
         if r.out_tok_per_s is None:
-            if lr is not None:
+            if lr is not None and lr.runs:
                 r.source = (
                     f"no measurement yet (run {', '.join(lr.runs)}: {lr.responses} responses "
                     "so far, too few for a rate)"
@@ -608,7 +665,11 @@ def comparison_from(
     """The comparison for a snapshot the caller already has (pure, instant)."""
     works, skipped = works_from_snapshot(config, snapshot, history)
     rates = endpoint_rates(
-        config, live_rates(config, snapshot), history, server=server_rates(snapshot)
+        config,
+        live_rates(config, snapshot),
+        history,
+        server=server_rates(snapshot),
+        now=snapshot.time or None,
     )
     result = compare(works, rates, now=snapshot.time)
     result.skipped = skipped
@@ -620,7 +681,7 @@ def waiting_for_rates(config: Config, snapshot: Snapshot) -> bool:
     its endpoint's serving engine has no counter rate either (which ``endpoint_rates`` uses)."""
     server = server_rates(snapshot)
     return any(
-        lr.tok_per_s is None and not server.get(ep)
+        lr.runs and lr.tok_per_s is None and not server.get(ep)
         for ep, lr in live_rates(config, snapshot).items()
     )
 

@@ -43,8 +43,47 @@ def with_client_parts(view: DatasetView, scan: Mapping[str, Any]) -> DatasetView
     return view
 
 
+LIMITS = ("max_samples", "token_budget")
+"""The stop conditions short of the input's end (``Projection.etas``)."""
+
+
+def discount_in_flight(view: DatasetView, concurrency: int | None) -> None:
+    """A running client with ``concurrency`` requests in flight: the missing rows fewer than
+    that before the last row answered may still be answered (a later row overtook them); they
+    are ``in_flight``, not missing."""
+    c = view.completeness
+    if c is None or not concurrency or concurrency < 2 or not c.missing_near:
+        return
+    flying = [shown for distance, shown in c.missing_near if 0 < int(distance) < concurrency]
+    if not flying:
+        return
+    c.in_flight = len(flying)
+    c.missing = max(0, c.missing - len(flying))
+    gone = set(map(str, flying))
+    c.missing_first = [i for i in c.missing_first if str(i) not in gone]
+
+
+def settle_missing(view: DatasetView, finished: bool) -> None:
+    """A run that ``finished`` by itself (exit 0) without reaching a limit of the dataset claims
+    its whole input: the rows it never reached are missing too. A run still going, or stopped at
+    its ``--max-samples`` or budget, leaves them not reached (never missing)."""
+    c = view.completeness
+    if c is None or not finished or not c.not_reached:
+        return
+    done = view.unique_ids or view.records
+    at_limit = any(view.projection.etas.get(stop) == 0 for stop in LIMITS) or bool(
+        view.max_samples and done >= view.max_samples
+    )
+    if at_limit:
+        return
+    c.missing += c.not_reached
+    c.missing_first = (c.missing_first + c.not_reached_first)[:10]
+    c.not_reached, c.not_reached_first = 0, []
+
+
 def completeness_line(c: CompletenessView) -> str:
-    """``980 / 1,000 done, 12 failed, 8 missing (B1-000017, ...), 3 not in the input``."""
+    """``980 / 1,000 done, 12 failed, 8 missing (B1-000017, ...), 3 not in the input``; the rows
+    after the last one answered are ``not attempted yet``, not missing."""
     if c.error is not None:
         return f"completeness unknown: {c.error}"
     parts = [f"{display.count(c.done)} / {display.count(c.input)} done"]
@@ -54,6 +93,10 @@ def completeness_line(c: CompletenessView) -> str:
         shown = ", ".join(str(i) for i in c.missing_first[:3])
         more = ", ..." if c.missing > len(c.missing_first[:3]) else ""
         parts.append(f"{display.count(c.missing)} missing ({shown}{more})")
+    if c.in_flight:
+        parts.append(f"{display.count(c.in_flight)} in flight")
+    if c.not_reached:
+        parts.append(f"{display.count(c.not_reached)} not attempted yet")
     if c.not_in_input:
         parts.append(f"{display.count(c.not_in_input)} not in the input")
     if c.duplicates:

@@ -6,11 +6,13 @@ new file in its place (another inode, rewritten bytes), while a process of the r
 relaunch without its resume flag, a second writer, someone's ``> out.jsonl``), that is data loss:
 :class:`DataLossWatch` raises an alarm naming the file and the byte counts, keeps it on the dataset
 until runwatch exits (a later refresh of the new, growing file must not hide it), and writes it to
-the audit log once.
+the audit log once. runwatch's own changes are not loss: a move-aside or a torn-tail repair
+recorded in the audit log (by any runwatch process) since the file was last seen.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,10 +23,36 @@ _LOSS_REASONS = ("file truncated", "file replaced", "file rewritten")
 """Rescan reasons of the scanner that mean the bytes seen before are gone from the file."""
 
 
+OWN_CHANGES = ("move-aside", "repair")
+"""Audit actions of runwatch's own changes to a data file: never data loss."""
+
+
 @dataclass
 class _Seen:
     size: int
     stream: str | None
+    at: float
+
+
+def complete_bytes(scan: Mapping[str, Any]) -> int | None:
+    """The bytes of a scanned file up to the end of its last complete record; None when the scan
+    stopped early (its texts budget full, ``texts_more``): it read no tail, so the file's size
+    would count a record still being written (which a torn-tail repair later removes), and its
+    offset may be short of records it has not read yet."""
+    if scan.get("texts_more"):
+        return None
+    return int(scan.get("size") or 0) - int(scan.get("partial_tail_bytes") or 0)
+
+
+def own_change(host: str, path: str, since: float) -> dict[str, Any] | None:
+    """runwatch's own move-aside or repair of ``path`` on ``host`` since ``since`` (from any
+    runwatch process: the audit log), or None."""
+    for rec in reversed(audit.read(limit=1000)):
+        if float(rec.get("time") or 0) < since:
+            break
+        if rec.get("action") in OWN_CHANGES and rec.get("path") == path and rec.get("host") == host:
+            return dict(rec)
+    return None
 
 
 class DataLossWatch:
@@ -42,11 +70,16 @@ class DataLossWatch:
         key = (host, path)
         before = self._seen.get(key)
         state = scan.get("state")
-        if state == "ok":
+        now = time.time()
+        complete = complete_bytes(scan) if state == "ok" else None
+        if state == "ok" and complete is None:
+            # Read part way: its size is not known this time (the last one seen is kept).
+            size = before.size if before is not None else 0
+        elif state == "ok" and complete is not None:
             # Complete records only: a partial last line is not data yet, and its removal (the
             # torn-tail repair of runwatch or of the client itself) loses nothing.
-            size = int(scan.get("size") or 0) - int(scan.get("partial_tail_bytes") or 0)
-            self._seen[key] = _Seen(size, scan.get("stream"))
+            size = complete
+            self._seen[key] = _Seen(size, scan.get("stream"), now)
         elif state == "missing":
             size = 0
             self._seen.pop(key, None)
@@ -62,6 +95,8 @@ class DataLossWatch:
             what = "was replaced" if reason.startswith("file replaced") else "was rewritten"
         else:
             return None
+        if own_change(host, path, before.at - 1.0) is not None:
+            return None  # runwatch moved it aside or repaired it itself: nothing was lost
         return self.raise_alarm(host, run, path, before.size, size, f"{what} under the running run")
 
     def raise_alarm(

@@ -38,12 +38,14 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
-from supervisor import audit, clients, display, launchspec, rates
+from supervisor import audit, clients, display, launchspec, rates, runlock
 from supervisor import kill as kill_ops
 from supervisor.agent.match import client_path, script_index
 from supervisor.completeness import (
     completeness_line,
+    discount_in_flight,
     scan_notes,
+    settle_missing,
     sidecar_line,
     with_client_parts,
 )
@@ -113,6 +115,7 @@ if TYPE_CHECKING:
     from supervisor.rebalance import plan_for as plan_rebalance
     from supervisor.samples import LatestSamples, SamplePreview
     from supervisor.slurm import describe as describe_job
+    from supervisor.stops import StopLedger
     from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
     from supervisor.watch import Watcher, WatchLock, WatchLocked, watch
 
@@ -144,6 +147,7 @@ _LAZY: dict[str, str] = {
     "Exporter": "supervisor.exporter",
     "exposure_warning": "supervisor.exporter",
     "serve_metrics": "supervisor.exporter:serve",
+    "StopLedger": "supervisor.stops",
     "BudgetEvent": "supervisor.guard",
     "GuardOutcome": "supervisor.guard",
     "Action": "supervisor.plan",
@@ -316,17 +320,40 @@ class Engine:
         return None
 
     async def kill(
-        self, host: str, identity: Identity, grace: float = 10.0, *, run: str | None = None
+        self,
+        host: str,
+        identity: Identity,
+        grace: float = 10.0,
+        *,
+        run: str | None = None,
+        on_wait: Callable[[str], None] | None = None,
     ) -> KillReport:
         """Stop the process named by ``identity`` on ``host`` and audit it (action ``kill``).
 
         A kill whose reply was lost is audited with outcome ``unknown`` at once, then the host is
         re-checked: gone gives a reconciled report (audited too); still alive is audited again
         and raised as OutcomeUnknown. ``run`` names the run in the audit record (default: the
-        run the latest snapshot shows with that pid).
+        run the latest snapshot shows with that pid). A configured run's kill holds the run's
+        lock (``supervisor.runlock``); ``on_wait`` is told when another action holds it. Every
+        failure is audited.
         """
-        h = self.host(host)
         run = run if run is not None else self._listed_run(host, identity)
+        if run is None or run not in {r.name for r in self.config.runs}:
+            return await self._kill(host, identity, grace, run)
+        # One action on a run at a time (``supervisor.runlock``): a second kill waits for the
+        # first (then finds the process gone), and refuses after a bound, naming the holder.
+        wait = grace + 2 * self.config.host(host).command_timeout
+        try:
+            async with runlock.hold(self.config, run, wait, "kill", on_wait):
+                return await self._kill(host, identity, grace, run)
+        except runlock.RunBusy as e:
+            kill_ops.audit_kill_failed(host, identity, run, f"refused: {e.message}")
+            raise
+
+    async def _kill(
+        self, host: str, identity: Identity, grace: float, run: str | None
+    ) -> KillReport:
+        h = self.host(host)
         # Whatever holds the run's data files or locks once it is stopped is stopped too.
         files = run_files(self.config, run)
         try:
@@ -340,6 +367,9 @@ class Engine:
             except OutcomeUnknown as alive:
                 kill_ops.audit_kill_unknown(host, identity, run, alive.message, reconciled=True)
                 raise
+        except (RunwatchError, OSError, asyncio.TimeoutError) as e:
+            kill_ops.audit_kill_failed(host, identity, run, str(e) or type(e).__name__)
+            raise
         kill_ops.audit_kill(report, run)
         return report
 
@@ -518,7 +548,21 @@ class Engine:
         launch or restart, and per move-aside or repair). ``dry_run``: the checks only."""
         from supervisor.steps import execute as execute_plan
 
-        return await execute_plan(self, plan, dry_run=dry_run, on_step=on_step)
+        hc = self.config.host(plan.host)
+        if dry_run or hc.kind == "slurm":  # Slurm's steps hold the run's lock themselves
+            return await execute_plan(self, plan, dry_run=dry_run, on_step=on_step)
+        # One action on a run at a time (``supervisor.runlock``): a restart waits for a kill or
+        # another restart of the run in any runwatch, then refuses naming the holder.
+        wait = plan.run.stop_grace_seconds + 2 * hc.command_timeout
+        try:
+            async with runlock.hold(self.config, plan.run.name, wait, plan.action):
+                return await execute_plan(self, plan, dry_run=dry_run, on_step=on_step)
+        except runlock.RunBusy as e:
+            audit.record(
+                plan.action, host=plan.host, run=plan.run.name, ok=False,
+                refused=True, detail=f"refused: {e.message}",
+            )  # fmt: skip
+            raise
 
     async def tail_log(self, host: str, run: str, lines: int = 50) -> LogTail:
         """The last ``lines`` lines of ``run``'s log on ``host``.
@@ -868,6 +912,13 @@ class Engine:
                     "its unit's waiter was killed: a process that left the tree and dropped the "
                     "launch token cannot be found"
                 )
+            finished = (
+                state == "stopped" and last_unit is not None and (last_unit.ending == "finished")
+            )
+            for dv in datasets:
+                settle_missing(dv, finished)
+                if state == "running" and proc is not None:
+                    discount_in_flight(dv, proc.flags.concurrency)
             if state in ("stopped", "zombie"):  # no writer: a partial last line is torn
                 for dv in datasets:
                     if dv.state == "ok" and dv.partial_tail_bytes > 0:
@@ -1204,6 +1255,12 @@ def audit_records(limit: int | None = None) -> list[dict[str, Any]]:
     return audit.read(limit=limit)
 
 
+def set_origin(origin: str) -> None:
+    """Name the front end this process acts from; every audit record says who acted and from
+    where (``supervisor.audit.set_origin``)."""
+    audit.set_origin(origin)
+
+
 def audit_line(record: dict[str, Any]) -> str:
     """One audit record as one line for humans."""
     return audit.format_record(record)
@@ -1244,6 +1301,7 @@ __all__ = [
     "SamplePreview",
     "Scanner",
     "Step",
+    "StopLedger",
     "Tokenizer",
     "WatchLock",
     "WatchLocked",
@@ -1278,6 +1336,7 @@ __all__ = [
     "run_sync",
     "scan_notes",
     "serve_metrics",
+    "set_origin",
     "sidecar_line",
     "start_refused_event",
     "stop_key",

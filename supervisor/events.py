@@ -6,16 +6,22 @@ returns the events of one refresh:
 
 - conditions, reported once when they start and again only after they have cleared: a dataset
   over its budget (while its writer runs without ``--token-budget``), projected waste above a
-  threshold, stalled, duplicate ids, dataset done, all done, host lost (its clearing is
-  ``host-back``);
-- transitions between two refreshes: a run died (seen running, then seen gone, not stopped on
-  purpose: ``expected_stops`` holds :func:`stop_key` keys of processes runwatch stopped), a data
-  file shrank.
+  threshold, stalled, duplicate ids, all done, host lost (its clearing is ``host-back``);
+- transitions between two refreshes, from facts: a run seen running is gone and it ``finished``
+  (exit 0, or every dataset done) or died (a non-zero or signalled exit, or unknown, with its
+  datasets not done), unless it was stopped through runwatch (its unit says ``stopped``;
+  ``expected_stops`` holds :func:`stop_key` keys of processes runwatch stopped and
+  :func:`busy_key` keys of runs an action holds now); a dataset done, once per figure with its
+  final figure (see :meth:`EventTracker._done`); a data file shrank.
+
+Stops through runwatch from any front end are ``stopped`` events made from their audit records
+(:func:`audited_stop_event`: who and from where); a restart a previous watcher intended and this
+one cannot keep is ``restart-abandoned`` (:func:`abandoned_event`).
 
 A host that does not answer keeps its conditions as they were (nothing clears, nothing fires on
 stale values). With ``report_initial=False`` (the dashboard) the conditions already true at the
 first refresh are taken as known and not reported; ``runwatch watch`` reports problems found at
-start, but not datasets already done.
+start, but not datasets already done (nor all done).
 
 Events of actions (the budget policy, automatic restarts) are made by :func:`budget_event` and
 :func:`restart_event`; a start the gate refused (a rollback, a restart on failure: it would
@@ -35,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import msgspec
 
 from supervisor.config import AlertsConfig, Config
+from supervisor.errors import RunwatchError
 from supervisor.model import DatasetView, HostView, ProcessInfo, RunView, Snapshot
 from supervisor.secrets import mask_text
 
@@ -45,6 +52,8 @@ if TYPE_CHECKING:
 Severity = Literal["info", "warning", "critical"]
 EventKind = Literal[
     "run-died",
+    "finished",
+    "stopped",
     "stalled",
     "over-budget",
     "waste",
@@ -56,6 +65,7 @@ EventKind = Literal[
     "restart-failed",
     "restart-rolled-back",
     "restart-gave-up",
+    "restart-abandoned",
     "start-refused",
     "budget-policy",
     "duplicates",
@@ -66,7 +76,7 @@ SEVERITIES: tuple[str, ...] = get_args(Severity)
 EVENTS_KEPT = 1000
 """Events (and alert deliveries) a long-lived front end keeps in memory: the newest; it runs for
 days, and the ones before are in its output, the alerts sent and the audit log."""
-QUIET_AT_START = ("dataset-done", "all-done")
+QUIET_AT_START = ("all-done",)
 """Conditions true at the first refresh that ``runwatch watch`` does not report (old news)."""
 
 
@@ -115,6 +125,12 @@ def moved_key(path: str) -> str:
     return f"moved|{path}"
 
 
+def busy_key(host: str, run: str) -> str:
+    """The key, among the expected stops, of a run an action holds (its lock, see
+    ``supervisor.runlock``): a stop may be under way, its audit record not written yet."""
+    return f"busy|{host}/{run}"
+
+
 def stop_key(host: str, run: str, pid: int) -> str:
     """Names one process of one run: ``host/run#pid`` (a deliberate stop is keyed by this)."""
     return f"{host}/{run}#{pid}"
@@ -129,12 +145,19 @@ def command_prefix(config: Config) -> str:
     return f"runwatch -c {shlex.quote(os.path.abspath(path))}"
 
 
+STOPS = ("max_samples", "token_budget", "prompts")
+"""The stop conditions of a dataset a client enforces itself (``Projection.etas``)."""
+
+
 def dataset_done(ds: DatasetView) -> bool:
-    """True when a dataset reached a stop condition (its samples, its budget or its prompts)."""
+    """True when a dataset reached a stop condition (its samples, its budget or its prompts),
+    whether its writer still runs or not (a stopped writer has no ETA, but the condition it
+    reached is still in ``projection.etas``)."""
     if ds.state != "ok":
         return False
     done = ds.unique_ids or ds.records
-    return ds.projection.eta_s == 0 or bool(ds.max_samples and done >= ds.max_samples)
+    reached = any(ds.projection.etas.get(stop) == 0 for stop in STOPS)
+    return reached or ds.projection.eta_s == 0 or bool(ds.max_samples and done >= ds.max_samples)
 
 
 def run_done(run: RunView) -> bool:
@@ -176,6 +199,10 @@ class EventTracker:
         self._running: dict[tuple[str, str], ProcessInfo] = {}
         """The process each configured run was last seen running as."""
         self._records: dict[tuple[str, str, str], int] = {}
+        self._launch: dict[tuple[str, str], str] = {}
+        """The launch (pid and start time) each configured run was last seen running as."""
+        self._done_figure: dict[tuple[str, str, str], tuple[int, int]] = {}
+        """The figure each dataset's last ``dataset-done`` gave (responses, tokens)."""
         self._started = False
 
     def active(self) -> set[str]:
@@ -331,13 +358,6 @@ class EventTracker:
                 f"{ds.duplicates} duplicate sample ids in {ds.path}",
                 self.cmd("check", run.name),
             )
-        if dataset_done(ds):
-            yield event(
-                "dataset-done",
-                "info",
-                f"done: {ds.unique_ids or ds.records:,} responses, {ds.completion_tokens:,} tokens",
-                self.cmd("status"),
-            )
 
     def _stalled(self, ds: DatasetView) -> bool:
         if ds.stalled:
@@ -363,20 +383,13 @@ class EventTracker:
             was = self._running.get(key)
             if run.state == "running" and run.process is not None:
                 self._running[key] = run.process
+                ident = run.process.identity
+                self._launch[key] = f"{ident.pid}@{ident.start_time}"
             elif run.state in ("stopped", "zombie"):
                 self._running.pop(key, None)
-                pid = was.identity.pid if was is not None else 0
-                deliberate = stop_key(host.name, run.name, pid) in expected_stops
-                # A run runwatch launched says how it ended (its waiter recorded the exit): one
-                # that finished by itself or was stopped through runwatch, from any front end,
-                # did not die. Otherwise, the old rule: gone, not stopped here, datasets not done.
-                ending = run.ending
-                if ending in ("finished", "stopped"):
-                    deliberate = True
-                elif ending == "died":
-                    deliberate = False
-                if was is not None and not deliberate and (ending == "died" or not run_done(run)):
-                    yield self._died(host.name, run, was, now)
+                if was is not None:
+                    yield from self._ended(host.name, run, was, expected_stops, now)
+            yield from self._done(host.name, run, now, first)
             for ds in run.datasets:
                 rkey = (host.name, run.name, ds.path)
                 before = self._records.get(rkey)
@@ -398,6 +411,85 @@ class EventTracker:
                         key=f"data-shrank|{host.name}|{run.name}|{ds.name}|{now}",
                         time=now,
                     )
+
+    def _ended(
+        self, host: str, run: RunView, was: ProcessInfo, expected: Container[str], now: float
+    ) -> Iterable[Event]:
+        """A run seen running is gone: stopped through runwatch (no event here: the stop's own
+        event says who stopped it), finished by itself, or died.
+
+        Facts first: a run runwatch launched says how it ended (its waiter recorded the exit):
+        ``stopped`` means runwatch asked it to stop, from any front end. A stop through runwatch
+        is also known from the audit log (``expected``: :func:`stop_key`) and, while the stop is
+        still under way, from the run's lock (:func:`busy_key`). A run died only when its exit
+        was non-zero or a signal (or unknown) and its datasets are not all done."""
+        ending = run.ending
+        deliberate = (
+            ending == "stopped"
+            or stop_key(host, run.name, was.identity.pid) in expected
+            or busy_key(host, run.name) in expected
+        )
+        if deliberate and ending != "died":
+            return
+        if ending == "finished" or run_done(run):
+            yield self._finished(host, run, was, now)
+            return
+        yield self._died(host, run, was, now)
+
+    def _finished(self, host: str, run: RunView, was: ProcessInfo, now: float) -> Event:
+        how = run.state_detail if run.ending in ("finished", "died") else None
+        done = "every dataset done" if run_done(run) else "datasets not all done"
+        clean = run.ending in (None, "finished")
+        return Event(
+            kind="finished",
+            severity="info" if clean else "warning",
+            host=host,
+            run=run.name,
+            title=run.name,
+            message=f"Run finished by itself (pid {was.identity.pid}) on {host}"
+            + (f": {how}" if how else "")
+            + f", {done}.",
+            command=self.cmd("status", run.name),
+            key=f"finished|{host}|{run.name}|{was.identity.pid}",
+            time=now,
+        )
+
+    def _done(self, host: str, run: RunView, now: float, first: bool) -> Iterable[Event]:
+        """``dataset-done`` once per dataset and launch, with its final figure: when its writer
+        is gone, or (a client that goes on with other datasets) when the file has been quiet for
+        the run's ``stall_seconds`` (responses in flight at the stop condition still land). A
+        relaunch that adds nothing to a done dataset is not news again."""
+        launch = self._launch.get((host, run.name))
+        if launch is None and run.last_unit is not None:
+            launch = run.last_unit.launch_id
+        try:
+            settle = self.config.run(run.name).stall_seconds
+        except RunwatchError:  # a run the config does not name: the default
+            settle = 300.0
+        for ds in run.datasets:
+            if not dataset_done(ds):
+                continue
+            if run.state == "running" and ds.idle_s < settle:
+                continue
+            figure = (ds.unique_ids or ds.records, ds.completion_tokens)
+            dkey = (host, run.name, ds.path)
+            if self._done_figure.get(dkey) == figure:
+                continue
+            self._done_figure[dkey] = figure
+            if first:
+                continue  # done before this watcher started: old news
+            yield Event(
+                kind="dataset-done",
+                severity="info",
+                host=host,
+                run=run.name,
+                dataset=ds.name,
+                title=f"{run.name} {ds.name}",
+                message=f"done: {figure[0]:,} responses, {figure[1]:,} tokens",
+                command=self.cmd("status"),
+                key=f"dataset-done|{host}|{run.name}|{ds.name}|{launch}|{figure[0]}",
+                time=now,
+            )
 
     def _died(self, host: str, run: RunView, was: ProcessInfo, now: float) -> Event:
         state = "a zombie (exit not collected)" if run.state == "zombie" else "gone"
@@ -533,6 +625,43 @@ def audited_restart_event(config: Config, record: dict[str, Any]) -> Event | Non
     )
 
 
+def audited_stop_event(config: Config, record: dict[str, Any]) -> Event | None:
+    """The event of a stop through runwatch from any front end (a ``runwatch kill`` in another
+    terminal, the dashboard, a Slurm cancel), from its audit record: who stopped it and from
+    where (``by``), or that the stop failed."""
+    if record.get("action") != "kill" or not record.get("run"):
+        return None
+    host, run = str(record.get("host")), str(record.get("run"))
+    if not any(rc.name == run and rc.host == host for rc in config.runs):
+        return None  # the audit log is shared: another config's run of the same name
+    ident = record.get("identity") if isinstance(record.get("identity"), dict) else {}
+    what = (
+        f"job {ident.get('job_id')}"
+        if ident and ident.get("job_id")
+        else f"pid {(ident or {}).get('pid')}"
+    )
+    by = record.get("by") or "an older runwatch (who is not recorded)"
+    at = float(record.get("time") or time.time())
+    if record.get("ok"):
+        severity: Severity = "info"
+        message = f"Stopped through runwatch ({what}) by {by}."
+    else:
+        severity = "warning"
+        detail = str(record.get("detail") or "see the audit log").split("\n", 1)[0]
+        message = f"A stop through runwatch ({what}) by {by} failed: {detail}"
+    return Event(
+        kind="stopped",
+        severity=severity,
+        host=host,
+        run=run,
+        title=run,
+        message=message,
+        command=f"{command_prefix(config)} audit",
+        key=f"stopped|{host}|{run}|{at}",
+        time=at,
+    )
+
+
 def start_refused_event(
     host: str, run: str, message: str, command: str, at: float | None = None
 ) -> Event:
@@ -548,6 +677,23 @@ def start_refused_event(
         message=message,
         command=command,
         key=f"start-refused|{host}|{run}|{now}",
+        time=now,
+    )
+
+
+def abandoned_event(config: Config, host: str, run: str, why: str) -> Event:
+    """A restart a previous watcher intended that this one does not make: the run may stay
+    down; ``why`` says why and what the intent was."""
+    now = time.time()
+    return Event(
+        kind="restart-abandoned",
+        severity="critical",
+        host=host,
+        run=run,
+        title=run,
+        message=f"pending restart abandoned: {why}",
+        command=f"{command_prefix(config)} launch {shlex.quote(run)}",
+        key=f"restart-abandoned|{host}|{run}|{now}",
         time=now,
     )
 

@@ -99,7 +99,7 @@ class Gate:
         than ``backup_max_bytes``."""
         scans = await self.scan(run, layout, validate)
         verdict = Verdict()
-        verdict.sizes = {str(s.get("path")): _size(s) for s in scans}
+        verdict.sizes = {str(s.get("path")): complete_size(s) for s in scans}
         verdict.records = {str(s.get("path")): _records(s) for s in scans}
         for s in scans:
             if blocks(s, formats=validate == "all"):
@@ -216,6 +216,16 @@ def _records(s: dict[str, Any]) -> int:
 
 def _size(s: dict[str, Any]) -> int:
     return int(s.get("size") or 0) if s.get("state", "ok") == "ok" else 0
+
+
+def complete_size(s: dict[str, Any]) -> int:
+    """Complete bytes of a scanned file (to its last newline; 0: not there): what a launch must
+    not shrink. A partial last line the client cuts off itself when it resumes (its own
+    torn-tail repair) is no loss. A scan that stopped early (``texts_more``) read no tail: what
+    it read (``offset``) is complete."""
+    if s.get("texts_more") and s.get("state", "ok") == "ok":
+        return int(s.get("offset") or 0)
+    return max(0, _size(s) - int(s.get("partial_tail_bytes") or 0))
 
 
 def output_rule(

@@ -26,7 +26,7 @@ from supervisor.errors import RunwatchError
 from supervisor.model import Identity, Snapshot
 from supervisor.paths import state_dir
 from supervisor.plan import ActionResult, OnStep, make_plan
-from supervisor.steps import execute, kill_refused, kill_summary
+from supervisor.steps import kill_refused, kill_summary
 
 if TYPE_CHECKING:
     from supervisor.engine import Engine
@@ -228,7 +228,7 @@ class BudgetGuard:
                     ok, detail = False, "the run changed since the event; not restarted"
                 else:
                     plan.budget_reason = event.message
-                    result = await execute(engine, plan, on_step=on_step)
+                    result = await engine.execute(plan, on_step=on_step)  # under the run's lock
                     ok = result.ok
                     failed = result.failed_step
                     detail = (

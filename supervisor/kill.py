@@ -208,6 +208,23 @@ def audit_kill(report: KillReport, run: str | None = None) -> dict[str, Any]:
     )
 
 
+def audit_kill_failed(host: str, identity: Identity, run: str | None, detail: str) -> None:
+    """Append a kill that failed before any outcome (refused while another action held the
+    run, the host unreachable...): action ``kill``, ``outcome: "error"``."""
+    from supervisor import audit
+
+    audit.record(
+        "kill",
+        host=host,
+        run=run,
+        ok=False,
+        identity=identity_params(identity),
+        argv=list(identity.argv),
+        outcome="error",
+        detail=detail,
+    )
+
+
 def audit_kill_unknown(
     host: str, identity: Identity, run: str | None, detail: str, *, reconciled: bool = False
 ) -> dict[str, Any]:

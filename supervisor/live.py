@@ -21,6 +21,7 @@ serving engines' metrics, the GPUs, and the persisted history behind all of them
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -35,6 +36,37 @@ MOVED_ON_S = 120.0
 SAVE_EVERY_S = 15.0
 SPARK_POINTS = 120
 _MISSING = -1.0
+
+
+def last_window(points: list[tuple[float, ...]]) -> tuple[Rates | None, float | None]:
+    """The rate of a run's last window while it ran (up to ``rates.WINDOW_10M``), from its
+    history points ``(t, responses, tokens, alive)``, and when that window ends; (None, None)
+    when it holds fewer than ``rates.MIN_RESPONSES`` responses."""
+    alive: list[tuple[float, ...]] = []  # the last stretch of points while it ran
+    for p in reversed(points):
+        if len(p) > 3 and p[3] >= 1.0:
+            alive.insert(0, p)
+        elif alive:
+            break
+    if len(alive) < 2:
+        return None, None
+    end = alive[-1]
+    window = [p for p in alive if p[0] >= end[0] - rates.WINDOW_10M]
+    start = window[0] if len(window) > 1 else alive[-2]
+    span, responses, tokens = end[0] - start[0], end[1] - start[1], end[2] - start[2]
+    if span <= 0 or responses < rates.MIN_RESPONSES or tokens <= 0:
+        return None, None
+    tok = tokens / span
+    return (
+        Rates(
+            tok_per_s=tok,
+            tok_per_s_err=tok / math.sqrt(responses),
+            req_per_s=responses / span,
+            window_s=span,
+            responses=int(responses),
+        ),
+        end[0],
+    )
 
 
 def metrics_specs(config: Config, host: str) -> list[dict[str, str]]:
@@ -135,6 +167,7 @@ class Live:
         run.rates = tracker.rates(now)
         if not alive:
             run.rates = rates.stopped_rates(run.rates)
+            run.last_rates, run.last_rates_at = last_window(self.history.points(key))
         run.history = self.history.rates(key, limit=SPARK_POINTS)
 
     # ------------------------------------------------------------------ endpoints

@@ -203,8 +203,18 @@ class CompletenessView(msgspec.Struct, kw_only=True):
     failed: int = 0
     """Input ids only in an error or skipped file."""
     missing: int = 0
-    """Input ids with neither."""
+    """Input ids with neither that the client passed (it answered a later row), or, once the run
+    finished by itself short of its limits, every input id with neither."""
     missing_first: list[str | int] = []
+    not_reached: int = 0
+    """Input ids after the last row answered: not attempted yet (a run still going, or one that
+    stopped at its ``--max-samples`` or budget). Never missing."""
+    not_reached_first: list[str | int] = []
+    in_flight: int = 0
+    """Rows just before the last one answered, fewer than the running client's concurrency:
+    requests still in flight, not missing."""
+    missing_near: list[list[str | int]] = []
+    """``[distance to the last row answered, id]`` of the missing rows nearest it."""
     not_in_input: int = 0
     """Record ids the input does not hold."""
     not_in_input_first: list[str | int] = []
@@ -335,6 +345,12 @@ class RunView(msgspec.Struct, kw_only=True):
     windows)."""
     history: list[float] = []
     """The run's tokens/s over the last hours, oldest first (persisted across restarts)."""
+    last_rates: Rates | None = None
+    """A run that is not running: its rate over the last window while it ran (from the persisted
+    history), kept so that a finished run's endpoint is still measured; None when none holds
+    enough responses."""
+    last_rates_at: float | None = None
+    """When ``last_rates`` ends (Unix seconds): the run's last observation while alive."""
     endpoint: str | None = None
     """Name of the ``[[endpoints]]`` entry the run sends its requests to."""
     held_by: Literal["cgroup", "token", "adopted"] | None = None

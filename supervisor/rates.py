@@ -399,9 +399,17 @@ def project(
             elif cost.gpu_cost_per_hour is not None and tok_rate:
                 proj.waste_cost_usd = proj.waste_tokens / tok_rate / 3600 * cost.gpu_cost_per_hour
     proj.message = _message(
-        proj, tokens, budget, run_token_budget, writer_alive, future, budget_flag
+        proj, tokens, budget, run_token_budget, writer_alive, future, budget_flag, records
     )
     return proj
+
+
+def past_budget(tokens: int, budget: int, records: int) -> bool:
+    """Over budget: past it by more than one record (the average one). A client that stops at its
+    budget finishes the record that reaches it, so a dataset just at its budget ("6 k / 6 k") is
+    at it, not over it."""
+    one_record = tokens / records if records > 0 else 0.0
+    return tokens - budget > one_record
 
 
 def _message(
@@ -412,13 +420,15 @@ def _message(
     writer_alive: bool,
     future: int,
     budget_flag: str | None = "--token-budget",
+    records: int = 0,
 ) -> str:
     head = display.budget(tokens, budget)
     # What the run lacks: its client's budget flag, or (a client without one) any budget flag.
     lacks = f"no {budget_flag}" if budget_flag else "its client has no budget flag"
     cost = f", ~{display.money(proj.waste_cost_usd)} wasted" if proj.waste_cost_usd else ""
     if not writer_alive:
-        return head + (" - over budget, stopped" if tokens > budget else " - stopped")
+        over = past_budget(tokens, budget, records)
+        return head + (" - over budget, stopped" if over else " - stopped")
     if run_token_budget is not None:
         if proj.stop_reason == "token_budget" and proj.eta_s == 0:
             return f"{head}, {budget_flag or 'budget'} reached"
@@ -545,7 +555,7 @@ def build_dataset_view(
         token_budget=budget,
         rates=rates,
         projection=projection,
-        over_budget=budget is not None and tokens > budget,
+        over_budget=budget is not None and past_budget(tokens, budget, records),
         stalled=writer_alive
         and state == "ok"
         and tracker.written

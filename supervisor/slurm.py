@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 import msgspec
 
-from supervisor import display, replies
+from supervisor import display, replies, runlock
 from supervisor.agent.slurm import (
     ACTIVE_STATES,
     KILL_CONFIRM_S,
@@ -48,7 +48,7 @@ from supervisor.paths import config_key, private_dir, state_dir, write_private
 from supervisor.plan import StepFailed
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+    from collections.abc import Awaitable, Callable, Mapping
     from pathlib import Path
 
     from supervisor.hosts import Host
@@ -156,44 +156,16 @@ def record_job(
     return rec
 
 
-def lock_path(config: Config, run: str) -> Path:
-    """``state_dir()/slurm/<config key>/<run>.lock``: held by every action on ``run``."""
-    return private_dir(_state(config)) / f"{_SAFE.sub('_', run) or '_'}.lock"
-
-
-@contextlib.asynccontextmanager
-async def run_lock(
-    config: Config, run: str, wait_s: float, on_wait: Callable[[str], None] | None = None
-) -> AsyncIterator[None]:
-    """Hold the lock of ``run`` (:func:`lock_path`): one action on a run at a time, from any
-    runwatch of this user. Waits up to ``wait_s`` for another holder (told to ``on_wait`` once),
-    then refuses naming it."""
-    path = lock_path(config, run)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        deadline = time.monotonic() + wait_s
-        told = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                if time.monotonic() > deadline:
-                    raise RunwatchError(
-                        f"run {run}: another runwatch action on it (pid {holder}) has held its "
-                        f"lock for more than {wait_s:g} s",
-                        f"wait for it to end, or look at pid {holder}; the lock is {path}",
-                    ) from None
-                if on_wait is not None and not told:
-                    on_wait(f"run {run}: waiting for another runwatch action on it (pid {holder})")
-                    told = True
-                await asyncio.sleep(0.05)  # the holder's end is not signalled: poll, bounded
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)
+def run_lock(
+    config: Config,
+    run: str,
+    wait_s: float,
+    on_wait: Callable[[str], None] | None = None,
+    action: str = "slurm",
+) -> contextlib.AbstractAsyncContextManager[None]:
+    """Hold the lock of ``run`` (``supervisor.runlock``): one action on a run at a time, from any
+    runwatch of this user, processes and jobs alike."""
+    return runlock.hold(config, run, wait_s, action, on_wait)
 
 
 # --------------------------------------------------------------------------- listing

@@ -451,19 +451,15 @@ class _Runner:
         return copied
 
     async def data_sizes(self) -> dict[str, int]:
-        """Size of each data file of the new argv (0: missing), as the host sees it now."""
+        """Complete bytes of each data file of the new argv (0: missing), as the host sees it
+        now."""
         paths = list(self.plan.layout.data_files.values())
         files = [{"path": p, "validate": "none", "texts": False} for p in paths]
         reply = await self.request(
             "scan", {"files": files, "fresh": True}, timeout=max(self.hc.command_timeout, 300)
         )
         scanned = reply.get("files") or {}
-        return {
-            p: int((scanned.get(p) or {}).get("size") or 0)
-            if (scanned.get(p) or {}).get("state") == "ok"
-            else 0
-            for p in paths
-        }
+        return {p: gate.complete_size(scanned.get(p) or {}) for p in paths}
 
     async def check_no_loss(self, step: Step) -> None:
         """After the launch: a data file smaller than just before it is data loss (a failure)."""

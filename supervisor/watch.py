@@ -27,21 +27,12 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from supervisor import audit
 from supervisor.alerts import Alerter, Delivery, check_alerts
 from supervisor.autorestart import AutoRestart
 from supervisor.errors import RunwatchError
-from supervisor.events import (
-    EVENTS_KEPT,
-    Event,
-    EventTracker,
-    audited_restart_event,
-    budget_event,
-    moved_key,
-    stop_key,
-    with_lines,
-)
+from supervisor.events import EVENTS_KEPT, Event, EventTracker, budget_event, stop_key, with_lines
 from supervisor.paths import state_dir
+from supervisor.stops import StopLedger
 
 if TYPE_CHECKING:
     from supervisor.engine import Engine
@@ -162,10 +153,8 @@ class Watcher:
         self.ticks = 0
         self.started = time.time()
         self._expected: set[str] = set()
-        self._audit_stamp: tuple[int, int, int] | None = None
-        self._audit_stops: set[str] = set()
-        self._audit_seen: set[tuple[str, float]] = set()
-        self._audit_events: list[Event] = []
+        self.stops = StopLedger(config, self.started)
+        self._pending: list[Event] = []
 
     def note(self, text: str) -> None:
         """A line about the watcher itself (not an event): plain text, or JSON with ``--json``."""
@@ -182,10 +171,18 @@ class Watcher:
             f"watching {len(cfg.hosts)} host(s), {len(cfg.runs)} run(s) every "
             f"{self.interval:g} s; alerts to {targets}"
         )
+        # Restarts a previous watcher of this config intended and did not make (it was killed
+        # during a backoff): taken over, or abandoned with the reason as a critical event.
+        taken, abandoned = self.restarts.take_over()
+        for text in taken:
+            self.note(text)
+        self._pending.extend(abandoned)
         while not stop.is_set():
             started = time.monotonic()
             try:
                 await self.tick()
+                if self.ticks == 1:
+                    self.note(self._first_look())
             except RunwatchError as e:
                 self.note(f"refresh failed: {e}")
             except Exception as e:  # a watcher keeps going: say what failed, try again next tick
@@ -205,10 +202,11 @@ class Watcher:
                 self._expected.add(stop_key(event.host, event.run, event.identity.pid))
 
         outcomes = await engine.enforce_budget(snap, before_act=deliberate)
-        expected = self._expected | self.audited_stops() | engine.stopping
+        # What runwatch stopped or moved, from any process (``supervisor.stops``).
+        expected = self._expected | self.stops.expected() | engine.stopping
         events = self.tracker.update(snap, expected)
-        events += self._audit_events
-        self._audit_events = []
+        events += self._pending + self.stops.take_events()
+        self._pending = []
         for outcome in outcomes:
             ev = budget_event(outcome, engine.config)
             if ev is not None:
@@ -232,43 +230,15 @@ class Watcher:
         self.ticks += 1
         return events
 
-    def audited_stops(self) -> set[str]:
-        """Processes stopped through runwatch (kill, restart, budget stop) since this watcher
-        started, from the audit log: their end is not a death. The log is read again only when
-        it changed."""
-        try:
-            st = audit.audit_path().stat()
-            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-        except FileNotFoundError:
-            stamp = (0, 0, 0)
-        if stamp != self._audit_stamp:
-            self._audit_stamp = stamp
-            self._audit_stops = self._read_audit()
-        return self._audit_stops
-
-    def _read_audit(self) -> set[str]:
-        """The stops of the audit log since start; restarts made by others become events."""
-        out = set()
-        for rec in audit.read(limit=1000):
-            at = float(rec.get("time") or 0)
-            if at < self.started - 60:
-                continue
-            seen = (str(rec.get("run")), at)
-            if at >= self.started and seen not in self._audit_seen:
-                self._audit_seen.add(seen)
-                ev = audited_restart_event(self.engine.config, rec)
-                if ev is not None:
-                    self._audit_events.append(ev)
-            action = rec.get("action")
-            if action == "move-aside" and rec.get("path"):
-                out.add(moved_key(str(rec["path"])))
-                continue
-            if action == "budget" and rec.get("policy") == "warn":
-                continue  # recorded, nothing stopped
-            ident = rec.get("old_identity") if action == "restart" else rec.get("identity")
-            if action in ("kill", "restart", "budget") and isinstance(ident, dict):
-                out.add(stop_key(str(rec.get("host")), str(rec.get("run")), int(ident["pid"])))
-        return out
+    def _first_look(self) -> str:
+        """``first refresh: running demo; stopped other``: what the watcher starts from."""
+        snap = self.engine.last
+        runs = [r for h in (snap.hosts if snap else []) for r in h.runs if r.configured]
+        states: dict[str, list[str]] = {}
+        for r in runs:
+            states.setdefault(r.state, []).append(r.name)
+        said = "; ".join(f"{state} {', '.join(names)}" for state, names in sorted(states.items()))
+        return f"first refresh: {said or 'no configured run seen'}"
 
     async def _with_log(self, ev: Event) -> Event:
         if ev.kind != "run-died" or ev.run is None:
@@ -325,7 +295,7 @@ async def watch(
                 return watcher
         watcher.note("the other watcher stopped: taking over")
     try:
-        watcher.started = time.time()
+        watcher.started = watcher.stops.started = time.time()
         await watcher.run(stop)
     finally:
         lock.release()

@@ -117,10 +117,14 @@ async def test_every_front_end_stops_an_over_budget_run_once_through_the_engine(
         assert budget["identity"]["pid"] == run.pid, front_end
         assert budget["policy"] == "stop" and budget["ok"] is True, front_end
         assert f"stopped pid {run.pid}" in budget["detail"], front_end
+        # Who acted and from where: the front end, in every record.
+        origin = {"status --watch": "runwatch status", "guard": "runwatch guard"}
+        assert budget["by"].endswith(origin.get(front_end, "dashboard")), budget["by"]
+        assert kill["by"] == budget["by"], front_end
         budgets[front_end] = {
             k: v
             for k, v in budget.items()
-            if k not in ("time", "identity", "detail")  # the process differs, nothing else
+            if k not in ("time", "identity", "detail", "by")  # the process differs, nothing else
         }
     first, *rest = budgets.values()
     assert all(b == first for b in rest), budgets

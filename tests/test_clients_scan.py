@@ -50,7 +50,8 @@ def test_specforge_completeness_and_sidecars(tmp_path: Path) -> None:
     assert c["done"] == 4  # s0..s3 (s3 twice: a duplicate)
     assert c["duplicates"] == 1
     assert c["failed"] == 3  # s4, s5, s6 in the error file
-    assert c["missing"] == 3 and c["missing_first"] == ["s7", "s8", "s9"]
+    # s7..s9 come after the last row answered (s6): not attempted yet, not missing.
+    assert c["missing"] == 0 and c["not_reached_first"] == ["s7", "s8", "s9"]
     assert c["not_in_input"] == 1 and c["not_in_input_first"] == ["s99"]
     assert r["sidecars"]["error"]["lines"] == 3
     assert r["sidecars"]["error"]["reasons"] == {
@@ -61,7 +62,8 @@ def test_specforge_completeness_and_sidecars(tmp_path: Path) -> None:
     view = completeness_view(r)
     assert view is not None
     line = completeness_line(view)
-    assert "4 / 10 done" in line and "3 failed" in line and "3 missing (s7, s8, s9)" in line
+    assert "4 / 10 done" in line and "3 failed" in line and "3 not attempted yet" in line
+    assert "missing" not in line
     kinds = [s.kind for s in sidecar_views(r)]
     assert kinds == ["error", "skipped"]
 
@@ -121,3 +123,36 @@ def test_reasoning_tokens_are_part_of_completion_and_shown_apart(tmp_path: Path)
     )
     assert view.completion_tokens == 2 + 2 + 3  # two answers, one reasoning text
     assert view.reasoning_tokens == 3
+
+
+def test_w16_rows_overtaken_within_the_concurrency_are_in_flight_not_missing(
+    tmp_path: Path,
+) -> None:
+    """A running client with 4 requests in flight answered s4 and s5 before s3: s3 may still
+    come; with 2 in flight it cannot be in flight any more (it is missing). Rows after the last
+    answer are not attempted yet."""
+    from supervisor.completeness import discount_in_flight
+    from supervisor.model import DatasetView
+
+    inp = _jsonl(tmp_path / "in.jsonl", [{"id": f"s{i}", "conversations": []} for i in range(10)])
+    out = _jsonl(tmp_path / "regen.jsonl", [_sf(i) for i in (0, 1, 2, 4, 5)])
+    r = Scanner().scan(str(out), fmt="specforge", input_file={"path": str(inp), "id": "id"})
+    c = r["completeness"]
+    assert (c["missing"], c["missing_first"], c["not_reached"]) == (1, ["s3"], 4)
+    assert c["missing_near"] == [[2, "s3"]]
+
+    def view() -> DatasetView:
+        return DatasetView(name="regen", path=str(out), completeness=completeness_view(r))
+
+    four = view()
+    discount_in_flight(four, 4)
+    assert four.completeness is not None
+    assert (four.completeness.missing, four.completeness.in_flight) == (0, 1)
+    assert four.completeness.missing_first == []
+    line = completeness_line(four.completeness)
+    assert "1 in flight" in line and "4 not attempted yet" in line and "missing" not in line
+    two = view()
+    discount_in_flight(two, 2)
+    assert two.completeness is not None
+    assert (two.completeness.missing, two.completeness.in_flight) == (1, 0)
+    assert "1 missing (s3)" in completeness_line(two.completeness)

@@ -366,7 +366,11 @@ def test_endpoint_rates_live_else_latest_bench_of_the_runs_shape(tmp_path: Path)
     rates = {
         r.endpoint: r
         for r in endpoint_rates(
-            config, live_rates(config, _snapshot()), history, server={"sglang": 700.0}
+            config,
+            live_rates(config, _snapshot()),
+            history,
+            server={"sglang": 700.0},
+            now=when + 2 * 3600,
         )
     }
     assert (rates["sglang"].out_tok_per_s, rates["sglang"].out_tok_per_s_err) == (650.0, 65.0)
@@ -375,7 +379,8 @@ def test_endpoint_rates_live_else_latest_bench_of_the_runs_shape(tmp_path: Path)
     assert rates["sglang"].server_tok_per_s == 700.0 and rates["sglang"].gap_tok_per_s == 50.0
     # The level at the endpoint's configured concurrency (64), from the newest bench.
     assert rates["openrouter"].out_tok_per_s == 4000.0
-    assert rates["openrouter"].source == "bench of 2026-11-30 01:23 (c=64)"
+    assert rates["openrouter"].source == "bench of 2026-11-30 01:23 (c=64), measured 2 h ago"
+    assert rates["openrouter"].measured_at == when
     assert rates["openrouter"].shape_note is None
     assert rates["openrouter"].cost_per_request == pytest.approx(0.02)
     assert rates["unmeasured"].out_tok_per_s is None

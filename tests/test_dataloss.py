@@ -83,3 +83,68 @@ def test_a_torn_tail_repaired_under_a_running_run_is_no_loss(tmp_path: Path) -> 
     alarm = watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True)
     assert alarm is not None
     assert [r["action"] for r in audit.read()] == ["data-loss"]
+
+
+def test_w15_a_scan_stopped_at_its_text_budget_then_a_torn_tail_repair_is_no_loss(
+    tmp_path: Path,
+) -> None:
+    """A scan that stops early (its texts budget full, as under load with a backlog) reads no
+    tail: the file's size then counts the record being written. Its repair is no loss."""
+    data = tmp_path / "out.jsonl"
+    complete = _rows(5)
+    data.write_text(complete + '{"conversation_id": 5, "conv')  # a record being written
+    scanner, watch = Scanner(max_text_bytes=1), DataLossWatch()
+    first = scanner.scan(str(data), fmt="modelopt")
+    assert first["texts_more"] and first["offset"] < first["size"]  # stopped early
+    assert watch.observe("h", "r", first, True) is None
+    os.truncate(data, len(complete))  # the torn tail cut off (the writer was killed mid-record)
+    for _ in range(6):  # the scan catches up, a record per call
+        assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    assert watch.alarms() == {}
+    assert not [r for r in audit.read() if r["action"] == "data-loss"]
+
+
+def test_w15_runwatchs_own_move_aside_from_another_process_is_no_loss(tmp_path: Path) -> None:
+    """A restart with --move-aside (the dashboard's, or ``runwatch restart`` in another terminal)
+    puts a new file in place of a big one under a running run: its audit record says runwatch did
+    it, so no alarm; the same change without that record is an alarm."""
+    data = tmp_path / "out.jsonl"
+    data.write_text(_rows(50))
+    scanner, watch = Scanner(), DataLossWatch()
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    os.rename(data, tmp_path / "out.jsonl.legacy")
+    audit.record("move-aside", host="h", run="r", ok=True, path=str(data), to="x", size=1)
+    data.write_text(_rows(2, 100))  # the relaunched client's first records
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    with data.open("a") as f:
+        f.write(_rows(2, 102))
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+
+    other = tmp_path / "other.jsonl"
+    other.write_text(_rows(50))
+    assert watch.observe("h", "r", scanner.scan(str(other), fmt="modelopt"), True) is None
+    other.write_text(_rows(2, 100))  # no move-aside of this path: data loss
+    alarm = watch.observe("h", "r", scanner.scan(str(other), fmt="modelopt"), True)
+    assert alarm is not None and str(other) in alarm
+    assert [r["action"] for r in audit.read()] == ["move-aside", "data-loss"]
+
+
+def test_w15_a_launch_measures_complete_bytes_so_a_clients_own_tail_cut_is_no_loss(
+    tmp_path: Path,
+) -> None:
+    """The launch's check (a data file smaller after it than before it is data loss) compares
+    complete bytes: a client that cuts its own torn last line when it resumes loses nothing; a
+    scan that stopped early counts only what it read."""
+    from supervisor.gate import complete_size
+
+    data = tmp_path / "out.jsonl"
+    complete = _rows(5)
+    data.write_text(complete + '{"conversation_id": 5, "conv')
+    before = complete_size(Scanner().scan(str(data), fmt="modelopt", validate="none"))
+    assert before == len(complete)
+    os.truncate(data, len(complete))  # the client's own repair when it resumes
+    after = complete_size(Scanner().scan(str(data), fmt="modelopt", validate="none"))
+    assert after == before
+    early = Scanner(max_text_bytes=1).scan(str(data), fmt="modelopt")
+    assert early["texts_more"] and 0 < complete_size(early) < len(complete)
+    assert complete_size({"path": str(data), "state": "missing"}) == 0

@@ -201,7 +201,8 @@ def test_a_run_that_finished_its_datasets_did_not_die_and_all_done_is_said_once(
             msgspec.structs.replace(running, datasets=[msgspec.structs.replace(ds, records=5,
                                                                                unique_ids=5)])])])
     )  # fmt: skip
-    assert sorted(e.kind for e in tracker.update(live)) == ["all-done", "dataset-done"]
+    # Done while it runs: responses in flight still land, so the figure is not final yet.
+    assert sorted(e.kind for e in tracker.update(live)) == ["all-done"]
     stopped = Snapshot(
         time=2.0,
         hosts=[
@@ -212,6 +213,10 @@ def test_a_run_that_finished_its_datasets_did_not_die_and_all_done_is_said_once(
             )
         ],
     )
+    # It ended by itself: finished, not died; its datasets done with the final figure, once.
+    ended = tracker.update(stopped)
+    assert sorted(e.kind for e in ended) == ["dataset-done", "finished"]
+    assert next(e for e in ended if e.kind == "dataset-done").message.startswith("done: 10 ")
     assert tracker.update(stopped) == []
 
 
@@ -265,3 +270,24 @@ def test_an_audited_restart_is_done_failed_or_rolled_back() -> None:
     assert failed is not None and failed.kind == "restart-failed"
     assert rolled is not None and rolled.kind == "restart-rolled-back"
     assert "(rolled back)" in rolled.message and "exited at once" in rolled.message
+
+
+def test_w13_an_audited_stop_says_who_and_from_where_for_this_configs_runs_only() -> None:
+    from supervisor.events import audited_stop_event
+
+    config = fixed_config()
+    by = "ana@laptop, pid 77, runwatch kill"
+    base = {"action": "kill", "host": "gpu-box", "run": "eagle3-kimi", "time": 5.0, "by": by}
+    ok = audited_stop_event(config, {**base, "ok": True, "identity": {"pid": 42}})
+    assert ok is not None and (ok.kind, ok.severity) == ("stopped", "info")
+    assert ok.message == f"Stopped through runwatch (pid 42) by {by}."
+    failed = audited_stop_event(
+        config, {**base, "ok": False, "identity": {"pid": 42}, "detail": "refused: busy\nmore"}
+    )
+    assert failed is not None and failed.severity == "warning"
+    assert failed.message.endswith("failed: refused: busy")
+    job = audited_stop_event(config, {**base, "ok": True, "identity": {"job_id": "12"}})
+    assert job is not None and "(job 12)" in job.message
+    # The audit log is shared by every config: another config's run is not this one's.
+    assert audited_stop_event(config, {**base, "ok": True, "run": "someone-elses"}) is None
+    assert audited_stop_event(config, {**base, "ok": True, "host": "elsewhere"}) is None

@@ -19,11 +19,11 @@ from supervisor.agent import slurm as slurmops
 from supervisor.config import load_config
 from supervisor.engine import Engine
 from supervisor.errors import RunwatchError
+from supervisor.runlock import lock_path
 from supervisor.slurm import (
     KEEP_JOBS,
     OwnedJob,
     job_views,
-    lock_path,
     not_ours,
     owned_jobs,
     record_job,
@@ -182,8 +182,12 @@ async def test_o9_an_action_waits_for_the_runs_lock_then_refuses_naming_its_hold
                 raise AssertionError("two holders of one run's lock")
         async with run_lock(config, "other", 0.3):  # another run is not held up
             pass
-    assert told == [f"run demo: waiting for another runwatch action on it (pid {os.getpid()})"]
-    assert f"(pid {os.getpid()}) has held its lock for more than 0.3 s" in str(refused.value)
+    # The holder is named: what it does, who and from where.
+    (waiting,) = told
+    assert waiting.startswith("run demo: waiting for another runwatch action on it (slurm by ")
+    assert f", pid {os.getpid()}, " in waiting
+    assert "has held its lock for more than 0.3 s" in str(refused.value)
+    assert f", pid {os.getpid()}, " in str(refused.value)
     async with run_lock(config, "demo", 0.3):  # released with its holder
         pass
 

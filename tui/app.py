@@ -26,8 +26,10 @@ from supervisor.engine import (
     EVENTS_KEPT,
     Event,
     EventTracker,
+    StopLedger,
     budget_event,
     moved_key,
+    set_origin,
     stop_key,
 )
 from supervisor.model import HostView, RunView, Snapshot
@@ -113,6 +115,7 @@ class RunwatchApp(App[None]):
         (``supervisor.events``, as ``runwatch watch`` reports them; conditions true at start-up
         are not notified)."""
         self._events = EventTracker(config, report_initial=False)
+        self._stops = StopLedger(config)
         self.refreshes = 0
         """Number of snapshots received (tests wait on it)."""
         self._expected_stops: set[str] = set()
@@ -164,7 +167,8 @@ class RunwatchApp(App[None]):
     def on_snapshot_refreshed(self, message: SnapshotRefreshed) -> None:
         now = time.monotonic()
         self._expected_moves = {k: t for k, t in self._expected_moves.items() if t > now}
-        expected = self._expected_stops | set(self._expected_moves)
+        # What any runwatch stopped or moved (another terminal's kill, the watcher's restart).
+        expected = self._expected_stops | set(self._expected_moves) | self._stops.expected()
         for event in self._events.update(message.snapshot, expected):
             self.notify_event(event)
         # A deliberate stop is expected until that process is seen gone (or replaced).
@@ -383,5 +387,7 @@ def make_app(
 ) -> RunwatchApp:
     """The app, with its engine injected (the real ``supervisor.engine.Engine`` in production).
 
-    ``first_refresh``: ``engine.refresh()`` already under way (see ``RunwatchApp``)."""
+    ``first_refresh``: ``engine.refresh()`` already under way (see ``RunwatchApp``). What the
+    app does is audited as done from the dashboard."""
+    set_origin("dashboard")
     return RunwatchApp(config, engine, refresh_seconds=refresh_seconds, first_refresh=first_refresh)

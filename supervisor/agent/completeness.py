@@ -30,6 +30,8 @@ def remembered_id(value: Any) -> Any:
 MAX_REASONS = 10
 """Distinct reasons listed per sidecar file (the rest are summed in ``other_reasons``)."""
 MAX_IDS_SHOWN = 10
+MAX_NEAR = 256
+"""Missing rows reported with their distance to the last row answered (in-flight candidates)."""
 """Missing ids (and ids not in the input) listed by a completeness result."""
 MAX_REASON_CHARS = 160
 
@@ -158,7 +160,8 @@ class Companions:
         failed_inline: set[Any] | None = None,
     ) -> dict[str, Any]:
         """Input ids against output ids: done, failed (only in a sidecar, or in a line of the
-        output that records a failed request: ``failed_inline``), missing, not in input."""
+        output that records a failed request: ``failed_inline``), missing (passed by the client
+        without an answer), not reached yet, not in input."""
         keys, error = self.input_keys(input_path, id_key)
         result: dict[str, Any] = {
             "input_path": input_path,
@@ -174,7 +177,22 @@ class Companions:
             cached = self.sidecars.get(side.get("path", ""))
             if cached is not None:
                 failed_ids |= cached.ids
-        missing = [k for k in keys if k not in done_ids and k not in failed_ids]
+        # The client goes through its input in order: the rows up to the last one it answered
+        # (or failed) are passed; one of those without an answer is missing. The rows after it
+        # are not reached yet (a running run, or one stopped at its --max-samples).
+        passed = -1
+        for n, k in enumerate(keys):
+            if k in done_ids or k in failed_ids:
+                passed = n
+        unanswered = [
+            (n, k) for n, k in enumerate(keys) if k not in done_ids and k not in failed_ids
+        ]
+        passed_over = [(n, k) for n, k in unanswered if n < passed]
+        missing = [k for _, k in passed_over]
+        later = [k for n, k in unanswered if n > passed]
+        # The missing rows nearest the last one answered, with their distance to it: a running
+        # client's requests in flight (fewer than its concurrency) are not missing yet.
+        near = [[passed - n, _shown_id(k)] for n, k in passed_over[-MAX_NEAR:]]
         strangers = [k for k in done_ids if k not in wanted]
         result.update(
             {
@@ -184,6 +202,9 @@ class Companions:
                 "failed": len((failed_ids & wanted) - done_ids),
                 "missing": len(missing),
                 "missing_first": [_shown_id(k) for k in missing[:MAX_IDS_SHOWN]],
+                "missing_near": near,
+                "not_reached": len(later),
+                "not_reached_first": [_shown_id(k) for k in later[:MAX_IDS_SHOWN]],
                 "not_in_input": len(strangers),
                 "not_in_input_first": sorted(
                     (_shown_id(k) for k in strangers[: MAX_IDS_SHOWN * 10]), key=str

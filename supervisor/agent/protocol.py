@@ -298,7 +298,14 @@ class Completeness(TypedDict, total=False):
     failed: int
     """Input ids only in a sidecar (error or skipped) or in a failed-request line."""
     missing: int
+    """Input ids the client passed (a later row is answered) without an answer."""
     missing_first: list[Any]
+    missing_near: list[list[Any]]
+    """``[distance to the last row answered, id]`` of the missing rows nearest it (at most
+    256): a running client's requests in flight are among them."""
+    not_reached: int
+    """Input ids after the last answered row: not attempted yet."""
+    not_reached_first: list[Any]
     not_in_input: int
     not_in_input_first: list[Any]
 

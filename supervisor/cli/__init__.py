@@ -152,6 +152,9 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 
     With no command, opens the dashboard (same as `runwatch tui`). New here? Try `runwatch demo`.
     """
+    from supervisor.engine import set_origin
+
+    set_origin(f"runwatch {ctx.invoked_subcommand}" if ctx.invoked_subcommand else "dashboard")
     if ctx.invoked_subcommand is None:
         open_ui(config_path)
 

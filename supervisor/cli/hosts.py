@@ -289,8 +289,16 @@ async def _kill(
                 err=True,
             ):
                 return None
-        # Each kill is audited by the engine, a lost reply included.
-        return [await engine.kill(cfg.name, p.identity, grace, run=p.run) for p in targets]
+
+        def waiting(text: str) -> None:
+            click.echo(text, err=True)
+
+        # Each kill is audited by the engine, a lost reply and a refusal included; another
+        # action on the run (its lock) is waited for, named.
+        return [
+            await engine.kill(cfg.name, p.identity, grace, run=p.run, on_wait=waiting)
+            for p in targets
+        ]
     finally:
         await engine.aclose()
 

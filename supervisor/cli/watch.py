@@ -46,9 +46,11 @@ def watch(
 ) -> None:
     """Watch every host headless: budget policy, alerts, restarts on failure, until stopped.
 
-    Events: run-died, stalled, over-budget, waste, dataset-done, all-done, host-lost, host-back,
-    restart-done, restart-failed, restart-rolled-back, restart-gave-up, start-refused,
-    budget-policy, duplicates, data-shrank. Each names the command that acts on it.
+    Events: run-died, finished, stopped, stalled, over-budget, waste, dataset-done, all-done,
+    host-lost, host-back, restart-done, restart-failed, restart-rolled-back, restart-gave-up,
+    restart-abandoned, start-refused, budget-policy, duplicates, data-shrank. Each names the
+    command that acts on it. A restart waiting for its backoff is written in the state dir: a
+    watcher started after one was killed takes it over, or says why it abandons it.
     """
     import asyncio
     import signal

@@ -1,0 +1,90 @@
+"""Durable restart intents: a restart on failure that waits for its backoff survives its watcher.
+
+Before a restart's backoff the watcher writes what it means to do: the run, the attempt, when it
+may start (``not_before``, Unix seconds) and why, in
+``state_dir()/intents/<config key>/<run>.json`` (0600, written atomically; the key is
+``paths.config_key`` of the config file). The intent is removed once the restart is made, given
+up, or the run is seen running again. A watcher that starts on the config reads the intents left
+by one that died (``kill -9``, a reboot of the laptop) and takes each over, or says why it
+abandons it (the run is gone from the config, no longer ``on_exit = "restart"``, the file is
+unreadable): a watcher's death never leaves a run silently down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from supervisor.paths import config_key, private_dir, state_dir, write_private
+
+if TYPE_CHECKING:
+    from supervisor.config import Config
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class Intent(msgspec.Struct, kw_only=True):
+    """One pending restart on failure."""
+
+    run: str
+    host: str
+    attempt: int
+    """The restart's number in its window (1 for the first)."""
+    not_before: float
+    """Unix seconds: the end of its backoff."""
+    reason: str
+    written: float
+    by: str
+    """The watcher that wrote it (``supervisor.audit.actor``)."""
+
+
+def directory(config: Config) -> Path:
+    """``state_dir()/intents/<config key>``."""
+    return state_dir() / "intents" / config_key(config.path)
+
+
+def path_of(config: Config, run: str) -> Path:
+    return directory(config) / f"{_SAFE.sub('_', run) or '_'}.json"
+
+
+def write(config: Config, intent: Intent) -> None:
+    """Keep ``intent`` (replacing the run's previous one)."""
+    private_dir(directory(config))
+    write_private(path_of(config, intent.run), msgspec.json.encode(intent) + b"\n")
+
+
+def remove(config: Config, run: str) -> None:
+    """Forget ``run``'s intent (done, given up, or the run is back)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path_of(config, run))
+
+
+def pending(config: Config) -> tuple[list[Intent], list[tuple[Path, str]]]:
+    """The intents kept for ``config``, and the files that could not be read (with why)."""
+    found: list[Intent] = []
+    bad: list[tuple[Path, str]] = []
+    try:
+        names = sorted(os.listdir(directory(config)))
+    except FileNotFoundError:
+        return found, bad
+    for name in names:
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        path = directory(config) / name
+        try:
+            found.append(msgspec.json.decode(path.read_bytes(), type=Intent))
+        except (OSError, msgspec.DecodeError) as e:
+            bad.append((path, str(e)))
+    return found, bad
+
+
+def age_text(intent: Intent, now: float | None = None) -> str:
+    """``written 3 s ago by root@box, pid 12, runwatch watch``."""
+    ago = max(0.0, (time.time() if now is None else now) - intent.written)
+    return f"written {ago:.0f} s ago by {intent.by}"

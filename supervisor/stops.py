@@ -1,0 +1,100 @@
+"""What runwatch itself stopped or changed, from any of its processes: no death, no data loss.
+
+A run seen gone was stopped through runwatch when its run's lock is held (an action is under way
+in some runwatch: ``supervisor.runlock``) or when the audit log records the stop (a kill, a
+restart's stop, a budget stop); a data file runwatch moved aside is expected to shrink. The
+locks are read first, then the log: an action holds its run's lock until its audit record is
+written, so a stop the refresh saw is in one or the other. :class:`StopLedger` keeps those keys
+(``events.stop_key``, ``busy_key``, ``moved_key``) for ``EventTracker.update`` and, for the
+watcher, turns the records of other processes into events: restarts, and stops with who and
+from where. The watcher and the dashboard share it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from supervisor import audit, runlock
+from supervisor.config import Config
+from supervisor.events import (
+    Event,
+    audited_restart_event,
+    audited_stop_event,
+    busy_key,
+    moved_key,
+    stop_key,
+)
+
+SINCE_SLACK_S = 60.0
+"""Stops recorded this long before the ledger started still count (a stop just before it)."""
+
+
+class StopLedger:
+    """The stops and moves runwatch made, for one config; see the module docstring."""
+
+    def __init__(self, config: Config, started: float | None = None) -> None:
+        self.config = config
+        self.started = time.time() if started is None else started
+        self._stamp: tuple[int, int, int] | None = None
+        self._stops: set[str] = set()
+        self._seen: set[tuple[str, float]] = set()
+        self._events: list[Event] = []
+
+    def expected(self) -> set[str]:
+        """Keys of what runwatch stopped or moved: the runs an action holds now, then the audit
+        log since the ledger started (read again only when it changed)."""
+        cfg = self.config
+        busy = {busy_key(r.host, r.name) for r in cfg.runs if runlock.holder(cfg, r.name)}
+        try:
+            st = audit.audit_path().stat()
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            stamp = (0, 0, 0)
+        if stamp != self._stamp:
+            self._stamp = stamp
+            self._stops = self._read()
+        return busy | self._stops
+
+    def take_events(self) -> list[Event]:
+        """The events of records written by other processes since the last call: restarts made
+        elsewhere, and stops with who and from where."""
+        out, self._events = self._events, []
+        return out
+
+    def _read(self) -> set[str]:
+        out: set[str] = set()
+        for rec in audit.read(limit=1000):
+            at = float(rec.get("time") or 0)
+            if at < self.started - SINCE_SLACK_S:
+                continue
+            seen = (str(rec.get("run")), at)
+            if at >= self.started and seen not in self._seen:
+                self._seen.add(seen)
+                ev = self._event(rec)
+                if ev is not None:
+                    self._events.append(ev)
+            key = _key(rec)
+            if key is not None:
+                out.add(key)
+        return out
+
+    def _event(self, rec: dict[str, Any]) -> Event | None:
+        ev = audited_restart_event(self.config, rec)
+        if ev is None and not audit.by_this_process(rec):
+            ev = audited_stop_event(self.config, rec)
+        return ev
+
+
+def _key(rec: dict[str, Any]) -> str | None:
+    """The expected-change key of one audit record, or None."""
+    action = rec.get("action")
+    if action == "move-aside" and rec.get("path"):
+        return moved_key(str(rec["path"]))
+    if action == "budget" and rec.get("policy") == "warn":
+        return None  # recorded, nothing stopped
+    ident = rec.get("old_identity") if action == "restart" else rec.get("identity")
+    pid = ident.get("pid") if isinstance(ident, dict) else None
+    if action in ("kill", "restart", "budget") and isinstance(pid, int):
+        return stop_key(str(rec.get("host")), str(rec.get("run")), pid)
+    return None
