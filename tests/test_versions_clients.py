@@ -92,7 +92,9 @@ def test_v10_every_generation_reads_as_its_format_with_exact_counts(
     assert c["input"] == gen.input_rows
     assert c["done"] == len(gen.answers)
     assert c["failed"] == len(gen.failed) + side
-    assert c["missing"] == gen.input_rows - len(gen.answers) - len(gen.failed) - side
+    # Unanswered rows are missing when the client passed them, else not reached yet.
+    unanswered = gen.input_rows - len(gen.answers) - len(gen.failed) - side
+    assert c["missing"] + c["not_reached"] == unanswered
     # The tokens status shows: every answer and every reasoning text, reasoning apart.
     view = rates.build_dataset_view(
         scan, None, None, rates.RateTracker(), None, False, 0.0, name="d", count_texts=_words
@@ -232,7 +234,7 @@ def test_v14_check_passes_failed_rows_and_says_what_status_says(
     assert r.exit_code == 0, r.output
     assert "error file: 1 lines (1 Data starts with an assistant message)" in r.output
     assert "skipped file: 1 lines (1 empty conversations)" in r.output
-    assert "4 / 40 done, 2 failed, 34 missing" in r.output
+    assert "4 / 40 done, 2 failed, 34 not attempted yet" in r.output
     out = CliRunner().invoke(cli, ["check", "sf", "-c", str(run.config_path), "--json"])
     [f] = json.loads(out.output)["files"]
     assert f["sidecars"]["error"]["lines"] == 1 and f["completeness"]["input"] == 40
