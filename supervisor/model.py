@@ -379,6 +379,8 @@ class EndpointMetrics(msgspec.Struct, kw_only=True):
     why: str | None = None
     """Why there are no figures: ``connection refused``, ``not enabled: SGLang needs
     --enable-metrics``..."""
+    note: str | None = None
+    """A caveat of the figures shown: ``/metrics over 4 MiB: read up to its cut``."""
     engine: str | None = None
     """``sglang`` or ``vllm`` (from the metric names)."""
     running: Quantity = msgspec.field(default_factory=Quantity)

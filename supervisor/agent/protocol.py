@@ -371,6 +371,8 @@ class MetricsFetch(_MetricsFetchRequired, total=False):
 
     text: str
     truncated: bool
+    max_bytes: int
+    """The cap the text was cut at, when ``truncated`` (at its last whole line)."""
     seconds: float
     time: float
     error: str

@@ -36,6 +36,7 @@ import threading
 import time
 from typing import Any
 
+from supervisor.agent import bounded
 from supervisor.agent.datafiles import writers_of
 from supervisor.agent.protocol import AgentOpError, param_str
 
@@ -94,6 +95,8 @@ whose processes are still being torn down is ``COMPLETING``, not ``CANCELLED``."
 KILL_CONFIRM_S = 15.0
 """How long to wait for a terminal state after SIGKILL before a plain ``scancel``."""
 COMMAND_TIMEOUT_S = 30.0
+COMMAND_MAX_BYTES = 64 << 20
+"""Most bytes read from one Slurm command (squeue --json of a busy cluster is a few MiB)."""
 _SEP = "\x1f"
 """Field separator of the ``--format`` fallback (ASCII unit separator: never in Slurm's output
 of ids, states, times or node lists)."""
@@ -126,21 +129,20 @@ _json_ok: bool | None = None
 
 def _run(argv: list[str], env: dict[str, str] | None = None, timeout: float = COMMAND_TIMEOUT_S
          ) -> subprocess.CompletedProcess[bytes]:  # fmt: skip
+    """``argv`` run under one deadline for the whole command and a byte cap on its output
+    (``agent.bounded``: at either, its process group is killed and it is reaped)."""
     try:
-        return subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            env=env,
-            timeout=timeout,
-            check=False,
-        )
+        done = bounded.run(argv, timeout, COMMAND_MAX_BYTES, env)
     except FileNotFoundError:
         raise AgentOpError(
             f"{argv[0]} not found on this host: is it a Slurm login node?", "no-slurm"
         ) from None
-    except subprocess.TimeoutExpired:
-        raise AgentOpError(f"{argv[0]} gave no answer within {timeout:g} s", "timeout") from None
+    if done.timed_out:
+        raise AgentOpError(f"{argv[0]} gave no answer within {timeout:g} s", "timeout")
+    if done.problem is not None:
+        raise AgentOpError(f"{argv[0]}: {done.problem}; its answer was not read", "too-large")
+    rc = done.returncode if done.returncode is not None else -1
+    return subprocess.CompletedProcess(argv, rc, done.stdout, done.stderr)
 
 
 def _text(b: bytes) -> str:

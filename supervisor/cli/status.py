@@ -176,6 +176,8 @@ def _serving_lines(h: HostView) -> list[str]:
                 f"TTFT p50 {display.latency(1000 * em.ttft_p50_s)} p90 "
                 f"{display.latency(1000 * em.ttft_p90_s)} ({em.ttft_window})"
             )
+        if em.note:
+            parts.append(em.note)
         lines.append(f"  endpoint {em.name} ({em.engine}): " + ", ".join(parts))
     for g in h.gpus:
         parts = [display.percent(g.utilization_pct)]
