@@ -4,7 +4,9 @@ Every ``refresh_seconds`` the watcher refreshes every host (the engine reconnect
 with backoff and shows its last values meanwhile), applies each run's budget policy
 (``Engine.enforce_budget``), turns the snapshot into events (``supervisor.events``), restarts
 runs that opted in (``supervisor.autorestart``), prints one line per event (or one JSON object
-with ``--json``) and sends them through ``supervisor.alerts``.
+with ``--json``) and hands them to ``supervisor.alerts``, whose deliveries run off this loop (a
+hung receiver never delays a refresh). Every refresh also prints one line of its own (``tick``):
+a watcher that prints nothing for two refreshes is stuck, not quiet.
 
 Two watchers on one config would both act: :class:`WatchLock` takes an ``flock`` in the state
 dir keyed by the config file's real path and another keyed by its content, held for the
@@ -41,14 +43,17 @@ from supervisor.events import (
     stop_key,
     with_lines,
 )
-from supervisor.paths import state_dir
+from supervisor.paths import config_key, state_dir
 
 if TYPE_CHECKING:
     from supervisor.engine import Engine
     from supervisor.guard import BudgetEvent
+    from supervisor.model import Snapshot
 
 LOG_LINES = 10
 """Lines of a dead run's log attached to its alert."""
+CLOSE_GRACE_S = 2.0
+"""Seconds a stopping watcher waits for the deliveries under way."""
 
 
 class WatchLocked(RunwatchError):
@@ -148,7 +153,9 @@ class Watcher:
         check_alerts(config.alerts, f"{config.path or 'config'}: [alerts]")
         self.emit = emit
         self.as_json = as_json
-        self.alerter = alerter or Alerter(config.alerts)
+        self.alerter = alerter or Alerter(
+            config.alerts, spool=state_dir() / "alerts" / config_key(config.path)
+        )
         self.interval = interval or config.refresh_seconds
         self.tracker = EventTracker(config, report_initial=True)
         self.restarts = AutoRestart(engine)
@@ -189,6 +196,11 @@ class Watcher:
             left = max(0.0, self.interval - (time.monotonic() - started))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), left)
+        # Deliveries under way get a moment to end; the rest stay spooled for the next watcher.
+        await asyncio.to_thread(self.alerter.close, CLOSE_GRACE_S)
+        self._report(self.alerter.collect())
+        if self.alerter.waiting:
+            self.note(f"{self.alerter.waiting} alert(s) not delivered: kept for the next watcher")
         self.note("stopped")
 
     async def tick(self) -> list[Event]:
@@ -218,13 +230,40 @@ class Watcher:
         del self.events[:-EVENTS_KEPT]
         self.alerter.keep_only(self.tracker.active())
         deliveries = await self.alerter.submit(events)
+        self._report(deliveries)
+        self.ticks += 1
+        self._tick_line(snap)
+        return events
+
+    def _report(self, deliveries: list[Delivery]) -> None:
+        """Notes on the deliveries that came in (off this loop) and on failing URLs."""
         for d in deliveries:
             if not d.ok:
-                self.note(f"alert not delivered ({d.title}): {d.error}")
+                retry = "" if d.final else "; retrying with backoff"
+                self.note(f"alert not delivered to {d.target} ({d.title}): {d.error}{retry}")
+            elif d.attempts > 1:
+                self.note(f"alert delivered to {d.target} after {d.attempts} attempts")
+        for text in self.alerter.notes:
+            self.note(text)
+        self.alerter.notes.clear()
         self.deliveries.extend(deliveries)
         del self.deliveries[:-EVENTS_KEPT]
-        self.ticks += 1
-        return events
+
+    def _tick_line(self, snap: Snapshot) -> None:
+        """One line per refresh: hosts reached, runs running, alerts waiting."""
+        up = sum(1 for h in snap.hosts if h.connected)
+        running = sum(1 for h in snap.hosts for r in h.runs if r.state == "running")
+        waiting = self.alerter.waiting
+        if self.as_json:
+            tick = {"tick": self.ticks, "time": time.time(), "hosts_up": up}
+            tick |= {"hosts": len(snap.hosts), "running": running, "alerts_waiting": waiting}
+            self.emit(json.dumps(tick))
+            return
+        alerts = f"; {waiting} alert(s) waiting" if waiting else ""
+        self.emit(
+            f"{time.strftime('%H:%M:%S')} refresh {self.ticks}: {up}/{len(snap.hosts)} host(s) "
+            f"up, {running} run(s) running{alerts}"
+        )
 
     def audited_stops(self) -> set[str]:
         """Processes stopped through runwatch (kill, restart, budget stop) since this watcher
