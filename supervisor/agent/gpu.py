@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import math
 import shutil
+import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 from supervisor.agent import bounded
 from supervisor.agent.protocol import AgentOpError, GpuHoldersResult
@@ -25,6 +29,8 @@ GPU_DEADLINE_S = 5.0
 """Seconds both nvidia-smi calls of one query may take together."""
 GPU_MAX_BYTES = 1 << 20
 """Most bytes read from one nvidia-smi call (a host of 8 GPUs prints about 1 KiB)."""
+GPU_WAIT_S = 2.0
+"""Seconds a refresh waits for nvidia-smi's answer before it takes the last one (stale)."""
 
 
 def _num(s: str) -> float | None:
@@ -189,6 +195,54 @@ def query_gpu(
     if bad_apps:
         summary["error"] = _unreadable(bad_apps)
     return per_pid, summary
+
+
+class Poller:
+    """nvidia-smi asked for a refresh, one query at a time on a thread of its own: a refresh
+    waits for a fresh answer at most ``wait_s``; past it, it gets the last answer marked stale
+    (with its age and why), and the query goes on to its own deadline (:func:`query_gpu`). A hung
+    nvidia-smi therefore costs a refresh ``wait_s`` at most and never more than one child."""
+
+    def __init__(self, query: Callable[[], Any] | None = None, wait_s: float = GPU_WAIT_S) -> None:
+        self._query = query or query_gpu
+        self.wait_s = wait_s
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._asked = 0.0
+        self._last: tuple[float, Any] | None = None
+
+    def _run(self) -> None:
+        try:
+            result = self._query()
+        except Exception as e:  # a broken nvidia-smi never fails the refresh
+            result = (None, {"error": f"nvidia-smi failed: {type(e).__name__}: {e}"})
+        with self._lock:
+            self._last = (time.time(), result)
+
+    def get(self) -> Any:
+        """``(GPU MiB per pid, summary)`` as :func:`query_gpu`, fresh or the last one."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="gpu", daemon=True)
+                self._asked = time.monotonic()
+                self._thread.start()
+            thread, asked = self._thread, self._asked
+        thread.join(self.wait_s)
+        with self._lock:
+            last = self._last
+        if not thread.is_alive() and last is not None:
+            return last[1]
+        waited = time.monotonic() - asked
+        if last is None:
+            return None, {"error": f"nvidia-smi: no answer yet after {waited:.0f} s (still asked)"}
+        at, (per_pid, summary) = last
+        stale = dict(summary or {})
+        age = time.time() - at
+        why = f"nvidia-smi slow: no answer for {waited:.0f} s; figures from {age:.0f} s ago"
+        if stale.get("error"):
+            why = f"{why} ({stale['error']})"
+        stale["error"] = why
+        return per_pid, stale
 
 
 def gpu_holders(params: dict[str, Any]) -> GpuHoldersResult:

@@ -117,6 +117,8 @@ class Agent:
         self.write_lock = threading.Lock()
         self.scan_lock = threading.Lock()
         self.list_lock = threading.Lock()  # the lister keeps CPU times between calls
+        self.gpus = gpu.Poller()
+        """nvidia-smi for the refreshes: one query at a time, a refresh waits a bounded time."""
         self.scanner: Any = None
         self.scanner_error: str | None = None
         self.request = threading.local()
@@ -164,7 +166,7 @@ class Agent:
         gpu_query: tuple[dict[int, float] | None, dict[str, Any] | None] | None = None,
     ) -> tuple[list[Any], Any, list[Any]]:
         """The run processes, the GPU summary and the units of the listing's ``config_id``;
-        ``gpu_query``: nvidia-smi's answer when it was asked already (:func:`gpu.query_gpu`),
+        ``gpu_query``: nvidia-smi's answer when it was asked already (:class:`gpu.Poller`),
         else it is asked here when ``with_gpu``."""
         scripts = params.get("scripts") or list(DEFAULT_SCRIPTS)
         if not isinstance(scripts, list) or not all(isinstance(s, str) for s in scripts):
@@ -180,7 +182,7 @@ class Agent:
         except ValueError as e:
             raise AgentOpError(str(e), "bad-request") from None
         if gpu_query is None:
-            gpu_query = gpu.query_gpu() if with_gpu else (None, None)
+            gpu_query = self.gpus.get() if with_gpu else (None, None)
         gpu_pids, summary = gpu_query
         config_id = params.get("config_id")
         cid = config_id if isinstance(config_id, str) and config_id else None
@@ -241,7 +243,7 @@ class Agent:
             # The line counts go out as soon as they are made, not after nvidia-smi (a second
             # or more on a host of 8 GPUs): the GPUs are asked on a thread of their own, the
             # processes listed without them for the counts and again with them for the reply.
-            gpus = _Background(gpu.query_gpu) if with_gpu else None
+            gpus = _Background(self.gpus.get) if with_gpu else None
             found, summary, units = self._list(params, False)
             reporter = self._first_pass(specs, found, counting)
         files = self._scan_files(specs, reporter=reporter)
