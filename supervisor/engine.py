@@ -183,6 +183,8 @@ class _HostState:
     failures: int = 0
     next_try: float = 0.0
     discovered: dict[str, dict[str, Any]] = field(default_factory=dict)
+    jobs: dict[str, Any] | None = None
+    """The last whole Slurm listing of the host (shown, marked stale, when a listing fails)."""
 
 
 class Engine:
@@ -646,7 +648,10 @@ class Engine:
             from supervisor import slurm
 
             owned = slurm.owned_jobs(self.config, hc.name)
-            result = await slurm.refresh(host, params, hc.command_timeout, owned)
+            state = self._state[hc.name]
+            result = await slurm.refresh(host, params, hc.command_timeout, owned, state.jobs)
+            if not result["notes"]:
+                state.jobs = result["slurm"]
             return result, time.monotonic() - started
         if params.get("progress") and isinstance(host, AgentHost):
             result = await host.request(
@@ -876,6 +881,7 @@ class Engine:
             endpoints=self._live.endpoints(hc.name, result.get("metrics"), time.time(), run_views),
             gpus=gpus,
             gpu_error=gpu_error,
+            notes=list(result.get("notes") or []),
         )
 
     def _match(self, hc: HostConfig, runs: list[RunConfig], p: ProcessInfo) -> str | None:

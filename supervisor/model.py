@@ -452,6 +452,9 @@ class HostView(msgspec.Struct, kw_only=True):
     gpu_error: str | None = None
     progress: ScanProgress | None = None
     """Set while the host's first scan runs (its datasets are then provisional)."""
+    notes: list[str] = []
+    """Figures of a reachable host that are stale, with why (``Slurm jobs as of 40 s ago:
+    squeue gave no answer within 10 s``)."""
 
 
 class Snapshot(msgspec.Struct, kw_only=True):

@@ -280,3 +280,50 @@ def test_a_slow_nvidia_smi_leaves_the_last_figures_marked_stale(
         assert "no answer within 3 s (stopped)" in summary["error"]
         per_pid, summary = poller.get()
     assert per_pid == {4242: 100.0} and summary["gpus"][0]["utilization_pct"] == 97.0
+
+
+async def test_a_hung_squeue_leaves_the_last_jobs_shown_stale_and_the_host_connected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slurm_env: Any
+) -> None:
+    """A login node whose `squeue` hangs after a first good listing: on main the refresh
+    waited for it until the command timeout and the host showed DISCONNECTED; now the listing
+    has a deadline of its own, the last jobs are shown with their age and why, and the hung
+    squeue is killed with its children."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("RW_TEST_PIDS", str(tmp_path / "pids"))
+    cfg = write_local_config(tmp_path / "c.toml", "")
+    cfg.write_text(
+        cfg.read_text().replace("local = true\n", 'local = true\nkind = "slurm"\n')
+        + "command_timeout = 10.0\n"
+    )
+    async with Engine(load_config(cfg)) as engine:
+        (first,) = (await engine.refresh()).hosts
+        assert first.connected and first.notes == [], first.error
+        squeue = bin_dir / "squeue"  # found first on PATH from now on
+        squeue.write_text('#!/bin/sh\nsleep 300 &\necho $$ $! >> "$RW_TEST_PIDS"\nwait\n')
+        squeue.chmod(0o755)
+        try:
+            (host,) = (await engine.refresh()).hosts
+            text = render(await engine.refresh())
+        finally:
+            squeue.unlink()  # the fixture's teardown lists the queue with the real one
+    assert host.connected and not host.stale, host.error
+    (note,) = host.notes
+    assert re.fullmatch(r"Slurm jobs as of \d+ s ago: squeue gave no answer within 5 s", note), note
+    assert "Slurm jobs as of" in text and "DISCONNECTED" not in text
+    pids = [int(p) for line in (tmp_path / "pids").read_text().splitlines() for p in line.split()]
+    wait_until(lambda: not any(_alive(p) for p in pids), 10, what="the hung squeue's children gone")
+
+
+async def test_an_agent_that_exits_during_a_hung_query_leaves_no_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine closes (the agent's stdin ends) while nvidia-smi hangs: its group goes too."""
+    _smi(tmp_path, monkeypatch, 'sleep 300 &\necho $$ $! >> "$RW_TEST_PIDS"\nwait\n')
+    async with Engine(load_config(_config(tmp_path, {}))) as engine:
+        (host,) = (await engine.refresh()).hosts
+        assert host.gpu_error == "nvidia-smi: no answer yet after 2 s (still asked)"
+    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    wait_until(lambda: not any(_alive(p) for p in pids), 10, what="the query's children gone")

@@ -14,6 +14,7 @@ import os
 import selectors
 import signal
 import subprocess
+import threading
 import time
 
 
@@ -33,6 +34,20 @@ class Finished:
     @property
     def timed_out(self) -> bool:
         return self.problem is not None and self.problem.startswith("no answer")
+
+
+_live: set[subprocess.Popen[bytes]] = set()
+"""The bounded children running now (killed by :func:`kill_all` when the agent exits)."""
+_live_lock = threading.Lock()
+
+
+def kill_all() -> None:
+    """SIGKILL the process group of every bounded child still running: an agent that exits
+    (its channel closed) leaves no query behind."""
+    with _live_lock:  # held: a child listed here is not reaped yet, its group id is its own
+        for proc in _live:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _size(n: int) -> str:
@@ -79,6 +94,8 @@ def run(
         start_new_session=True,
         close_fds=True,
     )
+    with _live_lock:
+        _live.add(proc)
     out: list[bytes] = []
     err: list[bytes] = []
     got = 0
@@ -109,6 +126,8 @@ def run(
     finally:
         sel.close()
         # The group goes whatever happened: a wrapper's children must not outlive the query.
+        with _live_lock:
+            _live.discard(proc)
         kill_group(proc)
         proc.stdout.close()
         proc.stderr.close()

@@ -911,6 +911,9 @@ class SlurmJobsParams(TypedDict, total=False):
     all_users: bool
     job_ids: list[str]
     force_format: bool
+    deadline_s: float
+    """Seconds the whole listing may take (squeue, its fallback, scontrol for the output paths);
+    past it the op fails with kind ``timeout`` and its children are killed."""
 
 
 class SlurmJobsResult(TypedDict):

@@ -27,7 +27,7 @@ import time
 import traceback
 from typing import IO, TYPE_CHECKING, Any
 
-from supervisor.agent import firstpass, gpu, kill
+from supervisor.agent import bounded, firstpass, gpu, kill
 from supervisor.agent import proc as procs
 from supervisor.agent.match import resolve_runs
 from supervisor.agent.protocol import (
@@ -459,6 +459,7 @@ def main() -> None:
     agent.serve(sys.stdin.buffer)
     with contextlib.suppress(OSError):
         out.flush()
+    bounded.kill_all()  # a query under way (a hung nvidia-smi) must not outlive the agent
     os._exit(0)  # do not wait for daemon threads still reading a large file
 
 

@@ -64,7 +64,7 @@ def _client_notes(ds: DatasetView) -> list[str]:
 def _host_line(h: HostView, now: float) -> str:
     if h.connected:
         rtt = f"  rtt {display.latency(h.rtt_ms)}" if h.rtt_ms is not None else ""
-        return f"{h.name}  connected{rtt}"
+        return "\n  ".join([f"{h.name}  connected{rtt}", *h.notes])
     parts = [f"{h.name}  DISCONNECTED"]
     if h.stale and h.last_ok is not None:
         parts.append(f"(stale: last ok {display.ago(now, h.last_ok)})")
