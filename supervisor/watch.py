@@ -163,6 +163,8 @@ class Watcher:
         """The events so far, oldest first (the newest ``EVENTS_KEPT``)."""
         self.deliveries: list[Delivery] = []
         self.ticks = 0
+        self.doing = ""
+        """What the refresh under way is doing (for the notes of a long one)."""
         self.started = time.time()
         self._expected: set[str] = set()
         self._audit_stamp: tuple[int, int, int] | None = None
@@ -187,12 +189,15 @@ class Watcher:
         )
         while not stop.is_set():
             started = time.monotonic()
+            beat = asyncio.ensure_future(self._beat(started))
             try:
                 await self.tick()
             except RunwatchError as e:
                 self.note(f"refresh failed: {e}")
             except Exception as e:  # a watcher keeps going: say what failed, try again next tick
                 self.note(f"refresh failed: {type(e).__name__}: {e}")
+            finally:
+                beat.cancel()
             left = max(0.0, self.interval - (time.monotonic() - started))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), left)
@@ -203,10 +208,22 @@ class Watcher:
             self.note(f"{self.alerter.waiting} alert(s) not delivered: kept for the next watcher")
         self.note("stopped")
 
+    async def _beat(self, started: float) -> None:
+        """While one refresh takes longer than the interval, a note each interval saying what
+        it is doing: the output never goes quiet for two intervals."""
+        while True:
+            await asyncio.sleep(self.interval)
+            took = time.monotonic() - started
+            self.note(f"refresh {self.ticks + 1} still under way after {took:.0f} s: {self.doing}")
+
     async def tick(self) -> list[Event]:
         """One refresh: budget policy, events, automatic restarts, output and alerts."""
         engine = self.engine
-        snap = await engine.refresh()
+        self.doing = "asking the hosts"
+        # A host that does not answer within the interval shows its last values, marked
+        # stale (the engine takes its answer at a later refresh): the others go on.
+        snap = await engine.refresh(wait=self.interval)
+        self.doing = "budget policy and events"
 
         def deliberate(event: BudgetEvent) -> None:
             if event.policy != "warn":
@@ -223,6 +240,7 @@ class Watcher:
                 events.append(ev)
         events = [await self._with_log(ev) for ev in events]
         events += self.restarts.observe(events)
+        self.doing = "restarts on failure"
         events += await self.restarts.step(snap)
         for ev in events:
             self._show(ev)
@@ -252,7 +270,9 @@ class Watcher:
     def _tick_line(self, snap: Snapshot) -> None:
         """One line per refresh: hosts reached, runs running, alerts waiting."""
         up = sum(1 for h in snap.hosts if h.connected)
-        running = sum(1 for h in snap.hosts for r in h.runs if r.state == "running")
+        running = sum(
+            1 for h in snap.hosts for r in h.runs if r.configured and r.state == "running"
+        )
         waiting = self.alerter.waiting
         if self.as_json:
             tick = {"tick": self.ticks, "time": time.time(), "hosts_up": up}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -327,3 +328,43 @@ async def test_an_agent_that_exits_during_a_hung_query_leaves_no_child(
         assert host.gpu_error == "nvidia-smi: no answer yet after 2 s (still asked)"
     pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
     wait_until(lambda: not any(_alive(p) for p in pids), 10, what="the query's children gone")
+
+
+async def test_a_host_that_does_not_answer_in_time_shows_its_last_values_and_the_others_go_on(
+    tmp_path: Path,
+) -> None:
+    """The watcher's refresh waits a bounded time: a host whose agent is frozen (SIGSTOP) is
+    shown with its last values, stale, with how long it has been asked, and the other host's
+    figures are fresh; once it answers again, a later refresh takes its answer."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        '[[hosts]]\nname = "here"\nlocal = true\n\n'
+        '[[hosts]]\nname = "there"\nlocal = true\ncommand_timeout = 60.0\n'
+    )
+    async with Engine(load_config(cfg)) as engine:
+        first = {h.name: h for h in (await engine.refresh()).hosts}
+        assert first["here"].connected and first["there"].connected
+        hello = engine.host("there").hello
+        assert hello is not None
+        pid = int(hello["pid"])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            views = {h.name: h for h in (await engine.refresh(wait=1.0)).hosts}
+            assert views["here"].connected and not views["here"].stale
+            assert views["here"].last_ok is not None
+            assert views["here"].last_ok > (first["here"].last_ok or 0)
+            there = views["there"]
+            assert there.stale and there.last_ok == first["there"].last_ok
+            assert there.notes and re.fullmatch(
+                r"no answer for \d+ s yet: showing its last values", there.notes[-1]
+            ), there.notes
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for _ in range(60):  # its answer comes in at a later refresh
+            views = {h.name: h for h in (await engine.refresh(wait=1.0)).hosts}
+            if not views["there"].stale:
+                break
+        else:
+            pytest.fail("the host's answer never came in")
+        assert views["there"].connected and views["there"].notes == []
+        assert (views["there"].last_ok or 0) > (first["there"].last_ok or 0)
