@@ -220,9 +220,10 @@ class Watcher:
         """One refresh: budget policy, events, automatic restarts, output and alerts."""
         engine = self.engine
         self.doing = "asking the hosts"
-        # A host that does not answer within the interval shows its last values, marked
-        # stale (the engine takes its answer at a later refresh): the others go on.
-        snap = await engine.refresh(wait=self.interval)
+        # A host that does not answer within most of the interval shows its last values,
+        # marked stale (the engine takes its answer at a later refresh): the others go on, and
+        # the rest of the refresh has the remaining quarter.
+        snap = await engine.refresh(wait=0.75 * self.interval)
         self.doing = "budget policy and events"
 
         def deliberate(event: BudgetEvent) -> None:

@@ -231,8 +231,8 @@ class SoakWatcher:
             if gap > 2 * INTERVAL_S:
                 add("watch-silent", f"no output for {gap:.1f} s from {time.ctime(at)}",
                     {"at": at, "gap_s": round(gap, 2)})  # fmt: skip
-        with self.receiver.lock:
-            got = list(zip(self.receiver.times, self.receiver.messages(), strict=False))
+        messages = self.receiver.messages()
+        got = list(zip(list(self.receiver.times), messages, strict=False))
         late = 0
         events = 0
         for i, e in enumerate(lines):
