@@ -222,8 +222,9 @@ class Watcher:
         self.doing = "asking the hosts"
         # A host that does not answer within most of the interval shows its last values,
         # marked stale (the engine takes its answer at a later refresh): the others go on, and
-        # the rest of the refresh has the remaining quarter.
-        snap = await engine.refresh(wait=0.75 * self.interval)
+        # the rest of the refresh has the remaining quarter. The first refresh waits for every
+        # host: a host not asked yet has no last values (it is neither up nor lost).
+        snap = await engine.refresh(wait=0.75 * self.interval if self.ticks else None)
         self.doing = "budget policy and events"
 
         def deliberate(event: BudgetEvent) -> None:
