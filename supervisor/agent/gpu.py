@@ -219,20 +219,25 @@ class Poller:
         with self._lock:
             self._last = (time.time(), result)
 
-    def get(self) -> Any:
-        """``(GPU MiB per pid, summary)`` as :func:`query_gpu`, fresh or the last one."""
+    def ask(self) -> threading.Thread:
+        """Start a query unless one is under way (never waits); the thread answering."""
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="gpu", daemon=True)
                 self._asked = time.monotonic()
                 self._thread.start()
-            thread, asked = self._thread, self._asked
+            return self._thread
+
+    def get(self, asked: threading.Thread | None = None) -> Any:
+        """``(GPU MiB per pid, summary)`` as :func:`query_gpu`, fresh or the last one;
+        ``asked``: the query started earlier by :meth:`ask` (waited for, not a new one)."""
+        thread = asked or self.ask()
         thread.join(self.wait_s)
         with self._lock:
-            last = self._last
+            since, last = self._asked, self._last
         if not thread.is_alive() and last is not None:
             return last[1]
-        waited = time.monotonic() - asked
+        waited = time.monotonic() - since
         if last is None:
             return None, {"error": f"nvidia-smi: no answer yet after {waited:.0f} s (still asked)"}
         at, (per_pid, summary) = last

@@ -84,29 +84,6 @@ def _deferred(target: str) -> Callable[[dict[str, Any]], Mapping[str, Any]]:
     return handle
 
 
-class _Background:
-    """``fn()`` called on a daemon thread at once; :meth:`result` waits for its value (or raises
-    what it raised)."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[[], Any]) -> None:
-        try:
-            self._value = fn()
-        except BaseException as e:  # handed to the caller of result()
-            self._error = e
-
-    def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
 class Agent:
     """State kept across requests: the scanner, the process lister, the output lock."""
 
@@ -236,19 +213,21 @@ class Agent:
         counting = self._count_lines(specs) if params.get("progress") else None
         with_gpu = bool(params.get("gpu", True))
         reporter = None
-        gpus: _Background | None = None
+        asked: threading.Thread | None = None
         if counting is None:
             found, summary, units = self._list(params, with_gpu)
         else:
             # The line counts go out as soon as they are made, not after nvidia-smi (a second
             # or more on a host of 8 GPUs): the GPUs are asked on a thread of their own, the
             # processes listed without them for the counts and again with them for the reply.
-            gpus = _Background(self.gpus.get) if with_gpu else None
+            # nvidia-smi is asked now and waited for (at most the poller's wait) only after
+            # the files are scanned.
+            asked = self.gpus.ask() if with_gpu else None
             found, summary, units = self._list(params, False)
             reporter = self._first_pass(specs, found, counting)
         files = self._scan_files(specs, reporter=reporter)
-        if gpus is not None:
-            found, summary, units = self._list(params, True, gpus.result())
+        if asked is not None:
+            found, summary, units = self._list(params, True, self.gpus.get(asked))
         reply: RefreshResult = {
             "time": time.time(),
             "boot_id": self.boot_id,
