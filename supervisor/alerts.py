@@ -7,6 +7,11 @@ was sent already and not forgotten since (the watcher forgets a condition's key 
 more than ``digest_over`` events at once into one digest message. Every message ends with the
 command that acts on the event. The URLs usually hold tokens: they are only ever shown through
 :func:`mask_url`, and apprise's own log is silenced (its messages can quote a URL).
+
+Sending never blocks the caller: each URL has its own :class:`~supervisor.outbox.Outbox` (queue,
+worker, deadline per delivery, retries with backoff, spool in the state dir); :meth:`Alerter.submit`
+hands messages over and returns the results that came in since. A URL that has failed for
+``failing_minutes`` is reported to the other URLs (:meth:`Alerter.collect`).
 """
 
 from __future__ import annotations
@@ -18,18 +23,20 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from supervisor.config import AlertsConfig
 from supervisor.errors import ConfigError
 from supervisor.events import EVENT_KINDS, EVENTS_KEPT, Event, severity_rank
+from supervisor.outbox import Delivery, Message, Outbox, url_key
 from supervisor.secrets import mask_text
-
-SEND_TIMEOUT_S = 20.0
 
 Sender = Callable[[str, str, str], bool]
 """``send(title, body, severity) -> delivered``."""
+
+__all__ = ["Alerter", "Delivery", "Sender", "check_alerts", "compose", "mask_url"]
 
 
 def mask_url(url: str) -> str:
@@ -98,29 +105,24 @@ def compose(events: list[Event]) -> tuple[str, str, str]:
 
 
 @dataclass
-class Delivery:
-    """One message sent (or not)."""
-
-    ok: bool
-    title: str
-    events: list[Event]
-    error: str | None = None
-
-
-@dataclass
 class Alerter:
-    """Filters, deduplicates, rate-limits and sends events; see the module docstring."""
+    """Filters, deduplicates, rate-limits and hands events to the outboxes; see the module
+    docstring."""
 
     config: AlertsConfig
     send: Sender | None = None
-    """How a message goes out (default: apprise to every configured URL)."""
+    """How a message goes out (default: apprise to each configured URL, one outbox each)."""
     clock: Callable[[], float] = time.monotonic
+    spool: Path | None = None
+    """The directory of the outboxes' spools (None: undelivered messages live in memory)."""
     pending: list[Event] = field(default_factory=list)
     """Events waiting for the rate limit."""
     deliveries: list[Delivery] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the alerter says about itself since the last :meth:`collect` (a URL failing)."""
     _sent_at: deque[float] = field(default_factory=deque)
     _keys: dict[str, float] = field(default_factory=dict)
-    _apprise: Any = None
+    _outboxes: list[Outbox] | None = None
     _held: bool = False
     """Events waited for the rate limit: they go out as one digest."""
 
@@ -138,8 +140,30 @@ class Alerter:
             return False
         return severity_rank(event.severity) >= severity_rank(self.config.min_severity)
 
+    def outboxes(self) -> list[Outbox]:
+        """One outbox per URL (or one for ``send``), started at the first call: what an
+        earlier watcher left in the spool goes out now."""
+        if self._outboxes is None:
+            self._outboxes = []
+            if self.send is not None:
+                self._outboxes.append(self._outbox("custom", "custom", self.send))
+            else:
+                apps = [(url, _apprise_for([url])) for url in self.config.urls]
+                for url, app in apps:
+                    self._outboxes.append(self._outbox(mask_url(url), url_key(url), _notify(app)))
+            for box in self._outboxes:
+                box.start()
+        return self._outboxes
+
+    def _outbox(self, target: str, key: str, send: Sender) -> Outbox:
+        spool = None if self.spool is None else self.spool / key
+        timeout = self.config.delivery_timeout_seconds
+        return Outbox(target=target, send=send, spool=spool, deadline_s=timeout)
+
     async def submit(self, events: Iterable[Event]) -> list[Delivery]:
-        """Queue the wanted, not recently sent events and send what the rate limit allows."""
+        """Queue the wanted, not recently sent events, hand what the rate limit allows to the
+        outboxes, and return the results that came in since the last call (never waits on a
+        delivery)."""
         now = self.clock()
         for ev in events:
             if not self.enabled or not self.wanted(ev):
@@ -157,18 +181,24 @@ class Alerter:
         self._keys = {k: t for k, t in self._keys.items() if k in keep}
 
     async def flush(self) -> list[Delivery]:
-        """Send pending events within the rate limit: one message each, or one digest."""
+        """Hand pending events to the outboxes within the rate limit (one message each, or one
+        digest); the results since the last call. The outboxes start at the first call, so that
+        what an earlier watcher left in the spool goes out without waiting for news."""
+        if self.enabled:
+            self.outboxes()
+        self._post_pending()
+        return self.collect()
+
+    def _post_pending(self) -> None:
         now = self.clock()
         while self._sent_at and now - self._sent_at[0] >= 60.0:
             self._sent_at.popleft()
         room = self.config.max_per_minute - len(self._sent_at)
         if not self.pending:
-            return []
+            return
         if room <= 0:
             self._held = True
-            return []
-        if self.send is None and self._apprise is None:
-            self._apprise = _apprise_for(self.config.urls)
+            return
         batches: list[list[Event]]
         many = len(self.pending) > max(1, self.config.digest_over) or len(self.pending) > room
         if len(self.pending) > 1 and (many or self._held):
@@ -177,33 +207,80 @@ class Alerter:
             batches = [[e] for e in self.pending]
         self.pending = []
         self._held = False
-        out = []
         for batch in batches:
             title, body, severity = compose(batch)
             title, body = mask_text(title), mask_text(body)  # a payload never carries a secret
             self._sent_at.append(now)
-            try:
-                ok = await asyncio.wait_for(
-                    asyncio.to_thread(self._deliver, title, body, severity), SEND_TIMEOUT_S
-                )
-                error = None if ok else "not delivered to every URL"
-            except asyncio.TimeoutError:
-                ok, error = False, f"no answer within {SEND_TIMEOUT_S:g} s"
-            except Exception as e:  # a notifier's failure must not stop the watcher
-                ok, error = False, type(e).__name__
-            delivery = Delivery(ok=ok, title=title, events=batch, error=error)
-            self.deliveries.append(delivery)
-            del self.deliveries[:-EVENTS_KEPT]
-            out.append(delivery)
+            msg = Message(
+                title=title, body=body, severity=severity, created=time.time(), events=batch
+            )
+            for box in self.outboxes():
+                box.post(msg)
+
+    def collect(self) -> list[Delivery]:
+        """The results of the outboxes since the last call; a URL failing for
+        ``failing_minutes`` is reported to the others (once, until it delivers again)."""
+        out: list[Delivery] = []
+        boxes = self._outboxes or []
+        now = time.time()
+        for box in boxes:
+            out += box.collect()
+            since = box.failing_since
+            if since is None or box.failing_reported:
+                continue
+            if now - since < 60.0 * self.config.failing_minutes:
+                continue
+            box.failing_reported = True
+            minutes = (now - since) / 60.0
+            title = f"runwatch warning: alerts to {box.target} failing"
+            body = (
+                f"Alerts to {box.target} have failed for {minutes:.0f} min "
+                f"({box.waiting} waiting; last error: {box.last_error}). They are retried with "
+                "backoff and kept in the state dir until delivered.\n"
+                "Act: check the receiver, or change [alerts] urls"
+            )
+            self.notes.append(f"alerts to {box.target} failing for {minutes:.0f} min")
+            msg = Message(title=title, body=body, severity="warning", created=now)
+            for other in boxes:
+                if other is not box:
+                    other.post(msg)
+        self.deliveries.extend(out)
+        del self.deliveries[:-EVENTS_KEPT]
         return out
 
-    def _deliver(self, title: str, body: str, severity: str) -> bool:
-        if self.send is not None:
-            return self.send(title, body, severity)
+    @property
+    def waiting(self) -> int:
+        """Messages not delivered yet, over every URL."""
+        return sum(box.waiting for box in self._outboxes or [])
+
+    async def drain(self, timeout: float) -> list[Delivery]:
+        """Wait until every outbox is empty or ``timeout`` passes; the results since the last
+        call (for a one-shot sender and for tests)."""
+        deadline = time.monotonic() + timeout
+        while self.waiting and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.collect()
+
+    def close(self, grace: float = 0.0) -> None:
+        """Stop the workers, giving the attempts under way up to ``grace`` seconds in all; what
+        is not delivered stays in the spool."""
+        deadline = time.monotonic() + grace
+        for box in self._outboxes or []:
+            box.close()
+        for box in self._outboxes or []:
+            box.join(max(0.0, deadline - time.monotonic()))
+
+
+def _notify(app: Any) -> Sender:
+    """``send`` through one ``apprise.Apprise`` (of one URL)."""
+
+    def send(title: str, body: str, severity: str) -> bool:
         apprise = _import_apprise()
         kind = {
             "info": apprise.NotifyType.INFO,
             "warning": apprise.NotifyType.WARNING,
             "critical": apprise.NotifyType.FAILURE,
         }[severity]
-        return bool(self._apprise.notify(body=body, title=title, notify_type=kind))
+        return bool(app.notify(body=body, title=title, notify_type=kind))
+
+    return send

@@ -335,6 +335,12 @@ class AlertsConfig(_Section):
     """At most this many messages a minute; the rest wait and go out as one digest."""
     digest_over: int = 3
     """More events than this at once are sent as one digest message."""
+    delivery_timeout_seconds: float = 20.0
+    """Seconds one delivery to one URL may take; past it, it is retried with backoff (the
+    watcher never waits for a delivery: each URL has a queue and a worker of its own)."""
+    failing_minutes: float = 10.0
+    """When a URL has failed every delivery for this many minutes, an alert saying so goes to
+    the other URLs."""
 
 
 class ExporterConfig(_Section):
@@ -881,6 +887,7 @@ _NUMBER_RULES: dict[str, dict[str, str]] = {
         "temperature": _NON_NEGATIVE,
         "concurrency": _POSITIVE,
     },
+    "alerts": {"delivery_timeout_seconds": _POSITIVE, "failing_minutes": _POSITIVE},
 }
 """Bounds of the numeric keys, by section (timeouts, graces and intervals are never negative;
 an interval or timeout of 0 would spin or never wait)."""
@@ -892,6 +899,7 @@ def _check_numbers(config: Config) -> None:
     sections += [("hosts", f"hosts[{i}].", h) for i, h in enumerate(config.hosts)]
     sections += [("runs", f"runs[{i}].", r) for i, r in enumerate(config.runs)]
     sections += [("endpoints", f"endpoints[{i}].", e) for i, e in enumerate(config.endpoints)]
+    sections += [("alerts", "alerts.", config.alerts)]
     for section, prefix, struct in sections:
         rules = _NUMBER_RULES[section]
         for key in struct.__struct_fields__:

@@ -209,6 +209,11 @@ class _HostState:
     failures: int = 0
     next_try: float = 0.0
     discovered: dict[str, dict[str, Any]] = field(default_factory=dict)
+    jobs: dict[str, Any] | None = None
+    """The last whole Slurm listing of the host (shown, marked stale, when a listing fails)."""
+    asking: asyncio.Future[HostView] | None = None
+    """The host's refresh under way, when a refresh with ``wait`` went on without it."""
+    asked_at: float = 0.0
 
 
 class Engine:
@@ -258,11 +263,18 @@ class Engine:
             known = ", ".join(self._hosts) or "none"
             raise RunwatchError(f"no host named {name!r} (hosts: {known})") from None
 
-    async def refresh(self, on_progress: Callable[[Snapshot], None] | None = None) -> Snapshot:
+    async def refresh(
+        self, on_progress: Callable[[Snapshot], None] | None = None, wait: float | None = None
+    ) -> Snapshot:
         """Poll all hosts concurrently and build a Snapshot.
 
         Calls that overlap share one refresh (rates need one observation per refresh, and a
         host is asked once however many front ends ask).
+
+        ``wait``: seconds to wait for the hosts (default: until each answers or times out).
+        A host that has not answered by then is shown with its last values, marked stale and
+        with a note saying for how long it has been asked; its refresh goes on, and a later
+        refresh takes its answer (the watcher: one slow host never holds up the others).
 
         While a host's first scan runs (its agent just started), ``on_progress`` gets
         provisional snapshots: at once the line count of every dataset of that host as its
@@ -271,22 +283,52 @@ class Engine:
         if on_progress is not None:
             self._on_progress = on_progress
         if self._inflight is None or self._inflight.done():
-            self._inflight = asyncio.ensure_future(self._refresh_all())
+            self._inflight = asyncio.ensure_future(self._refresh_all(wait))
         try:
             return await asyncio.shield(self._inflight)
         finally:
             if on_progress is not None and self._on_progress is on_progress:
                 self._on_progress = None
 
-    async def _refresh_all(self) -> Snapshot:
+    async def _refresh_all(self, wait: float | None = None) -> Snapshot:
         names = [hc.name for hc in self.config.hosts]
-        views = await asyncio.gather(*(self._refresh_host(n) for n in names))
-        snap = Snapshot(time=time.time(), hosts=list(views))
+        if wait is None and not any(self._state[n].asking for n in names):
+            views = list(await asyncio.gather(*(self._refresh_host(n) for n in names)))
+        else:
+            views = await self._refresh_within(names, wait)
+        snap = Snapshot(time=time.time(), hosts=views)
         snap.plan = self._plan_progress(snap)
         self.last = snap
         self._live.prune(self._trackers)
         self._live.maybe_save()
         return snap
+
+    async def _refresh_within(self, names: list[str], wait: float | None) -> list[HostView]:
+        """Each host's refresh (one under way is taken over), waited for ``wait`` seconds; a
+        host still asked then shows its last values, stale, with a note."""
+        now = time.monotonic()
+        for n in names:
+            state = self._state[n]
+            if state.asking is None:
+                state.asking = asyncio.ensure_future(self._refresh_host(n))
+                state.asked_at = now
+        asking = [self._state[n].asking for n in names]
+        await asyncio.wait([a for a in asking if a is not None], timeout=wait)
+        views = []
+        for n in names:
+            state = self._state[n]
+            task = state.asking
+            assert task is not None
+            if task.done():
+                state.asking = None
+                views.append(task.result())
+                continue
+            late = time.monotonic() - state.asked_at
+            note = f"no answer for {display.duration(late)} yet: showing its last values"
+            views.append(
+                msgspec.structs.replace(state.view, stale=True, notes=[*state.view.notes, note])
+            )
+        return views
 
     def _plan_progress(self, snap: Snapshot) -> PlanProgress | None:
         """The applied rebalance plan against this snapshot (None when there is none)."""
@@ -643,6 +685,11 @@ class Engine:
             self._inflight.cancel()
             with contextlib.suppress(asyncio.CancelledError, RunwatchError):
                 await self._inflight
+        for state in self._state.values():
+            if state.asking is not None and not state.asking.done():
+                state.asking.cancel()
+                with contextlib.suppress(asyncio.CancelledError, RunwatchError):
+                    await state.asking
         await asyncio.gather(*(self._close(h) for h in self._hosts.values()))
         self._live.save()
 
@@ -758,7 +805,10 @@ class Engine:
             from supervisor import slurm
 
             owned = slurm.owned_jobs(self.config, hc.name)
-            result = await slurm.refresh(host, params, hc.command_timeout, owned)
+            state = self._state[hc.name]
+            result = await slurm.refresh(host, params, hc.command_timeout, owned, state.jobs)
+            if not result["notes"]:
+                state.jobs = result["slurm"]
             return result, time.monotonic() - started
         if params.get("progress") and isinstance(host, AgentHost):
             result = await host.request(
@@ -998,6 +1048,7 @@ class Engine:
             endpoints=self._live.endpoints(hc.name, result.get("metrics"), time.time(), run_views),
             gpus=gpus,
             gpu_error=gpu_error,
+            notes=list(result.get("notes") or []),
         )
 
     def _match(self, hc: HostConfig, runs: list[RunConfig], p: ProcessInfo) -> str | None:

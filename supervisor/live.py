@@ -264,8 +264,9 @@ class Live:
         """The host's GPUs, each with the runs whose process trees hold it."""
         if not summary:
             return [], None
-        if summary.get("error"):
-            return [], str(summary["error"])
+        error = str(summary["error"]) if summary.get("error") else None
+        if not summary.get("gpus"):
+            return [], error
         owners: dict[int, str] = {}
         for run in runs:
             if run.process is not None:
@@ -293,7 +294,7 @@ class Live:
                 self.history.add(key, now, gpu.utilization_pct)
             gpu.history = self.history.values(key, 1, SPARK_POINTS)
             out.append(gpu)
-        return out, None
+        return out, error
 
     # ------------------------------------------------------------------ saving
 

@@ -395,6 +395,8 @@ class EndpointMetrics(msgspec.Struct, kw_only=True):
     why: str | None = None
     """Why there are no figures: ``connection refused``, ``not enabled: SGLang needs
     --enable-metrics``..."""
+    note: str | None = None
+    """A caveat of the figures shown: ``/metrics over 4 MiB: read up to its cut``."""
     engine: str | None = None
     """``sglang`` or ``vllm`` (from the metric names)."""
     running: Quantity = msgspec.field(default_factory=Quantity)
@@ -466,6 +468,9 @@ class HostView(msgspec.Struct, kw_only=True):
     gpu_error: str | None = None
     progress: ScanProgress | None = None
     """Set while the host's first scan runs (its datasets are then provisional)."""
+    notes: list[str] = []
+    """Figures of a reachable host that are stale, with why (``Slurm jobs as of 40 s ago:
+    squeue gave no answer within 10 s``)."""
 
 
 class PlanProgress(msgspec.Struct, kw_only=True):

@@ -325,6 +325,10 @@ def endpoint_view(
         return view
     tracker.add(scrape)
     view.available = True
+    if fetch.get("truncated"):
+        cap = int(fetch.get("max_bytes") or 0)
+        size = f"{cap >> 20} MiB" if cap >= 1 << 20 else f"{cap} bytes"
+        view.note = f"/metrics over {size}: figures from its first {size} only"
     return tracker.figures(view)
 
 

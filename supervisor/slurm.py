@@ -41,7 +41,7 @@ from supervisor.agent.slurm import (
 )
 from supervisor.argv import apply_overrides
 from supervisor.config import Config, HostConfig, RunConfig
-from supervisor.errors import OutcomeUnknown, RunwatchError, UsageError
+from supervisor.errors import AgentError, OutcomeUnknown, RunwatchError, UsageError
 from supervisor.fingerprint import fingerprint_of
 from supervisor.model import JobTask, JobView, RunState, Snapshot
 from supervisor.paths import config_key, private_dir, state_dir, write_private
@@ -171,21 +171,54 @@ def run_lock(
 # --------------------------------------------------------------------------- listing
 
 
+JOBS_DEADLINE_S = 10.0
+"""Seconds the listing of a refresh may take on the login node (squeue, scontrol), whatever the
+command timeout; past it the last listing is shown, marked stale."""
+
+
 async def refresh(
-    host: Host, params: dict[str, Any], timeout: float, owned: Mapping[str, OwnedJob]
+    host: Host,
+    params: dict[str, Any],
+    timeout: float,
+    owned: Mapping[str, OwnedJob],
+    last: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A Slurm host's refresh reply: its jobs (``slurm``: the tagged ones and those of
     ``owned``, which an adopted job may not be) and the scan of the runs' files, in one
     concurrent pair of requests; no process listing (the runs' processes are on compute
-    nodes)."""
-    scan, jobs = await asyncio.gather(
-        host.request("scan", {"files": params.get("files") or []}, timeout=timeout),
-        host.request(
-            "slurm_jobs", {"all_states": True, "with_ids": sorted(owned)}, timeout=timeout
-        ),
-    )
+    nodes).
+
+    The listing has a deadline of its own (:data:`JOBS_DEADLINE_S`, at most half the command
+    timeout): a squeue that hangs or floods fails that listing only, and ``last`` (the last
+    good one) is shown instead, with ``notes`` saying how old and why; without a last one the
+    refresh fails."""
+    deadline = min(JOBS_DEADLINE_S, timeout / 2)
+    listing = {"all_states": True, "with_ids": sorted(owned), "deadline_s": deadline}
+    listed = asyncio.ensure_future(host.request("slurm_jobs", listing, timeout=timeout))
+    try:
+        scan = await host.request("scan", {"files": params.get("files") or []}, timeout=timeout)
+    except BaseException:
+        listed.cancel()
+        raise
+    await asyncio.wait([listed])
+    notes: list[str] = []
+    try:
+        jobs = listed.result()
+    except AgentError as e:
+        if last is None:
+            raise
+        age = time.time() - float(last.get("time") or 0)
+        reason = str(e).split("): ", 1)[-1].removeprefix("AgentOpError: ")
+        notes.append(f"Slurm jobs as of {display.duration(age)} ago: {reason}")
+        jobs = dict(last)
     replies.decode(jobs, replies.SlurmJobs, host.name, "slurm_jobs")
-    return {"processes": [], "files": scan.get("files", {}), "gpu": None, "slurm": jobs}
+    return {
+        "processes": [],
+        "files": scan.get("files", {}),
+        "gpu": None,
+        "slurm": jobs,
+        "notes": notes,
+    }
 
 
 class HostJobs(NamedTuple):

@@ -4,7 +4,9 @@ Every ``refresh_seconds`` the watcher refreshes every host (the engine reconnect
 with backoff and shows its last values meanwhile), applies each run's budget policy
 (``Engine.enforce_budget``), turns the snapshot into events (``supervisor.events``), restarts
 runs that opted in (``supervisor.autorestart``), prints one line per event (or one JSON object
-with ``--json``) and sends them through ``supervisor.alerts``.
+with ``--json``) and hands them to ``supervisor.alerts``, whose deliveries run off this loop (a
+hung receiver never delays a refresh). Every refresh also prints one line of its own (``tick``):
+a watcher that prints nothing for two refreshes is stuck, not quiet.
 
 Two watchers on one config would both act: :class:`WatchLock` takes an ``flock`` in the state
 dir keyed by the config file's real path and another keyed by its content, held for the
@@ -31,7 +33,7 @@ from supervisor.alerts import Alerter, Delivery, check_alerts
 from supervisor.autorestart import AutoRestart
 from supervisor.errors import RunwatchError
 from supervisor.events import EVENTS_KEPT, Event, EventTracker, budget_event, stop_key, with_lines
-from supervisor.paths import state_dir
+from supervisor.paths import config_key, state_dir
 from supervisor.stops import StopLedger
 
 if TYPE_CHECKING:
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
 
 LOG_LINES = 10
 """Lines of a dead run's log attached to its alert."""
+CLOSE_GRACE_S = 2.0
+"""Seconds a stopping watcher waits for the deliveries under way."""
 
 
 class WatchLocked(RunwatchError):
@@ -140,7 +144,9 @@ class Watcher:
         check_alerts(config.alerts, f"{config.path or 'config'}: [alerts]")
         self.emit = emit
         self.as_json = as_json
-        self.alerter = alerter or Alerter(config.alerts)
+        self.alerter = alerter or Alerter(
+            config.alerts, spool=state_dir() / "alerts" / config_key(config.path)
+        )
         self.interval = interval or config.refresh_seconds
         self.tracker = EventTracker(config, report_initial=True)
         self.restarts = AutoRestart(engine)
@@ -151,6 +157,8 @@ class Watcher:
         """Called at the end of every tick with its snapshot, events and alert deliveries (the
         Prometheus exporter, ``supervisor.exporter``)."""
         self.ticks = 0
+        self.doing = ""
+        """What the refresh under way is doing (for the notes of a long one)."""
         self.started = time.time()
         self._expected: set[str] = set()
         self.stops = StopLedger(config, self.started)
@@ -179,6 +187,7 @@ class Watcher:
         self._pending.extend(abandoned)
         while not stop.is_set():
             started = time.monotonic()
+            beat = asyncio.ensure_future(self._beat(started))
             try:
                 await self.tick()
                 if self.ticks == 1:
@@ -187,15 +196,36 @@ class Watcher:
                 self.note(f"refresh failed: {e}")
             except Exception as e:  # a watcher keeps going: say what failed, try again next tick
                 self.note(f"refresh failed: {type(e).__name__}: {e}")
+            finally:
+                beat.cancel()
             left = max(0.0, self.interval - (time.monotonic() - started))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), left)
+        # Deliveries under way get a moment to end; the rest stay spooled for the next watcher.
+        await asyncio.to_thread(self.alerter.close, CLOSE_GRACE_S)
+        self._report(self.alerter.collect())
+        if self.alerter.waiting:
+            self.note(f"{self.alerter.waiting} alert(s) not delivered: kept for the next watcher")
         self.note("stopped")
+
+    async def _beat(self, started: float) -> None:
+        """While one refresh takes longer than the interval, a note each interval saying what
+        it is doing: the output never goes quiet for two intervals."""
+        while True:
+            await asyncio.sleep(self.interval)
+            took = time.monotonic() - started
+            self.note(f"refresh {self.ticks + 1} still under way after {took:.0f} s: {self.doing}")
 
     async def tick(self) -> list[Event]:
         """One refresh: budget policy, events, automatic restarts, output and alerts."""
         engine = self.engine
-        snap = await engine.refresh()
+        self.doing = "asking the hosts"
+        # A host that does not answer within most of the interval shows its last values,
+        # marked stale (the engine takes its answer at a later refresh): the others go on, and
+        # the rest of the refresh has the remaining quarter. The first refresh waits for every
+        # host: a host not asked yet has no last values (it is neither up nor lost).
+        snap = await engine.refresh(wait=0.75 * self.interval if self.ticks else None)
+        self.doing = "budget policy and events"
 
         def deliberate(event: BudgetEvent) -> None:
             if event.policy != "warn":
@@ -213,6 +243,7 @@ class Watcher:
                 events.append(ev)
         events = [await self._with_log(ev) for ev in events]
         events += self.restarts.observe(events)
+        self.doing = "restarts on failure"
         events += await self.restarts.step(snap)
         for ev in events:
             self._show(ev)
@@ -220,15 +251,44 @@ class Watcher:
         del self.events[:-EVENTS_KEPT]
         self.alerter.keep_only(self.tracker.active())
         deliveries = await self.alerter.submit(events)
-        for d in deliveries:
-            if not d.ok:
-                self.note(f"alert not delivered ({d.title}): {d.error}")
-        self.deliveries.extend(deliveries)
-        del self.deliveries[:-EVENTS_KEPT]
+        self._report(deliveries)
         for observe in self.observers:
             observe(snap, events, deliveries)
         self.ticks += 1
+        self._tick_line(snap)
         return events
+
+    def _report(self, deliveries: list[Delivery]) -> None:
+        """Notes on the deliveries that came in (off this loop) and on failing URLs."""
+        for d in deliveries:
+            if not d.ok:
+                retry = "" if d.final else "; retrying with backoff"
+                self.note(f"alert not delivered to {d.target} ({d.title}): {d.error}{retry}")
+            elif d.attempts > 1:
+                self.note(f"alert delivered to {d.target} after {d.attempts} attempts")
+        for text in self.alerter.notes:
+            self.note(text)
+        self.alerter.notes.clear()
+        self.deliveries.extend(deliveries)
+        del self.deliveries[:-EVENTS_KEPT]
+
+    def _tick_line(self, snap: Snapshot) -> None:
+        """One line per refresh: hosts reached, runs running, alerts waiting."""
+        up = sum(1 for h in snap.hosts if h.connected)
+        running = sum(
+            1 for h in snap.hosts for r in h.runs if r.configured and r.state == "running"
+        )
+        waiting = self.alerter.waiting
+        if self.as_json:
+            tick = {"tick": self.ticks, "time": time.time(), "hosts_up": up}
+            tick |= {"hosts": len(snap.hosts), "running": running, "alerts_waiting": waiting}
+            self.emit(json.dumps(tick))
+            return
+        alerts = f"; {waiting} alert(s) waiting" if waiting else ""
+        self.emit(
+            f"{time.strftime('%H:%M:%S')} refresh {self.ticks}: {up}/{len(snap.hosts)} host(s) "
+            f"up, {running} run(s) running{alerts}"
+        )
 
     def _first_look(self) -> str:
         """``first refresh: running demo; stopped other``: what the watcher starts from."""

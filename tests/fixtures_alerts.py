@@ -2,14 +2,15 @@
 
 - ``receiver``: a ``http.server`` in a thread on 127.0.0.1 (free port) that records every POST
   body (parsed JSON) and answers 200; ``receiver.url(path)`` is the apprise URL
-  (``json://127.0.0.1:PORT/path``), ``receiver.bodies`` what came, ``receiver.wait(n)`` waits
-  until ``n`` bodies came.
+  (``json://127.0.0.1:PORT/path``), ``receiver.bodies`` what came (``receiver.times`` when),
+  ``receiver.wait(n)`` waits until ``n`` bodies came. ``Receiver(port)`` listens on that port.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -22,8 +23,10 @@ from tests.waiting import wait_until
 class Receiver:
     """The recording webhook server."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.bodies: list[dict[str, Any]] = []
+        self.times: list[float] = []
+        """When each body came (Unix time)."""
         self.paths: list[str] = []
         self.lock = threading.Lock()
         receiver = self
@@ -34,6 +37,7 @@ class Receiver:
                 raw = self.rfile.read(size)
                 with receiver.lock:
                     receiver.bodies.append(json.loads(raw))
+                    receiver.times.append(time.time())
                     receiver.paths.append(self.path)
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
@@ -42,7 +46,7 @@ class Receiver:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()

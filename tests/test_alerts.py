@@ -6,9 +6,22 @@ from __future__ import annotations
 import pytest
 
 from supervisor.config import AlertsConfig
-from supervisor.engine import Alerter, Event, mask_url
+from supervisor.engine import Alerter, Delivery, Event, mask_url
 from supervisor.errors import ConfigError
 from tests.fixtures_alerts import Receiver
+from tests.waiting import wait_for
+
+
+async def wait_for_deliveries(alerter: Alerter, count: int) -> list[Delivery]:
+    """The first ``count`` results of ``alerter``'s outboxes."""
+    got: list[Delivery] = []
+
+    def came() -> bool:
+        got.extend(alerter.collect())
+        return len(got) >= count
+
+    await wait_for(came, timeout=60, what=f"{count} delivery result(s)")
+    return got
 
 
 def event(kind: str = "run-died", key: str = "k1", severity: str = "critical") -> Event:
@@ -38,8 +51,9 @@ async def test_an_event_is_delivered_to_a_json_webhook_with_the_command(
     receiver: Receiver,
 ) -> None:
     alerter = Alerter(AlertsConfig(urls=[receiver.url("alerts")]))
-    delivered = await alerter.submit([event()])
-    assert [d.ok for d in delivered] == [True]
+    await alerter.submit([event()])
+    delivered = await alerter.drain(30)
+    assert [(d.ok, d.target) for d in delivered] == [(True, "json://127.0.0.1/***")]
     (message,) = receiver.wait(1)
     assert receiver.paths == ["/alerts"]
     assert receiver.bodies[0]["type"] == "failure"  # critical
@@ -61,7 +75,8 @@ async def test_the_same_event_is_sent_once_until_it_clears(receiver: Receiver) -
 async def test_many_at_once_become_one_digest(receiver: Receiver) -> None:
     alerter = Alerter(AlertsConfig(urls=[receiver.url()], digest_over=3))
     many = [event(key=f"k{i}", kind="stalled", severity="warning") for i in range(5)]
-    delivered = await alerter.submit(many)
+    await alerter.submit(many)
+    delivered = await alerter.drain(30)
     assert len(delivered) == 1 and len(delivered[0].events) == 5
     (digest,) = receiver.wait(1)
     assert "5 events" in digest
@@ -73,12 +88,14 @@ async def test_the_rate_limit_holds_the_rest_for_a_digest_later(receiver: Receiv
     alerter = Alerter(AlertsConfig(urls=[receiver.url()], max_per_minute=2), clock=clock)
     await alerter.submit([event(key="a")])
     await alerter.submit([event(key="b")])
-    assert await alerter.submit([event(key="c")]) == []
-    assert await alerter.submit([event(key="d")]) == []
+    await alerter.submit([event(key="c")])
+    await alerter.submit([event(key="d")])
     assert len(receiver.wait(2)) == 2
     assert [e.key for e in alerter.pending] == ["c", "d"]
+    await alerter.drain(30)
     clock.now += 61
-    delivered = await alerter.flush()
+    await alerter.flush()
+    delivered = await alerter.drain(30)
     assert len(delivered) == 1 and [e.key for e in delivered[0].events] == ["c", "d"]
     assert "2 events" in receiver.wait(3)[2]
 
@@ -96,6 +113,7 @@ async def test_filters_by_kind_and_severity(receiver: Receiver) -> None:
         ]
     )
     messages = receiver.wait(1)
+    await alerter.drain(30)
     assert len(messages) == 1 and alerter.deliveries[0].events[0].key == "b"
 
 
@@ -103,8 +121,11 @@ async def test_an_unreachable_receiver_is_reported_not_raised() -> None:
     from tests.fixtures_sshd import free_port
 
     alerter = Alerter(AlertsConfig(urls=[f"json://127.0.0.1:{free_port()}/x"]))
-    (delivery,) = await alerter.submit([event()])
-    assert not delivery.ok and delivery.error
+    await alerter.submit([event()])
+    (delivery,) = await wait_for_deliveries(alerter, 1)
+    assert not delivery.ok and delivery.error and not delivery.final
+    assert alerter.waiting == 1  # kept, retried with backoff
+    alerter.close()
 
 
 def test_urls_are_masked() -> None:
@@ -134,4 +155,5 @@ async def test_a_long_lived_alerter_keeps_only_the_newest_deliveries(
     for k in range(5):
         await alerter.submit([event(key=f"k{k}")])
     assert len(receiver.wait(5)) == 5  # every one was sent
+    await alerter.drain(30)
     assert [d.events[0].key for d in alerter.deliveries] == ["k2", "k3", "k4"]

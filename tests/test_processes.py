@@ -312,7 +312,8 @@ async def test_agent_on_another_python_lists_the_same_identity(
 def test_gpu_memory_parsing() -> None:
     apps = "1234, 20480\n1234, 1024\n999, [N/A]\n\ngarbage\n"
     assert gpu.parse_gpu_apps(apps) == {1234: 21504.0}
-    gpus = gpu.parse_gpus("0, NVIDIA H100 80GB HBM3, 70000, 81559, 97\n")
+    gpus, bad = gpu.parse_gpus("0, NVIDIA H100 80GB HBM3, 70000, 81559, 97\n")
+    assert bad == []
     assert gpus == [
         {
             "index": 0,

@@ -92,6 +92,7 @@ def test_json_lines_name_the_command(
         env={**os.environ, "RW_HOOK_TOKEN": token},
     )
     wait_until(lambda: '"duplicates"' in text(out), 30, what="the duplicates event")
+    wait_until(lambda: "alert not delivered" in text(out), 30, what="the failed delivery")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
     lines = [json.loads(line) for line in text(out).splitlines()]

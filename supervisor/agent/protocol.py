@@ -380,6 +380,8 @@ class MetricsFetch(_MetricsFetchRequired, total=False):
 
     text: str
     truncated: bool
+    max_bytes: int
+    """The cap the text was cut at, when ``truncated`` (at its last whole line)."""
     seconds: float
     time: float
     error: str
@@ -922,6 +924,9 @@ class SlurmJobsParams(TypedDict, total=False):
     all_users: bool
     job_ids: list[str]
     force_format: bool
+    deadline_s: float
+    """Seconds the whole listing may take (squeue, its fallback, scontrol for the output paths);
+    past it the op fails with kind ``timeout`` and its children are killed."""
 
 
 class SlurmJobsResult(TypedDict):

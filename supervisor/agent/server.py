@@ -27,7 +27,7 @@ import time
 import traceback
 from typing import IO, TYPE_CHECKING, Any
 
-from supervisor.agent import firstpass, gpu, kill
+from supervisor.agent import bounded, firstpass, gpu, kill
 from supervisor.agent import proc as procs
 from supervisor.agent.masking import mask_json_text, register_environ
 from supervisor.agent.match import resolve_runs
@@ -88,29 +88,6 @@ def _deferred(target: str) -> Callable[[dict[str, Any]], Mapping[str, Any]]:
     return handle
 
 
-class _Background:
-    """``fn()`` called on a daemon thread at once; :meth:`result` waits for its value (or raises
-    what it raised)."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[[], Any]) -> None:
-        try:
-            self._value = fn()
-        except BaseException as e:  # handed to the caller of result()
-            self._error = e
-
-    def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
 class Agent:
     """State kept across requests: the scanner, the process lister, the output lock."""
 
@@ -121,6 +98,8 @@ class Agent:
         self.write_lock = threading.Lock()
         self.scan_lock = threading.Lock()
         self.list_lock = threading.Lock()  # the lister keeps CPU times between calls
+        self.gpus = gpu.Poller()
+        """nvidia-smi for the refreshes: one query at a time, a refresh waits a bounded time."""
         self.scanner: Any = None
         self.scanner_error: str | None = None
         self.sessions: dict[str, Any] = {}
@@ -170,7 +149,7 @@ class Agent:
         gpu_query: tuple[dict[int, float] | None, dict[str, Any] | None] | None = None,
     ) -> tuple[list[Any], Any, list[Any]]:
         """The run processes, the GPU summary and the units of the listing's ``config_id``;
-        ``gpu_query``: nvidia-smi's answer when it was asked already (:func:`gpu.query_gpu`),
+        ``gpu_query``: nvidia-smi's answer when it was asked already (:class:`gpu.Poller`),
         else it is asked here when ``with_gpu``."""
         scripts = params.get("scripts") or list(DEFAULT_SCRIPTS)
         if not isinstance(scripts, list) or not all(isinstance(s, str) for s in scripts):
@@ -186,7 +165,7 @@ class Agent:
         except ValueError as e:
             raise AgentOpError(str(e), "bad-request") from None
         if gpu_query is None:
-            gpu_query = gpu.query_gpu() if with_gpu else (None, None)
+            gpu_query = self.gpus.get() if with_gpu else (None, None)
         gpu_pids, summary = gpu_query
         config_id = params.get("config_id")
         cid = config_id if isinstance(config_id, str) and config_id else None
@@ -240,19 +219,21 @@ class Agent:
         counting = self._count_lines(specs) if params.get("progress") else None
         with_gpu = bool(params.get("gpu", True))
         reporter = None
-        gpus: _Background | None = None
+        asked: threading.Thread | None = None
         if counting is None:
             found, summary, units = self._list(params, with_gpu)
         else:
             # The line counts go out as soon as they are made, not after nvidia-smi (a second
             # or more on a host of 8 GPUs): the GPUs are asked on a thread of their own, the
             # processes listed without them for the counts and again with them for the reply.
-            gpus = _Background(gpu.query_gpu) if with_gpu else None
+            # nvidia-smi is asked now and waited for (at most the poller's wait) only after
+            # the files are scanned.
+            asked = self.gpus.ask() if with_gpu else None
             found, summary, units = self._list(params, False)
             reporter = self._first_pass(specs, found, counting)
         files = self._scan_files(specs, reporter=reporter)
-        if gpus is not None:
-            found, summary, units = self._list(params, True, gpus.result())
+        if asked is not None:
+            found, summary, units = self._list(params, True, self.gpus.get(asked))
         reply: RefreshResult = {
             "time": time.time(),
             "boot_id": self.boot_id,
@@ -483,6 +464,7 @@ def main() -> None:
     agent.serve(sys.stdin.buffer)
     with contextlib.suppress(OSError):
         out.flush()
+    bounded.kill_all()  # a query under way (a hung nvidia-smi) must not outlive the agent
     os._exit(0)  # do not wait for daemon threads still reading a large file
 
 

@@ -36,6 +36,7 @@ import threading
 import time
 from typing import Any
 
+from supervisor.agent import bounded
 from supervisor.agent.datafiles import writers_of
 from supervisor.agent.protocol import AgentOpError, param_str
 
@@ -94,6 +95,8 @@ whose processes are still being torn down is ``COMPLETING``, not ``CANCELLED``."
 KILL_CONFIRM_S = 15.0
 """How long to wait for a terminal state after SIGKILL before a plain ``scancel``."""
 COMMAND_TIMEOUT_S = 30.0
+COMMAND_MAX_BYTES = 64 << 20
+"""Most bytes read from one Slurm command (squeue --json of a busy cluster is a few MiB)."""
 _SEP = "\x1f"
 """Field separator of the ``--format`` fallback (ASCII unit separator: never in Slurm's output
 of ids, states, times or node lists)."""
@@ -126,21 +129,20 @@ _json_ok: bool | None = None
 
 def _run(argv: list[str], env: dict[str, str] | None = None, timeout: float = COMMAND_TIMEOUT_S
          ) -> subprocess.CompletedProcess[bytes]:  # fmt: skip
+    """``argv`` run under one deadline for the whole command and a byte cap on its output
+    (``agent.bounded``: at either, its process group is killed and it is reaped)."""
     try:
-        return subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            env=env,
-            timeout=timeout,
-            check=False,
-        )
+        done = bounded.run(argv, timeout, COMMAND_MAX_BYTES, env)
     except FileNotFoundError:
         raise AgentOpError(
             f"{argv[0]} not found on this host: is it a Slurm login node?", "no-slurm"
         ) from None
-    except subprocess.TimeoutExpired:
-        raise AgentOpError(f"{argv[0]} gave no answer within {timeout:g} s", "timeout") from None
+    if done.timed_out:
+        raise AgentOpError(f"{argv[0]} gave no answer within {timeout:.2g} s", "timeout")
+    if done.problem is not None:
+        raise AgentOpError(f"{argv[0]}: {done.problem}; its answer was not read", "too-large")
+    rc = done.returncode if done.returncode is not None else -1
+    return subprocess.CompletedProcess(argv, rc, done.stdout, done.stderr)
 
 
 def _text(b: bytes) -> str:
@@ -349,9 +351,10 @@ def parse_scontrol_line(line: str) -> dict[str, str]:
     return out
 
 
-def _scontrol_jobs(env: dict[str, str] | None, job_id: str | None = None) -> list[dict[str, str]]:
+def _scontrol_jobs(env: dict[str, str] | None, job_id: str | None = None,
+                   timeout: float = COMMAND_TIMEOUT_S) -> list[dict[str, str]]:  # fmt: skip
     argv = ["scontrol", "show", "job", "-o"] + ([job_id] if job_id else [])
-    done = _run(argv, env)
+    done = _run(argv, env, timeout)
     if done.returncode != 0:
         return []
     return [parse_scontrol_line(line) for line in _text(done.stdout).splitlines() if line.strip()]
@@ -369,8 +372,19 @@ def _scontrol_key(rec: dict[str, str]) -> str:
 # --------------------------------------------------------------------------- listing
 
 
-def _squeue(env: dict[str, str] | None, params: dict[str, Any]) -> tuple[list[dict[str, Any]], str,
-                                                                         list[str]]:  # fmt: skip
+def _left(deadline: float | None, what: str) -> float:
+    """Seconds left before ``deadline`` for ``what`` (the full command timeout without one);
+    AgentOpError ``timeout`` when none are."""
+    if deadline is None:
+        return COMMAND_TIMEOUT_S
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise AgentOpError(f"{what}: the listing's deadline passed", "timeout")
+    return left
+
+
+def _squeue(env: dict[str, str] | None, params: dict[str, Any], deadline: float | None = None
+            ) -> tuple[list[dict[str, Any]], str, list[str]]:  # fmt: skip
     global _json_ok
     scope = [] if params.get("all_users") else ["--user", str(os.getuid())]
     states = ["--states", "all"] if params.get("all_states") else []
@@ -381,7 +395,8 @@ def _squeue(env: dict[str, str] | None, params: dict[str, Any]) -> tuple[list[di
     with _lock:
         use_json = _json_ok is not False and not params.get("force_format")
     if use_json:
-        done = _run(["squeue", "--json", *scope, *states, *select], env)
+        done = _run(["squeue", "--json", *scope, *states, *select], env,
+                    _left(deadline, "squeue"))  # fmt: skip
         if done.returncode == 0:
             try:
                 data = json.loads(_text(done.stdout))
@@ -398,7 +413,8 @@ def _squeue(env: dict[str, str] | None, params: dict[str, Any]) -> tuple[list[di
             if _json_ok is None:
                 _json_ok = False  # this squeue has no --json: use the format from now on
     fmt = _SEP.join(code for _, code in _FORMAT_FIELDS)
-    done = _run(["squeue", "--noheader", *scope, *states, *select, "--format", fmt], env)
+    done = _run(["squeue", "--noheader", *scope, *states, *select, "--format", fmt], env,
+                _left(deadline, "squeue"))  # fmt: skip
     if done.returncode != 0:
         err = _text(done.stderr).strip()
         if ids and "Invalid job id" in err:
@@ -408,10 +424,17 @@ def _squeue(env: dict[str, str] | None, params: dict[str, Any]) -> tuple[list[di
     return jobs, "format", bad
 
 
-def _add_stdout(jobs: list[dict[str, Any]], env: dict[str, str] | None) -> None:
+def _add_stdout(jobs: list[dict[str, Any]], env: dict[str, str] | None,
+                deadline: float | None = None) -> None:  # fmt: skip
+    """Each job's output path from ``scontrol`` (left out when scontrol is late: the jobs
+    matter more than where they write)."""
     if not jobs:
         return
-    by_key = {_scontrol_key(rec): rec for rec in _scontrol_jobs(env)}
+    try:
+        records = _scontrol_jobs(env, timeout=_left(deadline, "scontrol"))
+    except AgentOpError:
+        return
+    by_key = {_scontrol_key(rec): rec for rec in records}
     for j in jobs:
         rec = by_key.get(j["job_id"])
         if rec is not None and rec.get("StdOut"):
@@ -436,8 +459,9 @@ def _filter(jobs: list[dict[str, Any]], params: dict[str, Any], ids: list[str]
 
 
 def slurm_jobs(params: dict[str, Any]) -> dict[str, Any]:
-    """``{tag_prefix?="runwatch:", with_ids?, all_states?, all_users?, job_ids?, force_format?}``
-    -> the jobs: ``{"time", "source": "json" | "format", "jobs": [...], "unparsed": [lines]}``.
+    """``{tag_prefix?="runwatch:", with_ids?, all_states?, all_users?, job_ids?, force_format?,
+    deadline_s?}`` -> the jobs: ``{"time", "source": "json" | "format", "jobs": [...],
+    "unparsed": [lines]}``.
 
     Only jobs whose comment starts with ``tag_prefix`` are returned (``""``: every job), and the
     jobs (or arrays) of ``with_ids`` whatever their comment (jobs adopted by a run). Each job:
@@ -452,10 +476,15 @@ def slurm_jobs(params: dict[str, Any]) -> dict[str, Any]:
     with_ids = params.get("with_ids") or []
     if not isinstance(with_ids, list) or not all(isinstance(i, str) for i in with_ids):
         raise AgentOpError("parameter 'with_ids': expected a list of job ids", "bad-params")
-    jobs, source, bad = _squeue(None, params)
+    limit = params.get("deadline_s")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                              or not limit > 0):  # fmt: skip
+        raise AgentOpError("parameter 'deadline_s': expected a number > 0", "bad-params")
+    deadline = None if limit is None else time.monotonic() + float(limit)
+    jobs, source, bad = _squeue(None, params, deadline)
     jobs = [j for j in jobs if j["comment"].startswith(prefix)
             or (j["array_job_id"] or j["job_id"]) in with_ids]  # fmt: skip
-    _add_stdout(jobs, None)
+    _add_stdout(jobs, None, deadline)
     return {"time": time.time(), "source": source, "jobs": jobs, "unparsed": bad}
 
 

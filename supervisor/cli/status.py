@@ -64,7 +64,7 @@ def _client_notes(ds: DatasetView) -> list[str]:
 def _host_line(h: HostView, now: float) -> str:
     if h.connected:
         rtt = f"  rtt {display.latency(h.rtt_ms)}" if h.rtt_ms is not None else ""
-        return f"{h.name}  connected{rtt}"
+        return "\n  ".join([f"{h.name}  connected{rtt}", *h.notes])
     parts = [f"{h.name}  DISCONNECTED"]
     if h.stale and h.last_ok is not None:
         parts.append(f"(stale: last ok {display.ago(now, h.last_ok)})")
@@ -176,6 +176,8 @@ def _serving_lines(h: HostView) -> list[str]:
                 f"TTFT p50 {display.latency(1000 * em.ttft_p50_s)} p90 "
                 f"{display.latency(1000 * em.ttft_p90_s)} ({em.ttft_window})"
             )
+        if em.note:
+            parts.append(em.note)
         lines.append(f"  endpoint {em.name} ({em.engine}): " + ", ".join(parts))
     for g in h.gpus:
         parts = [display.percent(g.utilization_pct)]

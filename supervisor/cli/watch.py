@@ -1,7 +1,9 @@
 """``runwatch watch``: the headless watcher, in the foreground (tmux, or a systemd user unit).
 
 It refreshes every host every ``refresh_seconds``, applies each run's budget policy, prints one
-line per event (``--json``: one JSON object per line) and sends alerts to ``[alerts] urls``;
+line per event and one per refresh (``--json``: one JSON object per line; a refresh is
+``{"tick": n, ...}``) and sends alerts to ``[alerts] urls`` off its loop (a receiver that hangs
+never delays a refresh; undelivered alerts are kept in the state dir for the next watcher);
 runs with ``on_exit = "restart"`` are restarted through the launch checks. SIGINT or SIGTERM
 end it cleanly (exit status 0). A second watcher of the same config exits with status 3 naming
 the one that acts, or with ``--standby`` waits to take over. ``--metrics-listen`` (or

@@ -32,6 +32,11 @@ same order; the processes' timing does not change the plan):
 - ``flag-resume``: a restart of ``sf`` with ``--set resume`` and a value it rejects at start (the
   rollback goes ahead), the same after archiving its output and launching it without ``--resume``
   (the rollback would overwrite: refused), or a restart with ``--unset resume``.
+- ``metrics-drip`` / ``smi-hang``: for some seconds the local serving endpoint's ``/metrics``
+  answers one byte a second, or ``nvidia-smi`` hangs, under the soak's ``runwatch watch``
+  (``tests.soak.watcher``: it alerts all along to a working receiver, one that accepts and never
+  answers and one on a closed port; its invariants ``watch-silent``, ``alert-late``,
+  ``query-orphan`` and ``watcher-died`` are checked at the end).
 
 The soak stops at its minutes: the faults reached are a prefix of the plan.
 
@@ -86,6 +91,7 @@ from typing import Any
 
 from tests.soak import adversaries, procs
 from tests.soak.decoys import Neighbourhood
+from tests.soak.watcher import SoakWatcher
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT = REPO / "supervisor" / "demo" / "run_inference.py"
@@ -134,6 +140,8 @@ FAULT_WEIGHTS = {
     "twin": 10,
     "oac-writer": 8,
     "flag-resume": 10,
+    "metrics-drip": 6,
+    "smi-hang": 6,
 }
 REFERENCE_RUNS = ("local", "remote")
 """The reference client's runs with a ledger, acted on by restarts, kills and rotations."""
@@ -144,6 +152,8 @@ FAULT_RUNS = {
     "twin": ("twin-a", "twin-b"),
     "oac-writer": ("local",),
     "flag-resume": ("sf",),
+    "metrics-drip": ("local",),
+    "smi-hang": ("local",),
 }
 """The runs a fault kind acts on (any other kind: REFERENCE_RUNS); a kind none of whose runs the
 soak has is planned as ``quiet``."""
@@ -209,6 +219,8 @@ def make_plan(seed: int, slots: int, runs: list[str]) -> list[Fault]:
             params["action"] = rng.choice(["kill", "restart"])
         elif kind == "flag-resume":
             params["variant"] = rng.choice(SF_VARIANTS)
+        elif kind in ("metrics-drip", "smi-hang"):
+            params["seconds"] = round(rng.uniform(5.0, 20.0), 1)
         plan.append(Fault(slot, kind, run, params))
     return plan
 
@@ -371,6 +383,8 @@ class Soak:
         self.twin_alive: dict[str, set[tuple[int, int]]] = {}
         self.seen_starts: set[tuple[int, int]] = set()
         self.escape_checks = 0
+        self.watch = SoakWatcher(root)
+        self.watch_figures: dict[str, Any] = {}
         self.config_ids: set[str] = set()
         """The config ids in the launch tokens of the soak's runs (runwatch derives one per
         config; another soak's runs have the same names)."""
@@ -478,6 +492,8 @@ class Soak:
                 argv += ["--model", "soak", "--concurrency", concurrency, "--max-tokens", "96"]
                 argv += ["--report-seconds", "10", "--ledger", run.ledger_arg or str(run.ledger)]
                 extra = ['output_dir = "out"']
+                if run.name == "local":
+                    extra.append('endpoint = "mock"')  # its /metrics is the watcher's fault
             lines += [
                 "[[runs]]",
                 f'name = "{run.name}"',
@@ -489,6 +505,7 @@ class Soak:
                 "stop_grace_seconds = 3.0",
                 "",
             ]
+        lines.append(self.watch.config_toml(self.url))
         self.config = self.root / "runwatch.toml"
         self.config.write_text("\n".join(lines) + "\n")
 
@@ -514,6 +531,7 @@ class Soak:
                     f"(decoys: {decoys}): {action.output.strip()[-600:]}"
                 )
                 print(f"note: {self.notes[-1]}", flush=True)
+        self.watch.start(self.config, self.env, REPO)
 
     def _ensure_user(self) -> str | None:
         try:
@@ -743,6 +761,8 @@ class Soak:
             self.check_left_down(run, action, before)
         elif f.kind == "sshd-freeze":
             self.freeze_sshd(f.params["seconds"])
+        elif f.kind in ("metrics-drip", "smi-hang"):
+            self.watch.fault(f.kind, f.params["seconds"])
         elif f.kind in ("rotate-rename", "rotate-copytruncate"):
             self.rotate(run, f.kind, f.slot)
         elif f.kind == "other-user-writer":
@@ -1212,6 +1232,8 @@ class Soak:
         self._pause(CHECK_EVERY_S * 3)
         self.stop.set()
         checker.join(30)
+        self.watch.stop()
+        self.watch_figures = self.watch.check(self.violations.add)
         ledger = self.check_ledgers()
         self.elapsed = time.monotonic() - t0
         self.report(ledger)
@@ -1238,6 +1260,9 @@ class Soak:
         for k, n in sorted(ledger.items()):
             print(f"  {k:<50} {n}")
         print("decoys started:", Counter(d.kind for d in self.hood.decoys))
+        print("watcher:")
+        for k, v in self.watch_figures.items():
+            print(f"  {k:<40} {v}")
         kinds = Counter(v["kind"] for v in self.violations.items)
         print(f"violations: {len(self.violations.items)} {dict(kinds)}")
         for n, v in enumerate(self.violations.items, 1):
@@ -1265,6 +1290,7 @@ class Soak:
             for m in run.unit_members(self.config_ids):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(m["pid"], signal.SIGKILL)
+        self.watch.close()
         self.hood.close()
         if self.server is not None:
             with contextlib.suppress(ProcessLookupError):

@@ -101,6 +101,8 @@ def host_header(host: HostView, now: float) -> Text:
         text.append("  connected", style="green")
         if host.rtt_ms is not None:
             text.append(f"  rtt {display.latency(host.rtt_ms)}", style="dim")
+        for note in host.notes:
+            text.append(f"  {note}", style="yellow")
     else:
         text.append("○ ", style="bold red")
         text.append(host.name, style="bold")

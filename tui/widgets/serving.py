@@ -60,6 +60,8 @@ def endpoint_line(em: EndpointMetrics, *, writing: bool = True) -> Text:
     if em.ttft_p50_s is not None:
         parts.append(f"TTFT p50 {_seconds(em.ttft_p50_s)} p90 {_seconds(em.ttft_p90_s)}")
     text.append("  " + " · ".join(parts))
+    if em.note:
+        text.append(f" · {em.note}", style="dim yellow")
     return text
 
 

@@ -1,0 +1,280 @@
+"""The soak's ``runwatch watch``: one watcher process on the soak's config for the whole soak,
+alerting to three receivers (one that works, one that accepts and never answers, one on a closed
+port), with the local host's serving endpoint's ``/metrics`` able to drip and its ``nvidia-smi``
+(a script on the watcher's PATH: an edge runwatch does not own) able to hang.
+
+Faults (``metrics-drip``, ``smi-hang``) switch the drip or the hang on for some seconds. Invariants,
+checked at the end from the watcher's JSON output and what the working receiver got:
+
+- ``watch-silent``: two consecutive lines of the watcher's output (after its first refresh) more
+  than 2 x its refresh interval apart;
+- ``alert-late``: an event the watcher printed that did not reach the working receiver within two
+  refreshes (its message is in the body of a single alert or of a digest);
+- ``query-orphan``: a child of the fake nvidia-smi still alive once the watcher has stopped;
+- ``watcher-died``: the watcher exited before the soak stopped it, or not with status 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from tests.fixtures_alerts import Receiver
+
+INTERVAL_S = 2.0
+"""The watcher's refresh interval."""
+SGLANG = """\
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="soak"} 2.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="soak"} 0.0
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{model_name="soak"} %d
+"""
+SMI = """#!/bin/sh
+if [ -e "{hang}" ]; then
+  sleep 600 &
+  echo $! >> "{pids}"
+  wait
+fi
+case "$1" in
+  --query-gpu=*) echo "0, GPU-soak, Soak GPU, 50, 1000, 80000, 300.0, 60" ;;
+  *) ;;
+esac
+"""
+
+
+class _Hanging:
+    """Accepts every connection and never reads or answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(256)
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+class _Metrics:
+    """``/metrics`` in SGLang's names; while ``drip`` is set it sends one byte a second."""
+
+    def __init__(self) -> None:
+        self.drip = threading.Event()
+        self.closed = threading.Event()
+        self.count = 0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"
+
+            def do_GET(self) -> None:
+                owner.count += 1
+                body = (SGLANG % (1000 * owner.count)).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if not owner.drip.is_set():
+                    self.wfile.write(body)
+                    return
+                for ch in body:
+                    if owner.closed.wait(1.0):
+                        return
+                    with contextlib.suppress(OSError):
+                        self.wfile.write(bytes([ch]))
+                        self.wfile.flush()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class SoakWatcher:
+    """The watcher, its receivers and its faults (see the module docstring)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root / "watch"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.receiver = Receiver()
+        self.hanging = _Hanging()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.refused_port = s.getsockname()[1]
+        self.metrics = _Metrics()
+        self.bin = self.root / "bin"
+        self.bin.mkdir(exist_ok=True)
+        self.hang_file = self.root / "smi-hang"
+        self.pids_file = self.root / "smi-children"
+        smi = self.bin / "nvidia-smi"
+        smi.write_text(SMI.replace("{hang}", str(self.hang_file)).replace(
+            "{pids}", str(self.pids_file)))  # fmt: skip
+        smi.chmod(0o755)
+        self.out = self.root / "watch.jsonl"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stopped_by_soak = False
+        self.timers: list[threading.Timer] = []
+
+    def config_toml(self, mock_url: str) -> str:
+        """The lines the soak's config gets: the alerts and the local serving endpoint."""
+        urls = [
+            self.receiver.url("soak"),
+            f"json://127.0.0.1:{self.hanging.port}/hang",
+            f"json://127.0.0.1:{self.refused_port}/refused",
+        ]
+        return "\n".join(
+            [
+                "[[endpoints]]",
+                'name = "mock"',
+                'kind = "local"',
+                f"base_url = {json.dumps(mock_url)}",
+                f"metrics_url = {json.dumps(self.metrics.url)}",
+                "",
+                "[alerts]",
+                "urls = [" + ", ".join(json.dumps(u) for u in urls) + "]",
+                "max_per_minute = 1000",
+                "delivery_timeout_seconds = 5",
+                "failing_minutes = 1",
+                "",
+            ]
+        )
+
+    def start(self, config: Path, env: dict[str, str], cwd: Path) -> None:
+        env = {**env, "PATH": f"{self.bin}{os.pathsep}{env.get('PATH', os.defpath)}"}
+        argv = [sys.executable, "-m", "supervisor.cli", "-c", str(config), "watch", "--json"]
+        argv += ["--interval", str(INTERVAL_S)]
+        with open(self.out, "wb") as f:
+            self.proc = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=f,
+                stderr=open(self.root / "watch.err", "wb"),  # noqa: SIM115 - the child's
+                start_new_session=True,
+            )  # fmt: skip
+
+    def fault(self, kind: str, seconds: float) -> None:
+        """``metrics-drip`` or ``smi-hang`` for ``seconds``."""
+        if kind == "metrics-drip":
+            self.metrics.drip.set()
+            timer = threading.Timer(seconds, self.metrics.drip.clear)
+        else:
+            self.hang_file.touch()
+            timer = threading.Timer(seconds, lambda: self.hang_file.unlink(missing_ok=True))
+        timer.daemon = True
+        timer.start()
+        self.timers.append(timer)
+
+    def stop(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
+        self.metrics.drip.clear()
+        self.hang_file.unlink(missing_ok=True)
+        if self.proc is not None and self.proc.poll() is None:
+            self.stopped_by_soak = True
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+    def lines(self) -> list[dict[str, Any]]:
+        out = []
+        for raw in self.out.read_text().splitlines() if self.out.exists() else []:
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(raw))
+        return out
+
+    def check(self, add: Any) -> dict[str, Any]:
+        """The invariants (``add(kind, summary, evidence)`` for each violation) and figures."""
+        proc = self.proc
+        if proc is None or not self.stopped_by_soak or proc.returncode != 0:
+            err = (self.root / "watch.err").read_text()[-1500:] if proc is not None else ""
+            add("watcher-died", f"the watcher ended with {proc and proc.returncode}",
+                {"stderr": err})  # fmt: skip
+        lines = self.lines()
+        ticks = [e for e in lines if "tick" in e]
+        first = next((i for i, e in enumerate(lines) if "tick" in e), len(lines))
+        stamps = [float(e["time"]) for e in lines[first:] if "tick" in e or "note" in e]
+        gaps = [(b - a, a) for a, b in itertools.pairwise(stamps)]
+        for gap, at in gaps:
+            if gap > 2 * INTERVAL_S:
+                add("watch-silent", f"no output for {gap:.1f} s from {time.ctime(at)}",
+                    {"at": at, "gap_s": round(gap, 2)})  # fmt: skip
+        messages = self.receiver.messages()
+        got = list(zip(list(self.receiver.times), messages, strict=False))
+        late = 0
+        events = 0
+        for i, e in enumerate(lines):
+            if "kind" not in e or "message" not in e:
+                continue
+            events += 1
+            shown = next((t["time"] for t in lines[i:] if "tick" in t), None)
+            if shown is None:
+                continue  # printed at the very end: the watcher stopped before its tick
+            bound = float(shown) + 2 * INTERVAL_S
+            if not any(t <= bound and e["message"] in m for t, m in got):
+                late += 1
+                add("alert-late", f"{e['kind']} {e.get('title')} not at the receiver within "
+                    "2 refreshes", {"event": e, "bound": bound})  # fmt: skip
+        alive = []
+        for raw in self.pids_file.read_text().split() if self.pids_file.exists() else []:
+            with contextlib.suppress(FileNotFoundError):
+                stat = Path(f"/proc/{raw}/stat").read_text()
+                if stat.rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.append(int(raw))
+        if alive:
+            add("query-orphan", f"nvidia-smi children alive after the watcher: {alive}",
+                {"pids": alive})  # fmt: skip
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        notes = [e["note"] for e in lines if "note" in e]
+        return {
+            "refreshes": len(ticks),
+            "longest gap s": round(max((g for g, _ in gaps), default=0.0), 2),
+            "events": events,
+            "alerts at the working receiver": len(got),
+            "alerts late": late,
+            "undelivered notes": sum(n.startswith("alert not delivered") for n in notes),
+            "failing-URL notes": sum("failing for" in n for n in notes),
+            "hung nvidia-smi children": len(self.pids_file.read_text().split())
+            if self.pids_file.exists()
+            else 0,
+        }
+
+    def close(self) -> None:
+        self.stop()
+        self.metrics.close()
+        self.hanging.close()
+        self.receiver.close()
