@@ -103,7 +103,7 @@ def _exchange(url: str, deadline: float, limit: int) -> tuple[int, dict[str, str
             sock.settimeout(left())
             try:
                 chunk = sock.recv(65536)
-            except socket.timeout:  # noqa: UP041 - not TimeoutError before 3.10
+            except socket.timeout:
                 raise _Deadline() from None
             if not chunk:
                 break
@@ -192,7 +192,7 @@ def fetch_one(
         }
     except ConnectionRefusedError:
         return {"ok": False, "error": "connection refused", "kind": "refused"}
-    except socket.timeout:  # noqa: UP041 - not TimeoutError before 3.10
+    except socket.timeout:
         return {"ok": False, "error": f"no answer within {timeout:g} s", "kind": "timeout"}
     except (OSError, ValueError) as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}", "kind": "network"}
