@@ -128,6 +128,7 @@ class AutoRestart:
         ok = result is not None and result.ok
         audit.record(
             "auto-restart",
+            config=self.engine.config.key,
             host=st.host,
             run=name,
             ok=ok,
@@ -154,6 +155,7 @@ class AutoRestart:
         rc = self.engine.config.run(run)
         audit.record(
             "auto-restart",
+            config=self.engine.config.key,
             host=host,
             run=run,
             ok=False,

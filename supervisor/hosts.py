@@ -29,7 +29,6 @@ from supervisor.agent.protocol import AGENT_LOADER
 from supervisor.channel import AgentChannel, LineReader, LineWriter
 from supervisor.errors import ConfigError, HostError, RunwatchError
 from supervisor.model import Backend, ProcessInfo
-from supervisor.paths import config_key
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -373,18 +372,26 @@ def ps_params(config: Config, cfg: HostConfig) -> dict[str, Any]:
         "show_other_users": cfg.show_other_users,
         "runs": run_specs(config, cfg.name),
         "secret_env": secret_env_names(config),
-        "config_id": config_key(config.path),
+        "config_id": config.key,
     }
 
 
 async def list_processes(host: Host, config: Config) -> list[ProcessInfo]:
     """The runs on ``host``, each matched to the config run it is (``run``) when one fits."""
     result = await host.request("ps", ps_params(config, host.cfg))
-    found = process_infos(result)
+    found = own_only(process_infos(result), host.cfg)
     assign_runs(found, config, host.name)
     for p in found:
         set_backend(p, config)
     return found
+
+
+def own_only(procs: list[ProcessInfo], hc: HostConfig) -> list[ProcessInfo]:
+    """``procs`` as the host's config lets it see them: with ``only_own_units``, only the members
+    of this config's units (``UnitRef.mine``)."""
+    if not hc.only_own_units:
+        return procs
+    return [p for p in procs if p.unit is not None and p.unit.mine]
 
 
 def set_backend(proc: ProcessInfo, config: Config) -> None:
@@ -436,7 +443,7 @@ def run_specs(config: Config, host_name: str) -> list[dict[str, Any]]:
     for run in config.runs:
         if run.host != host_name:
             continue
-        layout = layout_of(config, run, launch_argv(run))
+        layout = layout_of(config, run, launch_argv(config, run))
         spec: dict[str, Any] = {
             "name": run.name,
             "workdir": run.workdir,
@@ -462,7 +469,7 @@ def run_files(config: Config, run_name: str | None) -> list[str]:
     run = next((r for r in config.runs if r.name == run_name), None)
     if run is None:
         return []
-    layout = layout_of(config, run, launch_argv(run))
+    layout = layout_of(config, run, launch_argv(config, run))
     return [*layout.data_files.values(), *layout.locks]
 
 

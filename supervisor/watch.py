@@ -6,9 +6,11 @@ with backoff and shows its last values meanwhile), applies each run's budget pol
 runs that opted in (``supervisor.autorestart``), prints one line per event (or one JSON object
 with ``--json``) and sends them through ``supervisor.alerts``.
 
-Two watchers on one config would both act: :class:`WatchLock` takes an ``flock`` in the state
-dir keyed by the config file's real path and another keyed by its content, held for the
-watcher's life; the second watcher is told who holds it (pid, machine, since when).
+Two watchers on one config would both act: :class:`WatchLock` takes an ``flock`` on
+``configs/<config key>/watch.lock`` in the state dir (``Config.key``: the config's resolved path
+or its ``project``), held for the watcher's life; the second watcher is told who holds it (pid,
+machine, since when). Watchers of two configs share nothing: each reads only its config's audit
+records and sees only its config's runs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import socket
@@ -41,7 +42,7 @@ from supervisor.events import (
     stop_key,
     with_lines,
 )
-from supervisor.paths import state_dir
+from supervisor.paths import config_key, config_state, open_private, read_private
 
 if TYPE_CHECKING:
     from supervisor.engine import Engine
@@ -60,17 +61,14 @@ class WatchLocked(RunwatchError):
 class WatchLock:
     """The lock that keeps two watchers of one config from both acting (see module docstring)."""
 
-    def __init__(self, config_path: str, directory: Path | None = None) -> None:
+    def __init__(
+        self, config_path: str, directory: Path | None = None, key: str | None = None
+    ) -> None:
         real = os.path.realpath(config_path) if config_path else ""
-        try:
-            content = Path(real).read_bytes() if real else b""
-        except OSError:
-            content = b""
-        self.directory = directory or (state_dir() / "watch")
-        self.paths = [
-            self.directory / f"path-{hashlib.sha256(real.encode()).hexdigest()[:16]}.lock",
-            self.directory / f"content-{hashlib.sha256(content).hexdigest()[:16]}.lock",
-        ]
+        key = key or config_key(config_path)
+        self.directory = directory or config_state(key)
+        name = f"{key}.lock" if directory else "watch.lock"
+        self.paths = [self.directory / name]
         self.config_path = real
         self._fds: list[int] = []
 
@@ -78,8 +76,8 @@ class WatchLock:
         """Who holds the lock, as recorded in its file."""
         for path in self.paths:
             try:
-                info = json.loads(path.read_text() or "{}")
-            except (OSError, ValueError):
+                info = json.loads(read_private(path) or b"{}")
+            except (OSError, ValueError, RunwatchError):
                 continue
             if info:
                 since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("since", 0)))
@@ -91,10 +89,9 @@ class WatchLock:
 
     def try_acquire(self) -> bool:
         """Take every lock file, or none; False when another watcher holds one."""
-        self.directory.mkdir(parents=True, exist_ok=True)
         fds: list[int] = []
         for path in self.paths:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = open_private(path, os.O_RDWR)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -243,7 +240,7 @@ class Watcher:
     def _read_audit(self) -> set[str]:
         """The stops of the audit log since start; restarts made by others become events."""
         out = set()
-        for rec in audit.read(limit=1000):
+        for rec in audit.read(limit=1000, config=self.engine.config.key):
             at = float(rec.get("time") or 0)
             if at < self.started - 60:
                 continue
@@ -306,7 +303,7 @@ async def watch(
     """Take the config's lock (waiting for it with ``standby``), then watch until ``stop``.
 
     ``watcher``: the one to run (default: a new one with ``emit``, ``as_json``, ``interval``)."""
-    lock = lock or WatchLock(engine.config.path)
+    lock = lock or WatchLock(engine.config.path, key=engine.config.key)
     watcher = watcher or Watcher(engine, emit=emit, as_json=as_json, interval=interval)
     if not lock.try_acquire():
         if not standby:

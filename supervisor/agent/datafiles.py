@@ -25,6 +25,7 @@ import stat
 from typing import Any
 
 from supervisor.agent import proc as _procs
+from supervisor.agent import safefs
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import (
     AgentOpError,
@@ -413,13 +414,17 @@ def backup_files(params: dict[str, Any]) -> dict[str, Any]:
         }
     copied: list[dict[str, Any]] = []
     if found:
-        os.makedirs(dest, mode=0o700, exist_ok=True)
+        try:
+            safefs.make_dirs(dest, os.path.dirname(dest))
+        except safefs.UnsafePath as e:
+            raise AgentOpError(str(e), "unsafe-path") from None
     for path, _ in found:
         target = _free_name(os.path.join(dest, os.path.basename(path)))
         src = os.open(path, os.O_RDONLY)
         try:
             size = os.fstat(src).st_size  # as it is now (a writer may have appended since)
-            dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            dst = os.open(target, flags, 0o600)
             try:
                 method = _copy_bytes(src, dst, size)
                 os.ftruncate(dst, size)

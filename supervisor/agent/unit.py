@@ -37,6 +37,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from supervisor.agent import proc as procs
+from supervisor.agent import safefs
 from supervisor.agent.kill import _running, _Target
 from supervisor.agent.masking import mask_argv
 from supervisor.agent.protocol import KILL_CONFIRM_S, AgentOpError, param_number, param_str
@@ -71,21 +72,11 @@ def units_dir(create: bool = False) -> str:
     path = os.path.join(state_dir(), "units")
     if create:
         try:
-            os.makedirs(os.path.dirname(state_dir()), exist_ok=True)
+            safefs.make_dirs(path, state_dir())
+        except safefs.UnsafePath as e:
+            raise AgentOpError(str(e), "unsafe-path") from None
         except OSError as e:
             raise AgentOpError(f"cannot create {e.filename}: {e.strerror}", "io") from None
-        for level in (state_dir(), path):
-            try:
-                os.mkdir(level, 0o700)
-            except FileExistsError:
-                pass
-            except OSError as e:
-                raise AgentOpError(f"cannot create {level}: {e.strerror}", "io") from None
-            st = os.lstat(level)
-            if not os.path.isdir(level) or os.path.islink(level) or st.st_uid != os.geteuid():
-                raise AgentOpError(f"{level} is not a directory of this user", "unsafe-path")
-            if st.st_mode & 0o077:
-                os.chmod(level, 0o700)
     return path
 
 
@@ -277,6 +268,36 @@ def start(
     if not answer.get("ok"):
         raise OSError(errno.ENOEXEC, str(answer.get("error") or "cannot start"))
     return int(answer["pid"]), data
+
+
+def token_unit(config_id: str, run: str, argv: Sequence[str], workdir: str) -> dict[str, Any]:
+    """The record of a unit held by its launch token alone, for a process its caller starts
+    itself (the demo: its runs die with it, so no waiter may outlive it): put ``token`` in the
+    process's environment, start it, then :func:`record_started`."""
+    launch_id = os.urandom(8).hex()
+    return {
+        "launch_id": launch_id,
+        "token": f"{config_id}:{run}:{launch_id}",
+        "config_id": config_id,
+        "run": run,
+        "cgroup": None,
+        "held_by": "token",
+        "argv": mask_argv(list(argv)),
+        "workdir": workdir,
+        "boot_id": procs.boot_id(),
+        "uid": os.getuid(),
+        "launched_at": time.time(),
+    }
+
+
+def record_started(data: dict[str, Any], pid: int) -> None:
+    """Write the record of a :func:`token_unit` whose client is ``pid`` (0600, atomically)."""
+    st = procs.read_stat(pid)
+    ticks = st.start_time if st is not None else None
+    rec = dict(data, child={"pid": pid, "start_time": ticks}, known=[[pid, ticks]])
+    folder = units_dir(create=True)
+    path = os.path.join(folder, str(data["launch_id"]) + ".json")
+    safefs.write_atomic(path, (json.dumps(rec, sort_keys=True) + "\n").encode())
 
 
 # --------------------------------------------------------------------------- members

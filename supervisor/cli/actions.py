@@ -186,7 +186,7 @@ def launch(
     The API key (the endpoint's api_key_env) goes in the run's environment, never in its argv.
     """
     _run_action(
-        get_config(config_path, need="runs"),
+        get_config(config_path, need="runs", act=True),
         "launch",
         run,
         sets,
@@ -248,7 +248,7 @@ def restart(
     until one is named with --pid.
     """
     _run_action(
-        get_config(config_path, need="runs"),
+        get_config(config_path, need="runs", act=True),
         "restart",
         run,
         sets,
@@ -266,12 +266,28 @@ def restart(
 
 @click.command()
 @click.option("--limit", type=int, default=50, show_default=True, help="Last N records; 0: all.")
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="Every config's records, and those of an older runwatch (which name no config).",
+)
 @json_option
-def audit(limit: int, as_json: bool) -> None:
-    """Show the audit log: every kill, launch, restart, move-aside, repair and budget action."""
+@config_option
+def audit(limit: int, show_all: bool, as_json: bool, config_path: str | None) -> None:
+    """Show the audit log: every kill, launch, restart, move-aside, repair and budget action
+    of this config (--all: of every config)."""
     from supervisor.engine import audit_line, audit_location, audit_records
 
-    entries = audit_records(limit=None if limit <= 0 else limit)
+    key = None if show_all else get_config(config_path).key
+    entries = audit_records(limit=None if limit <= 0 else limit, config=key)
+    if key is not None:
+        older = sum(1 for e in audit_records(config=None) if not e.get("config"))
+        if older:
+            click.echo(
+                f"note: {older} record(s) of an older runwatch name no config: --all shows them",
+                err=True,
+            )
     if as_json:
         print_json(entries)
         return
@@ -301,7 +317,7 @@ def guard(watch: float | None, dry_run: bool, as_json: bool, config_path: str | 
 
     from supervisor.engine import Engine
 
-    config = get_config(config_path, need="runs")
+    config = get_config(config_path, need="runs", act=True)
 
     async def main() -> list[dict[str, Any]]:
         engine = Engine(config)

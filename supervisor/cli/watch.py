@@ -42,7 +42,7 @@ def watch(config_path: str | None, as_json: bool, standby: bool, interval: float
     from supervisor.engine import Engine
     from supervisor.engine import watch as run_watch
 
-    config = get_config(config_path)
+    config = get_config(config_path, act=True)
 
     def out(line: str) -> None:
         click.echo(line)

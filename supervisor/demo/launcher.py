@@ -39,6 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from supervisor.agent import safefs, unit
 from supervisor.config import Config, load_config
 from supervisor.errors import RunwatchError
 
@@ -122,8 +123,12 @@ def _spawn(
     stdout_pipe: bool = False,
 ) -> Started:
     """Start ``argv`` detached-ish: its own session, stdin /dev/null, output appended to ``log``."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log_file = open(log, "ab")  # noqa: SIM115 - owned by the Started record, closed on stop
+    try:
+        safefs.make_dirs(str(log.parent))
+        fd = safefs.open_private(str(log), os.O_WRONLY | os.O_APPEND)
+    except safefs.UnsafePath as e:
+        raise RunwatchError(f"cannot start {label}: {e.path}: {e.why}", e.fix) from None
+    log_file = os.fdopen(fd, "ab")  # owned by the Started record, closed on stop
     try:
         proc = subprocess.Popen(
             argv,
@@ -529,10 +534,15 @@ def start_demo(demo: Demo, out: IO[str], slurm: bool = False) -> None:
     for run in demo.config.runs if slurm else []:
         demo.jobs[run.name] = _submit(demo.config, run)
     for run in demo.config.runs if not slurm else []:
+        # Each run is a unit of the demo's config (held by its launch token): the demo's host
+        # lists only those (``only_own_units``), never the user's other runs on this machine.
         workdir = Path(run.workdir)
         log = workdir / (run.log or f"logs/{run.name}.log")
-        run_env = {**os.environ, **run.env}
-        started.append(_spawn(f"run {run.name}", list(run.argv), workdir, log, env=run_env))
+        held = unit.token_unit(demo.config.key, run.name, list(run.argv), str(workdir))
+        run_env = {**os.environ, **run.env, unit.TOKEN_VAR: str(held["token"])}
+        s = _spawn(f"run {run.name}", list(run.argv), workdir, log, env=run_env)
+        started.append(s)
+        unit.record_started(held, s.proc.pid)
     print(f"runwatch demo: {demo_dir}", file=out)
     print(f"  config   {demo.config_path}", file=out)
     print(f"  watch it from another terminal: runwatch -c {demo.config_path} status", file=out)
