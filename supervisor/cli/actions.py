@@ -11,11 +11,19 @@ changed or dropped (``--reset``); a failed relaunch after the stop is rolled bac
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from supervisor.cli._common import config_option, get_config, json_option, print_json
+from supervisor.cli._common import (
+    DEFAULT_CANDIDATES,
+    config_option,
+    get_config,
+    json_option,
+    print_json,
+    resolve_config_path,
+)
 from supervisor.errors import UsageError
 
 if TYPE_CHECKING:
@@ -275,11 +283,17 @@ def restart(
 @json_option
 @config_option
 def audit(limit: int, show_all: bool, as_json: bool, config_path: str | None) -> None:
-    """Show the audit log: every kill, launch, restart, move-aside, repair and budget action
-    of this config (--all: of every config)."""
+    """Show the audit log: every kill, launch, restart, move-aside, repair and budget action.
+
+    The records of this config (-c; --all: of every config, and those of an older runwatch,
+    which name none). With no config named and none here, every record."""
     from supervisor.engine import audit_line, audit_location, audit_records
 
-    key = None if show_all else get_config(config_path).key
+    path = resolve_config_path(config_path)
+    no_config = path == DEFAULT_CANDIDATES[0] and not Path(path).exists()
+    key = None if show_all or no_config else get_config(config_path).key
+    if no_config and not show_all:
+        click.echo("note: no config here (-c PATH): every config's records are shown", err=True)
     entries = audit_records(limit=None if limit <= 0 else limit, config=key)
     if key is not None:
         older = sum(1 for e in audit_records(config=None) if not e.get("config"))
