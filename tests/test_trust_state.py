@@ -12,6 +12,7 @@ CLI, the real agent, real files and a second Unix user (``second_user``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -24,7 +25,7 @@ import pytest
 
 from supervisor import audit, launchspec
 from supervisor.config import load_config
-from supervisor.errors import UnsafeState
+from supervisor.errors import RunwatchError, UnsafeState
 from supervisor.paths import config_key
 from supervisor.watch import Watcher, WatchLock
 from tests.fixtures_actions import (
@@ -279,6 +280,10 @@ def test_t15_a_symlinked_or_foreign_run_log_is_refused(
     text = out.stdout + out.stderr
     assert f"refusing {logs / 'run.log'}: it is a symbolic link" in text, text
     assert victim.read_text() == "precious\n" and not run_pids(demo.workdir)
+    # the log tail (Log tab, run-died alerts) does not show what the link points at either
+    with pytest.raises(RunwatchError, match="it is a symbolic link") as tail_err:
+        asyncio.run(_tail(demo))
+    assert "precious" not in str(tail_err.value)
     (logs / "run.log").unlink()
     logs.chmod(0o777)
     out = runwatch("launch", "demo", "-c", cfg, "--yes")
@@ -290,6 +295,11 @@ def test_t15_a_symlinked_or_foreign_run_log_is_refused(
     assert out.returncode != 0
     assert f"refusing {logs}: it is owned by uid {second_user.uid}" in out.stdout + out.stderr
     assert not run_pids(demo.workdir) and not (logs / "run.log").exists()
+
+
+async def _tail(demo: DemoRun) -> Any:
+    async with engine_for(demo) as engine:
+        return await engine.tail_log("local", "demo")
 
 
 # --------------------------------------------------------------------------- trusted configs

@@ -447,17 +447,24 @@ def backup_files(params: dict[str, Any]) -> dict[str, Any]:
 def tail_log(params: dict[str, Any]) -> TailLogResult:
     """``{path, lines?=50, max_bytes?=65536}`` -> ``{"path", "exists", "size", "lines"}``.
 
-    Reads at most ``max_bytes`` from the end; key-shaped tokens are masked.
+    Reads at most ``max_bytes`` from the end; key-shaped tokens are masked. A log that is a
+    link is refused.
     """
     path = resolve(param_str(params, "path"), params.get("workdir"))
     lines = int(param_number(params, "lines", 50))
     max_bytes = int(param_number(params, "max_bytes", 65536))
     try:
-        size = os.stat(path).st_size
+        st = os.lstat(path)
     except FileNotFoundError:
         return {"path": path, "exists": False, "size": 0, "lines": []}
     except OSError as e:
         raise AgentOpError(f"cannot read {path}: {e.strerror}", "unreadable") from None
+    if stat.S_ISLNK(st.st_mode):  # it would show (and alert with) whatever it points at
+        try:
+            safefs.check(path, st, directory=False)
+        except safefs.UnsafePath as e:
+            raise AgentOpError(str(e), "unsafe-path") from None
+    size = st.st_size
     tail = [mask_text(line) for line in tail_bytes(path, lines, max_bytes)]
     return {"path": path, "exists": True, "size": size, "lines": tail}
 
