@@ -32,11 +32,13 @@ from tests.fixtures_actions import (
     DemoRun,
     engine_for,
     launch,
+    over_budget_stop_run,
     restart,
     run_pids,
     runwatch,
     why,
 )
+from tests.fixtures_procs import FakeRuns, gone
 from tests.fixtures_users import OtherUser
 
 
@@ -374,6 +376,36 @@ async def test_t17_state_of_an_older_runwatch_is_never_given_to_a_config(
     assert "1 record(s) of an older runwatch name no config: --all shows them" in out.stderr
     out = runwatch("audit", "-c", str(demo.config_path), "--all")
     assert "local/OLD" in out.stdout and "local/NEW" in out.stdout
+
+
+async def test_t19_guard_markers_of_an_older_runwatch_still_count(
+    tmp_path: Path, state_home: Path, fake_runs: FakeRuns
+) -> None:
+    """A budget event an older runwatch acted on (its marker in the shared ``guard/`` dir, keyed
+    by host, run, process identity and dataset: unambiguous) is not acted on again; without
+    the marker, the same run is stopped, its marker kept under the config's key."""
+    from supervisor.engine import Engine
+
+    run, cfg = over_budget_stop_run(tmp_path, fake_runs, seed=5)
+    config = load_config(cfg)
+    legacy = state_home / "guard"
+    legacy.mkdir(parents=True, mode=0o700)
+    async with Engine(config) as engine:
+        snap = await engine.refresh()
+        [event] = engine.budget_events(snap)
+        assert event.policy == "stop" and event.run == "gen"
+        for key in event.keys:
+            (legacy / f"{key}.json").write_text("{}")
+        assert engine.budget_events(snap) == []
+        assert await engine.enforce_budget(snap) == []
+        assert not gone(run.pid, run.start_time)
+        for key in event.keys:
+            (legacy / f"{key}.json").unlink()
+        [outcome] = await engine.enforce_budget(await engine.refresh())
+    assert outcome.acted and outcome.ok, outcome.detail
+    assert gone(run.pid, run.start_time)
+    kept = state_home / "configs" / config.key / "guard"
+    assert sorted(p.stem for p in kept.iterdir()) == sorted(event.keys)
 
 
 def test_t18_a_project_name_is_the_identity_and_survives_a_move(tmp_path: Path) -> None:
