@@ -104,7 +104,8 @@ def _shared_demo(fake_runs: FakeRuns, url: str, **kw: Any) -> DemoRun:
     data = demo.data_file("B1")
     data.parent.mkdir(parents=True)
     data.write_bytes(raw_record("B1-000000") + raw_record("B1-000001"))
-    for d in (demo.root, demo.workdir, data.parent.parent, data.parent):
+    demo.root.chmod(0o755)  # the config's directory: another user may not replace it (T16)
+    for d in (demo.workdir, data.parent.parent, data.parent):
         d.chmod(0o777)
     data.chmod(0o666)
     return demo
