@@ -415,7 +415,7 @@ def backup_files(params: dict[str, Any]) -> dict[str, Any]:
     copied: list[dict[str, Any]] = []
     if found:
         try:
-            safefs.make_dirs(dest, os.path.dirname(dest))
+            safefs.make_dirs(dest, os.path.dirname(dest), private_parents=False)
         except safefs.UnsafePath as e:
             raise AgentOpError(str(e), "unsafe-path") from None
     for path, _ in found:

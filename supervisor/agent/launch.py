@@ -194,9 +194,9 @@ def launch(params: dict[str, Any]) -> LaunchResult:
         raise AgentOpError(f"workdir {workdir} is not a directory", "bad-params")
     fds: dict[str, int] = {}
     try:
-        safefs.make_dirs(os.path.dirname(log))
+        safefs.make_dirs(os.path.dirname(log), private_parents=False)
         for path in lock_paths:
-            safefs.make_dirs(os.path.dirname(path))
+            safefs.make_dirs(os.path.dirname(path), private_parents=False)
             fds[path] = safefs.open_private(path, os.O_RDWR)
     except safefs.UnsafePath as e:
         for fd in fds.values():
@@ -506,7 +506,7 @@ def write_fingerprint(params: dict[str, Any]) -> WriteFingerprintResult:
     if isinstance(fingerprint.get("argv"), list):
         fingerprint["argv"] = mask_argv([str(a) for a in fingerprint["argv"]])
     try:
-        safefs.make_dirs(os.path.dirname(path))
+        safefs.make_dirs(os.path.dirname(path), private_parents=False)
         safefs.write_atomic(
             path, (json.dumps(fingerprint, sort_keys=True, indent=1) + "\n").encode()
         )

@@ -65,31 +65,31 @@ def check(path: str, st: os.stat_result, directory: bool) -> None:
         )
 
 
-def make_dirs(path: str, top: str | None = None) -> str:
-    """``path`` as a private directory: each missing level made 0700; every level from ``top``
-    (default: ``path`` alone) down to ``path`` checked (:func:`check`); one of ours readable by
-    others made 0700. Returns ``path``."""
+def make_dirs(path: str, top: str | None = None, private_parents: bool = True) -> str:
+    """``path`` as a private directory: each missing level from ``top`` (default: ``path``
+    alone) down to ``path`` made 0700 and every such level checked (:func:`check`), one of ours
+    readable by others made 0700. Missing levels above ``top`` are made 0700 too, or, with
+    ``private_parents=False`` (a run's output directory, shared as its user wishes), as the
+    umask says. Returns ``path``."""
     path = os.path.abspath(path)
     top = os.path.abspath(top) if top else path
-    missing = []
-    probe = path
-    while not os.path.lexists(probe):
-        missing.append(probe)
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    made = set()
-    for level in reversed(missing):
-        try:
-            os.mkdir(level, 0o700)
-        except FileExistsError:
-            continue
-        made.add(level)
     levels = [path]
     while levels[-1] != top and levels[-1].startswith(top + os.sep):
         levels.append(os.path.dirname(levels[-1]))
-    for level in sorted(made | set(levels), key=len):
+    first = levels[-1]
+    parent = os.path.dirname(first)
+    if parent != first and not os.path.lexists(parent):
+        if private_parents:
+            make_dirs(parent)
+        else:
+            os.makedirs(parent, exist_ok=True)
+    for level in reversed(levels):
+        made = False
+        try:
+            os.mkdir(level, 0o700)
+            made = True
+        except FileExistsError:
+            pass
         try:
             fd = os.open(level, os.O_RDONLY | os.O_DIRECTORY | _FLAGS)
         except OSError as e:
@@ -98,12 +98,10 @@ def make_dirs(path: str, top: str | None = None) -> str:
             raise
         try:
             st = os.fstat(fd)
-            if level in made:
+            if not made:
+                check(level, st, directory=True)
+            if made or (st.st_mode & 0o077 and st.st_uid == os.geteuid()):
                 os.fchmod(fd, 0o700)  # whatever the umask
-                continue
-            check(level, st, directory=True)
-            if st.st_mode & 0o077 and st.st_uid == os.geteuid():
-                os.fchmod(fd, 0o700)
         finally:
             os.close(fd)
     return path

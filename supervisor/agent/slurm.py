@@ -560,7 +560,7 @@ def slurm_submit(params: dict[str, Any]) -> dict[str, Any]:
     lock_path = os.path.join(workdir, os.path.expanduser(param_str(params, "lock_path")))
     text = batch_script(argv, task_words, params.get("directives") or [])
     try:
-        safefs.make_dirs(os.path.dirname(lock_path))
+        safefs.make_dirs(os.path.dirname(lock_path), private_parents=False)
         fd = safefs.open_private(lock_path, os.O_RDWR)
     except safefs.UnsafePath as e:
         raise AgentOpError(str(e), "unsafe-path") from None
@@ -577,7 +577,7 @@ def slurm_submit(params: dict[str, Any]) -> dict[str, Any]:
                 "jobs": active,
             }
         try:
-            safefs.make_dirs(os.path.dirname(script_path))
+            safefs.make_dirs(os.path.dirname(script_path), private_parents=False)
         except safefs.UnsafePath as e:
             raise AgentOpError(str(e), "unsafe-path") from None
         for key in ("output", "error"):
