@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from supervisor import audit, launchspec
-from supervisor.config import load_config
+from supervisor.config import load_config, untrusted
 from supervisor.errors import RunwatchError, UnsafeState
 from supervisor.paths import config_key
 from supervisor.watch import Watcher, WatchLock
@@ -258,6 +258,14 @@ def test_t14_a_forged_audit_log_of_another_user_is_refused(
     with pytest.raises(UnsafeState) as err:
         audit.record("kill", host="local", run="demo", ok=True, config="k")
     assert f"chmod 700 {state_home}" in str(err.value)
+    # and a state dir that is a link (to a directory of another's choosing)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    state_home.rename(tmp_path / "old-state")
+    state_home.symlink_to(elsewhere)
+    with pytest.raises(UnsafeState, match=f"refusing {state_home}: it is a symbolic link"):
+        audit.record("kill", host="local", run="demo", ok=True, config="k")
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_t15_a_symlinked_or_foreign_run_log_is_refused(
@@ -339,6 +347,20 @@ def test_t16_a_config_others_could_write_is_refused_for_actions(
         assert out.returncode == 0, out.stdout + out.stderr
         assert out.stderr.count(why_text) == 1
     assert not (state_home / "audit.jsonl").exists()  # nothing acted
+    # a directory others can write (not sticky) lets them replace the config; /tmp-like
+    # sticky directories do not
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    moved = shared / "rw.toml"
+    moved.write_text(cfg.read_text())
+    moved.chmod(0o600)
+    shared.chmod(0o777)
+    out = runwatch("launch", "demo", "-c", str(moved), "--yes", timeout=60)
+    assert out.returncode == 2 and f"its directory {shared} is writable by group or others" in (
+        out.stdout + out.stderr
+    )
+    shared.chmod(0o1777)
+    assert untrusted(str(moved)) is None
     os.chown(cfg, os.geteuid(), os.getegid())
     cfg.chmod(0o600)
     out = runwatch("guard", "--dry-run", "-c", str(cfg), timeout=60)
