@@ -69,10 +69,12 @@ class HostConfig(_Section):
     """Do NOT verify the host key. Explicit opt-in; runwatch warns every time it connects."""
     show_other_users: bool = False
     """List matching processes of other users too (they are never killable)."""
-    only_own_units: bool = False
-    """List only the processes of this config's own units (those runwatch started for it):
-    processes started by hand or by another config are neither listed, matched to a run, nor
-    held to its budgets. The demo sets it, so that it shows only what it started."""
+    only_own_runs: bool = False
+    """List only this config's runs: the processes of its own units (those runwatch started for
+    it) and those its runs' evidence matches (a run started by hand in its workdir). Other
+    processes running a known script (the user's other runs on the machine, another config's
+    units) are not listed, so nothing is shown, held to this config's budgets or audited about
+    them. The demo sets it, so that it shows only what it started."""
     connect_timeout: float = 10.0
     """Seconds to establish the SSH connection."""
     command_timeout: float = 30.0

@@ -723,11 +723,14 @@ class Engine:
     def _build_view(
         self, hc: HostConfig, runs: list[RunConfig], result: dict[str, Any], rtt: float
     ) -> HostView:
-        procs = own_only([msgspec.convert(p, ProcessInfo) for p in result.get("processes", [])], hc)
+        procs = [msgspec.convert(p, ProcessInfo) for p in result.get("processes", [])]
         scanned: dict[str, dict[str, Any]] = result.get("files", {})
         taken: set[int] = set()
         run_views: list[RunView] = []
         candidates = assign_runs(procs, self.config, hc.name)
+        if hc.only_own_runs:
+            procs = own_only(procs, hc)
+            candidates = {r: [p for p in c if p in procs] for r, c in candidates.items()}
         for p in procs:
             set_backend(p, self.config)
         jobs: dict[str, JobView] = {}

@@ -379,19 +379,21 @@ def ps_params(config: Config, cfg: HostConfig) -> dict[str, Any]:
 async def list_processes(host: Host, config: Config) -> list[ProcessInfo]:
     """The runs on ``host``, each matched to the config run it is (``run``) when one fits."""
     result = await host.request("ps", ps_params(config, host.cfg))
-    found = own_only(process_infos(result), host.cfg)
+    found = process_infos(result)
     assign_runs(found, config, host.name)
+    found = own_only(found, host.cfg)
     for p in found:
         set_backend(p, config)
     return found
 
 
 def own_only(procs: list[ProcessInfo], hc: HostConfig) -> list[ProcessInfo]:
-    """``procs`` as the host's config lets it see them: with ``only_own_units``, only the members
-    of this config's units (``UnitRef.mine``)."""
-    if not hc.only_own_units:
+    """``procs`` (runs assigned, :func:`assign_runs`) as the host's config lets it see them:
+    with ``only_own_runs``, only the members of this config's units (``UnitRef.mine``) and the
+    processes matched to one of its runs without being another config's unit."""
+    if not hc.only_own_runs:
         return procs
-    return [p for p in procs if p.unit is not None and p.unit.mine]
+    return [p for p in procs if (p.unit.mine if p.unit is not None else p.run is not None)]
 
 
 def set_backend(proc: ProcessInfo, config: Config) -> None:

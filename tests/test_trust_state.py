@@ -151,41 +151,46 @@ async def test_t11_each_watcher_sees_only_its_runs(
     assert vb.process.identity.pid == rb.identity["pid"]
 
 
-async def test_t12_the_demo_host_lists_only_its_own_units(
+async def test_t12_the_demo_host_lists_only_its_own_runs(
     tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path], spawn: Any
 ) -> None:
-    """With ``only_own_units`` (the demo's host), a reference client started by hand elsewhere
-    is neither listed nor matched; the run launched for the config is. Without it, it is."""
+    """With ``only_own_runs`` (the demo's host), a reference client started by hand elsewhere
+    and another config's unit are neither listed nor matched; the config's own run is. Without
+    it, they are listed."""
     own = DemoRun(
         tmp_path / "own",
         slow_endpoint.url,
         max_samples=300,
-        host_toml='[[hosts]]\nname = "local"\nlocal = true\nonly_own_units = true\n',
+        host_toml='[[hosts]]\nname = "local"\nlocal = true\nonly_own_runs = true\n',
     )
     plain = DemoRun(tmp_path / "plain", slow_endpoint.url, max_samples=300)
     stray_dir = tmp_path / "user-run"
     stray_dir.mkdir()
-    kill_runs_in += [own.workdir, stray_dir]
+    kill_runs_in += [own.workdir, plain.workdir, stray_dir]
     stray = spawn(
         [*own.argv, "--output-dir", "mine", "--prompts-dir", str(own.workdir / "prompts")],
         cwd=stray_dir,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    assert load_config(own.config_path).hosts[0].only_own_units
+    assert load_config(own.config_path).hosts[0].only_own_runs
+    async with engine_for(plain) as engine:
+        other = await launch(engine, "demo")
+        assert other.ok, why(other)
     async with engine_for(own) as engine:
         started = await launch(engine, "demo")
         assert started.ok, why(started)
         listed = [p.identity.pid for p in await engine.list_processes("local")]
         snap = await engine.refresh()
     assert listed == [started.identity["pid"]]
-    assert stray.pid not in [p.identity.pid for h in snap.hosts for p in h.processes]
+    shown = [p.identity.pid for h in snap.hosts for p in h.processes]
+    assert stray.pid not in shown and other.identity["pid"] not in shown
     async with engine_for(plain) as engine:
         everyone = [p.identity.pid for p in await engine.list_processes("local")]
-    assert stray.pid in everyone and started.identity["pid"] in everyone
+    assert {stray.pid, started.identity["pid"], other.identity["pid"]} <= set(everyone)
     # the demo's own config sets it
     template = Path(__file__).resolve().parents[1] / "configs" / "demo.toml"
-    assert "only_own_units = true" in template.read_text()
+    assert "only_own_runs = true" in template.read_text()
 
 
 # --------------------------------------------------------------------------- modes

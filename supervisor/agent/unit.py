@@ -270,36 +270,6 @@ def start(
     return int(answer["pid"]), data
 
 
-def token_unit(config_id: str, run: str, argv: Sequence[str], workdir: str) -> dict[str, Any]:
-    """The record of a unit held by its launch token alone, for a process its caller starts
-    itself (the demo: its runs die with it, so no waiter may outlive it): put ``token`` in the
-    process's environment, start it, then :func:`record_started`."""
-    launch_id = os.urandom(8).hex()
-    return {
-        "launch_id": launch_id,
-        "token": f"{config_id}:{run}:{launch_id}",
-        "config_id": config_id,
-        "run": run,
-        "cgroup": None,
-        "held_by": "token",
-        "argv": mask_argv(list(argv)),
-        "workdir": workdir,
-        "boot_id": procs.boot_id(),
-        "uid": os.getuid(),
-        "launched_at": time.time(),
-    }
-
-
-def record_started(data: dict[str, Any], pid: int) -> None:
-    """Write the record of a :func:`token_unit` whose client is ``pid`` (0600, atomically)."""
-    st = procs.read_stat(pid)
-    ticks = st.start_time if st is not None else None
-    rec = dict(data, child={"pid": pid, "start_time": ticks}, known=[[pid, ticks]])
-    folder = units_dir(create=True)
-    path = os.path.join(folder, str(data["launch_id"]) + ".json")
-    safefs.write_atomic(path, (json.dumps(rec, sort_keys=True) + "\n").encode())
-
-
 # --------------------------------------------------------------------------- members
 
 

@@ -292,10 +292,10 @@ def audit(limit: int, show_all: bool, as_json: bool, config_path: str | None) ->
     path = resolve_config_path(config_path)
     no_config = path == DEFAULT_CANDIDATES[0] and not Path(path).exists()
     key = None if show_all or no_config else get_config(config_path).key
-    if no_config and not show_all:
+    if no_config and not show_all and not as_json:
         click.echo("note: no config here (-c PATH): every config's records are shown", err=True)
     entries = audit_records(limit=None if limit <= 0 else limit, config=key)
-    if key is not None:
+    if key is not None and not as_json:
         older = sum(1 for e in audit_records(config=None) if not e.get("config"))
         if older:
             click.echo(

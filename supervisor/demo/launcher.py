@@ -39,7 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from supervisor.agent import safefs, unit
+from supervisor.agent import safefs
 from supervisor.config import Config, load_config
 from supervisor.errors import RunwatchError
 
@@ -534,15 +534,10 @@ def start_demo(demo: Demo, out: IO[str], slurm: bool = False) -> None:
     for run in demo.config.runs if slurm else []:
         demo.jobs[run.name] = _submit(demo.config, run)
     for run in demo.config.runs if not slurm else []:
-        # Each run is a unit of the demo's config (held by its launch token): the demo's host
-        # lists only those (``only_own_units``), never the user's other runs on this machine.
         workdir = Path(run.workdir)
         log = workdir / (run.log or f"logs/{run.name}.log")
-        held = unit.token_unit(demo.config.key, run.name, list(run.argv), str(workdir))
-        run_env = {**os.environ, **run.env, unit.TOKEN_VAR: str(held["token"])}
-        s = _spawn(f"run {run.name}", list(run.argv), workdir, log, env=run_env)
-        started.append(s)
-        unit.record_started(held, s.proc.pid)
+        run_env = {**os.environ, **run.env}
+        started.append(_spawn(f"run {run.name}", list(run.argv), workdir, log, env=run_env))
     print(f"runwatch demo: {demo_dir}", file=out)
     print(f"  config   {demo.config_path}", file=out)
     print(f"  watch it from another terminal: runwatch -c {demo.config_path} status", file=out)
