@@ -4,13 +4,26 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-headless test check lint typecheck contract bench soak fmt clean
+.PHONY: demo demo-headless lock test check lint typecheck contract bench soak fmt clean
 
-$(STAMP): pyproject.toml
+EXTRAS := tokens,demo,test,dev
+
+# The exact versions of requirements.lock (`make lock` makes it anew), then runwatch itself.
+$(STAMP): pyproject.toml requirements.lock
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e '.[$(EXTRAS)]'
+	$(BIN)/python -m pip check
 	touch $(STAMP)
+
+# Resolve pyproject.toml's dependencies afresh in a scratch environment and pin what it installed.
+lock:
+	rm -rf .lockenv && $(PYTHON) -m venv .lockenv
+	.lockenv/bin/python -m pip install --quiet -e '.[$(EXTRAS)]'
+	{ echo "# make lock: every package that make installs, pinned (runwatch itself excluded)"; \
+	  .lockenv/bin/python -m pip freeze --exclude-editable; } > requirements.lock
+	rm -rf .lockenv
 
 demo: $(STAMP)
 	$(BIN)/runwatch demo
@@ -24,6 +37,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff format --check supervisor tui tests
 	$(BIN)/ruff check supervisor tui tests
+	$(BIN)/vermin --quiet --no-tips --violations -t=3.8- supervisor/agent
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -49,4 +63,4 @@ fmt: $(STAMP)
 	$(BIN)/ruff check --fix supervisor tui tests
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .lockenv .pytest_cache .mypy_cache .ruff_cache

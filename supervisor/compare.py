@@ -615,7 +615,7 @@ def comparison_from(
     return result
 
 
-def _waiting_for_rates(config: Config, snapshot: Snapshot) -> bool:
+def waiting_for_rates(config: Config, snapshot: Snapshot) -> bool:
     """True while a running run that uses an endpoint has too few responses for a rate and
     its endpoint's serving engine has no counter rate either (which ``endpoint_rates`` uses)."""
     server = server_rates(snapshot)
@@ -645,7 +645,7 @@ async def gather_comparison(
     try:
         start = time.monotonic()
         snapshot = await engine.refresh()
-        while _waiting_for_rates(config, snapshot) and time.monotonic() - start < sample_s:
+        while waiting_for_rates(config, snapshot) and time.monotonic() - start < sample_s:
             await asyncio.sleep(max(0.2, config.refresh_seconds))  # the measuring interval
             snapshot = await engine.refresh()
     finally:

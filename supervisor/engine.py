@@ -67,6 +67,7 @@ from supervisor.model import (
     HostView,
     Identity,
     JobView,
+    PlanProgress,
     ProcessInfo,
     RunFlags,
     RunState,
@@ -99,6 +100,11 @@ if TYPE_CHECKING:
     )
     from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
     from supervisor.plan import Action, ActionResult, OnStep, Plan, Step
+    from supervisor.rebalance import Rebalance, parse_deadline
+    from supervisor.rebalance import apply as apply_rebalance
+    from supervisor.rebalance import describe as describe_rebalance
+    from supervisor.rebalance import gather as gather_rebalance
+    from supervisor.rebalance import plan_for as plan_rebalance
     from supervisor.samples import LatestSamples, SamplePreview
     from supervisor.slurm import describe as describe_job
     from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
@@ -136,6 +142,12 @@ _LAZY: dict[str, str] = {
     "OnStep": "supervisor.plan",
     "Plan": "supervisor.plan",
     "Step": "supervisor.plan",
+    "Rebalance": "supervisor.rebalance",
+    "parse_deadline": "supervisor.rebalance",
+    "apply_rebalance": "supervisor.rebalance:apply",
+    "describe_rebalance": "supervisor.rebalance:describe",
+    "gather_rebalance": "supervisor.rebalance:gather",
+    "plan_rebalance": "supervisor.rebalance:plan_for",
     "LatestSamples": "supervisor.samples",
     "SamplePreview": "supervisor.samples",
     "describe_job": "supervisor.slurm:describe",
@@ -257,10 +269,23 @@ class Engine:
         names = [hc.name for hc in self.config.hosts]
         views = await asyncio.gather(*(self._refresh_host(n) for n in names))
         snap = Snapshot(time=time.time(), hosts=list(views))
+        snap.plan = self._plan_progress(snap)
         self.last = snap
         self._live.prune(self._trackers)
         self._live.maybe_save()
         return snap
+
+    def _plan_progress(self, snap: Snapshot) -> PlanProgress | None:
+        """The applied rebalance plan against this snapshot (None when there is none)."""
+        from supervisor import rebalance
+
+        if not rebalance.plan_path(self.config).exists():
+            return None
+        from supervisor.bench.history import load_history
+        from supervisor.compare import comparison_from
+
+        comparison = comparison_from(self.config, snap, load_history())
+        return rebalance.progress(self.config, snap, comparison)
 
     async def list_processes(self, host: str) -> list[ProcessInfo]:
         """The runs on ``host`` (every process executing a configured script), each matched to
@@ -1130,6 +1155,7 @@ __all__ = [
     "LogTail",
     "OnStep",
     "Plan",
+    "Rebalance",
     "SamplePreview",
     "Scanner",
     "Step",
@@ -1137,6 +1163,7 @@ __all__ = [
     "WatchLock",
     "WatchLocked",
     "Watcher",
+    "apply_rebalance",
     "assign_runs",
     "audit_line",
     "audit_location",
@@ -1147,16 +1174,20 @@ __all__ = [
     "completeness_line",
     "count_tokens",
     "describe_job",
+    "describe_rebalance",
     "format_lines",
     "gather_comparison",
+    "gather_rebalance",
     "is_url",
     "load_history",
     "load_tokenizer",
     "mask_argv",
     "mask_url",
     "moved_key",
+    "parse_deadline",
     "parse_sets",
     "parse_unsets",
+    "plan_rebalance",
     "run_once",
     "run_sync",
     "sidecar_line",

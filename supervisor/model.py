@@ -452,8 +452,32 @@ class HostView(msgspec.Struct, kw_only=True):
     """Set while the host's first scan runs (its datasets are then provisional)."""
 
 
+class PlanProgress(msgspec.Struct, kw_only=True):
+    """An applied ``runwatch rebalance`` plan against what happens (``supervisor.rebalance``)."""
+
+    applied_at: float
+    datasets: list[str] = []
+    """The datasets the plan split."""
+    deadline_at: float | None = None
+    max_usd: float | None = None
+    projected_end: float
+    """When the plan said the last of its datasets would be done (Unix time)."""
+    projected_err: float | None = None
+    projected_usd: float | None = None
+    expected_end: float | None = None
+    """When, by today's rates, the last of them will be done (None once done or unknown)."""
+    ended_at: float | None = None
+    """When the last of them was written (once all are done)."""
+    will_miss: bool = False
+    """The deadline will pass (or passed) before the plan's datasets are done."""
+    text: str = ""
+    """One line for the front ends."""
+
+
 class Snapshot(msgspec.Struct, kw_only=True):
     """Everything a refresh saw, for every host."""
 
     time: float
     hosts: list[HostView] = []
+    plan: PlanProgress | None = None
+    """The progress of the config's applied rebalance plan, when there is one."""

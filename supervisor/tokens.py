@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.errors import ConfigError, RunwatchError
+from supervisor.extras import require
 
 Tokenizer = Any
 """A loaded Hugging Face tokenizer (``transformers`` is untyped, and imported lazily)."""
@@ -63,13 +64,9 @@ def _load(directory: Path, shown: str, trust_remote_code: bool) -> Tokenizer:
     # runwatch starts subprocesses (host agents, ssh) after counting; a tokenizer that used its
     # thread pool before a fork prints a warning on every fork. Counting batches are small anyway.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as e:  # pragma: no cover - transformers is a dependency
-        raise RunwatchError(
-            f"cannot load tokenizer {shown}: transformers is not installed ({e})",
-            "install runwatch with its dependencies",
-        ) from None
+    AutoTokenizer = require(
+        "transformers", f"counting tokens with tokenizer {shown}", "tokens"
+    ).AutoTokenizer
     try:
         return AutoTokenizer.from_pretrained(
             str(directory), local_files_only=True, trust_remote_code=trust_remote_code

@@ -394,3 +394,21 @@ def test_a_reply_that_does_not_fit_is_a_clear_agent_error() -> None:
             {"results": [{"pid": 3, "outcome": "vanished"}]}, replies.Kill, "gpu1", "kill"
         )
     assert typing.get_type_hints(protocol.KillTarget)["outcome"] is str
+
+
+def test_the_agent_uses_nothing_newer_than_python_3_8() -> None:
+    """The agent runs on the host's own Python, 3.8 or later: ``vermin`` reads every module
+    (syntax, standard-library members, decorators) and finds nothing that needs a newer one.
+    Members guarded by ``hasattr`` carry a ``# novermin`` mark."""
+    vermin = Path(sys.executable).with_name("vermin")
+    if not vermin.exists():
+        pytest.fail("vermin is not installed: run `make` (it is in the dev extra)")
+    agent = ROOT / "supervisor" / "agent"
+    done = subprocess.run(
+        [str(vermin), "--no-tips", "--violations", "-t=3.8-", str(agent)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Analyzing" in done.stdout  # it read the files

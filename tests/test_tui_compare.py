@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
 from supervisor.config import load_config
 from supervisor.engine import Engine
+from supervisor.model import RunView
 from tests.fixtures_config import write_local_config
 from tests.fixtures_tui import FixedEngine, compare_config
 from tests.waiting import wait_for
@@ -88,3 +90,64 @@ output_dir = "out"
         await pilot.pause()
         assert app.is_running and isinstance(app.screen, CompareScreen)
         assert screen.query_one("#table", DataTable).row_count == 0
+
+
+async def test_the_compare_screen_plans_a_split_and_asks_before_applying_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``p`` plans from what the screen shows (the deadline typed in), ``a`` asks first, with
+    every step in the question; Cancel changes nothing."""
+    from textual.widgets import Button, Input
+
+    from tui.screens.confirm import ConfirmScreen
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    engine = FixedEngine(config=compare_config())
+    app: RunwatchApp = make_app(compare_config(), engine)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(lambda: app.refreshes >= 1, what="the first snapshot")
+        await pilot.press("C")
+        await wait_for(lambda: isinstance(app.screen, CompareScreen), what="the compare screen")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        await wait_for(lambda: screen.comparison is not None, what="the comparison")
+        screen.query_one("#by", Input).value = "2h"
+        # The fixed snapshot's API host is down: refused, nothing to apply.
+        await pilot.press("p")
+        text = screen.query_one("#plan-text", Static)
+        await wait_for(lambda: screen.rebalance is not None, what="the refusal")
+        assert "is down" in str(text.render()) and "nothing moved" in str(text.render())
+        assert screen.query_one("#apply", Button).disabled
+
+        # The host back and B3's legacy data moved aside: the plan has steps.
+        def fixed(run: RunView) -> RunView:
+            datasets = [msgspec.structs.replace(d, verdict="current") for d in run.datasets]
+            return msgspec.structs.replace(run, datasets=datasets)
+
+        engine.snapshot = msgspec.structs.replace(
+            engine.snapshot,
+            hosts=[
+                msgspec.structs.replace(
+                    h, connected=True, stale=False, error=None, runs=[fixed(r) for r in h.runs]
+                )
+                for h in engine.snapshot.hosts
+            ],
+        )
+        seen = app.refreshes
+        app.refresh_now()  # the fixed config refreshes once an hour
+        await wait_for(lambda: app.refreshes > seen, what="a refresh with the host back")
+        await pilot.press("p")
+        await wait_for(lambda: "finish within 2 h" in str(text.render()), what="the plan")
+        shown = str(text.render())
+        assert screen.rebalance is not None and screen.rebalance.plan is not None, shown
+        assert "as now" in shown and "all on api" in shown
+        assert screen.rebalance.steps, shown
+        assert not screen.query_one("#apply", Button).disabled
+        await pilot.press("a")
+        await wait_for(lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+        question = app.screen.question  # type: ignore[attr-defined]
+        for st in screen.rebalance.steps:
+            assert st.run in question
+        await pilot.press("escape")
+        await wait_for(lambda: app.screen is screen, what="back on the compare screen")
+        assert engine.kills == [] and not screen.applying

@@ -92,7 +92,7 @@ def pidfd_open(pid: int) -> int | None:
 def pidfd_send_signal(fd: int, sig: int) -> None:
     """Signal the process a pidfd refers to (never a recycled PID). Raises ProcessLookupError."""
     if hasattr(signal, "pidfd_send_signal"):
-        signal.pidfd_send_signal(fd, sig)
+        signal.pidfd_send_signal(fd, sig)  # novermin
         return
     call = _libc_syscall()
     if call is None:  # pragma: no cover - pidfd_open would have returned None

@@ -62,6 +62,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "supervisor.cli.hosts:ps",
         "List the runs on every host: identity, owner, CPU, memory, GPU, children and flags.",
     ),
+    "rebalance": (
+        "supervisor.cli.rebalance:rebalance",
+        "Split the datasets left between the runs' endpoints to finish by a deadline under a "
+        "cost cap; --apply carries it out.",
+    ),
     "restart": (
         "supervisor.cli.actions:restart",
         "Check RUN's data and settings, stop it by identity, repair a torn tail, relaunch it.",

@@ -216,6 +216,9 @@ def render(snap: Snapshot, rates_hint: bool = True) -> str:
             lines.extend(_run_lines(r))
         lines.extend(_serving_lines(h))
         lines.append("")
+    if snap.plan is not None:
+        mark = "! " if snap.plan.will_miss else ""
+        lines.append(f"{mark}{snap.plan.text}")
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.time))
     lines.append(f"as of {stamp}")
     running = any(r.datasets and r.state == "running" for h in snap.hosts for r in h.runs)

@@ -47,6 +47,7 @@ from typing import Any
 import msgspec
 
 from supervisor.demo.tokenizer import DemoVocab
+from supervisor.extras import require
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -826,8 +827,8 @@ class _QuietResets(logging.Filter):
 
 def build_app(settings: MockSettings, on_startup: Callable[[], None] | None = None) -> Any:
     """The Starlette app of a mock server (``app.state.mock`` is its :class:`MockState`)."""
-    from starlette.applications import Starlette
-    from starlette.routing import Route
+    Starlette = require("starlette.applications", "the demo's mock server", "demo").Starlette
+    Route = require("starlette.routing", "the demo's mock server", "demo").Route
 
     state = MockState(settings)
 
@@ -867,7 +868,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _uvicorn_server(app: Any) -> Any:
-    import uvicorn
+    uvicorn = require("uvicorn", "the demo's mock server", "demo")
 
     log = logging.getLogger("uvicorn.error")
     if not any(isinstance(f, _QuietResets) for f in log.filters):

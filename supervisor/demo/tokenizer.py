@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from supervisor.extras import require
 from supervisor.paths import cache_dir
 
 DIR_NAME = "demo-tokenizer"
@@ -112,7 +113,9 @@ def _corpus(lines: int = 6000, seed: int = 20240601) -> list[str]:
 
 
 def _build_into(directory: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tk = require("tokenizers", "the demo's tokenizer", "demo")
+    Tokenizer, decoders, models = tk.Tokenizer, tk.decoders, tk.models
+    pre_tokenizers, trainers = tk.pre_tokenizers, tk.trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -154,7 +157,7 @@ class DemoVocab:
     """
 
     def __init__(self, directory: Path | None = None) -> None:
-        from tokenizers import Tokenizer
+        Tokenizer = require("tokenizers", "the demo's tokenizer", "demo").Tokenizer
 
         self.directory = directory if directory is not None else ensure_demo_tokenizer()
         self.tokenizer: Any = Tokenizer.from_file(str(self.directory / "tokenizer.json"))

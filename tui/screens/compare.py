@@ -20,9 +20,11 @@ from textual.widgets import Button, DataTable, Footer, Input, Label, ProgressBar
 from supervisor import display
 from supervisor.engine import BenchResult, Comparison
 from tui.messages import BenchFinished, BenchProgressed
+from tui.screens.confirm import ConfirmScreen
 from tui.widgets.format import error_text
 
 if TYPE_CHECKING:
+    from supervisor.engine import Rebalance
     from tui.app import RunwatchApp
 
 DEFAULT_REQUESTS = 20
@@ -123,6 +125,8 @@ class CompareScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "app.pop_screen", "Back"),
         Binding("b", "bench", "Bench", tooltip="Measure the selected endpoint now"),
+        Binding("p", "plan", "Plan", tooltip="Split the datasets left to finish by the deadline"),
+        Binding("a", "apply", "Apply plan", tooltip="Carry the plan out, after confirmation"),
     ]
 
     def __init__(self) -> None:
@@ -132,6 +136,8 @@ class CompareScreen(Screen[None]):
         self.comparison: Comparison | None = None
         self.bench_result: BenchResult | None = None
         self.benching = False
+        self.rebalance: Rebalance | None = None
+        self.applying = False
 
     @property
     def rw(self) -> RunwatchApp:
@@ -159,6 +165,14 @@ class CompareScreen(Screen[None]):
                 yield Button("Bench", id="bench", variant="primary", compact=True)
             yield ProgressBar(id="progress", show_eta=False)
             yield Static(id="bench-result")
+            with Horizontal(id="plan-row"):
+                yield Label("finish within ", id="by-label")
+                yield Input(placeholder="45m", id="by", compact=True)
+                yield Label(" at most $ ", id="usd-label")
+                yield Input(placeholder="none", type="number", id="max-usd", compact=True)
+                yield Button("Plan", id="plan", compact=True)
+                yield Button("Apply", id="apply", variant="warning", compact=True, disabled=True)
+            yield Static(id="plan-text")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -198,6 +212,10 @@ class CompareScreen(Screen[None]):
         self.query_one("#answer", Static).update(answer)
         self._show_table()
         self.query_one("#sources", Static).update(sources_text(comparison))
+        progress = snapshot.plan
+        if progress is not None and self.rebalance is None:
+            style = "bold red" if progress.will_miss else ""
+            self.query_one("#plan-text", Static).update(Text(progress.text, style=style))
 
     def on_resize(self) -> None:
         self._show_table()
@@ -226,6 +244,82 @@ class CompareScreen(Screen[None]):
         event.stop()
         if event.button.id == "bench":
             self.action_bench()
+        elif event.button.id == "plan":
+            self.action_plan()
+        elif event.button.id == "apply":
+            self.action_apply()
+
+    # ------------------------------------------------------------------ rebalance
+
+    def action_plan(self) -> None:
+        """The split of the datasets left between the runs' endpoints, from what is shown."""
+        from supervisor.engine import describe_rebalance, parse_deadline, plan_rebalance
+        from supervisor.errors import RunwatchError
+
+        snapshot, comparison = self.rw.snapshot, self.comparison
+        if snapshot is None or comparison is None:
+            self.notify("No rates yet: wait for a refresh.", severity="warning")
+            return
+        by = self.query_one("#by", Input).value.strip()
+        usd = self.query_one("#max-usd", Input).value.strip()
+        try:
+            deadline = parse_deadline(by) if by else None
+            cap = float(usd) if usd else None
+        except (RunwatchError, ValueError) as e:
+            self.notify(str(e), severity="error")
+            return
+        self.rebalance = result = plan_rebalance(
+            self.rw.config, snapshot, comparison, deadline_s=deadline, max_usd=cap
+        )
+        refused = result.refused is not None
+        self.query_one("#apply", Button).disabled = refused or not result.steps
+        text = "\n".join(describe_rebalance(result))
+        self.query_one("#plan-text", Static).update(Text(text, style="yellow" if refused else ""))
+
+    def action_apply(self) -> None:
+        result = self.rebalance
+        if result is None or result.refused is not None or not result.steps:
+            self.notify("Make a plan first (p), with steps to carry out.", severity="warning")
+            return
+        if self.applying:
+            self.notify("The plan is being applied.", severity="warning")
+            return
+        from supervisor.engine import describe_rebalance
+
+        steps = [ln for ln in describe_rebalance(result) if ln.startswith("  ") and ". " in ln]
+        question = (
+            "Apply this plan? Each step passes the start checks; the runs that give datasets "
+            "away stop first; a failed step rolls back those before it.\n\n" + "\n".join(steps)
+        )
+        self.app.push_screen(ConfirmScreen(question, "Apply"), self._apply_confirmed)
+
+    def _apply_confirmed(self, ok: bool | None) -> None:
+        if ok and self.rebalance is not None:
+            self.applying = True
+            self.query_one("#apply", Button).disabled = True
+            self.query_one("#plan-text", Static).update(Text("Applying the plan…", style="yellow"))
+            self._apply(self.rebalance)
+
+    @work(exclusive=True, group="rebalance", exit_on_error=False)
+    async def _apply(self, result: Rebalance) -> None:
+        from supervisor.engine import apply_rebalance
+
+        lines: list[str] = []
+        try:
+            outcomes = await apply_rebalance(self.rw.engine, result, on_step=lines.append)
+        except Exception as e:  # shown on the screen, never lost
+            lines.append(f"FAILED: {error_text(e)}")
+            outcomes = []
+        ok = bool(outcomes) and all(o.ok for o in outcomes)
+        self.applying = False
+        self.rebalance = None
+        self.query_one("#plan-text", Static).update(
+            Text("\n".join(lines), style="green" if ok else "bold red")
+        )
+        self.notify(
+            "Plan applied." if ok else "Plan NOT applied.",
+            severity="information" if ok else "error",
+        )
 
     def action_bench(self) -> None:
         if self.benching:

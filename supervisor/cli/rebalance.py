@@ -1,0 +1,134 @@
+"""``runwatch rebalance``: split the remaining datasets between the runs' endpoints to finish by
+a deadline under a cost cap, and carry the split out through the gate."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import click
+
+from supervisor.cli._common import config_option, get_config, json_option, print_json
+from supervisor.errors import UsageError
+
+
+@click.command()
+@config_option
+@click.option(
+    "--by",
+    "by",
+    default=None,
+    metavar="DURATION",
+    help="Finish within this long (45m, 2h, 1h30m, 90s): the cheapest split that meets it. "
+    "Without it: the fastest split.",
+)
+@click.option(
+    "--max-usd", type=float, default=None, help="Spend at most this much on what is left."
+)
+@click.option(
+    "--sample",
+    "sample_s",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds at most spent refreshing when a running run has no rate yet (as compare).",
+)
+@click.option(
+    "--move-aside",
+    is_flag=True,
+    help="Let a run restart over data of an earlier format by renaming it aside "
+    "(<file>.<format>-<timestamp>; nothing is deleted): such a dataset starts afresh. Without "
+    "it, a run that writes such data keeps what it has.",
+)
+@click.option(
+    "--apply",
+    "do_apply",
+    is_flag=True,
+    help="Carry the plan out: restart or launch each run with the datasets it keeps or takes "
+    "(runs that give datasets away first); a failed step rolls back the steps before it.",
+)
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation (with --apply).")
+@json_option
+def rebalance(
+    config_path: str | None,
+    by: str | None,
+    max_usd: float | None,
+    sample_s: float,
+    move_aside: bool,
+    do_apply: bool,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Split the datasets left between the runs' endpoints to finish by a deadline under a
+    cost cap; --apply carries it out.
+
+    The plan: the cheapest split that finishes within --by under --max-usd, else the fastest
+    under the cap (the local GPU run or runs, the API run or runs).
+
+    Times and costs come from `runwatch compare`'s measurements, each with its error; "as now"
+    and "all on <endpoint>" are shown beside the plan. A run moves whole datasets, through its
+    client's dataset flag, and a dataset resumes from its records in the run that takes it.
+    """
+    from supervisor.engine import (
+        Engine,
+        apply_rebalance,
+        describe_rebalance,
+        gather_rebalance,
+        parse_deadline,
+    )
+
+    deadline = parse_deadline(by) if by is not None else None
+    if max_usd is not None and max_usd < 0:
+        raise UsageError("--max-usd must be >= 0")
+    if do_apply and not yes and not sys.stdin.isatty():
+        raise UsageError(
+            "refusing to apply without confirmation: no terminal to ask on",
+            "pass --yes to confirm, or leave out --apply to see the plan",
+        )
+    config = get_config(config_path, need="runs")
+
+    async def main() -> int:
+        async with Engine(config) as engine:
+            result = await gather_rebalance(
+                config,
+                engine,
+                deadline_s=deadline,
+                max_usd=max_usd,
+                sample_s=sample_s,
+                move_aside=move_aside,
+            )
+            if not do_apply or result.refused or not result.steps:
+                if as_json:
+                    print_json(result)
+                else:
+                    click.echo("\n".join(describe_rebalance(result)))
+                return 1 if result.refused else 0
+            if not as_json:
+                click.echo("\n".join(describe_rebalance(result)))
+            if not yes and not click.confirm("apply these steps?", default=False):
+                click.echo("nothing done", err=True)
+                return 1
+            outcomes = await apply_rebalance(
+                engine, result, on_step=None if as_json else click.echo
+            )
+            ok = all(o.ok for o in outcomes)
+            if as_json:
+                print_json({"plan": result, "steps": outcomes, "ok": ok})
+            else:
+                click.echo(_closing(outcomes, ok))
+            return 0 if ok else 1
+
+    sys.exit(asyncio.run(main()))
+
+
+def _closing(outcomes: list[Any], ok: bool) -> str:
+    if ok:
+        return "plan applied"
+    acted = [o for o in outcomes if o.ok]
+    if not acted:
+        return "plan NOT applied: nothing was changed"
+    stuck = [o.run for o in acted if not o.rolled_back]
+    if stuck:
+        return f"plan NOT applied, and the rollback FAILED for {', '.join(stuck)}: see above"
+    return "plan NOT applied: every step done was rolled back"

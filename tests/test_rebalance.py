@@ -1,0 +1,378 @@
+"""``runwatch rebalance``: the split of the remaining datasets between the runs' endpoints, worked
+out by hand on small cases, then carried out on real runs against real mock servers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.compare import EndpointRate, Work, compare
+from supervisor.demo.prompts import write_prompts
+from supervisor.errors import UsageError
+from supervisor.rebalance import RESTART_S, Slot, parse_deadline, plan
+from tests.fixtures_config import write_local_config
+from tests.waiting import wait_until
+
+# The local GPU: 100 output tok/s, free; the API: 1,000 tok/s at $2.50 per M output tokens.
+LOCAL = EndpointRate(
+    endpoint="gpu", kind="local", out_tok_per_s=100.0, out_tok_per_s_err=10.0, gpu_cost_per_hour=0
+)
+API = EndpointRate(
+    endpoint="api", kind="api", out_tok_per_s=1000.0, out_tok_per_s_err=50.0, price_out_per_m=2.5
+)
+TOKENS = 10_000.0  # per dataset: 100 s on the GPU, 10 s on the API, $0.025 on the API
+
+
+def _work(name: str, tokens: float = TOKENS) -> Work:
+    return Work(
+        dataset=name,
+        remaining_tokens=tokens,
+        remaining_samples=tokens / 1000,
+        avg_prompt_tokens=0.0,
+        avg_completion_tokens=1000.0,
+        bound="token_budget",
+    )
+
+
+def _slots(local: list[str], api: list[str]) -> list[Slot]:
+    return [
+        Slot(run="local", host="h", endpoint="gpu", kind="local", datasets=local, running=True),
+        Slot(run="cloud", host="h", endpoint="api", kind="api", datasets=api, running=True),
+    ]
+
+
+def _brute_force(
+    names: list[str], deadline: float | None, cap: float | None
+) -> tuple[float, float]:
+    """(seconds, cost) of the best split, by the rule the module states, for datasets of
+    ``TOKENS`` each, all on the GPU now: a slot's time is the sum of its datasets' times, plus
+    ``RESTART_S`` for a slot whose datasets change."""
+    per = {"gpu": (TOKENS / 100.0, 0.0), "api": (TOKENS / 1000.0, TOKENS * 2.5 / 1e6)}
+    options = []
+    for choice in itertools.product(("gpu", "api"), repeat=len(names)):
+        moved = "api" in choice  # the GPU gives, the API takes: both restart
+        secs = max(
+            sum(per[e][0] for e in choice if e == ep) + (RESTART_S if moved else 0.0)
+            for ep in ("gpu", "api")
+            if ep in choice
+        )
+        cost = sum(per[e][1] for e in choice)
+        if cap is None or cost <= cap + 1e-12:
+            options.append((secs, cost))
+    meeting = [o for o in options if deadline is not None and o[0] <= deadline]
+    if meeting:
+        return min(meeting, key=lambda o: (o[1], o[0]))
+    return min(options)
+
+
+@pytest.mark.parametrize(
+    ("deadline", "cap"),
+    [(None, None), (None, 0.05), (None, 0.075), (250.0, None), (450.0, None), (150.0, 0.05)],
+)
+def test_the_plan_is_the_best_split_by_the_stated_rule(
+    deadline: float | None, cap: float | None
+) -> None:
+    names = ["B1", "B2", "B3", "B4"]
+    comparison = compare([_work(n) for n in names], [LOCAL, API])
+    result = plan(comparison, _slots(names, []), deadline_s=deadline, max_usd=cap)
+    assert result.refused is None, result.refused
+    assert result.plan is not None
+    secs, cost = _brute_force(names, deadline, cap)
+    assert result.plan.seconds == pytest.approx(secs)
+    assert result.plan.cost_usd == pytest.approx(cost)
+    if deadline is not None:
+        assert result.plan.meets_deadline == (secs <= deadline)
+    if cap is not None:
+        assert result.plan.within_cap
+
+
+def test_a_deadline_the_cap_forbids_says_so_and_gives_the_fastest_within_it() -> None:
+    names = ["B1", "B2", "B3", "B4"]
+    comparison = compare([_work(n) for n in names], [LOCAL, API])
+    # Two datasets on the API at most ($0.05): the GPU needs 200 s for the other two.
+    result = plan(comparison, _slots(names, []), deadline_s=60.0, max_usd=0.05)
+    assert result.plan is not None
+    assert result.plan.meets_deadline is False
+    assert result.plan.seconds == pytest.approx(200.0 + RESTART_S)
+    assert "cannot finish within 1 min for at most $0.05" in result.verdict
+    assert "ends in 3 min" in result.verdict
+
+
+def test_a_cap_below_every_option_is_refused_naming_the_cheapest() -> None:
+    comparison = compare([_work("B1")], [API])
+    slots = [Slot(run="cloud", host="h", endpoint="api", kind="api", datasets=["B1"])]
+    result = plan(comparison, slots, deadline_s=None, max_usd=0.01)
+    assert result.plan is None and result.steps == []
+    assert result.refused is not None
+    assert "no split costs at most $0.01" in result.refused
+    assert "$0.03" in result.refused  # all on api: $0.025
+
+
+def test_an_endpoint_without_a_measured_rate_is_refused_saying_how_to_measure() -> None:
+    unmeasured = EndpointRate(endpoint="api", kind="api", price_out_per_m=2.5)
+    comparison = compare([_work("B1")], [LOCAL, unmeasured])
+    result = plan(comparison, _slots(["B1"], []), deadline_s=None, max_usd=None)
+    assert result.refused is not None and "no throughput measured for api" in result.refused
+    assert "runwatch bench" in result.refused and result.steps == []
+
+
+def test_steps_stop_the_givers_before_the_takers_start() -> None:
+    names = ["B1", "B2", "B3", "B4"]
+    comparison = compare([_work(n) for n in names], [LOCAL, API])
+    result = plan(comparison, _slots(["B1", "B2"], ["B3", "B4"]), deadline_s=None, max_usd=None)
+    assert result.plan is not None
+    # Fastest: everything on the API (40 s).
+    assert [(s.run, s.action, s.datasets) for s in result.steps] == [
+        ("local", "stop", []),
+        ("cloud", "restart", ["B1", "B2", "B3", "B4"]),
+    ]
+    assert {(m.dataset, m.from_run, m.to_run) for m in result.moves} == {
+        ("B1", "local", "cloud"),
+        ("B2", "local", "cloud"),
+    }
+    names_of = {o.name for o in result.alternatives}
+    assert names_of == {"as now", "all on gpu", "all on api"}
+
+
+def test_a_finished_dataset_is_dropped_and_a_run_left_with_none_is_stopped() -> None:
+    comparison = compare([_work("B2")], [LOCAL, API])
+    comparison.skipped = {"B1": "token_budget reached"}
+    result = plan(comparison, _slots(["B1", "B2"], ["B3"]), deadline_s=None, max_usd=None)
+    assert result.kept["B1"] == "token_budget reached"
+    assert [(s.run, s.action) for s in result.steps] == [("local", "stop"), ("cloud", "restart")]
+    assert result.steps[1].datasets == ["B2", "B3"]  # B3: no work left, but the run keeps it
+
+
+def test_a_pinned_dataset_and_a_frozen_run_stay_as_they_are() -> None:
+    names = ["B1", "B2", "B3"]
+    comparison = compare([_work(n) for n in names], [LOCAL, API])
+    slots = _slots(["B1", "B2"], ["B3"])
+    slots[0].frozen = True
+    pinned = {"B1": "its data is legacy", "B2": "its run local also writes B1"}
+    result = plan(comparison, slots, deadline_s=None, max_usd=None, pinned=pinned)
+    assert result.plan is not None
+    assert result.steps == []  # the frozen run neither gives nor takes
+    assert result.plan.seconds == pytest.approx(200.0)
+    assert result.kept["B1"].startswith("stays with its run: its data is legacy")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("45m", 2700.0), ("2h", 7200.0), ("1h30m", 5400.0), ("90s", 90.0), ("600", 600.0)],
+)
+def test_deadlines_read_as_written(text: str, seconds: float) -> None:
+    assert parse_deadline(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "5x", "m5", "-3m", ""])
+def test_a_deadline_that_is_not_a_duration_says_how_to_write_it(text: str) -> None:
+    with pytest.raises(UsageError, match="45m, 2h, 1h30m"):
+        parse_deadline(text)
+
+
+# --------------------------------------------------------------------------- on real runs
+
+DATASETS = ("B1", "B2", "B3", "B4")
+SAMPLES = 150  # per dataset, ~100 tokens each: ~15,000 tokens a dataset
+PRICE_OUT = 20.0  # USD per million output tokens of the "API"
+
+
+def _two_run_config(root: Path, local_url: str, api_url: str) -> Path:
+    from tests.fixtures_actions import KEY_ENV, RUN_INFERENCE
+
+    work = root / "work"
+    write_prompts(work / "prompts", list(DATASETS), count=SAMPLES)
+
+    def run(name: str, datasets: str, url: str, endpoint: str, concurrency: int) -> str:
+        argv = [
+            sys.executable, str(RUN_INFERENCE), "--datasets", datasets, "--api-base", url,
+            "--api-key-env", KEY_ENV, "--model", "demo-model", "--max-samples", str(SAMPLES),
+            "--concurrency", str(concurrency), "--output-dir", "data", "--prompts-dir",
+            "prompts", "--report-seconds", "1",
+        ]  # fmt: skip
+        return (
+            f'[[runs]]\nname = "{name}"\nhost = "here"\nworkdir = {json.dumps(str(work))}\n'
+            f'argv = {json.dumps(argv)}\noutput_dir = "data"\nendpoint = "{endpoint}"\n'
+            f'log = "logs/{name}.log"\n'
+        )
+
+    body = (
+        run("local", "B1,B2,B3", local_url, "gpu", 16)
+        + run("cloud", "B4", api_url, "api", 16)
+        + "".join(
+            f'[datasets.{d}]\nmax_samples = {SAMPLES}\nprompts = "prompts/{d}.jsonl"\n'
+            for d in DATASETS
+        )
+        + f'[[endpoints]]\nname = "gpu"\nkind = "local"\nbase_url = "{local_url}"\n'
+        "gpu_cost_per_hour = 36.0\n"
+        f'[[endpoints]]\nname = "api"\nkind = "api"\nbase_url = "{api_url}"\n'
+        f'api_key_env = "{KEY_ENV}"\nprice_in_per_m = 0.0\nprice_out_per_m = {PRICE_OUT}\n'
+    )
+    return write_local_config(root / "runwatch.toml", body, python=True)
+
+
+def _status(cfg: Path) -> dict[str, Any]:
+    from tests.fixtures_actions import runwatch
+
+    p = runwatch("-c", str(cfg), "status", "--json")
+    assert p.returncode in (0, 1), p.stderr
+    return dict(json.loads(p.stdout))
+
+
+def _datasets(status: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for host in status["hosts"]:
+        for run in host["runs"]:
+            if not run.get("configured", True):
+                continue  # another's process on this machine
+            for d in run["datasets"]:
+                out.setdefault(d["name"], []).append(dict(d, run=run["name"]))
+    return out
+
+
+def test_rebalance_apply_moves_datasets_and_finishes_as_projected(
+    tmp_path: Path,
+    state_home: Path,
+    mock_server: Any,
+    kill_runs_in: list[Path],
+) -> None:
+    """Two runs of the reference client against two real mock servers (a slow "GPU" priced
+    by the hour, a fast "API" priced per token): the GPU run is running, the API run is not (a
+    bench measured it). The plan, applied with --apply --yes, moves the datasets it gives the
+    API run and launches it; no dataset gets two writers or a duplicate, every dataset ends
+    complete, and the work ends within 15 % of the projected time and cost."""
+    from tests.fixtures_actions import API_KEY, runwatch
+
+    local = mock_server(capacity_tps=500.0, mean_tokens=100, length_sigma=0.2, seed=1)
+    api = mock_server(
+        capacity_tps=1500.0, mean_tokens=100, length_sigma=0.2, seed=2, api_key=API_KEY,
+        price_in=0.0, price_out=PRICE_OUT,
+    )  # fmt: skip
+    cfg = _two_run_config(tmp_path, local.url, api.url)
+    kill_runs_in.append(tmp_path / "work")
+    p = runwatch("-c", str(cfg), "launch", "local", "--yes")
+    assert p.returncode == 0, p.stdout + p.stderr
+    # The API run is not running: its rate comes from a bench of its shape, as a user gets it.
+    p = runwatch(
+        "-c", str(cfg), "bench", "api", "--prompts", "B4", "--requests", "150",
+        "--concurrency", "16", "--json",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+
+    # The local rate needs responses over a window: until then the plan is refused and nothing
+    # changes.
+    api_before = api.stats()
+    last: list[str] = []
+
+    def applied_once() -> dict[str, Any] | None:
+        p = runwatch("-c", str(cfg), "rebalance", "--max-usd", "2.0", "--apply", "--yes", "--json")
+        last[:] = [p.stdout + p.stderr]
+        out = json.loads(p.stdout) if p.stdout.strip() else None
+        if out is not None and "steps" in out and "ok" in out:
+            return dict(out)
+        assert out is not None and "no throughput measured" in str(out.get("refused")), last
+        return None
+
+    try:
+        applied = wait_until(applied_once, timeout=60, interval=0.5)
+    except AssertionError:
+        raise AssertionError(f"never applied: {last}") from None
+    assert applied["ok"] is True, applied
+    result = applied["plan"]
+    assert result["plan"]["within_cap"] is True
+    moved = {m["dataset"]: m["to_run"] for m in result["moves"]}
+    assert any(to == "cloud" for to in moved.values()), result
+    assert ("cloud", "launch") in {(st["run"], st["action"]) for st in result["steps"]}
+    projected_s = result["plan"]["seconds"]
+    projected_usd = result["plan"]["cost_usd"]
+    start = result["time"]
+
+    def finished() -> dict[str, Any] | None:
+        st = _status(cfg)
+        runs = [r for h in st["hosts"] for r in h["runs"] if r.get("configured", True)]
+        return st if all(r["state"] != "running" for r in runs) else None
+
+    final = wait_until(finished, timeout=max(120.0, 4 * projected_s), interval=1.0)
+    assert final, "the runs did not finish"
+    by_name = _datasets(final)
+    ends = []
+    for d in DATASETS:
+        path = tmp_path / "work" / "data" / d / "raw_responses.jsonl"
+        ids = [json.loads(line)["sample_id"] for line in path.read_text().splitlines()]
+        assert len(ids) == len(set(ids)) == SAMPLES, (d, len(ids), len(set(ids)))
+        assert all(v["duplicates"] == 0 for v in by_name[d])
+        ends.append(path.stat().st_mtime)
+    took = max(ends) - start
+    print(f"\nrebalance: took {took:.1f} s, projected {projected_s:.1f} s")
+    assert took == pytest.approx(projected_s, rel=0.15), (took, result["plan"])
+    spent = (api.stats()["completion_tokens"] - api_before["completion_tokens"]) * PRICE_OUT / 1e6
+    gpu_s = max(e for e in ends) - start  # the GPU run is the one that ends last, or idle
+    local_share = next(s for s in result["plan"]["shares"] if s["run"] == "local")
+    if local_share["datasets"]:
+        spent += min(gpu_s, took) * 36.0 / 3600.0
+    print(f"rebalance: spent ${spent:.3f}, projected ${projected_usd:.3f}")
+    assert spent == pytest.approx(projected_usd, rel=0.15), (spent, result["plan"])
+    # status shows the plan done, with how the projection held.
+    plan_now = final["plan"] or _status(cfg)["plan"]
+    assert plan_now["ended_at"] == pytest.approx(max(ends), abs=2.5)
+    assert plan_now["projected_end"] == pytest.approx(start + projected_s)
+    text = runwatch("-c", str(cfg), "status").stdout
+    assert "done at" in text and "projected" in text, text
+
+
+def test_runs_that_cannot_take_datasets_are_kept_and_a_down_host_refuses(tmp_path: Path) -> None:
+    from supervisor.config import load_config
+    from supervisor.model import DatasetView, HostView, RunView, Snapshot
+    from supervisor.rebalance import slots_from
+
+    cfg = load_config(
+        write_local_config(
+            tmp_path / "c.toml",
+            f"""
+[[runs]]
+name = "ref"
+host = "here"
+workdir = "{tmp_path}"
+argv = ["python3", "run_inference.py", "--datasets", "B1", "--api-base", "http://127.0.0.1:1/v1"]
+endpoint = "api"
+[[runs]]
+name = "sf"
+host = "here"
+workdir = "{tmp_path}"
+argv = ["python3", "regenerate_train_data.py", "--input-file-path", "in.jsonl",
+        "--output-file-path", "out.jsonl", "--resume"]
+endpoint = "api"
+[[runs]]
+name = "bare"
+host = "here"
+workdir = "{tmp_path}"
+argv = ["python3", "run_inference.py", "--datasets", "B2"]
+[[endpoints]]
+name = "api"
+kind = "api"
+base_url = "http://127.0.0.1:1/v1"
+""",
+        )
+    )
+    runs = [
+        RunView(name="ref", host="here", datasets=[DatasetView(name="B1", path="/x/B1")]),
+        RunView(name="sf", host="here", datasets=[DatasetView(name="out", path="/x/out")]),
+        RunView(name="bare", host="here", datasets=[DatasetView(name="B2", path="/x/B2")]),
+    ]
+    up = Snapshot(time=1.0, hosts=[HostView(name="here", connected=True, runs=runs)])
+    slots, kept, pinned, refused = slots_from(cfg, up)
+    assert refused is None and pinned == {}
+    assert [s.run for s in slots] == ["ref"]
+    assert "no dataset flag" in kept["sf"] and "specforge" in kept["sf"]
+    assert "names no endpoint" in kept["bare"]
+    down = Snapshot(
+        time=1.0, hosts=[HostView(name="here", connected=False, error="timed out", runs=runs)]
+    )
+    slots, kept, pinned, refused = slots_from(cfg, down)
+    assert slots == [] and refused is not None
+    assert "host here of run ref is down (timed out)" in refused and "nothing moved" in refused
