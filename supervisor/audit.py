@@ -5,7 +5,15 @@ A line is written with a single ``write`` on a file opened with ``O_APPEND``, so
 runwatch processes never interleave their lines. argv is stored masked (``***`` for secrets) and
 ``detail`` strings are masked too; an API key never reaches this file.
 
-Record fields: ``time`` (Unix seconds), ``action`` (``kill``, ``launch``, ``restart``,
+The log stays one append-only file for every config; each record carries ``config``, the
+identity of the config it was written for (``Config.key``). ``runwatch audit`` and the watcher
+read their config's records (``read(config=...)``; ``runwatch audit --all`` every record, and
+those of an older runwatch, which carry no ``config``: they are never given to a config, which
+could not be told apart). The file is kept 0600 in a 0700 state dir, opened with ``O_NOFOLLOW``,
+and refused (``UnsafeState``) when it is a link, another user's or writable by others: a forged
+log is never shown nor appended to.
+
+Record fields: ``time`` (Unix seconds), ``config``, ``action`` (``kill``, ``launch``, ``restart``,
 ``move-aside``, ``repair``, ``budget``), ``host``, ``run``, ``ok``, ``identity`` (the process acted
 on or started, or None), ``argv`` (masked), ``steps`` (``[{"name", "ok", "detail"}]``), plus any
 action-specific keys, and ``by``: who acted and from where (``user@machine, pid N, runwatch
@@ -23,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from supervisor.paths import state_dir
+from supervisor.paths import open_private, read_private, state_dir
 from supervisor.secrets import mask_argv, mask_json_text, mask_text
 
 AUDIT_NAME = "audit.jsonl"
@@ -89,11 +97,15 @@ def record(
     argv: list[str] | None = None,
     steps: list[dict[str, Any]] | None = None,
     secrets: list[str] | None = None,
+    config: str = "",
     **extra: Any,
 ) -> dict[str, Any]:
-    """Append one record and return it (as written). ``secrets`` are masked wherever they occur."""
+    """Append one record of the config ``config`` (its ``Config.key``; every action of the
+    engine passes it, a record without one is shown by ``runwatch audit --all`` only) and return
+    it (as written). ``secrets`` are masked wherever they occur."""
     entry: dict[str, Any] = {
         "time": time.time(),
+        "config": config,
         "action": action,
         "host": host,
         "run": run,
@@ -114,12 +126,9 @@ def record(
 def append(entry: dict[str, Any]) -> None:
     """Append one JSON line with a single ``O_APPEND`` write."""
     path = audit_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
     line = (mask_json_text(json.dumps(entry, sort_keys=True, default=str)) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = open_private(path, os.O_WRONLY | os.O_APPEND)
     try:
-        if os.fstat(fd).st_mode & 0o077:  # written by an older runwatch: the owner's only
-            os.fchmod(fd, 0o600)
         written = os.write(fd, line)
         if written != len(line):  # pragma: no cover - a full disk
             raise OSError(f"short write to {path}: {written} of {len(line)} bytes")
@@ -127,11 +136,15 @@ def append(entry: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def read(limit: int | None = None, path: Path | None = None) -> list[dict[str, Any]]:
-    """The records, oldest first (the last ``limit`` when given). Unparseable lines are skipped."""
+def read(
+    limit: int | None = None, path: Path | None = None, config: str | None = None
+) -> list[dict[str, Any]]:
+    """The records, oldest first (the last ``limit`` when given), of the config ``config``
+    (its ``Config.key``; None: every record). Unparseable lines are skipped; a log that is a link,
+    another user's or writable by others is refused (``UnsafeState``)."""
     p = path or audit_path()
     try:
-        raw = p.read_bytes()
+        raw = read_private(p)
     except FileNotFoundError:
         return []
     out: list[dict[str, Any]] = []
@@ -142,7 +155,7 @@ def read(limit: int | None = None, path: Path | None = None) -> list[dict[str, A
             value = json.loads(line)
         except ValueError:
             continue
-        if isinstance(value, dict):
+        if isinstance(value, dict) and (config is None or value.get("config") == config):
             out.append(value)
     if limit is not None:
         out = out[-limit:] if limit > 0 else []

@@ -204,6 +204,7 @@ class AutoRestart:
         self._forget(name)
         audit.record(
             "auto-restart",
+            config=self.engine.config.key,
             host=st.host,
             run=name,
             ok=ok,
@@ -231,6 +232,7 @@ class AutoRestart:
         rc = self.engine.config.run(run)
         audit.record(
             "auto-restart",
+            config=self.engine.config.key,
             host=host,
             run=run,
             ok=False,

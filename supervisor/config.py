@@ -21,6 +21,7 @@ from typing import Any, Literal, Union
 import msgspec
 
 from supervisor.errors import ConfigError
+from supervisor.paths import config_key
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -68,6 +69,12 @@ class HostConfig(_Section):
     """Do NOT verify the host key. Explicit opt-in; runwatch warns every time it connects."""
     show_other_users: bool = False
     """List matching processes of other users too (they are never killable)."""
+    only_own_runs: bool = False
+    """List only this config's runs: the processes of its own units (those runwatch started for
+    it) and those its runs' evidence matches (a run started by hand in its workdir). Other
+    processes running a known script (the user's other runs on the machine, another config's
+    units) are not listed, so nothing is shown, held to this config's budgets or audited about
+    them. The demo sets it, so that it shows only what it started."""
     connect_timeout: float = 10.0
     """Seconds to establish the SSH connection."""
     command_timeout: float = 30.0
@@ -364,6 +371,11 @@ class ExporterConfig(_Section):
 class Config(_Section):
     """The whole configuration file."""
 
+    project: str | None = None
+    """The config's identity in runwatch's state dir (launch specs, guard markers, history, the
+    watcher's lock, audit records, its units on the hosts). Unset: the config file's resolved
+    path, so moving the file starts afresh; set: the name, which survives moving the file (two
+    files with one project name share that state)."""
     tokenizer: str | None = None
     """Local directory of a Hugging Face tokenizer. Never downloaded."""
     trust_remote_code: bool = False
@@ -388,6 +400,11 @@ class Config(_Section):
     exporter: ExporterConfig = msgspec.field(default_factory=ExporterConfig)
     path: str = ""
     """Where the config was read from (set by the loader, not a key of the file)."""
+
+    @property
+    def key(self) -> str:
+        """The config's identity (``paths.config_key`` of its path, or of its ``project``)."""
+        return config_key(self.path, self.project)
 
     def host(self, name: str) -> HostConfig:
         for h in self.hosts:
@@ -504,6 +521,47 @@ def load_config(
     _check_references(config)
     _apply_clients(config, data)
     return config
+
+
+def untrusted(path: str) -> ConfigError | None:
+    """Why the config file at ``path`` cannot be trusted to act (its argv is launched, its
+    hosts and runs are stopped), or None: the file (links followed) must belong to the invoking
+    user or root and be writable by no one else, and so must the directory holding it, unless
+    that directory is sticky (``/tmp``), as OpenSSH's StrictModes asks of ``authorized_keys``."""
+    real = os.path.realpath(path)
+    me = os.geteuid()
+    try:
+        st = os.stat(real)
+        parent = os.stat(os.path.dirname(real) or ".")
+    except OSError:
+        return None  # the loader says what is wrong with a missing file
+    shown = real if real == os.path.abspath(path) else f"{path} (-> {real})"
+    if st.st_uid not in (me, 0):
+        return ConfigError(
+            f"{shown}: the config belongs to uid {st.st_uid}, not to you (uid {me}) or root: "
+            "its command lines would run as you",
+            f"read it, then make it yours (cp it to a file of your own, or chown {me} {real})",
+        )
+    if st.st_mode & 0o022:
+        return ConfigError(
+            f"{shown}: the config is writable by group or others (mode "
+            f"{st.st_mode & 0o7777:04o}): anyone who can write it chooses what runs as you",
+            f"read it, then chmod go-w {real}",
+        )
+    where = os.path.dirname(real) or "."
+    if parent.st_uid not in (me, 0) and not parent.st_mode & 0o1000:
+        return ConfigError(
+            f"{shown}: its directory {where} belongs to uid {parent.st_uid}: its owner can "
+            "replace the config",
+            "move the config into a directory of your own",
+        )
+    if parent.st_mode & 0o022 and not parent.st_mode & 0o1000:
+        return ConfigError(
+            f"{shown}: its directory {where} is writable by group or others (mode "
+            f"{parent.st_mode & 0o7777:04o}) without the sticky bit: anyone can replace the config",
+            f"chmod go-w {where}, or move the config into a directory of your own",
+        )
+    return None
 
 
 def _check_value_type_shapes(data: Any, shown: str) -> None:

@@ -58,7 +58,9 @@ def own_change(host: str, path: str, since: float) -> dict[str, Any] | None:
 class DataLossWatch:
     """Remembers each data file's size between refreshes and raises alarms; see the module."""
 
-    def __init__(self) -> None:
+    def __init__(self, config_key: str = "") -> None:
+        self.config_key = config_key
+        """The identity of the config whose runs are watched (``Config.key``), on its records."""
         self._seen: dict[tuple[str, str], _Seen] = {}
         self._alarms: dict[tuple[str, str], str] = {}
 
@@ -113,6 +115,7 @@ class DataLossWatch:
         self._alarms[key] = message
         audit.record(
             "data-loss",
+            config=self.config_key,
             host=host,
             run=run,
             ok=False,

@@ -59,6 +59,7 @@ from supervisor.hosts import (
     list_processes,
     make_host,
     match_run,
+    own_only,
     ps_params,
     run_backend,
     run_files,
@@ -244,7 +245,7 @@ class Engine:
             for hc in config.hosts
         }
         self._trackers = rates.Trackers()
-        self._dataloss = DataLossWatch()
+        self._dataloss = DataLossWatch(config.key)
         self._tokenizer: Any = None
         self.last: Snapshot | None = None
         self._inflight: asyncio.Future[Snapshot] | None = None
@@ -389,7 +390,9 @@ class Engine:
             async with runlock.hold(self.config, run, wait, "kill", on_wait):
                 return await self._kill(host, identity, grace, run)
         except runlock.RunBusy as e:
-            kill_ops.audit_kill_failed(host, identity, run, f"refused: {e.message}")
+            kill_ops.audit_kill_failed(
+                host, identity, run, f"refused: {e.message}", config=self.config.key
+            )
             raise
 
     async def _kill(
@@ -403,16 +406,20 @@ class Engine:
                 h, identity, grace, clients.all_scripts(self.config), files
             )
         except OutcomeUnknown as lost:
-            kill_ops.audit_kill_unknown(host, identity, run, lost.message)
+            kill_ops.audit_kill_unknown(host, identity, run, lost.message, config=self.config.key)
             try:
                 report = await kill_ops.after_lost_reply(h, identity, lost)
             except OutcomeUnknown as alive:
-                kill_ops.audit_kill_unknown(host, identity, run, alive.message, reconciled=True)
+                kill_ops.audit_kill_unknown(
+                    host, identity, run, alive.message, config=self.config.key, reconciled=True
+                )
                 raise
         except (RunwatchError, OSError, asyncio.TimeoutError) as e:
-            kill_ops.audit_kill_failed(host, identity, run, str(e) or type(e).__name__)
+            kill_ops.audit_kill_failed(
+                host, identity, run, str(e) or type(e).__name__, config=self.config.key
+            )
             raise
-        kill_ops.audit_kill(report, run)
+        kill_ops.audit_kill(report, run, self.config.key)
         return report
 
     async def kill_within_plan(self, host: str, identity: Identity, grace: float) -> KillReport:
@@ -498,7 +505,9 @@ class Engine:
         counted, over as many replies as its texts need; ``tokens_error`` says why not)."""
         run = self.config.run(run_name)
         hc = self.config.host(run.host)
-        layout = layout_of(self.config, run, argv if argv is not None else launch_argv(run))
+        layout = layout_of(
+            self.config, run, argv if argv is not None else launch_argv(self.config, run)
+        )
         layout.require_files()
         files = [
             {**spec, "validate": "all", "texts": tokens}
@@ -713,7 +722,7 @@ class Engine:
         specs = []
         profile = self.config.formats.get(run.format)
         if layout is None:
-            layout = layout_of(self.config, run, launch_argv(run))
+            layout = layout_of(self.config, run, launch_argv(self.config, run))
         for ds, path in layout.data_files.items():
             spec: dict[str, Any] = {
                 "path": path,
@@ -733,7 +742,7 @@ class Engine:
     def _prompt_specs(self, run: RunConfig, hc: HostConfig) -> dict[str, dict[str, Any]]:
         """Dataset -> scan spec of its prompts file (its line count bounds the samples)."""
         specs = {}
-        layout = layout_of(self.config, run, launch_argv(run))
+        layout = layout_of(self.config, run, launch_argv(self.config, run))
         if clients.single_file(layout.profile):
             # A single-file client's input file bounds its one dataset.
             for ds, rel in layout.prompt_files.items():
@@ -841,7 +850,7 @@ class Engine:
         paths = []
         for run in runs:
             # The datasets of the layout (a single-file client's one, the launch's --set ones).
-            layout = layout_of(self.config, run, launch_argv(run))
+            layout = layout_of(self.config, run, launch_argv(self.config, run))
             paths.append((run.name, list(layout.data_files.items())))
         self._provisional[hc.name] = provisional_view(
             last, msg, paths, lambda p: self._match(hc, runs, p)
@@ -885,6 +894,9 @@ class Engine:
         taken: set[int] = set()
         run_views: list[RunView] = []
         candidates = assign_runs(procs, self.config, hc.name)
+        if hc.only_own_runs:
+            procs = own_only(procs, hc)
+            candidates = {r: [p for p in c if p in procs] for r, c in candidates.items()}
         for p in procs:
             set_backend(p, self.config)
         jobs: dict[str, JobView] = {}
@@ -918,7 +930,7 @@ class Engine:
                 flags = _config_flags(self.config, run)
                 flags.backend = run_backend(self.config, run.name) or flags.backend
             datasets = []
-            layout = layout_of(self.config, run, launch_argv(run))
+            layout = layout_of(self.config, run, launch_argv(self.config, run))
             prompt_specs = self._prompt_specs(run, hc)
             for ds, spec in zip(layout.data_files, self._file_specs(run, hc, layout), strict=True):
                 scan = scanned.get(
@@ -1301,9 +1313,10 @@ def engine_budget_flag(config: Config, client: str | None) -> str | None:
     return profile.flags.budget[0] if profile.flags.budget else None
 
 
-def audit_records(limit: int | None = None) -> list[dict[str, Any]]:
-    """The audit log's records, oldest first (the last ``limit`` when given)."""
-    return audit.read(limit=limit)
+def audit_records(limit: int | None = None, config: str | None = None) -> list[dict[str, Any]]:
+    """The audit log's records, oldest first (the last ``limit`` when given), of the config
+    ``config`` (its ``Config.key``; None: every record)."""
+    return audit.read(limit=limit, config=config)
 
 
 def set_origin(origin: str) -> None:

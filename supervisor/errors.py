@@ -62,3 +62,8 @@ class LaunchError(RunwatchError):
 
 class EndpointError(RunwatchError):
     """An OpenAI-compatible endpoint could not be benchmarked."""
+
+
+class UnsafeState(RunwatchError):
+    """A file or directory runwatch keeps (state dir, audit log, run log) is a link, another
+    user's, or writable by others: refused, as OpenSSH's StrictModes refuses such files."""

@@ -32,7 +32,7 @@ from supervisor import clients, display, launchspec
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.argv import apply_overrides, argv_diff
 from supervisor.config import Config, RunConfig
-from supervisor.errors import ConfigError
+from supervisor.errors import RunwatchError
 from supervisor.events import command_prefix
 from supervisor.layout import RunLayout
 from supervisor.plan import StepFailed
@@ -288,8 +288,8 @@ def resume_command(config: Config, run: RunConfig, argv: Sequence[str], secrets:
     its spec); when no such flags give ``argv`` back, ``argv`` itself and where to run it."""
     wanted = list(argv)
     try:
-        spec = launchspec.load(run.name)
-    except ConfigError:
+        spec = launchspec.load(config.key, run.name)
+    except RunwatchError:
         spec = launchspec.LaunchSpec(run=run.name)
     sets: list[tuple[str, str | None]] = []
     unsets: list[str] = []

@@ -24,7 +24,7 @@ from supervisor import audit, clients, display
 from supervisor.config import Config
 from supervisor.errors import RunwatchError
 from supervisor.model import Identity, Snapshot
-from supervisor.paths import state_dir
+from supervisor.paths import config_state, private_dir, state_dir
 from supervisor.plan import ActionResult, OnStep, make_plan
 from supervisor.steps import kill_refused, kill_summary
 
@@ -84,12 +84,15 @@ class GuardOutcome:
         }
 
 
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 class BudgetGuard:
     """Acts on budget events once each; see the module docstring."""
 
     def __init__(self, config: Config, marker_dir: Path | None = None) -> None:
         self.config = config
-        self.marker_dir = marker_dir or (state_dir() / "guard")
+        self.marker_dir = marker_dir or (config_state(config.key) / "guard")
 
     def _key(self, host: str, run: str, ident: Identity, dataset: str, policy: str) -> str:
         """The once-only marker of acting on ``policy`` for one dataset of one process: a policy's
@@ -99,17 +102,26 @@ class BudgetGuard:
         return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
     def _marked(self, key: str) -> bool:
-        return (self.marker_dir / f"{key}.json").exists()
+        return (self.marker_dir / f"{key}.json").exists() or self._legacy(key)
+
+    @staticmethod
+    def _legacy(key: str) -> bool:
+        """A marker an older runwatch left in the shared ``guard/`` dir: read, never written.
+        Its key names the host, run and process identity, so it is unambiguous: that event
+        was acted on."""
+        return (state_dir() / "guard" / f"{key}.json").exists()
 
     def _claim(self, event: BudgetEvent) -> bool:
         """Atomically claim every key of the event; False when any was claimed before."""
-        self.marker_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.marker_dir)
         from supervisor.secrets import mask_known
 
         body = json.dumps(mask_known({"time": time.time(), **event.to_json()})).encode()
+        if any(self._legacy(k) for k in event.keys):
+            return False
         first = self.marker_dir / f"{event.keys[0]}.json"
         try:
-            fd = os.open(first, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(first, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
         except FileExistsError:
             return False
         try:
@@ -119,7 +131,7 @@ class BudgetGuard:
         for key in event.keys[1:]:
             try:
                 path = self.marker_dir / f"{key}.json"
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
             except FileExistsError:
                 continue
             try:
@@ -248,6 +260,7 @@ class BudgetGuard:
             detail += "; will try again at the next refresh"
         audit.record(
             "budget",
+            config=engine.config.key,
             host=event.host,
             run=event.run,
             ok=ok,

@@ -7,24 +7,21 @@ A ring holds points ``(t, v1, v2, ...)`` at least ``STEP_S`` apart, at most ``MA
 the previous newest while that one is less than ``STEP_S`` after the one before it). Rings whose
 newest point is older than ``MAX_AGE_S`` are dropped.
 
-On disk: ``$XDG_STATE_HOME/runwatch/history/<id>.json`` where ``<id>`` names the config file, one
+On disk: ``$XDG_STATE_HOME/runwatch/configs/<config key>/history.json`` (``Config.key``), one
 compact JSON object ``{"version": 1, "rings": {key: [[t, v...], ...]}}``, written atomically (a
-temporary file in the same directory, fsynced, then renamed over the old one). A file that cannot
-be read is ignored (history is a convenience, never a source of truth) and replaced on the next
-save.
+temporary file in the same directory, fsynced, then renamed over the old one), mode 0600. The
+``history/<id>.json`` files of an older runwatch are not read. A file that cannot be read is
+ignored (history is a convenience, never a source of truth) and replaced on the next save.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
-import os
-import tempfile
 from collections import deque
 from pathlib import Path
 
-from supervisor.paths import state_dir
+from supervisor.errors import RunwatchError
+from supervisor.paths import config_state, read_private, write_private
 
 STEP_S = 10.0
 MAX_POINTS = 1080
@@ -34,10 +31,9 @@ VERSION = 1
 Point = tuple[float, ...]
 
 
-def history_path(config_path: str) -> Path:
-    """Where the history of the config at ``config_path`` is kept."""
-    ident = hashlib.sha256(os.path.abspath(config_path or "-").encode()).hexdigest()[:16]
-    return state_dir() / "history" / f"{ident}.json"
+def history_path(key: str) -> Path:
+    """Where the history of the config ``key`` (``Config.key``) is kept."""
+    return config_state(key) / "history.json"
 
 
 class History:
@@ -113,8 +109,8 @@ class History:
         if self.path is None:
             return
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            data = json.loads(read_private(self.path))
+        except (OSError, ValueError, RunwatchError):
             return
         if not isinstance(data, dict) or data.get("version") != VERSION:
             return
@@ -146,15 +142,4 @@ class History:
             {"version": VERSION, "rings": {k: list(r) for k, r in self._rings.items()}},
             separators=(",", ":"),
         )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".history-", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_private(self.path, body.encode())

@@ -29,7 +29,6 @@ from supervisor.agent.protocol import AGENT_LOADER
 from supervisor.channel import AgentChannel, LineReader, LineWriter
 from supervisor.errors import ConfigError, HostError, RunwatchError
 from supervisor.model import Backend, ProcessInfo
-from supervisor.paths import config_key
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -373,7 +372,7 @@ def ps_params(config: Config, cfg: HostConfig) -> dict[str, Any]:
         "show_other_users": cfg.show_other_users,
         "runs": run_specs(config, cfg.name),
         "secret_env": secret_env_names(config),
-        "config_id": config_key(config.path),
+        "config_id": config.key,
     }
 
 
@@ -382,9 +381,19 @@ async def list_processes(host: Host, config: Config) -> list[ProcessInfo]:
     result = await host.request("ps", ps_params(config, host.cfg))
     found = process_infos(result)
     assign_runs(found, config, host.name)
+    found = own_only(found, host.cfg)
     for p in found:
         set_backend(p, config)
     return found
+
+
+def own_only(procs: list[ProcessInfo], hc: HostConfig) -> list[ProcessInfo]:
+    """``procs`` (runs assigned, :func:`assign_runs`) as the host's config lets it see them:
+    with ``only_own_runs``, only the members of this config's units (``UnitRef.mine``) and the
+    processes matched to one of its runs without being another config's unit."""
+    if not hc.only_own_runs:
+        return procs
+    return [p for p in procs if (p.unit.mine if p.unit is not None else p.run is not None)]
 
 
 def set_backend(proc: ProcessInfo, config: Config) -> None:
@@ -436,7 +445,7 @@ def run_specs(config: Config, host_name: str) -> list[dict[str, Any]]:
     for run in config.runs:
         if run.host != host_name:
             continue
-        layout = layout_of(config, run, launch_argv(run))
+        layout = layout_of(config, run, launch_argv(config, run))
         spec: dict[str, Any] = {
             "name": run.name,
             "workdir": run.workdir,
@@ -462,7 +471,7 @@ def run_files(config: Config, run_name: str | None) -> list[str]:
     run = next((r for r in config.runs if r.name == run_name), None)
     if run is None:
         return []
-    layout = layout_of(config, run, launch_argv(run))
+    layout = layout_of(config, run, launch_argv(config, run))
     return [*layout.data_files.values(), *layout.locks]
 
 

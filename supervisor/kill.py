@@ -189,12 +189,13 @@ async def after_lost_reply(host: Host, identity: Identity, lost: OutcomeUnknown)
     return KillReport(host=host.name, identity=identity, results=[result], reconciled=True)
 
 
-def audit_kill(report: KillReport, run: str | None = None) -> dict[str, Any]:
+def audit_kill(report: KillReport, run: str | None, config: str) -> dict[str, Any]:
     """Append ``report`` to the audit log (action ``kill``); ``Engine.kill`` calls this."""
     from supervisor import audit
 
     return audit.record(
         "kill",
+        config=config,
         host=report.host,
         run=run,
         ok=report.all_gone,
@@ -208,13 +209,16 @@ def audit_kill(report: KillReport, run: str | None = None) -> dict[str, Any]:
     )
 
 
-def audit_kill_failed(host: str, identity: Identity, run: str | None, detail: str) -> None:
+def audit_kill_failed(
+    host: str, identity: Identity, run: str | None, detail: str, *, config: str
+) -> None:
     """Append a kill that failed before any outcome (refused while another action held the
     run, the host unreachable...): action ``kill``, ``outcome: "error"``."""
     from supervisor import audit
 
     audit.record(
         "kill",
+        config=config,
         host=host,
         run=run,
         ok=False,
@@ -226,7 +230,13 @@ def audit_kill_failed(host: str, identity: Identity, run: str | None, detail: st
 
 
 def audit_kill_unknown(
-    host: str, identity: Identity, run: str | None, detail: str, *, reconciled: bool = False
+    host: str,
+    identity: Identity,
+    run: str | None,
+    detail: str,
+    *,
+    config: str,
+    reconciled: bool = False,
 ) -> dict[str, Any]:
     """Append a kill whose outcome is not known (action ``kill``, ``outcome: "unknown"``).
 
@@ -237,6 +247,7 @@ def audit_kill_unknown(
 
     return audit.record(
         "kill",
+        config=config,
         host=host,
         run=run,
         ok=False,

@@ -6,13 +6,21 @@ run's launch spec, so a later ``runwatch launch RUN`` (or the budget guard's res
 The spec also keeps the argv of the last confirmed launch (masked), to show every launch's
 difference against it.
 
-Stored per run in ``$XDG_STATE_HOME/runwatch/launch-spec/<run>.json``, mode 0600 (its values are
-command-line arguments and may be sensitive), written atomically.
+Stored per config and run in
+``$XDG_STATE_HOME/runwatch/configs/<config key>/launch-spec/<run>.json`` (``Config.key``: two
+configs with a run of one name share nothing), mode 0600 in 0700 directories (its values are
+command-line arguments and may be sensitive), written atomically, never through a link, and
+refused when another user owns it (``paths.read_private``).
+
+Migration: an older runwatch kept one spec per run name in ``launch-spec/<run>.json``, shared by
+every config with a run of that name. Which config it belongs to cannot be known, so it is never
+applied (applying it to the wrong config is the fault this layout removes); it is left in place,
+and a plan of a run that has one says so (:func:`legacy_note`) with the file to read and the
+flags it changes.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -22,9 +30,9 @@ import msgspec
 
 from supervisor.agent.masking import is_secret_flag
 from supervisor.argv import apply_overrides, remove_flags
-from supervisor.config import RunConfig
-from supervisor.errors import ConfigError
-from supervisor.paths import state_dir
+from supervisor.config import Config, RunConfig
+from supervisor.errors import ConfigError, RunwatchError
+from supervisor.paths import config_state, read_private, state_dir, write_private
 from supervisor.secrets import mask_argv, mask_registered, mask_text
 
 SPEC_DIR = "launch-spec"
@@ -89,17 +97,41 @@ class LaunchSpec(msgspec.Struct, kw_only=True):
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
-def spec_path(run: str) -> Path:
-    """``state_dir()/launch-spec/<run>.json`` (other characters of the name as ``_``)."""
+def spec_path(key: str, run: str) -> Path:
+    """``configs/<config key>/launch-spec/<run>.json`` (other characters of the name as ``_``)."""
     name = _SAFE.sub("_", run) or "_"
-    return state_dir() / SPEC_DIR / f"{name}.json"
+    return config_state(key) / SPEC_DIR / f"{name}.json"
 
 
-def load(run: str) -> LaunchSpec:
-    """The stored spec of ``run`` (empty when there is none). A damaged file is an error."""
-    path = spec_path(run)
+def legacy_path(run: str) -> Path:
+    """Where an older runwatch kept the spec of every run named ``run``, whatever its config."""
+    return state_dir() / SPEC_DIR / f"{_SAFE.sub('_', run) or '_'}.json"
+
+
+def legacy_note(run: str) -> str | None:
+    """A note for a plan of ``run`` when an older runwatch left a spec of that run name (never
+    applied: see the module docstring), or None."""
+    path = legacy_path(run)
     try:
-        raw = path.read_bytes()
+        spec = msgspec.json.decode(read_private(path), type=LaunchSpec)
+    except (OSError, RunwatchError, msgspec.DecodeError):
+        return None
+    if spec.empty:
+        return None
+    flags = ", ".join(spec.flags())
+    return (
+        f"not applied: {path}, kept by an older runwatch for every config with a run named "
+        f"{run!r} (it changes {flags}); if it is this config's, read it and pass its flags once "
+        "with --set/--unset, then remove the file"
+    )
+
+
+def load(key: str, run: str) -> LaunchSpec:
+    """The stored spec of ``run`` of the config ``key`` (empty when there is none). A damaged
+    file is an error, and so is one that is a link or another user's."""
+    path = spec_path(key, run)
+    try:
+        raw = read_private(path)
     except FileNotFoundError:
         return LaunchSpec(run=run)
     except OSError as e:
@@ -124,11 +156,10 @@ def secret_sets(spec: LaunchSpec) -> list[str]:
     ]
 
 
-def save(spec: LaunchSpec) -> Path:
-    """Write ``spec`` atomically, mode 0600 (the directory 0700), without its secret sets
-    (:func:`secret_sets`) and with its last argv masked."""
-    path = spec_path(spec.run)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+def save(key: str, spec: LaunchSpec) -> Path:
+    """Write ``spec`` of the config ``key`` atomically, mode 0600 (its directories 0700),
+    without its secret sets (:func:`secret_sets`) and with its last argv masked."""
+    path = spec_path(key, spec.run)
     spec.time = time.time()
     secret = set(secret_sets(spec))
     spec = msgspec.structs.replace(
@@ -136,21 +167,14 @@ def save(spec: LaunchSpec) -> Path:
         sets=[(f, v) for f, v in spec.sets if f not in secret],
         last_argv=mask_argv(spec.last_argv) if spec.last_argv is not None else None,
     )
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write(msgspec.json.encode(spec) + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_private(path, msgspec.json.encode(spec) + b"\n")
     return path
 
 
-def launch_argv(run: RunConfig) -> list[str]:
+def launch_argv(config: Config, run: RunConfig) -> list[str]:
     """The argv a launch of ``run`` uses now: its config argv with its stored spec applied."""
     try:
-        spec = load(run.name)
-    except ConfigError:
+        spec = load(config.key, run.name)
+    except RunwatchError:
         return list(run.argv)
     return spec.argv(run.argv)

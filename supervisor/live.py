@@ -87,7 +87,7 @@ class Live:
 
     def __init__(self, config: Config, persist: bool = True) -> None:
         self.config = config
-        self.history = History(history_path(config.path) if persist else None)
+        self.history = History(history_path(config.key) if persist else None)
         self.history.load()
         self._runs = rates.Trackers()
         self._metrics: dict[tuple[str, str], servermetrics.MetricsTracker] = {}

@@ -147,6 +147,8 @@ class Plan:
     """Set when the budget guard made this plan."""
     job: JobView | None = None
     """The run's queued or running Slurm job (``kind = "slurm"`` hosts; ``old`` is then None)."""
+    notes: list[str] = field(default_factory=list)
+    """What the user should know that changes nothing (an older runwatch's launch spec)."""
 
     @property
     def paths(self) -> dict[str, str]:
@@ -199,6 +201,7 @@ class Plan:
         if self.old_argv is not None:
             lines.append("  old argv: " + shlex.join(mask_argv(self.old_argv, self.secrets)))
         lines.append("  new argv: " + shlex.join(mask_argv(self.argv, self.secrets)))
+        lines.extend(f"  note: {n}" for n in self.notes)
         for d in self.argv_diff():
             lines.append(f"    {d['flag']}: {show_value(d['old'])} -> {show_value(d['new'])}")
         last = self.last_launch_diff()
@@ -319,7 +322,7 @@ async def make_plan(
     pairs = _as_pairs(overrides)
     note_overrides(pairs, [f for c in config.clients.values() for f in c.secret_flags])
     removed = parse_unsets(unsets)
-    stored = launchspec.load(run.name)
+    stored = launchspec.load(config.key, run.name)
     base = launchspec.LaunchSpec(run=run.name, last_argv=stored.last_argv) if reset else stored
     spec = base.merged(pairs, removed)
     argv = spec.argv(run.argv)
@@ -369,6 +372,7 @@ async def make_plan(
         steps=[Step(n, STEP_TITLES[n]) for n in names],
         layout=layout,
         spec=spec,
+        notes=[n for n in (launchspec.legacy_note(run.name),) if n],
         overrides=pairs,
         unsets=removed,
         force=force,

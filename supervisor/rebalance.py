@@ -29,8 +29,8 @@ import msgspec
 
 from supervisor import display
 from supervisor.compare import Comparison, Estimate
-from supervisor.errors import UsageError
-from supervisor.paths import config_key, state_dir, write_private
+from supervisor.errors import RunwatchError, UsageError
+from supervisor.paths import config_state, read_private, write_private
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -594,6 +594,7 @@ async def apply(
         save_applied(engine.config, result)
     audit.record(
         "rebalance",
+        config=engine.config.key,
         host="-",
         run=None,
         ok=failed is None,
@@ -743,8 +744,8 @@ def plan_for(
 
 
 def plan_path(config: Config) -> Path:
-    """Where the config's applied plan is kept: one per config (``paths.config_key``)."""
-    return state_dir() / "rebalance" / f"{config_key(config.path)}.json"
+    """Where the config's applied plan is kept: one per config (``Config.key``)."""
+    return config_state(config.key) / "rebalance.json"
 
 
 class Applied(msgspec.Struct, kw_only=True):
@@ -776,8 +777,8 @@ def save_applied(config: Config, result: Rebalance) -> None:
 
 def _load_applied(config: Config) -> Applied | None:
     try:
-        return msgspec.json.decode(plan_path(config).read_bytes(), type=Applied)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return msgspec.json.decode(read_private(plan_path(config)), type=Applied)
+    except (OSError, RunwatchError, msgspec.DecodeError, msgspec.ValidationError):
         return None
 
 

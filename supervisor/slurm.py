@@ -44,7 +44,7 @@ from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.errors import AgentError, OutcomeUnknown, RunwatchError, UsageError
 from supervisor.fingerprint import fingerprint_of
 from supervisor.model import JobTask, JobView, RunState, Snapshot
-from supervisor.paths import config_key, private_dir, state_dir, write_private
+from supervisor.paths import private_dir, state_dir, write_private
 from supervisor.plan import StepFailed
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class _Owned(msgspec.Struct, kw_only=True):
 
 
 def _state(config: Config) -> Path:
-    return state_dir() / "slurm" / config_key(config.path)
+    return state_dir() / "slurm" / config.key
 
 
 def _jobs_file(config: Config) -> Path:
@@ -413,7 +413,7 @@ async def cancel_run(
         try:
             jobs = await host_jobs(config, host, hc)
         except BaseException as e:
-            audit_cancel(hc.name, run.name, None, _failure(e, "listing the queue"))
+            audit_cancel(config.key, hc.name, run.name, None, _failure(e, "listing the queue"))
             raise
         job = jobs.runs.get(run.name)
         active = job is not None and job.state in ACTIVE_STATES
@@ -425,7 +425,7 @@ async def cancel_run(
                 "look again (`runwatch status`), then kill again",
             )
         if job is None or (not active and job.job_id != expect):
-            _refuse_foreign(hc.name, run.name, jobs.foreign.get(run.name, []))
+            _refuse_foreign(config.key, hc.name, run.name, jobs.foreign.get(run.name, []))
             raise RunwatchError(
                 f"run {run.name!r} has no queued or running Slurm job",
                 f"see `runwatch status {run.name}` or `runwatch ps --host {hc.name}`",
@@ -433,13 +433,13 @@ async def cancel_run(
         try:
             out = await cancel(host, job, grace, files, hc.command_timeout)
         except BaseException as e:
-            audit_cancel(hc.name, run.name, job, _failure(e, "scancel"))
+            audit_cancel(config.key, hc.name, run.name, job, _failure(e, "scancel"))
             raise
-        audit_cancel(hc.name, run.name, job, out)
+        audit_cancel(config.key, hc.name, run.name, job, out)
         return out
 
 
-def _refuse_foreign(host: str, run: str, foreign: list[JobView]) -> None:
+def _refuse_foreign(config: str, host: str, run: str, foreign: list[JobView]) -> None:
     """Refuse (audited) to cancel the active jobs that only carry ``run``'s tag."""
     active = [v for v in foreign if v.state in ACTIVE_STATES]
     if not active:
@@ -450,7 +450,9 @@ def _refuse_foreign(host: str, run: str, foreign: list[JobView]) -> None:
         "not cancelled (anyone can tag a job)"
     )
     for v in active:
-        audit_cancel(host, run, v, {"outcome": "refused", "detail": detail, "confirmed": False})
+        audit_cancel(
+            config, host, run, v, {"outcome": "refused", "detail": detail, "confirmed": False}
+        )
     raise RunwatchError(
         f"run {run}: {detail}",
         f"if it is the run's, take it with `runwatch adopt {run} --job {active[0].job_id}`, "
@@ -463,13 +465,16 @@ def _failure(e: BaseException, what: str) -> dict[str, Any]:
     return {"outcome": "error", "detail": f"{what} failed: {text}", "confirmed": False}
 
 
-def audit_cancel(host: str, run: str, job: JobView | None, out: dict[str, Any]) -> dict[str, Any]:
+def audit_cancel(
+    config: str, host: str, run: str, job: JobView | None, out: dict[str, Any]
+) -> dict[str, Any]:
     """Append a cancel to the audit log (action ``kill``, the job's identity; None when it
     failed before a job was found)."""
     from supervisor import audit
 
     return audit.record(
         "kill",
+        config=config,
         host=host,
         run=run,
         ok=bool(out.get("confirmed")),
@@ -549,6 +554,7 @@ async def adopt(config: Config, host: Host, run: RunConfig, shown: JobView) -> d
     detail = f"{describe(now)}, comment {now.tag!r}, name {now.name!r}: adopted as {run.name}'s"
     audit.record(
         "adopt",
+        config=config.key,
         host=hc.name,
         run=run.name,
         ok=True,

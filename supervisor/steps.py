@@ -39,7 +39,6 @@ from supervisor.events import stop_key
 from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import Identity
-from supervisor.paths import config_key
 from supervisor.plan import ActionResult, OnStep, Plan, Step, StepFailed, StepState
 from supervisor.replies import (
     FileHolders,
@@ -157,7 +156,7 @@ class _Runner:
                     start_time=int(self.identity.get("start_time") or 0),
                     records=dict(self.records_at_start),
                 )
-            launchspec.save(spec)
+            launchspec.save(self.engine.config.key, spec)
         result = ActionResult(
             action=plan.action,
             run=plan.run.name,
@@ -176,6 +175,7 @@ class _Runner:
         if not self.dry_run:
             audit.record(
                 plan.action,
+                config=self.engine.config.key,
                 host=plan.host,
                 run=plan.run.name,
                 ok=confirmed,
@@ -441,6 +441,7 @@ class _Runner:
         self.side_records.append(
             audit.record(
                 "backup",
+                config=self.engine.config.key,
                 host=self.plan.host,
                 run=self.plan.run.name,
                 ok=True,
@@ -737,6 +738,7 @@ class _Runner:
                 self.side_records.append(
                     audit.record(
                         "move-aside",
+                        config=self.engine.config.key,
                         host=plan.host,
                         run=plan.run.name,
                         ok=bool(moved.get("moved")),
@@ -756,6 +758,7 @@ class _Runner:
                 self.side_records.append(
                     audit.record(
                         "repair",
+                        config=self.engine.config.key,
                         host=plan.host,
                         run=plan.run.name,
                         ok=True,
@@ -783,7 +786,7 @@ class _Runner:
         return {
             "workdir": layout.workdir,
             "argv": argv,
-            "config_id": config_key(self.engine.config.path),
+            "config_id": self.engine.config.key,
             "run": plan.run.name,
             "env": plan.env,
             "secret_env": plan.secret_env,
@@ -936,7 +939,9 @@ class _Runner:
         running = list(plan.old.identity.argv)
         if running and not any(MASK in a for a in running):
             return running, f"the stopped process (pid {plan.old.identity.pid})"
-        return launchspec.launch_argv(plan.run), "the run's previous launch spec"
+        return launchspec.launch_argv(
+            self.engine.config, plan.run
+        ), "the run's previous launch spec"
 
     async def roll_back(self) -> dict[str, Any]:
         """Launch the previous command line again after a failure past the stop; audited. A
@@ -985,6 +990,7 @@ class _Runner:
         outcome["detail"] = mask_text(str(outcome["detail"]), plan.secrets)
         audit.record(
             "rollback",
+            config=self.engine.config.key,
             host=plan.host,
             run=plan.run.name,
             ok=bool(outcome["ok"]),
@@ -1022,6 +1028,7 @@ class _Runner:
         outcome["detail"] = mask_text(str(outcome["detail"]), plan.secrets)
         audit.record(
             "rollback",
+            config=self.engine.config.key,
             host=plan.host,
             run=plan.run.name,
             ok=False,

@@ -64,7 +64,7 @@ class StopLedger:
 
     def _read(self) -> set[str]:
         out: set[str] = set()
-        for rec in audit.read(limit=1000):
+        for rec in audit.read(limit=1000, config=self.config.key):
             at = float(rec.get("time") or 0)
             if at < self.started - SINCE_SLACK_S:
                 continue

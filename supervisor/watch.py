@@ -8,9 +8,11 @@ with ``--json``) and hands them to ``supervisor.alerts``, whose deliveries run o
 hung receiver never delays a refresh). Every refresh also prints one line of its own (``tick``):
 a watcher that prints nothing for two refreshes is stuck, not quiet.
 
-Two watchers on one config would both act: :class:`WatchLock` takes an ``flock`` in the state
-dir keyed by the config file's real path and another keyed by its content, held for the
-watcher's life; the second watcher is told who holds it (pid, machine, since when).
+Two watchers on one config would both act: :class:`WatchLock` takes an ``flock`` on
+``configs/<config key>/watch.lock`` in the state dir (``Config.key``: the config's resolved path
+or its ``project``), held for the watcher's life; the second watcher is told who holds it (pid,
+machine, since when). Watchers of two configs share nothing: each reads only its config's audit
+records and sees only its config's runs.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import socket
@@ -33,7 +34,7 @@ from supervisor.alerts import Alerter, Delivery, check_alerts
 from supervisor.autorestart import AutoRestart
 from supervisor.errors import RunwatchError
 from supervisor.events import EVENTS_KEPT, Event, EventTracker, budget_event, stop_key, with_lines
-from supervisor.paths import config_key, state_dir
+from supervisor.paths import config_key, config_state, open_private, read_private, state_dir
 from supervisor.stops import StopLedger
 
 if TYPE_CHECKING:
@@ -56,17 +57,14 @@ class WatchLocked(RunwatchError):
 class WatchLock:
     """The lock that keeps two watchers of one config from both acting (see module docstring)."""
 
-    def __init__(self, config_path: str, directory: Path | None = None) -> None:
+    def __init__(
+        self, config_path: str, directory: Path | None = None, key: str | None = None
+    ) -> None:
         real = os.path.realpath(config_path) if config_path else ""
-        try:
-            content = Path(real).read_bytes() if real else b""
-        except OSError:
-            content = b""
-        self.directory = directory or (state_dir() / "watch")
-        self.paths = [
-            self.directory / f"path-{hashlib.sha256(real.encode()).hexdigest()[:16]}.lock",
-            self.directory / f"content-{hashlib.sha256(content).hexdigest()[:16]}.lock",
-        ]
+        key = key or config_key(config_path)
+        self.directory = directory or config_state(key)
+        name = f"{key}.lock" if directory else "watch.lock"
+        self.paths = [self.directory / name]
         self.config_path = real
         self._fds: list[int] = []
 
@@ -74,8 +72,8 @@ class WatchLock:
         """Who holds the lock, as recorded in its file."""
         for path in self.paths:
             try:
-                info = json.loads(path.read_text() or "{}")
-            except (OSError, ValueError):
+                info = json.loads(read_private(path) or b"{}")
+            except (OSError, ValueError, RunwatchError):
                 continue
             if info:
                 since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("since", 0)))
@@ -87,10 +85,9 @@ class WatchLock:
 
     def try_acquire(self) -> bool:
         """Take every lock file, or none; False when another watcher holds one."""
-        self.directory.mkdir(parents=True, exist_ok=True)
         fds: list[int] = []
         for path in self.paths:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = open_private(path, os.O_RDWR)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -342,7 +339,7 @@ async def watch(
     """Take the config's lock (waiting for it with ``standby``), then watch until ``stop``.
 
     ``watcher``: the one to run (default: a new one with ``emit``, ``as_json``, ``interval``)."""
-    lock = lock or WatchLock(engine.config.path)
+    lock = lock or WatchLock(engine.config.path, key=engine.config.key)
     watcher = watcher or Watcher(engine, emit=emit, as_json=as_json, interval=interval)
     if not lock.try_acquire():
         if not standby:

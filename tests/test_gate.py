@@ -301,7 +301,7 @@ async def test_inv6_failed_relaunch_is_rolled_back(
         argv = rv.process.identity.argv
         assert argv[argv.index("--concurrency") + 1] == "2"  # the previous command line
     # the spec of the failed launch was not kept; the rollback is in the audit log
-    assert launchspec.load("demo").sets == []
+    assert launchspec.load(load_config(demo.config_path).key, "demo").sets == []
     rolls = [e for e in audit.read() if e["action"] == "rollback"]
     assert len(rolls) == 1 and rolls[0]["ok"] is True
     restarts = [e for e in audit.read() if e["action"] == "restart"]
@@ -377,7 +377,7 @@ async def test_inv7_set_becomes_the_launch_spec(
         )
         assert result.ok, why(result)
         assert result.identity is not None and "--token-budget" in result.identity["argv"]
-        path = launchspec.spec_path("demo")
+        path = launchspec.spec_path(engine.config.key, "demo")
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         snap = await engine.refresh()
         [rv] = [r for h in snap.hosts for r in h.runs if r.name == "demo"]
@@ -513,7 +513,9 @@ async def test_inv11_exit_0_with_work_left_is_a_failed_launch(
     failed = result.failed_step
     assert failed is not None and failed.name == "launch", why(result)
     assert "exited 0 at once, but not every dataset is done: B1: 2/40 responses" in failed.detail
-    assert launchspec.load("demo").sets == []  # a failed launch is not kept
+    assert (
+        launchspec.load(load_config(demo.config_path).key, "demo").sets == []
+    )  # a failed launch is not kept
 
 
 async def test_inv11_a_client_stopped_by_its_own_token_budget_has_nothing_to_do(

@@ -264,7 +264,7 @@ def test_inv5_a_user_profile_types_its_flags(tmp_path: Path, state_home: Path) -
     typed = asyncio.run(go(["service-token=7"]))
     assert next(s for s in typed.steps if s.name == "preflight").state == "ok", why(typed)
     # a value kept from an earlier launch (before the type was declared) is checked too
-    launchspec.save(launchspec.LaunchSpec(run="mine", sets=[("--n", "ten")]))
+    launchspec.save(load_config(cfg).key, launchspec.LaunchSpec(run="mine", sets=[("--n", "ten")]))
     detail = _refused_at_preflight(asyncio.run(go([])))
     assert "--n: 'ten' is not an int (type from" in detail
     assert "kept in the run's launch spec, --reset drops it" in detail

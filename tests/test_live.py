@@ -217,7 +217,7 @@ argv = ["python3", "run_inference.py", "--datasets", "B1"]
     async with Engine(config) as engine:
         first = await engine.refresh()
     assert first.hosts[0].runs[0].datasets[0].rates.tok_per_s_all is None  # one look: no rate
-    saved = history_path(config.path)
+    saved = history_path(config.key)
     body = json.loads(saved.read_text())
     for pts in body["rings"].values():
         for p in pts:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from supervisor.errors import AgentError
 from supervisor.hosts import Host
 from tests.fixtures_procs import FakeRuns
 from tests.fixtures_users import OtherUser
@@ -128,12 +129,21 @@ async def test_inv3_a_process_holding_the_lock_blocks_a_launch(
 ) -> None:
     work, _, marker = _run_dir(fake_runs.dir)
     lock = work / "out" / ".runwatch" / "B1.lock"
-    lock.parent.mkdir(mode=0o777)
-    lock.parent.chmod(0o777)
-    locker = holders.start("lock", lock, second_user.prefix, second_user.python)
+    lock.parent.mkdir(mode=0o700)
+    locker = holders.start("lock", lock)
     reply = await host.request("launch", _launch_params(work, marker))
     assert reply["started"] is False and reply["reason"] == "already-running", reply
-    assert f"pid {locker} ({second_user.name}" in reply["detail"]
+    assert f"pid {locker} (" in reply["detail"]
+    assert not marker.exists()
+    # A ``.runwatch`` another user can write (where its lock could be) is refused outright:
+    # nothing of runwatch's is kept where another user can swap it (T15).
+    lock.parent.chmod(0o777)
+    with pytest.raises(AgentError, match=r"writable by group or others \(mode 0777\)"):
+        await host.request("launch", _launch_params(work, marker))
+    lock.parent.chmod(0o700)
+    os.chown(lock.parent, second_user.uid, second_user.gid)
+    with pytest.raises(AgentError, match=f"owned by uid {second_user.uid}"):
+        await host.request("launch", _launch_params(work, marker))
     assert not marker.exists()
 
 

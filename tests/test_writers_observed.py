@@ -104,7 +104,8 @@ def _shared_demo(fake_runs: FakeRuns, url: str, **kw: Any) -> DemoRun:
     data = demo.data_file("B1")
     data.parent.mkdir(parents=True)
     data.write_bytes(raw_record("B1-000000") + raw_record("B1-000001"))
-    for d in (demo.root, demo.workdir, data.parent.parent, data.parent):
+    demo.root.chmod(0o755)  # the config's directory: another user may not replace it (T16)
+    for d in (demo.workdir, data.parent.parent, data.parent):
         d.chmod(0o777)
     data.chmod(0o666)
     return demo
@@ -309,11 +310,12 @@ async def test_o4_the_window_follows_the_pace_the_history_recorded(
     fake_runs: FakeRuns, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
 ) -> None:
     """A run seen writing a record every 1.2 s: the quiet window is 3.6 s."""
+    from supervisor.config import load_config
     from supervisor.history import History, history_path
 
     demo = _shared_demo(fake_runs, slow_endpoint.url, max_samples=300)
     kill_runs_in.append(demo.workdir)
-    seen = History(history_path(str(demo.config_path)))
+    seen = History(history_path(load_config(demo.config_path).key))
     now = time.time()
     for i in range(30):
         seen.add("run|local|demo", now - 600 + 12 * i, 10.0 * i, 100.0 * i, 1.0)

@@ -25,6 +25,7 @@ import stat
 from typing import Any
 
 from supervisor.agent import proc as _procs
+from supervisor.agent import safefs
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import (
     AgentOpError,
@@ -413,13 +414,17 @@ def backup_files(params: dict[str, Any]) -> dict[str, Any]:
         }
     copied: list[dict[str, Any]] = []
     if found:
-        os.makedirs(dest, mode=0o700, exist_ok=True)
+        try:
+            safefs.make_dirs(dest, os.path.dirname(dest), private_parents=False)
+        except safefs.UnsafePath as e:
+            raise AgentOpError(str(e), "unsafe-path") from None
     for path, _ in found:
         target = _free_name(os.path.join(dest, os.path.basename(path)))
         src = os.open(path, os.O_RDONLY)
         try:
             size = os.fstat(src).st_size  # as it is now (a writer may have appended since)
-            dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            dst = os.open(target, flags, 0o600)
             try:
                 method = _copy_bytes(src, dst, size)
                 os.ftruncate(dst, size)
@@ -442,17 +447,24 @@ def backup_files(params: dict[str, Any]) -> dict[str, Any]:
 def tail_log(params: dict[str, Any]) -> TailLogResult:
     """``{path, lines?=50, max_bytes?=65536}`` -> ``{"path", "exists", "size", "lines"}``.
 
-    Reads at most ``max_bytes`` from the end; key-shaped tokens are masked.
+    Reads at most ``max_bytes`` from the end; key-shaped tokens are masked. A log that is a
+    link is refused.
     """
     path = resolve(param_str(params, "path"), params.get("workdir"))
     lines = int(param_number(params, "lines", 50))
     max_bytes = int(param_number(params, "max_bytes", 65536))
     try:
-        size = os.stat(path).st_size
+        st = os.lstat(path)
     except FileNotFoundError:
         return {"path": path, "exists": False, "size": 0, "lines": []}
     except OSError as e:
         raise AgentOpError(f"cannot read {path}: {e.strerror}", "unreadable") from None
+    if stat.S_ISLNK(st.st_mode):  # it would show (and alert with) whatever it points at
+        try:
+            safefs.check(path, st, directory=False)
+        except safefs.UnsafePath as e:
+            raise AgentOpError(str(e), "unsafe-path") from None
+    size = st.st_size
     tail = [mask_text(line) for line in tail_bytes(path, lines, max_bytes)]
     return {"path": path, "exists": True, "size": size, "lines": tail}
 

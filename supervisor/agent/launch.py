@@ -24,11 +24,9 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from supervisor.agent import unit
+from supervisor.agent import safefs, unit
 from supervisor.agent.datafiles import (
     file_holders,
-    fsync_dir,
-    private,
     resolve,
     sha256_file,
     tail_bytes,
@@ -205,11 +203,14 @@ def launch(params: dict[str, Any]) -> LaunchResult:
         raise AgentOpError(f"workdir {workdir} is not a directory", "bad-params")
     fds: dict[str, int] = {}
     try:
-        os.makedirs(os.path.dirname(log), exist_ok=True)
+        safefs.make_dirs(os.path.dirname(log), private_parents=False)
         for path in lock_paths:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fds[path] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            private(fds[path])
+            safefs.make_dirs(os.path.dirname(path), private_parents=False)
+            fds[path] = safefs.open_private(path, os.O_RDWR)
+    except safefs.UnsafePath as e:
+        for fd in fds.values():
+            os.close(fd)
+        raise AgentOpError(str(e), "unsafe-path") from None
     except OSError as e:
         for fd in fds.values():
             os.close(fd)
@@ -277,7 +278,10 @@ def launch(params: dict[str, Any]) -> LaunchResult:
             }
         )
         try:
-            log_fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            log_fd = safefs.open_private(log, os.O_WRONLY | os.O_APPEND)
+        except safefs.UnsafePath as e:
+            write_all({"state": "failed", "time": time.time()})
+            raise AgentOpError(str(e), "unsafe-path") from None
         except OSError as e:
             raise AgentOpError(f"cannot open log {log}: {e.strerror}", "io") from None
         log_offset = os.fstat(log_fd).st_size
@@ -511,14 +515,11 @@ def write_fingerprint(params: dict[str, Any]) -> WriteFingerprintResult:
     if isinstance(fingerprint.get("argv"), list):
         fingerprint["argv"] = mask_argv([str(a) for a in fingerprint["argv"]])
     fingerprint = json.loads(mask_json_text(json.dumps(fingerprint)))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, (json.dumps(fingerprint, sort_keys=True, indent=1) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path)
+        safefs.make_dirs(os.path.dirname(path), private_parents=False)
+        safefs.write_atomic(
+            path, (json.dumps(fingerprint, sort_keys=True, indent=1) + "\n").encode()
+        )
+    except safefs.UnsafePath as e:
+        raise AgentOpError(str(e), "unsafe-path") from None
     return {"path": path, "fingerprint": fingerprint}

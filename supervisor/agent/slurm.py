@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any
 
-from supervisor.agent import bounded
+from supervisor.agent import bounded, safefs
 from supervisor.agent.datafiles import writers_of
 from supervisor.agent.protocol import AgentOpError, param_str
 
@@ -587,8 +587,11 @@ def slurm_submit(params: dict[str, Any]) -> dict[str, Any]:
     script_path = os.path.join(workdir, os.path.expanduser(param_str(params, "script_path")))
     lock_path = os.path.join(workdir, os.path.expanduser(param_str(params, "lock_path")))
     text = batch_script(argv, task_words, params.get("directives") or [])
-    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        safefs.make_dirs(os.path.dirname(lock_path), private_parents=False)
+        fd = safefs.open_private(lock_path, os.O_RDWR)
+    except safefs.UnsafePath as e:
+        raise AgentOpError(str(e), "unsafe-path") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # two submitters of one run: one after the other
         active = _active_with_tag(tag)
@@ -601,18 +604,18 @@ def slurm_submit(params: dict[str, Any]) -> dict[str, Any]:
                 + f" is tagged {tag}",
                 "jobs": active,
             }
-        os.makedirs(os.path.dirname(script_path), exist_ok=True)
+        try:
+            safefs.make_dirs(os.path.dirname(script_path), private_parents=False)
+        except safefs.UnsafePath as e:
+            raise AgentOpError(str(e), "unsafe-path") from None
         for key in ("output", "error"):
             # slurmstepd does not create the directory of the job's output: a job whose output
             # cannot be opened fails at once, with nothing written.
             where = options.get(key)
             if isinstance(where, str) and "%" not in os.path.dirname(where):
                 os.makedirs(os.path.join(workdir, os.path.dirname(where)), exist_ok=True)
-        tmp = f"{script_path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o700)
-        os.replace(tmp, script_path)
+        safefs.write_atomic(script_path, text.encode())
+        os.chmod(script_path, 0o700)
         opts = {
             "job-name": name,
             "comment": tag,

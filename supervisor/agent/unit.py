@@ -37,6 +37,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from supervisor.agent import proc as procs
+from supervisor.agent import safefs
 from supervisor.agent.kill import _running, _Target
 from supervisor.agent.masking import mask_argv
 from supervisor.agent.protocol import KILL_CONFIRM_S, AgentOpError, param_number, param_str
@@ -71,21 +72,11 @@ def units_dir(create: bool = False) -> str:
     path = os.path.join(state_dir(), "units")
     if create:
         try:
-            os.makedirs(os.path.dirname(state_dir()), exist_ok=True)
+            safefs.make_dirs(path, state_dir())
+        except safefs.UnsafePath as e:
+            raise AgentOpError(str(e), "unsafe-path") from None
         except OSError as e:
             raise AgentOpError(f"cannot create {e.filename}: {e.strerror}", "io") from None
-        for level in (state_dir(), path):
-            try:
-                os.mkdir(level, 0o700)
-            except FileExistsError:
-                pass
-            except OSError as e:
-                raise AgentOpError(f"cannot create {level}: {e.strerror}", "io") from None
-            st = os.lstat(level)
-            if not os.path.isdir(level) or os.path.islink(level) or st.st_uid != os.geteuid():
-                raise AgentOpError(f"{level} is not a directory of this user", "unsafe-path")
-            if st.st_mode & 0o077:
-                os.chmod(level, 0o700)
     return path
 
 

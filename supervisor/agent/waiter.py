@@ -67,9 +67,10 @@ def _start_ticks(pid: int) -> int | None:
 
 def write_record(path: str, record: dict[str, Any]) -> None:
     """Write ``record`` to ``path`` atomically, mode 0600."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
+        os.fchmod(fd, 0o600)
         os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
         os.fsync(fd)
     finally:

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 
 from supervisor.bench.results import BenchResult
-from supervisor.paths import state_dir
+from supervisor.paths import open_private, read_private, state_dir
 
 HISTORY_FILE = "bench-history.jsonl"
 
@@ -24,10 +24,10 @@ _decode_result = msgspec.json.Decoder(BenchResult).decode
 
 
 def append_history(result: BenchResult, path: Path | None = None) -> Path:
-    """Append one JSON line; the file and its directory are created private to the user."""
+    """Append one JSON line; the file (0600) and its directory (0700) are private to the user
+    whatever the umask, and refused when a link, another user's or writable by others."""
     p = path or history_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = open_private(p, os.O_WRONLY | os.O_APPEND)
     try:
         os.write(fd, _encode_result(result) + b"\n")
     finally:
@@ -39,7 +39,7 @@ def load_history(path: Path | None = None) -> list[BenchResult]:
     """Every readable entry, oldest first (unreadable lines are skipped)."""
     p = path or history_path()
     try:
-        raw = p.read_bytes()
+        raw = read_private(p)
     except FileNotFoundError:
         return []
     out: list[BenchResult] = []

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 import click
 import msgspec
 
-from supervisor.config import Config, load_config
+from supervisor.config import Config, load_config, untrusted
 from supervisor.display import escape_control
 from supervisor.errors import ConfigError, RunwatchError, UsageError
 from supervisor.secrets import mask_json_text, mask_known, mask_registered, note_secrets
@@ -109,9 +109,15 @@ def resolve_config_path(config_path: str | None) -> str:
     return "runwatch.toml"
 
 
-def get_config(config_path: str | None, need: str = "") -> Config:
+_warned_untrusted: set[str] = set()
+"""Configs already warned about (once per process)."""
+
+
+def get_config(config_path: str | None, need: str = "", act: bool = False) -> Config:
     """The config (see ``resolve_config_path``); ``need="hosts"`` or ``"runs"``: one that names
-    at least one host (and run), else ConfigError."""
+    at least one host (and run), else ConfigError. ``act``: the command starts or stops
+    processes (launch, restart, kill, adopt, guard, watch), so a config another user could have
+    written (``config.untrusted``) is refused; other commands warn once on stderr."""
     path = resolve_config_path(config_path)
     if path == DEFAULT_CANDIDATES[0] and not Path(path).exists():
         # Nothing named a config and there is none here: say where runwatch looked.
@@ -120,6 +126,12 @@ def get_config(config_path: str | None, need: str = "") -> Config:
             f"{' or '.join(DEFAULT_CANDIDATES)} in {Path.cwd()}",
             "pass -c PATH, or try `runwatch demo`, which writes one",
         )
+    problem = untrusted(path)
+    if problem is not None and act:
+        raise problem
+    if problem is not None and path not in _warned_untrusted:
+        _warned_untrusted.add(path)
+        click.echo(f"warning: {problem.message}\n  -> {problem.hint}", err=True)
     config = load_config(path)
     if need == "hosts":
         config.require_hosts()

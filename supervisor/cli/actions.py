@@ -11,11 +11,19 @@ changed or dropped (``--reset``); a failed relaunch after the stop is rolled bac
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from supervisor.cli._common import config_option, get_config, json_option, print_json
+from supervisor.cli._common import (
+    DEFAULT_CANDIDATES,
+    config_option,
+    get_config,
+    json_option,
+    print_json,
+    resolve_config_path,
+)
 from supervisor.errors import UsageError
 
 if TYPE_CHECKING:
@@ -186,7 +194,7 @@ def launch(
     The API key (the endpoint's api_key_env) goes in the run's environment, never in its argv.
     """
     _run_action(
-        get_config(config_path, need="runs"),
+        get_config(config_path, need="runs", act=True),
         "launch",
         run,
         sets,
@@ -248,7 +256,7 @@ def restart(
     until one is named with --pid.
     """
     _run_action(
-        get_config(config_path, need="runs"),
+        get_config(config_path, need="runs", act=True),
         "restart",
         run,
         sets,
@@ -266,12 +274,34 @@ def restart(
 
 @click.command()
 @click.option("--limit", type=int, default=50, show_default=True, help="Last N records; 0: all.")
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="Every config's records, and those of an older runwatch (which name no config).",
+)
 @json_option
-def audit(limit: int, as_json: bool) -> None:
-    """Show the audit log: every kill, launch, restart, move-aside, repair and budget action."""
+@config_option
+def audit(limit: int, show_all: bool, as_json: bool, config_path: str | None) -> None:
+    """Show the audit log: every kill, launch, restart, move-aside, repair and budget action.
+
+    The records of this config (-c; --all: of every config, and those of an older runwatch,
+    which name none). With no config named and none here, every record."""
     from supervisor.engine import audit_line, audit_location, audit_records
 
-    entries = audit_records(limit=None if limit <= 0 else limit)
+    path = resolve_config_path(config_path)
+    no_config = path == DEFAULT_CANDIDATES[0] and not Path(path).exists()
+    key = None if show_all or no_config else get_config(config_path).key
+    if no_config and not show_all and not as_json:
+        click.echo("note: no config here (-c PATH): every config's records are shown", err=True)
+    entries = audit_records(limit=None if limit <= 0 else limit, config=key)
+    if key is not None and not as_json:
+        older = sum(1 for e in audit_records(config=None) if not e.get("config"))
+        if older:
+            click.echo(
+                f"note: {older} record(s) of an older runwatch name no config: --all shows them",
+                err=True,
+            )
     if as_json:
         print_json(entries)
         return
@@ -301,7 +331,7 @@ def guard(watch: float | None, dry_run: bool, as_json: bool, config_path: str | 
 
     from supervisor.engine import Engine
 
-    config = get_config(config_path, need="runs")
+    config = get_config(config_path, need="runs", act=True)
 
     async def main() -> list[dict[str, Any]]:
         engine = Engine(config)

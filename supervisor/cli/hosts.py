@@ -344,7 +344,7 @@ def kill(
         )
     if grace < 0:
         raise UsageError("--grace must be >= 0")
-    config = get_config(config_path, need="hosts")
+    config = get_config(config_path, need="hosts", act=True)
     if run is not None:
         run_cfg = config.run(run)
         cfg = config.host(host_name or run_cfg.host)
@@ -464,7 +464,7 @@ def adopt(config_path: str | None, run: str, job_id: str, yes: bool, as_json: bo
             "refusing to adopt without confirmation: stdin is not a terminal",
             "pass --yes to confirm on the command line",
         )
-    config = get_config(config_path, need="runs")
+    config = get_config(config_path, need="runs", act=True)
 
     async def act(engine: Engine) -> dict[str, Any] | None:
         job = await engine.find_job(run, job_id)

@@ -86,7 +86,7 @@ def rebalance(
             "refusing to apply without confirmation: no terminal to ask on",
             "pass --yes to confirm, or leave out --apply to see the plan",
         )
-    config = get_config(config_path, need="runs")
+    config = get_config(config_path, need="runs", act=do_apply)
 
     async def main() -> int:
         async with Engine(config) as engine:

@@ -60,7 +60,7 @@ def watch(
     from supervisor.engine import Engine, Watcher, exposure_warning, serve_metrics
     from supervisor.engine import watch as run_watch
 
-    config = get_config(config_path)
+    config = get_config(config_path, act=True)
 
     def out(line: str) -> None:
         click.echo(line)

@@ -39,6 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from supervisor.agent import safefs
 from supervisor.config import Config, load_config
 from supervisor.errors import RunwatchError
 
@@ -122,8 +123,12 @@ def _spawn(
     stdout_pipe: bool = False,
 ) -> Started:
     """Start ``argv`` detached-ish: its own session, stdin /dev/null, output appended to ``log``."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log_file = open(log, "ab")  # noqa: SIM115 - owned by the Started record, closed on stop
+    try:
+        safefs.make_dirs(str(log.parent))
+        fd = safefs.open_private(str(log), os.O_WRONLY | os.O_APPEND)
+    except safefs.UnsafePath as e:
+        raise RunwatchError(f"cannot start {label}: {e.path}: {e.why}", e.fix) from None
+    log_file = os.fdopen(fd, "ab")  # owned by the Started record, closed on stop
     try:
         proc = subprocess.Popen(
             argv,
