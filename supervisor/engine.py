@@ -610,8 +610,8 @@ class Engine:
                 return await execute_plan(self, plan, dry_run=dry_run, on_step=on_step)
         except runlock.RunBusy as e:
             audit.record(
-                plan.action, host=plan.host, run=plan.run.name, ok=False,
-                refused=True, detail=f"refused: {e.message}",
+                plan.action, config=self.config.key, host=plan.host, run=plan.run.name,
+                ok=False, refused=True, detail=f"refused: {e.message}",
             )  # fmt: skip
             raise
 
@@ -1125,7 +1125,7 @@ class Engine:
         if proc is None or profile is None or profile.samples_scope != "invocation":
             return None
         try:
-            started = launchspec.load(run.name).started
+            started = launchspec.load(self.config.key, run.name).started
         except RunwatchError:
             return None
         if (
