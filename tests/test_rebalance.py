@@ -311,10 +311,11 @@ def test_rebalance_apply_moves_datasets_and_finishes_as_projected(
     print(f"\nrebalance: took {took:.1f} s, projected {projected_s:.1f} s")
     assert took == pytest.approx(projected_s, rel=0.15), (took, result["plan"])
     spent = (api.stats()["completion_tokens"] - api_before["completion_tokens"]) * PRICE_OUT / 1e6
-    gpu_s = max(e for e in ends) - start  # the GPU run is the one that ends last, or idle
+    # The GPU is paid by the hour while the GPU run works: until its last dataset's last record.
     local_share = next(s for s in result["plan"]["shares"] if s["run"] == "local")
     if local_share["datasets"]:
-        spent += min(gpu_s, took) * 36.0 / 3600.0
+        end = dict(zip(DATASETS, ends, strict=True))
+        spent += (max(end[d] for d in local_share["datasets"]) - start) * 36.0 / 3600.0
     print(f"rebalance: spent ${spent:.3f}, projected ${projected_usd:.3f}")
     assert spent == pytest.approx(projected_usd, rel=0.15), (spent, result["plan"])
     # status shows the plan done, with how the projection held.
