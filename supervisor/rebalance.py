@@ -551,6 +551,11 @@ async def apply(
     from supervisor import audit
 
     say = on_step or (lambda _line: None)
+    if result.plan is not None and result.plan.meets_deadline is False:
+        # The fastest split still misses the deadline: a refusal, nothing is changed.
+        detail = f"{result.verdict}: nothing changed (give a later --by, or a larger --max-usd)"
+        say(f"refused: {detail}")
+        return [StepOutcome(run="-", action="plan", ok=False, detail=detail)]
     outcomes: list[StepOutcome] = []
     # 1. Every start's own checks first (flags, values, format, budget, key), while nothing has
     # stopped: a plan that would fail half-way is refused whole.

@@ -311,10 +311,11 @@ def test_rebalance_apply_moves_datasets_and_finishes_as_projected(
     print(f"\nrebalance: took {took:.1f} s, projected {projected_s:.1f} s")
     assert took == pytest.approx(projected_s, rel=0.15), (took, result["plan"])
     spent = (api.stats()["completion_tokens"] - api_before["completion_tokens"]) * PRICE_OUT / 1e6
-    gpu_s = max(e for e in ends) - start  # the GPU run is the one that ends last, or idle
+    # The GPU is paid by the hour while the GPU run works: until its last dataset's last record.
     local_share = next(s for s in result["plan"]["shares"] if s["run"] == "local")
     if local_share["datasets"]:
-        spent += min(gpu_s, took) * 36.0 / 3600.0
+        end = dict(zip(DATASETS, ends, strict=True))
+        spent += (max(end[d] for d in local_share["datasets"]) - start) * 36.0 / 3600.0
     print(f"rebalance: spent ${spent:.3f}, projected ${projected_usd:.3f}")
     assert spent == pytest.approx(projected_usd, rel=0.15), (spent, result["plan"])
     # status shows the plan done, with how the projection held.
@@ -376,3 +377,24 @@ base_url = "http://127.0.0.1:1/v1"
     slots, kept, pinned, refused = slots_from(cfg, down)
     assert slots == [] and refused is not None
     assert "host here of run ref is down (timed out)" in refused and "nothing moved" in refused
+
+
+async def test_apply_refuses_a_plan_that_misses_its_deadline_and_changes_nothing() -> None:
+    """A deadline the cap makes impossible: the plan says so, and --apply refuses it whole
+    (the engine is never asked to plan, stop or start anything)."""
+    from supervisor.rebalance import apply
+
+    names = ["B1", "B2", "B3", "B4"]
+    comparison = compare([_work(n) for n in names], [LOCAL, API])
+    result = plan(comparison, _slots(names, []), deadline_s=60.0, max_usd=0.05)
+    assert result.plan is not None and result.plan.meets_deadline is False and result.steps
+
+    class NoEngine:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"the engine was asked for {name}")
+
+    said: list[str] = []
+    outcomes = await apply(NoEngine(), result, on_step=said.append)
+    assert [o.ok for o in outcomes] == [False]
+    assert "cannot finish within 1 min" in outcomes[0].detail
+    assert "nothing changed" in outcomes[0].detail and said and said[0].startswith("refused")

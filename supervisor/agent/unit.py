@@ -544,11 +544,23 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
         def listed() -> list[int]:
             return members(rec)
 
+        ours: set[int] = set()
+        """Process groups seen holding members only during this stop (``_member_groups``)."""
+
+        def groups_now() -> list[int]:
+            found = _member_groups(listed(), main)
+            ours.update(found)
+            return found
+
         def remaining() -> list[int]:
-            # A populated cgroup is not empty even when no listing catches a member (one that
-            # forks and exits faster than a listing): 0 stands for "unlisted".
+            # A populated cgroup, or a group of members that still has a process (the kernel
+            # says so at once: ``killpg(g, 0)``), is not empty even when no listing catches a
+            # member (one that forks and exits faster than a listing): 0 stands for "unlisted".
             pids = listed()
-            busy = cgroup is not None and _cgroup_flag(cgroup, "populated") is True
+            if cgroup is not None:
+                busy = _cgroup_flag(cgroup, "populated") is True
+            else:
+                busy = any(_group_alive(g) for g in ours)
             return pids or ([0] if busy else [])
 
         # 1. Freeze (cgroup) or stop (token) every member so the set holds still, then TERM.
@@ -560,8 +572,8 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
                 t.send(signal.SIGTERM)
             _write(os.path.join(cgroup, "cgroup.freeze"), b"0")
         else:
-            _stop_all(listed, known, main)
-            groups = _member_groups(listed(), main)
+            _stop_all(listed, known, main, ours)
+            groups = groups_now()
             for t in known.values():
                 t.send(signal.SIGTERM)
             for sig in (signal.SIGTERM, signal.SIGCONT):
@@ -593,8 +605,9 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
                     procs.poll_until(lambda: _cgroup_flag(cgroup, "frozen") is not False, 2.0, 0.01)
                     _targets(listed(), known, main)
                 else:
-                    _stop_all(listed, known, main)
-                    for pgid in _member_groups(listed(), main):
+                    _stop_all(listed, known, main, ours)
+                    groups_now()
+                    for pgid in sorted(ours):
                         with contextlib.suppress(OSError):
                             os.killpg(pgid, signal.SIGKILL)
                 for t in known.values():
@@ -627,14 +640,16 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
     return dict(base, confirmed=confirmed, results=results, detail=detail)
 
 
-def _stop_all(listed: Any, known: dict[int, _Target], main: int | None) -> None:
+def _stop_all(listed: Any, known: dict[int, _Target], main: int | None, ours: set[int]) -> None:
     """SIGSTOP every member until no new one appears (a fork between two listings is caught by
     the next), so the set of members holds still without a cgroup. A process group made of
     members only is stopped whole (``killpg``): a member that forks and exits faster than a
     listing keeps its group."""
     for _ in range(20):
         pids = listed()
-        for pgid in _member_groups(pids, main):
+        groups = _member_groups(pids, main)
+        ours.update(groups)
+        for pgid in groups:
             with contextlib.suppress(OSError):
                 os.killpg(pgid, signal.SIGSTOP)
         added = _targets(pids, known, main)
@@ -669,6 +684,17 @@ def _member_groups(pids: Sequence[int], main: int | None = None) -> list[int]:
                 if session is not None and st.session == session:
                     ours.add(st.pgrp)
     return sorted(g for g, who in groups.items() if g in ours or (who and who <= members))
+
+
+def _group_alive(pgid: int) -> bool:
+    """Does process group ``pgid`` still have a process (the kernel's answer, not a listing)?"""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists; this user may not signal it
+    return True
 
 
 def _still_there(pid: int) -> dict[str, Any]:

@@ -272,7 +272,8 @@ class CompareScreen(Screen[None]):
             self.rw.config, snapshot, comparison, deadline_s=deadline, max_usd=cap
         )
         refused = result.refused is not None
-        self.query_one("#apply", Button).disabled = refused or not result.steps
+        misses = result.plan is not None and result.plan.meets_deadline is False
+        self.query_one("#apply", Button).disabled = refused or misses or not result.steps
         text = "\n".join(describe_rebalance(result))
         self.query_one("#plan-text", Static).update(Text(text, style="yellow" if refused else ""))
 
