@@ -121,10 +121,13 @@ async def test_every_front_end_stops_an_over_budget_run_once_through_the_engine(
         origin = {"status --watch": "runwatch status", "guard": "runwatch guard"}
         assert budget["by"].endswith(origin.get(front_end, "dashboard")), budget["by"]
         assert kill["by"] == budget["by"], front_end
+        # Each front end acts on its own config (its own root): the record names it.
+        assert budget["config"] == kill["config"] == load_config(cfg).key, front_end
         budgets[front_end] = {
             k: v
             for k, v in budget.items()
-            if k not in ("time", "identity", "detail", "by")  # the process differs, nothing else
+            # the process and the config differ, nothing else
+            if k not in ("time", "identity", "detail", "by", "config")
         }
     first, *rest = budgets.values()
     assert all(b == first for b in rest), budgets

@@ -411,7 +411,12 @@ def test_mask_argv() -> None:
         "10000000",
         "ok",
     ]
-    assert masking.mask_argv(["--x", "pre-hidden-post"], ["hidden"]) == ["--x", "pre-***-post"]
+    assert masking.mask_argv(["--x", "pre-hidden-val-post"], ["hidden-val"]) == [
+        "--x",
+        "pre-***-post",
+    ]
+    # A value shorter than 8 characters is never registered: masking it would hide common words.
+    assert masking.mask_argv(["--x", "pre-hidden-post"], ["hidden"]) == ["--x", "pre-hidden-post"]
     assert masking.mask_text("Authorization: Bearer abcdefghijkl") == "Authorization: ***"
     assert masking.mask_text("using Bearer abcdefghijkl") == "using Bearer ***"
     assert masking.mask_text("token budget None, max tokens 5") == "token budget None, max tokens 5"

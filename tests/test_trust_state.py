@@ -143,9 +143,9 @@ async def test_t11_each_watcher_sees_only_its_runs(
     assert any(e.kind == "restart-done" for e in events_a), events_a
     assert not [e for e in events_b if e.kind.startswith("restart") or e.kind == "run-died"]
     assert str(a.config_path) not in "\n".join(lines_b)
-    stops_b = watch_b.audited_stops()
+    stops_b = watch_b.stops.expected()
     assert not [k for k in stops_b if str(ra.identity["pid"]) in k]
-    assert str(ra.identity["pid"]) in " ".join(watch_a.audited_stops())
+    assert str(ra.identity["pid"]) in " ".join(watch_a.stops.expected())
     [vb] = [r for h in snap_b.hosts for r in h.runs if r.name == "demo"]
     assert vb.state == "running" and vb.process is not None
     assert vb.process.identity.pid == rb.identity["pid"]
