@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 
 UNKNOWN = "-"
 """What every function prints for ``None``."""
@@ -35,6 +36,37 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u20
 def _escaped(m: re.Match[str]) -> str:
     code = ord(m.group(0))
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+_LINE_BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _bash_escape(m: re.Match[str]) -> str:
+    # Inside $'...': \xHH is one byte, \uHHHH one character (its UTF-8 bytes).
+    code = ord(m.group(0))
+    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}"
+
+
+def command_line(argv: Sequence[str]) -> str:
+    r"""``argv`` as one line a shell reads back: each item quoted as ``shlex.quote`` does, and
+    an item holding a control character (a newline, an escape) in bash's ``$'...'`` form, so
+    that no item can start a line of its own or change the terminal.
+
+    >>> command_line(["run.py", "--tag", "a b", "x\nFAKE"])
+    "run.py --tag 'a b' $'x\\nFAKE'"
+    """
+    import shlex
+
+    named = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+    out = []
+    for item in argv:
+        if not _LINE_BREAKING.search(item):
+            out.append(shlex.quote(item))
+            continue
+        body = item.replace("\\", "\\\\").replace("'", "\\'")
+        body = _LINE_BREAKING.sub(lambda m: named.get(m.group(0)) or _bash_escape(m), body)
+        out.append(f"$'{body}'")
+    return " ".join(out)
 
 
 def escape_control(text: str) -> str:

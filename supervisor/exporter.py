@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from supervisor.compare import Work, endpoint_rates, estimate, live_rates, server_rates
 from supervisor.config import Config
+from supervisor.display import escape_control
 from supervisor.errors import ConfigError, RunwatchError
 from supervisor.events import EVENT_KINDS, Event
 from supervisor.model import RunState, Snapshot
@@ -147,7 +148,11 @@ class FleetCollector(Collector):
         secrets = known_secrets(self.config)
 
         def labels(*values: object) -> list[str]:
-            return [mask_known(str(v), secrets) if secrets else str(v) for v in values]
+            # Masked, and a host's control characters written as escapes (``\x1b``): a label
+            # value is shown by Grafana and terminals as it is.
+            return [
+                escape_control(mask_known(str(v), secrets) if secrets else str(v)) for v in values
+            ]
 
         c = self.label
         ev = CounterMetricFamily(

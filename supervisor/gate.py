@@ -21,7 +21,6 @@ with :func:`resume_command`, the exact command that starts the run keeping its o
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -299,7 +298,7 @@ def resume_command(config: Config, run: RunConfig, argv: Sequence[str], secrets:
         else:
             sets.append((d["flag"], None if d["new"] is True else str(d["new"])))
     if spec.merged(sets, unsets).argv(run.argv) != wanted:
-        shown = shlex.join(mask_argv(wanted, secrets))
+        shown = display.command_line(mask_argv(wanted, secrets))
         return mask_text(f"on {run.host} in {run.workdir}: {shown}", secrets)
     args = ["launch", run.name]
     for flag, value in sets:
@@ -307,4 +306,4 @@ def resume_command(config: Config, run: RunConfig, argv: Sequence[str], secrets:
         args += ["--set", arg.lstrip("-")]
     for flag in unsets:
         args += ["--unset", flag.lstrip("-")]
-    return mask_text(f"{command_prefix(config)} {shlex.join(args)}", secrets)
+    return mask_text(f"{command_prefix(config)} {display.command_line(args)}", secrets)

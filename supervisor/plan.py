@@ -49,12 +49,11 @@ A launch is the same plan without steps 3 and 4 (it refuses when the run is alre
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from supervisor import launchspec
+from supervisor import display, launchspec
 from supervisor.agent.masking import mask_argv
 from supervisor.argv import argv_diff, parse_sets, parse_unsets, show_value
 from supervisor.config import RunConfig
@@ -199,8 +198,10 @@ class Plan:
         else:
             lines.append("  running now: nothing")
         if self.old_argv is not None:
-            lines.append("  old argv: " + shlex.join(mask_argv(self.old_argv, self.secrets)))
-        lines.append("  new argv: " + shlex.join(mask_argv(self.argv, self.secrets)))
+            lines.append(
+                "  old argv: " + display.command_line(mask_argv(self.old_argv, self.secrets))
+            )
+        lines.append("  new argv: " + display.command_line(mask_argv(self.argv, self.secrets)))
         lines.extend(f"  note: {n}" for n in self.notes)
         for d in self.argv_diff():
             lines.append(f"    {d['flag']}: {show_value(d['old'])} -> {show_value(d['new'])}")

@@ -259,11 +259,15 @@ def plan(
         out.alternatives.append(alt)
     best: Option | None = None
     fastest: Option | None = None
+    cheapest: float | None = None
+    """The cost of the cheapest split that may be made (whatever the cap)."""
     candidates = _choices(len(slots), len(datasets))
     for choice in candidates if candidates is not None else _greedy(slots, datasets, est, home):
         if not allowed(choice):
             continue
         opt = _option("plan", slots, choice, datasets, est, deadline_s, max_usd)
+        if opt.cost_usd is not None and (cheapest is None or opt.cost_usd < cheapest):
+            cheapest = opt.cost_usd
         if opt.within_cap is False:
             continue
         if fastest is None or _better(opt, fastest, False):
@@ -271,14 +275,9 @@ def plan(
         if best is None or _better(opt, best, deadline_s is not None):
             best = opt
     if best is None:
-        cheapest = min(
-            (a for a in out.alternatives if a.cost_usd is not None),
-            key=lambda a: a.cost_usd or 0.0,
-            default=None,
-        )
         out.refused = f"no split costs at most {_usd(max_usd)}" + (
-            f"; the cheapest option ({cheapest.name}) costs {_usd(cheapest.cost_usd)}"
-            if cheapest
+            f"; the cheapest that can be made costs {_usd(cheapest)}"
+            if cheapest is not None
             else ""
         )
         return out
@@ -592,7 +591,9 @@ async def apply(
                 f"rolling back: {back} {st.run}"
                 + (f": datasets {','.join(st.previous)}" if back != "stop" else "")
             )
-            undo = await _carry_out(engine, st.run, back, st.previous, force=True)
+            undo = await _carry_out(
+                engine, st.run, back, st.previous, result.move_aside, force=True
+            )
             out.rolled_back = undo.ok
             say(f"  {'ok' if undo.ok else 'FAILED'}: {undo.detail}")
     if failed is None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import posixpath
-import shlex
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -214,7 +213,7 @@ class _Runner:
             if moves:
                 text = f"would move aside {', '.join(moves)}; " + text
             return text
-        return "would launch " + shlex.join(mask_argv(p.argv, p.secrets))
+        return "would launch " + display.command_line(mask_argv(p.argv, p.secrets))
 
     # ------------------------------------------------------------ 0. preflight
 

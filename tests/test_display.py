@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import doctest
 import re
+import subprocess
 
 import pytest
 from hypothesis import given
@@ -316,3 +317,23 @@ def test_shorten_splits_a_word_longer_than_a_line() -> None:
     assert display.shorten("x" * 10, 4, lines=2) == "xxxx\nxxx…"
     assert display.shorten("x" * 8, 4, lines=2) == "xxxx\nxxxx"
     assert display.shorten("abc", 0) == "" and display.shorten("abcdef", 1) == "…"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run.py", "--datasets", "B1,B2"],
+        ["run.py", "--tag", "a b", "it's"],
+        ["run.py", "--tag", "[bold red]MARK[/bold red]\nFAKE LINE", "e\x1b[41mX\x9b2J"],
+        ["back\\slash\n", "\t", "\u202eevil", "'", ""],
+    ],
+)
+def test_a_command_line_is_one_line_bash_reads_back_item_for_item(argv: list[str]) -> None:
+    """Shown argv never starts a line of its own or carries a raw escape, and pasted into bash
+    it is the same argv."""
+    line = display.command_line(argv)
+    assert "\n" not in line and "\x1b" not in line and "\x9b" not in line
+    done = subprocess.run(
+        ["bash", "-c", f"printf '%s\\0' {line}"], capture_output=True, timeout=30, check=True
+    )
+    assert done.stdout.decode().split("\0")[:-1] == argv

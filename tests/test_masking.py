@@ -66,3 +66,11 @@ async def test_a_log_tail_is_masked_but_keeps_its_words(host: Host, tmp_path: Pa
         "env OPENAI_API_KEY=*** TOKEN=***",
         "argv --api-key *** --token-budget 5",
     ]
+
+
+@pytest.mark.parametrize("name", ["auth", "pwd", "passwd", "password", "X-Auth", "session_id"])
+def test_a_credential_named_query_parameter_is_masked_in_argv_and_text(name: str) -> None:
+    url = f"http://127.0.0.1:9/v1?{name}=QueryValue55zz&author=bob&n=1"
+    shown = f"http://127.0.0.1:9/v1?{name}=***&author=bob&n=1"
+    assert masking.mask_argv(["--api-base", url]) == ["--api-base", shown]
+    assert masking.mask_text(f"GET {url} failed") == f"GET {shown} failed"

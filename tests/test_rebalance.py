@@ -398,3 +398,20 @@ async def test_apply_refuses_a_plan_that_misses_its_deadline_and_changes_nothing
     assert [o.ok for o in outcomes] == [False]
     assert "cannot finish within 1 min" in outcomes[0].detail
     assert "nothing changed" in outcomes[0].detail and said and said[0].startswith("refused")
+
+
+def test_a_refusal_names_the_cheapest_split_that_can_be_made_not_one_ruled_out() -> None:
+    """The cheapest option on paper moves a dataset that must stay: the refusal names the
+    cheapest split the rules allow."""
+    paid = EndpointRate(
+        endpoint="gpu", kind="local", out_tok_per_s=100.0, gpu_cost_per_hour=36.0
+    )  # $1.00 a dataset
+    comparison = compare([_work("B1"), _work("B2")], [paid, API])
+    slots = _slots(["B1", "B2"], [])
+    slots[0].frozen = True
+    pinned = {"B1": "its data is legacy", "B2": "its run local also writes B1"}
+    result = plan(comparison, slots, deadline_s=None, max_usd=0.5, pinned=pinned)
+    assert result.refused is not None
+    assert "the cheapest that can be made costs $2.00" in result.refused, result.refused
+    impossible = [a for a in result.alternatives if not a.possible]
+    assert [a.name for a in impossible] == ["all on api"]

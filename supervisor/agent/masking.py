@@ -42,7 +42,10 @@ _SECRET_VALUE = re.compile(
 )
 _AUTH_HEADER = re.compile(r"(?i)((?:proxy-)?authorization\s*:\s*)(.+)")
 _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{6,}")
-_URL_QUERY_SECRET = re.compile(r"(?i)([?&][^=&#]*(?:key|token|secret|password|sig)[^=&#]*=)[^&#]*")
+# Query parameters whose name says credential: key, token, secret, pass(word)/passwd/pwd, auth
+# (not author), sig(nature), credential, cookie, session.
+_QUERY_NAMES = r"(?:key|token|secret|pass|pwd|auth(?!or)|sig|credential|cookie|session)"
+_URL_QUERY_SECRET = re.compile(r"(?i)([?&][^=&#]*" + _QUERY_NAMES + r"[^=&#]*=)[^&#]*")
 
 
 # Flags whose value is a secret although their last word is not a secret word, and the names a
@@ -225,9 +228,7 @@ def _scheme_stripped(value: str) -> list[str]:
 
 _KV = re.compile(r"""([A-Za-z_][\w.\-]*)\s*[=:]\s*("[^"]*"|'[^']*'|[^\s,;&]+)""")
 _URL_CRED = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://([^/\s@]+)@")
-_URL_QUERY_VALUE = re.compile(
-    r"(?i)[?&][^=&#\s]*(?:key|token|secret|password|sig)[^=&#\s]*=([^&#\s]+)"
-)
+_URL_QUERY_VALUE = re.compile(r"(?i)[?&][^=&#\s]*" + _QUERY_NAMES + r"[^=&#\s]*=([^&#\s]+)")
 
 
 def value_secrets(value: str) -> list[str]:

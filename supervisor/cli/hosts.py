@@ -156,7 +156,7 @@ def _print_ps(config: Config, entries: list[dict[str, Any]]) -> None:
             if flags.token_budget is None and budget_flag is not None:
                 details.append(f"NO {budget_flag}")
             click.echo("    " + "  ".join(details))
-            click.echo("    " + " ".join(p.argv_masked or p.identity.argv))
+            click.echo("    " + display.command_line(p.argv_masked or p.identity.argv))
 
 
 def _print_jobs(name: str, jobs: list[dict[str, Any]]) -> None:
@@ -220,7 +220,7 @@ def describe(host: str, p: ProcessInfo) -> str:
         f"(uid {ident.uid})\n"
         f"  started at tick {ident.start_time} of boot {ident.boot_id[:8]}, up "
         f"{display.duration(p.uptime_s)}, {len(p.children)} descendant(s)\n"
-        f"  argv: {' '.join(p.argv_masked or ident.argv)}"
+        f"  argv: {display.command_line(p.argv_masked or ident.argv)}"
     )
 
 

@@ -72,7 +72,7 @@ def identity_table(run: RunView, width: int | None = None) -> Table:
     kids = ", ".join(str(c) for c in p.children)
     table.add_row("children", fit(f"{len(p.children)}" + (f": {kids}" if kids else ""), 1))
     # The argv last: a long one is what gets cut (with an ellipsis), never who else is stopped.
-    table.add_row("argv", fit(" ".join(p.argv_masked or p.identity.argv), ARGV_LINES))
+    table.add_row("argv", fit(display.command_line(p.argv_masked or p.identity.argv), ARGV_LINES))
     return table
 
 

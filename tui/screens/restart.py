@@ -6,7 +6,6 @@ checked (dry run: only the checks run) or executed, and every step's state is sh
 
 from __future__ import annotations
 
-import shlex
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from rich.table import Table
@@ -18,6 +17,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Checkbox, Footer, Input, Label, Static
 
+from supervisor import display
 from supervisor.engine import ActionResult, Plan, Step, start_refused_event
 from supervisor.model import RunView
 from tui.messages import PlanFinished, PlanMade, StepChanged
@@ -87,9 +87,7 @@ def diff_text(plan: Plan) -> Table:
         table.add_row("running now", Text(f"pid {plan.old.identity.pid}", style="bold"))
     else:
         table.add_row("running now", "nothing")
-    table.add_row(
-        "new argv", plain(" ".join(shlex.quote(a) for a in mask_argv(plan.argv, plan.secrets)))
-    )
+    table.add_row("new argv", plain(display.command_line(mask_argv(plan.argv, plan.secrets))))
     changes = plan.argv_diff()
     for d in changes:
         old = "(absent)" if d["old"] is None else str(d["old"])

@@ -70,7 +70,9 @@ def process_table(run: RunView) -> Table:
     table.add_row("cwd", plain(p.cwd or "-"))
     kids = ", ".join(str(c) for c in p.children) or "none"
     table.add_row("children", f"{len(p.children)}: {kids}" if p.children else kids)
-    table.add_row("argv", plain(" ".join(p.argv_masked or list(p.identity.argv)), style="bold"))
+    table.add_row(
+        "argv", plain(display.command_line(p.argv_masked or list(p.identity.argv)), style="bold")
+    )
     return table
 
 
