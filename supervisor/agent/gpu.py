@@ -166,7 +166,10 @@ def query_gpu(
             problems.append(f"could not start nvidia-smi: {e.strerror or e}")
             return None
         if done.problem is not None:
-            problems.append(f"{done.problem} (stopped)")
+            # The deadline is the whole query's (both calls), not what was left of it.
+            timed_out = done.problem.startswith("no answer within")
+            problem = f"no answer within {timeout:g} s" if timed_out else done.problem
+            problems.append(f"{problem} (stopped)")
             return None
         if done.returncode != 0:
             return None

@@ -373,7 +373,8 @@ def test_the_escape_adversary_leaves_a_setsid_writer_behind_on_sigterm(tmp_path:
         assert p.wait(10) == 128 + signal.SIGTERM
         [writer] = wait_until(lambda: _writers_of(data))
         assert _session(writer) == writer != p.pid  # its own session, not the run's group
-        assert os.listdir(f"/proc/{writer}/fd") == []  # it holds nothing open between records
+        # It holds nothing open between records (while it appends, the file is its fd 0).
+        wait_until(lambda: os.listdir(f"/proc/{writer}/fd") == [])
         wait_until(lambda: data.exists() and data.read_text().count('"ESC-') >= 2)
     finally:
         for pid in _writers_of(data):
