@@ -616,6 +616,24 @@ async def apply(
 _CHECKS = ("preflight", "format-check", "fingerprint")
 
 
+async def _plan(
+    engine: Any,
+    run: str,
+    action: str,
+    datasets: Sequence[str],
+    move_aside: bool,
+    force: bool = False,
+) -> Any:
+    """The launch or restart plan of ``run`` writing ``datasets`` (its dataset flag set)."""
+    return await engine.plan(
+        run,
+        action="launch" if action == "launch" else "restart",
+        overrides=[("--datasets", ",".join(datasets))],
+        move_aside=move_aside,
+        force=force,
+    )
+
+
 async def _precheck(
     engine: Any, run: str, action: str, datasets: Sequence[str], move_aside: bool
 ) -> str | None:
@@ -626,12 +644,7 @@ async def _precheck(
     from supervisor.errors import RunwatchError
 
     try:
-        plan = await engine.plan(
-            run,
-            action="launch" if action == "launch" else "restart",
-            overrides=[("--datasets", ",".join(datasets))],
-            move_aside=move_aside,
-        )
+        plan = await _plan(engine, run, action, datasets, move_aside)
         checks = dataclasses.replace(plan, steps=[s for s in plan.steps if s.name in _CHECKS])
         res = await engine.execute(checks, dry_run=True)
     except RunwatchError as e:
@@ -653,13 +666,7 @@ async def _carry_out(
     try:
         if action == "stop":
             return await _stop(engine, run)
-        plan = await engine.plan(
-            run,
-            action="launch" if action == "launch" else "restart",
-            overrides=[("--datasets", ",".join(datasets))],
-            move_aside=move_aside,
-            force=force,
-        )
+        plan = await _plan(engine, run, action, datasets, move_aside, force)
         res = await engine.execute(plan)
     except RunwatchError as e:
         return StepOutcome(run=run, action=action, ok=False, detail=str(e))
