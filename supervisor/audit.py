@@ -173,10 +173,18 @@ def format_record(entry: dict[str, Any]) -> str:
     failed = next((s for s in steps if isinstance(s, dict) and not s.get("ok")), None)
     detail = ""
     if failed is not None:
-        detail = f" - {failed.get('name')}: {_first_line(failed.get('detail'))}"
+        detail = f" - {_step_label(failed)}: {_first_line(failed.get('detail'))}"
     elif entry.get("detail"):
         detail = f" - {_first_line(entry.get('detail'))}"
     return f"{t}  {entry.get('action', '?'):<10} {where:<24} {outcome}{pid}{detail}"
+
+
+def _step_label(step: dict[str, Any]) -> str:
+    """A step's name: a gate step's ``name``, a plan step's ``action`` and ``run`` (a rebalance)."""
+    if step.get("name"):
+        return str(step["name"])
+    label = " ".join(str(step[k]) for k in ("action", "run") if step.get(k))
+    return label or "a step"
 
 
 def _first_line(text: Any) -> str:

@@ -35,7 +35,7 @@ from supervisor.paths import config_state, read_private, write_private
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from supervisor.config import Config
+    from supervisor.config import Config, RunConfig
     from supervisor.model import PlanProgress, Snapshot
 
 RESTART_S = 5.0
@@ -57,6 +57,9 @@ class Slot(msgspec.Struct, kw_only=True):
     frozen: bool = False
     """The run cannot be restarted as it is (a dataset's data is not in the current format):
     it neither gives nor takes datasets."""
+    model: str | None = None
+    """The model the run generates with (its ``--model`` flag, else its endpoint's model): a
+    dataset moves only between runs of the same model (the gate refuses a change of model)."""
 
 
 class Share(msgspec.Struct, kw_only=True):
@@ -112,6 +115,9 @@ class Rebalance(msgspec.Struct, kw_only=True):
     deadline_s: float | None = None
     max_usd: float | None = None
     move_aside: bool = False
+    allow_model_change: bool = False
+    """``--allow-change model``: a dataset may move to a run of another model (its start passes
+    the fingerprint's model check)."""
     plan: Option | None = None
     alternatives: list[Option] = []
     """``all <endpoint>`` for each endpoint, and ``as now`` (nothing moves)."""
@@ -203,6 +209,7 @@ def plan(
     max_usd: float | None,
     kept: dict[str, str] | None = None,
     pinned: dict[str, str] | None = None,
+    allow_model_change: bool = False,
 ) -> Rebalance:
     """The best split of the compared datasets between ``slots`` (pure). ``pinned`` datasets
     (and why) stay with the run that writes them: their time still counts there."""
@@ -243,9 +250,22 @@ def plan(
         out.kept.setdefault(d, f"stays with its run: {why}")
 
     def allowed(choice: Sequence[int]) -> bool:
-        return not any(choice[j] != home[j] for j in fixed) and not any(
-            slots[i].frozen and i != home[j] for j, i in enumerate(choice)
+        return (
+            not any(choice[j] != home[j] for j in fixed)
+            and not any(slots[i].frozen and i != home[j] for j, i in enumerate(choice))
+            and (
+                allow_model_change
+                or not any(_other_model(slots[i], slots[home[j]]) for j, i in enumerate(choice))
+            )
         )
+
+    for s in slots if not allow_model_change else []:
+        if any(_other_model(s, slots[h]) for h in home) and s.run not in out.kept:
+            out.kept[s.run] = (
+                f"takes only datasets of its own model ({s.model or 'unknown'}): another "
+                "model's data would mix two models' outputs (pass --allow-change model to "
+                "move datasets between models)"
+            )
 
     as_now = _option("as now", slots, home, datasets, est, deadline_s, max_usd)
     out.alternatives = [as_now]
@@ -437,6 +457,7 @@ def slots_from(
                 kind=ep.kind if ep is not None else "api",
                 datasets=[d.name for d in view.datasets],
                 running=view.state == "running",
+                model=_model_of(run, ep.model if ep is not None else None),
             )
         )
         ok = _MOVABLE + (_ASIDE if move_aside else ())
@@ -462,6 +483,24 @@ def slots_from(
                     f"{bad[0].verdict}: fix that first (`runwatch check {run.name}`)",
                 )
     return slots, kept, pinned, None
+
+
+def _other_model(a: Slot, b: Slot) -> bool:
+    """Both runs name their model, and the names differ (as the start's fingerprint check
+    compares them); an unknown model blocks nothing here."""
+    return a.model is not None and b.model is not None and a.model != b.model
+
+
+def _model_of(run: RunConfig, endpoint_model: str | None) -> str | None:
+    """The model ``run`` generates with: its model flag, else its endpoint's model."""
+    from supervisor.config import flag_value
+    from supervisor.fingerprint import MODEL_FLAGS
+
+    for flag in MODEL_FLAGS:
+        value = flag_value(list(run.argv), flag)
+        if value is not None:
+            return value
+    return endpoint_model
 
 
 def parse_deadline(text: str) -> float:
@@ -564,7 +603,9 @@ async def apply(
             # A run stopped by an earlier step and launched again is checked as a restart of
             # the process that runs now.
             act = "restart" if st.run in stopped_first else st.action
-            problem = await _precheck(engine, st.run, act, st.datasets, result.move_aside)
+            problem = await _precheck(
+                engine, st.run, act, st.datasets, result.move_aside, result.allow_model_change
+            )
             if problem is not None:
                 say(f"check of {st.action} {st.run} FAILED: {problem}")
                 outcomes.append(StepOutcome(run=st.run, action=st.action, ok=False, detail=problem))
@@ -575,7 +616,14 @@ async def apply(
         say(
             f"{st.action} {st.run}" + (f": datasets {','.join(st.datasets)}" if st.datasets else "")
         )
-        out = await _carry_out(engine, st.run, st.action, st.datasets, result.move_aside)
+        out = await _carry_out(
+            engine,
+            st.run,
+            st.action,
+            st.datasets,
+            result.move_aside,
+            allow_model_change=result.allow_model_change,
+        )
         outcomes.append(out)
         say(f"  {'ok' if out.ok else 'FAILED'}: {out.detail}")
         if not out.ok:
@@ -592,7 +640,13 @@ async def apply(
                 + (f": datasets {','.join(st.previous)}" if back != "stop" else "")
             )
             undo = await _carry_out(
-                engine, st.run, back, st.previous, result.move_aside, force=True
+                engine,
+                st.run,
+                back,
+                st.previous,
+                result.move_aside,
+                force=True,
+                allow_model_change=result.allow_model_change,
             )
             out.rolled_back = undo.ok
             say(f"  {'ok' if undo.ok else 'FAILED'}: {undo.detail}")
@@ -623,6 +677,7 @@ async def _plan(
     datasets: Sequence[str],
     move_aside: bool,
     force: bool = False,
+    allow_model_change: bool = False,
 ) -> Any:
     """The launch or restart plan of ``run`` writing ``datasets`` (its dataset flag set)."""
     return await engine.plan(
@@ -631,11 +686,17 @@ async def _plan(
         overrides=[("--datasets", ",".join(datasets))],
         move_aside=move_aside,
         force=force,
+        allow_change=("model",) if allow_model_change else (),
     )
 
 
 async def _precheck(
-    engine: Any, run: str, action: str, datasets: Sequence[str], move_aside: bool
+    engine: Any,
+    run: str,
+    action: str,
+    datasets: Sequence[str],
+    move_aside: bool,
+    allow_model_change: bool = False,
 ) -> str | None:
     """The checks of a start that do not depend on who writes now (those of the writers and
     the quiet window run when the step does, after the runs that give datasets stopped)."""
@@ -644,7 +705,9 @@ async def _precheck(
     from supervisor.errors import RunwatchError
 
     try:
-        plan = await _plan(engine, run, action, datasets, move_aside)
+        plan = await _plan(
+            engine, run, action, datasets, move_aside, allow_model_change=allow_model_change
+        )
         checks = dataclasses.replace(plan, steps=[s for s in plan.steps if s.name in _CHECKS])
         res = await engine.execute(checks, dry_run=True)
     except RunwatchError as e:
@@ -660,13 +723,14 @@ async def _carry_out(
     datasets: Sequence[str],
     move_aside: bool = False,
     force: bool = False,
+    allow_model_change: bool = False,
 ) -> StepOutcome:
     from supervisor.errors import RunwatchError
 
     try:
         if action == "stop":
             return await _stop(engine, run)
-        plan = await _plan(engine, run, action, datasets, move_aside, force)
+        plan = await _plan(engine, run, action, datasets, move_aside, force, allow_model_change)
         res = await engine.execute(plan)
     except RunwatchError as e:
         return StepOutcome(run=run, action=action, ok=False, detail=str(e))
@@ -706,6 +770,7 @@ async def gather(
     max_usd: float | None,
     sample_s: float = 10.0,
     move_aside: bool = False,
+    allow_model_change: bool = False,
 ) -> Rebalance:
     """Refresh (again every ``refresh_seconds``, for at most ``sample_s``, while a running run
     has no rate yet: as ``compare`` does), compare, and plan."""
@@ -727,6 +792,7 @@ async def gather(
         deadline_s=deadline_s,
         max_usd=max_usd,
         move_aside=move_aside,
+        allow_model_change=allow_model_change,
     )
 
 
@@ -738,6 +804,7 @@ def plan_for(
     deadline_s: float | None,
     max_usd: float | None,
     move_aside: bool = False,
+    allow_model_change: bool = False,
 ) -> Rebalance:
     """The plan for a snapshot and its comparison the caller already has (pure, instant)."""
     slots, kept, pinned, refused = slots_from(config, snapshot, move_aside)
@@ -746,10 +813,17 @@ def plan_for(
             time=snapshot.time, deadline_s=deadline_s, max_usd=max_usd, refused=refused, kept=kept
         )
     result = plan(
-        comparison, slots, deadline_s=deadline_s, max_usd=max_usd, kept=kept, pinned=pinned
+        comparison,
+        slots,
+        deadline_s=deadline_s,
+        max_usd=max_usd,
+        kept=kept,
+        pinned=pinned,
+        allow_model_change=allow_model_change,
     )
     result.time = snapshot.time
     result.move_aside = move_aside
+    result.allow_model_change = allow_model_change
     return result
 
 

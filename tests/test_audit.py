@@ -95,3 +95,23 @@ def test_format_record_names_the_failing_step(state_home: Path) -> None:
     text = audit.format_record(entry)
     assert "restart" in text and "gpu-box/eagle3" in text and "FAILED" in text
     assert "pid 7" in text and "fingerprint: model changed" in text
+
+
+def test_format_record_names_a_failed_rebalance_step_by_its_action_and_run(
+    state_home: Path,
+) -> None:
+    """A rebalance's steps are plan steps (action, run), not gate steps (name): the failing one is
+    named by what it did, never as Python's ``None``."""
+    entry = audit.record(
+        "rebalance",
+        host="-",
+        run=None,
+        ok=False,
+        steps=[
+            {"run": "local", "action": "stop", "ok": True, "detail": "stopped"},
+            {"run": "api", "action": "restart", "ok": False, "detail": "stopped at gate"},
+        ],
+    )
+    text = audit.format_record(entry)
+    assert "None" not in text
+    assert "-/-" in text and "restart api: stopped at gate" in text

@@ -161,6 +161,27 @@ def test_a_pinned_dataset_and_a_frozen_run_stay_as_they_are() -> None:
     assert result.kept["B1"].startswith("stays with its run: its data is legacy")
 
 
+def test_a_dataset_never_moves_to_a_run_of_another_model() -> None:
+    """The API is faster, but it serves another model: moving a dataset there would mix two
+    models' outputs in one data set (and the start's fingerprint check refuses it), so the plan
+    keeps every dataset with a run of its own model and says why."""
+    names = ["B1", "B2"]
+    comparison = compare([_work(n) for n in names], [LOCAL, API])
+    slots = _slots(names, [])
+    slots[0].model = "big-model"
+    slots[1].model = "other-model"
+    result = plan(comparison, slots, deadline_s=None, max_usd=None)
+    assert result.plan is not None
+    assert result.steps == [] and result.moves == []
+    assert "own model (other-model)" in result.kept["cloud"]
+    all_api = next(o for o in result.alternatives if o.name == "all on api")
+    assert all_api.possible is False
+    # The same runs on one model: the API takes datasets.
+    slots[1].model = "big-model"
+    moved = plan(comparison, slots, deadline_s=None, max_usd=None)
+    assert moved.moves and all(m.to_run == "cloud" for m in moved.moves)
+
+
 @pytest.mark.parametrize(
     ("text", "seconds"),
     [("45m", 2700.0), ("2h", 7200.0), ("1h30m", 5400.0), ("90s", 90.0), ("600", 600.0)],

@@ -42,6 +42,14 @@ from supervisor.errors import UsageError
     "it, a run that writes such data keeps what it has.",
 )
 @click.option(
+    "--allow-change",
+    "allow_change",
+    type=click.Choice(["model"]),
+    multiple=True,
+    help="`model`: let a dataset move to a run of another model (by default a dataset stays "
+    "with runs of its own model: one data set, one model).",
+)
+@click.option(
     "--apply",
     "do_apply",
     is_flag=True,
@@ -56,6 +64,7 @@ def rebalance(
     max_usd: float | None,
     sample_s: float,
     move_aside: bool,
+    allow_change: tuple[str, ...],
     do_apply: bool,
     yes: bool,
     as_json: bool,
@@ -97,6 +106,7 @@ def rebalance(
                 max_usd=max_usd,
                 sample_s=sample_s,
                 move_aside=move_aside,
+                allow_model_change="model" in allow_change,
             )
             if not do_apply or result.refused or not result.steps:
                 if as_json:
