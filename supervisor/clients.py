@@ -47,7 +47,7 @@ from typing import Any
 import msgspec
 
 from supervisor.agent import formats, match
-from supervisor.config import ClientFlagNames, ClientProfile, Config, RunConfig
+from supervisor.configschema import ClientFlagNames, ClientProfile, Config, RunConfig
 
 _REF = match.REFERENCE_FLAGS
 
