@@ -99,7 +99,6 @@ def load_config(
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{shown}: invalid TOML: {e}") from None
     data = _expand(data, os.environ if env is None else env, shown, "")
-    _check_value_type_shapes(data, shown)
     problem = _problem(data, _schema(), "")
     if problem is not None:
         raise ConfigError(f"{shown}: {problem.key or '(top level)'}: {problem.what}", problem.hint)
@@ -156,26 +155,6 @@ def untrusted(path: str) -> ConfigError | None:
     return None
 
 
-def _check_value_type_shapes(data: Any, shown: str) -> None:
-    """Each ``clients.NAME.value_types`` entry is a string or a list of strings (checked before
-    msgspec, whose message cannot name the client and flag of a table of tables)."""
-    table = data.get("clients") if isinstance(data, dict) else None
-    for name, client in (table or {}).items() if isinstance(table, dict) else ():
-        types = client.get("value_types") if isinstance(client, dict) else None
-        if not isinstance(types, dict):
-            continue
-        for flag, vtype in types.items():
-            if isinstance(vtype, str) or (
-                isinstance(vtype, list) and all(isinstance(c, str) for c in vtype)
-            ):
-                continue
-            raise ConfigError(
-                f"{shown}: clients.{name}.value_types.{flag}: expected a type name or a list "
-                f"of strings (choices), got {vtype!r}",
-                'for example value_types = { "--n" = "int", "--mode" = ["fast", "slow"] }',
-            )
-
-
 def _expand(value: Any, env: typing.Mapping[str, str], shown: str, key: str) -> Any:
     if isinstance(value, str):
 
@@ -225,6 +204,8 @@ def _schema() -> mi.Type:
 
 def _problem(value: Any, t: mi.Type, key: str) -> _Problem | None:
     """The first thing wrong with ``value`` as the type ``t`` declares (None: nothing is)."""
+    if isinstance(t, mi.Metadata):
+        return _annotated_problem(value, t, key)
     if isinstance(t, mi.UnionType):
         fitting = [m for m in t.types if _fits(value, m)]
         if not fitting:
@@ -251,6 +232,20 @@ def _problem(value: Any, t: mi.Type, key: str) -> _Problem | None:
     elif isinstance(t, (mi.IntType, mi.FloatType)):
         return _number_problem(value, t, key)
     return None
+
+
+def _annotated_problem(value: Any, t: mi.Metadata, key: str) -> _Problem | None:
+    """A problem with a value of an annotated type is told in the words of its ``Meta``: its
+    ``description`` says what the value allows, ``extra["hint"]`` what to write (also for a
+    problem inside the value)."""
+    problem = _problem(value, t.type, key)
+    if problem is None:
+        return None
+    description = (t.extra_json_schema or {}).get("description")
+    hint = (t.extra or {}).get("hint")
+    if description and problem.key == key and not problem.bound:
+        problem = replace(problem, what=f"expected {description}, got {_kind(value)}")
+    return replace(problem, hint=hint) if hint and problem.hint is None else problem
 
 
 def _struct_problem(value: dict[str, Any], t: mi.StructType, key: str) -> _Problem | None:
@@ -296,6 +291,8 @@ def _number_problem(value: int | float, t: mi.IntType | mi.FloatType, key: str) 
 
 def _fits(value: Any, t: mi.Type) -> bool:
     """Whether ``value`` is of the kind ``t`` declares (its bounds aside)."""
+    if isinstance(t, mi.Metadata):
+        return _fits(value, t.type)
     if isinstance(t, (mi.StructType, mi.DictType)):
         return isinstance(value, dict)
     if isinstance(t, mi.ListType):
@@ -322,6 +319,9 @@ def _describe(t: mi.Type, plural: bool = False) -> str:
     def noun(one: str, many: str) -> str:
         return many if plural else one
 
+    if isinstance(t, mi.Metadata):
+        description = (t.extra_json_schema or {}).get("description")
+        return str(description) if description and not plural else _describe(t.type, plural)
     if isinstance(t, mi.UnionType):
         members = [m for m in t.types if not isinstance(m, mi.NoneType)]
         return " or ".join(_describe(m, plural) for m in members)

@@ -31,6 +31,14 @@ NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 """A count that may be zero."""
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 """A TCP port."""
+ValueType = Annotated[
+    str | list[str],
+    msgspec.Meta(
+        description="a type name or a list of strings (choices)",
+        extra={"hint": 'for example value_types = { "--n" = "int", "--mode" = ["fast", "slow"] }'},
+    ),
+]
+"""One entry of a client profile's ``value_types``."""
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -301,7 +309,7 @@ class ClientProfile(_Section):
     leaves the run's files unknown, and every action on them is refused. Relative to the workdir;
     a ``~`` is literal, as in argv. A flag named here is one of ``known_flags`` (when given), not a
     switch, and of type ``path`` when typed."""
-    value_types: dict[str, str | list[str]] = {}
+    value_types: dict[str, ValueType] = {}
     """What the value of a flag must be, checked for every ``--set`` before a restart stops
     anything (a flag without a type takes any value): ``"int"`` (argparse ``type=int``: what
     Python's ``int()`` reads), ``"float"`` (``type=float``), ``"str"`` (any value), ``"path"`` (a

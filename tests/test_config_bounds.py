@@ -235,3 +235,23 @@ def test_a_list_bound_and_a_nested_table_are_named_by_their_keys(tmp_path: Path)
     assert ": clients.mine.flags.output_fil: unknown key (allowed: datasets, output_dir," in (
         error_of(tmp_path, text).message
     )
+
+
+def test_an_annotated_type_is_told_in_the_words_of_its_meta(tmp_path: Path) -> None:
+    """``value_types`` entries carry a description and a hint in their ``Meta``."""
+    client = '[clients.mine]\nscripts = ["g.py"]\n[clients.mine.flags]\noutput_file = ["--o"]\n'
+    text = config_text(configschema.Config, "") + client
+    for entry, message in [
+        (
+            "3",
+            "clients.mine.value_types.--n: expected a type name or a list of strings "
+            "(choices), got int",
+        ),
+        ('["a", 3]', "clients.mine.value_types.--n[1]: expected a string, got int"),
+    ]:
+        typed = text.replace(
+            'scripts = ["g.py"]\n', f'scripts = ["g.py"]\nvalue_types = {{ "--n" = {entry} }}\n'
+        )
+        error = error_of(tmp_path, typed)
+        assert error.message.endswith(message), error.message
+        assert error.hint is not None and "value_types = {" in error.hint
