@@ -217,7 +217,8 @@ def _problem(value: Any, t: mi.Type, key: str) -> _Problem | None:
         return _struct_problem(value, t, key)
     if isinstance(t, mi.ListType):
         if t.min_length is not None and len(value) < t.min_length:
-            return _Problem(key, f"expected {_describe(t)}, got an empty list", bound=True)
+            got = f"a list of {len(value)}" if value else "an empty list"
+            return _Problem(key, f"expected {_describe(t)}, got {got}", bound=True)
         for i, item in enumerate(value):
             problem = _problem(item, t.item_type, f"{key}[{i}]")
             if problem is not None:
@@ -276,14 +277,11 @@ def _number_problem(value: int | float, t: mi.IntType | mi.FloatType, key: str) 
         allowed = allowed.replace("a number", "a finite number", 1)
     elif isinstance(t, mi.IntType) and not _INT64[0] <= value <= _INT64[1]:
         allowed += " (of at most 64 bits)"
-    elif all(
-        bound is None or ok
-        for bound, ok in (
-            (t.ge, t.ge is not None and value >= t.ge),
-            (t.gt, t.gt is not None and value > t.gt),
-            (t.le, t.le is not None and value <= t.le),
-            (t.lt, t.lt is not None and value < t.lt),
-        )
+    elif (
+        (t.ge is None or value >= t.ge)
+        and (t.gt is None or value > t.gt)
+        and (t.le is None or value <= t.le)
+        and (t.lt is None or value < t.lt)
     ):
         return None
     return _Problem(key, f"expected {allowed}, got {value}", bound=True)
@@ -338,12 +336,13 @@ def _describe(t: mi.Type, plural: bool = False) -> str:
     if isinstance(t, mi.BoolType):
         return noun("true or false", "true or false values")
     if isinstance(t, mi.ListType):
+        items = _describe(t.item_type, plural=True)
+        if t.min_length is not None and t.min_length > 1:
+            return f"{noun('a list', 'lists')} of at least {t.min_length} {items}"
         whole = (
-            noun("a list", "lists")
-            if not t.min_length
-            else noun("a non-empty list", "non-empty lists")
+            noun("a non-empty list", "non-empty lists") if t.min_length else noun("a list", "lists")
         )
-        return f"{whole} of {_describe(t.item_type, plural=True)}"
+        return f"{whole} of {items}"
     if isinstance(t, (mi.DictType, mi.StructType)):
         return noun("a table", "tables")
     if isinstance(t, mi.LiteralType):
@@ -354,9 +353,14 @@ def _describe(t: mi.Type, plural: bool = False) -> str:
 def _bounds(t: mi.IntType | mi.FloatType) -> str:
     """`` from 1 to 65535``, `` > 0``, `` >= 1``; empty for none."""
     if t.ge is not None and t.le is not None:
-        return f" from {t.ge:g} to {t.le:g}"
+        return f" from {_number(t.ge)} to {_number(t.le)}"
     bounds = ((">=", t.ge), (">", t.gt), ("<=", t.le), ("<", t.lt))
-    return "".join(f" {op} {b:g}" for op, b in bounds if b is not None)
+    return "".join(f" {op} {_number(b)}" for op, b in bounds if b is not None)
+
+
+def _number(x: int | float) -> str:
+    """``1000000`` as written; a float without a trailing ``.0`` (``0.5``, ``1``)."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
 def _kind(value: Any) -> str:
