@@ -461,7 +461,7 @@ def _check_references(config: Config) -> None:
 
 def _check_clients(config: Config, formats: set[str]) -> None:
     """Client profiles name known formats and real flags; runs name known clients."""
-    # here: clients reads this module's types
+    # here: the profiles (and the agent's matcher they use) load only when a file is read
     from supervisor.clients import BUILTIN_CLIENTS, path_defaults_problems, value_types_problems
 
     shown = config.path
