@@ -38,7 +38,8 @@ ValueType = Annotated[
         extra={"hint": 'for example value_types = { "--n" = "int", "--mode" = ["fast", "slow"] }'},
     ),
 ]
-"""One entry of a client profile's ``value_types``."""
+"""One entry of a client profile's ``value_types``: a type name (``int``, ``float``, ``str``,
+``path``) or the choices."""
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
