@@ -47,7 +47,8 @@ from typing import Any
 import msgspec
 
 from supervisor.agent import formats, match
-from supervisor.config import ClientFlagNames, ClientProfile, Config, RunConfig
+from supervisor.configschema import ClientFlagNames, ClientProfile, Config, RunConfig
+from supervisor.configschema import ValueType as ValueType  # one entry of value_types
 
 _REF = match.REFERENCE_FLAGS
 
@@ -310,9 +311,6 @@ def path_defaults_problems(profile: ClientProfile) -> list[tuple[str, str]]:
 
 VALUE_TYPES: tuple[str, ...] = ("int", "float", "str", "path")
 """The named types of a profile's ``value_types`` (a list of strings is a set of choices)."""
-
-ValueType = str | list[str]
-"""One entry of ``value_types``: a name of :data:`VALUE_TYPES` or the choices."""
 
 
 def value_types_problems(profile: ClientProfile) -> list[tuple[str, str]]:

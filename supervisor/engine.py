@@ -52,12 +52,12 @@ from supervisor.completeness import (
 from supervisor.config import Config, HostConfig, RunConfig, bad_name
 from supervisor.dataloss import DataLossWatch
 from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
+from supervisor.hostfactory import make_host
 from supervisor.hosts import (
     AgentHost,
     Host,
     assign_runs,
     list_processes,
-    make_host,
     match_run,
     own_only,
     ps_params,

@@ -73,7 +73,7 @@ def test_wrong_type_names_key_and_expected_type(tmp_path: Path) -> None:
         'argv = ["python3", "run_inference.py", "--datasets", "B1,B2", "--max-samples", "7000"]',
         'argv = "python3 run_inference.py"',
     )
-    assert error_of(tmp_path, text) == "runs[0].argv: expected a list of strings, got str"
+    assert error_of(tmp_path, text) == "runs[0].argv: expected a non-empty list of strings, got str"
 
 
 def test_unknown_key_is_rejected_with_the_allowed_keys(tmp_path: Path) -> None:
@@ -125,12 +125,14 @@ def test_api_key_itself_is_refused(tmp_path: Path) -> None:
 
 def test_negative_budget(tmp_path: Path) -> None:
     text = GOOD.replace("token_budget = 10_000_000", "token_budget = -5")
-    assert error_of(tmp_path, text) == "datasets.B2.token_budget: expected a positive integer"
+    assert error_of(tmp_path, text) == "datasets.B2.token_budget: expected an integer >= 1, got -5"
 
 
 def test_bad_port(tmp_path: Path) -> None:
     text = GOOD.replace('address = "gpu-box"', 'address = "gpu-box"\nport = 70000')
-    assert error_of(tmp_path, text) == "hosts[0].port: expected 1..65535, got 70000"
+    assert (
+        error_of(tmp_path, text) == "hosts[0].port: expected an integer from 1 to 65535, got 70000"
+    )
 
 
 def test_invalid_toml(tmp_path: Path) -> None:

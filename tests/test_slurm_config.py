@@ -53,8 +53,8 @@ def test_hosts_default_to_processes(tmp_path: Path) -> None:
             '[runs.slurm]\ngres = "gpu:8\\n#SBATCH --x"\n',
             "runs[0].slurm.gres: expected one non-empty",
         ),
-        ("[runs.slurm]\nnodes = 0\n", "runs[0].slurm.nodes: expected a positive integer"),
-        ('[runs.slurm]\nnodes = "2"\n', "runs[0].slurm.nodes: expected an integer, got str"),
+        ("[runs.slurm]\nnodes = 0\n", "runs[0].slurm.nodes: expected an integer >= 1, got 0"),
+        ('[runs.slurm]\nnodes = "2"\n', "runs[0].slurm.nodes: expected an integer >= 1, got str"),
     ],
 )
 def test_bad_slurm_tables_are_refused(tmp_path: Path, table: str, message: str) -> None:
