@@ -33,6 +33,7 @@ from supervisor.agent.masking import (
     env_secret_values,
     register,
     register_environ,
+    register_secret_flags,
     registered,
     value_secrets,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "note_overrides",
     "note_secrets",
     "secret_env_names",
+    "secret_flags",
 ]
 
 
@@ -60,7 +62,8 @@ def note_secrets(config: Config, environ: Mapping[str, str] | None = None) -> No
     source = os.environ if environ is None else environ
     register_environ(source)
     register(source.get(e.api_key_env, "") for e in config.endpoints if e.api_key_env)
-    extra = [f for c in config.clients.values() for f in c.secret_flags]
+    extra = secret_flags(config)
+    register_secret_flags(extra)
     for run in config.runs:
         register(env_secret_values(run.env))
         register(argv_secret_values(run.argv, extra))
@@ -80,6 +83,12 @@ def note_overrides(
     values = argv_secret_values(argv, secret_flags)
     register(values)
     remember(values)
+
+
+def secret_flags(config: Config) -> list[str]:
+    """Every client profile's ``secret_flags`` (sent to the host, which masks their values in
+    what it writes and lists)."""
+    return sorted({f for c in config.clients.values() for f in c.secret_flags})
 
 
 def secret_env_names(config: Config) -> list[str]:
