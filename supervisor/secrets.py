@@ -46,6 +46,7 @@ __all__ = [
     "mask_argv",
     "mask_json_text",
     "mask_known",
+    "mask_record",
     "mask_registered",
     "mask_text",
     "note_overrides",
@@ -122,6 +123,27 @@ def mask_known(value: Any, secrets: list[str] | None = None) -> Any:
         return [mask_known(v, known) for v in value]
     if isinstance(value, dict):
         return {mask_known(k, known): mask_known(v, known) for k, v in value.items()}
+    return value
+
+
+def mask_record(value: Any) -> Any:
+    """A stored record (an audit record; JSON-like) masked as it is shown, with what this process
+    knows now: every registered or remembered value and today's rules by pattern, whatever the
+    process that wrote it knew (a secret declared later, a form an older runwatch missed). An
+    ``argv`` list is masked as a command line (:func:`mask_argv`), every other string as text."""
+    if isinstance(value, str):
+        return mask_text(value)
+    if isinstance(value, dict):
+        return {
+            k: (
+                mask_argv([str(a) for a in v])
+                if k == "argv" and isinstance(v, list)
+                else mask_record(v)
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [mask_record(v) for v in value]
     return value
 
 

@@ -27,6 +27,7 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 from rich.console import Console
+from textual.widgets import Log
 
 from supervisor.agent import masking
 from supervisor.config import load_config
@@ -424,3 +425,142 @@ def test_t22_the_encoded_forms_are_masked_inside_longer_text() -> None:
     assert masking.mask_text("see https://h/x?page=2#section-3") == (
         "see https://h/x?page=2#section-3"
     )
+
+
+# ---------------------------------------------------------------- T23: a profile's secret flags
+
+PROFILE = {
+    "license": "license-seat-2301",  # --license V: a name that says nothing of a secret
+    "seed": "tenant-seed-2302",  # --tenant-seed=V
+    "misspelt": "licence-typo-2303",  # --licence V: a misspelling of a profile's secret flag
+    "short": "Qz7w",  # --seat Qz7w: short, masked where it stands
+}
+PROFILE_FLAGS = ["--license", "--tenant-seed", "--seat"]
+
+
+def _profile_argv() -> list[str]:
+    p = PROFILE
+    return [
+        PY, "leaky_gen.py", "--datasets", "B1", "--output-dir", "out", "--license", p["license"],
+        f"--tenant-seed={p['seed']}", "--licence", p["misspelt"], "--seat", p["short"],
+    ]  # fmt: skip
+
+
+def test_t23_a_profiles_secret_flags_are_masked_in_the_hosts_unit_records(site: Site) -> None:
+    """The host is told the profile's secret flags: its unit record, locks and fingerprints
+    (written on the host, read back by later listings) hold ``***``, short values too."""
+    site.write([{"name": "prof", "argv": _profile_argv()}], secret_flags=PROFILE_FLAGS)
+    cfg = str(site.config)
+    site.rw("launch", "launch", "prof", "-c", cfg, "--yes", "--json")
+    wait_until(site.client_pids, 30, what="the client")
+    ps = site.rw("ps-json", "ps", "-c", cfg, "--json")
+    site.rw("status", "status", "-c", cfg, "--json")
+    units = [p for p in (site.root / "state").rglob("units/*.json")]
+    assert units, "no unit record"
+    record = json.loads(units[0].read_text())
+    assert record["argv"][-2:] == ["--seat", "***"], record["argv"]
+    assert "--tenant-seed=***" in record["argv"]
+    shown = next(
+        p["argv"]
+        for h in json.loads(ps.stdout)["hosts"]
+        for p in h["processes"]
+        if p.get("run") == "prof"
+    )
+    assert shown[-2:] == ["--seat", "***"]
+    site.rw("kill", "kill", "prof", "-c", cfg, "--yes", "--json")
+    site.rw("audit", "audit", "-c", cfg, "--json")
+    _assert_nowhere(site, PROFILE)
+
+
+# ---------------------------------------------------------------- T24: old audit records
+
+
+def test_t24_old_audit_records_are_masked_when_shown_with_what_is_known_now(site: Site) -> None:
+    """Records written before a secret was declared (the profile's ``secret_flags`` added later)
+    and a record of an older runwatch whose rules missed a form (``--db-pw``, ``password=`` in
+    a detail) are masked when shown: ``audit``, ``--json``, ``--all``, by the config's secrets
+    and today's rules; the file itself is never rewritten."""
+    site.write([{"name": "prof", "argv": _profile_argv()}])  # no secret_flags yet
+    cfg = str(site.config)
+    site.rw("launch", "launch", "prof", "-c", cfg, "--yes", "--json")
+    wait_until(site.client_pids, 30, what="the client")
+    site.rw("kill", "kill", "prof", "-c", cfg, "--yes", "--json")
+    log = site.root / "state" / "runwatch" / "audit.jsonl"
+    written = log.read_text()
+    assert PROFILE["license"] in written  # not known as a secret when it was written
+    older = "older-pw-2401"
+    key = json.loads(written.splitlines()[0])["config"]
+    record = {
+        "time": 1.0, "config": key, "action": "launch", "host": "local", "run": "prof",
+        "ok": False, "argv": ["gen.py", "--db-pw", older, "--pwd", "Yx5k"],
+        "steps": [{"name": "launch", "ok": False, "detail": f"client said password={older}"}],
+    }  # fmt: skip
+    with open(log, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    before = log.read_bytes()
+
+    site.write([{"name": "prof", "argv": _profile_argv()}], secret_flags=PROFILE_FLAGS)
+    site.outputs.clear()
+    site.rw("audit", "audit", "-c", cfg, "--limit", "0")
+    site.rw("audit-json", "audit", "-c", cfg, "--json", "--limit", "0")
+    site.rw("audit-all", "audit", "-c", cfg, "--all", "--limit", "0")
+    site.rw("audit-all-json", "audit", "-c", cfg, "--all", "--json", "--limit", "0")
+    records = json.loads(site.outputs["audit-all-json"])
+    assert len(records) >= 3
+    old = next(r for r in records if r["time"] == 1.0)
+    assert old["argv"] == ["gen.py", "--db-pw", "***", "--pwd", "***"]
+    assert "FAILED - launch: client said password=***" in site.outputs["audit-all"]
+    for r in records:
+        if r.get("argv") and "--seat" in r["argv"]:
+            assert r["argv"][r["argv"].index("--seat") + 1] == "***"
+    leaks = {
+        name: _leaks(text, {**PROFILE, "older": older, "older_short": "Yx5k"})
+        for name, text in site.outputs.items()
+    }
+    assert not any(leaks.values()), leaks
+    assert log.read_bytes() == before  # shown masked, never rewritten
+
+
+# ---------------------------------------------------------------- T25: the default launch log
+
+
+async def test_t25_the_default_launch_log_is_the_clients_output_and_shown_masked(
+    site: Site,
+) -> None:
+    """With no ``log =``, the client's output goes to ``<out>/.runwatch/run.log`` on the host:
+    what the client prints (its argv with the profile's secrets, a token's encodings) is there as
+    it printed it; the dashboard's Log tab shows it masked."""
+    token = "log-env-token-2501"
+    site.write(
+        [
+            {
+                "name": "prof",
+                "argv": _profile_argv(),
+                "env": {"SERVICE_TOKEN": token, "LEAK_VARS": "SERVICE_TOKEN"},
+            }
+        ],
+        secret_flags=PROFILE_FLAGS,
+    )
+    cfg = str(site.config)
+    site.rw("launch", "launch", "prof", "-c", cfg, "--yes", "--json")
+    wait_until(site.client_pids, 30, what="the client")
+    engine = Engine(load_config(site.config))
+    app = make_app(engine.config, engine)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await wait_for(lambda: app.find_run("local/prof") is not None, 30, what="the run")
+        app.open_run("local/prof")
+        await wait_for(lambda: isinstance(app.screen, RunDetailScreen), what="the detail")
+        await pilot.press("2")
+        view = app.screen.query_one("#log-view", Log)
+        await wait_for(
+            lambda: any("leaky client ready" in x for x in view.lines), 30, what="the log"
+        )
+        lines = "\n".join(view.lines)
+        shown = lines + app.export_screenshot()
+    site.rw("kill", "kill", "prof", "-c", cfg, "--yes")
+    values = {**PROFILE, **_encodings(token)}
+    assert "--seat ***" in lines and "access_token=***" in lines, lines
+    assert not _leaks(shown, values), _leaks(shown, values)
+    own = (site.workdir / "out" / ".runwatch" / "run.log").read_text()
+    assert PROFILE["license"] in own and _encodings(token)["b64"] in own  # the client's output
+    _assert_nowhere(site, values)
