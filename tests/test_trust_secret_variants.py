@@ -266,6 +266,17 @@ def test_t20_the_header_and_shell_rules_on_their_own() -> None:
     assert masking.mask_argv(shell)[2] == (
         "env DB_PASS=*** python gen.py --hf-token ***; curl -H Cookie '***'"
     )
+    # A short credential header value where it stands, a name with its colon then the value,
+    # a user:password pair; python's own -u is no user.
+    short = [
+        "curl", "-H", "x-api-key: k1", "--header", "X-Api-Key:", "k2", "-u", "me:p3",
+        "--user=me:p4", "-H", "Accept: json", "python", "-u", "gen.py",
+    ]  # fmt: skip
+    assert masking.mask_argv(short) == [
+        "curl", "-H", "x-api-key: ***", "--header", "X-Api-Key:", "***", "-u", "me:***",
+        "--user=me:***", "-H", "Accept: json", "python", "-u", "gen.py",
+    ]  # fmt: skip
+    assert masking.argv_secret_values(["curl", "-u", "me:user-pass-0007"]) == ["user-pass-0007"]
     nested = ["bash", "-c", "sh -c \"python gen.py --api-key 'nested-key-0006' --top-k 5\""]
     assert masking.argv_secret_values(nested) == ["nested-key-0006"]
     assert "--top-k 5" in masking.mask_argv(nested)[2]

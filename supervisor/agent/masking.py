@@ -401,12 +401,34 @@ def _is_credential_header(name: str) -> bool:
     return bool(name) and (name.lower() in CREDENTIAL_HEADERS or _is_secret_name(name))
 
 
-_SHELLS = frozenset(("sh", "bash", "dash", "zsh", "ksh", "ash", "fish", "busybox"))
+def _masked_header(value: str) -> str:
+    """A credential header argument with its value masked (``x-api-key: ***``,
+    ``Authorization: Bearer ***``)."""
+    sep = ":" if ":" in value.partition("=")[0] else "="
+    name, _, rest = value.partition(sep)
+    lead = rest[: len(rest) - len(rest.lstrip())]
+    scheme = _AUTH_SCHEME.match(rest.strip())
+    return name + sep + lead + (scheme.group(0) if scheme else "") + MASK
+
+
+def _header_name_only(value: str) -> bool:
+    """``value`` is a credential header's name alone (``Authorization``, ``X-Api-Key:``): its
+    value is the next item."""
+    name = value.strip()
+    if name.endswith((":", "=")):
+        name = name[:-1]
+    return ":" not in name and "=" not in name and _is_credential_header(name)
+
+
+_USER_FLAGS = frozenset(("-u", "--user", "--proxy-user", "-U"))
+"""Flags whose value is ``user:password`` when it has a colon (curl, wget): the password is
+secret."""
 _SHELL_DEPTH = 3
 """How deep shell strings inside shell strings are read (``bash -c "sh -c '...'"``)."""
 
 
-def _shell_words(arg: str) -> list[str] | None:
+@functools.lru_cache(maxsize=1024)
+def _shell_words(arg: str) -> tuple[str, ...] | None:
     """The words of ``arg`` when it reads as a shell command line (``python gen.py --api-key K;
     echo``: operators split off), else None (one word, or not shell syntax)."""
     if not any(c.isspace() for c in arg) or arg.lstrip()[:1] in ("{", "["):
@@ -417,7 +439,7 @@ def _shell_words(arg: str) -> list[str] | None:
         words = list(lexer)
     except ValueError:  # an unclosed quote: read it as plain words
         words = arg.split()
-    return words if len(words) > 1 else None
+    return tuple(words) if len(words) > 1 else None
 
 
 def _argv_secrets(argv: Sequence[str], extra: set[str], depth: int = 0) -> list[str]:
@@ -451,11 +473,13 @@ def _argv_secrets(argv: Sequence[str], extra: set[str], depth: int = 0) -> list[
         prev = None
         if value is not None and name is not None:
             if name.lower() in _HEADER_FLAGS:
-                found = _header_secret(value)
+                found = [v for v in _header_secret(value) if v]
                 if found:
                     out.extend(found)
-                elif ":" not in value and _is_credential_header(value):
+                elif _header_name_only(value):
                     header_value = True
+            elif name.lower() in _USER_FLAGS and ":" in value:
+                out.append(value.partition(":")[2])  # curl -u user:PASS
             elif _is_secret_name(name) or _close_to(_normal_name(name), extra):
                 out.append(value)
                 out.extend(_scheme_stripped(value))
@@ -594,8 +618,14 @@ def mask_argv(
         if before == "value" and (not arg.startswith("-") or arg == "-"):
             out.append(MASK)
             continue
-        if before == "header" and ":" not in arg and _is_credential_header(arg):
+        if before == "header" and _header_name_only(arg):
             expect = "credential"  # -H Authorization 'Bearer K': the next item is the secret
+        elif before == "header" and _header_secret(arg):
+            out.append(_masked_header(arg))  # -H 'x-api-key: K', K short too
+            continue
+        elif before == "user" and ":" in arg and not arg.startswith("-"):
+            out.append(arg.partition(":")[0] + ":" + MASK)  # curl -u user:PASS
+            continue
         elif arg.startswith("-") and len(arg) > 1:
             name, eq, value = arg.partition("=")
             if _is_secret_name(name) or _close_to(_normal_name(name), extra):
@@ -603,11 +633,13 @@ def mask_argv(
                     out.append(name + "=" + MASK)
                     continue
                 expect = "value"
-            elif name.lower() in _HEADER_FLAGS and ":" not in arg:
-                if not eq:
-                    expect = "header"
-                elif _is_credential_header(value):
-                    expect = "credential"
+            elif name.lower() in _HEADER_FLAGS and (not eq or _header_name_only(value)):
+                expect = "credential" if eq else "header"
+            elif name.lower() in _USER_FLAGS:
+                if eq and ":" in value:
+                    out.append(name + "=" + value.partition(":")[0] + ":" + MASK)
+                    continue
+                expect = "user"
         elif "=" in arg and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", arg):
             name, _, _value = arg.partition("=")
             if _is_secret_name(name) or is_secret_env_name(name):
