@@ -403,12 +403,10 @@ def _is_credential_header(name: str) -> bool:
 
 def _masked_header(value: str) -> str:
     """A credential header argument with its value masked (``x-api-key: ***``,
-    ``Authorization: Bearer ***``)."""
+    ``Authorization: ***``)."""
     sep = ":" if ":" in value.partition("=")[0] else "="
     name, _, rest = value.partition(sep)
-    lead = rest[: len(rest) - len(rest.lstrip())]
-    scheme = _AUTH_SCHEME.match(rest.strip())
-    return name + sep + lead + (scheme.group(0) if scheme else "") + MASK
+    return name + sep + rest[: len(rest) - len(rest.lstrip())] + MASK
 
 
 def _header_name_only(value: str) -> bool:
