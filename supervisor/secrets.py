@@ -17,6 +17,7 @@ that digest (:func:`mask_digests`), in every process that shows the log later.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import os
@@ -25,6 +26,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from supervisor.agent import masking
 from supervisor.agent.masking import (
@@ -215,9 +217,21 @@ def _ensure_file(path: Path) -> None:
     os.unlink(tmp)
 
 
+def word_forms(value: str) -> list[str]:
+    """The encodings of ``value`` that stand as one word in text (:func:`mask_digests`): base64
+    (urlsafe, and standard when it has no ``/``) without padding, percent-encoded, hex."""
+    raw = value.encode("utf-8", "surrogateescape")
+    std = base64.b64encode(raw).decode("ascii").rstrip("=")
+    forms = [std, base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")]
+    forms += [quote(raw, safe=""), raw.hex(), raw.hex().upper()]
+    return [f for f in dict.fromkeys(forms) if f != value and not _BOUNDARY_RE.search(f)]
+
+
 def remember(values: Iterable[str]) -> None:
-    """Keep the digests of ``values`` (at least ``MIN_SECRET_LEN`` long) for later processes."""
-    wanted = sorted({v.strip() for v in values if len(v.strip()) >= MIN_SECRET_LEN})
+    """Keep the digests of ``values`` (at least ``MIN_SECRET_LEN`` long), and of their encodings
+    that stand as a word (:func:`word_forms`), for later processes."""
+    given = {v.strip() for v in values if len(v.strip()) >= MIN_SECRET_LEN}
+    wanted = sorted(given | {f for v in given for f in word_forms(v)})
     if not wanted:
         return
     path = _digests_path()

@@ -575,3 +575,39 @@ async def test_t25_the_default_launch_log_is_the_clients_output_and_shown_masked
     own = (site.workdir / "out" / ".runwatch" / "run.log").read_text()
     assert PROFILE["license"] in own and _encodings(token)["b64"] in own  # the client's output
     _assert_nowhere(site, values)
+
+
+def test_t22_a_value_given_once_is_masked_encoded_by_later_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``restart --set api-key=K`` gave K once; a later process that never saw K masks its
+    base64, percent and hex forms in a log line (from the digests kept, T8)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    value = "given-once+" + os.urandom(6).hex()
+    code = (
+        "import sys\n"
+        "from supervisor.secrets import note_overrides, mask_text\n"
+        "if sys.argv[1] == 'give':\n"
+        "    note_overrides([('api-key', sys.argv[2])])\n"
+        "else:\n"
+        "    print(mask_text(sys.argv[2]))\n"
+    )
+
+    def child(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60,
+            check=True, env={**os.environ},
+        )  # fmt: skip
+        return done.stdout
+
+    child("give", value)
+    raw = value.encode()
+    forms = {
+        "urlsafe": base64.urlsafe_b64encode(raw).decode().rstrip("="),
+        "pct": quote(value, safe=""),
+        "hex": raw.hex(),
+    }
+    digests = (tmp_path / "state" / "runwatch" / "secret-digests").read_text()
+    assert not _leaks(digests, {**forms, "value": value})
+    line = " ".join(f"{name} {form}," for name, form in forms.items())
+    assert child("show", line) == "urlsafe ***, pct ***, hex ***,\n"
