@@ -277,6 +277,16 @@ def test_t20_the_header_and_shell_rules_on_their_own() -> None:
         "--user=me:***", "-H", "Accept: json", "python", "-u", "gen.py",
     ]  # fmt: skip
     assert masking.argv_secret_values(["curl", "-u", "me:user-pass-0007"]) == ["user-pass-0007"]
+    # A header flag of another name, and a header given as an argument of its own (httpie).
+    other = ["http", "--verbose", "X-Api-Key: own-item-0008", "--add-header", "Cookie: s=k5"]
+    assert masking.mask_argv(other) == [
+        "http",
+        "--verbose",
+        "X-Api-Key: ***",
+        "--add-header",
+        "Cookie: ***",
+    ]
+    assert "own-item-0008" in masking.argv_secret_values(other)
     nested = ["bash", "-c", "sh -c \"python gen.py --api-key 'nested-key-0006' --top-k 5\""]
     assert masking.argv_secret_values(nested) == ["nested-key-0006"]
     assert "--top-k 5" in masking.mask_argv(nested)[2]

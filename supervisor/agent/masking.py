@@ -101,6 +101,26 @@ CREDENTIAL_HEADERS = frozenset(
     )
 )  # fmt: skip
 _HEADER_FLAGS = frozenset(("-h", "--header", "--headers", "--http-header", "--extra-header"))
+
+
+def _is_header_flag(name: str) -> bool:
+    """A flag whose value is an HTTP header: ``-H``, ``--header``, or any flag whose last word is
+    header(s) (``--add-header``, ``--proxy-header``)."""
+    if name.lower() in _HEADER_FLAGS:
+        return True
+    return name.startswith("--") and _normal_name(name).split("-")[-1] in ("header", "headers")
+
+
+_HEADER_ITEM = re.compile(r"^\s*([A-Za-z][\w\-]*)\s*:\s*\S")
+"""An argument that is a header by itself (``X-Api-Key: K`` given to httpie or any tool)."""
+
+
+def _credential_header_item(arg: str) -> bool:
+    """``arg`` is ``Name: value`` for a known credential header (``X-Api-Key: K``)."""
+    m = _HEADER_ITEM.match(arg)
+    return m is not None and m.group(1).lower() in CREDENTIAL_HEADERS
+
+
 _AUTH_SCHEME = re.compile(r"(?i)^(bearer|basic|token|digest|apikey)\s+")
 
 
@@ -470,7 +490,7 @@ def _argv_secrets(argv: Sequence[str], extra: set[str], depth: int = 0) -> list[
                 out.append(v)
         prev = None
         if value is not None and name is not None:
-            if name.lower() in _HEADER_FLAGS:
+            if _is_header_flag(name):
                 found = [v for v in _header_secret(value) if v]
                 if found:
                     out.extend(found)
@@ -483,6 +503,8 @@ def _argv_secrets(argv: Sequence[str], extra: set[str], depth: int = 0) -> list[
                 out.extend(_scheme_stripped(value))
                 if "," in value:
                     out.extend(p.strip() for p in value.split(","))
+        if _credential_header_item(arg):
+            out.extend(_header_secret(arg))
         out.extend(value_secrets(arg))
         words = _shell_words(arg) if depth < _SHELL_DEPTH else None
         if words is not None:
@@ -618,7 +640,7 @@ def mask_argv(
             continue
         if before == "header" and _header_name_only(arg):
             expect = "credential"  # -H Authorization 'Bearer K': the next item is the secret
-        elif before == "header" and _header_secret(arg):
+        elif (before == "header" and _header_secret(arg)) or _credential_header_item(arg):
             out.append(_masked_header(arg))  # -H 'x-api-key: K', K short too
             continue
         elif before == "user" and ":" in arg and not arg.startswith("-"):
@@ -631,7 +653,7 @@ def mask_argv(
                     out.append(name + "=" + MASK)
                     continue
                 expect = "value"
-            elif name.lower() in _HEADER_FLAGS and (not eq or _header_name_only(value)):
+            elif _is_header_flag(name) and (not eq or _header_name_only(value)):
                 expect = "credential" if eq else "header"
             elif name.lower() in _USER_FLAGS:
                 if eq and ":" in value:
