@@ -310,6 +310,7 @@ SECRET_NAMES = (
     "--pwd", "--db-pw", "--auth-header", "--db-password", "--passphrase", "--client-secret",
     "--hf-token", "--session", "--sessionToken", "--smtp-pass", "--jwt", "--x-auth",
     "--proxy-passwd", "--vault-creds", "--signing-secret-key", "--login-cookie",
+    "--use-auth-token", "--new-password", "--oauth", "--api_key_2", "-password",
 )  # fmt: skip
 PUBLIC_NAMES = (
     "--max-tokens", "--token-budget", "--num-tokens", "--keep-session", "--api-key-env",

@@ -3,6 +3,11 @@
 Standard library only, Python >= 3.8 (runs on the host, and the laptop masks with the same code).
 Masking happens on the host before anything leaves it; the laptop masks again what it shows or
 logs, adding the secret values it knows (``secrets``).
+
+Each rule is a class, not a list of examples: a name is secret by its words (``_is_secret_name``),
+a header by what it is wherever it stands (``-H Name: K``, ``-H Name K``, ``Name: K`` alone), a
+shell command line inside an argument by the same rules (``_shell_words``), and a registered value
+by its encodings too (``encoded_forms``: base64 at every alignment, percent, hex).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ if TYPE_CHECKING:
 # credential rather than the credential: a count (``--max-tokens``, ``--num-tokens``: a first
 # count word, or the credential word in the plural), a setting named by its last word
 # (``--token-budget``, ``--api-key-env``, ``--password-file``, ``--session-dir``), or a switch
-# named by its first word (``--keep-session``, ``--no-auth``, ``--use-auth-token``).
+# named by its first word (``--keep-session``, ``--no-auth``, ``--skip-auth``).
 _CREDENTIAL_WORDS = frozenset(
     (
         "key", "apikey", "token", "secret", "password", "passwd", "pwd", "pw", "pass",
@@ -41,11 +46,12 @@ _FUZZY_WORDS = frozenset(w for w in _CREDENTIAL_WORDS if len(w) >= 3)
 """Credential words recognised misspelt (``--hf-tokn``, ``--db-pasword``, ``--api-ky``)."""
 _SWITCH_WORDS = frozenset(
     (
-        "keep", "use", "no", "enable", "disable", "skip", "with", "without", "require",
-        "allow", "reuse", "save", "print", "show", "log", "check", "verify", "validate", "trust",
-        "ignore", "strip", "new", "rotate", "persist",
+        "keep", "no", "enable", "disable", "skip", "with", "without", "require", "allow",
+        "reuse", "print", "show", "log", "trust", "ignore", "strip", "persist",
     )
 )  # fmt: skip
+"""First words of an on/off switch. Not ``use``, ``new``, ``verify``: ``--use-auth-token K``,
+``--new-password K`` and ``--verify-token K`` take a secret."""
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 MIN_SECRET_LEN = 8
 """Secret values shorter than this are not registered nor masked inside text (they would mask
