@@ -316,7 +316,8 @@ PUBLIC_NAMES = (
     "--max-tokens", "--token-budget", "--num-tokens", "--keep-session", "--api-key-env",
     "--password-file", "--session-dir", "--tokenizer", "--top-k", "--passes", "--gen-tokens",
     "--tokens-per-step", "--sessions", "--auth-type", "--no-auth", "--author", "--keys",
-    "--token-limit", "--session-ttl",
+    "--token-limit", "--session-ttl", "--tp", "--eos-token", "--speculative-token-map",
+    "--stop-token-ids", "--allow-credentials", "--ssl-keyfile", "--bypass",
 )  # fmt: skip
 
 

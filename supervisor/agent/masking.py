@@ -42,8 +42,18 @@ _CREDENTIAL_WORDS = frozenset(
         "bearer", "cookie", "session", "signature", "jwt", "otp",
     )
 )  # fmt: skip
-_FUZZY_WORDS = frozenset(w for w in _CREDENTIAL_WORDS if len(w) >= 3)
-"""Credential words recognised misspelt (``--hf-tokn``, ``--db-pasword``, ``--api-ky``)."""
+_FUZZY_WORDS = _CREDENTIAL_WORDS - {"pw", "pwd", "jwt", "otp"}
+"""Credential words recognised misspelt (``--hf-tokn``, ``--db-pasword``, ``--api-ky``); never
+an abbreviation (``--tp`` is no ``otp``)."""
+_MODEL_TOKEN_WORDS = frozenset(
+    (
+        "eos", "bos", "pad", "unk", "sep", "cls", "mask", "stop", "special", "image", "audio",
+        "video", "think", "reasoning", "start", "end", "speculative", "draft", "chat", "tool",
+        "vision", "placeholder", "sentinel", "added", "extra",
+    )
+)  # fmt: skip
+"""Words that make the ``token`` after them a model's token (``--eos-token``,
+``--speculative-token-map``), not a credential."""
 _SWITCH_WORDS = frozenset(
     (
         "keep", "no", "enable", "disable", "skip", "with", "without", "require", "allow",
@@ -97,6 +107,8 @@ _NOT_A_VALUE_WORDS = frozenset(
         "count", "size", "rate", "ttl", "timeout", "type", "mode", "kind", "scheme", "format",
         "field", "column", "col", "url", "endpoint", "host", "port", "user", "username", "expiry",
         "expires", "lifetime", "interval", "retries", "per", "prefix", "suffix", "method",
+        "ids", "map", "dtype", "index", "idx", "dim", "bytes", "config", "params", "options",
+        "args", "kwargs",
     )
 )  # fmt: skip
 CREDENTIAL_HEADERS = frozenset(
@@ -137,9 +149,9 @@ def _normal_name(name: str) -> str:
 
 
 def _credential_word(word: str) -> bool:
-    """``word`` is a credential word (``pw``, ``token``), or a misspelling of a long one
-    (``tokn``, ``pasword``); never its plural (``tokens``, ``keys``, ``sessions``, ``passes``:
-    counts)."""
+    """``word`` is a credential word (``pw``, ``token``), or a misspelling of one that keeps its
+    first letter (``tokn``, ``pasword``; not ``bypass``); never its plural (``tokens``, ``keys``,
+    ``sessions``, ``passes``: counts)."""
     if word in _CREDENTIAL_WORDS:
         return True
     for plural in ("s", "es"):
@@ -147,9 +159,8 @@ def _credential_word(word: str) -> bool:
             return False
     if word in ("author", "authors"):
         return False
-    return len(word) >= 2 and bool(
-        difflib.get_close_matches(word, sorted(_FUZZY_WORDS), n=1, cutoff=0.8)
-    )
+    same_start = sorted(w for w in _FUZZY_WORDS if w[0] == word[:1])  # a typo keeps the start
+    return len(word) >= 2 and bool(difflib.get_close_matches(word, same_start, n=1, cutoff=0.8))
 
 
 _PROFILE_FLAGS: set[str] = set()
@@ -196,7 +207,10 @@ def _is_secret_name(name: str) -> bool:
         return False
     if len(words) > 1 and words[0] in _SWITCH_WORDS:
         return False
-    return any(_credential_word(w) for w in words)
+    return any(
+        _credential_word(w) and not (i and w == "token" and words[i - 1] in _MODEL_TOKEN_WORDS)
+        for i, w in enumerate(words)
+    )
 
 
 def is_secret_flag(name: str) -> bool:
