@@ -367,6 +367,15 @@ async def test_t21_a_credential_word_anywhere_in_a_flag_name_makes_it_secret(sit
         assert masking.mask_argv([name, "v"]) == [name, "***"], name
     for name in PUBLIC_NAMES:
         assert masking.mask_argv([name, "12"]) == [name, "12"], name
+    env = {
+        "DB_PASS": "db-pass-value-2111", "MYSQL_PWD": "mysql-pwd-2112", "PWD": "/root/work",
+        "SSH_PASSPHRASE": "ssh-phrase-2113", "NUM_PASSES": "1000000000",
+        "SESSION_MANAGER": "local/box:@/tmp/.ICE-unix/1", "XDG_SESSION_CLASS": "user-session",
+        "DBUS_SESSION_BUS_ADDRESS": "unix:path=/run/user/0/bus",
+    }  # fmt: skip
+    assert sorted(masking.env_secret_values(env)) == [
+        "db-pass-value-2111", "mysql-pwd-2112", "ssh-phrase-2113",
+    ]  # fmt: skip
 
 
 # ---------------------------------------------------------------- T22: encodings of a secret
