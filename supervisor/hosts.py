@@ -351,6 +351,7 @@ def ps_params(config: Config, cfg: HostConfig) -> dict[str, Any]:
     """Parameters of the ``ps`` op for a host of ``config`` (the scripts of every client profile,
     and the profiles' flag spellings the host reads each run's flags with)."""
     from supervisor.clients import all_scripts, wire_all
+    from supervisor.secrets import secret_flags
 
     return {
         "scripts": all_scripts(config),
@@ -358,6 +359,7 @@ def ps_params(config: Config, cfg: HostConfig) -> dict[str, Any]:
         "show_other_users": cfg.show_other_users,
         "runs": run_specs(config, cfg.name),
         "secret_env": secret_env_names(config),
+        "secret_flags": secret_flags(config),
         "config_id": config.key,
     }
 

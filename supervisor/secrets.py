@@ -17,6 +17,7 @@ that digest (:func:`mask_digests`), in every process that shows the log later.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import os
@@ -25,6 +26,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from supervisor.agent import masking
 from supervisor.agent.masking import (
@@ -33,6 +35,7 @@ from supervisor.agent.masking import (
     env_secret_values,
     register,
     register_environ,
+    register_secret_flags,
     registered,
     value_secrets,
 )
@@ -45,11 +48,13 @@ __all__ = [
     "mask_argv",
     "mask_json_text",
     "mask_known",
+    "mask_record",
     "mask_registered",
     "mask_text",
     "note_overrides",
     "note_secrets",
     "secret_env_names",
+    "secret_flags",
 ]
 
 
@@ -60,7 +65,8 @@ def note_secrets(config: Config, environ: Mapping[str, str] | None = None) -> No
     source = os.environ if environ is None else environ
     register_environ(source)
     register(source.get(e.api_key_env, "") for e in config.endpoints if e.api_key_env)
-    extra = [f for c in config.clients.values() for f in c.secret_flags]
+    extra = secret_flags(config)
+    register_secret_flags(extra)
     for run in config.runs:
         register(env_secret_values(run.env))
         register(argv_secret_values(run.argv, extra))
@@ -80,6 +86,12 @@ def note_overrides(
     values = argv_secret_values(argv, secret_flags)
     register(values)
     remember(values)
+
+
+def secret_flags(config: Config) -> list[str]:
+    """Every client profile's ``secret_flags`` (sent to the host, which masks their values in
+    what it writes and lists)."""
+    return sorted({f for c in config.clients.values() for f in c.secret_flags})
 
 
 def secret_env_names(config: Config) -> list[str]:
@@ -113,6 +125,27 @@ def mask_known(value: Any, secrets: list[str] | None = None) -> Any:
         return [mask_known(v, known) for v in value]
     if isinstance(value, dict):
         return {mask_known(k, known): mask_known(v, known) for k, v in value.items()}
+    return value
+
+
+def mask_record(value: Any) -> Any:
+    """A stored record (an audit record; JSON-like) masked as it is shown, with what this process
+    knows now: every registered or remembered value and today's rules by pattern, whatever the
+    process that wrote it knew (a secret declared later, a form an older runwatch missed). An
+    ``argv`` list is masked as a command line (:func:`mask_argv`), every other string as text."""
+    if isinstance(value, str):
+        return mask_text(value)
+    if isinstance(value, dict):
+        return {
+            k: (
+                mask_argv([str(a) for a in v])
+                if k == "argv" and isinstance(v, list)
+                else mask_record(v)
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [mask_record(v) for v in value]
     return value
 
 
@@ -184,9 +217,21 @@ def _ensure_file(path: Path) -> None:
     os.unlink(tmp)
 
 
+def word_forms(value: str) -> list[str]:
+    """The encodings of ``value`` that stand as one word in text (:func:`mask_digests`): base64
+    (urlsafe, and standard when it has no ``/``) without padding, percent-encoded, hex."""
+    raw = value.encode("utf-8", "surrogateescape")
+    std = base64.b64encode(raw).decode("ascii").rstrip("=")
+    forms = [std, base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")]
+    forms += [quote(raw, safe=""), raw.hex(), raw.hex().upper()]
+    return [f for f in dict.fromkeys(forms) if f != value and not _BOUNDARY_RE.search(f)]
+
+
 def remember(values: Iterable[str]) -> None:
-    """Keep the digests of ``values`` (at least ``MIN_SECRET_LEN`` long) for later processes."""
-    wanted = sorted({v.strip() for v in values if len(v.strip()) >= MIN_SECRET_LEN})
+    """Keep the digests of ``values`` (at least ``MIN_SECRET_LEN`` long), and of their encodings
+    that stand as a word (:func:`word_forms`), for later processes."""
+    given = {v.strip() for v in values if len(v.strip()) >= MIN_SECRET_LEN}
+    wanted = sorted(given | {f for v in given for f in word_forms(v)})
     if not wanted:
         return
     path = _digests_path()

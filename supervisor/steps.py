@@ -780,6 +780,8 @@ class _Runner:
 
     def launch_params(self, layout: RunLayout, fingerprints: bool = True) -> dict[str, Any]:
         """The ``launch`` request of ``layout.argv`` (its locks, log and fingerprints)."""
+        from supervisor.secrets import secret_flags
+
         plan = self.plan
         argv = list(layout.argv)
         return {
@@ -789,6 +791,7 @@ class _Runner:
             "run": plan.run.name,
             "env": plan.env,
             "secret_env": plan.secret_env,
+            "secret_flags": secret_flags(self.engine.config),
             "log": layout.log,
             "lock_paths": list(layout.locks),
             "data_files": list(layout.data_files.values()),

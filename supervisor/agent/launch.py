@@ -38,6 +38,7 @@ from supervisor.agent.masking import (
     mask_json_text,
     mask_text,
     register,
+    register_secret_flags,
 )
 from supervisor.agent.proc import boot_id, identity_of, is_alive, poll_until
 from supervisor.agent.protocol import (
@@ -172,7 +173,9 @@ def launch(params: dict[str, Any]) -> LaunchResult:
     how long to wait for a concurrent launcher to name its child), ``tail_lines`` (default 30),
     ``fingerprints`` (optional list of ``{"path", "data", "hash_files"}``, or one
     ``fingerprint``, written once the child is confirmed), ``secret_env`` (names of ``env``
-    entries that are secrets: their values are masked in every line returned), ``data_files`` (the
+    entries that are secrets: their values are masked in every line returned), ``secret_flags``
+    (the profile's secret flags: their values are masked in the unit record, the locks, the
+    fingerprints and every line returned, as those of built-in secret flags), ``data_files`` (the
     run's data files: while any process, of any user, holds one open for writing the launch is
     refused, checked under the locks).
 
@@ -187,6 +190,10 @@ def launch(params: dict[str, Any]) -> LaunchResult:
     argv = param_str_list(params, "argv")
     env_extra = param_str_dict(params, "env")
     secret_names = params.get("secret_env") or []
+    flags = params.get("secret_flags") or []
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise AgentOpError("parameter 'secret_flags': expected a list of flags", "bad-params")
+    register_secret_flags(flags)
     secrets = [v for k, v in env_extra.items() if k in secret_names and v]
     secrets += env_secret_values(env_extra) + argv_secret_values(argv)
     register(secrets)

@@ -3,34 +3,65 @@
 Standard library only, Python >= 3.8 (runs on the host, and the laptop masks with the same code).
 Masking happens on the host before anything leaves it; the laptop masks again what it shows or
 logs, adding the secret values it knows (``secrets``).
+
+Each rule is a class, not a list of examples: a name is secret by its words (``_is_secret_name``),
+a header by what it is wherever it stands (``-H Name: K``, ``-H Name K``, ``Name: K`` alone), a
+shell command line inside an argument by the same rules (``_shell_words``), and a registered value
+by its encodings too (``encoded_forms``: base64 at every alignment, percent, hex).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import difflib
+import functools
 import json
 import os
 import re
+import shlex
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
 
 from supervisor.agent.protocol import MASK
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
-# A flag or variable is secret-named when its LAST word is one of these (``--api-key``,
-# ``--hf-token``, ``OPENAI_API_KEY``, ``--db-password``); never for a word inside a longer name
-# (``--token-budget``, ``--max-tokens``, ``--api-key-env`` and ``--tokenizer`` name public things,
-# and a typo such as ``--token-buget`` stays visible).
-_SECRET_LAST_WORDS = frozenset(
+# A flag or variable is secret-named when one of its words (split on ``-``, ``_``, ``.`` and
+# camelCase) is a credential word (``--api-key``, ``--db-pw``, ``--auth-header``,
+# ``--client-secret``, ``OPENAI_API_KEY``), unless the name says it holds something about the
+# credential rather than the credential: a count (``--max-tokens``, ``--num-tokens``: a first
+# count word, or the credential word in the plural), a setting named by its last word
+# (``--token-budget``, ``--api-key-env``, ``--password-file``, ``--session-dir``), or a switch
+# named by its first word (``--keep-session``, ``--no-auth``, ``--skip-auth``).
+_CREDENTIAL_WORDS = frozenset(
     (
-        "key", "apikey", "token", "secret", "password", "passwd", "pass", "passphrase",
-        "credential", "credentials", "creds", "auth", "authorization", "bearer", "cookie",
-        "signature",
+        "key", "apikey", "token", "secret", "password", "passwd", "pwd", "pw", "pass",
+        "passphrase", "passcode", "credential", "credentials", "creds", "auth", "authorization",
+        "bearer", "cookie", "session", "signature", "jwt", "otp",
     )
 )  # fmt: skip
+_FUZZY_WORDS = _CREDENTIAL_WORDS - {"pw", "pwd", "jwt", "otp"}
+"""Credential words recognised misspelt (``--hf-tokn``, ``--db-pasword``, ``--api-ky``); never
+an abbreviation (``--tp`` is no ``otp``)."""
+_MODEL_TOKEN_WORDS = frozenset(
+    (
+        "eos", "bos", "pad", "unk", "sep", "cls", "mask", "stop", "special", "image", "audio",
+        "video", "think", "reasoning", "start", "end", "speculative", "draft", "chat", "tool",
+        "vision", "placeholder", "sentinel", "added", "extra",
+    )
+)  # fmt: skip
+"""Words that make the ``token`` after them a model's token (``--eos-token``,
+``--speculative-token-map``), not a credential."""
+_SWITCH_WORDS = frozenset(
+    (
+        "keep", "no", "enable", "disable", "skip", "with", "without", "require", "allow",
+        "reuse", "print", "show", "log", "trust", "ignore", "strip", "persist",
+    )
+)  # fmt: skip
+"""First words of an on/off switch. Not ``use``, ``new``, ``verify``: ``--use-auth-token K``,
+``--new-password K`` and ``--verify-token K`` take a secret."""
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 MIN_SECRET_LEN = 8
 """Secret values shorter than this are not registered nor masked inside text (they would mask
@@ -45,7 +76,8 @@ _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{6,}")
 # Query parameters whose name says credential: key, token, secret, pass(word)/passwd/pwd, auth
 # (not author), sig(nature), credential, cookie, session.
 _QUERY_NAMES = r"(?:key|token|secret|pass|pwd|auth(?!or)|sig|credential|cookie|session)"
-_URL_QUERY_SECRET = re.compile(r"(?i)([?&][^=&#]*" + _QUERY_NAMES + r"[^=&#]*=)[^&#]*")
+_URL_QUERY_SECRET = re.compile(r"(?i)([?&#;][^=&#;]*" + _QUERY_NAMES + r"[^=&#;]*=)[^&#;]*")
+"""A credential-named parameter of a URL's query or fragment (``#access_token=K&state=1``)."""
 
 
 # Flags whose value is a secret although their last word is not a secret word, and the names a
@@ -68,10 +100,17 @@ _PUBLIC_FLAG_NAMES = frozenset(
         "max-token-len", "author", "keep", "keys", "monkey",
     )
 )  # fmt: skip
-_COUNT_WORDS = frozenset(("max", "min", "num", "n", "total"))
-_PLURAL_COUNTS = frozenset(("tokens", "keys", "passes"))
-_STRONG_WORDS = frozenset(("apikey", "secret", "password", "passwd", "credential", "credentials"))
-_NOT_A_VALUE_WORDS = frozenset(("env", "file", "path", "dir", "name", "id", "var", "len"))
+_COUNT_WORDS = frozenset(("max", "min", "num", "n", "total", "count"))
+_NOT_A_VALUE_WORDS = frozenset(
+    (
+        "env", "file", "path", "dir", "name", "id", "var", "len", "length", "budget", "limit",
+        "count", "size", "rate", "ttl", "timeout", "type", "mode", "kind", "scheme", "format",
+        "field", "column", "col", "url", "endpoint", "host", "port", "user", "username", "expiry",
+        "expires", "lifetime", "interval", "retries", "per", "prefix", "suffix", "method",
+        "ids", "map", "dtype", "index", "idx", "dim", "bytes", "config", "params", "options",
+        "args", "kwargs",
+    )
+)  # fmt: skip
 CREDENTIAL_HEADERS = frozenset(
     (
         "authorization", "proxy-authorization", "x-api-key", "api-key", "apikey", "cookie",
@@ -80,6 +119,26 @@ CREDENTIAL_HEADERS = frozenset(
     )
 )  # fmt: skip
 _HEADER_FLAGS = frozenset(("-h", "--header", "--headers", "--http-header", "--extra-header"))
+
+
+def _is_header_flag(name: str) -> bool:
+    """A flag whose value is an HTTP header: ``-H``, ``--header``, or any flag whose last word is
+    header(s) (``--add-header``, ``--proxy-header``)."""
+    if name.lower() in _HEADER_FLAGS:
+        return True
+    return name.startswith("--") and _normal_name(name).split("-")[-1] in ("header", "headers")
+
+
+_HEADER_ITEM = re.compile(r"^\s*([A-Za-z][\w\-]*)\s*:\s*\S")
+"""An argument that is a header by itself (``X-Api-Key: K`` given to httpie or any tool)."""
+
+
+def _credential_header_item(arg: str) -> bool:
+    """``arg`` is ``Name: value`` for a known credential header (``X-Api-Key: K``)."""
+    m = _HEADER_ITEM.match(arg)
+    return m is not None and m.group(1).lower() in CREDENTIAL_HEADERS
+
+
 _AUTH_SCHEME = re.compile(r"(?i)^(bearer|basic|token|digest|apikey)\s+")
 
 
@@ -89,17 +148,52 @@ def _normal_name(name: str) -> str:
     )
 
 
+def _credential_word(word: str) -> bool:
+    """``word`` is a credential word (``pw``, ``token``), or a misspelling of one that keeps its
+    first letter (``tokn``, ``pasword``; not ``bypass``); never its plural (``tokens``, ``keys``,
+    ``sessions``, ``passes``: counts)."""
+    if word in _CREDENTIAL_WORDS:
+        return True
+    for plural in ("s", "es"):
+        if word.endswith(plural) and word[: -len(plural)] in _CREDENTIAL_WORDS:
+            return False
+    if word in ("author", "authors"):
+        return False
+    same_start = sorted(w for w in _FUZZY_WORDS if w[0] == word[:1])  # a typo keeps the start
+    return len(word) >= 2 and bool(difflib.get_close_matches(word, same_start, n=1, cutoff=0.8))
+
+
+_PROFILE_FLAGS: set[str] = set()
+"""Secret flags of the clients' profiles (``secret_flags``) registered in this process
+(:func:`register_secret_flags`): secret for every ``mask_*``, misspelt too."""
+
+
+def register_secret_flags(flags: Iterable[str]) -> None:
+    """Treat ``flags`` (a profile's ``secret_flags``, ``--org-token``) as secret flags in every
+    ``mask_*`` of this process from now on: in a unit record, a lock or a listing as well as in
+    the launch that named them."""
+    new = {_normal_name(f) for f in flags if isinstance(f, str)} - _PROFILE_FLAGS - {""}
+    if new:
+        _PROFILE_FLAGS.update(new)
+        _is_secret_name.cache_clear()
+
+
+@functools.lru_cache(maxsize=4096)
 def _is_secret_name(name: str) -> bool:
     """True when ``name`` (a flag, a variable, a JSON key) names a secret. Words are split on
     ``-``, ``_``, ``.`` and camelCase. A known secret flag (``SECRET_FLAG_NAMES``) is secret, a
     known public one is not; a misspelled name takes the class of the name it is closest to (the
     "did you mean" target: ``api-ky`` is secret, ``max-token`` is not); otherwise the name is
-    secret when its last word is a secret word or a strong secret word names its value
-    (``--credentials-json``, not ``--api-key-env`` nor ``--password-file``)."""
+    secret when one of its words is a credential word (``_CREDENTIAL_WORDS``, or a misspelling of
+    one), unless its first word is a count or a switch (``--max-tokens``, ``--keep-session``) or
+    its last word names something else than the value (``--token-budget``, ``--api-key-env``,
+    ``--password-file``)."""
     norm = _normal_name(name)
     if not norm:
         return False
     if norm in SECRET_FLAG_NAMES or norm in CREDENTIAL_HEADERS:
+        return True
+    if _PROFILE_FLAGS and _close_to(norm, _PROFILE_FLAGS):
         return True
     if norm in _PUBLIC_FLAG_NAMES:
         return False
@@ -109,15 +203,14 @@ def _is_secret_name(name: str) -> bool:
     if close:
         return close[0] in SECRET_FLAG_NAMES
     words = norm.split("-")
-    if words[0] in _COUNT_WORDS:
+    if words[0] in _COUNT_WORDS or words[-1] in _NOT_A_VALUE_WORDS:
         return False
-    if words[-1] in _SECRET_LAST_WORDS:
-        return True
-    if words[-1] not in _PLURAL_COUNTS and difflib.get_close_matches(
-        words[-1], sorted(_SECRET_LAST_WORDS), n=1, cutoff=0.8
-    ):
-        return True  # a misspelled secret word: --my-api-ky, --hf-tokn, --db-pasword
-    return words[-1] not in _NOT_A_VALUE_WORDS and any(w in _STRONG_WORDS for w in words)
+    if len(words) > 1 and words[0] in _SWITCH_WORDS:
+        return False
+    return any(
+        _credential_word(w) and not (i and w == "token" and words[i - 1] in _MODEL_TOKEN_WORDS)
+        for i, w in enumerate(words)
+    )
 
 
 def is_secret_flag(name: str) -> bool:
@@ -128,37 +221,95 @@ def is_secret_flag(name: str) -> bool:
 _ENV_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE")
 _ENV_PUBLIC = re.compile(
     r"(_TOKENS$|MAX_TOKENS|TOKENIZER|^SSH_AUTH_SOCK$|^XAUTHORITY$|KEYBOARD|AUTHOR|^RUNWATCH_LAUNCH$"
-    r"|_(ENV|FILE|PATH|DIR|SOCK|HOST|PORT|USER|NAME|EMAIL|TYPE|MODE|REGION|ID)$)"
+    r"|^(XDG|DBUS)_SESSION_|^SESSION_MANAGER$"
+    r"|_(ENV|FILE|PATH|DIR|SOCK|HOST|PORT|USER|NAME|EMAIL|TYPE|MODE|REGION|ID|CLASS|ADDRESS)$)"
 )
+
+
+_ENV_SECRET_PARTS = frozenset(("PASS", "PWD", "PW", "PASSPHRASE", "SESSION", "JWT"))
+"""Credential words that count only as a whole part of a name (``DB_PASS``, ``MYSQL_PWD``;
+never ``PASSES`` nor ``OLDPWD``)."""
 
 
 def is_secret_env_name(name: str) -> bool:
     """True for a credential-named variable: its name holds KEY, TOKEN, SECRET, PASSWORD,
-    CREDENTIAL, AUTH or COOKIE (any case), but not ``*_TOKENS``, ``MAX_TOKENS``, a tokenizer
-    setting, an author, or a name that holds a path or a public part (``*_FILE``, ``*_PATH``,
-    ``*_ENV``, ``*_HOST``, ``*_USER``, ``*_ID``..., ``SSH_AUTH_SOCK``)."""
+    CREDENTIAL, AUTH or COOKIE (any case), or has PASS, PWD, PW, PASSPHRASE or SESSION as a part
+    (``DB_PASS``), but not ``*_TOKENS``, ``MAX_TOKENS``, a tokenizer setting, an author, the
+    working directory (``PWD``, ``OLDPWD``), or a name that holds a path or a public part
+    (``*_FILE``, ``*_PATH``, ``*_ENV``, ``*_HOST``, ``*_USER``, ``*_ID``..., ``SSH_AUTH_SOCK``)."""
     upper = name.upper()
-    return any(w in upper for w in _ENV_SECRET_WORDS) and not _ENV_PUBLIC.search(upper)
+    if upper in ("PWD", "OLDPWD") or _ENV_PUBLIC.search(upper):
+        return False
+    parts = set(re.split(r"[_\-.]+", upper))
+    return any(w in upper for w in _ENV_SECRET_WORDS) or bool(parts & _ENV_SECRET_PARTS)
 
 
 _REGISTERED: set[str] = set()
-"""Every secret value this process has seen (see :func:`register`); masked in all it masks."""
+"""Every secret value this process has seen (see :func:`register`), and its encodings; masked in
+all it masks."""
 _SORTED: list[str] = []
 """``_REGISTERED``, longest first (kept by :func:`register`)."""
+_BASE64: set[str] = set()
+"""The registered base64 forms (:func:`encoded_forms`): a whole base64 word holding one is
+masked, not only the part the value alone decides."""
+_B64_WORD = "[A-Za-z0-9+/_\\-]*"
+_B64_TAIL = "[A-Za-z0-9+/_\\-]*={0,2}"
+_STD_TO_URLSAFE = str.maketrans("+/", "-_")
+
+
+def _base64_forms(raw: bytes) -> list[str]:
+    """The base64 characters (standard and urlsafe) that ``raw`` alone decides, at each of the
+    three offsets it can have inside a longer encoded text (``Basic base64(user:VALUE)``), so an
+    encoding with or without padding, alone or inside another, holds one of them."""
+    out = []
+    for shift in range(3):
+        text = base64.b64encode(b"\0" * shift + raw).decode("ascii")
+        core = text[-(-8 * shift // 6) : 8 * (shift + len(raw)) // 6]
+        out += [core, core.translate(_STD_TO_URLSAFE)]
+    return out
+
+
+def _percent_forms(value: str) -> list[str]:
+    """``value`` URL-encoded: ``quote`` with and without ``/``, ``+`` for spaces, every byte
+    encoded, hex digits upper and lower case."""
+    raw = value.encode("utf-8", "surrogateescape")
+    forms = [quote(raw, safe=""), quote(raw, safe="/"), quote_plus(raw, safe="")]
+    forms.append("".join(f"%{b:02X}" for b in raw))
+    lower = [re.sub("%[0-9A-F]{2}", lambda m: m.group(0).lower(), f) for f in forms]
+    return forms + lower
+
+
+def encoded_forms(value: str) -> list[str]:
+    """The forms of ``value`` masked with it: base64 (standard and urlsafe, padded or not, also
+    inside a longer encoded text), URL percent-encoding, hex, and its JSON-escaped spelling."""
+    raw = value.encode("utf-8", "surrogateescape")
+    forms = [json.dumps(value)[1:-1], raw.hex(), raw.hex().upper()]
+    forms += _percent_forms(value) + _base64_forms(raw)
+    return [f for f in dict.fromkeys(forms) if f != value and len(f) >= MIN_SECRET_LEN]
 
 
 def register(values: Iterable[str]) -> None:
-    """Remember ``values`` as secrets: from now on every ``mask_*`` of this process masks them
-    wherever they occur. Values shorter than ``MIN_SECRET_LEN`` are not registered."""
+    """Remember ``values`` as secrets: from now on every ``mask_*`` of this process masks them,
+    and their encodings (:func:`encoded_forms`), wherever they occur. Values shorter than
+    ``MIN_SECRET_LEN`` are not registered."""
     for v in values:
         if isinstance(v, str) and len(v.strip()) >= MIN_SECRET_LEN:
             v = v.strip()
+            if v in _REGISTERED:
+                continue
             _REGISTERED.add(v)
-            quoted = json.dumps(v)[1:-1]  # as it appears inside a JSON string
-            if quoted != v:
-                _REGISTERED.add(quoted)
+            forms = encoded_forms(v)
+            _REGISTERED.update(forms)
+            _BASE64.update(_base64_forms(v.encode("utf-8", "surrogateescape")))
     if len(_SORTED) != len(_REGISTERED):
         _SORTED[:] = sorted(_REGISTERED, key=len, reverse=True)
+
+
+def _mask_one(text: str, value: str) -> str:
+    """``text`` with ``value`` masked; a base64 form with the whole base64 word around it."""
+    if value in _BASE64:
+        return re.sub(_B64_WORD + re.escape(value) + _B64_TAIL, MASK, text)
+    return text.replace(value, MASK)
 
 
 def mask_registered(text: str) -> str:
@@ -166,7 +317,7 @@ def mask_registered(text: str) -> str:
     whole reply or output line is masked as it leaves this process)."""
     for s in _SORTED:
         if s in text:
-            text = text.replace(s, MASK)
+            text = _mask_one(text, s)
     return text
 
 
@@ -186,7 +337,7 @@ def mask_json_text(text: str) -> str:
         lit = m.group(0)
         for s in values:
             if s in lit:
-                lit = lit.replace(s, MASK)
+                lit = _mask_one(lit, s)
         return lit
 
     return _JSON_STRING.sub(one, text)
@@ -228,7 +379,7 @@ def _scheme_stripped(value: str) -> list[str]:
 
 _KV = re.compile(r"""([A-Za-z_][\w.\-]*)\s*[=:]\s*("[^"]*"|'[^']*'|[^\s,;&]+)""")
 _URL_CRED = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://([^/\s@]+)@")
-_URL_QUERY_VALUE = re.compile(r"(?i)[?&][^=&#\s]*" + _QUERY_NAMES + r"[^=&#\s]*=([^&#\s]+)")
+_URL_QUERY_VALUE = re.compile(r"(?i)[?&#;][^=&#;\s]*" + _QUERY_NAMES + r"[^=&#;\s]*=([^&#;\s]+)")
 
 
 def value_secrets(value: str) -> list[str]:
@@ -285,22 +436,70 @@ def _close_to(name: str, names: set[str]) -> bool:
     return name in names or bool(difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.85))
 
 
-def argv_secret_values(argv: Sequence[str], secret_flags: Iterable[str] = ()) -> list[str]:
-    """The secret values of a command line: values of secret flags (``--api-key K``,
-    ``--api-keys K1,K2`` and each of its items, ``-k K``, ``--credentials-json '{...}'``, and the
-    ``secret_flags`` of the client's profile), of credential headers (``--header "x-api-key: K"``,
-    ``-H 'Authorization: Bearer K'``), of credential-named ``NAME=value`` words, and the secrets
-    inside any argument (URL credentials, JSON or ``k=v`` credential keys)."""
-    extra = {_normal_name(f) for f in secret_flags}
+def _is_credential_header(name: str) -> bool:
+    """A header name whose value is a credential (``Authorization``, ``X-Api-Key``)."""
+    name = name.strip()
+    return bool(name) and (name.lower() in CREDENTIAL_HEADERS or _is_secret_name(name))
+
+
+def _masked_header(value: str) -> str:
+    """A credential header argument with its value masked (``x-api-key: ***``,
+    ``Authorization: ***``)."""
+    sep = ":" if ":" in value.partition("=")[0] else "="
+    name, _, rest = value.partition(sep)
+    return name + sep + rest[: len(rest) - len(rest.lstrip())] + MASK
+
+
+def _header_name_only(value: str) -> bool:
+    """``value`` is a credential header's name alone (``Authorization``, ``X-Api-Key:``): its
+    value is the next item."""
+    name = value.strip()
+    if name.endswith((":", "=")):
+        name = name[:-1]
+    return ":" not in name and "=" not in name and _is_credential_header(name)
+
+
+_USER_FLAGS = frozenset(("-u", "--user", "--proxy-user", "-U"))
+"""Flags whose value is ``user:password`` when it has a colon (curl, wget): the password is
+secret."""
+_SHELL_DEPTH = 3
+"""How deep shell strings inside shell strings are read (``bash -c "sh -c '...'"``)."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _shell_words(arg: str) -> tuple[str, ...] | None:
+    """The words of ``arg`` when it reads as a shell command line (``python gen.py --api-key K;
+    echo``: operators split off), else None (one word, or not shell syntax)."""
+    if not any(c.isspace() for c in arg) or arg.lstrip()[:1] in ("{", "["):
+        return None
+    try:
+        lexer = shlex.shlex(arg, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = list(lexer)
+    except ValueError:  # an unclosed quote: read it as plain words
+        words = arg.split()
+    return tuple(words) if len(words) > 1 else None
+
+
+def _argv_secrets(argv: Sequence[str], extra: set[str], depth: int = 0) -> list[str]:
+    """Every secret value of ``argv``, of any length (see :func:`argv_secret_values`)."""
     out: list[str] = []
     prev: str | None = None
+    header_value = False  # the previous item was a credential header's name (-H Authorization)
     for arg in argv:
+        if header_value:
+            header_value = False
+            out += [arg, *_scheme_stripped(arg)]
+            prev = None
+            continue
         value: str | None = None
         name = prev
         if arg.startswith("-") and len(arg) > 1:
             flag, eq, v = arg.partition("=")
             if eq:
                 name, value = flag, v
+            elif arg[:2] in ("-H", "-h") and len(arg) > 2 and ":" in arg:
+                name, value = arg[:2], arg[2:]  # -H'Authorization: Bearer K'
             else:
                 prev = arg
                 continue
@@ -312,15 +511,38 @@ def argv_secret_values(argv: Sequence[str], secret_flags: Iterable[str] = ()) ->
                 out.append(v)
         prev = None
         if value is not None and name is not None:
-            if name.lower() in _HEADER_FLAGS:
-                out.extend(_header_secret(value))
+            if _is_header_flag(name):
+                found = [v for v in _header_secret(value) if v]
+                if found:
+                    out.extend(found)
+                elif _header_name_only(value):
+                    header_value = True
+            elif name.lower() in _USER_FLAGS and ":" in value:
+                out.append(value.partition(":")[2])  # curl -u user:PASS
             elif _is_secret_name(name) or _close_to(_normal_name(name), extra):
                 out.append(value)
                 out.extend(_scheme_stripped(value))
                 if "," in value:
                     out.extend(p.strip() for p in value.split(","))
+        if _credential_header_item(arg):
+            out.extend(_header_secret(arg))
         out.extend(value_secrets(arg))
-    return [v for v in out if len(v) >= MIN_SECRET_LEN]
+        words = _shell_words(arg) if depth < _SHELL_DEPTH else None
+        if words is not None:
+            out.extend(_argv_secrets(words, extra, depth + 1))
+    return [v for v in out if v]
+
+
+def argv_secret_values(argv: Sequence[str], secret_flags: Iterable[str] = ()) -> list[str]:
+    """The secret values of a command line: values of secret flags (``--api-key K``,
+    ``--api-keys K1,K2`` and each of its items, ``-k K``, ``--credentials-json '{...}'``, and the
+    ``secret_flags`` of the client's profile), of credential headers (``--header "x-api-key: K"``,
+    ``-H 'Authorization: Bearer K'``, and a header given as two items: ``-H Authorization
+    'Bearer K'``), of credential-named ``NAME=value`` words (``env API_TOKEN=K cmd``), the secrets
+    inside any argument (URL credentials, JSON or ``k=v`` credential keys), and the same inside
+    an argument that is a shell command line (``bash -c "python gen.py --api-key K"``)."""
+    extra = {_normal_name(f) for f in secret_flags}
+    return [v for v in _argv_secrets(argv, extra) if len(v) >= MIN_SECRET_LEN]
 
 
 def mask_value(text: str, secrets: Iterable[str] | None = None) -> str:
@@ -394,9 +616,10 @@ def _mask_url(text: str) -> str:
         user = creds.split(":", 1)[0]
         netloc = (user + ":" + MASK if ":" in creds else MASK) + "@" + hostpart
     query = _URL_QUERY_SECRET.sub(lambda mm: mm.group(1) + MASK, "?" + parts.query)[1:]
-    if netloc == parts.netloc and query == parts.query:
+    fragment = _URL_QUERY_SECRET.sub(lambda mm: mm.group(1) + MASK, "#" + parts.fragment)[1:]
+    if netloc == parts.netloc and query == parts.query and fragment == parts.fragment:
         return text
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
 
 
 def _mask_known(text: str, known: list[str]) -> str:
@@ -405,44 +628,81 @@ def _mask_known(text: str, known: list[str]) -> str:
         values = sorted(set(values), key=len, reverse=True)
     for s in values:
         if len(s) >= MIN_SECRET_LEN and s in text:
-            text = text.replace(s, MASK)
+            text = _mask_one(text, s)
     return text
 
 
-def mask_argv(argv: Sequence[str], secrets: Iterable[str] | None = None) -> list[str]:
+def mask_argv(
+    argv: Sequence[str], secrets: Iterable[str] | None = None, secret_flags: Iterable[str] = ()
+) -> list[str]:
     """argv with secrets replaced by ``***``; everything else unchanged.
 
     Masks the value of any flag whose name is a secret name (``--api-key X``, ``--api-key=X``,
-    ``--hf-token X``, ``OPENAI_API_KEY=X``; never ``--token-budget``, ``--max-tokens`` or
-    ``--api-key-env``: see ``_is_secret_name``), key-shaped values anywhere (``sk-...``,
-    ``hf_...``), ``Authorization:`` header values, ``Bearer`` tokens and URL credentials; and any
-    of the given ``secrets`` wherever it appears inside an argument. Names are never masked.
+    ``--hf-token X``, ``--db-pw X``, ``OPENAI_API_KEY=X``; never ``--token-budget``,
+    ``--max-tokens`` or ``--api-key-env``: see ``_is_secret_name``) or one of ``secret_flags``
+    (a profile's), the item after a credential header's name (``-H Authorization 'Bearer X'``),
+    key-shaped values anywhere (``sk-...``, ``hf_...``), ``Authorization:`` header values,
+    ``Bearer`` tokens and URL credentials; and any of the given ``secrets`` and of the secrets of
+    ``argv`` (:func:`argv_secret_values`, shell command lines included) wherever it appears inside
+    an argument. Names are never masked.
     """
-    known = [s for s in (secrets or ()) if s] + argv_secret_values(argv)
+    extra = {_normal_name(f) for f in secret_flags}
+    known = [s for s in (secrets or ()) if s] + argv_secret_values(argv, extra)
     out: list[str] = []
-    mask_next = False
+    expect = ""  # what the previous item makes of this one: "value", "header" (-H), "credential"
     for arg in argv:
-        if mask_next:
-            mask_next = False
-            if not arg.startswith("-") or arg == "-":
-                out.append(MASK)
-                continue
-        if arg.startswith("-") and len(arg) > 1:
-            name, eq, _value = arg.partition("=")
-            if _is_secret_name(name):
+        before, expect = expect, ""
+        if before == "credential":
+            scheme = _AUTH_SCHEME.match(arg.strip())
+            out.append(scheme.group(0) + MASK if scheme else MASK)
+            continue
+        if before == "value" and (not arg.startswith("-") or arg == "-"):
+            out.append(MASK)
+            continue
+        if before == "header" and _header_name_only(arg):
+            expect = "credential"  # -H Authorization 'Bearer K': the next item is the secret
+        elif (before == "header" and _header_secret(arg)) or _credential_header_item(arg):
+            out.append(_masked_header(arg))  # -H 'x-api-key: K', K short too
+            continue
+        elif before == "user" and ":" in arg and not arg.startswith("-"):
+            out.append(arg.partition(":")[0] + ":" + MASK)  # curl -u user:PASS
+            continue
+        elif arg.startswith("-") and len(arg) > 1:
+            name, eq, value = arg.partition("=")
+            if _is_secret_name(name) or _close_to(_normal_name(name), extra):
                 if eq:
                     out.append(name + "=" + MASK)
-                else:
-                    out.append(_mask_known(arg, known))
-                    mask_next = True
-                continue
+                    continue
+                expect = "value"
+            elif _is_header_flag(name) and (not eq or _header_name_only(value)):
+                expect = "credential" if eq else "header"
+            elif name.lower() in _USER_FLAGS:
+                if eq and ":" in value:
+                    out.append(name + "=" + value.partition(":")[0] + ":" + MASK)
+                    continue
+                expect = "user"
         elif "=" in arg and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", arg):
             name, _, _value = arg.partition("=")
-            if _is_secret_name(name):
+            if _is_secret_name(name) or is_secret_env_name(name):
                 out.append(name + "=" + MASK)
                 continue
-        out.append(mask_value(arg, known))
+        out.append(_mask_shell(mask_value(arg, known), arg, extra))
     return out
+
+
+def _mask_shell(masked: str, arg: str, extra: set[str]) -> str:
+    """``masked`` (``arg`` masked by value) with the short secrets of ``arg``, when it is a shell
+    command line, masked where they stand as a whole word (``sh -c "gen.py --pw abc"``); a
+    secret of ``MIN_SECRET_LEN`` or more is masked by value already."""
+    words = _shell_words(arg)
+    if words is None:
+        return masked
+    for value in sorted(set(_argv_secrets(words, extra, 1)), key=len, reverse=True):
+        if len(value) < MIN_SECRET_LEN:
+            masked = re.sub(
+                r"(?<![^\s'\"=:])" + re.escape(value) + r"(?![^\s'\";&|)])", MASK, masked
+            )
+    return masked
 
 
 def masked_equal(masked: Sequence[str], argv: Sequence[str]) -> bool:

@@ -241,6 +241,9 @@ class PsParams(TypedDict, total=False):
     secret_env: list[str]
     """Names of the key variables: their values (in each process's environment or the agent's)
     are masked in the argv of every listed process."""
+    secret_flags: list[str]
+    """The profiles' secret flags (``secret_flags``): their values are masked in every listed
+    argv, as those of built-in secret flags."""
 
 
 class PsResult(TypedDict):
@@ -517,6 +520,8 @@ class _LaunchParamsRequired(TypedDict):
 class LaunchParams(_LaunchParamsRequired, total=False):
     env: dict[str, str]
     secret_env: list[str]
+    secret_flags: list[str]
+    """The profiles' secret flags: masked in the unit record, locks, fingerprints and replies."""
     lock_path: str
     lock_paths: list[str]
     settle_s: float

@@ -29,7 +29,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from supervisor.agent import bounded, firstpass, gpu, kill
 from supervisor.agent import proc as procs
-from supervisor.agent.masking import mask_json_text, register_environ
+from supervisor.agent.masking import mask_json_text, register_environ, register_secret_flags
 from supervisor.agent.match import resolve_runs
 from supervisor.agent.protocol import (
     DEFAULT_SCRIPTS,
@@ -160,6 +160,10 @@ class Agent:
         secret_env = params.get("secret_env") or []
         if not isinstance(secret_env, list) or not all(isinstance(s, str) for s in secret_env):
             raise AgentOpError("secret_env: expected a list of variable names", "bad-request")
+        flags = params.get("secret_flags") or []
+        if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+            raise AgentOpError("secret_flags: expected a list of flags", "bad-request")
+        register_secret_flags(flags)
         try:
             runs = resolve_runs(params.get("runs"))
         except ValueError as e:

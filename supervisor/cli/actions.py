@@ -24,7 +24,7 @@ from supervisor.cli._common import (
     print_json,
     resolve_config_path,
 )
-from supervisor.errors import UsageError
+from supervisor.errors import RunwatchError, UsageError
 
 if TYPE_CHECKING:
     from supervisor.config import Config
@@ -288,13 +288,27 @@ def audit(limit: int, show_all: bool, as_json: bool, config_path: str | None) ->
     The records of this config (-c; --all: of every config, and those of an older runwatch,
     which name none). With no config named and none here, every record."""
     from supervisor.engine import audit_line, audit_location, audit_records
+    from supervisor.secrets import mask_record
 
     path = resolve_config_path(config_path)
     no_config = path == DEFAULT_CANDIDATES[0] and not Path(path).exists()
-    key = None if show_all or no_config else get_config(config_path).key
+    # The config is read for --all too: its secrets are masked in records written before they
+    # were declared (every record is masked as shown, with what is known now).
+    config = None
+    try:
+        config = None if no_config else get_config(config_path)
+    except RunwatchError as unread:
+        if not show_all:
+            raise
+        click.echo(
+            f"note: {unread.message}: records masked by this environment's secrets", err=True
+        )
+    key = None if show_all or config is None else config.key
     if no_config and not show_all and not as_json:
         click.echo("note: no config here (-c PATH): every config's records are shown", err=True)
-    entries = audit_records(limit=None if limit <= 0 else limit, config=key)
+    entries = [
+        mask_record(e) for e in audit_records(limit=None if limit <= 0 else limit, config=key)
+    ]
     if key is not None and not as_json:
         older = sum(1 for e in audit_records(config=None) if not e.get("config"))
         if older:
