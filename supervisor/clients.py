@@ -47,6 +47,7 @@ from typing import Any
 import msgspec
 
 from supervisor.agent import formats, match
+from supervisor.agent.protocol import ClientSpec
 from supervisor.config import ClientFlagNames, ClientProfile, Config, RunConfig
 
 _REF = match.REFERENCE_FLAGS
@@ -455,7 +456,7 @@ def all_scripts(config: Config) -> list[str]:
     return names
 
 
-def wire(profile: ClientProfile) -> dict[str, Any]:
+def wire(profile: ClientProfile) -> ClientSpec:
     """What the host needs of a profile, as plain data (``protocol.ClientSpec``)."""
     flags = {role: list(getattr(profile.flags, role)) for role in ROLES}
     return {
@@ -467,7 +468,7 @@ def wire(profile: ClientProfile) -> dict[str, Any]:
     }
 
 
-def wire_all(config: Config) -> list[dict[str, Any]]:
+def wire_all(config: Config) -> list[ClientSpec]:
     """:func:`wire` of every profile, user profiles first (they take a shared script over)."""
     known = profiles(config)
     order = [*config.clients, *(n for n in BUILTIN_CLIENTS if n not in config.clients)]

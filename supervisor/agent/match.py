@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 from supervisor.agent.masking import mask_value
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
     from collections.abc import Set as AbstractSet
 
     from supervisor.agent.proc import ProcRow
@@ -178,7 +178,7 @@ _NUMBER = re.compile(r"^-\d")
 
 
 def parse_flags(
-    argv: Sequence[str], start: int = 0, client: dict[str, Any] | None = None
+    argv: Sequence[str], start: int = 0, client: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """The flags of a run that matter to supervision (``model.RunFlags`` shape).
 

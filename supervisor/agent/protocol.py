@@ -241,6 +241,8 @@ class PsParams(TypedDict, total=False):
     secret_env: list[str]
     """Names of the key variables: their values (in each process's environment or the agent's)
     are masked in the argv of every listed process."""
+    config_id: str
+    """The listing config's identity: the units it launched are listed (``units``)."""
 
 
 class PsResult(TypedDict):
