@@ -28,6 +28,7 @@ from typing import Any, Literal
 import msgspec
 
 from supervisor import clients, display, launchspec
+from supervisor.agent import argflags
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import FileSpec
 from supervisor.agentclient import AgentClient, as_data
@@ -192,7 +193,7 @@ def resumes_from_output(layout: RunLayout) -> bool:
     p = layout.profile
     if not layout.profiled or not clients.single_file(p):
         return False
-    return p.resume == "always" or clients.has_flag(layout.argv, p.flags.resume)
+    return p.resume == "always" or argflags.has_flag(layout.argv, p.flags.resume)
 
 
 def blocked_hint(layout: RunLayout) -> str:
@@ -278,7 +279,7 @@ def resume_argv(layout: RunLayout) -> list[str]:
     profile = layout.profile
     if profile.resume != "flag" or not profile.flags.resume:
         return list(layout.argv)
-    if clients.has_flag(layout.argv, profile.flags.resume):
+    if argflags.has_flag(layout.argv, profile.flags.resume):
         return list(layout.argv)
     return apply_overrides(layout.argv, [(profile.flags.resume[0], None)])
 

@@ -38,8 +38,6 @@ DURABLE_OPS = frozenset(
 """Ops that act on the host: finished even when stdin closes mid-way."""
 KILL_CONFIRM_S = 5.0
 """How long the agent waits for the exit after SIGKILL before reporting it unconfirmed (state D)."""
-DEFAULT_SCRIPTS = ("run_inference.py", "regenerate_train_data.py", "server_generate.py")
-"""Script names that make a process a run when no ``scripts`` are configured."""
 MASK = "***"
 """What a masked secret is replaced by."""
 SIDECAR_DIR = ".runwatch"
