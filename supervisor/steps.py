@@ -32,7 +32,7 @@ import msgspec
 from supervisor import audit, clients, display, flagcheck, gate, launchspec, quiet
 from supervisor.agent import match
 from supervisor.agent.masking import mask_argv, mask_text
-from supervisor.agent.protocol import AGENT_LOADER, MASK, BackupCopy, FileSpec
+from supervisor.agent.protocol import AGENT_LOADER, MASK, BackupCopy, FileSpec, LaunchParams
 from supervisor.agentclient import AgentClient, as_data
 from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
 from supervisor.events import stop_key
@@ -750,7 +750,7 @@ class _Runner:
 
     # ------------------------------------------------------------ 6. launch
 
-    def launch_params(self, layout: RunLayout, fingerprints: bool = True) -> dict[str, Any]:
+    def launch_params(self, layout: RunLayout, fingerprints: bool = True) -> LaunchParams:
         """The ``launch`` request of ``layout.argv`` (its locks, log and fingerprints)."""
         plan = self.plan
         argv = list(layout.argv)

@@ -6,8 +6,8 @@ A request is one JSON line ``{"id": int, "op": str, "params": {...}}``; the repl
 "ok": true, "result": {...}}`` or ``{"id": int, "ok": false, "error": str, "kind": str}``. Once
 ready the agent prints ``{"id": 0, "ok": true, "result": Hello}``. For each op below, ``<Op>Params``
 is the shape of ``params`` and ``<Op>Result`` the shape of ``result``; :data:`OP_SHAPES` maps every
-op name to the pair. The laptop decodes replies against the same shapes
-(``supervisor.replies``).
+op name to the pair. The laptop sends every request through one typed method per op
+(``supervisor.agentclient``) and decodes replies against the same shapes (``supervisor.replies``).
 
 An op raises :class:`AgentOpError` (with a ``kind``) for a request it cannot carry out; expected
 outcomes such as "already running" are results, not errors.
