@@ -90,7 +90,7 @@ def identity_params(identity: Identity) -> protocol.Identity:
     }
 
 
-def _report(host: Host, identity: Identity, raw: Any) -> KillReport:
+def _report(host: Host, identity: Identity, raw: protocol.KillResult) -> KillReport:
     reply = decode(raw, Kill, host.name, "kill")
     results = [
         KillResult(
