@@ -275,9 +275,11 @@ def stray_requests(source: str, transport: bool = False) -> list[int]:
         and node.func.attr == "request"
         and (
             not transport
-            or (bool(node.args)
-            and isinstance(node.args[0], ast.Constant)
-            and isinstance(node.args[0].value, str))
+            or (
+                bool(node.args)
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            )
         )
     ]
 
