@@ -9,10 +9,10 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from supervisor.agent.argflags import flag_map, is_option
 from supervisor.errors import UsageError
 
 _KEY_RE = re.compile(r"^-{0,2}([A-Za-z0-9][A-Za-z0-9_.\-]*)$")
-_NUMBER_RE = re.compile(r"^-\d")
 
 
 def show_value(v: Any) -> str:
@@ -55,11 +55,6 @@ def parse_unsets(values: Iterable[str]) -> list[str]:
     return out
 
 
-def _is_value(arg: str) -> bool:
-    """True when ``arg`` following a flag is its value (not another option)."""
-    return not arg.startswith("-") or _NUMBER_RE.match(arg) is not None
-
-
 def apply_overrides(argv: Sequence[str], overrides: Iterable[tuple[str, str | None]]) -> list[str]:
     """argv with each ``(flag, value)`` replacing every ``flag VALUE`` / ``flag=VALUE`` (or
     added); a value of None sets the flag without value (``--resume``).
@@ -70,13 +65,13 @@ def apply_overrides(argv: Sequence[str], overrides: Iterable[tuple[str, str | No
     out = list(argv)
     for flag, value in overrides:
         found = False
-        joined = value is not None and not _is_value(value)
+        joined = value is not None and is_option(value)
         i = 0
         while i < len(out):
             arg = out[i]
             if arg == flag:
                 found = True
-                has_value = i + 1 < len(out) and _is_value(out[i + 1])
+                has_value = i + 1 < len(out) and not is_option(out[i + 1])
                 if value is None or joined:
                     if has_value:
                         del out[i + 1]
@@ -109,7 +104,7 @@ def remove_flags(argv: Sequence[str], flags: Iterable[str]) -> list[str]:
     while i < len(args):
         arg = args[i]
         if arg in drop:
-            i += 2 if i + 1 < len(args) and _is_value(args[i + 1]) else 1
+            i += 2 if i + 1 < len(args) and not is_option(args[i + 1]) else 1
             continue
         if arg.partition("=")[0] in drop and "=" in arg:
             i += 1
@@ -119,27 +114,9 @@ def remove_flags(argv: Sequence[str], flags: Iterable[str]) -> list[str]:
     return out
 
 
-def _flag_map(argv: Sequence[str]) -> dict[str, Any]:
-    flags: dict[str, Any] = {}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg.startswith("--") and len(arg) > 2:
-            name, eq, value = arg.partition("=")
-            if eq:
-                flags[name] = value
-            elif i + 1 < len(argv) and _is_value(argv[i + 1]):
-                flags[name] = argv[i + 1]
-                i += 1
-            else:
-                flags[name] = True
-        i += 1
-    return flags
-
-
 def argv_diff(old: Sequence[str], new: Sequence[str]) -> list[dict[str, Any]]:
     """Flags that differ between two argvs: ``[{"flag", "old", "new"}]`` (None: absent)."""
-    a, b = _flag_map(old), _flag_map(new)
+    a, b = flag_map(old), flag_map(new)
     diff = [
         {"flag": k, "old": a.get(k), "new": b.get(k)}
         for k in list(a) + [k for k in b if k not in a]

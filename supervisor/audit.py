@@ -28,6 +28,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,7 @@ def record(
     host: str,
     run: str | None,
     ok: bool,
-    identity: dict[str, Any] | None = None,
+    identity: Mapping[str, Any] | None = None,
     argv: list[str] | None = None,
     steps: list[dict[str, Any]] | None = None,
     secrets: list[str] | None = None,

@@ -46,7 +46,8 @@ from typing import Any
 
 import msgspec
 
-from supervisor.agent import formats, match
+from supervisor.agent import argflags, formats, match
+from supervisor.agent.protocol import ClientSpec
 from supervisor.configschema import ClientFlagNames, ClientProfile, Config, RunConfig
 from supervisor.configschema import ValueType as ValueType  # one entry of value_types
 
@@ -453,7 +454,7 @@ def all_scripts(config: Config) -> list[str]:
     return names
 
 
-def wire(profile: ClientProfile) -> dict[str, Any]:
+def wire(profile: ClientProfile) -> ClientSpec:
     """What the host needs of a profile, as plain data (``protocol.ClientSpec``)."""
     flags = {role: list(getattr(profile.flags, role)) for role in ROLES}
     return {
@@ -465,7 +466,7 @@ def wire(profile: ClientProfile) -> dict[str, Any]:
     }
 
 
-def wire_all(config: Config) -> list[dict[str, Any]]:
+def wire_all(config: Config) -> list[ClientSpec]:
     """:func:`wire` of every profile, user profiles first (they take a shared script over)."""
     known = profiles(config)
     order = [*config.clients, *(n for n in BUILTIN_CLIENTS if n not in config.clients)]
@@ -500,14 +501,9 @@ def sidecar_paths(profile: ClientProfile, output: str) -> dict[str, str]:
     }
 
 
-def has_flag(argv: Sequence[str], names: Sequence[str]) -> bool:
-    """True when argv holds one of ``names`` (``--f``, ``--f VALUE`` or ``--f=VALUE``)."""
-    return any(a in names or any(a.startswith(n + "=") for n in names) for a in argv)
-
-
 def overwrite_problem(profile: ClientProfile, argv: Sequence[str]) -> str | None:
     """Why launching ``argv`` would overwrite the client's existing output (None: it would not)."""
-    if profile.resume != "flag" or has_flag(argv, profile.flags.resume):
+    if profile.resume != "flag" or argflags.has_flag(argv, profile.flags.resume):
         return None
     flag = profile.flags.resume[0]
     return f"{profile.name} overwrites its output without {flag}, and the new command line lacks it"
@@ -526,26 +522,11 @@ def fingerprint_flags(
     idx = match.script_index(argv, scripts)
     args = list(argv[(idx if idx is not None else 0) + 1 :])
     volatile = set(profile.volatile)
-    out: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        i += 1
-        if not arg.startswith("--"):
-            continue
-        name, eq, value = arg.partition("=")
-        values = [value] if eq else []
-        if not eq:
-            while i < len(args) and (not args[i].startswith("-") or _number(args[i])):
-                values.append(args[i])
-                i += 1
-        if name not in volatile:
-            out[name] = " ".join(values)
-    return out
-
-
-def _number(arg: str) -> bool:
-    return len(arg) > 1 and arg[0] == "-" and arg[1].isdigit()
+    return {
+        name: " ".join(values)
+        for name, values in argflags.options(args)
+        if name.startswith("--") and name not in volatile
+    }
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
+from supervisor.agent.argflags import DEFAULT_SCRIPTS
 from supervisor.configschema import (
-    DEFAULT_SCRIPTS,
     AlertsConfig,
     BudgetPolicy,
     ClientFlagNames,
@@ -44,7 +44,6 @@ from supervisor.configschema import (
     RunConfig,
     SlurmRunConfig,
     bad_name,
-    flag_value,
 )
 from supervisor.errors import ConfigError
 
@@ -70,7 +69,6 @@ __all__ = [
     "RunConfig",
     "SlurmRunConfig",
     "bad_name",
-    "flag_value",
     "load_config",
     "untrusted",
 ]

@@ -12,10 +12,11 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from supervisor.agent import argflags
+from supervisor.agent.argflags import DEFAULT_SCRIPTS
 from supervisor.errors import ConfigError
 from supervisor.paths import config_key
 
-DEFAULT_SCRIPTS = ("run_inference.py", "regenerate_train_data.py", "server_generate.py")
 BudgetPolicy = Literal["warn", "stop", "restart-with-budget"]
 HostKind = Literal["processes", "slurm"]
 OnExit = Literal["alert", "restart"]
@@ -439,7 +440,7 @@ class Config(_Section):
         """The datasets a run writes: its ``datasets`` key, else ``--datasets`` of its argv."""
         if run.datasets:
             return list(run.datasets)
-        value = flag_value(run.argv, "--datasets")
+        value = argflags.value(run.argv, "--datasets")
         return [d for d in value.split(",") if d] if value else []
 
     def require_hosts(self) -> None:
@@ -471,14 +472,3 @@ def bad_name(name: str) -> str | None:
     if "\0" in name:
         return f"{name!r} contains a NUL byte"
     return None
-
-
-def flag_value(argv: list[str], flag: str) -> str | None:
-    """The value of ``--flag VALUE`` or ``--flag=VALUE`` in argv (the last one wins)."""
-    found: str | None = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            found = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            found = arg[len(flag) + 1 :]
-    return found

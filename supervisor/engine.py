@@ -41,6 +41,8 @@ import msgspec
 from supervisor import audit, clients, display, launchspec, rates, runlock
 from supervisor import kill as kill_ops
 from supervisor.agent.match import client_path, script_index
+from supervisor.agent.protocol import FileSpec
+from supervisor.agentclient import AgentClient, as_data
 from supervisor.completeness import (
     completeness_line,
     discount_in_flight,
@@ -440,9 +442,9 @@ class Engine:
         hc = self.config.host(host)
         bound = hc.connect_timeout + hc.command_timeout
         owned = slurm.owned_jobs(self.config, host)
-        params = {"with_ids": sorted(owned)}
         try:
-            reply = await asyncio.wait_for(self.host(host).request("slurm_jobs", params), bound)
+            agent = AgentClient(self.host(host))
+            reply = await asyncio.wait_for(agent.slurm_jobs(with_ids=sorted(owned)), bound)
         except asyncio.TimeoutError:
             raise HostError(f"{host}: no answer within {bound:g} s") from None
         return [dict(j, run=slurm.owner(j, owned)) for j in reply.get("jobs") or []]
@@ -523,7 +525,7 @@ class Engine:
         counted: dict[str, int] = {}
         errors: dict[str, str] = {}
         while True:
-            result = await h.request("scan", params, timeout=timeout)
+            result = as_data(await AgentClient(h).scan(**params, timeout=timeout))
             scanned: dict[str, dict[str, Any]] = result.get("files", {})
             for path, scan in scanned.items():
                 texts = [*(scan.get("texts") or []), *(scan.get("reasoning_texts") or [])]
@@ -636,7 +638,7 @@ class Engine:
             from supervisor import slurm
 
             path = slurm.job_output(self.last, run) or path
-        reply = await self.host(host).request("tail_log", {"path": path, "lines": int(lines)})
+        reply = await AgentClient(self.host(host)).tail_log(path=path, lines=int(lines))
         secrets = self.secret_values()
         return LogTail(
             path=str(reply.get("path", path)),
@@ -820,17 +822,17 @@ class Engine:
                 state.jobs = result["slurm"]
             return result, time.monotonic() - started
         if params.get("progress") and isinstance(host, AgentHost):
-            result = await host.request(
-                "refresh",
-                params,
+            reply = await AgentClient(host).refresh(
+                **params,
                 timeout=hc.command_timeout,
                 on_progress=lambda msg: self._progressed(hc, runs, msg),
             )
+            result = as_data(reply)
         else:
-            result = await host.request("refresh", params, timeout=hc.command_timeout)
+            result = as_data(await AgentClient(host).refresh(**params, timeout=hc.command_timeout))
         rtt = time.monotonic() - started
         scanned = result.setdefault("files", {})
-        new = []
+        new: list[FileSpec] = []
         for raw in result.get("processes", []):
             p = msgspec.convert(raw, ProcessInfo)
             if self._match(hc, runs, p) is not None:
@@ -840,7 +842,7 @@ class Engine:
                 if path is not None and path not in scanned:
                     new.append({"path": path, "format": "raw", "validate": "sample"})
         if new:
-            extra = await host.request("scan", {"files": new}, timeout=hc.command_timeout)
+            extra = await AgentClient(host).scan(files=new, timeout=hc.command_timeout)
             scanned.update(extra.get("files", {}))
         return result, rtt
 

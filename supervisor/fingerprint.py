@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from supervisor.agent import argflags
 from supervisor.agent.masking import mask_argv
 from supervisor.argv import show_value
-from supervisor.config import Config, RunConfig, flag_value
+from supervisor.config import Config, RunConfig
 
 SAMPLING_FLAGS = (
     "--temperature",
@@ -38,12 +39,12 @@ def fingerprint_of(run: RunConfig, argv: Sequence[str], config: Config) -> dict[
     """What makes the run's data what it is (without the prompt hashes, which the host adds)."""
     model = None
     for f in MODEL_FLAGS:
-        model = flag_value(list(argv), f) or model
+        model = argflags.value(argv, f) or model
     if model is None and run.endpoint is not None:
         model = config.endpoint(run.endpoint).model
     sampling = {}
     for f in SAMPLING_FLAGS:
-        v = flag_value(list(argv), f)
+        v = argflags.value(argv, f)
         if v is not None:
             sampling[f.lstrip("-")] = v
     from supervisor import clients  # here: clients imports the config this module reads

@@ -15,30 +15,30 @@ anything stops). Nothing starts on a refusal:
 - **the locks**: a dataset lock held by a live process means another launcher runs the run.
 
 The gate only reads (one ``scan`` and one ``lock_status`` request); it needs of the engine only
-the host's request function, the config and the host's command timeout. A refusal says why and,
+the host's agent client, the config and the host's command timeout. A refusal says why and,
 with :func:`resume_command`, the exact command that starts the run keeping its output.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
 
 from supervisor import clients, display, launchspec
+from supervisor.agent import argflags
 from supervisor.agent.masking import mask_argv, mask_text
+from supervisor.agent.protocol import FileSpec
+from supervisor.agentclient import AgentClient, as_data
 from supervisor.argv import apply_overrides, argv_diff
 from supervisor.config import Config, RunConfig
 from supervisor.errors import RunwatchError
 from supervisor.events import command_prefix
 from supervisor.layout import RunLayout
 from supervisor.plan import StepFailed
-from supervisor.replies import LockHolder, LockStatus, decode
-
-Request = Callable[[str, dict[str, Any], "float | None"], Awaitable[Any]]
-"""``host.request(op, params, timeout)``."""
+from supervisor.replies import LockHolder
 
 BLOCKING_VERDICTS = ("legacy", "mixed", "unknown", "corrupt")
 """Verdicts that make resuming on a file unsafe."""
@@ -78,8 +78,10 @@ class Verdict:
 class Gate:
     """The start checks of one host; see the module docstring."""
 
-    def __init__(self, request: Request, config: Config, host: str, command_timeout: float) -> None:
-        self.request = request
+    def __init__(
+        self, agent: AgentClient, config: Config, host: str, command_timeout: float
+    ) -> None:
+        self.agent = agent
         self.config = config
         self.host = host
         self.command_timeout = command_timeout
@@ -119,7 +121,7 @@ class Gate:
         profile = self.config.formats.get(run.format)
         files = []
         for ds, path in layout.data_files.items():
-            spec: dict[str, Any] = {
+            spec: FileSpec = {
                 "path": path,
                 "format": run.format,
                 "validate": validate,
@@ -130,15 +132,16 @@ class Gate:
             if ds in layout.sidecars:
                 spec["sidecars"] = layout.sidecars[ds]
             files.append(spec)
-        reply = await self.request(
-            "scan", {"files": files, "fresh": True}, max(self.command_timeout, 300.0)
+        reply = await self.agent.scan(
+            files=files, fresh=True, timeout=max(self.command_timeout, 300.0)
         )
-        found: dict[str, dict[str, Any]] = (reply or {}).get("files") or {}
-        return [found.get(f["path"], {"path": f["path"], "state": "error"}) for f in files]
+        found = reply.get("files") or {}
+        return [
+            as_data(found.get(f["path"]) or {"path": f["path"], "state": "error"}) for f in files
+        ]
 
     async def check_locks(self, layout: RunLayout, verdict: Verdict) -> None:
-        raw = await self.request("lock_status", {"lock_paths": list(layout.locks)}, None)
-        st = decode(raw, LockStatus, self.host, "lock_status")
+        st = await self.agent.lock_status(lock_paths=list(layout.locks))
         if not st.held:
             return
         holder = st.holder or LockHolder()
@@ -190,7 +193,7 @@ def resumes_from_output(layout: RunLayout) -> bool:
     p = layout.profile
     if not layout.profiled or not clients.single_file(p):
         return False
-    return p.resume == "always" or clients.has_flag(layout.argv, p.flags.resume)
+    return p.resume == "always" or argflags.has_flag(layout.argv, p.flags.resume)
 
 
 def blocked_hint(layout: RunLayout) -> str:
@@ -213,11 +216,11 @@ def _records(s: dict[str, Any]) -> int:
     return int(s.get("unique_ids") or 0) or int(s.get("records") or 0)
 
 
-def _size(s: dict[str, Any]) -> int:
+def _size(s: Mapping[str, Any]) -> int:
     return int(s.get("size") or 0) if s.get("state", "ok") == "ok" else 0
 
 
-def complete_size(s: dict[str, Any]) -> int:
+def complete_size(s: Mapping[str, Any]) -> int:
     """Complete bytes of a scanned file (to its last newline; 0: not there): what a launch must
     not shrink. A partial last line the client cuts off itself when it resumes (its own
     torn-tail repair) is no loss. A scan that stopped early (``texts_more``) read no tail: what
@@ -276,7 +279,7 @@ def resume_argv(layout: RunLayout) -> list[str]:
     profile = layout.profile
     if profile.resume != "flag" or not profile.flags.resume:
         return list(layout.argv)
-    if clients.has_flag(layout.argv, profile.flags.resume):
+    if argflags.has_flag(layout.argv, profile.flags.resume):
         return list(layout.argv)
     return apply_overrides(layout.argv, [(profile.flags.resume[0], None)])
 

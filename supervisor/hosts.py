@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import msgspec
 
-from supervisor.agent.protocol import AGENT_LOADER
+from supervisor.agent.protocol import AGENT_LOADER, PsParams, RunSpec
+from supervisor.agentclient import AgentClient
 from supervisor.channel import AgentChannel, LineReader, LineWriter
 from supervisor.errors import ConfigError, HostError, RunwatchError
 from supervisor.model import Backend, ProcessInfo
@@ -347,7 +348,7 @@ def process_infos(result: Mapping[str, Any]) -> list[ProcessInfo]:
         raise HostError(f"the agent sent a malformed process list: {e}") from None
 
 
-def ps_params(config: Config, cfg: HostConfig) -> dict[str, Any]:
+def ps_params(config: Config, cfg: HostConfig) -> PsParams:
     """Parameters of the ``ps`` op for a host of ``config`` (the scripts of every client profile,
     and the profiles' flag spellings the host reads each run's flags with)."""
     from supervisor.clients import all_scripts, wire_all
@@ -366,7 +367,7 @@ def ps_params(config: Config, cfg: HostConfig) -> dict[str, Any]:
 
 async def list_processes(host: Host, config: Config) -> list[ProcessInfo]:
     """The runs on ``host``, each matched to the config run it is (``run``) when one fits."""
-    result = await host.request("ps", ps_params(config, host.cfg))
+    result = await AgentClient(host).ps(**ps_params(config, host.cfg))
     found = process_infos(result)
     assign_runs(found, config, host.name)
     found = own_only(found, host.cfg)
@@ -422,7 +423,7 @@ def secret_env_names(config: Config) -> list[str]:
     return names(config)
 
 
-def run_specs(config: Config, host_name: str) -> list[dict[str, Any]]:
+def run_specs(config: Config, host_name: str) -> list[RunSpec]:
     """The ``runs`` parameter of a listing: each run of the host with its places as its layout
     resolves them from the argv it launches with (the host expands the workdir's ``~``, see
     ``supervisor.agent.match.RunFiles``)."""
@@ -434,7 +435,7 @@ def run_specs(config: Config, host_name: str) -> list[dict[str, Any]]:
         if run.host != host_name:
             continue
         layout = layout_of(config, run, launch_argv(config, run))
-        spec: dict[str, Any] = {
+        spec: RunSpec = {
             "name": run.name,
             "workdir": run.workdir,
             "data_file": run.data_file,

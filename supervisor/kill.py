@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
+from supervisor.agent import protocol
 from supervisor.agent.protocol import KILL_CONFIRM_S
+from supervisor.agentclient import AgentClient
 from supervisor.errors import HostError, OutcomeUnknown
 from supervisor.model import Identity
 from supervisor.replies import Kill, Probe, decode
@@ -78,7 +80,7 @@ Reconciliation = Probe
 """What re-checking an identity found (the ``probe`` reply)."""
 
 
-def identity_params(identity: Identity) -> dict[str, Any]:
+def identity_params(identity: Identity) -> protocol.Identity:
     return {
         "boot_id": identity.boot_id,
         "pid": identity.pid,
@@ -88,7 +90,7 @@ def identity_params(identity: Identity) -> dict[str, Any]:
     }
 
 
-def _report(host: Host, identity: Identity, raw: Any) -> KillReport:
+def _report(host: Host, identity: Identity, raw: protocol.KillResult) -> KillReport:
     reply = decode(raw, Kill, host.name, "kill")
     results = [
         KillResult(
@@ -131,20 +133,21 @@ async def kill(
     Returns the report (refusals included: check ``report.refused`` / ``report.all_gone``).
     Raises OutcomeUnknown when the reply was lost: call :func:`reconcile`, never repeat blindly.
     """
-    params: dict[str, Any] = {"identity": identity_params(identity), "grace": float(grace)}
-    if scripts:
-        params["scripts"] = list(scripts)
-    if files:
-        params["files"] = list(files)
     timeout = float(grace) + KILL_CONFIRM_S + host.cfg.command_timeout
-    result = await host.request("kill", params, timeout=timeout)
+    result = await AgentClient(host).kill(
+        identity=identity_params(identity),
+        grace=float(grace),
+        scripts=list(scripts) if scripts else None,
+        files=list(files) if files else None,
+        timeout=timeout,
+    )
     return _report(host, identity, result)
 
 
 async def reconcile(host: Host, identity: Identity, timeout: float | None = None) -> Reconciliation:
     """Re-check ``identity`` on ``host`` (reconnecting if needed): gone, or still alive?"""
     try:
-        result = await host.request("probe", {"identity": identity_params(identity)}, timeout)
+        result = await AgentClient(host).probe(identity=identity_params(identity), timeout=timeout)
     except OutcomeUnknown as e:  # pragma: no cover - probe does not act
         raise HostError(e.message) from None
     return decode(result, Probe, host.name, "probe")

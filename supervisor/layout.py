@@ -35,9 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from supervisor import clients
-from supervisor.agent import match
+from supervisor.agent import argflags, match
 from supervisor.agent.protocol import FINGERPRINT_NAME, LOCK_NAME, SIDECAR_DIR
-from supervisor.config import ClientProfile, Config, RunConfig, bad_name, flag_value
+from supervisor.config import ClientProfile, Config, RunConfig, bad_name
 from supervisor.errors import ConfigError
 
 PROMPT_DIR_FLAGS = ("--prompts-dir", "--prompt-dir", "--prompts")
@@ -122,7 +122,7 @@ class RunLayout:
             return False
         start = self.script_index if self.script_index is not None else 0
         read = match.parse_flags(list(self.argv), start, clients.wire(self.profile))
-        return read.get("token_budget") is not None or flag_value(list(self.argv), flag) is not None
+        return read.get("token_budget") is not None or argflags.value(self.argv, flag) is not None
 
     def overwrite_problem(self) -> str | None:
         """Why this argv would overwrite the client's existing output (None: it keeps it)."""
@@ -285,7 +285,7 @@ def _layout_of(
         fingerprints = {ds: posixpath.join(side, f"{ds}.launch.json") for ds in datasets}
         pdir = None
         for f in client.prompt_dir_flags:
-            pdir = flag_value(args, f) or pdir
+            pdir = argflags.value(args, f) or pdir
         if pdir is None and profiled:
             pdir = clients.default_of(profile, "prompts_dir")
         for ds in datasets:

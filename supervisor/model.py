@@ -6,9 +6,12 @@ may be added (with defaults); renaming one is a change to every front end.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
+
+if TYPE_CHECKING:
+    from supervisor.agent.protocol import SlurmJobIdentity
 
 Backend = Literal["local", "api", "unknown"]
 RunState = Literal["running", "pending", "stopped", "zombie", "unknown", "ambiguous"]
@@ -312,7 +315,7 @@ class JobView(msgspec.Struct, kw_only=True):
     """The array's tasks (one entry for a plain job)."""
 
     @property
-    def identity(self) -> dict[str, object]:
+    def identity(self) -> SlurmJobIdentity:
         """What a cancel names: job id, submit time and tag (a reused id is refused)."""
         return {"job_id": self.job_id, "submit_time": self.submit_time, "tag": self.tag}
 

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from supervisor.plan import StepFailed
-from supervisor.replies import LockStatus, ObservedFile, ObservedFiles, decode
+from supervisor.replies import ObservedFile
 
 if TYPE_CHECKING:
     from supervisor.plan import Step
@@ -126,17 +126,16 @@ async def check(runner: _Runner, step: Step) -> None:
     await runner.set(
         step, "running", f"watching {len(paths)} data file(s) for {_seconds(window)} ({rule})"
     )
-    params = {
-        "paths": paths,
-        "workdir": plan.layout.workdir,
-        "window_s": window,
-        "interval_s": SAMPLE_S,
-        "recent_factor": INTERVALS,
-        "recent_max_s": MAX_WINDOW_S,
-    }
     timeout = max(window, MAX_WINDOW_S) + runner.hc.command_timeout
-    raw = await runner.request("observe_files", params, timeout=timeout)
-    seen = decode(raw, ObservedFiles, plan.host, "observe_files")
+    seen = await runner.agent.observe_files(
+        paths=paths,
+        workdir=plan.layout.workdir,
+        window_s=window,
+        interval_s=SAMPLE_S,
+        recent_factor=INTERVALS,
+        recent_max_s=MAX_WINDOW_S,
+        timeout=timeout,
+    )
     step.data["observed"] = {
         "window_s": seen.window_s,
         "elapsed_s": seen.elapsed_s,
@@ -174,7 +173,7 @@ async def _not_another_launch(runner: _Runner, what: str) -> None:
     plan = runner.plan
     if runner.hc.kind == "slurm" or not plan.locks:
         return
-    st = await runner.reply("lock_status", {"lock_paths": plan.locks}, LockStatus)
+    st = await runner.agent.lock_status(lock_paths=plan.locks)
     holder = st.holder
     if not st.held or not (st.holder_alive or (holder is not None and holder.state == "launching")):
         return

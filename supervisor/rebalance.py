@@ -493,7 +493,7 @@ def _other_model(a: Slot, b: Slot) -> bool:
 
 def _model_of(run: RunConfig, endpoint_model: str | None) -> str | None:
     """The model ``run`` generates with: its model flag, else its endpoint's model."""
-    from supervisor.config import flag_value
+    from supervisor.agent.argflags import value as flag_value
     from supervisor.fingerprint import MODEL_FLAGS
 
     for flag in MODEL_FLAGS:

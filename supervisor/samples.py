@@ -17,6 +17,7 @@ import msgspec
 
 from supervisor.agent import formats
 from supervisor.agent.masking import mask_text
+from supervisor.agentclient import AgentClient
 from supervisor.errors import RunwatchError
 
 if TYPE_CHECKING:
@@ -81,9 +82,8 @@ async def latest_samples(engine: HostsEngine, run: RunView, dataset: str, n: int
         raise RunwatchError(f"run {run.name} has no dataset {dataset!r}", f"its datasets: {known}")
     config = engine.config
     profile = _profile(config, run)
-    result = await engine.host(run.host).request(
-        "tail_records", {"path": ds.path, "count": n, "max_bytes": MAX_BYTES}
-    )
+    agent = AgentClient(engine.host(run.host))
+    result = await agent.tail_records(path=ds.path, count=n, max_bytes=MAX_BYTES)
     records = [r for r in result.get("records", []) if isinstance(r, dict)]
     tok: Tokenizer | None = None
     problem = None

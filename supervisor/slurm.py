@@ -39,6 +39,7 @@ from supervisor.agent.slurm import (
     TERMINAL_STATES,
     aggregate_state,
 )
+from supervisor.agentclient import AgentClient, as_data
 from supervisor.argv import apply_overrides
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.errors import AgentError, OutcomeUnknown, RunwatchError, UsageError
@@ -48,9 +49,10 @@ from supervisor.paths import private_dir, state_dir, write_private
 from supervisor.plan import StepFailed
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
     from pathlib import Path
 
+    from supervisor.agent.protocol import SlurmSubmitResult
     from supervisor.hosts import Host
     from supervisor.plan import Plan, Step
 
@@ -193,17 +195,20 @@ async def refresh(
     good one) is shown instead, with ``notes`` saying how old and why; without a last one the
     refresh fails."""
     deadline = min(JOBS_DEADLINE_S, timeout / 2)
-    listing = {"all_states": True, "with_ids": sorted(owned), "deadline_s": deadline}
-    listed = asyncio.ensure_future(host.request("slurm_jobs", listing, timeout=timeout))
+    agent = AgentClient(host)
+    listing = agent.slurm_jobs(
+        all_states=True, with_ids=sorted(owned), deadline_s=deadline, timeout=timeout
+    )
+    listed = asyncio.ensure_future(listing)
     try:
-        scan = await host.request("scan", {"files": params.get("files") or []}, timeout=timeout)
+        scan = await agent.scan(files=params.get("files") or [], timeout=timeout)
     except BaseException:
         listed.cancel()
         raise
     await asyncio.wait([listed])
     notes: list[str] = []
     try:
-        jobs = listed.result()
+        jobs: Mapping[str, Any] = listed.result()
     except AgentError as e:
         if last is None:
             raise
@@ -231,11 +236,11 @@ class HostJobs(NamedTuple):
     """Run name -> the jobs that carry its tag but that it neither submitted nor adopted."""
 
 
-def job_views(reply: dict[str, Any] | None, owned: Mapping[str, OwnedJob]) -> HostJobs:
+def job_views(reply: Mapping[str, Any] | None, owned: Mapping[str, OwnedJob]) -> HostJobs:
     """The runs' jobs in a ``slurm_jobs`` reply: a job is a run's when ``owned`` records its id
     (and its submit time, where one was recorded) for that run; a tag alone makes it foreign.
     Array tasks are gathered under their array job."""
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[Mapping[str, Any]]] = {}
     for j in (reply or {}).get("jobs") or []:
         groups.setdefault(str(j.get("array_job_id") or j.get("job_id")), []).append(j)
     runs: dict[str, JobView] = {}
@@ -274,7 +279,7 @@ def _rank(v: JobView) -> tuple[bool, int]:
     return (v.state in ACTIVE_STATES, v.submit_time or 0)
 
 
-def _view(job_id: str, tasks: list[dict[str, Any]]) -> JobView:
+def _view(job_id: str, tasks: Sequence[Mapping[str, Any]]) -> JobView:
     tasks = sorted(tasks, key=lambda t: (t.get("array_task_id") is None, t.get("array_task_id")))
     state = aggregate_state(tasks)
     head = tasks[0]
@@ -370,19 +375,21 @@ async def cancel(
     host: Host, job: JobView, grace: float, files: list[str], command_timeout: float
 ) -> dict[str, Any]:
     """``scancel`` the job (every task) with grace; the agent's ``slurm_cancel`` result."""
-    params = {"identity": job.identity, "grace": grace, "files": files}
-    out = await host.request("slurm_cancel", params, timeout=cancel_timeout(grace, command_timeout))
+    out = await AgentClient(host).slurm_cancel(
+        identity=job.identity,
+        grace=grace,
+        files=files,
+        timeout=cancel_timeout(grace, command_timeout),
+    )
     replies.decode(out, replies.SlurmCancel, host.name, "slurm_cancel")
-    return out
+    return as_data(out)
 
 
-async def host_jobs(config: Config, host: Host, hc: HostConfig, **params: Any) -> HostJobs:
+async def host_jobs(config: Config, host: Host, hc: HostConfig) -> HostJobs:
     """The runs' jobs on a login node as its queue holds them now (ended ones included)."""
     owned = owned_jobs(config, hc.name)
-    reply = await host.request(
-        "slurm_jobs",
-        {"all_states": True, "with_ids": sorted(owned), **params},
-        timeout=hc.command_timeout,
+    reply = await AgentClient(host).slurm_jobs(
+        all_states=True, with_ids=sorted(owned), timeout=hc.command_timeout
     )
     replies.decode(reply, replies.SlurmJobs, hc.name, "slurm_jobs")
     return job_views(reply, owned)
@@ -506,8 +513,8 @@ async def find_job(config: Config, host: Host, run: RunConfig, job_id: str) -> J
         )
     hc = config.host(run.host)
     owned = owned_jobs(config, hc.name)
-    reply = await host.request(
-        "slurm_jobs", {"tag_prefix": "", "all_states": True}, timeout=hc.command_timeout
+    reply = await AgentClient(host).slurm_jobs(
+        tag_prefix="", all_states=True, timeout=hc.command_timeout
     )
     replies.decode(reply, replies.SlurmJobs, hc.name, "slurm_jobs")
     tasks = [j for j in reply.get("jobs") or []
@@ -631,9 +638,8 @@ class _Runner(Protocol):
 
     async def set(self, step: Step, state: Any, detail: str = "") -> None: ...
 
-    async def request(
-        self, op: str, params: dict[str, Any], timeout: float | None = None
-    ) -> Any: ...
+    @property
+    def agent(self) -> AgentClient: ...
 
 
 def plan_steps(runner: _Runner) -> dict[str, Callable[[Step], Awaitable[None]]]:
@@ -705,7 +711,7 @@ async def submit(runner: _Runner, step: Step) -> None:
     async with run_lock(config, plan.run.name, wait):
         started = time.time()
         try:
-            reply = await runner.request("slurm_submit", params, timeout=timeout)
+            reply = await runner.agent.slurm_submit(**params, timeout=timeout)
         except OutcomeUnknown as e:
             reply = await _reconcile(runner, started, str(e))
         replies.decode(reply, replies.SlurmSubmit, runner.hc.name, "slurm_submit")
@@ -717,7 +723,7 @@ async def submit(runner: _Runner, step: Step) -> None:
                 f"a submission in progress, or someone's): if it is the run's, `runwatch adopt "
                 f"{plan.run.name} --job ID`; refresh to see it",
             )
-        job = reply.get("job") or {}
+        job: Mapping[str, Any] = reply.get("job") or {}
         job_id = str(reply.get("job_id"))
         # Recorded before anything else: from now on this job, and no other of its tag, is
         # the run's.
@@ -740,9 +746,8 @@ async def submit(runner: _Runner, step: Step) -> None:
     for ds, path in plan.fingerprints.items():
         data = dict(fingerprint_of(plan.run, plan.argv, config), dataset=ds, identity=identity)
         hashes = {ds: plan.prompt_files[ds]} if ds in plan.prompt_files else {}
-        await runner.request(
-            "write_fingerprint",
-            {"path": path, "data": data, "workdir": plan.paths["workdir"], "hash_files": hashes},
+        await runner.agent.write_fingerprint(
+            path=path, data=data, workdir=plan.paths["workdir"], hash_files=hashes
         )
     runner.identity = identity
     where = f" on {job['nodes']}" if job.get("nodes") else ""
@@ -750,10 +755,10 @@ async def submit(runner: _Runner, step: Step) -> None:
     step.detail = f"job {job_id} {state or 'submitted'}{why}{where} (output {job.get('stdout')})"
 
 
-async def _reconcile(runner: _Runner, started: float, why: str) -> dict[str, Any]:
+async def _reconcile(runner: _Runner, started: float, why: str) -> SlurmSubmitResult:
     """The submission's outcome when its reply was lost: a job of the run's tag submitted since."""
     await runner.host.connect()
-    reply = await runner.request("slurm_jobs", {})
+    reply = await runner.agent.slurm_jobs()
     tag = tag_of(runner.plan.run.name)
     mine = [
         j

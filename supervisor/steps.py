@@ -24,34 +24,27 @@ import asyncio
 import inspect
 import posixpath
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from supervisor import audit, clients, display, flagcheck, gate, launchspec, quiet
 from supervisor.agent import match
 from supervisor.agent.masking import mask_argv, mask_text
-from supervisor.agent.protocol import AGENT_LOADER, MASK
+from supervisor.agent.protocol import AGENT_LOADER, MASK, BackupCopy, FileSpec, LaunchParams
+from supervisor.agentclient import AgentClient, as_data
 from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
 from supervisor.events import stop_key
 from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
+from supervisor.kill import identity_params
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import Identity
 from supervisor.plan import ActionResult, OnStep, Plan, Step, StepFailed, StepState
-from supervisor.replies import (
-    FileHolders,
-    GpuHolders,
-    LockHolder,
-    LockStatus,
-    ScriptFlags,
-    decode,
-)
+from supervisor.replies import LockHolder
 
 if TYPE_CHECKING:
     from supervisor.engine import Engine
-
-T = TypeVar("T")
 
 DEFAULT_GPU_WAIT_S = 120.0
 DEFAULT_LOCK_WAIT_S = 30.0
@@ -64,6 +57,7 @@ class _Runner:
         self.dry_run = dry_run
         self.on_step = on_step
         self.host: Any = engine.host(plan.host)
+        self.agent = AgentClient(self.host)
         self.hc = engine.config.host(plan.host)
         self.blocking: list[dict[str, Any]] = []
         self.identity: dict[str, Any] | None = None
@@ -95,13 +89,6 @@ class _Runner:
         step.state = state
         step.detail = mask_text(detail, self.plan.secrets)
         await self.emit(step)
-
-    async def request(self, op: str, params: dict[str, Any], timeout: float | None = None) -> Any:
-        return await self.host.request(op, params, timeout=timeout)
-
-    async def reply(self, op: str, params: dict[str, Any], shape: type[T]) -> T:
-        """:meth:`request`, its result decoded as ``shape`` (a ``supervisor.replies`` Struct)."""
-        return decode(await self.request(op, params), shape, self.host.name, op)
 
     async def run(self) -> ActionResult:
         plan = self.plan
@@ -291,10 +278,11 @@ class _Runner:
                 reply=None,
                 reason="the script of the command line is not one of the configured scripts",
             )
-        params: dict[str, Any] = {"workdir": plan.paths["workdir"], "argv": plan.argv[: idx + 1]}
-        if "PATH" in plan.env:
-            params["search_path"] = plan.env["PATH"]
-        reply = await self.reply("script_flags", params, ScriptFlags)
+        reply = await self.agent.script_flags(
+            workdir=plan.paths["workdir"],
+            argv=plan.argv[: idx + 1],
+            search_path=plan.env.get("PATH"),
+        )
         step.data["script_flags"] = {
             "path": reply.path,
             "found": reply.found,
@@ -411,32 +399,30 @@ class _Runner:
             raise verdict.failure()
 
     def start_gate(self) -> gate.Gate:
-        return gate.Gate(self.request, self.engine.config, self.plan.host, self.hc.command_timeout)
+        return gate.Gate(self.agent, self.engine.config, self.plan.host, self.hc.command_timeout)
 
     def resume_command(self, argv: list[str]) -> str:
         """The command that starts the run on ``argv`` (see ``gate.resume_command``)."""
         return gate.resume_command(self.engine.config, self.plan.run, argv, self.plan.secrets)
 
-    async def keep_copies(self, layout: RunLayout, paths: list[str]) -> list[dict[str, Any]]:
+    async def keep_copies(self, layout: RunLayout, paths: list[str]) -> list[BackupCopy]:
         """Copy ``paths`` (the output of a client without a profile) under
         ``<out>/.runwatch/``; the copies made."""
         if not paths:
             return []
         dest = posixpath.join(layout.out, ".runwatch", f"backup-{time.strftime('%Y%m%dT%H%M%S')}")
-        params = {
-            "paths": paths,
-            "dest_dir": dest,
-            "max_bytes": self.engine.config.backup_max_bytes,
-        }
-        reply = await self.request(
-            "backup_files", params, timeout=max(self.hc.command_timeout, 600)
+        reply = await self.agent.backup_files(
+            paths=paths,
+            dest_dir=dest,
+            max_bytes=self.engine.config.backup_max_bytes,
+            timeout=max(self.hc.command_timeout, 600),
         )
         if reply.get("refused"):
             raise StepFailed(
                 f"the output was not copied before the launch: {reply['refused']}",
                 "raise backup_max_bytes, or pass --force to launch without a copy",
             )
-        copied: list[dict[str, Any]] = reply.get("copied") or []
+        copied = reply.get("copied") or []
         self.side_records.append(
             audit.record(
                 "backup",
@@ -454,9 +440,9 @@ class _Runner:
         """Complete bytes of each data file of the new argv (0: missing), as the host sees it
         now."""
         paths = list(self.plan.layout.data_files.values())
-        files = [{"path": p, "validate": "none", "texts": False} for p in paths]
-        reply = await self.request(
-            "scan", {"files": files, "fresh": True}, timeout=max(self.hc.command_timeout, 300)
+        files: list[FileSpec] = [{"path": p, "validate": "none", "texts": False} for p in paths]
+        reply = await self.agent.scan(
+            files=files, fresh=True, timeout=max(self.hc.command_timeout, 300)
         )
         scanned = reply.get("files") or {}
         return {p: gate.complete_size(scanned.get(p) or {}) for p in paths}
@@ -488,14 +474,10 @@ class _Runner:
         if self.hc.kind == "slurm":
             await self.set(step, "skipped", "a Slurm job's processes run on the compute nodes")
             return
-        found = await self.reply(
-            "file_holders",
-            {
-                "paths": list(plan.layout.data_files.values()),
-                "locks": list(plan.layout.locks),
-                "workdir": plan.layout.workdir,
-            },
-            FileHolders,
+        found = await self.agent.file_holders(
+            paths=list(plan.layout.data_files.values()),
+            locks=list(plan.layout.locks),
+            workdir=plan.layout.workdir,
         )
         ours = {plan.old.identity.pid, *plan.old.children} if plan.old is not None else set()
         others = [h for h in found.holders if h.pid not in ours]
@@ -534,13 +516,8 @@ class _Runner:
         plan = self.plan
         config = self.engine.config
         new = fingerprint_of(plan.run, plan.argv, config)
-        reply = await self.request(
-            "read_fingerprint",
-            {
-                "paths": plan.fingerprints,
-                "workdir": plan.paths["workdir"],
-                "hash_files": plan.prompt_files,
-            },
+        reply = await self.agent.read_fingerprint(
+            paths=plan.fingerprints, workdir=plan.paths["workdir"], hash_files=plan.prompt_files
         )
         hashes: dict[str, Any] = reply.get("hashes") or {}
         stored_all: dict[str, Any] = reply.get("fingerprints") or {}
@@ -625,13 +602,10 @@ class _Runner:
             f"; {lock}" if lock else ""
         )
 
-    async def _probe(self, ident: Identity) -> dict[str, Any]:
+    async def _probe(self, ident: Identity) -> Mapping[str, Any]:
         for attempt in range(3):
             try:
-                reply: dict[str, Any] = await self.request(
-                    "probe", {"identity": msgspec.to_builtins(ident)}
-                )
-                return reply
+                return await self.agent.probe(identity=identity_params(ident))
             except HostError:
                 if attempt == 2:
                     raise
@@ -641,7 +615,7 @@ class _Runner:
     async def _wait_lock_free(self) -> str:
         deadline = time.monotonic() + DEFAULT_LOCK_WAIT_S
         while True:
-            st = await self.reply("lock_status", {"lock_paths": self.plan.locks}, LockStatus)
+            st = await self.agent.lock_status(lock_paths=self.plan.locks)
             path = st.lock_path
             if not st.held:
                 return ""
@@ -682,7 +656,7 @@ class _Runner:
         deadline = began + DEFAULT_GPU_WAIT_S
         checks = 0
         while True:
-            reply = await self.reply("gpu_holders", {"pids": pids}, GpuHolders)
+            reply = await self.agent.gpu_holders(pids=pids)
             checks += 1
             if not reply.available:
                 step.detail = "nvidia-smi gave no answer; not waiting"
@@ -710,7 +684,7 @@ class _Runner:
     async def data_repair(self, step: Step) -> None:
         plan = self.plan
         # Touch data only when no run holds the lock (another runwatch may have launched it).
-        st = await self.reply("lock_status", {"lock_paths": plan.locks}, LockStatus)
+        st = await self.agent.lock_status(lock_paths=plan.locks)
         if st.held:
             self.taken_over = True
             hid = st.holder.identity if st.holder else None
@@ -729,10 +703,8 @@ class _Runner:
                         f"{gate.explain_block(s)} appeared after the check",
                         "the old run is stopped and nothing was launched; inspect the file",
                     )
-                moved = await self.request(
-                    "move_aside",
-                    {"path": path, "format": str(s.get("verdict"))},
-                    timeout=self.hc.command_timeout,
+                moved = await self.agent.move_aside(
+                    path=path, format=str(s.get("verdict")), timeout=self.hc.command_timeout
                 )
                 self.side_records.append(
                     audit.record(
@@ -751,8 +723,8 @@ class _Runner:
                 step.data.setdefault("moved", []).append(path)
                 continue
             if int(s.get("partial_tail_bytes") or 0) > 0 and s.get("state") == "ok":
-                fixed = await self.request(
-                    "repair_tail", {"path": path}, timeout=max(self.hc.command_timeout, 300.0)
+                fixed = await self.agent.repair_tail(
+                    path=path, timeout=max(self.hc.command_timeout, 300.0)
                 )
                 self.side_records.append(
                     audit.record(
@@ -778,7 +750,7 @@ class _Runner:
 
     # ------------------------------------------------------------ 6. launch
 
-    def launch_params(self, layout: RunLayout, fingerprints: bool = True) -> dict[str, Any]:
+    def launch_params(self, layout: RunLayout, fingerprints: bool = True) -> LaunchParams:
         """The ``launch`` request of ``layout.argv`` (its locks, log and fingerprints)."""
         from supervisor.secrets import secret_flags
 
@@ -834,7 +806,7 @@ class _Runner:
         started = time.time()
         timeout = plan.run.settle_seconds + 3.0 + self.hc.command_timeout
         try:
-            reply = await self.request("launch", params, timeout=timeout)
+            reply = as_data(await self.agent.launch(**params, timeout=timeout))
         except OutcomeUnknown as e:
             # The reply was lost: never launch again blindly; the lock says what happened.
             reply = await self._reconcile_launch(started, str(e))
@@ -905,10 +877,10 @@ class _Runner:
         }
         found: dict[str, Any] = {}
         if prompts:
-            specs = [{"path": p, "validate": "sample", "texts": False} for p in prompts.values()]
-            reply = await self.request(
-                "scan", {"files": specs}, timeout=max(self.hc.command_timeout, 60.0)
-            )
+            specs: list[FileSpec] = [
+                {"path": p, "validate": "sample", "texts": False} for p in prompts.values()
+            ]
+            reply = await self.agent.scan(files=specs, timeout=max(self.hc.command_timeout, 60.0))
             found = reply.get("files") or {}
         lines = {
             ds: found[p].get("lines") if (found.get(p) or {}).get("state") == "ok" else None
@@ -962,7 +934,7 @@ class _Runner:
             params = self.launch_params(layout, fingerprints=False)
             timeout = plan.run.settle_seconds + 3.0 + self.hc.command_timeout
             try:
-                reply = await self.request("launch", params, timeout=timeout)
+                reply = as_data(await self.agent.launch(**params, timeout=timeout))
             except OutcomeUnknown as e:
                 reply = await self._reconcile_launch(time.time(), str(e))
         except HostError as e:
@@ -1044,28 +1016,28 @@ class _Runner:
 
     async def _reconcile_launch(self, started: float, why: str) -> dict[str, Any]:
         await self.host.connect()
-        st = await self.request("lock_status", {"lock_paths": self.plan.locks})
-        holder = st.get("holder") or {}
-        ident = holder.get("identity")
-        fresh = float(holder.get("time", 0)) >= started
-        if st.get("held") and st.get("holder_alive") and fresh and isinstance(ident, dict):
+        st = await self.agent.lock_status(lock_paths=self.plan.locks)
+        holder = st.holder or LockHolder()
+        ident = holder.identity
+        fresh = holder.time >= started
+        if st.held and st.holder_alive and fresh and ident is not None:
             # Ours (it took the lock after this launch began): confirm it stays alive for the
             # settle time, as the host would have before answering.
             deadline = time.monotonic() + self.plan.run.settle_seconds
             while time.monotonic() < deadline:
-                probe = await self.request("probe", {"identity": ident})
+                probe = await self.agent.probe(identity=identity_params(ident))
                 if not probe.get("alive"):
                     return {
                         "started": False,
                         "reason": "exited",
                         "detail": f"the reply was lost ({why}) and the run it started exited",
-                        "log": holder.get("log") or self.plan.paths["log"],
+                        "log": holder.log or self.plan.paths["log"],
                     }
                 await asyncio.sleep(0.1)  # polling the host for a condition, bounded above
             return {
                 "started": True,
-                "identity": ident,
-                "log": holder.get("log"),
+                "identity": identity_params(ident),
+                "log": holder.log,
                 "reconciled": f"reply lost ({why}); confirmed from the run's lock on the host",
             }
         return {

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import Config, flag_value, load_config
+from supervisor.agent.argflags import value as flag_value
+from supervisor.config import Config, load_config
 from supervisor.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]

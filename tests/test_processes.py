@@ -12,7 +12,7 @@ import pytest
 
 from supervisor.agent import gpu, masking, match
 from supervisor.agent import proc as procs
-from supervisor.agent.protocol import DEFAULT_SCRIPTS
+from supervisor.agent.argflags import DEFAULT_SCRIPTS
 from supervisor.hosts import Host, LocalHost, process_infos
 from tests.fixtures_procs import (
     FakeRuns,

@@ -18,11 +18,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from supervisor.agent import proc as procs
+from supervisor.agent.argflags import DEFAULT_SCRIPTS
 from supervisor.agent.masking import masked_equal
 from supervisor.agent.match import script_index
 from supervisor.agent.protocol import (
     AGENT_LOADER,
-    DEFAULT_SCRIPTS,
     KILL_CONFIRM_S,
     AgentOpError,
     KillResult,

@@ -27,10 +27,11 @@ import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from supervisor.agent import argflags
 from supervisor.agent.masking import mask_value
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
     from collections.abc import Set as AbstractSet
 
     from supervisor.agent.proc import ProcRow
@@ -157,28 +158,8 @@ def client_for(script: str, clients: Sequence[dict[str, Any]] | None) -> dict[st
     return None
 
 
-def _values(args: Sequence[str], names: Sequence[str]) -> list[str] | None:
-    """The values of the last occurrence of any of ``names``: ``--f a b`` (up to the next option),
-    ``--f=a``; ``[]`` for a flag given without value; None when absent."""
-    found: list[str] | None = None
-    for i, arg in enumerate(args):
-        for name in names:
-            if arg == name:
-                found = []
-                for nxt in args[i + 1 :]:
-                    if nxt.startswith("-") and not _NUMBER.match(nxt):
-                        break
-                    found.append(nxt)
-            elif arg.startswith(name + "="):
-                found = [arg[len(name) + 1 :]]
-    return found
-
-
-_NUMBER = re.compile(r"^-\d")
-
-
 def parse_flags(
-    argv: Sequence[str], start: int = 0, client: dict[str, Any] | None = None
+    argv: Sequence[str], start: int = 0, client: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """The flags of a run that matter to supervision (``model.RunFlags`` shape).
 
@@ -190,11 +171,11 @@ def parse_flags(
     names: dict[str, Any] = (client or {}).get("flags") or REFERENCE_FLAGS
 
     def last(role: str) -> str | None:
-        values = _values(args, names.get(role) or ())
+        values = argflags.values(args, names.get(role) or ())
         return values[0] if values else None
 
     datasets: list[str] = []
-    for v in _values(args, names.get("datasets") or ()) or []:
+    for v in argflags.values(args, names.get("datasets") or ()) or []:
         datasets.extend(d for d in v.split(",") if d)
     api_base = last("endpoint")
     if api_base is not None and client is not None:
@@ -214,7 +195,7 @@ def parse_flags(
         "output_file": last("output_file"),
         "input_file": last("input_file"),
         "prompts_dir": last("prompts_dir"),
-        "resume": _values(args, resume) is not None if resume else None,
+        "resume": argflags.has_flag(args, resume) if resume else None,
     }
 
 

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from supervisor.agent.argflags import DEFAULT_SCRIPTS
 from supervisor.agent.masking import argv_secret_values, env_secret_values, mask_argv, register
 from supervisor.agent.match import (
     RunFiles,
@@ -27,7 +28,6 @@ from supervisor.agent.match import (
     run_evidence,
     script_index,
 )
-from supervisor.agent.protocol import DEFAULT_SCRIPTS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence

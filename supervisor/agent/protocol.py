@@ -6,8 +6,8 @@ A request is one JSON line ``{"id": int, "op": str, "params": {...}}``; the repl
 "ok": true, "result": {...}}`` or ``{"id": int, "ok": false, "error": str, "kind": str}``. Once
 ready the agent prints ``{"id": 0, "ok": true, "result": Hello}``. For each op below, ``<Op>Params``
 is the shape of ``params`` and ``<Op>Result`` the shape of ``result``; :data:`OP_SHAPES` maps every
-op name to the pair. The laptop decodes replies against the same shapes
-(``supervisor.replies``).
+op name to the pair. The laptop sends every request through one typed method per op
+(``supervisor.agentclient``) and decodes replies against the same shapes (``supervisor.replies``).
 
 An op raises :class:`AgentOpError` (with a ``kind``) for a request it cannot carry out; expected
 outcomes such as "already running" are results, not errors.
@@ -38,8 +38,6 @@ DURABLE_OPS = frozenset(
 """Ops that act on the host: finished even when stdin closes mid-way."""
 KILL_CONFIRM_S = 5.0
 """How long the agent waits for the exit after SIGKILL before reporting it unconfirmed (state D)."""
-DEFAULT_SCRIPTS = ("run_inference.py", "regenerate_train_data.py", "server_generate.py")
-"""Script names that make a process a run when no ``scripts`` are configured."""
 MASK = "***"
 """What a masked secret is replaced by."""
 SIDECAR_DIR = ".runwatch"
@@ -244,6 +242,8 @@ class PsParams(TypedDict, total=False):
     secret_flags: list[str]
     """The profiles' secret flags (``secret_flags``): their values are masked in every listed
     argv, as those of built-in secret flags."""
+    config_id: str
+    """The listing config's identity: the units it launched are listed (``units``)."""
 
 
 class PsResult(TypedDict):

@@ -29,10 +29,10 @@ from typing import IO, TYPE_CHECKING, Any
 
 from supervisor.agent import bounded, firstpass, gpu, kill
 from supervisor.agent import proc as procs
+from supervisor.agent.argflags import DEFAULT_SCRIPTS
 from supervisor.agent.masking import mask_json_text, register_environ, register_secret_flags
 from supervisor.agent.match import resolve_runs
 from supervisor.agent.protocol import (
-    DEFAULT_SCRIPTS,
     DURABLE_OPS,
     PROTOCOL,
     AgentOpError,

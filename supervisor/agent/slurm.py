@@ -34,11 +34,14 @@ import shlex
 import subprocess
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor.agent import bounded, safefs
 from supervisor.agent.datafiles import writers_of
 from supervisor.agent.protocol import AgentOpError, param_str
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 TAG_PREFIX = "runwatch:"
 TERMINAL_STATES = frozenset(
@@ -648,7 +651,7 @@ def _job_tasks(job_id: str, all_states: bool = True) -> list[dict[str, Any]]:
     return [j for j in jobs if j["job_id"] == job_id or j["array_job_id"] == job_id]
 
 
-def aggregate_state(tasks: list[dict[str, Any]]) -> str:
+def aggregate_state(tasks: Sequence[Mapping[str, Any]]) -> str:
     """One state for a job and its array tasks: RUNNING if any runs, else PENDING if any waits,
     else the state of any task not ended (one still COMPLETING: the job has not ended), else the
     first ended state ('' for no task)."""

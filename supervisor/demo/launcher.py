@@ -312,7 +312,7 @@ def _seed(cfg: Config, demo_dir: Path, vocab: Any) -> list[str]:
     local = next((r for r in cfg.runs if r.name == "local-gpu"), None)
     max_samples = 400
     if local is not None:
-        from supervisor.config import flag_value
+        from supervisor.agent.argflags import value as flag_value
 
         value = flag_value(local.argv, "--max-samples")
         max_samples = int(value) if value else max_samples
