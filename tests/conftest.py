@@ -3,6 +3,7 @@ loaded here as plugins so that any test can use any fixture."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,3 +19,26 @@ def _private_state_dir(
     directory in every test: a test never reads or writes the user's. ``state_home`` and tests
     that need their own still set theirs."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
+@pytest.fixture(autouse=True)
+def _own_secret_registry() -> Iterator[None]:
+    """The secrets a test registers in this process (values, their encodings, profiles' secret
+    flags) are forgotten after it: one test's config never masks another's output."""
+    from supervisor.agent import masking
+
+    saved = (
+        set(masking._REGISTERED),
+        list(masking._SORTED),
+        set(masking._BASE64),
+        set(masking._PROFILE_FLAGS),
+    )
+    yield
+    masking._REGISTERED.clear()
+    masking._REGISTERED.update(saved[0])
+    masking._SORTED[:] = saved[1]
+    masking._BASE64.clear()
+    masking._BASE64.update(saved[2])
+    masking._PROFILE_FLAGS.clear()
+    masking._PROFILE_FLAGS.update(saved[3])
+    masking._is_secret_name.cache_clear()

@@ -632,3 +632,17 @@ def test_t22_a_value_given_once_is_masked_encoded_by_later_processes(
     assert not _leaks(digests, {**forms, "value": value})
     line = " ".join(f"{name} {form}," for name, form in forms.items())
     assert child("show", line) == "urlsafe ***, pct ***, hex ***,\n"
+
+
+def test_t23_runwatchs_own_options_are_never_taken_for_a_profiles_secret_flag() -> None:
+    """A profile declares ``--seat`` secret: ``--set`` (runwatch's own option, one letter from it)
+    stays visible in the commands runwatch shows; ``--seat`` and a typo of a long secret flag
+    (``--tenant-sed``) are masked."""
+    from supervisor.agent.masking import mask_argv, register_secret_flags
+
+    register_secret_flags(["--seat", "--tenant-seed"])
+    argv = ["runwatch", "launch", "sf", "--set", "resume", "--seat", "SEAT-VALUE-1234"]
+    argv += ["--tenant-sed", "TENANT-VALUE-5678", "--unset", "reasoning"]
+    shown = mask_argv(argv)
+    assert shown[3:5] == ["--set", "resume"] and shown[-2:] == ["--unset", "reasoning"]
+    assert "SEAT-VALUE-1234" not in shown and "TENANT-VALUE-5678" not in shown

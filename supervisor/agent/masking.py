@@ -100,6 +100,14 @@ _PUBLIC_FLAG_NAMES = frozenset(
         "max-token-len", "author", "keep", "keys", "monkey",
     )
 )  # fmt: skip
+_RUNWATCH_OPTIONS = frozenset(
+    ("set", "unset", "config", "yes", "json", "dry-run", "move-aside", "allow-change", "force")
+)
+"""runwatch's own options, in the commands it shows (``runwatch launch RUN --set K=V``): never
+taken for a misspelling of a profile's secret flag (``--set`` is not ``--seat``)."""
+_FUZZY_MIN_LEN = 5
+"""A name shorter than this is a profile's secret flag only when written exactly: a typo of a
+short name is as close to many public names (``seat``, ``set``, ``seed``)."""
 _COUNT_WORDS = frozenset(("max", "min", "num", "n", "total", "count"))
 _NOT_A_VALUE_WORDS = frozenset(
     (
@@ -193,10 +201,12 @@ def _is_secret_name(name: str) -> bool:
         return False
     if norm in SECRET_FLAG_NAMES or norm in CREDENTIAL_HEADERS:
         return True
-    if _PROFILE_FLAGS and _close_to(norm, _PROFILE_FLAGS):
+    if norm in _PROFILE_FLAGS:
         return True
-    if norm in _PUBLIC_FLAG_NAMES:
+    if norm in _PUBLIC_FLAG_NAMES or norm in _RUNWATCH_OPTIONS:
         return False
+    if _PROFILE_FLAGS and len(norm) >= _FUZZY_MIN_LEN and _close_to(norm, _PROFILE_FLAGS):
+        return True
     close = difflib.get_close_matches(
         norm, sorted(SECRET_FLAG_NAMES | _PUBLIC_FLAG_NAMES), n=1, cutoff=0.85
     )
