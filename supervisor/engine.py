@@ -117,6 +117,7 @@ if TYPE_CHECKING:
     from supervisor.samples import LatestSamples, SamplePreview
     from supervisor.slurm import describe as describe_job
     from supervisor.stops import StopLedger
+    from supervisor.supervision import Supervision, Tick
     from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
     from supervisor.watch import Watcher, WatchLock, WatchLocked, watch
 
@@ -149,6 +150,8 @@ _LAZY: dict[str, str] = {
     "exposure_warning": "supervisor.exporter",
     "serve_metrics": "supervisor.exporter:serve",
     "StopLedger": "supervisor.stops",
+    "Supervision": "supervisor.supervision",
+    "Tick": "supervisor.supervision",
     "BudgetEvent": "supervisor.guard",
     "GuardOutcome": "supervisor.guard",
     "Action": "supervisor.plan",
@@ -252,6 +255,7 @@ class Engine:
         self._on_progress: Callable[[Snapshot], None] | None = None
         self._provisional: dict[str, HostView] = {}
         self._guard: BudgetGuard | None = None
+        self._supervision: Supervision | None = None
         self._live = Live(config)
 
     # ------------------------------------------------------------------ public API
@@ -655,6 +659,60 @@ class Engine:
         from supervisor.samples import latest_samples
 
         return await latest_samples(self, run, dataset, count)
+
+    def supervise(
+        self, *, report_initial: bool = True, others: bool = True, started: float | None = None
+    ) -> Supervision:
+        """Start the state :meth:`tick` keeps (``supervisor.supervision.Supervision``): whether
+        conditions true at the first tick are reported (``report_initial``: the watcher, not
+        the dashboard) and whether the stops and restarts other runwatch processes recorded
+        since ``started`` are (``others``)."""
+        from supervisor.supervision import Supervision
+
+        self._supervision = Supervision(
+            self.config, report_initial=report_initial, others=others, started=started
+        )
+        return self._supervision
+
+    @property
+    def supervision(self) -> Supervision:
+        """The state of the supervision loop (:meth:`supervise` with its defaults if not yet):
+        a front end tells it the stops and moves it makes (``expect_stop``, ``expect_moved``)."""
+        return self._supervision or self.supervise()
+
+    async def tick(
+        self,
+        *,
+        wait: float | None = None,
+        on_progress: Callable[[Snapshot], None] | None = None,
+        on_snapshot: Callable[[Snapshot], None] | None = None,
+        snapshot: Snapshot | None = None,
+        act: bool = True,
+        events: bool = True,
+    ) -> Tick:
+        """One turn of the supervision loop every front end runs: refresh (``wait`` and
+        ``on_progress`` as :meth:`refresh`; ``snapshot``: one already taken instead), each
+        run's budget policy (:meth:`enforce_budget`; ``act`` False: not applied), then the
+        events of what changed (``events``). ``on_snapshot`` gets the snapshot before the
+        policy acts (a screen shows it at once)."""
+
+        async def refresh() -> Snapshot:
+            if snapshot is not None:
+                return snapshot
+            return await self.refresh(on_progress=on_progress, wait=wait)
+
+        return await self.supervision.tick(
+            refresh,
+            self._enforce if act else None,
+            stopping=self.stopping,
+            on_snapshot=on_snapshot,
+            events=events,
+        )
+
+    async def _enforce(
+        self, snapshot: Snapshot, before_act: Callable[[BudgetEvent], None]
+    ) -> list[GuardOutcome]:
+        return await self.enforce_budget(snapshot, before_act=before_act)
 
     def budget_events(self, snapshot: Snapshot) -> list[BudgetEvent]:
         """Budget events in ``snapshot`` not acted on yet (changes nothing)."""
@@ -1366,6 +1424,8 @@ __all__ = [
     "Scanner",
     "Step",
     "StopLedger",
+    "Supervision",
+    "Tick",
     "Tokenizer",
     "WatchLock",
     "WatchLocked",

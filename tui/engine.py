@@ -18,13 +18,13 @@ if TYPE_CHECKING:  # annotations only: these modules load when first used, not a
     from supervisor.engine import (
         Action,
         ActionResult,
-        BudgetEvent,
-        GuardOutcome,
         KillReport,
         LatestSamples,
         LogTail,
         OnStep,
         Plan,
+        Supervision,
+        Tick,
     )
 
 
@@ -84,18 +84,29 @@ class EngineLike(Protocol):
         """The latest records of a dataset, newest first, decoded for a preview."""
         ...
 
-    def budget_events(self, snapshot: Snapshot) -> list[BudgetEvent]:
-        """Budget events of ``snapshot`` not acted on yet."""
+    def supervise(
+        self, *, report_initial: bool = True, others: bool = True, started: float | None = None
+    ) -> Supervision:
+        """Start the state of the supervision loop (what :meth:`tick` reports)."""
         ...
 
-    async def enforce_budget(
+    @property
+    def supervision(self) -> Supervision:
+        """The supervision loop's state: told of the stops and moves a screen makes."""
+        ...
+
+    async def tick(
         self,
-        snapshot: Snapshot,
-        on_step: OnStep | None = None,
         *,
-        before_act: Callable[[BudgetEvent], None] | None = None,
-    ) -> list[GuardOutcome]:
-        """Apply each run's budget policy to the events of ``snapshot``, once each, audited."""
+        wait: float | None = None,
+        on_progress: Callable[[Snapshot], None] | None = None,
+        on_snapshot: Callable[[Snapshot], None] | None = None,
+        snapshot: Snapshot | None = None,
+        act: bool = True,
+        events: bool = True,
+    ) -> Tick:
+        """One turn of the supervision loop: refresh, each run's budget policy (once per event,
+        audited), the events of what changed."""
         ...
 
     async def aclose(self) -> None:
