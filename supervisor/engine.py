@@ -19,9 +19,15 @@ host: refresh, list, kill (audited here, a lost reply included), check, plan and
 or restart (audited by ``supervisor.steps``), the log tail (secrets masked), the latest samples and
 the budget policy. The functions below it serve what needs no host connection of its own: bench,
 compare, the audit log, scanning local files, tokenizers. The types front ends see are re-exported
-here, with the events every front end reports (``supervisor.events``), the alerts, the headless
-watcher and its Prometheus exporter (``supervisor.alerts``, ``supervisor.watch``,
-``supervisor.exporter``).
+here, with the events every front end reports (``supervisor.events``) and the alerts
+(``supervisor.alerts``).
+
+The engine is the one layer between the front ends and the services: ``tick`` is the supervision
+loop every front end runs (``supervisor.supervision``). The services below it get narrow
+interfaces (a ``Protocol`` each: ``plan.Looks``, ``steps.PlanEngine``, ``guard.Acts``,
+``autorestart.Relaunches``, ``compare.Refreshes``) and never import this module; the headless
+watcher and its exporter (``supervisor.watch``, ``supervisor.exporter``) are front ends above it.
+The layers are an import contract in ``pyproject.toml``.
 """
 
 from __future__ import annotations
@@ -94,19 +100,16 @@ if TYPE_CHECKING:
     from supervisor.bench.results import BenchResult, LevelResult
     from supervisor.bench.runner import Options as BenchOptions
     from supervisor.bench.target import is_url
-    from supervisor.compare import Comparison, comparison_from, format_lines, gather_comparison
+    from supervisor.compare import Comparison, comparison_from, format_lines
     from supervisor.events import (
         EVENT_KINDS,
         EVENTS_KEPT,
         Event,
         EventTracker,
-        budget_event,
         moved_key,
         start_refused_event,
         stop_key,
     )
-    from supervisor.exporter import Exporter, exposure_warning
-    from supervisor.exporter import serve as serve_metrics
     from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
     from supervisor.plan import Action, ActionResult, OnStep, Plan, Step
     from supervisor.rebalance import Rebalance, parse_deadline
@@ -119,7 +122,6 @@ if TYPE_CHECKING:
     from supervisor.stops import StopLedger
     from supervisor.supervision import Supervision, Tick
     from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
-    from supervisor.watch import Watcher, WatchLock, WatchLocked, watch
 
 _LAZY: dict[str, str] = {
     "BUILTIN_FORMATS": "supervisor.agent.formats",
@@ -137,18 +139,13 @@ _LAZY: dict[str, str] = {
     "Comparison": "supervisor.compare",
     "comparison_from": "supervisor.compare",
     "format_lines": "supervisor.compare",
-    "gather_comparison": "supervisor.compare",
     "EVENT_KINDS": "supervisor.events",
     "EVENTS_KEPT": "supervisor.events",
     "Event": "supervisor.events",
     "EventTracker": "supervisor.events",
-    "budget_event": "supervisor.events",
     "moved_key": "supervisor.events",
     "start_refused_event": "supervisor.events",
     "stop_key": "supervisor.events",
-    "Exporter": "supervisor.exporter",
-    "exposure_warning": "supervisor.exporter",
-    "serve_metrics": "supervisor.exporter:serve",
     "StopLedger": "supervisor.stops",
     "Supervision": "supervisor.supervision",
     "Tick": "supervisor.supervision",
@@ -171,14 +168,10 @@ _LAZY: dict[str, str] = {
     "Tokenizer": "supervisor.tokens",
     "count_tokens": "supervisor.tokens",
     "load_tokenizer": "supervisor.tokens",
-    "Watcher": "supervisor.watch",
-    "WatchLock": "supervisor.watch",
-    "WatchLocked": "supervisor.watch",
-    "watch": "supervisor.watch",
 }
 """Names this module re-exports from a module it imports only when one of them is first asked
 for (``module`` or ``module:attribute``): starting the engine for a refresh does not pay for the
-plans, the bench, the comparison, Slurm, alerts and the headless watcher."""
+plans, the bench, the comparison, Slurm and alerts."""
 
 
 def __getattr__(name: str) -> object:
@@ -1337,6 +1330,19 @@ async def bench(
     )
 
 
+async def gather_comparison(
+    config: Config, *, sample_s: float = 0.0, engine: Engine | None = None
+) -> Comparison:
+    """Refresh the hosts (through ``engine``, else an engine of its own) and compare: where
+    should the rest run (``supervisor.compare.gather_comparison``)."""
+    from supervisor.compare import gather_comparison as gather
+
+    if engine is not None:
+        return await gather(config, engine=engine, sample_s=sample_s)
+    async with Engine(config) as own:
+        return await gather(config, engine=own, sample_s=sample_s)
+
+
 def client_profiles(config: Config) -> list[dict[str, Any]]:
     """Every client profile (built-in and configured) as ``runwatch clients --json`` shows it."""
     return [{**i.as_dict(), "name": i.name} for i in clients.list_clients(config)]
@@ -1409,7 +1415,6 @@ __all__ = [
     "Engine",
     "Event",
     "EventTracker",
-    "Exporter",
     "GuardOutcome",
     "HostError",
     "KillReport",
@@ -1427,22 +1432,17 @@ __all__ = [
     "Supervision",
     "Tick",
     "Tokenizer",
-    "WatchLock",
-    "WatchLocked",
-    "Watcher",
     "apply_rebalance",
     "assign_runs",
     "audit_line",
     "audit_location",
     "audit_records",
     "bench",
-    "budget_event",
     "comparison_from",
     "completeness_line",
     "count_tokens",
     "describe_job",
     "describe_rebalance",
-    "exposure_warning",
     "format_lines",
     "gather_comparison",
     "gather_rebalance",
@@ -1459,10 +1459,8 @@ __all__ = [
     "run_once",
     "run_sync",
     "scan_notes",
-    "serve_metrics",
     "set_origin",
     "sidecar_line",
     "start_refused_event",
     "stop_key",
-    "watch",
 ]

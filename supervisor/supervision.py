@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from supervisor.config import Config
-from supervisor.events import Event, EventTracker, budget_event, moved_key, stop_key
+from supervisor.events import Event, EventTracker, moved_key, stop_key
 from supervisor.model import Snapshot
 from supervisor.stops import StopLedger
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the guard loads when a budget policy first acts, not at start-up
     from supervisor.guard import BudgetEvent, GuardOutcome
 
 MOVE_EXPECTED_S = 120.0
@@ -120,6 +120,8 @@ class Supervision:
             if r.state == "running" and r.process is not None
         }
         for outcome in outcomes:
+            from supervisor.guard import budget_event
+
             # None when another runwatch (or an earlier one) acted, or for warn (the over-budget
             # event says it already).
             event = budget_event(outcome, self.config)

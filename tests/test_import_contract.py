@@ -100,10 +100,28 @@ def test_the_front_door_contract_forbids_every_engine_internal() -> None:
     contract = _contracts()["The front ends use the engine only through its front door"]
     assert contract["source_modules"] == ["tui", "supervisor.cli"]
     forbidden = set(contract["forbidden_modules"])
+    # The watcher and its exporter are front ends themselves (``runwatch watch`` runs them).
     allowed = {"engine", "model", "config", "errors", "display", "secrets", "demo", "cli"}
+    allowed |= {"watch", "exporter"}
     internals = {m.split(".")[1] for m in _engine_modules()} - allowed
     missing = {f"supervisor.{m}" for m in internals} - forbidden
     assert missing == set(), f"engine modules the front ends could import: {sorted(missing)}"
+
+
+def test_the_layers_contract_places_every_module() -> None:
+    """Every module of the engine is in one layer, the front door alone in its own: a new
+    module is placed (and checked) the day it is added."""
+    contract = _contracts()[
+        "Layers: front ends, the engine, services, backends, foundation, the agent"
+    ]
+    layers = [{m.strip() for m in layer.split(":")} for layer in contract["layers"]]
+    placed = [m for layer in layers for m in layer]
+    assert len(placed) == len(set(placed)), "a module is in two layers"
+    assert layers[1] == {"supervisor.engine"}
+    tops = {".".join(m.split(".")[:2]) for m in _engine_modules()} - {"supervisor.__init__"}
+    missing = tops - set(placed)
+    assert missing == set(), f"modules in no layer: {sorted(missing)}"
+    assert "tui" in layers[0] and layers[-1] == {"supervisor.agent"}
 
 
 def test_the_import_contracts_pass() -> None:
@@ -111,6 +129,7 @@ def test_the_import_contracts_pass() -> None:
     from pathlib import Path
 
     assert "The engine never imports the UI" in _contracts()
+    assert {c["type"] for c in _contracts().values()} >= {"layers", "acyclic_siblings"}
     root = Path(__file__).resolve().parent.parent
     exe = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
     done = subprocess.run([exe], cwd=root, capture_output=True, text=True)
