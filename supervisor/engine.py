@@ -40,7 +40,7 @@ import posixpath
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -93,7 +93,6 @@ from supervisor.secrets import known_secrets, mask_argv, mask_text, note_secrets
 
 if TYPE_CHECKING:
     from supervisor.agent.formats import BUILTIN_FORMATS
-    from supervisor.agent.scan import Scanner
     from supervisor.alerts import Alerter, Delivery, mask_url
     from supervisor.argv import parse_sets, parse_unsets
     from supervisor.bench.history import load_history
@@ -125,7 +124,6 @@ if TYPE_CHECKING:
 
 _LAZY: dict[str, str] = {
     "BUILTIN_FORMATS": "supervisor.agent.formats",
-    "Scanner": "supervisor.agent.scan",
     "Alerter": "supervisor.alerts",
     "Delivery": "supervisor.alerts",
     "mask_url": "supervisor.alerts",
@@ -1343,6 +1341,54 @@ async def gather_comparison(
         return await gather(config, engine=own, sample_s=sample_s)
 
 
+class ScanProgress(Protocol):
+    """Shows how far the scan of one file is, then goes away."""
+
+    def __call__(self, done: int, total: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def scan_local_files(
+    files: list[str],
+    fmt: str | None,
+    validate: str,
+    profile: dict[str, Any] | None,
+    tokenizer: Tokenizer | None = None,
+    texts: bool = True,
+    progress: Callable[[str], ScanProgress] | None = None,
+) -> list[dict[str, Any]]:
+    """Cold-scan each local file to its end with the agent's scanner, run here (one result per
+    file, as the agent's ``scan`` op gives it); a tokenizer format's completion tokens are
+    counted with ``tokenizer`` (answers and reasoning alike, as the dashboard counts them), else
+    None. ``progress(path)`` makes what shows the scan of ``path``."""
+    from supervisor.agent.scan import Scanner
+    from supervisor.tokens import count_tokens
+
+    scanner = Scanner()
+    results = []
+    for path in files:
+        shown = progress(path) if progress is not None else None
+        extra = 0
+        try:
+            while True:
+                r = scanner.scan(
+                    path, fmt, validate=validate, profile=profile, texts=texts, progress=shown
+                )
+                counted = [*(r.get("texts") or []), *(r.get("reasoning_texts") or [])]
+                if tokenizer is not None and counted:
+                    extra += sum(count_tokens(tokenizer, counted))
+                if not r.get("texts_more"):
+                    break
+        finally:
+            if shown is not None:
+                shown.close()
+        if r.get("token_source") == "tokenizer":
+            r["completion_tokens"] = extra if tokenizer is not None else None
+        results.append(r)
+    return results
+
+
 def client_profiles(config: Config) -> list[dict[str, Any]]:
     """Every client profile (built-in and configured) as ``runwatch clients --json`` shows it."""
     return [{**i.as_dict(), "name": i.name} for i in clients.list_clients(config)]
@@ -1426,7 +1472,7 @@ __all__ = [
     "Plan",
     "Rebalance",
     "SamplePreview",
-    "Scanner",
+    "ScanProgress",
     "Step",
     "StopLedger",
     "Supervision",
@@ -1458,6 +1504,7 @@ __all__ = [
     "plan_rebalance",
     "run_once",
     "run_sync",
+    "scan_local_files",
     "scan_notes",
     "set_origin",
     "sidecar_line",
