@@ -720,8 +720,8 @@ class Engine:
         once ever (``supervisor.guard``), audited: ``warn`` is recorded, ``stop`` kills by
         identity, ``restart-with-budget`` restarts with ``--token-budget``. ``before_act`` is
         called with each event just before it is acted on (a front end marks the stop as
-        deliberate); ``on_step`` follows a restart's steps. The one implementation used by
-        ``status --watch``, ``guard`` and the dashboard."""
+        deliberate); ``on_step`` follows a restart's steps. The one implementation, applied at
+        each :meth:`tick` (``status --watch``, ``guard``, ``runwatch watch``, the dashboard)."""
         guard = self._budget_guard()
         outcomes = []
         for event in guard.observe(snapshot):

@@ -151,3 +151,23 @@ def test_the_architecture_map_names_every_module() -> None:
     packages = {p.parent.name for p in package.glob("*/__init__.py")}
     missing = (modules | packages) - named
     assert missing == set(), f"modules ARCHITECTURE.md does not name: {sorted(missing)}"
+
+
+def test_the_supervision_loop_is_written_once() -> None:
+    """Refresh, budget policy and events are ``Engine.tick`` (``supervisor.supervision``): no
+    front end, and no other module, applies the policy or tracks events of its own."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    own = {"supervisor/engine.py", "supervisor/supervision.py", "supervisor/guard.py"}
+    own |= {"supervisor/events.py", "supervisor/stops.py"}  # where they are defined
+    loops = re.compile(r"\.enforce_budget\(|\bEventTracker\(|\bStopLedger\(|\.enforce\(")
+    found = [
+        f"{path.relative_to(root)}:{n}"
+        for top in ("supervisor", "tui")
+        for path in sorted((root / top).rglob("*.py"))
+        if str(path.relative_to(root)) not in own
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if loops.search(line)
+    ]
+    assert found == [], f"a supervision loop outside Engine.tick: {found}"
