@@ -61,9 +61,9 @@ from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchEr
 from supervisor.hosts import (
     AgentHost,
     Host,
+    LocalHost,
     assign_runs,
     list_processes,
-    make_host,
     match_run,
     own_only,
     ps_params,
@@ -209,6 +209,21 @@ class _HostState:
     asking: asyncio.Future[HostView] | None = None
     """The host's refresh under way, when a refresh with ``wait`` went on without it."""
     asked_at: float = 0.0
+
+
+def make_host(cfg: HostConfig) -> Host:
+    """LocalHost for ``local = true``, else SSHHost (asyncssh is only imported then). Made here,
+    above both: ``supervisor.ssh`` builds on ``supervisor.hosts``, never the other way."""
+    if cfg.local:
+        return LocalHost(cfg)
+    try:
+        from supervisor.ssh import SSHHost  # type: ignore[import-not-found,unused-ignore]
+    except ModuleNotFoundError as e:
+        if e.name != "supervisor.ssh":
+            raise
+        raise HostError(f"{cfg.name}: SSH hosts are not supported by this build") from None
+    host: Host = SSHHost(cfg)
+    return host
 
 
 class Engine:

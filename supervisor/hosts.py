@@ -336,20 +336,6 @@ class LocalHost(AgentHost):
         return self.proc.pid if self.proc is not None else None
 
 
-def make_host(cfg: HostConfig) -> Host:
-    """LocalHost for ``local = true``, else SSHHost (asyncssh is only imported then)."""
-    if cfg.local:
-        return LocalHost(cfg)
-    try:
-        from supervisor.ssh import SSHHost  # type: ignore[import-not-found,unused-ignore]
-    except ModuleNotFoundError as e:
-        if e.name != "supervisor.ssh":
-            raise
-        raise HostError(f"{cfg.name}: SSH hosts are not supported by this build") from None
-    host: Host = SSHHost(cfg)
-    return host
-
-
 # --------------------------------------------------------------------------- processes
 
 
