@@ -105,6 +105,9 @@ class RunwatchApp(App[None]):
         """Number of snapshots received (tests wait on it)."""
         self._refreshing = False
         self._guarded = any(r.budget_policy != "warn" for r in config.runs)
+        self._acting = False
+        """A tick's budget policy is acting (its snapshot is on screen already)."""
+        self._showing = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -123,8 +126,12 @@ class RunwatchApp(App[None]):
 
     def _tick(self) -> None:
         # A refresh slower than the interval is not cancelled: the next tick is skipped instead.
+        # While the budget policy acts (a restart takes its quiet window and more), the screen
+        # still refreshes; what changed meanwhile is told at the next tick.
         if not self._refreshing:
             self.refresh_now()
+        elif self._acting and not self._showing:
+            self.show_now()
 
     @work(group="refresh", exit_on_error=False)
     async def refresh_now(self, taken: Snapshot | None = None) -> None:
@@ -134,7 +141,7 @@ class RunwatchApp(App[None]):
         per event, audited) and find the events. The snapshot comes back as SnapshotRefreshed
         before the policy acts, the events as EventsFound."""
         self._refreshing = True
-        on_snapshot = None if taken is not None else self._refreshed
+        on_snapshot = self._acts if taken is not None else self._refreshed
         try:
             tick = await self.engine.tick(
                 on_progress=self._progressed,
@@ -148,10 +155,27 @@ class RunwatchApp(App[None]):
             if tick.events:
                 self.post_message(EventsFound(tick.events))
         finally:
-            self._refreshing = False
+            self._refreshing = self._acting = False
 
     def _refreshed(self, snapshot: Snapshot) -> None:
         self.post_message(SnapshotRefreshed(shown(snapshot)))
+        self._acts(snapshot)
+
+    def _acts(self, snapshot: Snapshot) -> None:
+        self._acting = self._guarded  # the policy's turn of this tick begins
+
+    @work(group="show", exit_on_error=False)
+    async def show_now(self) -> None:
+        """A refresh only shown, while the budget policy of a tick acts."""
+        self._showing = True
+        try:
+            snapshot = await self.engine.refresh(on_progress=self._progressed)
+        except Exception as e:  # the engine itself failed (a host failing is in the snapshot)
+            self.post_message(RefreshFailed(f"{type(e).__name__}: {e}"))
+        else:
+            self.post_message(SnapshotRefreshed(shown(snapshot)))
+        finally:
+            self._showing = False
 
     def _progressed(self, snapshot: Snapshot) -> None:
         self.post_message(RefreshProgressed(shown(snapshot)))
