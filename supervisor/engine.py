@@ -118,7 +118,6 @@ if TYPE_CHECKING:
     from supervisor.rebalance import plan_for as plan_rebalance
     from supervisor.samples import LatestSamples, SamplePreview
     from supervisor.slurm import describe as describe_job
-    from supervisor.stops import StopLedger
     from supervisor.supervision import Supervision, Tick
     from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
 
@@ -144,7 +143,6 @@ _LAZY: dict[str, str] = {
     "moved_key": "supervisor.events",
     "start_refused_event": "supervisor.events",
     "stop_key": "supervisor.events",
-    "StopLedger": "supervisor.stops",
     "Supervision": "supervisor.supervision",
     "Tick": "supervisor.supervision",
     "BudgetEvent": "supervisor.guard",
@@ -1489,7 +1487,6 @@ __all__ = [
     "SamplePreview",
     "ScanProgress",
     "Step",
-    "StopLedger",
     "Supervision",
     "Tick",
     "Tokenizer",

@@ -220,17 +220,18 @@ class Watcher:
             self.note(f"refresh {self.ticks + 1} still under way after {took:.0f} s: {self.doing}")
 
     async def tick(self) -> list[Event]:
-        """One refresh: budget policy, events, automatic restarts, output and alerts."""
+        """One refresh (``Engine.tick``: snapshot, budget policy, events), then automatic
+        restarts, output and alerts."""
         engine = self.engine
         self.doing = "asking the hosts"
+
+        def asked(snap: Snapshot) -> None:
+            self.doing = "budget policy and events"
 
         # A host that does not answer within most of the interval shows its last values,
         # marked stale (the engine takes its answer at a later refresh): the others go on, and
         # the rest of the refresh has the remaining quarter. The first refresh waits for every
         # host: a host not asked yet has no last values (it is neither up nor lost).
-        def asked(snap: Snapshot) -> None:
-            self.doing = "budget policy and events"
-
         tick = await engine.tick(
             wait=0.75 * self.interval if self.ticks else None, on_snapshot=asked
         )
