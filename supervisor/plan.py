@@ -57,7 +57,8 @@ from supervisor import display, launchspec
 from supervisor.agent.masking import mask_argv
 from supervisor.argv import argv_diff, parse_sets, parse_unsets, show_value
 from supervisor.config import Config, RunConfig
-from supervisor.errors import HostError, LaunchError, RunwatchError
+from supervisor.errors import HostError, LaunchError
+from supervisor.errors import StepFailed as StepFailed  # where the steps take it from
 from supervisor.launchspec import LaunchSpec
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import HostView, JobView, ProcessInfo, RunView, Snapshot
@@ -278,10 +279,6 @@ class ActionResult:
             "nothing_to_do": self.nothing_to_do,
             "rollback": self.rollback,
         }
-
-
-class StepFailed(RunwatchError):
-    """A step of a plan failed; the message says what happened and the hint what to do."""
 
 
 def find_run_view(snapshot: Snapshot, host: str, run: str) -> RunView | None:
