@@ -3,8 +3,10 @@
 The real engine is ``supervisor.engine.Engine``; screenshot tests pass an engine that returns fixed
 snapshots (and implements the rest of this Protocol). Screens use the engine only through this
 Protocol; what needs no host of its own (bench, the comparison, the bench history, tokenizers) are
-the functions of ``supervisor.engine``. ``Engine.host`` and ``Engine.kill_within_plan`` are not
-here: they serve the engine's own plans and previews, never a screen.
+the functions of ``supervisor.engine``. The app's refresh is ``tick`` (the engine's supervision
+loop: snapshot, budget policy, events), the same as every other front end's. ``Engine.host`` and
+``Engine.kill_within_plan`` are not here: they serve the engine's own plans and previews, never a
+screen.
 """
 
 from __future__ import annotations
