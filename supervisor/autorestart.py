@@ -28,7 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from supervisor import audit, intents
 from supervisor.errors import RunwatchError
@@ -36,7 +36,20 @@ from supervisor.events import Event, abandoned_event, gave_up_event, restart_eve
 from supervisor.model import Snapshot
 
 if TYPE_CHECKING:
-    from supervisor.engine import Engine
+    from supervisor.config import Config
+    from supervisor.plan import Action, ActionResult, Plan
+
+
+class Relaunches(Protocol):
+    """What a restart on failure uses (``Engine`` has it): the config, then the run's launch
+    plan and its execution through the gate, as ``runwatch launch`` does."""
+
+    @property
+    def config(self) -> Config: ...
+
+    async def plan(self, run: str, *, action: Action = "restart") -> Plan: ...
+
+    async def execute(self, plan: Plan) -> ActionResult: ...
 
 
 @dataclass
@@ -52,7 +65,7 @@ class _Restarts:
 class AutoRestart:
     """Schedules and carries out automatic restarts; see the module docstring."""
 
-    def __init__(self, engine: Engine, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, engine: Relaunches, clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
         self.clock = clock
         self._runs: dict[str, _Restarts] = {}

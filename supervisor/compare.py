@@ -23,7 +23,7 @@ first (it stops the dataset there), then the config's ``token_budget``; samples 
 The arithmetic is in pure functions over plain structs (:func:`remaining_work`, :func:`estimate`,
 :func:`compare`), so it is tested on hand-checked cases; :func:`gather_comparison` only collects.
 
-Front ends: the CLI calls ``await gather_comparison(config)`` (it refreshes the hosts itself); a
+Front ends: the CLI calls the engine's ``gather_comparison(config)`` (it refreshes the hosts); a
 UI that already holds a snapshot calls ``comparison_from(config, snapshot, load_history())``
 (pure, instant). Either returns a :class:`Comparison`; ``format_lines(comparison)`` gives the
 text lines, and its fields (``datasets[].answer``, ``datasets[].estimates``, ``totals``,
@@ -35,12 +35,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from supervisor import display
 from supervisor.config import Config, EndpointConfig
+from supervisor.rates import dataset_budget
 
 if TYPE_CHECKING:
     from supervisor.bench.results import BenchResult, LevelResult
@@ -621,8 +622,9 @@ def works_from_snapshot(
     for name in names:
         cfg = config.datasets.get(name)
         budget, samples = limits.get(name, (None, None))
+        # The dataset's budget, else the run's flag (the views' budget: the same rule).
+        budget = dataset_budget(cfg, budget)
         if cfg is not None:
-            budget = cfg.token_budget if cfg.token_budget is not None else budget
             # The views' max_samples is already the run's own flag first, then the config's.
             samples = samples if samples is not None else cfg.max_samples
         # The effective budget: the run's own --token-budget first, then the config's.
@@ -686,10 +688,17 @@ def waiting_for_rates(config: Config, snapshot: Snapshot) -> bool:
     )
 
 
+class Refreshes(Protocol):
+    """Takes a snapshot of every host (``Engine.refresh``)."""
+
+    async def refresh(self) -> Snapshot: ...
+
+
 async def gather_comparison(
-    config: Config, *, sample_s: float = 0.0, engine: Any = None
+    config: Config, *, engine: Refreshes, sample_s: float = 0.0
 ) -> Comparison:
-    """Refresh the hosts once and compare.
+    """Refresh the hosts once through ``engine`` and compare (``supervisor.engine``'s
+    ``gather_comparison`` opens an engine for it).
 
     The engine starts from the rate history persisted by earlier refreshes (the dashboard,
     ``status``, an earlier ``compare``), so a running run has a rate at once. Only when a
@@ -698,18 +707,9 @@ async def gather_comparison(
     """
     from supervisor.bench.history import load_history
 
-    own = engine is None
-    if engine is None:
-        from supervisor.engine import Engine
-
-        engine = Engine(config)
-    try:
-        start = time.monotonic()
+    start = time.monotonic()
+    snapshot = await engine.refresh()
+    while waiting_for_rates(config, snapshot) and time.monotonic() - start < sample_s:
+        await asyncio.sleep(max(0.2, config.refresh_seconds))  # the measuring interval
         snapshot = await engine.refresh()
-        while waiting_for_rates(config, snapshot) and time.monotonic() - start < sample_s:
-            await asyncio.sleep(max(0.2, config.refresh_seconds))  # the measuring interval
-            snapshot = await engine.refresh()
-    finally:
-        if own:
-            await engine.aclose()
     return comparison_from(config, snapshot, load_history())

@@ -19,9 +19,15 @@ host: refresh, list, kill (audited here, a lost reply included), check, plan and
 or restart (audited by ``supervisor.steps``), the log tail (secrets masked), the latest samples and
 the budget policy. The functions below it serve what needs no host connection of its own: bench,
 compare, the audit log, scanning local files, tokenizers. The types front ends see are re-exported
-here, with the events every front end reports (``supervisor.events``), the alerts, the headless
-watcher and its Prometheus exporter (``supervisor.alerts``, ``supervisor.watch``,
-``supervisor.exporter``).
+here, with the events every front end reports (``supervisor.events``) and the alerts
+(``supervisor.alerts``).
+
+The engine is the one layer between the front ends and the services: ``tick`` is the supervision
+loop every front end runs (``supervisor.supervision``). The services below it get narrow
+interfaces (a ``Protocol`` each: ``plan.Looks``, ``steps.PlanEngine``, ``guard.Acts``,
+``autorestart.Relaunches``, ``compare.Refreshes``) and never import this module; the headless
+watcher and its exporter (``supervisor.watch``, ``supervisor.exporter``) are front ends above it.
+The layers are an import contract in ``pyproject.toml``.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import posixpath
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -89,26 +95,22 @@ from supervisor.secrets import known_secrets, mask_argv, mask_text, note_secrets
 
 if TYPE_CHECKING:
     from supervisor.agent.formats import BUILTIN_FORMATS
-    from supervisor.agent.scan import Scanner
     from supervisor.alerts import Alerter, Delivery, mask_url
     from supervisor.argv import parse_sets, parse_unsets
     from supervisor.bench.history import load_history
     from supervisor.bench.results import BenchResult, LevelResult
     from supervisor.bench.runner import Options as BenchOptions
     from supervisor.bench.target import is_url
-    from supervisor.compare import Comparison, comparison_from, format_lines, gather_comparison
+    from supervisor.compare import Comparison, comparison_from, format_lines
     from supervisor.events import (
         EVENT_KINDS,
         EVENTS_KEPT,
         Event,
         EventTracker,
-        budget_event,
         moved_key,
         start_refused_event,
         stop_key,
     )
-    from supervisor.exporter import Exporter, exposure_warning
-    from supervisor.exporter import serve as serve_metrics
     from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
     from supervisor.plan import Action, ActionResult, OnStep, Plan, Step
     from supervisor.rebalance import Rebalance, parse_deadline
@@ -118,13 +120,11 @@ if TYPE_CHECKING:
     from supervisor.rebalance import plan_for as plan_rebalance
     from supervisor.samples import LatestSamples, SamplePreview
     from supervisor.slurm import describe as describe_job
-    from supervisor.stops import StopLedger
+    from supervisor.supervision import Supervision, Tick
     from supervisor.tokens import Tokenizer, count_tokens, load_tokenizer
-    from supervisor.watch import Watcher, WatchLock, WatchLocked, watch
 
 _LAZY: dict[str, str] = {
     "BUILTIN_FORMATS": "supervisor.agent.formats",
-    "Scanner": "supervisor.agent.scan",
     "Alerter": "supervisor.alerts",
     "Delivery": "supervisor.alerts",
     "mask_url": "supervisor.alerts",
@@ -138,19 +138,15 @@ _LAZY: dict[str, str] = {
     "Comparison": "supervisor.compare",
     "comparison_from": "supervisor.compare",
     "format_lines": "supervisor.compare",
-    "gather_comparison": "supervisor.compare",
     "EVENT_KINDS": "supervisor.events",
     "EVENTS_KEPT": "supervisor.events",
     "Event": "supervisor.events",
     "EventTracker": "supervisor.events",
-    "budget_event": "supervisor.events",
     "moved_key": "supervisor.events",
     "start_refused_event": "supervisor.events",
     "stop_key": "supervisor.events",
-    "Exporter": "supervisor.exporter",
-    "exposure_warning": "supervisor.exporter",
-    "serve_metrics": "supervisor.exporter:serve",
-    "StopLedger": "supervisor.stops",
+    "Supervision": "supervisor.supervision",
+    "Tick": "supervisor.supervision",
     "BudgetEvent": "supervisor.guard",
     "GuardOutcome": "supervisor.guard",
     "Action": "supervisor.plan",
@@ -170,14 +166,10 @@ _LAZY: dict[str, str] = {
     "Tokenizer": "supervisor.tokens",
     "count_tokens": "supervisor.tokens",
     "load_tokenizer": "supervisor.tokens",
-    "Watcher": "supervisor.watch",
-    "WatchLock": "supervisor.watch",
-    "WatchLocked": "supervisor.watch",
-    "watch": "supervisor.watch",
 }
 """Names this module re-exports from a module it imports only when one of them is first asked
 for (``module`` or ``module:attribute``): starting the engine for a refresh does not pay for the
-plans, the bench, the comparison, Slurm, alerts and the headless watcher."""
+plans, the bench, the comparison, Slurm and alerts."""
 
 
 def __getattr__(name: str) -> object:
@@ -254,6 +246,7 @@ class Engine:
         self._on_progress: Callable[[Snapshot], None] | None = None
         self._provisional: dict[str, HostView] = {}
         self._guard: BudgetGuard | None = None
+        self._supervision: Supervision | None = None
         self._live = Live(config)
 
     # ------------------------------------------------------------------ public API
@@ -658,6 +651,60 @@ class Engine:
 
         return await latest_samples(self, run, dataset, count)
 
+    def supervise(
+        self, *, report_initial: bool = True, others: bool = True, started: float | None = None
+    ) -> Supervision:
+        """Start the state :meth:`tick` keeps (``supervisor.supervision.Supervision``): whether
+        conditions true at the first tick are reported (``report_initial``: the watcher, not
+        the dashboard) and whether the stops and restarts other runwatch processes recorded
+        since ``started`` are (``others``)."""
+        from supervisor.supervision import Supervision
+
+        self._supervision = Supervision(
+            self.config, report_initial=report_initial, others=others, started=started
+        )
+        return self._supervision
+
+    @property
+    def supervision(self) -> Supervision:
+        """The state of the supervision loop (:meth:`supervise` with its defaults if not yet):
+        a front end tells it the stops and moves it makes (``expect_stop``, ``expect_moved``)."""
+        return self._supervision or self.supervise()
+
+    async def tick(
+        self,
+        *,
+        wait: float | None = None,
+        on_progress: Callable[[Snapshot], None] | None = None,
+        on_snapshot: Callable[[Snapshot], None] | None = None,
+        snapshot: Snapshot | None = None,
+        act: bool = True,
+        events: bool = True,
+    ) -> Tick:
+        """One turn of the supervision loop every front end runs: refresh (``wait`` and
+        ``on_progress`` as :meth:`refresh`; ``snapshot``: one already taken instead), each
+        run's budget policy (:meth:`enforce_budget`; ``act`` False: not applied), then the
+        events of what changed (``events``). ``on_snapshot`` gets the snapshot before the
+        policy acts (a screen shows it at once)."""
+
+        async def refresh() -> Snapshot:
+            if snapshot is not None:
+                return snapshot
+            return await self.refresh(on_progress=on_progress, wait=wait)
+
+        return await self.supervision.tick(
+            refresh,
+            self._enforce if act else None,
+            stopping=self.stopping,
+            on_snapshot=on_snapshot,
+            events=events,
+        )
+
+    async def _enforce(
+        self, snapshot: Snapshot, before_act: Callable[[BudgetEvent], None]
+    ) -> list[GuardOutcome]:
+        return await self.enforce_budget(snapshot, before_act=before_act)
+
     def budget_events(self, snapshot: Snapshot) -> list[BudgetEvent]:
         """Budget events in ``snapshot`` not acted on yet (changes nothing)."""
         return self._budget_guard().observe(snapshot)
@@ -673,8 +720,8 @@ class Engine:
         once ever (``supervisor.guard``), audited: ``warn`` is recorded, ``stop`` kills by
         identity, ``restart-with-budget`` restarts with ``--token-budget``. ``before_act`` is
         called with each event just before it is acted on (a front end marks the stop as
-        deliberate); ``on_step`` follows a restart's steps. The one implementation used by
-        ``status --watch``, ``guard`` and the dashboard."""
+        deliberate); ``on_step`` follows a restart's steps. The one implementation, applied at
+        each :meth:`tick` (``status --watch``, ``guard``, ``runwatch watch``, the dashboard)."""
         guard = self._budget_guard()
         outcomes = []
         for event in guard.observe(snapshot):
@@ -1281,6 +1328,67 @@ async def bench(
     )
 
 
+async def gather_comparison(
+    config: Config, *, sample_s: float = 0.0, engine: Engine | None = None
+) -> Comparison:
+    """Refresh the hosts (through ``engine``, else an engine of its own) and compare: where
+    should the rest run (``supervisor.compare.gather_comparison``)."""
+    from supervisor.compare import gather_comparison as gather
+
+    if engine is not None:
+        return await gather(config, engine=engine, sample_s=sample_s)
+    async with Engine(config) as own:
+        return await gather(config, engine=own, sample_s=sample_s)
+
+
+class ScanProgress(Protocol):
+    """Shows how far the scan of one file is, then goes away."""
+
+    def __call__(self, done: int, total: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def scan_local_files(
+    files: list[str],
+    fmt: str | None,
+    validate: str,
+    profile: dict[str, Any] | None,
+    tokenizer: Tokenizer | None = None,
+    texts: bool = True,
+    progress: Callable[[str], ScanProgress] | None = None,
+) -> list[dict[str, Any]]:
+    """Cold-scan each local file to its end with the agent's scanner, run here (one result per
+    file, as the agent's ``scan`` op gives it); a tokenizer format's completion tokens are
+    counted with ``tokenizer`` (answers and reasoning alike, as the dashboard counts them), else
+    None. ``progress(path)`` makes what shows the scan of ``path``."""
+    from supervisor.agent.scan import Scanner
+    from supervisor.tokens import count_tokens
+
+    scanner = Scanner()
+    results = []
+    for path in files:
+        shown = progress(path) if progress is not None else None
+        extra = 0
+        try:
+            while True:
+                r = scanner.scan(
+                    path, fmt, validate=validate, profile=profile, texts=texts, progress=shown
+                )
+                counted = [*(r.get("texts") or []), *(r.get("reasoning_texts") or [])]
+                if tokenizer is not None and counted:
+                    extra += sum(count_tokens(tokenizer, counted))
+                if not r.get("texts_more"):
+                    break
+        finally:
+            if shown is not None:
+                shown.close()
+        if r.get("token_source") == "tokenizer":
+            r["completion_tokens"] = extra if tokenizer is not None else None
+        results.append(r)
+    return results
+
+
 def client_profiles(config: Config) -> list[dict[str, Any]]:
     """Every client profile (built-in and configured) as ``runwatch clients --json`` shows it."""
     return [{**i.as_dict(), "name": i.name} for i in clients.list_clients(config)]
@@ -1353,7 +1461,6 @@ __all__ = [
     "Engine",
     "Event",
     "EventTracker",
-    "Exporter",
     "GuardOutcome",
     "HostError",
     "KillReport",
@@ -1365,26 +1472,22 @@ __all__ = [
     "Plan",
     "Rebalance",
     "SamplePreview",
-    "Scanner",
+    "ScanProgress",
     "Step",
-    "StopLedger",
+    "Supervision",
+    "Tick",
     "Tokenizer",
-    "WatchLock",
-    "WatchLocked",
-    "Watcher",
     "apply_rebalance",
     "assign_runs",
     "audit_line",
     "audit_location",
     "audit_records",
     "bench",
-    "budget_event",
     "comparison_from",
     "completeness_line",
     "count_tokens",
     "describe_job",
     "describe_rebalance",
-    "exposure_warning",
     "format_lines",
     "gather_comparison",
     "gather_rebalance",
@@ -1400,11 +1503,10 @@ __all__ = [
     "plan_rebalance",
     "run_once",
     "run_sync",
+    "scan_local_files",
     "scan_notes",
-    "serve_metrics",
     "set_origin",
     "sidecar_line",
     "start_refused_event",
     "stop_key",
-    "watch",
 ]

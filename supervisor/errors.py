@@ -60,6 +60,10 @@ class LaunchError(RunwatchError):
     """A run could not be launched, or did not stay alive long enough to be confirmed."""
 
 
+class StepFailed(RunwatchError):
+    """A step of a plan failed; the message says what happened and the hint what to do."""
+
+
 class EndpointError(RunwatchError):
     """An OpenAI-compatible endpoint could not be benchmarked."""
 

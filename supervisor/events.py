@@ -23,10 +23,10 @@ stale values). With ``report_initial=False`` (the dashboard) the conditions alre
 first refresh are taken as known and not reported; ``runwatch watch`` reports problems found at
 start, but not datasets already done (nor all done).
 
-Events of actions (the budget policy, automatic restarts) are made by :func:`budget_event` and
-:func:`restart_event`; a start the gate refused (a rollback, a restart on failure: it would
-overwrite the run's output) is a critical ``start-refused`` naming the command that starts the
-run keeping its output (:func:`start_refused_event`).
+Events of actions are made by ``guard.budget_event`` (the budget policy's) and
+:func:`restart_event` (automatic restarts); a start the gate refused (a rollback, a restart on
+failure: it would overwrite the run's output) is a critical ``start-refused`` naming the command
+that starts the run keeping its output (:func:`start_refused_event`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from supervisor.model import DatasetView, HostView, ProcessInfo, RunView, Snapsh
 from supervisor.secrets import mask_text
 
 if TYPE_CHECKING:
-    from supervisor.guard import GuardOutcome
     from supervisor.plan import ActionResult
 
 Severity = Literal["info", "warning", "critical"]
@@ -512,25 +511,6 @@ class EventTracker:
 def with_lines(event: Event, lines: list[str]) -> Event:
     """``event`` with ``lines`` (a log tail) attached."""
     return msgspec.structs.replace(event, lines=list(lines))
-
-
-def budget_event(outcome: GuardOutcome, config: Config) -> Event | None:
-    """The event of a budget policy's action (None for ``warn``, which over-budget says)."""
-    ev = outcome.event
-    if not outcome.acted or ev.policy == "warn":
-        return None
-    prefix = command_prefix(config)
-    return Event(
-        kind="budget-policy",
-        severity="info" if outcome.ok else "critical",
-        host=ev.host,
-        run=ev.run,
-        title=f"Budget policy {ev.policy}: {ev.run}",
-        message=f"{ev.message}\n{outcome.detail}",
-        command=f"{prefix} audit",
-        key=f"budget-policy|{ev.host}|{ev.run}|{ev.identity.pid}",
-        time=time.time(),
-    )
 
 
 def restart_event(

@@ -16,20 +16,35 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
 from supervisor import audit, clients, display
 from supervisor.config import Config
 from supervisor.errors import RunwatchError
+from supervisor.events import Event, command_prefix
 from supervisor.model import Identity, Snapshot
 from supervisor.paths import config_state, private_dir, state_dir
-from supervisor.plan import ActionResult, OnStep, make_plan
+from supervisor.plan import ActionResult, Looks, OnStep, Plan, make_plan
+from supervisor.rates import dataset_budget
 from supervisor.steps import kill_refused, kill_summary
 
 if TYPE_CHECKING:
-    from supervisor.engine import Engine
+    from supervisor.kill import KillReport
+
+
+class Acts(Looks, Protocol):
+    """What the policy uses to act (``Engine`` has it): a plan of the run as it is now, its
+    execution under the run's lock, and the audited kill by identity."""
+
+    async def kill(
+        self, host: str, identity: Identity, grace: float = 10.0, *, run: str | None = None
+    ) -> KillReport: ...
+
+    async def execute(
+        self, plan: Plan, *, dry_run: bool = False, on_step: OnStep | None = None
+    ) -> ActionResult: ...
 
 
 @dataclass
@@ -163,7 +178,7 @@ class BudgetGuard:
                 waste = 0
                 for dv in rv.datasets:
                     dc = self.config.datasets.get(dv.name)
-                    budget = dv.token_budget or (dc.token_budget if dc else None)
+                    budget = dataset_budget(dc, proc.flags.token_budget)
                     if budget is None or dv.completion_tokens <= budget:
                         continue
                     key = self._key(hv.name, rv.name, proc.identity, dv.name, rc.budget_policy)
@@ -199,7 +214,7 @@ class BudgetGuard:
         return events
 
     async def act(
-        self, engine: Engine, event: BudgetEvent, on_step: OnStep | None = None
+        self, engine: Acts, event: BudgetEvent, on_step: OnStep | None = None
     ) -> GuardOutcome:
         """Carry out the event's policy once (claimed atomically first) and audit it."""
         if not self._claim(event):
@@ -275,7 +290,26 @@ class BudgetGuard:
         return GuardOutcome(event, acted=True, ok=ok, detail=detail, result=result)
 
     async def enforce(
-        self, engine: Engine, snapshot: Snapshot, on_step: OnStep | None = None
+        self, engine: Acts, snapshot: Snapshot, on_step: OnStep | None = None
     ) -> list[GuardOutcome]:
         """``observe`` then ``act`` on each event."""
         return [await self.act(engine, e, on_step) for e in self.observe(snapshot)]
+
+
+def budget_event(outcome: GuardOutcome, config: Config) -> Event | None:
+    """The event of a budget policy's action (None for ``warn``, which over-budget says)."""
+    ev = outcome.event
+    if not outcome.acted or ev.policy == "warn":
+        return None
+    prefix = command_prefix(config)
+    return Event(
+        kind="budget-policy",
+        severity="info" if outcome.ok else "critical",
+        host=ev.host,
+        run=ev.run,
+        title=f"Budget policy {ev.policy}: {ev.run}",
+        message=f"{ev.message}\n{outcome.detail}",
+        command=f"{prefix} audit",
+        key=f"budget-policy|{ev.host}|{ev.run}|{ev.identity.pid}",
+        time=time.time(),
+    )

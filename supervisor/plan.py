@@ -51,21 +51,19 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from supervisor import display, launchspec
 from supervisor.agent.masking import mask_argv
 from supervisor.argv import argv_diff, parse_sets, parse_unsets, show_value
-from supervisor.config import RunConfig
-from supervisor.errors import HostError, LaunchError, RunwatchError
+from supervisor.config import Config, RunConfig
+from supervisor.errors import HostError, LaunchError
+from supervisor.errors import StepFailed as StepFailed  # where the steps take it from
 from supervisor.launchspec import LaunchSpec
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import HostView, JobView, ProcessInfo, RunView, Snapshot
 from supervisor.runenv import launch_env
 from supervisor.secrets import note_overrides
-
-if TYPE_CHECKING:
-    from supervisor.engine import Engine
 
 Action = Literal["launch", "restart"]
 StepState = Literal["pending", "running", "ok", "failed", "skipped"]
@@ -283,10 +281,6 @@ class ActionResult:
         }
 
 
-class StepFailed(RunwatchError):
-    """A step of a plan failed; the message says what happened and the hint what to do."""
-
-
 def find_run_view(snapshot: Snapshot, host: str, run: str) -> RunView | None:
     for hv in snapshot.hosts:
         if hv.name != host:
@@ -297,8 +291,18 @@ def find_run_view(snapshot: Snapshot, host: str, run: str) -> RunView | None:
     return None
 
 
+class Looks(Protocol):
+    """What a plan needs to look at the run as it is now: the config and a fresh snapshot
+    (``Engine`` has both; the plan never sees more of it)."""
+
+    @property
+    def config(self) -> Config: ...
+
+    async def refresh(self) -> Snapshot: ...
+
+
 async def make_plan(
-    engine: Engine,
+    engine: Looks,
     run_name: str,
     *,
     action: Action = "restart",

@@ -75,6 +75,15 @@ _SEEDED = "\0seeded"
 (a new agent names its streams afresh) unless its counts went down."""
 
 
+def dataset_budget(dataset: DatasetConfig | None, run_flag: int | None) -> int | None:
+    """A dataset's token budget: the config's ``token_budget`` for it, else the run's own
+    ``--token-budget`` (``run_flag``; None: none). The one rule of the rates, the budget policy
+    and the comparison."""
+    if dataset is not None and dataset.token_budget:
+        return dataset.token_budget
+    return run_flag
+
+
 class CostInfo(msgspec.Struct, kw_only=True, frozen=True):
     """What output costs where the run sends its requests."""
 
@@ -504,7 +513,7 @@ def build_dataset_view(
     if max_samples is None and dataset is not None:
         max_samples = dataset.max_samples
     run_budget = flags.token_budget if flags is not None else None
-    budget = dataset.token_budget if dataset is not None and dataset.token_budget else run_budget
+    budget = dataset_budget(dataset, run_budget)
     tracker.note_writer(writer if writer_alive else None)
     if state == "ok":
         tracker.observe(now, done, tokens, scan.get("size"), stream)

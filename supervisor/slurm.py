@@ -42,11 +42,10 @@ from supervisor.agent.slurm import (
 from supervisor.agentclient import AgentClient, as_data
 from supervisor.argv import apply_overrides
 from supervisor.config import Config, HostConfig, RunConfig
-from supervisor.errors import AgentError, OutcomeUnknown, RunwatchError, UsageError
+from supervisor.errors import AgentError, OutcomeUnknown, RunwatchError, StepFailed, UsageError
 from supervisor.fingerprint import fingerprint_of
 from supervisor.model import JobTask, JobView, RunState, Snapshot
 from supervisor.paths import private_dir, state_dir, write_private
-from supervisor.plan import StepFailed
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping, Sequence

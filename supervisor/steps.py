@@ -25,7 +25,7 @@ import inspect
 import posixpath
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -44,14 +44,47 @@ from supervisor.plan import ActionResult, OnStep, Plan, Step, StepFailed, StepSt
 from supervisor.replies import LockHolder
 
 if TYPE_CHECKING:
-    from supervisor.engine import Engine
+    from supervisor.config import Config
+    from supervisor.hosts import Host
+    from supervisor.kill import KillReport
+
+
+class PlanEngine(Protocol):
+    """What a plan's steps use of the engine, and nothing more (``Engine`` has it): the
+    config, the stops under way, the hosts, the format check, the data-loss alarm, the kill
+    inside a plan (under the run's lock the plan holds) and the run's record history."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def stopping(self) -> set[str]:
+        """``events.stop_key`` of each process a plan is stopping (a watcher's expected stops)."""
+        ...
+
+    def host(self, name: str) -> Host: ...
+
+    async def check_run(
+        self, run_name: str, argv: list[str] | None = None, *, tokens: bool = False
+    ) -> list[dict[str, Any]]: ...
+
+    def data_loss(
+        self, host: str, run: str, path: str, bytes_before: int, bytes_after: int
+    ) -> str: ...
+
+    async def kill_within_plan(self, host: str, identity: Identity, grace: float) -> KillReport: ...
+
+    def record_points(self, host: str, run: str) -> list[tuple[float, ...]]: ...
+
 
 DEFAULT_GPU_WAIT_S = 120.0
 DEFAULT_LOCK_WAIT_S = 30.0
 
 
 class _Runner:
-    def __init__(self, engine: Engine, plan: Plan, dry_run: bool, on_step: OnStep | None) -> None:
+    def __init__(
+        self, engine: PlanEngine, plan: Plan, dry_run: bool, on_step: OnStep | None
+    ) -> None:
         self.engine = engine
         self.plan = plan
         self.dry_run = dry_run
@@ -1084,7 +1117,7 @@ def kill_summary(outcome: Any) -> str:
 
 
 async def execute(
-    engine: Engine, plan: Plan, *, dry_run: bool = False, on_step: OnStep | None = None
+    engine: PlanEngine, plan: Plan, *, dry_run: bool = False, on_step: OnStep | None = None
 ) -> ActionResult:
     """Run the plan's steps in order, stopping at the first failure; see the module docstring."""
     return await _Runner(engine, plan, dry_run, on_step).run()

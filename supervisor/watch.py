@@ -1,8 +1,8 @@
 """``runwatch watch``: the engine headless, turning what happens into alerts, and acting.
 
-Every ``refresh_seconds`` the watcher refreshes every host (the engine reconnects a lost host
-with backoff and shows its last values meanwhile), applies each run's budget policy
-(``Engine.enforce_budget``), turns the snapshot into events (``supervisor.events``), restarts
+Every ``refresh_seconds`` the watcher runs one turn of the engine's supervision loop
+(``Engine.tick``: refresh every host, the engine reconnecting a lost host with backoff and
+showing its last values meanwhile; each run's budget policy; the events), restarts
 runs that opted in (``supervisor.autorestart``), prints one line per event (or one JSON object
 with ``--json``) and hands them to ``supervisor.alerts``, whose deliveries run off this loop (a
 hung receiver never delays a refresh). Every refresh also prints one line of its own (``tick``):
@@ -33,13 +33,12 @@ import msgspec
 from supervisor.alerts import Alerter, Delivery, check_alerts
 from supervisor.autorestart import AutoRestart
 from supervisor.errors import RunwatchError
-from supervisor.events import EVENTS_KEPT, Event, EventTracker, budget_event, stop_key, with_lines
+from supervisor.events import EVENTS_KEPT, Event, EventTracker, with_lines
 from supervisor.paths import config_key, config_state, open_private, read_private, state_dir
 from supervisor.stops import StopLedger
 
 if TYPE_CHECKING:
     from supervisor.engine import Engine
-    from supervisor.guard import BudgetEvent
     from supervisor.model import Snapshot
 
 LOG_LINES = 10
@@ -145,7 +144,7 @@ class Watcher:
             config.alerts, spool=state_dir() / "alerts" / config_key(config.path)
         )
         self.interval = interval or config.refresh_seconds
-        self.tracker = EventTracker(config, report_initial=True)
+        self.supervision = engine.supervise(report_initial=True, others=True)
         self.restarts = AutoRestart(engine)
         self.events: list[Event] = []
         """The events so far, oldest first (the newest ``EVENTS_KEPT``)."""
@@ -156,10 +155,17 @@ class Watcher:
         self.ticks = 0
         self.doing = ""
         """What the refresh under way is doing (for the notes of a long one)."""
-        self.started = time.time()
-        self._expected: set[str] = set()
-        self.stops = StopLedger(config, self.started)
-        self._pending: list[Event] = []
+        self.started = self.supervision.stops.started
+
+    @property
+    def stops(self) -> StopLedger:
+        """What runwatch processes stopped or moved (``supervisor.stops``), as the loop sees it."""
+        return self.supervision.stops
+
+    @property
+    def tracker(self) -> EventTracker:
+        """The event tracker of the loop (``supervisor.events``)."""
+        return self.supervision.tracker
 
     def note(self, text: str) -> None:
         """A line about the watcher itself (not an event): plain text, or JSON with ``--json``."""
@@ -181,7 +187,7 @@ class Watcher:
         taken, abandoned = self.restarts.take_over()
         for text in taken:
             self.note(text)
-        self._pending.extend(abandoned)
+        self.supervision.pending.extend(abandoned)
         while not stop.is_set():
             started = time.monotonic()
             beat = asyncio.ensure_future(self._beat(started))
@@ -214,31 +220,23 @@ class Watcher:
             self.note(f"refresh {self.ticks + 1} still under way after {took:.0f} s: {self.doing}")
 
     async def tick(self) -> list[Event]:
-        """One refresh: budget policy, events, automatic restarts, output and alerts."""
+        """One refresh (``Engine.tick``: snapshot, budget policy, events), then automatic
+        restarts, output and alerts."""
         engine = self.engine
         self.doing = "asking the hosts"
+
+        def asked(snap: Snapshot) -> None:
+            self.doing = "budget policy and events"
+
         # A host that does not answer within most of the interval shows its last values,
         # marked stale (the engine takes its answer at a later refresh): the others go on, and
         # the rest of the refresh has the remaining quarter. The first refresh waits for every
         # host: a host not asked yet has no last values (it is neither up nor lost).
-        snap = await engine.refresh(wait=0.75 * self.interval if self.ticks else None)
-        self.doing = "budget policy and events"
-
-        def deliberate(event: BudgetEvent) -> None:
-            if event.policy != "warn":
-                self._expected.add(stop_key(event.host, event.run, event.identity.pid))
-
-        outcomes = await engine.enforce_budget(snap, before_act=deliberate)
-        # What runwatch stopped or moved, from any process (``supervisor.stops``).
-        expected = self._expected | self.stops.expected() | engine.stopping
-        events = self.tracker.update(snap, expected)
-        events += self._pending + self.stops.take_events()
-        self._pending = []
-        for outcome in outcomes:
-            ev = budget_event(outcome, engine.config)
-            if ev is not None:
-                events.append(ev)
-        events = [await self._with_log(ev) for ev in events]
+        tick = await engine.tick(
+            wait=0.75 * self.interval if self.ticks else None, on_snapshot=asked
+        )
+        snap = tick.snapshot
+        events = [await self._with_log(ev) for ev in tick.events]
         events += self.restarts.observe(events)
         self.doing = "restarts on failure"
         events += await self.restarts.step(snap)
@@ -246,7 +244,7 @@ class Watcher:
             self._show(ev)
         self.events.extend(events)
         del self.events[:-EVENTS_KEPT]
-        self.alerter.keep_only(self.tracker.active())
+        self.alerter.keep_only(self.supervision.tracker.active())
         deliveries = await self.alerter.submit(events)
         self._report(deliveries)
         for observe in self.observers:

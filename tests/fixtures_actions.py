@@ -360,10 +360,11 @@ OVER_BUDGET_ARGS = ("--datasets", "B1", "--output-dir", "out")
 
 
 def over_budget_stop_run(
-    tmp_path: Path, fake_runs: FakeRuns, *, seed: int, top: str = ""
+    tmp_path: Path, fake_runs: FakeRuns, *, seed: int, top: str = "", ignore_term: bool = False
 ) -> tuple[FakeRun, Path]:
     """A live fake run ``gen`` on this machine whose B1 data (40 records) is already twice its
-    token budget, under ``budget_policy = "stop"``: the run and its config ``<tmp>/rw.toml``."""
+    token budget, under ``budget_policy = "stop"``: the run and its config ``<tmp>/rw.toml``.
+    ``ignore_term``: the run ignores SIGTERM (its stop lasts the 5 s grace, then KILL)."""
     # Imported here: fixture modules are loaded as plugins, each before anything imports it.
     from tests.fixtures_config import write_local_config
     from tests.fixtures_data import make_raw
@@ -371,7 +372,7 @@ def over_budget_stop_run(
     work = tmp_path / "w"
     (work / "out" / "B1").mkdir(parents=True)
     truth = make_raw(work / "out" / "B1" / "raw_responses.jsonl", 40, seed=seed)
-    run = fake_runs.start(*OVER_BUDGET_ARGS, cwd=work)
+    run = fake_runs.start(*OVER_BUDGET_ARGS, cwd=work, ignore_term=ignore_term)
     cfg = write_local_config(
         tmp_path / "rw.toml",
         f"""

@@ -18,14 +18,14 @@ from supervisor.config import Config, DatasetConfig, EndpointConfig, HostConfig,
 from supervisor.engine import (
     Action,
     ActionResult,
-    BudgetEvent,
-    GuardOutcome,
     KillReport,
     KillResult,
     LatestSamples,
     LogTail,
     OnStep,
     Plan,
+    Supervision,
+    Tick,
 )
 from supervisor.model import (
     DatasetView,
@@ -257,6 +257,7 @@ class FixedEngine:
         self.closed = False
         self.stopping: set[str] = set()
         """As ``Engine.stopping``: the stops a plan of this engine is making."""
+        self._supervision: Supervision | None = None
 
     async def refresh(self, on_progress: Callable[[Snapshot], None] | None = None) -> Snapshot:
         return self.snapshot
@@ -328,17 +329,35 @@ class FixedEngine:
     async def samples(self, run: RunView, dataset: str, count: int) -> LatestSamples:
         raise NotImplementedError("tail_records")
 
-    def budget_events(self, snapshot: Snapshot) -> list[BudgetEvent]:
-        return []
+    def supervise(
+        self, *, report_initial: bool = True, others: bool = True, started: float | None = None
+    ) -> Supervision:
+        self._supervision = Supervision(
+            self.config, report_initial=report_initial, others=others, started=started
+        )
+        return self._supervision
 
-    async def enforce_budget(
+    @property
+    def supervision(self) -> Supervision:
+        return self._supervision or self.supervise()
+
+    async def tick(
         self,
-        snapshot: Snapshot,
-        on_step: OnStep | None = None,
         *,
-        before_act: Callable[[BudgetEvent], None] | None = None,
-    ) -> list[GuardOutcome]:
-        return []
+        wait: float | None = None,
+        on_progress: Callable[[Snapshot], None] | None = None,
+        on_snapshot: Callable[[Snapshot], None] | None = None,
+        snapshot: Snapshot | None = None,
+        act: bool = True,
+        events: bool = True,
+    ) -> Tick:
+        # The real loop over the fixed snapshots; no budget policy to apply.
+        async def refresh() -> Snapshot:
+            return snapshot if snapshot is not None else await self.refresh(on_progress)
+
+        return await self.supervision.tick(
+            refresh, stopping=self.stopping, on_snapshot=on_snapshot, events=events
+        )
 
     async def check_run(
         self, run: str, argv: list[str] | None = None, *, tokens: bool = False

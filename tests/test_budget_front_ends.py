@@ -1,5 +1,5 @@
 """``runwatch status --watch``, ``runwatch guard`` and the dashboard apply the budget policy the
-same way, through ``Engine.enforce_budget`` (the import contract keeps them from reaching
+same way, through ``Engine.tick`` (the import contract keeps them from reaching
 ``supervisor.guard`` themselves): each, on a fresh over-budget run under ``budget_policy =
 "stop"`` (one shared fixture), kills it once and writes one audited ``budget`` record, and the
 three records are the same but for the process."""

@@ -304,3 +304,39 @@ async def test_overlapping_refreshes_share_one_poll(tmp_path: Path) -> None:
         assert a is b and engine.last is a
         c = await engine.refresh()
         assert c is not a and c.time >= a.time
+
+
+async def test_tick_is_the_supervision_loop_snapshot_policy_and_events(
+    tmp_path: Path, state_home: Path, fake_runs: FakeRuns
+) -> None:
+    """``Engine.tick`` on a run past its budget under ``budget_policy = "stop"``: without ``act``
+    the run is left alone; with it the run is stopped once, the outcome and its event come back
+    with the snapshot the policy acted on, and the stop is never reported as a death."""
+    from supervisor.config import load_config
+    from tests.fixtures_actions import over_budget_stop_run
+    from tests.fixtures_procs import gone
+
+    run, cfg = over_budget_stop_run(tmp_path, fake_runs, seed=5)
+    async with Engine(load_config(cfg)) as engine:
+        engine.supervise(report_initial=False, others=False)
+        looked = await engine.tick(act=False)
+        assert looked.outcomes == [] and not gone(run.pid, run.start_time)
+        (rv,) = [r for h in looked.snapshot.hosts for r in h.runs if r.name == "gen"]
+        assert rv.state == "running" and rv.process is not None
+        assert rv.process.identity.pid == run.pid
+
+        seen: list[Any] = []
+        acted = await engine.tick(on_snapshot=seen.append)
+        assert seen == [acted.snapshot]
+        (outcome,) = acted.outcomes
+        assert outcome.acted and outcome.ok and outcome.event.policy == "stop"
+        assert outcome.event.identity.pid == run.pid
+        assert gone(run.pid, run.start_time)
+        assert [e.kind for e in acted.events] == ["budget-policy"]
+
+        later = [await engine.tick() for _ in range(3)]
+        assert [o for t in later for o in t.outcomes] == []  # once per event, ever
+        kinds = [e.kind for t in later for e in t.events]
+        assert "run-died" not in kinds and "budget-policy" not in kinds
+        quiet = await engine.tick(events=False)
+        assert quiet.events == [] and quiet.snapshot is engine.last

@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from supervisor import audit, gate
-from supervisor.engine import Engine, Watcher, WatchLock, watch
+from supervisor.engine import Engine
 from supervisor.layout import layout_of
+from supervisor.watch import Watcher, WatchLock, watch
 from tests.fixtures_alerts import Receiver
 from tests.fixtures_clients import ClientRun
 from tests.waiting import wait_for, wait_until

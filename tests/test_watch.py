@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from supervisor import audit
-from supervisor.engine import Engine, Watcher, WatchLock, watch
+from supervisor.engine import Engine
+from supervisor.watch import Watcher, WatchLock, watch
 from tests import fixtures_actions as actions
 from tests.fixtures_actions import DemoRun, pid_alive, run_pids
 from tests.fixtures_alerts import Receiver

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import AlertsConfig, Config, DatasetConfig, RunConfig
-from supervisor.engine import Engine, Watcher, WatchLock, watch
+from supervisor.engine import Engine
+from supervisor.watch import Watcher, WatchLock, watch
 from tests.fixtures_alerts import Receiver
 from tests.fixtures_data import make_raw
 from tests.fixtures_sshd import SshdPool

@@ -8,10 +8,9 @@ workers that post typed messages back; the UI thread only renders model objects.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from textual import work
 from textual.app import App
@@ -22,21 +21,12 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from supervisor.config import Config
-from supervisor.engine import (
-    EVENTS_KEPT,
-    Event,
-    EventTracker,
-    StopLedger,
-    budget_event,
-    moved_key,
-    set_origin,
-    stop_key,
-)
+from supervisor.engine import EVENTS_KEPT, Event, set_origin
 from supervisor.model import HostView, RunView, Snapshot
 from tui.commands import RunCommands
 from tui.engine import EngineLike
 from tui.messages import (
-    BudgetPolicyApplied,
+    EventsFound,
     RefreshFailed,
     RefreshProgressed,
     RunKilled,
@@ -46,12 +36,6 @@ from tui.screens.dashboard import DashboardScreen
 from tui.widgets.events import EventsPanel
 from tui.widgets.fleet import run_key
 from tui.widgets.format import host_text, shown
-
-if TYPE_CHECKING:  # the guard loads when a budget policy first acts, not at start-up
-    from supervisor.engine import BudgetEvent, GuardOutcome
-
-MOVE_EXPECTED_S = 120.0
-"""How long after a restart moved a data file aside a smaller file at its path is expected."""
 
 NOTIFY_SEVERITY: dict[str, SeverityLevel] = {
     "info": "information",
@@ -114,16 +98,16 @@ class RunwatchApp(App[None]):
         """The events notified so far, oldest first, the newest ``EVENTS_KEPT`` of them
         (``supervisor.events``, as ``runwatch watch`` reports them; conditions true at start-up
         are not notified)."""
-        self._events = EventTracker(config, report_initial=False)
-        self._stops = StopLedger(config)
+        # Conditions true at start-up are on screen, not notified; other processes' stops and
+        # restarts are the watcher's to report.
+        engine.supervise(report_initial=False, others=False)
         self.refreshes = 0
         """Number of snapshots received (tests wait on it)."""
-        self._expected_stops: set[str] = set()
-        self._expected_moves: dict[str, float] = {}
-        """Data files a restart moved aside, until when (monotonic) their shrinking is expected."""
         self._refreshing = False
         self._guarded = any(r.budget_policy != "warn" for r in config.runs)
-        self._guarding = False
+        self._acting = False
+        """A tick's budget policy is acting (its snapshot is on screen already)."""
+        self._showing = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -132,6 +116,7 @@ class RunwatchApp(App[None]):
         if first is not None and first.done() and not first.cancelled() and not first.exception():
             # Read from the hosts while Textual started: the first frame shows it.
             self.on_snapshot_refreshed(SnapshotRefreshed(shown(first.result())))
+            self.refresh_now(first.result())  # its budget policy and events
         else:
             self.refresh_now()  # joins the refresh under way, if any (Engine.refresh shares it)
         self.set_interval(self.refresh_seconds, self._tick, name="refresh")
@@ -141,13 +126,48 @@ class RunwatchApp(App[None]):
 
     def _tick(self) -> None:
         # A refresh slower than the interval is not cancelled: the next tick is skipped instead.
+        # While the budget policy acts (a restart takes its quiet window and more), the screen
+        # still refreshes; what changed meanwhile is told at the next tick.
         if not self._refreshing:
             self.refresh_now()
+        elif self._acting and not self._showing:
+            self.show_now()
 
     @work(group="refresh", exit_on_error=False)
-    async def refresh_now(self) -> None:
-        """Poll every host once, off the UI path; the result comes back as SnapshotRefreshed."""
+    async def refresh_now(self, taken: Snapshot | None = None) -> None:
+        """One turn of the engine's supervision loop (``Engine.tick``), off the UI path: poll
+        every host (``taken``: a snapshot already shown instead), apply each run's budget
+        policy (the same as ``runwatch guard``: stop or restart runs past their budget, once
+        per event, audited) and find the events. The snapshot comes back as SnapshotRefreshed
+        before the policy acts, the events as EventsFound."""
         self._refreshing = True
+        on_snapshot = self._acts if taken is not None else self._refreshed
+        try:
+            tick = await self.engine.tick(
+                on_progress=self._progressed,
+                on_snapshot=on_snapshot,
+                snapshot=taken,
+                act=self._guarded,
+            )
+        except Exception as e:  # the engine itself failed (a host failing is in the snapshot)
+            self.post_message(RefreshFailed(f"{type(e).__name__}: {e}"))
+        else:
+            if tick.events:
+                self.post_message(EventsFound(tick.events))
+        finally:
+            self._refreshing = self._acting = False
+
+    def _refreshed(self, snapshot: Snapshot) -> None:
+        self.post_message(SnapshotRefreshed(shown(snapshot)))
+        self._acts(snapshot)
+
+    def _acts(self, snapshot: Snapshot) -> None:
+        self._acting = self._guarded  # the policy's turn of this tick begins
+
+    @work(group="show", exit_on_error=False)
+    async def show_now(self) -> None:
+        """A refresh only shown, while the budget policy of a tick acts."""
+        self._showing = True
         try:
             snapshot = await self.engine.refresh(on_progress=self._progressed)
         except Exception as e:  # the engine itself failed (a host failing is in the snapshot)
@@ -155,7 +175,7 @@ class RunwatchApp(App[None]):
         else:
             self.post_message(SnapshotRefreshed(shown(snapshot)))
         finally:
-            self._refreshing = False
+            self._showing = False
 
     def _progressed(self, snapshot: Snapshot) -> None:
         self.post_message(RefreshProgressed(shown(snapshot)))
@@ -165,52 +185,13 @@ class RunwatchApp(App[None]):
             self.snapshot = message.snapshot
 
     def on_snapshot_refreshed(self, message: SnapshotRefreshed) -> None:
-        now = time.monotonic()
-        self._expected_moves = {k: t for k, t in self._expected_moves.items() if t > now}
-        # What any runwatch stopped or moved (another terminal's kill, the watcher's restart).
-        expected = self._expected_stops | set(self._expected_moves) | self._stops.expected()
-        for event in self._events.update(message.snapshot, expected):
-            self.notify_event(event)
-        # A deliberate stop is expected until that process is seen gone (or replaced).
-        live = {
-            stop_key(h.name, r.name, r.process.identity.pid)
-            for h in message.snapshot.hosts
-            for r in h.runs
-            if r.state == "running" and r.process is not None
-        }
-        self._expected_stops &= live
         self.refresh_error = None
         self.refreshes += 1
         self.snapshot = message.snapshot
-        if self._guarded and not self._guarding:
-            self._guarding = True
-            self.apply_budget_policy(message.snapshot)
 
-    @work(group="guard", exit_on_error=False)
-    async def apply_budget_policy(self, snapshot: Snapshot) -> None:
-        """Apply each run's budget policy (``Engine.enforce_budget``, the same as ``runwatch
-        guard``): stop or restart runs past their budget, once per event, audited."""
-
-        def deliberate(event: BudgetEvent) -> None:
-            # A stop by the policy is deliberate: not a "run died" alert.
-            if event.policy != "warn":
-                self.expect_stop(event.host, event.run, event.identity.pid)
-
-        outcomes: list[GuardOutcome] = []
-        try:
-            outcomes = await self.engine.enforce_budget(snapshot, before_act=deliberate)
-        finally:
-            self._guarding = False
-        if outcomes:
-            self.post_message(BudgetPolicyApplied(outcomes))
-
-    def on_budget_policy_applied(self, message: BudgetPolicyApplied) -> None:
-        for outcome in message.outcomes:
-            # None when another runwatch (or an earlier one) acted, or for warn (the over-budget
-            # event says it already).
-            event = budget_event(outcome, self.config)
-            if event is not None:
-                self.notify_event(event)
+    def on_events_found(self, message: EventsFound) -> None:
+        for event in message.events:
+            self.notify_event(event)
 
     def notify_event(self, event: Event) -> None:
         """Show ``event`` as a notification (with the command that acts on it) and in the events
@@ -330,11 +311,11 @@ class RunwatchApp(App[None]):
 
     def expect_moved(self, path: str) -> None:
         """``path`` was moved aside by a restart: the new file there is no data loss."""
-        self._expected_moves[moved_key(path)] = time.monotonic() + MOVE_EXPECTED_S
+        self.engine.supervision.expect_moved(path)
 
     def expect_stop(self, host: str, run: str, pid: int) -> None:
         """Process ``pid`` of a run is being stopped on purpose: its end is not a death."""
-        self._expected_stops.add(stop_key(host, run, pid))
+        self.engine.supervision.expect_stop(host, run, pid)
 
     def on_run_killed(self, message: RunKilled) -> None:
         if message.error is None:

@@ -3,8 +3,10 @@
 The real engine is ``supervisor.engine.Engine``; screenshot tests pass an engine that returns fixed
 snapshots (and implements the rest of this Protocol). Screens use the engine only through this
 Protocol; what needs no host of its own (bench, the comparison, the bench history, tokenizers) are
-the functions of ``supervisor.engine``. ``Engine.host`` and ``Engine.kill_within_plan`` are not
-here: they serve the engine's own plans and previews, never a screen.
+the functions of ``supervisor.engine``. The app's refresh is ``tick`` (the engine's supervision
+loop: snapshot, budget policy, events), the same as every other front end's. ``Engine.host`` and
+``Engine.kill_within_plan`` are not here: they serve the engine's own plans and previews, never a
+screen.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ if TYPE_CHECKING:  # annotations only: these modules load when first used, not a
     from supervisor.engine import (
         Action,
         ActionResult,
-        BudgetEvent,
-        GuardOutcome,
         KillReport,
         LatestSamples,
         LogTail,
         OnStep,
         Plan,
+        Supervision,
+        Tick,
     )
 
 
@@ -84,18 +86,29 @@ class EngineLike(Protocol):
         """The latest records of a dataset, newest first, decoded for a preview."""
         ...
 
-    def budget_events(self, snapshot: Snapshot) -> list[BudgetEvent]:
-        """Budget events of ``snapshot`` not acted on yet."""
+    def supervise(
+        self, *, report_initial: bool = True, others: bool = True, started: float | None = None
+    ) -> Supervision:
+        """Start the state of the supervision loop (what :meth:`tick` reports)."""
         ...
 
-    async def enforce_budget(
+    @property
+    def supervision(self) -> Supervision:
+        """The supervision loop's state: told of the stops and moves a screen makes."""
+        ...
+
+    async def tick(
         self,
-        snapshot: Snapshot,
-        on_step: OnStep | None = None,
         *,
-        before_act: Callable[[BudgetEvent], None] | None = None,
-    ) -> list[GuardOutcome]:
-        """Apply each run's budget policy to the events of ``snapshot``, once each, audited."""
+        wait: float | None = None,
+        on_progress: Callable[[Snapshot], None] | None = None,
+        on_snapshot: Callable[[Snapshot], None] | None = None,
+        snapshot: Snapshot | None = None,
+        act: bool = True,
+        events: bool = True,
+    ) -> Tick:
+        """One turn of the supervision loop: refresh, each run's budget policy (once per event,
+        audited), the events of what changed."""
         ...
 
     async def aclose(self) -> None:

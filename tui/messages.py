@@ -9,8 +9,8 @@ from textual.message import Message
 
 from supervisor.model import Snapshot
 
-if TYPE_CHECKING:  # the guard loads when a budget policy first acts, not at start-up
-    from supervisor.engine import GuardOutcome
+if TYPE_CHECKING:  # the events load with the first tick, not at start-up
+    from supervisor.engine import Event
 
 
 class SnapshotRefreshed(Message, bubble=False):
@@ -39,13 +39,14 @@ class RefreshProgressed(Message, bubble=False):
         return isinstance(message, RefreshProgressed)
 
 
-class BudgetPolicyApplied(Message, bubble=False):
-    """The budget guard acted on runs past their budget (``stop`` or ``restart-with-budget``)."""
+class EventsFound(Message, bubble=False):
+    """A tick of the supervision loop found events to tell (``Engine.tick``): what changed, then
+    what the budget policy did."""
 
-    def __init__(self, outcomes: list[GuardOutcome]) -> None:
+    def __init__(self, events: list[Event]) -> None:
         super().__init__()
-        self.outcomes = outcomes
-        """One per budget event, in the order they were acted on."""
+        self.events = events
+        """Oldest first."""
 
 
 class RefreshFailed(Message, bubble=False):

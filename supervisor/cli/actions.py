@@ -352,15 +352,14 @@ def guard(watch: float | None, dry_run: bool, as_json: bool, config_path: str | 
         seen: list[dict[str, Any]] = []
         try:
             while True:
-                snap = await engine.refresh()
                 new: list[dict[str, Any]] = []
                 if dry_run:
-                    for e in engine.budget_events(snap):
+                    for e in engine.budget_events(await engine.refresh()):
                         new.append({"event": e.to_json(), "acted": False, "ok": True})
                         if not as_json:
                             click.echo(f"{e.host}/{e.run}: would {e.policy}: {e.message}")
                 else:
-                    for outcome in await engine.enforce_budget(snap):
+                    for outcome in (await engine.tick(events=False)).outcomes:
                         new.append(outcome.to_json())
                         if not as_json:
                             ev = outcome.event

@@ -141,32 +141,9 @@ def scan_paths(
     texts: bool = True,
 ) -> list[dict[str, Any]]:
     """Cold-scan each file to its end; tokenizer formats are counted with ``tokenizer``."""
-    from supervisor.engine import Scanner
+    from supervisor.engine import scan_local_files
 
-    scanner = Scanner()
-    results = []
-    for path in files:
-        progress = _Progress(path)
-        extra = 0
-        try:
-            while True:
-                r = scanner.scan(
-                    path, fmt, validate=validate, profile=profile, texts=texts, progress=progress
-                )
-                # Answers and reasoning alike, as the dashboard counts them.
-                counted = [*(r.get("texts") or []), *(r.get("reasoning_texts") or [])]
-                if tokenizer is not None and counted:
-                    from supervisor.engine import count_tokens
-
-                    extra += sum(count_tokens(tokenizer, counted))
-                if not r.get("texts_more"):
-                    break
-        finally:
-            progress.close()
-        if r.get("token_source") == "tokenizer":
-            r["completion_tokens"] = extra if tokenizer is not None else None
-        results.append(r)
-    return results
+    return scan_local_files(files, fmt, validate, profile, tokenizer, texts, progress=_Progress)
 
 
 # --------------------------------------------------------------------------- text output

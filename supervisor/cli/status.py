@@ -3,7 +3,7 @@
 Per dataset: responses, completion tokens, budget used, rates, ETA, the budget projection (how far
 past its budget a dataset without ``--token-budget`` will go) and the format verdict. ``--watch
 SECONDS`` redraws in place (plain text) until Ctrl-C and applies each run's budget policy
-(``Engine.enforce_budget``: warn, stop or restart-with-budget, once per event, audited), showing
+(``Engine.tick``: warn, stop or restart-with-budget, once per event, audited), showing
 what it did. Exit status: 0 when every host answered, 1 when one did not (its last values are
 shown, marked stale).
 """
@@ -255,9 +255,10 @@ async def _watch(config: Any, seconds: float, as_json: bool) -> None:
     async with Engine(config) as engine:
         while True:
             started = time.monotonic()
-            snap = await engine.refresh()
             # Each run's budget policy (warn, stop, restart-with-budget), once per event, audited.
-            done = [o for o in await engine.enforce_budget(snap) if o.acted]
+            tick = await engine.tick(events=False)
+            snap = tick.snapshot
+            done = [o for o in tick.outcomes if o.acted]
             if as_json:
                 print_json(snap)
                 for o in done:

@@ -57,8 +57,11 @@ def watch(
     import asyncio
     import signal
 
-    from supervisor.engine import Engine, Watcher, exposure_warning, serve_metrics
-    from supervisor.engine import watch as run_watch
+    from supervisor.engine import Engine
+    from supervisor.exporter import exposure_warning
+    from supervisor.exporter import serve as serve_metrics
+    from supervisor.watch import Watcher
+    from supervisor.watch import watch as run_watch
 
     config = get_config(config_path, act=True)
 
