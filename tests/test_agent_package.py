@@ -30,7 +30,7 @@ from tests.fixtures_procs import FakeRuns
 try:
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -347,9 +347,9 @@ async def test_the_real_agent_replies_fit_the_shapes(
     _fits("write_fingerprint", wrote)
     _fits("tail_records", await host.request("tail_records", {"path": str(data), "count": 2}))
     with open(data, "a"):  # this test holds the data file open for writing
-        held = await host.request("file_holders", {"paths": [str(data)]})
-    _fits("file_holders", held)
-    assert os.getpid() in msgspec.convert(held, replies.FileHolders).pids
+        held_reply = await host.request("file_holders", {"paths": [str(data)]})
+    _fits("file_holders", held_reply)
+    assert os.getpid() in msgspec.convert(held_reply, replies.FileHolders).pids
     torn = tmp_path / "torn.jsonl"
     torn.write_bytes(b'{"a": 1}\n{"a": 2')
     _fits("repair_tail", await host.request("repair_tail", {"path": str(torn)}))

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import pytest
@@ -319,7 +319,9 @@ def test_o6_the_verdict_says_which_source_confirms_or_denies(tmp_path: Path) -> 
     )
     assert "nor does the client profile 'mine' list it" in out.unconfirmed[0]
     unread = flagcheck.ScriptRead(script="gen.py", host="h", reply=None, reason="gone")
-    out = flagcheck.check(["--x"], [("--x", "1")], lambda f: True, profile, unread, repr)
+    out = flagcheck.check(
+        ["--x"], [("--x", "1")], lambda f: True, profile, unread, lambda f, v: repr(v)
+    )
     assert out.unconfirmed == [
         "--x: not a flag of the client profile 'mine', and could not read gen.py's flags "
         "statically: gone"
@@ -354,12 +356,12 @@ def test_o6_what_cannot_be_read_says_why(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo.py"
     os.mkfifo(fifo)
     for name in ("dir.py", "fifo.py"):  # a FIFO does not block the agent
-        result = argspec.script_flags({"workdir": str(tmp_path), "argv": ["python3", name]})
-        assert not result["readable"] and "not a regular file" in result["reason"], result
+        special = argspec.script_flags({"workdir": str(tmp_path), "argv": ["python3", name]})
+        assert not special["readable"] and "not a regular file" in special["reason"], special
     big = tmp_path / "big.py"
     big.write_bytes(b"#" * (argspec.MAX_SOURCE_BYTES + 1))
-    result = argspec.script_flags({"workdir": str(tmp_path), "argv": ["python3", "big.py"]})
-    assert not result["readable"] and "larger than" in result["reason"]
+    too_big = argspec.script_flags({"workdir": str(tmp_path), "argv": ["python3", "big.py"]})
+    assert not too_big["readable"] and "larger than" in too_big["reason"]
 
 
 def test_o6_the_script_is_found_as_the_launch_finds_it(tmp_path: Path) -> None:
@@ -455,7 +457,7 @@ def test_o6_a_client_that_ignores_help_is_never_run_by_the_gate(
         "itself"
     )
 
-    async def plan(action: str, sets: list[str], **kw: Any) -> Any:
+    async def plan(action: Literal["launch", "restart"], sets: list[str], **kw: Any) -> Any:
         dry_run = kw.pop("dry_run", False)
         async with Engine(load_config(cfg)) as engine:
             p = await engine.plan("hm", action=action, overrides=sets, **kw)

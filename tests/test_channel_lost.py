@@ -136,7 +136,7 @@ class KillLostStream(Stream):
 def _identity() -> Any:
     from supervisor.model import Identity
 
-    return Identity(boot_id="b" * 32, pid=4242, start_time=777, uid=1000, argv=["python", "x.py"])
+    return Identity(boot_id="b" * 32, pid=4242, start_time=777, uid=1000, argv=("python", "x.py"))
 
 
 @pytest.mark.parametrize("alive", [False, True])

@@ -254,9 +254,10 @@ def test_progress_goes_to_stderr_only_on_a_terminal(
     assert r["records"] == 200
     assert f"scanning {path}" in shown and "%" in shown
     assert shown.endswith("\r\x1b[K")
-    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: nothing written
+    not_a_tty = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", not_a_tty)  # not a terminal: nothing written
     data.scan_paths([str(path)], None, "sample", None)
-    assert sys.stderr.getvalue() == ""
+    assert not_a_tty.getvalue() == ""
 
 
 def test_scan_with_a_user_format_from_the_config(tmp_path: Path) -> None:

@@ -299,8 +299,8 @@ def test_modelopt_end_to_end_detected_resumed_finished(
                 lambda rv: (
                     rv.state == "stopped"
                     and rv.datasets
-                    and _ds(rv).completeness is not None
-                    and _ds(rv).completeness.missing == 0
+                    and (seen := _ds(rv).completeness) is not None
+                    and seen.missing == 0
                 ),
             )
             assert run.output.read_bytes().startswith(prefix)

@@ -4,13 +4,14 @@ counted by reason, and reasoning texts handed back apart from the answers."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from supervisor.agent.scan import Scanner
 from supervisor.completeness import completeness_line, completeness_view, sidecar_views
 
 
-def _jsonl(path: Path, rows: list[object]) -> Path:
+def _jsonl(path: Path, rows: Sequence[object]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 

@@ -149,7 +149,7 @@ def test_small_files_are_counted_without_starting_a_process(
 
     files = _files(tmp_path)
     assert all(len(data) < firstpass.PROCESS_MIN_BYTES for data in files.values())
-    monkeypatch.setattr(firstpass.subprocess, "Popen", no_process)
+    monkeypatch.setattr("supervisor.agent.firstpass.subprocess.Popen", no_process)
     monkeypatch.setattr(os, "fork", no_process)
     counted = firstpass.count_all(list(files), 4)
     assert counted == {p: (data.count(b"\n"), len(data)) for p, data in files.items()}

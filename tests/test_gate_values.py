@@ -354,6 +354,8 @@ def test_inv5_builtin_value_types_are_the_scripts_argparse_types() -> None:
 
 
 def test_inv5_values_are_read_as_argparse_reads_them() -> None:
+    ok: list[tuple[str, clients.ValueType]]
+    bad: list[tuple[str, clients.ValueType]]
     ok = [("64", "int"), ("-3", "int"), ("1_000", "int"), (" 7 ", "int"), ("0.7", "float"),
           ("1e-3", "float"), ("5", "float"), ("", "str"), ("x.jsonl", "path"),
           ("save", ["none", "save"])]  # fmt: skip
@@ -420,11 +422,11 @@ def test_inv5_without_a_profile_the_declared_types_and_choices_are_checked(
     for sets, expected in refused.items():
         detail = _refused_at_preflight(asyncio.run(go([sets])))
         assert expected in detail and "pass --force" in detail, detail
-    for sets in (["mode=b", "level=2"], ["level=02"], ["ratio=1"], ["batch=16"]):
-        result = asyncio.run(go(sets))
+    for accepted in (["mode=b", "level=2"], ["level=02"], ["ratio=1"], ["batch=16"]):
+        result = asyncio.run(go(accepted))
         pre = next(s for s in result.steps if s.name == "preflight")
         assert pre.state == "ok", why(result)
-        assert f"{len(sets)} value(s) of the expected type" in pre.detail, pre.detail
+        assert f"{len(accepted)} value(s) of the expected type" in pre.detail, pre.detail
     forced = asyncio.run(go(["mode=c"], force=True))
     pre = next(s for s in forced.steps if s.name == "preflight")
     assert pre.state == "ok" and "NOT checked (--force): --mode: 'c'" in pre.detail, why(forced)

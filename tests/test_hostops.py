@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from supervisor.agent import datafiles, gpu, launch, masking, proc
-from supervisor.agent.protocol import FINGERPRINT_VERSION, OP_SHAPES, AgentOpError
+from supervisor.agent.protocol import FINGERPRINT_VERSION, OP_SHAPES, AgentOpError, LaunchResult
 from supervisor.agent.server import Agent
 from tests.fixtures_actions import pid_alive, sha256_of
 from tests.waiting import wait_until
@@ -78,8 +78,10 @@ def test_launch_is_detached_locked_and_confirmed(
     # the lock is held by the child and names it
     status = launch.lock_status({"lock_path": str(tmp_path / "out/.runwatch/run.lock")})
     assert status["held"] is True and status["holder_alive"] is True
-    assert status["holder"]["identity"]["pid"] == pid
-    assert status["holder"]["identity"]["start_time"] == ident["start_time"]
+    holder = status["holder"]
+    assert holder is not None
+    assert holder["identity"]["pid"] == pid
+    assert holder["identity"]["start_time"] == ident["start_time"]
 
 
 def test_second_launch_is_already_running_with_the_holder(
@@ -91,6 +93,7 @@ def test_second_launch_is_already_running_with_the_holder(
     second = launch.launch(_launch_params(tmp_path, workload, python_exe, lock_wait_s=0.2))
     assert second["started"] is False
     assert second["reason"] == "already-running"
+    assert second["holder"] is not None
     assert second["holder"]["identity"]["pid"] == first["identity"]["pid"]
     assert f"pid {first['identity']['pid']}" in second["detail"]
     assert "already running" in second["detail"]
@@ -119,7 +122,7 @@ def test_lock_is_released_when_the_run_ends_and_a_relaunch_works(
 def test_concurrent_launches_start_exactly_one(
     tmp_path: Path, workload: Path, python_exe: str, kill_after: list[int]
 ) -> None:
-    results: list[dict[str, Any]] = []
+    results: list[LaunchResult] = []
     barrier = threading.Barrier(4)
 
     def go() -> None:
@@ -137,7 +140,9 @@ def test_concurrent_launches_start_exactly_one(
     refused = [r for r in results if not r["started"]]
     assert len(refused) == 3
     assert {r["reason"] for r in refused} == {"already-running"}
-    assert {r["holder"]["identity"]["pid"] for r in refused} == {started[0]["identity"]["pid"]}
+    holders = [r["holder"] for r in refused]
+    assert None not in holders
+    assert {h["identity"]["pid"] for h in holders if h} == {started[0]["identity"]["pid"]}
 
 
 def test_a_run_that_dies_at_once_is_reported_with_its_log(tmp_path: Path, python_exe: str) -> None:
@@ -295,13 +300,14 @@ def test_move_aside_renames_and_keeps_every_byte(tmp_path: Path) -> None:
     f.write_bytes(b'{"sample_id": "x", "text": "legacy"}\n')
     digest = sha256_of(f)
     result = datafiles.move_aside({"path": str(f), "format": "raw-legacy", "timestamp": "T1"})
-    assert result["moved"] is True
+    assert result["moved"] is True and result["to"] is not None
     target = Path(result["to"])
     assert target.name == "raw_responses.jsonl.raw-legacy-T1"
     assert not f.exists() and sha256_of(target) == digest
     # a second move with the same stamp never overwrites the first
     f.write_bytes(b"second\n")
     again = datafiles.move_aside({"path": str(f), "format": "raw-legacy", "timestamp": "T1"})
+    assert again["to"] is not None
     assert Path(again["to"]).name == "raw_responses.jsonl.raw-legacy-T1.2"
     assert sha256_of(target) == digest
     assert Path(again["to"]).read_bytes() == b"second\n"
@@ -321,6 +327,7 @@ def test_move_aside_default_stamp_and_missing_file(tmp_path: Path) -> None:
     f = tmp_path / "d.jsonl"
     f.write_text("x\n")
     moved = datafiles.move_aside({"path": str(f), "format": "mixed"})
+    assert moved["to"] is not None
     assert Path(moved["to"]).name.startswith("d.jsonl.mixed-20")
     assert datafiles.move_aside({"path": str(f), "format": "mixed"})["moved"] is False
     with pytest.raises(AgentOpError):
@@ -364,7 +371,8 @@ def test_read_fingerprint_missing_and_corrupt(tmp_path: Path) -> None:
     assert missing["exists"] is False and missing["fingerprint"] is None
     (tmp_path / "launch.json").write_text("{not json")
     corrupt = launch.read_fingerprint({"path": str(tmp_path / "launch.json")})
-    assert corrupt["exists"] and corrupt["fingerprint"] is None and "not JSON" in corrupt["error"]
+    error = corrupt["error"]
+    assert corrupt["exists"] and corrupt["fingerprint"] is None and error and "not JSON" in error
 
 
 def test_launch_writes_the_fingerprint_once_confirmed(
@@ -433,10 +441,10 @@ def test_is_alive_checks_start_time(
     result = launch.launch(_launch_params(tmp_path, workload, python_exe))
     ident = result["identity"]
     kill_after.append(ident["pid"])
-    assert proc.is_alive(ident)
+    assert proc.is_alive(dict(ident))
     assert not proc.is_alive(dict(ident, start_time=ident["start_time"] + 1))
     os.killpg(ident["pid"], signal.SIGKILL)
-    wait_until(lambda: not proc.is_alive(ident), timeout=15)
+    wait_until(lambda: not proc.is_alive(dict(ident)), timeout=15)
 
 
 def test_gpu_holders_without_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -544,11 +552,13 @@ def test_one_lock_per_dataset(
     )
     assert third["reason"] == "already-running"
     assert third["lock_path"] == str(tmp_path / side / "B2.lock")
+    assert third["holder"] is not None
     assert third["holder"]["identity"]["pid"] == first["identity"]["pid"]
     status = launch.lock_status(
         {"workdir": str(tmp_path), "lock_paths": [f"{side}/B4.lock", f"{side}/B1.lock"]}
     )
-    assert status["held"] and status["holder"]["identity"]["pid"] == first["identity"]["pid"]
+    assert status["held"] and status["holder"] is not None
+    assert status["holder"]["identity"]["pid"] == first["identity"]["pid"]
     assert [lk["held"] for lk in status["locks"]] == [True, False]  # sorted: B1, B4
     for lock in ("B1", "B2"):
         holder = json.loads((tmp_path / side / f"{lock}.lock").read_text())
@@ -571,5 +581,7 @@ def test_read_many_fingerprints(tmp_path: Path) -> None:
         }
     )
     fps = got["fingerprints"]
-    assert fps["B1"]["fingerprint"]["model"] == "B1" and fps["B2"]["fingerprint"]["model"] == "B2"
+    fp1, fp2 = fps["B1"]["fingerprint"], fps["B2"]["fingerprint"]
+    assert fp1 is not None and fp2 is not None
+    assert fp1["model"] == "B1" and fp2["model"] == "B2"
     assert fps["B3"]["exists"] is False and fps["B3"]["fingerprint"] is None

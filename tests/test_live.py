@@ -76,11 +76,11 @@ def test_a_dataset_switch_is_counted_once_and_the_finished_dataset_is_at_zero() 
     assert run.rates.tok_per_s == pytest.approx(100.0)
     assert run.rates.tok_per_s_err == pytest.approx(100.0 / math.sqrt(60))
     assert (run.rates.window_s, run.rates.responses) == (600.0, 60)
-    b5, b6 = run.datasets
-    assert b5.done and b5.rates.tok_per_s == 0.0 and b5.rates.tok_per_s_1m == 0.0
-    assert not b6.done and b6.rates.tok_per_s == pytest.approx(100.0)
-    naive = (trackers.get(("gpu1", b5.path)).rates(900.0).tok_per_s_10m or 0) + (
-        b6.rates.tok_per_s_10m or 0
+    v5, v6 = run.datasets
+    assert v5.done and v5.rates.tok_per_s == 0.0 and v5.rates.tok_per_s_1m == 0.0
+    assert not v6.done and v6.rates.tok_per_s == pytest.approx(100.0)
+    naive = (trackers.get(("gpu1", v5.path)).rates(900.0).tok_per_s_10m or 0) + (
+        v6.rates.tok_per_s_10m or 0
     )
     assert naive == pytest.approx(150.0)  # what adding up the windows would have claimed
     assert run.history and run.history[-1] == pytest.approx(100.0)
@@ -176,9 +176,9 @@ def test_history_rates_read_from_the_newest_point_are_every_rates_last(tmp_path:
     h.load()
     assert sorted(h.keys()) == sorted(rings)
     for key in rings:
-        pts = h.points(key)
+        points = h.points(key)
         for column, limit in ((1, 120), (2, 120), (2, 7), (2, 1)):
-            assert h.rates(key, column, limit) == _every_rate(pts, column, limit), (key, limit)
+            assert h.rates(key, column, limit) == _every_rate(points, column, limit), (key, limit)
     assert h.rates("absent") == []
 
 
@@ -345,8 +345,8 @@ gpu_cost_per_hour = 36.0
 
     works, skipped = works_from_snapshot(config, snap)
     assert skipped == {"B5": "token_budget reached"}
-    (b6,) = works
-    assert b6.remaining_tokens == 30_000
+    (work6,) = works
+    assert work6.remaining_tokens == 30_000
     (local,) = endpoint_rates(config, live_rates(config, snap), [])
     assert local.out_tok_per_s == pytest.approx(100.0)
     (est,) = compare(works, [local]).datasets[0].estimates

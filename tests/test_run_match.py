@@ -74,8 +74,8 @@ async def test_same_command_in_another_directory_is_never_the_run(
         assert listed[pid] is None and seen[pid] is None
     run = fake_runs.start(*ARGS, cwd=mine)
     listed, seen = await _matches(_config("~/proj/w"))
-    mine = (run.pid, twin.pid, decoy.pid)  # other processes of this machine come and go
-    assert [listed[p] for p in mine] == [seen[p] for p in mine]
+    pids = (run.pid, twin.pid, decoy.pid)  # other processes of this machine come and go
+    assert [listed[p] for p in pids] == [seen[p] for p in pids]
     assert listed[run.pid] == "gen"
     assert listed[twin.pid] is None and listed[decoy.pid] is None
 

@@ -12,6 +12,7 @@ import pytest
 
 from supervisor.hosts import Host, process_infos
 from supervisor.kill import kill
+from supervisor.model import Identity
 from tests.fixtures_procs import FakeRuns, alive, gone
 from tests.waiting import wait_until
 
@@ -87,7 +88,7 @@ def _forks(ready: Path) -> list[int]:
     return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
-async def _identity(host: Host, pid: int):  # type: ignore[no-untyped-def]
+async def _identity(host: Host, pid: int) -> Identity:
     result = await host.request("ps", {"scripts": ["run_inference.py"]})
     (ident,) = [p.identity for p in process_infos(result) if p.identity.pid == pid]
     return ident

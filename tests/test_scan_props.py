@@ -197,7 +197,7 @@ def test_plain_lines_are_counted_in_batches(tmp_path: Path) -> None:
         calls.append(args)
         return real(*args)  # type: ignore[arg-type]
 
-    scanner._line = counted  # type: ignore[method-assign]
+    scanner._line = counted  # type: ignore[method-assign,assignment]
     r = scanner.scan(str(path))
     assert r["records"] == 300 and r["completion_tokens"] == 900
     assert r["prompt_tokens"] == sum(range(300))
@@ -221,7 +221,7 @@ def test_long_plain_lines_are_counted_without_a_parse(tmp_path: Path) -> None:
         calls.append(args)
         return real(*args)  # type: ignore[arg-type]
 
-    scanner._line = counted  # type: ignore[method-assign]
+    scanner._line = counted  # type: ignore[method-assign,assignment]
     r = scanner.scan(str(path))
     assert (r["records"], r["completion_tokens"], r["prompt_tokens"]) == (40, 120_000, 780)
     assert (r["unique_ids"], r["duplicates"]) == (7, 33)

@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.fixtures_actions import DemoRun, run_pids
+from tests.fixtures_actions import DemoRun, run_pids, runwatch
 from tests.fixtures_slurm import SlurmCluster
-from tests.test_launch_cli import runwatch
 from tests.waiting import wait_until
 
 LOGIN = '[[hosts]]\nname = "login"\nlocal = true\nkind = "slurm"\n'

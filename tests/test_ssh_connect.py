@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,9 @@ def _by_alias(
 
 
 @pytest.fixture
-def fresh_sshd(sshd_pool: SshdPool) -> SshdServer:
+def fresh_sshd(sshd_pool: SshdPool) -> Iterator[SshdServer]:
     server = sshd_pool.start("fresh")
-    yield server  # type: ignore[misc]
+    yield server
     server.stop()
 
 

@@ -366,7 +366,9 @@ async def test_o5_the_dashboard_rings_when_the_rollback_of_its_restart_is_refuse
         await wait_for(
             lambda: screen.result is not None and not screen.result.dry_run, 90, what="the restart"
         )
-        rb = screen.result.rollback
+        restarted = screen.result
+        assert restarted is not None
+        rb = restarted.rollback
         refused = [a for a in app.alerts if a.kind == "start-refused"]
         problem = str(screen.query_one("#problem", Static).content)
     assert rb is not None and rb["refused"] is True and not run.pids()

@@ -288,8 +288,8 @@ async def test_t1_no_secret_form_reaches_any_output_file_screen_or_alert(
 
     leaks = {name: _leaks(text) for name, text in outputs.items() if _leaks(text)}
     assert not leaks, leaks
-    for name, text in outputs.items():
-        assert "\x1b" not in text or name == "dashboard", f"a raw escape in {name}"
+    for name, output in outputs.items():
+        assert "\x1b" not in output or name == "dashboard", f"a raw escape in {name}"
     state = tmp_path / "state"
     private = [*state.rglob("*"), *(workdir / "out").rglob(".runwatch/**/*")]
     files = [p for p in private if p.is_file()]

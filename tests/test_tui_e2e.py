@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -30,7 +31,7 @@ def _screen(socket: str) -> str:
     return _tmux(socket, "capture-pane", "-p", "-t", "demo").stdout
 
 
-def _poll(condition, timeout: float, what: str, socket: str) -> str:  # type: ignore[no-untyped-def]
+def _poll(condition: Callable[[str], object], timeout: float, what: str, socket: str) -> str:
     deadline = time.monotonic() + timeout
     while True:
         screen = _screen(socket)

@@ -13,7 +13,7 @@ from tui.widgets.events import EventsPanel
 
 async def test_a_death_is_notified_listed_in_the_panel_and_rings_the_bell() -> None:
     engine = FixedEngine()
-    app = make_app(engine.config, engine)  # type: ignore[arg-type]
+    app = make_app(engine.config, engine)
     rings: list[int] = []
     app.bell = lambda: rings.append(1)  # type: ignore[method-assign]  # the terminal is an edge
     async with app.run_test(size=(120, 40)) as pilot:
@@ -21,7 +21,8 @@ async def test_a_death_is_notified_listed_in_the_panel_and_rings_the_bell() -> N
         # At start-up nothing pops up, though the fixed fleet has problems (they are on screen).
         assert app.alerts == []
         panel = app.screen.query_one(EventsPanel)
-        assert not panel.display
+        shown_at_start = panel.display
+        assert not shown_at_start
 
         died = msgspec.convert(msgspec.to_builtins(fixed_snapshot()), type(engine.snapshot))
         died.hosts[0].runs[0].state = "stopped"

@@ -123,9 +123,11 @@ class CountingEngine(Engine):
         super().__init__(config)
         self.asked = 0
 
-    async def refresh(self, on_progress: Callable[[Snapshot], None] | None = None) -> Snapshot:
+    async def refresh(
+        self, on_progress: Callable[[Snapshot], None] | None = None, wait: float | None = None
+    ) -> Snapshot:
         self.asked += 1
-        return await super().refresh(on_progress)
+        return await super().refresh(on_progress, wait)
 
 
 async def test_a_refresh_finished_before_the_app_mounts_is_its_first_frame(tmp_path: Path) -> None:

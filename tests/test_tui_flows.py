@@ -209,8 +209,10 @@ async def test_kill_flow_stops_exactly_the_chosen_run(tui_demo: Any) -> None:
         await pilot.press("x")
         await _confirm(app, pilot)
         await wait_for(lambda: launch.result is not None, timeout=60, what="the launch")
-        assert launch.result.ok is True, launch.steps
-        new_pid = launch.result.identity["pid"]
+        launched = launch.result
+        assert launched is not None and launched.identity is not None
+        assert launched.ok is True, launch.steps
+        new_pid = launched.identity["pid"]
         assert psutil.Process(new_pid).cmdline()[1].endswith("run_inference.py")
 
 
@@ -241,7 +243,8 @@ async def test_restart_blocked_by_legacy_data_shows_the_remedy(tui_demo: Any) ->
         # Check only: the format check fails on B3 and the screen says what to do.
         await pilot.press("c")
         await wait_for(lambda: screen.result is not None, timeout=30, what="the checks")
-        assert screen.result.ok is False
+        failed = screen.result
+        assert failed is not None and failed.ok is False
         assert screen.steps[1]["name"] == "format-check" and screen.steps[1]["state"] == "failed"
         assert "B3" in screen.steps[1]["detail"] and "legacy" in screen.steps[1]["detail"]
         problem = _text(screen.query_one("#problem", Static))
@@ -257,7 +260,8 @@ async def test_restart_blocked_by_legacy_data_shows_the_remedy(tui_demo: Any) ->
         )
         await pilot.press("c")
         await wait_for(lambda: screen.result is not None, timeout=30, what="the checks again")
-        assert screen.result.ok is True, screen.steps
+        passed = screen.result
+        assert passed is not None and passed.ok is True, screen.steps
         assert "will move aside" in screen.steps[1]["detail"]
         assert local.poll() is None
 
@@ -328,7 +332,8 @@ async def test_restart_with_move_aside_relaunches_the_run(tui_demo: Any) -> None
         # Check first; the screen then says x runs the plan, and one x does.
         await pilot.press("c")
         await wait_for(lambda: screen.result is not None, timeout=30, what="the checks")
-        assert screen.result.ok is True and screen.result.dry_run, screen.steps
+        checks = screen.result
+        assert checks is not None and checks.ok is True and checks.dry_run, screen.steps
         assert "Press x to run the plan" in _text(screen.query_one("#problem", Static))
         checked = len(screen.transitions)
         await pilot.press("x")
@@ -338,7 +343,9 @@ async def test_restart_with_move_aside_relaunches_the_run(tui_demo: Any) -> None
             timeout=90,
             what="the restart",
         )
-        assert screen.result.ok is True, screen.steps
+        restarted = screen.result
+        assert restarted is not None and restarted.identity is not None
+        assert restarted.ok is True, screen.steps
         # Each step was shown running, then with its result, in plan order.
         seen = screen.transitions[checked:]
         names = [s["name"] for s in screen.steps]
@@ -349,7 +356,7 @@ async def test_restart_with_move_aside_relaunches_the_run(tui_demo: Any) -> None
         assert running == names
         assert seen.index(("format-check", "ok")) < seen.index(("launch", "running"))
         assert seen[-1] == ("launch", "ok")
-        new_pid = screen.result.identity["pid"]
+        new_pid = restarted.identity["pid"]
         assert new_pid != local.pid and psutil.pid_exists(new_pid)
         assert local.wait(timeout=10) is not None
         # The legacy file was moved aside byte for byte, not deleted.
@@ -382,6 +389,7 @@ async def test_compare_screen_and_a_bench_with_progress(tui_demo: Any) -> None:
             timeout=20,
             what="a comparison",
         )
+        assert screen.comparison is not None
         assert {r.endpoint for r in screen.comparison.rates} == {"local-gpu", "api"}
         table = screen.query_one("#table", DataTable)
         assert table.row_count >= 1
@@ -394,6 +402,7 @@ async def test_compare_screen_and_a_bench_with_progress(tui_demo: Any) -> None:
         assert bar.display
         await wait_for(lambda: screen.bench_result is not None, timeout=60, what="the bench")
         result = screen.bench_result
+        assert result is not None
         assert result.endpoint == "api"
         assert sum(lv.completed for lv in result.levels) == 6
         assert bar.percentage == 1.0

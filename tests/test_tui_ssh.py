@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from textual.widgets import Static
 
 from supervisor.config import Config, DatasetConfig, RunConfig
 from supervisor.engine import Engine
+from supervisor.model import HostView
 from tests.fixtures_data import make_raw
 from tests.fixtures_sshd import SshdPool
 from tests.waiting import wait_for
@@ -41,7 +43,7 @@ async def test_host_lost_and_back(sshd_pool: SshdPool, tmp_path: Path) -> None:
     try:
         async with app.run_test(size=(120, 30)) as pilot:
 
-            def host_view():  # type: ignore[no-untyped-def]
+            def host_view() -> HostView | None:
                 return app.snapshot.hosts[0] if app.snapshot else None
 
             await wait_for(lambda: (h := host_view()) is not None and h.connected, timeout=30)
@@ -62,7 +64,7 @@ async def test_host_lost_and_back(sshd_pool: SshdPool, tmp_path: Path) -> None:
             await pilot.pause()
             card = app.screen.query_one(HostCard)
             assert card.has_class("-stale")
-            header = str(card.query_one(".host-header").content)
+            header = str(card.query_one(".host-header", Static).content)
             assert "STALE" in header and "disconnected" in header
             # The last values are still there, marked stale.
             view = host_view()

@@ -43,7 +43,7 @@ def _shown(widget: object) -> list[str]:
 
 async def _kill_dialog_lines(size: tuple[int, int], argv: list[str], children: int) -> list[str]:
     engine = FixedEngine(_snapshot(argv, children))
-    app = make_app(engine.config, engine)  # type: ignore[arg-type]
+    app = make_app(engine.config, engine)
     async with app.run_test(size=size) as pilot:
         await wait_for(lambda: app.refreshes >= 1, what="the first snapshot")
         await wait_for(lambda: isinstance(app.focused, DatasetTable), what="a focused run")
@@ -86,13 +86,13 @@ async def test_the_events_panel_gives_each_event_one_line_and_keeps_its_command(
     from tui.widgets.events import EventsPanel
 
     engine = FixedEngine()
-    app = make_app(engine.config, engine)  # type: ignore[arg-type]
+    app = make_app(engine.config, engine)
     path = "/data/eagle3/" + "very-long-directory/" * 8 + "raw_responses.jsonl"
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(lambda: app.refreshes >= 1, what="the first snapshot")
         app.alerts.extend(
             Event(
-                kind="data-loss",
+                kind="data-loss",  # type: ignore[arg-type]  # a kind of no known event
                 severity="critical",
                 host="gpu-box",
                 title=f"eagle3-kimi B{i}",
@@ -125,7 +125,7 @@ async def test_a_long_error_in_the_run_detail_is_cut_with_an_ellipsis() -> None:
         raise PermissionError(f"cannot read {path}: permission denied")
 
     engine.samples = unreadable  # type: ignore[method-assign,assignment]
-    app = make_app(engine.config, engine)  # type: ignore[arg-type]
+    app = make_app(engine.config, engine)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(lambda: isinstance(app.focused, DatasetTable), what="a focused run")
         await pilot.press("enter")

@@ -10,7 +10,7 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from click.testing import CliRunner
@@ -351,7 +351,10 @@ def test_v17_specforge_sample_bound_after_a_resume(
         [
             {
                 "id": r["sample_id"],
-                "conversations": [*r["messages"], {"role": "assistant", "content": "done"}],
+                "conversations": [
+                    *cast(list[Any], r["messages"]),
+                    {"role": "assistant", "content": "done"},
+                ],
                 "status": "success",
             }
             for r in records
@@ -571,8 +574,8 @@ def test_v11_modelopt_failed_requests_end_to_end_restart_and_check(
                     lambda rv: (
                         rv.state == "stopped"
                         and rv.datasets
-                        and _ds(rv).completeness is not None
-                        and _ds(rv).completeness.missing == 0
+                        and (seen := _ds(rv).completeness) is not None
+                        and seen.missing == 0
                     ),
                 )
 

@@ -179,7 +179,7 @@ async def test_a_run_that_keeps_dying_is_given_up_not_looped(
         assert launched.ok, actions.why(launched)
         pid = (launched.identity or {})["pid"]
         async with watching(engine, tmp_path) as (watcher, _lines):
-            killed = []
+            killed: list[int] = []
             for _ in range(3):  # restart_max = 2: the third death gives up
                 await wait_for(
                     lambda: running_pid(engine) not in (None, *killed), 90, what="the run running"
