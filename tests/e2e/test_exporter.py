@@ -38,7 +38,7 @@ from tests.fixtures_actions import API_KEY, DemoRun, raw_record, run_pids, runwa
 from tests.fixtures_prometheus import Prometheus, free_port
 from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "configs" / "prometheus" / "runwatch-rules.yml"
 RULES_TEST = ROOT / "configs" / "prometheus" / "runwatch-rules.test.yml"
 DASHBOARD = ROOT / "configs" / "grafana" / "runwatch-dashboard.json"

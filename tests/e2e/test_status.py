@@ -173,7 +173,7 @@ def test_status_watch_redraws_until_ctrl_c(tmp_path: Path, dataset_dir: tuple[Pa
         [sys.executable, "-m", "supervisor.cli", "status", "-c", str(cfg), "--watch", "0.2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        cwd=Path(__file__).parent.parent,
+        cwd=Path(__file__).parents[2],
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None
@@ -357,7 +357,7 @@ def test_no_config_anywhere_says_where_it_looked(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={**env, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        env={**env, "PYTHONPATH": str(Path(__file__).parents[2])},
         timeout=60,
     )
     assert p.returncode == 2

@@ -38,7 +38,7 @@ from tests.fixtures_actions import (
 from tests.fixtures_procs import FakeRuns
 from tests.waiting import wait_until
 
-DEMO = Path(__file__).resolve().parents[1] / "supervisor" / "demo"
+DEMO = Path(__file__).resolve().parents[2] / "supervisor" / "demo"
 
 
 def _current(path: Path, count: int) -> None:

@@ -189,7 +189,7 @@ async def test_t12_the_demo_host_lists_only_its_own_runs(
         everyone = [p.identity.pid for p in await engine.list_processes("local")]
     assert {stray.pid, started.identity["pid"], other.identity["pid"]} <= set(everyone)
     # the demo's own config sets it
-    template = Path(__file__).resolve().parents[1] / "configs" / "demo.toml"
+    template = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
     assert "only_own_runs = true" in template.read_text()
 
 

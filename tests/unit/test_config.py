@@ -11,7 +11,7 @@ import pytest
 from supervisor.config import Config, flag_value, load_config
 from supervisor.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 GOOD = """
 tokenizer = "/models/tok"

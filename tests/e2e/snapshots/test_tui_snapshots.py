@@ -1,7 +1,7 @@
 """Screenshots of the app at 80x24 and 160x48 on a fixed snapshot (no timing in the pixels).
 
-Regenerate after a deliberate change with ``pytest tests/snapshots --snapshot-update`` and look at
-the report before committing the new SVGs.
+Regenerate after a deliberate change with ``pytest tests/e2e/snapshots --snapshot-update`` and
+look at the report before committing the new SVGs.
 """
 
 from __future__ import annotations

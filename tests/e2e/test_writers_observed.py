@@ -23,6 +23,7 @@ import pytest
 from supervisor import quiet
 from supervisor.hosts import Host
 from supervisor.plan import Step
+from tests.e2e.test_agent_package import _fits
 from tests.fixtures_actions import (
     DemoRun,
     engine_for,
@@ -36,7 +37,6 @@ from tests.fixtures_actions import (
 from tests.fixtures_procs import FakeRuns
 from tests.fixtures_slurm import SlurmCluster
 from tests.fixtures_users import OtherUser
-from tests.test_agent_package import _fits
 from tests.waiting import wait_until
 
 # Opens, appends one whole record and closes, every ~0.3 s: no descriptor outlives a write.

@@ -203,7 +203,7 @@ async def test_real_replies_through_the_agent_fit_the_protocol_shapes(
 ) -> None:
     from supervisor import replies
     from supervisor.agent import protocol
-    from tests.test_agent_package import _misfit
+    from tests.e2e.test_agent_package import _misfit
 
     (tmp_path / "child.py").write_text(CHILD)
     host = LocalHost(HostConfig(name="login", local=True))
@@ -256,7 +256,9 @@ def test_listing_without_all_states_shows_only_active_jobs(
 def test_laptop_structs_mirror_the_slurm_shapes() -> None:
     from supervisor import replies
     from supervisor.agent import protocol
-    from tests.test_agent_package import test_each_laptop_struct_mirrors_its_protocol_shape as same
+    from tests.e2e.test_agent_package import (
+        test_each_laptop_struct_mirrors_its_protocol_shape as same,
+    )
 
     for struct, shape in [
         (replies.SlurmJob, protocol.SlurmJob),

@@ -35,7 +35,7 @@ from tui.app import make_app
 from tui.screens.run_detail import RunDetailScreen, process_table
 
 RUNWATCH = [sys.executable, "-m", "supervisor.cli"]
-CLIENT = Path(__file__).resolve().parent / "secretive_gen.py"
+CLIENT = Path(__file__).resolve().parents[1] / "secretive_gen.py"
 
 SECRETS = {
     "api_key_env": "apikeyenv-VAL-1111",  # the endpoint's api_key_env, in runwatch's environment

@@ -35,7 +35,7 @@ from supervisor.bench.target import Target
 from supervisor.demo.prompts import write_prompts
 from supervisor.model import EndpointMetrics
 
-VERSIONS = Path(__file__).parent / "fixtures" / "versions"
+VERSIONS = Path(__file__).parents[1] / "fixtures" / "versions"
 HEADER_KEYS = ("project", "version", "source", "facts")
 
 

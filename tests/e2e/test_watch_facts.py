@@ -18,9 +18,9 @@ import pytest
 from supervisor import audit, runlock
 from supervisor.engine import Engine
 from tests import fixtures_actions as actions
+from tests.e2e.test_watch import running_pid, watching, with_alerts
 from tests.fixtures_actions import API_KEY, KEY_ENV, DemoRun, run_pids
 from tests.fixtures_alerts import Receiver
-from tests.test_watch import running_pid, watching, with_alerts
 from tests.waiting import wait_for, wait_until
 
 TOKENS = 40

@@ -15,8 +15,8 @@ from typing import Any
 
 from supervisor import audit, intents
 from supervisor.config import load_config
+from tests.e2e.test_watch_cli import start, text
 from tests.fixtures_actions import DemoRun, run_pids
-from tests.test_watch_cli import start, text
 from tests.waiting import wait_until
 
 BACKOFF = """on_exit = "restart"

@@ -190,7 +190,7 @@ async def test_insecure_flag_warns_every_connection(
 
 def test_known_hosts_none_appears_only_behind_the_flag() -> None:
     """S1: no code path turns host-key checking off except the explicit per-host flag."""
-    root = Path(__file__).parent.parent / "supervisor"
+    root = Path(__file__).parents[2] / "supervisor"
     for path in root.rglob("*.py"):
         assert "known_hosts=None" not in path.read_text(), path
     source = (root / "ssh.py").read_text()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from supervisor.ssh import SSHHost
-from tests import test_kill, test_processes
+from tests.e2e import test_kill, test_processes
 
 pytestmark = pytest.mark.ssh
 

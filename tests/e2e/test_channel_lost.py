@@ -1,7 +1,7 @@
 """A connection lost while the channel reads or writes surfaces as HostError (or OutcomeUnknown
 for an acting op), never as the transport's own exception. The transport here raises asyncssh's
 real ``ConnectionLost`` exactly where an SSH stream raises it (``readline``, ``drain``); the
-real-sshd drops are in tests/test_ssh_agent.py."""
+real-sshd drops are in tests/e2e/test_ssh_agent.py."""
 
 from __future__ import annotations
 

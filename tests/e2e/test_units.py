@@ -26,7 +26,7 @@ from tests.fixtures_procs import FakeRuns
 from tests.fixtures_users import OtherUser
 from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CGROUP_MOUNT = Path("/sys/fs/cgroup/unified")
 
 # The records a stand-in client appends, one every 50 ms, opening and closing the file each time

@@ -157,7 +157,7 @@ def test_inv3_a_non_root_agent_names_the_users_it_could_not_inspect(
         "from supervisor.agent.datafiles import file_holders;"
         "print(json.dumps(file_holders([sys.argv[2]])))"
     )
-    repo = str(Path(__file__).resolve().parent.parent)
+    repo = str(Path(__file__).resolve().parents[2])
     done = subprocess.run(
         [*second_user.prefix, second_user.python, "-I", "-c", code, repo, str(data)],
         capture_output=True,

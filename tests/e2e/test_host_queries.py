@@ -23,8 +23,8 @@ from supervisor.agent import bounded
 from supervisor.cli.status import render
 from supervisor.config import load_config
 from supervisor.engine import Engine
+from tests.e2e.test_servermetrics import SGLANG_TEXT
 from tests.fixtures_config import write_local_config
-from tests.test_servermetrics import SGLANG_TEXT
 from tests.waiting import wait_until
 
 GOOD = SGLANG_TEXT % {"gen0": 100.0, "gen1": 50.0, "b1": 1, "b2": 2, "b3": 3}

@@ -91,7 +91,7 @@ def _contracts() -> dict[str, dict[str, Any]]:
 
     import tomllib
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     config = tomllib.loads((root / "pyproject.toml").read_text())
     return {c["name"]: c for c in config["tool"]["importlinter"]["contracts"]}
 
@@ -111,7 +111,7 @@ def test_the_import_contracts_pass() -> None:
     from pathlib import Path
 
     assert "The engine never imports the UI" in _contracts()
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     exe = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
     done = subprocess.run([exe], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
