@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-headless lock test check lint typecheck contract bench soak fmt clean
+.PHONY: demo demo-headless lock test test-fast check lint typecheck contract bench soak fmt clean
 
 EXTRAS := tokens,demo,test,dev
 
@@ -31,20 +31,28 @@ demo: $(STAMP)
 demo-headless: $(STAMP)
 	$(BIN)/runwatch demo --headless --seconds 20
 
+# Every test: tests/unit/ (fast: no sshd, Slurm, Prometheus, tmux or second user) and tests/e2e/.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The unit tier alone, in under a minute: the loop to run while editing.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m unit tests/unit
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check supervisor tui tests
 	$(BIN)/ruff check supervisor tui tests
 	$(BIN)/vermin --quiet --no-tips --violations -t=3.8- supervisor/agent
 
+# mypy's files: supervisor/ and tui/ (strict) and tests/ (ordinary checking); see pyproject.toml.
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
 contract: $(STAMP)
 	$(BIN)/lint-imports
 
+# lint (ruff, and vermin: the agent runs on Python 3.8), mypy on the code and the tests,
+# the import contracts, then every test.
 check: lint typecheck contract test
 
 bench: $(STAMP)

@@ -5,8 +5,8 @@ op's ``<Op>Params`` keys (an argument left at ``None`` is left out of the reques
 applies its own default), ``timeout`` bounds the request (``None``: the host's command timeout).
 A reply the laptop reads through a ``supervisor.replies`` Struct is decoded into it here (a reply
 that does not fit raises ``AgentError`` naming the op); any other reply is the op's
-``<Op>Result`` TypedDict of ``agent.protocol``, as sent. ``tests/test_agentclient.py`` checks the
-methods against ``protocol.OP_SHAPES`` and the agent's dispatch table.
+``<Op>Result`` TypedDict of ``agent.protocol``, as sent. ``tests/unit/test_agentclient.py``
+checks the methods against ``protocol.OP_SHAPES`` and the agent's dispatch table.
 
 Raises what the transport raises: ``HostError``, ``AgentError`` or ``OutcomeUnknown`` (an acting
 op whose reply was lost: reconcile, never repeat blindly).

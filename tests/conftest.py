@@ -10,6 +10,17 @@ import pytest
 
 pytest_plugins = sorted(f"tests.{p.stem}" for p in Path(__file__).parent.glob("fixtures_*.py"))
 
+UNIT = Path(__file__).parent / "unit"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tier is the directory: a test under ``tests/unit/`` is marked ``unit``, every other one
+    ``e2e`` (``-m unit`` / ``-m e2e`` select one tier) unless it says its tier itself."""
+    for item in items:
+        if item.get_closest_marker("unit") or item.get_closest_marker("e2e"):
+            continue
+        item.add_marker(pytest.mark.unit if item.path.is_relative_to(UNIT) else pytest.mark.e2e)
+
 
 @pytest.fixture(autouse=True)
 def _private_state_dir(

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -145,7 +146,7 @@ class FakeRuns:
 
     def __init__(self) -> None:
         # World-readable and writable so that a process of another user can run from it too.
-        self.dir = Path(tempfile.mkdtemp(prefix="runwatch-procs-"))
+        self.dir = Path(tempfile.mkdtemp(prefix="runwatch-procs-", dir=shared_temp_base()))
         self.dir.chmod(0o777)
         self._n = 0
         self._popens: list[subprocess.Popen[bytes]] = []
@@ -251,6 +252,17 @@ class FakeRuns:
                 p.kill()
             p.wait(timeout=10)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def shared_temp_base() -> Path:
+    """A temporary directory every user can reach: ``TMPDIR`` when each directory on its way lets
+    others through, else the first system one that does (``TMPDIR`` inside a 0700 home is common,
+    and a process of another user could not open anything under it)."""
+    for cand in (tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"):
+        path = Path(cand).resolve()
+        if path.is_dir() and all(os.stat(p).st_mode & stat.S_IXOTH for p in (path, *path.parents)):
+            return path
+    raise RuntimeError("no temporary directory that every user can reach; set TMPDIR to one")
 
 
 def _argv(pid: int) -> list[str]:

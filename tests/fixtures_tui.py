@@ -302,7 +302,7 @@ class FixedEngine:
         from supervisor.plan import make_plan
 
         return await make_plan(
-            self,  # type: ignore[arg-type]
+            self,
             run,
             action=action,
             overrides=overrides,

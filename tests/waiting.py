@@ -31,7 +31,9 @@ def _describe(condition: Callable[[], object]) -> str:
         return repr(condition)
 
 
-def _check(condition: Callable[[], T], deadline: float, timeout: float, what: str | None) -> T:
+def _check(
+    condition: Callable[[], T | None], deadline: float, timeout: float, what: str | None
+) -> T | None:
     """One poll: the value of ``condition()``; ``AssertionError`` once ``deadline`` has passed."""
     value = condition()
     if not value and time.monotonic() > deadline:
@@ -42,13 +44,14 @@ def _check(condition: Callable[[], T], deadline: float, timeout: float, what: st
 
 
 def wait_until(
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     timeout: float = DEFAULT_TIMEOUT,
     *,
     what: str | None = None,
     interval: float = DEFAULT_INTERVAL,
 ) -> T:
-    """Poll ``condition`` until it returns something truthy (returned) or fail after ``timeout``."""
+    """Poll ``condition`` until it returns something truthy (returned, never None) or fail after
+    ``timeout``."""
     deadline = time.monotonic() + timeout
     while not (value := _check(condition, deadline, timeout, what)):
         time.sleep(interval)  # polling interval of a condition wait, not a synchronisation
@@ -56,7 +59,7 @@ def wait_until(
 
 
 async def wait_for(
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     timeout: float = DEFAULT_TIMEOUT,
     *,
     what: str | None = None,

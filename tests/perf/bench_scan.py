@@ -47,6 +47,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -199,7 +200,7 @@ def cold(
     js = Timed(lambda: json_loop(path), 1)
     r = sc.value
     assert isinstance(r, dict)
-    n, completion, prompt = js.value  # type: ignore[misc]
+    n, completion, prompt = cast(tuple[int, int, int], js.value)
     assert r["bad_lines_total"] == 0, r["bad_lines"][:3]
     assert (r["records"], r["completion_tokens"], r["prompt_tokens"]) == (n, completion, prompt), (
         "the scan and the json.loads loop disagree",

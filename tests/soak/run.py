@@ -960,7 +960,7 @@ class Soak:
             if rc is None and (st is None or st[0] not in "Tt"):
                 continue
             if d.retired:  # retired by the soak between the two reads
-                continue
+                continue  # type: ignore[unreachable]  # mypy keeps the narrowing of the first read
             d.reported = True
             if rc is None:
                 how = f"stopped (state {st[0] if st else '?'})"

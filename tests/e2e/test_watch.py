@@ -1,0 +1,302 @@
+"""The watcher on a real demo run: an over-budget run and a killed run each give exactly one
+alert naming the command to act; ``on_exit = "restart"`` brings a killed run back through the
+launch gate, and gives up on one that keeps dying."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from supervisor import audit
+from supervisor.engine import Engine
+from supervisor.watch import Watcher, WatchLock, watch
+from tests import fixtures_actions as actions
+from tests.fixtures_actions import DemoRun, pid_alive, run_pids
+from tests.fixtures_alerts import Receiver
+from tests.waiting import wait_for
+
+BUDGET = 1200
+RESTART_TOML = """on_exit = "restart"
+restart_backoff_seconds = 0.2
+restart_max = 2
+restart_window_seconds = 600
+settle_seconds = 0.5"""
+
+
+def with_alerts(demo: DemoRun, receiver: Receiver) -> None:
+    """Send the demo config's alerts to ``receiver``."""
+    text = demo.config_path.read_text()
+    demo.config_path.write_text(text + f'\n[alerts]\nurls = ["{receiver.url()}"]\n')
+
+
+@contextlib.asynccontextmanager
+async def watching(engine: Engine, tmp_path: Path) -> AsyncIterator[tuple[Watcher, list[str]]]:
+    """``runwatch watch`` in this process (every 0.3 s) until the block ends."""
+    lines: list[str] = []
+    stop = asyncio.Event()
+    watcher = Watcher(engine, emit=lines.append, interval=0.3)
+    lock = WatchLock(str(engine.config.path), tmp_path / "locks")
+    task = asyncio.ensure_future(watch(engine, stop, lock=lock, watcher=watcher))
+    try:
+        await wait_for(lambda: watcher.ticks > 0 or task.done(), 30, what="the first refresh")
+        if task.done():
+            task.result()
+        yield watcher, lines
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+    assert lines[0].endswith(" run(s) every 0.3 s; alerts to json://127.0.0.1/***")
+    assert lines[-1].endswith("stopped")
+
+
+def running_pid(engine: Engine, run: str = "demo") -> int | None:
+    """The pid the watcher's last refresh saw the run running as."""
+    snap = engine.last
+    for h in snap.hosts if snap else []:
+        for r in h.runs:
+            if r.name == run and r.state == "running" and r.process is not None:
+                return r.process.identity.pid
+    return None
+
+
+async def test_over_budget_and_a_killed_run_alert_once_each_with_the_command(
+    tmp_path: Path,
+    state_home: Path,
+    mock_endpoint: Any,
+    kill_runs_in: list[Path],
+    receiver: Receiver,
+) -> None:
+    demo = DemoRun(
+        tmp_path, mock_endpoint.url, datasets=("B2",), max_samples=300, budgets={"B2": BUDGET}
+    )
+    kill_runs_in.append(demo.workdir)
+    with_alerts(demo, receiver)
+    cfg_path = str(demo.config_path.resolve())
+    async with actions.engine_for(demo) as engine:
+        launched = await actions.launch(engine, "demo")
+        assert launched.ok, actions.why(launched)
+        pid = (launched.identity or {})["pid"]
+        async with watching(engine, tmp_path) as (watcher, lines):
+            await wait_for(
+                lambda: any("demo B2" in m for m in receiver.messages()),
+                90,
+                what="the over-budget alert",
+            )
+            over = [m for m in receiver.messages() if "demo B2" in m]
+            assert len(over) == 1
+            assert (
+                f"Act: runwatch -c {cfg_path} restart demo --set token-budget={BUDGET}" in over[0]
+            )
+            assert pid_alive(pid)  # warn: nothing was done to it
+
+            os.kill(pid, signal.SIGKILL)
+            await wait_for(
+                lambda: any("Run stopped" in m for m in receiver.messages()),
+                60,
+                what="the run-died alert",
+            )
+            died = [m for m in receiver.messages() if "Run stopped" in m]
+            assert len(died) == 1 and f"Act: runwatch -c {cfg_path} launch demo" in died[0]
+            assert f"pid {pid}" in died[0]
+            assert "last lines of" in died[0] and "run.log" in died[0]
+            # Later refreshes add nothing: one alert per event.
+            seen = watcher.ticks
+            await wait_for(lambda: watcher.ticks >= seen + 4, 60, what="four more refreshes")
+            assert len(receiver.bodies) == 2, receiver.messages()
+            assert not run_pids(demo.workdir)  # on_exit is "alert": not restarted
+    text = "\n".join(lines)
+    assert "WARNING demo B2" in text
+    assert "CRITICAL demo: Run stopped" in text
+
+
+async def test_a_run_that_dies_once_is_restarted_through_the_gate(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    receiver: Receiver,
+) -> None:
+    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300, run_toml=RESTART_TOML)
+    kill_runs_in.append(demo.workdir)
+    with_alerts(demo, receiver)
+    async with actions.engine_for(demo) as engine:
+        launched = await actions.launch(engine, "demo")
+        assert launched.ok, actions.why(launched)
+        pid = (launched.identity or {})["pid"]
+        async with watching(engine, tmp_path) as (watcher, _lines):
+            await wait_for(lambda: running_pid(engine) == pid, 30, what="the run seen running")
+            os.kill(pid, signal.SIGKILL)
+            done = await wait_for(
+                lambda: [e for e in watcher.events if e.kind == "restart-done"],
+                90,
+                what="the automatic restart",
+            )
+            assert len(done) == 1
+            new = await wait_for(
+                lambda: running_pid(engine) not in (None, pid) and running_pid(engine), 30
+            )
+            assert pid_alive(new) and not pid_alive(pid)
+            assert [e.kind for e in watcher.events if e.run == "demo"][:2] == [
+                "run-died",
+                "restart-done",
+            ]
+    records = audit.read()
+    launches = [r for r in records if r["action"] == "launch"]
+    assert len(launches) == 2 and all(r["ok"] for r in launches)
+    # The restart ran the whole gate: the checks first, then the launch.
+    assert [s["name"] for s in launches[1]["steps"]] == [
+        "preflight",
+        "format-check",
+        "fingerprint",
+        "writers",
+        "quiet",
+        "data-repair",
+        "launch",
+    ]
+    auto = [r for r in records if r["action"] == "auto-restart"]
+    assert len(auto) == 1 and auto[0]["ok"] and "restart 1 of at most 2" in auto[0]["detail"]
+    messages = receiver.messages()
+    assert any("Run stopped" in m for m in messages)
+    assert any("Restarted automatically" in m for m in messages)
+
+
+async def test_a_run_that_keeps_dying_is_given_up_not_looped(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    receiver: Receiver,
+) -> None:
+    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300, run_toml=RESTART_TOML)
+    kill_runs_in.append(demo.workdir)
+    with_alerts(demo, receiver)
+    async with actions.engine_for(demo) as engine:
+        launched = await actions.launch(engine, "demo")
+        assert launched.ok, actions.why(launched)
+        pid = (launched.identity or {})["pid"]
+        async with watching(engine, tmp_path) as (watcher, _lines):
+            killed: list[int] = []
+            for _ in range(3):  # restart_max = 2: the third death gives up
+                await wait_for(
+                    lambda: running_pid(engine) not in (None, *killed), 90, what="the run running"
+                )
+                pid = running_pid(engine) or 0
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            gave_up = await wait_for(
+                lambda: [e for e in watcher.events if e.kind == "restart-gave-up"], 60
+            )
+            assert "gave up after 2 restarts in 600 s" in gave_up[0].message
+            seen = watcher.ticks
+            await wait_for(lambda: watcher.ticks >= seen + 5, 60, what="five more refreshes")
+            assert running_pid(engine) is None and not run_pids(demo.workdir)
+    launches = [r for r in audit.read() if r["action"] == "launch"]
+    assert len(launches) == 3  # the first by hand, two automatic, no more
+    assert sum("gave up after 2 restarts" in m for m in receiver.messages()) == 1
+
+
+async def test_a_restart_through_runwatch_is_reported_done_not_died(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    receiver: Receiver,
+) -> None:
+    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300, run_toml=RESTART_TOML)
+    kill_runs_in.append(demo.workdir)
+    with_alerts(demo, receiver)
+    async with actions.engine_for(demo) as engine:
+        launched = await actions.launch(engine, "demo")
+        assert launched.ok, actions.why(launched)
+        pid = (launched.identity or {})["pid"]
+        async with watching(engine, tmp_path) as (watcher, _lines):
+            await wait_for(lambda: running_pid(engine) == pid, 30, what="the run seen running")
+            result = await actions.restart(engine, "demo")
+            assert result.ok, actions.why(result)
+            new = (result.identity or {})["pid"]
+            await wait_for(lambda: running_pid(engine) == new, 30, what="the new process seen")
+            done = await wait_for(
+                lambda: [e for e in watcher.events if e.kind == "restart-done"], 30
+            )
+            assert f"Restarted: pid {new}" in done[0].message
+            seen = watcher.ticks
+            await wait_for(lambda: watcher.ticks >= seen + 3, 30, what="three more refreshes")
+            # Stopped through runwatch: not a death, and not restarted by the policy.
+            assert not [e for e in watcher.events if e.kind in ("run-died", "restart-failed")]
+            assert run_pids(demo.workdir) == [new]
+    assert [r["action"] for r in audit.read()] == ["launch", "restart"]
+
+
+async def test_the_budget_policy_stop_is_alerted_once_and_is_not_a_death(
+    tmp_path: Path, state_home: Path, fake_runs: Any, receiver: Receiver
+) -> None:
+    from supervisor.config import load_config
+    from tests.fixtures_actions import over_budget_stop_run
+    from tests.fixtures_procs import gone
+
+    run, cfg = over_budget_stop_run(tmp_path, fake_runs, seed=7)
+    cfg.write_text(cfg.read_text() + f'\n[alerts]\nurls = ["{receiver.url()}"]\n')
+    engine = Engine(load_config(cfg))
+    try:
+        async with watching(engine, tmp_path) as (watcher, _lines):
+            await wait_for(lambda: gone(run.pid, run.start_time), 60, what="the stop")
+            await wait_for(lambda: [e for e in watcher.events if e.kind == "budget-policy"], 30)
+            seen = watcher.ticks
+            await wait_for(lambda: watcher.ticks >= seen + 3, 30, what="three more refreshes")
+    finally:
+        await engine.aclose()
+    kinds = [e.kind for e in watcher.events]
+    assert kinds.count("budget-policy") == 1 and "run-died" not in kinds
+    assert kinds.count("over-budget") <= 1
+    policy = [m for m in receiver.messages() if "Budget policy stop: gen" in m]
+    assert len(policy) == 1 and "stopped pid" in policy[0]
+    assert not [m for m in receiver.messages() if "Run stopped" in m]
+
+
+async def test_a_run_killed_through_runwatch_or_finished_is_not_restarted(
+    tmp_path: Path,
+    state_home: Path,
+    mock_endpoint: Any,
+    kill_runs_in: list[Path],
+    receiver: Receiver,
+) -> None:
+    # Ten responses: it finishes (exit 0) a few seconds after its launch.
+    demo = DemoRun(
+        tmp_path, mock_endpoint.url, datasets=("B1",), max_samples=10, run_toml=RESTART_TOML
+    )
+    kill_runs_in.append(demo.workdir)
+    with_alerts(demo, receiver)
+    async with actions.engine_for(demo) as engine:
+        launched = await actions.launch(engine, "demo")
+        assert launched.ok, actions.why(launched)
+        async with watching(engine, tmp_path) as (watcher, _lines):
+            await wait_for(
+                lambda: [e for e in watcher.events if e.kind == "all-done"], 60, what="all done"
+            )
+            # Its last record is counted before it exits: the exit comes a refresh later.
+            await wait_for(lambda: running_pid(engine) is None, 30, what="its exit")
+            relaunched = await actions.launch(engine, "demo", ["max-samples=400"])
+            assert relaunched.ok, actions.why(relaunched)
+            pid = (relaunched.identity or {})["pid"]
+            await wait_for(lambda: running_pid(engine) == pid, 30, what="the run seen running")
+            identity = next(
+                r.process.identity
+                for h in (engine.last.hosts if engine.last else [])
+                for r in h.runs
+                if r.name == "demo" and r.process is not None
+            )
+            report = await engine.kill("local", identity, 5.0, run="demo")
+            assert report.results
+            await wait_for(lambda: running_pid(engine) is None, 30, what="the run seen gone")
+            seen = watcher.ticks
+            await wait_for(lambda: watcher.ticks >= seen + 4, 30, what="four more refreshes")
+    kinds = [e.kind for e in watcher.events]
+    assert "run-died" not in kinds and "restart-done" not in kinds, kinds
+    assert "dataset-done" in kinds
+    assert [r["action"] for r in audit.read()] == ["launch", "launch", "kill"]
+    assert not run_pids(demo.workdir)

@@ -1,0 +1,304 @@
+"""``runwatch scan`` and ``runwatch check`` through the real command line."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from supervisor.cli import cli
+from supervisor.errors import RunwatchError
+from tests.fixtures_config import write_local_config
+from tests.fixtures_data import dump, legacy_record, make_raw, raw_record, specforge_record
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    for name in ("B1", "B2"):
+        (out / name).mkdir(parents=True)
+    return out
+
+
+def run(*args: str) -> tuple[int, str]:
+    """Invoke the CLI in-process; a RunwatchError becomes its exit status, as ``main`` does."""
+    result = CliRunner().invoke(cli, list(args))
+    if isinstance(result.exception, RunwatchError):
+        return result.exception.exit_code, result.output + str(result.exception)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def test_scan_directory_json_has_exact_numbers(out_dir: Path) -> None:
+    t1 = make_raw(out_dir / "B1" / "raw_responses.jsonl", 120, seed=1, dup_every=10)
+    t2 = make_raw(out_dir / "B2" / "raw_responses.jsonl", 40, seed=2)
+    code, text = run("scan", str(out_dir), "--json")
+    assert code == 0
+    files = json.loads(text)["files"]
+    assert [Path(f["path"]).parent.name for f in files] == ["B1", "B2"]
+    for f, truth in zip(files, (t1, t2), strict=True):
+        truth.check(f)
+        assert set(f) >= {
+            "path",
+            "format",
+            "verdict",
+            "records",
+            "unique_ids",
+            "duplicates",
+            "prompt_tokens",
+            "completion_tokens",
+            "finish_reasons",
+            "bad_lines",
+            "partial_tail_bytes",
+        }
+        assert (f["format"], f["verdict"], f["bad_lines"]) == ("raw", "current", [])
+
+
+def test_scan_text_is_human(out_dir: Path) -> None:
+    rng = random.Random(3)
+    path = out_dir / "B1" / "raw_responses.jsonl"
+    recs = [raw_record(rng, f"s{i}", tokens=3000) for i in range(400)]
+    path.write_bytes(b"".join(dump(r) for r in recs) + b"oops\n" + b'{"sample_id": "t')
+    code, text = run("scan", str(path))
+    assert code == 0
+    assert "raw  corrupt" in text
+    assert "400 records · 1.2 M completion tokens" in text
+    assert "bad line 401 (offset " in text
+    assert "partial last line: 16 bytes (not counted)" in text
+
+
+def test_scan_missing_path_is_a_usage_error(tmp_path: Path) -> None:
+    for args in (["--json"], []):
+        code, text = run("scan", str(tmp_path / "nope.jsonl"), *args)
+        assert code == 2
+        assert f"{tmp_path / 'nope.jsonl'}: no such file or directory" in text
+        assert "-> give a data file" in text
+
+
+def test_scan_empty_directory_is_a_usage_error(tmp_path: Path) -> None:
+    code, text = run("scan", str(tmp_path))
+    assert code == 2
+    assert "no dataset files found" in text
+
+
+def test_scan_counts_tokenizer_formats_with_tokenizer(tmp_path: Path) -> None:
+    from supervisor.demo.tokenizer import ensure_demo_tokenizer
+    from supervisor.tokens import count_tokens, load_tokenizer
+
+    tok_dir = ensure_demo_tokenizer(tmp_path / "tok")
+    rng = random.Random(4)
+    recs = [specforge_record(rng, f"sf{i}") for i in range(30)]
+    path = tmp_path / "regen.jsonl"
+    path.write_bytes(b"".join(dump(r) for r in recs))
+    tok = load_tokenizer(tok_dir)
+    want = sum(count_tokens(tok, [r["conversations"][-1]["content"] for r in recs]))
+    assert want > 0
+    code, text = run("scan", str(path), "--tokenizer", str(tok_dir), "--json")
+    assert code == 0
+    (f,) = json.loads(text)["files"]
+    assert (f["format"], f["completion_tokens"], f["records"]) == ("specforge", want, 30)
+    code, text = run("scan", str(path), "--json")
+    assert json.loads(text)["files"][0]["completion_tokens"] is None
+    code, text = run("scan", str(path))
+    assert "completion tokens not counted (pass --tokenizer DIR)" in text
+
+
+def test_check_passes_on_clean_files(out_dir: Path) -> None:
+    make_raw(out_dir / "B1" / "raw_responses.jsonl", 30, seed=5)
+    make_raw(out_dir / "B2" / "raw_responses.jsonl", 30, seed=6)
+    code, text = run("check", str(out_dir), "--format", "raw")
+    assert code == 0, text
+    assert text.count("ok    ") == 2 and "all files pass" in text
+
+
+def test_check_fails_on_mixed_format_naming_line_and_keys(out_dir: Path) -> None:
+    rng = random.Random(7)
+    path = out_dir / "B3.jsonl"
+    body = b"".join(dump(raw_record(rng, f"a{i}")) for i in range(5))
+    path.write_bytes(body + dump(legacy_record(rng, "old")) + dump(raw_record(rng, "z")))
+    code, text = run("check", str(path), "--format", "raw")
+    assert code == 1
+    assert f"format mixed: line 6 (offset {len(body)}) is raw-legacy, not raw" in text
+    assert "missing output_ids; extra text" in text
+    code, text = run("check", str(path), "--json")
+    data = json.loads(text)
+    assert code == 1 and data["ok"] is False
+    assert data["files"][0]["problems"][0].startswith("format mixed: line 6")
+
+
+def test_check_directory_fails_when_its_files_differ_in_format(out_dir: Path) -> None:
+    """A directory mixing raw and raw-legacy datasets must not pass file by file."""
+    rng = random.Random(9)
+    make_raw(out_dir / "B1" / "raw_responses.jsonl", 20, seed=10)
+    make_raw(out_dir / "B2" / "raw_responses.jsonl", 20, seed=11)
+    (out_dir / "B3").mkdir()
+    legacy = out_dir / "B3" / "raw_responses.jsonl"
+    legacy.write_bytes(b"".join(dump(legacy_record(rng, f"old{i}")) for i in range(5)))
+    code, text = run("check", str(out_dir))
+    assert code == 1, text
+    assert f"FAIL  {legacy}" in text
+    assert "format raw-legacy, while the other files are raw" in text
+    assert text.count("ok    ") == 2
+    code, text = run("check", str(out_dir), "--format", "raw")  # said which: judged against it
+    assert code == 1 and "format legacy: records are raw-legacy, expected raw" in text
+    code, text = run("scan", str(out_dir))
+    assert code == 0 and "! format raw-legacy, while the other files are raw" in text
+
+
+def test_check_fails_on_corrupt_line_and_torn_tail(out_dir: Path) -> None:
+    path = out_dir / "B1" / "raw_responses.jsonl"
+    make_raw(path, 10, seed=8)
+    with path.open("ab") as f:
+        f.write(b"\x00" * 100 + b"\n" + b'{"sample_id": "x", "outp')
+    code, text = run("check", str(path))
+    assert code == 1
+    assert "1 bad line, first at line 11" in text and "NUL bytes" in text
+    assert "partial last line (24 bytes)" in text
+
+
+def test_check_missing_path_is_a_usage_error(tmp_path: Path) -> None:
+    code, text = run("check", str(tmp_path / "x" / "raw_responses.jsonl"))
+    assert code == 2
+    assert "raw_responses.jsonl: no such file or directory" in text
+
+
+def test_check_run_from_config(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "out" / "B1").mkdir(parents=True)
+    (work / "out" / "B2").mkdir(parents=True)
+    make_raw(work / "out" / "B1" / "raw_responses.jsonl", 25, seed=9)
+    rng = random.Random(10)
+    (work / "out" / "B2" / "raw_responses.jsonl").write_bytes(
+        b"".join(dump(legacy_record(rng, f"l{i}")) for i in range(3))
+    )
+    cfg = write_local_config(
+        tmp_path / "runwatch.toml",
+        f"""
+[[runs]]
+name = "gen"
+host = "here"
+workdir = "{work}"
+argv = ["python3", "run_inference.py", "--datasets", "B1,B2,B3"]
+format = "raw"
+""",
+        python=True,
+    )
+    code, text = run("-c", str(cfg), "check", "gen")
+    assert code == 1, text
+    assert "format legacy: records are raw-legacy, expected raw" in text
+    assert "not started" in text  # B3 has no file yet: not a problem
+    assert "B1/raw_responses.jsonl  raw current, 25 records" in text
+    (work / "out" / "B2" / "raw_responses.jsonl").unlink()
+    code, text = run("-c", str(cfg), "check", "gen", "--json")
+    assert code == 0, text
+    assert json.loads(text)["ok"] is True
+
+
+def test_check_unknown_run_is_a_config_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[[hosts]]\nname = "h"\nlocal = true\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "-c", str(cfg), "check", "nope"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert "no run named 'nope'" in proc.stderr
+
+
+def test_check_exit_status_through_the_entry_point(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"garbage\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "check", str(path)], capture_output=True, text=True
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    make_raw(path, 3)
+    proc = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "check", str(path)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_progress_goes_to_stderr_only_on_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    import os
+    import select
+
+    import supervisor.cli.data as data
+
+    path = tmp_path / "r.jsonl"
+    make_raw(path, 200, seed=11)
+    monkeypatch.setattr(data, "PROGRESS_MIN_BYTES", 0)
+    master, slave = os.openpty()
+    tty = io.TextIOWrapper(io.FileIO(slave, "w"), write_through=True)
+    try:
+        monkeypatch.setattr(sys, "stderr", tty)
+        (r,) = data.scan_paths([str(path)], None, "sample", None)
+        # A pty hands over what was written in pieces: read all of it that is there now.
+        chunks = []
+        while select.select([master], [], [], 0)[0]:
+            chunks.append(os.read(master, 65536))
+        shown = b"".join(chunks).decode()
+    finally:
+        tty.close()
+        os.close(master)
+    assert r["records"] == 200
+    assert f"scanning {path}" in shown and "%" in shown
+    assert shown.endswith("\r\x1b[K")
+    not_a_tty = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", not_a_tty)  # not a terminal: nothing written
+    data.scan_paths([str(path)], None, "sample", None)
+    assert not_a_tty.getvalue() == ""
+
+
+def test_scan_with_a_user_format_from_the_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[formats.mine]\nid_field = "uid"\ntokens_field = "n"\n')
+    path = tmp_path / "mine.jsonl"
+    path.write_bytes(b"".join(dump({"uid": i % 3, "n": i}) for i in range(6)))
+    code, text = run("-c", str(cfg), "scan", str(path), "--format", "mine", "--json")
+    assert code == 0, text
+    (f,) = json.loads(text)["files"]
+    assert (f["format"], f["verdict"], f["records"], f["unique_ids"], f["duplicates"]) == (
+        "mine",
+        "current",
+        6,
+        3,
+        3,
+    )
+    assert f["completion_tokens"] == 15
+    code, text = run("-c", str(cfg), "scan", str(path), "--format", "theirs")
+    assert code == 2 and "unknown format 'theirs'" in text
+
+
+def test_top_level_help_lists_each_command_in_full() -> None:
+    code, text = run("--help")
+    assert code == 0
+    # Whole first sentences, wrapped, never cut with "...".
+    assert "..." not in text.split("Commands:")[1]
+    flat = " ".join(text.split())
+    assert "scan Count records, ids, tokens and bad lines of dataset files (no config needed)" in (
+        flat
+    )
+    assert "``" not in text and "Default: $RUNWATCH_CONFIG" in text
+
+
+def test_unknown_format_without_a_config_names_the_known_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RUNWATCH_CONFIG", raising=False)
+    make_raw(tmp_path / "B1.jsonl", 3, seed=12)
+    code, text = run("scan", "--format", "nope", str(tmp_path / "B1.jsonl"))
+    assert code == 2
+    assert "unknown format 'nope'" in text and "known formats: raw, raw-legacy" in text
+    assert "no config" not in text
