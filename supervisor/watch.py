@@ -46,6 +46,9 @@ LOG_LINES = 10
 """Lines of a dead run's log attached to its alert."""
 CLOSE_GRACE_S = 2.0
 """Seconds a stopping watcher waits for the deliveries under way."""
+RESTART_GRACE_S = 60.0
+"""Seconds a stopping watcher waits for the automatic restarts under way (their intents stay for
+the next watcher when they do not end in time)."""
 
 
 class WatchLocked(RunwatchError):
@@ -198,6 +201,15 @@ class Watcher:
             left = max(0.0, self.interval - (time.monotonic() - started))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), left)
+        # Restarts under way end (or keep their intents for the next watcher), and are said.
+        if self.restarts.under_way():
+            self.note(f"waiting for the restart of {', '.join(self.restarts.under_way())}")
+        ended = await self.restarts.settle(RESTART_GRACE_S)
+        for ev in ended:
+            self._show(ev)
+        self.events.extend(ended)
+        if ended:
+            self._report(await self.alerter.submit(ended))
         # Deliveries under way get a moment to end; the rest stay spooled for the next watcher.
         await asyncio.to_thread(self.alerter.close, CLOSE_GRACE_S)
         self._report(self.alerter.collect())
@@ -241,6 +253,7 @@ class Watcher:
         events = [await self._with_log(ev) for ev in events]
         events += self.restarts.observe(events)
         self.doing = "restarts on failure"
+        # Started off this loop; the events of the ones that ended since the last refresh.
         events += await self.restarts.step(snap)
         for ev in events:
             self._show(ev)

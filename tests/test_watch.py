@@ -299,3 +299,49 @@ async def test_a_run_killed_through_runwatch_or_finished_is_not_restarted(
     assert "dataset-done" in kinds
     assert [r["action"] for r in audit.read()] == ["launch", "launch", "kill"]
     assert not run_pids(demo.workdir)
+
+
+async def test_w18_a_death_is_seen_and_alerted_while_another_runs_restart_is_under_way(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    receiver: Receiver,
+) -> None:
+    # "demo"'s restart takes its settle time (8 s) to confirm its launch: the refreshes meanwhile
+    # must still see "other" die and alert it, before the restart is done.
+    slow_restart = RESTART_TOML.replace("settle_seconds = 0.5", "settle_seconds = 8.0")
+    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300, run_toml=slow_restart)
+    other = DemoRun(tmp_path / "other", slow_endpoint.url, max_samples=300)
+    kill_runs_in += [demo.workdir, other.workdir]
+    block = other.config_path.read_text().split("[[runs]]", 1)[1].split("[[endpoints]]", 1)[0]
+    with open(demo.config_path, "a") as f:
+        f.write("\n[[runs]]" + block.replace('name = "demo"', 'name = "other"'))
+    with_alerts(demo, receiver)
+    async with actions.engine_for(demo) as engine:
+        pids = {}
+        for run in ("demo", "other"):
+            launched = await actions.launch(engine, run)
+            assert launched.ok, actions.why(launched)
+            pids[run] = (launched.identity or {})["pid"]
+        async with watching(engine, tmp_path) as (watcher, lines):
+            for run in ("demo", "other"):
+                await wait_for(lambda r=run: running_pid(engine, r) == pids[r], 30)  # type: ignore[misc]
+            os.kill(pids["demo"], signal.SIGKILL)
+            # The restart's launch is under way: its new process waits out the settle time.
+            await wait_for(
+                lambda: [p for p in run_pids(demo.workdir) if p != pids["demo"]], 30, what="restart"
+            )
+            os.kill(pids["other"], signal.SIGKILL)
+            await wait_for(
+                lambda: [e for e in watcher.events if e.kind == "restart-done"],
+                90,
+                what="the automatic restart",
+            )
+    kinds = [(e.kind, e.run) for e in watcher.events if e.kind in ("run-died", "restart-done")]
+    assert kinds[:3] == [("run-died", "demo"), ("run-died", "other"), ("restart-done", "demo")]
+    died_at = next(i for i, x in enumerate(lines) if "other" in x and "Run stopped" in x)
+    done_at = next(i for i, x in enumerate(lines) if "Restarted automatically" in x)
+    # The refreshes went on meanwhile: their own lines, not "still under way" notes.
+    assert sum(" refresh " in x and "still under way" not in x for x in lines[died_at:done_at]) > 1
+    assert any("other" in m and "Run stopped" in m for m in receiver.messages())

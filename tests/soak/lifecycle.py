@@ -36,14 +36,17 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from supervisor.quiet import MAX_WINDOW_S
+
 Add = Callable[..., None]
 
-RESTART_BOUND_S = 30.0
-"""How long after its backoff ends a death's automatic restart must be made (detection, the
-launch's checks and its settle time)."""
+RESTART_BOUND_S = MAX_WINDOW_S + 30.0
+"""How long after its backoff ends a death's automatic restart must be made: its detection, the
+launch's checks (the quiet window after a death is 3 x the seconds since the data file last
+changed, up to ``supervisor.quiet.MAX_WINDOW_S``), its settle time and the audit record."""
 EARLY_TOLERANCE_S = 0.5
 """A restart recorded this much before the death's backoff ended is still on time (clocks)."""
-INTENT_BOUND_S = 30.0
+INTENT_BOUND_S = RESTART_BOUND_S
 """How long after the later of its start and the intent's not-before the new watcher has."""
 CHANGE_WINDOW_S = 60.0
 """How long after the soak changed a file a data-loss alarm about it is the soak's own doing."""

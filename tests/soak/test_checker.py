@@ -3,6 +3,7 @@ writers (and only writers), and a decoy records the signals it gets."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -606,4 +607,52 @@ def test_watch_silent_uses_the_refresh_seconds_the_watcher_states(tmp_path: Path
         assert found.kinds() == ["watch-silent", "watch-silent"]
         assert found.items[1][2]["gap_s"] == 19.0
     finally:
+        watch.close()
+
+
+def test_a_watchers_own_child_alive_after_it_ended_is_an_orphan(tmp_path: Path) -> None:
+    import json
+    import time
+
+    from tests.soak import watcher as soak_watcher
+    from tests.soak.watcher import Generation, SoakWatcher
+
+    watch = SoakWatcher(tmp_path)
+    # A watcher that leaves a child behind (as an agent that does not see its stdin close would),
+    # and launches a "run" (a launch token) that must live on.
+    leave = (
+        "import os, subprocess, sys\n"
+        "a = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "env = dict(os.environ, RUNWATCH_LAUNCH='cfg:run:launch')\n"
+        "b = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], env=env)\n"
+        "print(a.pid, b.pid, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", leave], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    child, run = (int(x) for x in proc.stdout.readline().split())
+    try:
+        out = tmp_path / "w.jsonl"
+        out.write_text(json.dumps({"tick": 0, "time": time.time()}) + "\n")
+        (tmp_path / "w.err").write_text("")
+        watch.gens.append(Generation(0, proc, out, tmp_path / "w.err", 0.0))
+        soak_watcher.ORPHAN_GRACE_S = 0.5
+        watch.kill()
+        assert [c[0] for c in watch.gens[0].children] == [child]  # the run is not its own
+        found = _Found()
+        watch.check(found)
+        assert found.kinds() == ["query-orphan"]
+        assert found.items[0][2]["processes"][0]["pid"] == child
+        os.kill(child, signal.SIGKILL)
+        wait_until(lambda: not procs.alive(child))
+        found = _Found()
+        watch.check(found)
+        assert found.kinds() == []
+    finally:
+        soak_watcher.ORPHAN_GRACE_S = 10.0
+        for pid in (child, run):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         watch.close()

@@ -31,16 +31,19 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from tests.fixtures_alerts import Receiver
+from tests.soak import procs
 
 REFRESH_S = 2.0
 """The soak config's ``refresh_seconds``: the watcher's refresh interval."""
 _EVERY = re.compile(r" every ([0-9.]+) s;")
+ORPHAN_GRACE_S = 10.0
+"""How long a watcher's own processes (not the runs it launched) may outlive it."""
 SGLANG = """\
 # TYPE sglang:num_running_reqs gauge
 sglang:num_running_reqs{model_name="soak"} 2.0
@@ -142,6 +145,8 @@ class Generation:
     """When the soak SIGKILLed it."""
     stopped: bool = False
     """The soak stopped it with SIGTERM (at the end)."""
+    children: list[tuple[int, int, list[str]]] = field(default_factory=list)
+    """Its descendants just before the soak killed or stopped it (but runs it launched)."""
 
     def lines(self) -> list[dict[str, Any]]:
         out = []
@@ -237,6 +242,7 @@ class SoakWatcher:
         """SIGKILL the watcher (only its process: what it started is on its own, as after a
         crash); returns when."""
         gen = self.gens[-1]
+        gen.children = _children(gen.proc.pid)
         gen.proc.send_signal(signal.SIGKILL)
         gen.killed = time.time()
         gen.proc.wait(30)
@@ -263,6 +269,7 @@ class SoakWatcher:
         proc = self.proc
         if proc is not None and proc.poll() is None:
             self.gens[-1].stopped = True
+            self.gens[-1].children = _children(proc.pid)
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(60)
@@ -331,6 +338,21 @@ class SoakWatcher:
         if alive:
             add("query-orphan", f"nvidia-smi children alive after the watcher: {alive}",
                 {"pids": alive})  # fmt: skip
+        for gen in self.gens:
+            # What a watcher started for itself (its local agent, ssh, queries) ends with it:
+            # a SIGKILLed one's agent sees its stdin close. The runs it launched live on.
+            deadline = time.monotonic() + ORPHAN_GRACE_S
+            left = gen.children
+            while True:
+                left = [c for c in left if procs.alive(c[0], c[1]) and c[0] not in self.excused]
+                if not left or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)  # polling interval of a condition wait
+            if left:
+                add("query-orphan", f"watcher {gen.n}'s own processes alive "
+                    f"{ORPHAN_GRACE_S:g} s after it ended: {[c[0] for c in left]}",
+                    {"processes": [{"pid": p, "argv": a} for p, _, a in left],
+                     "killed": gen.killed is not None})  # fmt: skip
         for pid in self._smi_alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -358,3 +380,13 @@ class SoakWatcher:
         self.metrics.close()
         self.hanging.close()
         self.receiver.close()
+
+
+def _children(pid: int) -> list[tuple[int, int, list[str]]]:
+    """The watcher's descendants but the runs it launched: their waiters (``runwatch-waiter``,
+    ``supervisor.agent.unit``) and what carries a launch token."""
+    return [
+        c
+        for c in procs.descendants(pid)
+        if procs.launch_token(c[0]) is None and "runwatch-waiter" not in c[2]
+    ]
