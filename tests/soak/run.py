@@ -1119,7 +1119,8 @@ class Soak:
         for w in self.no_restart:
             if w["until"] is None:
                 w["until"] = time.time()
-        latencies = lifecycle.check_deaths_alerted(self.deaths, received, REFRESH_S, add)
+        ticks = [float(e["time"]) for e in self.watch.lines() if "tick" in e]
+        latencies = lifecycle.check_deaths_alerted(self.deaths, received, ticks, REFRESH_S, add)
         other = lifecycle.check_run_died(events, self.deaths, self.quiet_ends, add)
         explained = lifecycle.check_data_loss(events, records, self.rotations, add)
         restarts = lifecycle.auto_restarts(records)
@@ -1132,6 +1133,7 @@ class Soak:
             "death -> alert s (median, max)": f"{lat[len(lat) // 2]:.2f}, {lat[-1]:.2f}"
             if lat
             else "-",
+            f"deaths alerted after over 2 x {REFRESH_S:g} s": sum(x > 2 * REFRESH_S for x in lat),
             "death -> restart s (max)": f"{max(delays):.1f}" if delays else "-",
             "finished by themselves": sum(q["how"] == "finished" for q in self.quiet_ends),
             "stopped through runwatch": sum(q["how"] == "stopped" for q in self.quiet_ends),

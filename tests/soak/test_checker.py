@@ -451,19 +451,25 @@ def test_a_death_alerted_after_two_refreshes_or_never_is_unalerted() -> None:
     from tests.soak import lifecycle
 
     deaths = [_death(pid=1, t=100.0), _death(pid=2, t=200.0), _death(pid=3, t=300.0)]
+    deaths.append(_death(pid=4, t=400.0))  # the soak ended: no refresh after it
+    ticks = [101.0, 103.0, 105.0, 201.0, 203.0, 205.0, 301.0, 303.0, 305.0]
     received = [
-        (103.5, _died_alert("phoenix", 1)),  # within 2 x 2 s
-        (205.0, _died_alert("phoenix", 2)),  # 5 s: late
+        (103.5, _died_alert("phoenix", 1)),  # before the 2nd refresh after it + 1 s
+        (204.5, _died_alert("phoenix", 2)),  # 1.5 s after the 2nd refresh: late
         (301.0, _died_alert("phoenix", 33)),  # another pid: not pid 3's alert
         (301.0, "runwatch info: phoenix\nRun finished by itself (pid 3) on here."),
+        (404.5, _died_alert("phoenix", 4)),  # 2 x 2 s + 0.5 s
     ]
     found = _Found()
-    latencies = lifecycle.check_deaths_alerted(deaths, received, 2.0, found)
+    latencies = lifecycle.check_deaths_alerted(deaths, received, ticks, 2.0, found)
     assert found.kinds() == ["death-unalerted", "death-unalerted"]
     assert [e["death"]["pid"] for _, _, e in found.items] == [2, 3]
-    assert "after 5.0 s" in found.items[0][1] and "never" in found.items[1][1]
-    assert latencies == [3.5, 5.0]
-    assert not _collect(lifecycle.check_deaths_alerted, deaths[:1], received, 2.0)
+    assert "after 4.5 s" in found.items[0][1] and "never" in found.items[1][1]
+    assert latencies == [3.5, 4.5, 4.5]
+    late = [(405.5, _died_alert("phoenix", 4))]
+    assert _collect(lifecycle.check_deaths_alerted, deaths[3:], late, ticks, 2.0) == [
+        "death-unalerted"
+    ]
 
 
 def _collect(check: Any, *args: Any) -> list[str]:
@@ -639,6 +645,7 @@ def test_a_watchers_own_child_alive_after_it_ended_is_an_orphan(tmp_path: Path) 
         (tmp_path / "w.err").write_text("")
         watch.gens.append(Generation(0, proc, out, tmp_path / "w.err", 0.0))
         soak_watcher.ORPHAN_GRACE_S = 0.5
+        wait_until(lambda: procs.launch_token(run) == "cfg:run:launch")  # its exec is done
         watch.kill()
         assert [c[0] for c in watch.gens[0].children] == [child]  # the run is not its own
         found = _Found()

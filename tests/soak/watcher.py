@@ -344,7 +344,13 @@ class SoakWatcher:
             deadline = time.monotonic() + ORPHAN_GRACE_S
             left = gen.children
             while True:
-                left = [c for c in left if procs.alive(c[0], c[1]) and c[0] not in self.excused]
+                left = [
+                    c
+                    for c in left
+                    if procs.alive(c[0], c[1])
+                    and c[0] not in self.excused
+                    and procs.launch_token(c[0]) is None  # a run caught in its exec at the time
+                ]
                 if not left or time.monotonic() > deadline:
                     break
                 time.sleep(0.2)  # polling interval of a condition wait
