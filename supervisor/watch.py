@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 
 LOG_LINES = 10
 """Lines of a dead run's log attached to its alert."""
+LOG_WAIT_MIN_S = 2.0
+"""A dead run's log tail is waited for one refresh interval (at least this, at most the host's
+``command_timeout``): a host that stops answering after it told of the death delays neither the
+alert nor the refresh (W21)."""
 CLOSE_GRACE_S = 2.0
 """Seconds a stopping watcher waits for the deliveries under way."""
 RESTART_GRACE_S = 60.0
@@ -250,7 +254,7 @@ class Watcher:
             ev = budget_event(outcome, engine.config)
             if ev is not None:
                 events.append(ev)
-        events = [await self._with_log(ev) for ev in events]
+        events = list(await asyncio.gather(*(self._with_log(ev) for ev in events)))
         events += self.restarts.observe(events)
         self.doing = "restarts on failure"
         # Started off this loop; the events of the ones that ended since the last refresh.
@@ -313,18 +317,21 @@ class Watcher:
     async def _with_log(self, ev: Event) -> Event:
         if ev.kind != "run-died" or ev.run is None:
             return ev
+        wait = self._log_timeout(ev.host)
         try:
-            tail = await asyncio.wait_for(
-                self.engine.tail_log(ev.host, ev.run, LOG_LINES), self._log_timeout(ev.host)
-            )
-        except (RunwatchError, asyncio.TimeoutError, OSError):
+            tail = await asyncio.wait_for(self.engine.tail_log(ev.host, ev.run, LOG_LINES), wait)
+        except asyncio.TimeoutError:
+            return with_lines(ev, [f"its log not read: {ev.host} gave no answer within {wait:g} s"])
+        except (RunwatchError, OSError):
             return ev
         if not tail.exists or not tail.lines:
             return ev
         return with_lines(ev, [f"last lines of {tail.path}:", *tail.lines])
 
     def _log_timeout(self, host: str) -> float:
-        return self.engine.config.host(host).command_timeout
+        return min(
+            self.engine.config.host(host).command_timeout, max(LOG_WAIT_MIN_S, self.interval)
+        )
 
     def _show(self, ev: Event) -> None:
         if self.as_json:

@@ -345,3 +345,40 @@ async def test_w18_a_death_is_seen_and_alerted_while_another_runs_restart_is_und
     # The refreshes went on meanwhile: their own lines, not "still under way" notes.
     assert sum(" refresh " in x and "still under way" not in x for x in lines[died_at:done_at]) > 1
     assert any("other" in m and "Run stopped" in m for m in receiver.messages())
+
+
+async def test_w21_a_host_that_stops_answering_after_a_death_holds_up_neither_alert_nor_refresh(
+    tmp_path: Path,
+) -> None:
+    """The dead run's log tail is asked of its host after the refresh that saw the death: a host
+    frozen meanwhile (its agent SIGSTOPped; its command timeout 60 s) costs the event its log lines
+    (it says why) after one refresh interval, not the host's command timeout."""
+    import time
+
+    from supervisor.config import load_config
+    from supervisor.events import Event
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        '[[hosts]]\nname = "here"\nlocal = true\n\n'
+        '[[hosts]]\nname = "there"\nlocal = true\ncommand_timeout = 60.0\n\n'
+        f'[[runs]]\nname = "r"\nhost = "there"\nworkdir = "{tmp_path}"\n'
+        'argv = ["python3", "run_inference.py"]\nlog = "run.log"\n'
+    )
+    (tmp_path / "run.log").write_text("Traceback: CUDA out of memory\n")
+    async with Engine(load_config(cfg)) as engine:
+        await engine.refresh()
+        watcher = Watcher(engine, emit=lambda _: None, interval=0.5)
+        died = Event(kind="run-died", severity="critical", host="there", run="r", title="r",
+                     message="Run stopped (pid 1) on there", key="k", time=time.time())  # fmt: skip
+        answered = await watcher._with_log(died)
+        assert answered.lines[1:] == ["Traceback: CUDA out of memory"]
+        hello = engine.host("there").hello
+        assert hello is not None
+        os.kill(int(hello["pid"]), signal.SIGSTOP)
+        try:
+            # Far below the host's command timeout: the wait is one refresh interval (>= 2 s).
+            frozen = await asyncio.wait_for(watcher._with_log(died), 30)
+        finally:
+            os.kill(int(hello["pid"]), signal.SIGCONT)
+    assert frozen.lines == ["its log not read: there gave no answer within 2 s"]
