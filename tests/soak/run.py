@@ -1,9 +1,11 @@
 """``make soak``: the demo workload for N minutes under random faults, with an invariant checker.
 
-    python -m tests.soak.run --minutes 10 [--seed S] [--interval 5] [--keep]
+    python -m tests.soak.run --minutes 10 [--seed S] [--interval 5] [--keep] [--faults K,K]
+
+(``--faults``: only those kinds in the plan, e.g. ``die,watcher-kill,finish,stop``.)
 
 Set-up: a mock OpenAI-compatible server (``python -m supervisor.demo.server``), a real sshd on
-127.0.0.1 (``tests.fixtures_sshd.SshdPool``), and eight runs, all launched, and later acted on,
+127.0.0.1 (``tests.fixtures_sshd.SshdPool``), and eleven runs, launched, and later acted on,
 only through the real CLI (``python -m supervisor.cli -c CONFIG ...``): two of the reference
 client with ``--ledger``, ``local`` on this machine and ``remote`` reached over that sshd; five of
 the reference client wrapped by ``tests.soak.adversaries`` (``escape``: its SIGTERM handler leaves
