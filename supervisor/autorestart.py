@@ -18,10 +18,18 @@ keeping its output, and the run stays stopped until someone does.
 A restart waiting for its backoff is written down first (``supervisor.intents``): a watcher
 killed meanwhile leaves it in the state dir, and the next watcher of the config takes it over
 (:meth:`AutoRestart.take_over`) or says why it abandons it.
+
+A restart runs off the watch loop (W18): the launch's checks take seconds to minutes (the quiet
+window, the settle time), and a refresh that waited for them would see no other run's death,
+alert nothing and restart nothing meanwhile. :meth:`AutoRestart.step` starts each due restart as a
+task of its own and returns the events of the ones that ended since; a run whose restart is under
+way is not restarted twice. A stopping watcher waits for them (:meth:`AutoRestart.settle`); one it
+gives up on keeps its intent for the next watcher.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
@@ -69,6 +77,8 @@ class AutoRestart:
         self.engine = engine
         self.clock = clock
         self._runs: dict[str, _Restarts] = {}
+        self._tasks: dict[str, asyncio.Task[list[Event]]] = {}
+        """Restarts under way, by run."""
 
     def wants(self, run: str) -> bool:
         try:
@@ -168,14 +178,22 @@ class AutoRestart:
             )
         return notes, events
 
+    def under_way(self) -> list[str]:
+        """The runs whose restart is under way."""
+        return sorted(self._tasks)
+
     async def step(self, snapshot: Snapshot) -> list[Event]:
-        """Restart every run whose time has come (and that is still not running)."""
-        out: list[Event] = []
+        """Start the restart of every run whose time has come (and that is still not running),
+        off the caller's loop; returns the events of the restarts that ended since the last
+        call."""
+        out = self._ended()
         now = self.clock()
         running = {
             r.name for h in snapshot.hosts for r in h.runs if r.state == "running" and r.configured
         }
         for name, st in self._runs.items():
+            if name in self._tasks:
+                continue  # its restart is under way
             if name in running:
                 # Back: by the restart just made (its count stays), or by hand after a give-up
                 # (a later death starts a new count).
@@ -190,7 +208,30 @@ class AutoRestart:
                 continue
             st.due = None
             st.times.append(now)
-            out.extend(await self._restart(name, st))
+            self._tasks[name] = asyncio.ensure_future(self._restart(name, st))
+        return out
+
+    def _ended(self) -> list[Event]:
+        out: list[Event] = []
+        for name, task in list(self._tasks.items()):
+            if task.done():
+                del self._tasks[name]
+                out.extend(task.result())
+        return out
+
+    async def settle(self, timeout: float) -> list[Event]:
+        """Wait up to ``timeout`` seconds for the restarts under way (a watcher stopping);
+        returns their events. One still under way then is cancelled: its intent stays for the
+        next watcher, which finds the run running, or restarts it."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks.values()), timeout=timeout)
+        out = self._ended()
+        for task in self._tasks.values():
+            task.cancel()
+        for task in self._tasks.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
         return out
 
     async def _restart(self, name: str, st: _Restarts) -> list[Event]:
@@ -204,6 +245,8 @@ class AutoRestart:
             result = await self.engine.execute(plan)
         except RunwatchError as e:
             detail = str(e)
+        except Exception as e:  # off the loop: say what failed, like a failed refresh does
+            detail = f"{type(e).__name__}: {e}"
         else:
             failed = result.failed_step
             command = failed.data.get("resume_command") if failed is not None else None

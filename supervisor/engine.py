@@ -1159,7 +1159,9 @@ class Engine:
         )
         with_client_parts(view, scan)
         alive = proc is not None and not proc.state.startswith("Z")
-        view.alarm = self._dataloss.observe(host, run.name, scan, alive)
+        # Data loss is judged for this config's runs only (W20): another config's run is moved
+        # aside or repaired by its own runwatch, whose audit records this one never reads.
+        view.alarm = self._dataloss.observe(host, run.name, scan, alive) if ours else None
         if problem is not None and view.error is None:
             view.error = f"tokens not counted: {problem}"
         self._live.record_dataset(host, view, tracker)

@@ -43,8 +43,15 @@ if TYPE_CHECKING:
 
 LOG_LINES = 10
 """Lines of a dead run's log attached to its alert."""
+LOG_WAIT_MIN_S = 2.0
+"""A dead run's log tail is waited for one refresh interval (at least this, at most the host's
+``command_timeout``): a host that stops answering after it told of the death delays neither the
+alert nor the refresh (W21)."""
 CLOSE_GRACE_S = 2.0
 """Seconds a stopping watcher waits for the deliveries under way."""
+RESTART_GRACE_S = 60.0
+"""Seconds a stopping watcher waits for the automatic restarts under way (their intents stay for
+the next watcher when they do not end in time)."""
 
 
 class WatchLocked(RunwatchError):
@@ -204,6 +211,15 @@ class Watcher:
             left = max(0.0, self.interval - (time.monotonic() - started))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), left)
+        # Restarts under way end (or keep their intents for the next watcher), and are said.
+        if self.restarts.under_way():
+            self.note(f"waiting for the restart of {', '.join(self.restarts.under_way())}")
+        ended = await self.restarts.settle(RESTART_GRACE_S)
+        for ev in ended:
+            self._show(ev)
+        self.events.extend(ended)
+        if ended:
+            self._report(await self.alerter.submit(ended))
         # Deliveries under way get a moment to end; the rest stay spooled for the next watcher.
         await asyncio.to_thread(self.alerter.close, CLOSE_GRACE_S)
         self._report(self.alerter.collect())
@@ -236,9 +252,10 @@ class Watcher:
             wait=0.75 * self.interval if self.ticks else None, on_snapshot=asked
         )
         snap = tick.snapshot
-        events = [await self._with_log(ev) for ev in tick.events]
+        events = list(await asyncio.gather(*(self._with_log(ev) for ev in tick.events)))
         events += self.restarts.observe(events)
         self.doing = "restarts on failure"
+        # Started off this loop; the events of the ones that ended since the last refresh.
         events += await self.restarts.step(snap)
         for ev in events:
             self._show(ev)
@@ -298,18 +315,21 @@ class Watcher:
     async def _with_log(self, ev: Event) -> Event:
         if ev.kind != "run-died" or ev.run is None:
             return ev
+        wait = self._log_timeout(ev.host)
         try:
-            tail = await asyncio.wait_for(
-                self.engine.tail_log(ev.host, ev.run, LOG_LINES), self._log_timeout(ev.host)
-            )
-        except (RunwatchError, asyncio.TimeoutError, OSError):
+            tail = await asyncio.wait_for(self.engine.tail_log(ev.host, ev.run, LOG_LINES), wait)
+        except asyncio.TimeoutError:
+            return with_lines(ev, [f"its log not read: {ev.host} gave no answer within {wait:g} s"])
+        except (RunwatchError, OSError):
             return ev
         if not tail.exists or not tail.lines:
             return ev
         return with_lines(ev, [f"last lines of {tail.path}:", *tail.lines])
 
     def _log_timeout(self, host: str) -> float:
-        return self.engine.config.host(host).command_timeout
+        return min(
+            self.engine.config.host(host).command_timeout, max(LOG_WAIT_MIN_S, self.interval)
+        )
 
     def _show(self, ev: Event) -> None:
         if self.as_json:

@@ -300,3 +300,86 @@ async def test_a_run_killed_through_runwatch_or_finished_is_not_restarted(
     assert "dataset-done" in kinds
     assert [r["action"] for r in audit.read()] == ["launch", "launch", "kill"]
     assert not run_pids(demo.workdir)
+
+
+async def test_w18_a_death_is_seen_and_alerted_while_another_runs_restart_is_under_way(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    receiver: Receiver,
+) -> None:
+    # "demo"'s restart takes its settle time (8 s) to confirm its launch: the refreshes meanwhile
+    # must still see "other" die and alert it, before the restart is done.
+    slow_restart = RESTART_TOML.replace("settle_seconds = 0.5", "settle_seconds = 8.0")
+    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300, run_toml=slow_restart)
+    other = DemoRun(tmp_path / "other", slow_endpoint.url, max_samples=300)
+    kill_runs_in += [demo.workdir, other.workdir]
+    block = other.config_path.read_text().split("[[runs]]", 1)[1].split("[[endpoints]]", 1)[0]
+    with open(demo.config_path, "a") as f:
+        f.write("\n[[runs]]" + block.replace('name = "demo"', 'name = "other"'))
+    with_alerts(demo, receiver)
+    async with actions.engine_for(demo) as engine:
+        pids = {}
+        for run in ("demo", "other"):
+            launched = await actions.launch(engine, run)
+            assert launched.ok, actions.why(launched)
+            pids[run] = (launched.identity or {})["pid"]
+        async with watching(engine, tmp_path) as (watcher, lines):
+            for run in ("demo", "other"):
+                await wait_for(lambda r=run: running_pid(engine, r) == pids[r], 30)  # type: ignore[misc]
+            os.kill(pids["demo"], signal.SIGKILL)
+            # The restart's launch is under way: its new process waits out the settle time.
+            await wait_for(
+                lambda: [p for p in run_pids(demo.workdir) if p != pids["demo"]], 30, what="restart"
+            )
+            os.kill(pids["other"], signal.SIGKILL)
+            await wait_for(
+                lambda: [e for e in watcher.events if e.kind == "restart-done"],
+                90,
+                what="the automatic restart",
+            )
+    kinds = [(e.kind, e.run) for e in watcher.events if e.kind in ("run-died", "restart-done")]
+    assert kinds[:3] == [("run-died", "demo"), ("run-died", "other"), ("restart-done", "demo")]
+    died_at = next(i for i, x in enumerate(lines) if "other" in x and "Run stopped" in x)
+    done_at = next(i for i, x in enumerate(lines) if "Restarted automatically" in x)
+    # The refreshes went on meanwhile: their own lines, not "still under way" notes.
+    assert sum(" refresh " in x and "still under way" not in x for x in lines[died_at:done_at]) > 1
+    assert any("other" in m and "Run stopped" in m for m in receiver.messages())
+
+
+async def test_w21_a_host_that_stops_answering_after_a_death_holds_up_neither_alert_nor_refresh(
+    tmp_path: Path,
+) -> None:
+    """The dead run's log tail is asked of its host after the refresh that saw the death: a host
+    frozen meanwhile (its agent SIGSTOPped; its command timeout 60 s) costs the event its log lines
+    (it says why) after one refresh interval, not the host's command timeout."""
+    import time
+
+    from supervisor.config import load_config
+    from supervisor.events import Event
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        '[[hosts]]\nname = "here"\nlocal = true\n\n'
+        '[[hosts]]\nname = "there"\nlocal = true\ncommand_timeout = 60.0\n\n'
+        f'[[runs]]\nname = "r"\nhost = "there"\nworkdir = "{tmp_path}"\n'
+        'argv = ["python3", "run_inference.py"]\nlog = "run.log"\n'
+    )
+    (tmp_path / "run.log").write_text("Traceback: CUDA out of memory\n")
+    async with Engine(load_config(cfg)) as engine:
+        await engine.refresh()
+        watcher = Watcher(engine, emit=lambda _: None, interval=0.5)
+        died = Event(kind="run-died", severity="critical", host="there", run="r", title="r",
+                     message="Run stopped (pid 1) on there", key="k", time=time.time())  # fmt: skip
+        answered = await watcher._with_log(died)
+        assert answered.lines[1:] == ["Traceback: CUDA out of memory"]
+        hello = engine.host("there").hello
+        assert hello is not None
+        os.kill(int(hello["pid"]), signal.SIGSTOP)
+        try:
+            # Far below the host's command timeout: the wait is one refresh interval (>= 2 s).
+            frozen = await asyncio.wait_for(watcher._with_log(died), 30)
+        finally:
+            os.kill(int(hello["pid"]), signal.SIGCONT)
+    assert frozen.lines == ["its log not read: there gave no answer within 2 s"]

@@ -28,6 +28,32 @@ def stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[19])
 
 
+def ppid(pid: int) -> int | None:
+    """The parent of ``pid``, or None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def descendants(root: int) -> list[tuple[int, int, list[str]]]:
+    """(pid, start ticks, argv) of every live descendant of ``root``."""
+    children: dict[int, list[int]] = {}
+    for pid in pids():
+        parent = ppid(pid)
+        if parent is not None:
+            children.setdefault(parent, []).append(pid)
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        st = stat(pid)
+        if st is not None and st[0] != "Z":
+            out.append((pid, st[1], argv(pid)))
+        todo += children.get(pid, [])
+    return out
+
+
 def uid(pid: int) -> int | None:
     try:
         return os.stat(f"/proc/{pid}").st_uid

@@ -1,9 +1,11 @@
 """``make soak``: the demo workload for N minutes under random faults, with an invariant checker.
 
-    python -m tests.soak.run --minutes 10 [--seed S] [--interval 5] [--keep]
+    python -m tests.soak.run --minutes 10 [--seed S] [--interval 5] [--keep] [--faults K,K]
+
+(``--faults``: only those kinds in the plan, e.g. ``die,watcher-kill,finish,stop``.)
 
 Set-up: a mock OpenAI-compatible server (``python -m supervisor.demo.server``), a real sshd on
-127.0.0.1 (``tests.fixtures_sshd.SshdPool``), and eight runs, all launched, and later acted on,
+127.0.0.1 (``tests.fixtures_sshd.SshdPool``), and eleven runs, launched, and later acted on,
 only through the real CLI (``python -m supervisor.cli -c CONFIG ...``): two of the reference
 client with ``--ledger``, ``local`` on this machine and ``remote`` reached over that sshd; five of
 the reference client wrapped by ``tests.soak.adversaries`` (``escape``: its SIGTERM handler leaves
@@ -37,6 +39,13 @@ same order; the processes' timing does not change the plan):
   (``tests.soak.watcher``: it alerts all along to a working receiver, one that accepts and never
   answers and one on a closed port; its invariants ``watch-silent``, ``alert-late``,
   ``query-orphan`` and ``watcher-died`` are checked at the end).
+- ``die`` / ``watcher-kill`` / ``finish`` / ``stop`` (``tests.soak.lifecycle``, on three more runs
+  of the reference client: ``phoenix`` and ``finisher`` with ``on_exit = "restart"``, ``mortal``
+  without): a client killed by a signal (a death), the same with the watcher SIGKILLed during the
+  restart's backoff and started again, ``finisher`` ending at its own ``--token-budget``, and a
+  ``runwatch kill`` from another terminal; their invariants ``death-unalerted``,
+  ``false-run-died``, ``false-data-loss``, ``restart-policy`` and ``intent-dropped`` are checked
+  at the end from the watchers' output, the working receiver and the audit log.
 
 The soak stops at its minutes: the faults reached are a prefix of the plan.
 
@@ -89,9 +98,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.soak import adversaries, procs
+from tests.soak import adversaries, lifecycle, procs
 from tests.soak.decoys import Neighbourhood
-from tests.soak.watcher import SoakWatcher
+from tests.soak.watcher import REFRESH_S, SoakWatcher
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT = REPO / "supervisor" / "demo" / "run_inference.py"
@@ -142,6 +151,10 @@ FAULT_WEIGHTS = {
     "flag-resume": 10,
     "metrics-drip": 6,
     "smi-hang": 6,
+    "die": 10,
+    "watcher-kill": 6,
+    "finish": 5,
+    "stop": 6,
 }
 REFERENCE_RUNS = ("local", "remote")
 """The reference client's runs with a ledger, acted on by restarts, kills and rotations."""
@@ -154,6 +167,10 @@ FAULT_RUNS = {
     "flag-resume": ("sf",),
     "metrics-drip": ("local",),
     "smi-hang": ("local",),
+    "die": ("phoenix", "mortal"),
+    "watcher-kill": ("phoenix",),
+    "finish": ("finisher",),
+    "stop": ("phoenix", "mortal"),
 }
 """The runs a fault kind acts on (any other kind: REFERENCE_RUNS); a kind none of whose runs the
 soak has is planned as ``quiet``."""
@@ -163,6 +180,21 @@ keeps a ``--set resume``) and fail a restart (the rollback would overwrite); fai
 ``--resume``; restart with ``--unset resume``."""
 SF_BAD_VALUE = "temperature=1.5"
 """A value the SpecForge stand-in rejects at start (after the restart's stop)."""
+LIFECYCLE_RUNS = {
+    "phoenix": ("P1", True),
+    "mortal": ("M1", False),
+    "finisher": ("F1", True),
+}
+"""The reference client's runs the lifecycle faults act on: dataset, ``on_exit = "restart"``."""
+BACKOFF_S = 6.0
+"""Their ``restart_backoff_seconds``."""
+RESTART_WINDOW_S = 15.0
+"""Their ``restart_window_seconds``: the soak kills ``phoenix`` only once its last restart is
+older, so that every restart is the first of its window (backoff ``BACKOFF_S``)."""
+FINISH_TOKENS = 3000
+"""``finisher``'s ``--token-budget`` grows by this much at each launch: it ends by itself."""
+FINISH_WAIT_S = 180.0
+DIE_SIGNALS = ("SIGKILL", "SIGSEGV", "SIGABRT")
 
 
 @dataclass
@@ -177,10 +209,10 @@ class Fault:
         return f"#{self.slot} {self.kind} {self.run} {extra}".rstrip()
 
 
-def make_plan(seed: int, slots: int, runs: list[str]) -> list[Fault]:
-    """The faults of a soak, drawn from ``seed`` alone."""
+def make_plan(seed: int, slots: int, runs: list[str], only: list[str] | None = None) -> list[Fault]:
+    """The faults of a soak, drawn from ``seed`` alone (of the kinds ``only``, when given)."""
     rng = random.Random(seed)
-    kinds = list(FAULT_WEIGHTS)
+    kinds = [k for k in FAULT_WEIGHTS if only is None or k in only]
     weights = [FAULT_WEIGHTS[k] for k in kinds]
     plan = []
     for slot in range(slots):
@@ -221,6 +253,10 @@ def make_plan(seed: int, slots: int, runs: list[str]) -> list[Fault]:
             params["variant"] = rng.choice(SF_VARIANTS)
         elif kind in ("metrics-drip", "smi-hang"):
             params["seconds"] = round(rng.uniform(5.0, 20.0), 1)
+        elif kind in ("die", "watcher-kill"):
+            params["signal"] = rng.choice(DIE_SIGNALS)
+            if kind == "watcher-kill":
+                params["down"] = round(rng.uniform(0.5, 3.0), 1)
         plan.append(Fault(slot, kind, run, params))
     return plan
 
@@ -321,6 +357,8 @@ class Action:
     ended: float = 0.0
     rc: int | None = None
     output: str = ""
+    stopped: list[dict[str, Any]] = field(default_factory=list)
+    """The run's processes it ended (a kill or a restart): quiet ends (``tests.soak.lifecycle``)."""
 
     def evidence(self) -> dict[str, Any]:
         return {
@@ -351,7 +389,15 @@ class Violations:
 
 
 class Soak:
-    def __init__(self, root: Path, seed: int, minutes: float, interval: float) -> None:
+    def __init__(
+        self,
+        root: Path,
+        seed: int,
+        minutes: float,
+        interval: float,
+        only: list[str] | None = None,
+    ) -> None:
+        self.only = only
         self.root = root
         self.seed = seed
         self.minutes = minutes
@@ -388,6 +434,15 @@ class Soak:
         self.config_ids: set[str] = set()
         """The config ids in the launch tokens of the soak's runs (runwatch derives one per
         config; another soak's runs have the same names)."""
+        # The lifecycle faults' evidence (``tests.soak.lifecycle``).
+        self.deaths: list[dict[str, Any]] = []
+        self.quiet_ends: list[dict[str, Any]] = []
+        """Processes that finished by themselves or were stopped through runwatch."""
+        self.no_restart: list[dict[str, Any]] = []
+        """Windows in which nothing may restart a run automatically."""
+        self.watcher_kills: list[dict[str, Any]] = []
+        self.finishes = 0
+        self.lifecycle_figures: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ set-up
 
@@ -465,12 +520,23 @@ class Soak:
                 ledger_arg="ledger/ledger.jsonl", behaviour="twin",
             )  # fmt: skip
             scripts[name] = twin_script
+        for name, (dataset, _restart) in LIFECYCLE_RUNS.items():
+            workdir = self.root / f"work-{name}"
+            write_prompts(workdir / "prompts", [dataset], prompts)
+            (workdir / "ledger").mkdir(parents=True)
+            ledger = workdir / "ledger" / "ledger.jsonl"
+            self.runs[name] = Run(name, "here", workdir, [dataset], ledger)
+            scripts[name] = CLIENT
         sf_dir = self.root / "work-sf"
         adversaries.specforge_workdir(sf_dir, max(2000, int(self.minutes * 60 * 8)), REPO)
         self.runs["sf"] = Run("sf", "here", sf_dir, [SF_OUTPUT], sf_dir / "no-ledger",
                               behaviour="specforge")  # fmt: skip
 
-        lines = ['[[hosts]]\nname = "here"\nlocal = true', f"python = {json.dumps(sys.executable)}"]
+        lines = [f"refresh_seconds = {REFRESH_S}", ""]
+        lines += [
+            '[[hosts]]\nname = "here"\nlocal = true',
+            f"python = {json.dumps(sys.executable)}",
+        ]
         lines.append(host_toml(ssh_cfg))
         for run in self.runs.values():
             if run.behaviour == "specforge":
@@ -494,6 +560,11 @@ class Soak:
                 extra = ['output_dir = "out"']
                 if run.name == "local":
                     extra.append('endpoint = "mock"')  # its /metrics is the watcher's fault
+                if run.name == "finisher":
+                    argv += ["--token-budget", str(FINISH_TOKENS)]
+                if LIFECYCLE_RUNS.get(run.name, ("", False))[1]:
+                    extra += ['on_exit = "restart"', f"restart_backoff_seconds = {BACKOFF_S}"]
+                    extra += ["restart_max = 3", f"restart_window_seconds = {RESTART_WINDOW_S}"]
             lines += [
                 "[[runs]]",
                 f'name = "{run.name}"',
@@ -521,6 +592,8 @@ class Soak:
         self.other_user = self._ensure_user()
 
         for run in self.runs.values():
+            if run.name == "finisher":
+                continue  # launched by its faults: it ends by itself
             action = self.cli("launch (set-up)", "launch", run.name, "--yes")
             running = self.wait_running(run, BOUND_S)
             self.tokens_of(run)
@@ -560,6 +633,8 @@ class Soak:
         action = Action(label, argv, time.time(), run=target)
         with self.lock:
             self.history.append(action)
+        stopping = args[0] in ("restart", "kill") and target in self.runs
+        before = self.runs[target].processes() if stopping and target else []
         try:
             r = subprocess.run(
                 argv,
@@ -576,6 +651,13 @@ class Soak:
             action.output = out.decode(errors="replace") if isinstance(out, bytes) else str(out)
             action.rc = None
         action.ended = time.time()
+        for pid, start, _ in before:
+            if not procs.alive(pid, start):
+                end = {"run": target, "pid": pid, "how": "stopped", "from": action.started,
+                       "until": action.ended, "by": label}  # fmt: skip
+                action.stopped.append(end)
+                self.quiet_ends.append(end)
+                self.no_restart.append(end)
         with open(self.root / "actions.jsonl", "a") as log:
             log.write(json.dumps({**action.evidence(), "output": action.output}) + "\n")
         self.actions[f"{label} rc={action.rc if action.rc is not None else 'timeout'}"] += 1
@@ -763,6 +845,12 @@ class Soak:
             self.freeze_sshd(f.params["seconds"])
         elif f.kind in ("metrics-drip", "smi-hang"):
             self.watch.fault(f.kind, f.params["seconds"])
+        elif f.kind in ("die", "watcher-kill"):
+            self.die(run, f, label)
+        elif f.kind == "finish":
+            self.finish(run, label)
+        elif f.kind == "stop":
+            self.stop_from_terminal(run, label)
         elif f.kind in ("rotate-rename", "rotate-copytruncate"):
             self.rotate(run, f.kind, f.slot)
         elif f.kind == "other-user-writer":
@@ -853,7 +941,10 @@ class Soak:
                 if path.exists():
                     st = path.stat()
                     self.archived.add((st.st_dev, st.st_ino))
+                    t = time.time()
                     os.rename(path, archive / path.name)
+                    self.rotations.append({"kind": "archive", "path": str(path), "t_start": t,
+                                           "t_end": time.time(), "ino": st.st_ino})  # fmt: skip
             # --reset: without the launch spec a --set resume left, the config's command line.
             action = self.cli(
                 "flag-resume: launch on no data", "launch", run.name, "--reset", "--yes"
@@ -874,6 +965,188 @@ class Soak:
             self.faults["flag-resume rollback refused"] += 1
         if not run.processes():
             self.recover(run)
+
+    # ------------------------------------------------------------------ lifecycle faults
+
+    def intent_file(self, run: Run) -> Path | None:
+        """The restart intent the watcher keeps for ``run`` (``supervisor.intents``), if any."""
+        found = sorted((self.root / "state" / "runwatch" / "intents").glob(f"*/{run.name}.json"))
+        return found[0] if found else None
+
+    def die(self, run: Run, f: Fault, label: str) -> None:
+        """Kill the run's client with a signal (a death: datasets not done). With ``on_exit =
+        "restart"`` the watcher must restart it after its backoff (the soak waits for it); else
+        nothing restarts it and the soak launches it again after the backoff and 3 refreshes.
+        ``watcher-kill``: once the watcher has written the restart intent and shown the death,
+        the watcher is SIGKILLed and started again; the new one must take the intent over."""
+        restart = LIFECYCLE_RUNS[run.name][1]
+        live = self.wait_running(run, BOUND_S)
+        if live is None:
+            self.skip(label, f"{f.describe()}: {run.name} not running")
+            return
+        if restart:
+            # Every restart the first of its window: the last one (about when this process
+            # started) must be older than the window.
+            age = time.time() - procs.start_wall(live[1])
+            self._pause(max(0.0, RESTART_WINDOW_S + 2.0 - age))
+            if not procs.alive(live[0], live[1]):
+                self.skip(label, f"{f.describe()}: {run.name} pid {live[0]} ended meanwhile")
+                return
+        pid = live[0]
+        old_intent = self.intent_file(run)
+        if old_intent is not None:
+            self.notes.append(f"{run.name}: an intent was left before the death: {old_intent}")
+        sig = signal.Signals[f.params["signal"]]
+        os.kill(pid, sig)
+        death = {"run": run.name, "pid": pid, "time": time.time(), "signal": sig.name,
+                 "restart": restart, "backoff": BACKOFF_S, "watcher_killed": False}  # fmt: skip
+        for d in self.deaths:
+            if d["run"] == run.name and d.get("next") is None:
+                d["next"] = death["time"]
+        self.deaths.append(death)
+        if not restart:
+            self._pause(BACKOFF_S + 3 * REFRESH_S)  # the window in which nothing may restart it
+            window = {"run": run.name, "pid": pid, "how": "died (on_exit = alert)",
+                      "from": death["time"], "until": time.time()}  # fmt: skip
+            self.no_restart.append(window)
+            self.recover(run)
+            return
+        if f.kind == "watcher-kill" and not self.kill_watcher_in_backoff(run, death, f):
+            self.faults[label] -= 1
+            self.faults[f"{label} (no backoff seen: a plain death)"] += 1
+        bound = BACKOFF_S + lifecycle.RESTART_BOUND_S + 2 * REFRESH_S
+        if death["watcher_killed"]:
+            bound += f.params["down"] + lifecycle.INTENT_BOUND_S
+        if not wait_for(lambda: any(p != pid for p, _, _ in run.processes()), bound):
+            self.notes.append(f"{run.name}: not running again {bound:g} s after its death")
+            self.recover(run)
+
+    def kill_watcher_in_backoff(self, run: Run, death: dict[str, Any], f: Fault) -> bool:
+        """SIGKILL the watcher once it has written ``run``'s restart intent and shown its death
+        (a refresh line after the event: the alert is spooled), while the backoff runs; start a
+        new watcher. False when no backoff was seen (the death is then an ordinary one)."""
+        gen = self.watch.gens[-1]
+        pid = death["pid"]
+
+        def in_backoff() -> bool:
+            if self.intent_file(run) is None:
+                return False
+            lines = gen.lines()
+            ours = [
+                i
+                for i, e in enumerate(lines)
+                if e.get("kind") == "run-died"
+                and e.get("run") == run.name
+                and lifecycle.died_pid(e) == pid
+            ]
+            at = ours[0] if ours else None
+            return at is not None and any("tick" in e for e in lines[at:])
+
+        if not wait_for(in_backoff, 6 * REFRESH_S + 20.0):
+            self.notes.append(f"watcher-kill: no intent and run-died of {run.name} pid {pid} seen")
+            return False
+        path = self.intent_file(run)
+        try:
+            intent = json.loads(path.read_bytes()) if path is not None else {}
+        except (OSError, ValueError):
+            intent = {}
+        if not intent or time.time() >= float(intent.get("not_before") or 0):
+            self.notes.append(f"watcher-kill: {run.name}'s backoff was over before the kill")
+            return False
+        killed = self.watch.kill()
+        self._pause(f.params["down"])  # the watcher stays down a moment, as after a crash
+        new = self.watch.start()
+        death["watcher_killed"] = True
+        self.watcher_kills.append({"run": run.name, "pid": pid, "intent": intent, "killed": killed,
+                                   "restarted": new.started, "new_pid": new.proc.pid,
+                                   "old_pid": gen.proc.pid})  # fmt: skip
+        return True
+
+    def finish(self, run: Run, label: str) -> None:
+        """Launch ``finisher`` with a ``--token-budget`` above what it holds and let it end by
+        itself (exit 0, "all datasets done"): nothing may call it dead or restart it until the
+        soak's next launch."""
+        if run.processes():
+            self.skip(label, f"finish: {run.name} still running")
+            return
+        self.finishes += 1
+        budget = self.finishes * FINISH_TOKENS
+        action = self.cli("finish: launch", "launch", run.name, "--set",
+                          f"token-budget={budget}", "--yes")  # fmt: skip
+        for w in self.no_restart:
+            if w["run"] == run.name and w["until"] is None:
+                w["until"] = action.started
+        live = run.processes()
+        if action.rc != 0 or not live:
+            self.notes.append(f"finish: launch {run.name} exited {action.rc}, running {live}")
+            return
+        pid, start, _ = live[0]
+        if not wait_for(lambda: not procs.alive(pid, start), FINISH_WAIT_S):
+            self.notes.append(
+                f"finish: {run.name} pid {pid} still running after {FINISH_WAIT_S:g} s"
+            )
+            return
+        log = run.workdir / "logs" / f"{run.name}.log"
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+        if f"pid {pid}:" in tail and "all datasets done" not in tail.split(f"pid {pid}:", 1)[1]:
+            self.notes.append(f"finish: {run.name} pid {pid} ended without 'all datasets done'")
+            return
+        end = {"run": run.name, "pid": pid, "how": "finished", "from": time.time(), "until": None}
+        self.quiet_ends.append(end)
+        self.no_restart.append(end)
+
+    def stop_from_terminal(self, run: Run, label: str) -> None:
+        """``runwatch kill`` from another terminal (the soak's CLI) on a run the watcher
+        watches: a stop, not a death; after the backoff and 3 refreshes it is launched again."""
+        if self.wait_running(run, BOUND_S) is None:
+            self.skip(label, f"stop: {run.name} not running")
+            return
+        action = self.cli("stop: kill", "kill", run.name, "--yes", "--grace", "3")
+        if action.rc != 0:
+            self.notes.append(f"stop: kill {run.name} exited {action.rc}")
+        self._pause(BACKOFF_S + 3 * REFRESH_S)  # the window in which nothing may restart it
+        for end in action.stopped:
+            end["until"] = time.time()
+        self.recover(run)
+
+    def check_lifecycle(self) -> None:
+        """The lifecycle invariants (``tests.soak.lifecycle``) and their figures."""
+        from supervisor import audit
+
+        records = audit.read(path=self.root / "state" / "runwatch" / audit.AUDIT_NAME)
+        events = [e for e in self.watch.lines() if "kind" in e]
+        received = list(zip(list(self.watch.receiver.times), self.watch.receiver.messages(),
+                            strict=False))  # fmt: skip
+        add = self.violations.add
+        for w in self.no_restart:
+            if w["until"] is None:
+                w["until"] = time.time()
+        ticks = [float(e["time"]) for e in self.watch.lines() if "tick" in e]
+        latencies = lifecycle.check_deaths_alerted(self.deaths, received, ticks, REFRESH_S, add)
+        other = lifecycle.check_run_died(events, self.deaths, self.quiet_ends, add)
+        explained = lifecycle.check_data_loss(events, records, self.rotations, add)
+        restarts = lifecycle.auto_restarts(records)
+        delays = lifecycle.check_restart_policy(self.deaths, self.no_restart, restarts, add)
+        taken = lifecycle.check_intents(self.watcher_kills, restarts, events, add)
+        lat = sorted(latencies)
+        self.lifecycle_figures = {
+            "deaths caused (restart policy)": f"{len(self.deaths)} "
+            f"({sum(d['restart'] for d in self.deaths)})",
+            "death -> alert s (median, max)": f"{lat[len(lat) // 2]:.2f}, {lat[-1]:.2f}"
+            if lat
+            else "-",
+            f"deaths alerted after over 2 x {REFRESH_S:g} s": sum(x > 2 * REFRESH_S for x in lat),
+            "death -> restart s (max)": f"{max(delays):.1f}" if delays else "-",
+            "finished by themselves": sum(q["how"] == "finished" for q in self.quiet_ends),
+            "stopped through runwatch": sum(q["how"] == "stopped" for q in self.quiet_ends),
+            "watcher SIGKILLs in a backoff (intents carried out)": f"{len(self.watcher_kills)} "
+            f"({taken})",
+            "automatic restarts (audit)": len(restarts),
+            "data-loss alarms from the soak's own changes": explained,
+            "run-died the soak did not cause": len(other),
+        }
+        for ev in other:
+            self.notes.append(f"run-died the soak did not cause: {ev.get('message')}")
 
     def skip(self, label: str, why: str) -> None:
         """A planned fault that found nothing to act on: counted apart from the injected ones."""
@@ -1205,7 +1478,8 @@ class Soak:
     # ------------------------------------------------------------------ main loop
 
     def run(self) -> int:
-        plan = make_plan(self.seed, max(1, int(self.minutes * 60 / self.interval)), list(self.runs))
+        slots = max(1, int(self.minutes * 60 / self.interval))
+        plan = make_plan(self.seed, slots, list(self.runs), self.only)
         print(f"soak: seed {self.seed}, {len(plan)} faults planned over {self.minutes:g} min "
               f"(replay: --seed {self.seed} --minutes {self.minutes:g}); dir {self.root}",
               flush=True)  # fmt: skip
@@ -1220,7 +1494,7 @@ class Soak:
             next_at = t0 + i * self.interval
             self._pause(max(0.0, next_at - time.monotonic()))  # the soak's pacing
             for run in self.runs.values():
-                if not run.processes():
+                if run.name != "finisher" and not run.processes():
                     self.recover(run)
             if f.kind != "quiet":
                 self.inject(f)
@@ -1234,6 +1508,7 @@ class Soak:
         checker.join(30)
         self.watch.stop()
         self.watch_figures = self.watch.check(self.violations.add)
+        self.check_lifecycle()
         ledger = self.check_ledgers()
         self.elapsed = time.monotonic() - t0
         self.report(ledger)
@@ -1245,7 +1520,8 @@ class Soak:
         )
         print("\n== soak report")
         print(f"seed {self.seed}; replay: python -m tests.soak.run --seed {self.seed} "
-              f"--minutes {self.minutes:g} --interval {self.interval:g}")  # fmt: skip
+              f"--minutes {self.minutes:g} --interval {self.interval:g}"
+              + (f" --faults {','.join(self.only)}" if self.only else ""))  # fmt: skip
         print(
             f"ran {self.elapsed / 60:.1f} min ({self.interval:g} s between planned faults); "
             f"{self.planned} faults reached; {self.escape_checks} stops checked for escapes"
@@ -1263,6 +1539,9 @@ class Soak:
         print("watcher:")
         for k, v in self.watch_figures.items():
             print(f"  {k:<40} {v}")
+        print("lifecycle:")
+        for k, v in self.lifecycle_figures.items():
+            print(f"  {k:<52} {v}")
         kinds = Counter(v["kind"] for v in self.violations.items)
         print(f"violations: {len(self.violations.items)} {dict(kinds)}")
         for n, v in enumerate(self.violations.items, 1):
@@ -1343,11 +1622,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=5.0, help="seconds between faults")
     p.add_argument("--dir", default=None, help="working directory (default: a new temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the working directory")
+    p.add_argument("--faults", default=None, help="only these fault kinds (comma-separated)")
     args = p.parse_args(argv)
+    only = args.faults.split(",") if args.faults else None
+    if only and set(only) - set(FAULT_WEIGHTS):
+        p.error(f"unknown fault kinds {sorted(set(only) - set(FAULT_WEIGHTS))}: "
+                f"choose among {', '.join(FAULT_WEIGHTS)}")  # fmt: skip
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     root = Path(args.dir or tempfile.mkdtemp(prefix="runwatch-soak-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    soak = Soak(root, seed, args.minutes, args.interval)
+    soak = Soak(root, seed, args.minutes, args.interval, only)
     print(f"soak: seed {seed}", flush=True)
     try:
         soak.setup()

@@ -3,6 +3,7 @@ writers (and only writers), and a decoy records the signals it gets."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -416,3 +417,249 @@ def test_the_renamed_adversary_runs_the_client_under_another_argv0(tmp_path: Pat
     finally:
         p.kill()
         p.wait(10)
+
+
+# --------------------------------------------------------------- lifecycle invariants
+
+
+class _Found:
+    """Collects the violations a check reports."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __call__(self, kind: str, summary: str, evidence: dict[str, Any], key: Any = None) -> None:
+        self.items.append((kind, summary, evidence))
+
+    def kinds(self) -> list[str]:
+        return [k for k, _, _ in self.items]
+
+
+def _death(run: str = "phoenix", pid: int = 100, t: float = 1000.0, **kw: Any) -> dict[str, Any]:
+    return {"run": run, "pid": pid, "time": t, "signal": "SIGKILL", "restart": True,
+            "backoff": 6.0, "watcher_killed": False, **kw}  # fmt: skip
+
+
+def _died_alert(run: str, pid: int) -> str:
+    return (
+        f"runwatch critical: {run}\nRun stopped (pid {pid}) on here: died (signal 9), "
+        "not stopped through runwatch, datasets not done."
+    )
+
+
+def test_a_death_alerted_after_two_refreshes_or_never_is_unalerted() -> None:
+    from tests.soak import lifecycle
+
+    deaths = [_death(pid=1, t=100.0), _death(pid=2, t=200.0), _death(pid=3, t=300.0)]
+    deaths.append(_death(pid=4, t=400.0))  # the soak ended: no refresh after it
+    ticks = [101.0, 103.0, 105.0, 201.0, 203.0, 205.0, 301.0, 303.0, 305.0]
+    received = [
+        (103.5, _died_alert("phoenix", 1)),  # before the 2nd refresh after it + 1 s
+        (204.5, _died_alert("phoenix", 2)),  # 1.5 s after the 2nd refresh: late
+        (301.0, _died_alert("phoenix", 33)),  # another pid: not pid 3's alert
+        (301.0, "runwatch info: phoenix\nRun finished by itself (pid 3) on here."),
+        (404.5, _died_alert("phoenix", 4)),  # 2 x 2 s + 0.5 s
+    ]
+    found = _Found()
+    latencies = lifecycle.check_deaths_alerted(deaths, received, ticks, 2.0, found)
+    assert found.kinds() == ["death-unalerted", "death-unalerted"]
+    assert [e["death"]["pid"] for _, _, e in found.items] == [2, 3]
+    assert "after 4.5 s" in found.items[0][1] and "never" in found.items[1][1]
+    assert latencies == [3.5, 4.5, 4.5]
+    late = [(405.5, _died_alert("phoenix", 4))]
+    assert _collect(lifecycle.check_deaths_alerted, deaths[3:], late, ticks, 2.0) == [
+        "death-unalerted"
+    ]
+
+
+def _collect(check: Any, *args: Any) -> list[str]:
+    found = _Found()
+    check(*args, found)
+    return found.kinds()
+
+
+def _died_event(run: str, pid: int) -> dict[str, Any]:
+    return {"kind": "run-died", "run": run, "host": "here", "key": f"run-died|here|{run}|{pid}",
+            "message": f"Run stopped (pid {pid}) on here: gone, ...", "time": 1.0}  # fmt: skip
+
+
+def test_run_died_for_a_finished_or_stopped_process_is_false() -> None:
+    from tests.soak import lifecycle
+
+    deaths = [_death(pid=1)]
+    quiet = [
+        {"run": "finisher", "pid": 2, "how": "finished", "from": 0.0, "until": None},
+        {"run": "local", "pid": 3, "how": "stopped", "from": 0.0, "until": 1.0},
+    ]
+    events = [_died_event("phoenix", 1), _died_event("finisher", 2), _died_event("local", 3)]
+    events.append(_died_event("finisher", 2))  # the same event twice: one violation
+    events.append(_died_event("remote", 4))  # not the soak's doing: returned, not judged
+    found = _Found()
+    other = lifecycle.check_run_died(events, deaths, quiet, found)
+    assert found.kinds() == ["false-run-died", "false-run-died"]
+    assert "finished by itself" in found.items[0][1] and "through runwatch" in found.items[1][1]
+    assert [lifecycle.died_pid(e) for e in other] == [4]
+    assert not _collect(lifecycle.check_run_died, events[:1], deaths, quiet)
+
+
+def test_a_data_loss_alarm_the_soak_did_not_cause_is_false() -> None:
+    from tests.soak import lifecycle
+
+    changes = [{"kind": "rotate-rename", "path": "/w/out/A1/raw.jsonl", "t_start": 100.0,
+                "t_end": 100.1}]  # fmt: skip
+    events = [
+        {"kind": "data-shrank", "title": "local A1", "key": "a", "time": 102.0,
+         "message": "/w/out/A1/raw.jsonl shrank from 10 to 0 records"},  # the soak's rotation
+        {"kind": "data-shrank", "title": "local A2", "key": "b", "time": 102.0,
+         "message": "/w/out/A2/raw.jsonl shrank from 10 to 0 records"},  # another file
+        {"kind": "stalled", "title": "local A2", "key": "c", "time": 102.0, "message": "x"},
+    ]  # fmt: skip
+    audit = [
+        {"action": "data-loss", "path": "/w/out/A1/raw.jsonl", "time": 101.0},
+        {"action": "data-loss", "path": "/w/out/A1/raw.jsonl", "time": 500.0},  # long after
+        {"action": "move-aside", "path": "/w/out/A2/raw.jsonl", "time": 101.0},
+    ]
+    found = _Found()
+    explained = lifecycle.check_data_loss(events, audit, changes, found)
+    assert found.kinds() == ["false-data-loss", "false-data-loss"]
+    assert "A2" in found.items[0][1] and found.items[1][2]["audit"]["time"] == 500.0
+    assert explained == 2
+
+
+def _restart(run: str, t: float, ok: bool = True, pid: int = 9) -> dict[str, Any]:
+    by = f"root@box, pid {pid}, runwatch watch"
+    return {"action": "auto-restart", "run": run, "time": t, "ok": ok, "by": by,
+            "detail": "on_exit = restart"}  # fmt: skip
+
+
+def test_a_death_not_restarted_per_policy_or_a_stop_restarted_is_a_policy_violation() -> None:
+    from tests.soak import lifecycle
+
+    deaths = [
+        _death(pid=1, t=100.0, next=200.0),  # restarted at 108: on time
+        _death(pid=2, t=200.0, next=300.0),  # restarted at 202: before its backoff
+        _death(pid=3, t=300.0),  # never restarted
+        _death(pid=4, t=400.0, watcher_killed=True),  # intent-dropped judges it
+        _death(run="mortal", pid=5, t=500.0, restart=False),  # on_exit = alert
+    ]
+    windows = [
+        {"run": "finisher", "pid": 6, "how": "finished", "from": 600.0, "until": 700.0},
+        {"run": "mortal", "pid": 5, "how": "died (on_exit = alert)", "from": 500.0,
+         "until": 515.0},
+    ]  # fmt: skip
+    restarts = [_restart("phoenix", 108.0), _restart("phoenix", 202.0), _restart("finisher", 650.0)]
+    restarts.append(_restart("mortal", 720.0))  # after the soak launched it again: not judged
+    found = _Found()
+    delays = lifecycle.check_restart_policy(deaths, windows, restarts, found)
+    assert found.kinds() == ["restart-policy"] * 3
+    summaries = [s for _, s, _ in found.items]
+    assert "pid 2" in summaries[0] and "before its backoff" in summaries[0]
+    assert "pid 3" in summaries[1] and "not restarted" in summaries[1]
+    assert "finisher pid 6 finished" in summaries[2]
+    assert delays == [8.0]
+    assert lifecycle.auto_restarts([{"action": "auto-restart", "detail": "gave up after 3"}]) == []
+
+
+def test_an_intent_neither_carried_out_nor_abandoned_by_the_next_watcher_is_dropped() -> None:
+    from tests.soak import lifecycle
+
+    def kill(pid: int, t: float) -> dict[str, Any]:
+        return {"run": "phoenix", "pid": pid, "intent": {"not_before": t + 4.0}, "killed": t,
+                "restarted": t + 1.0, "new_pid": 50 + pid}  # fmt: skip
+
+    kills = [kill(1, 100.0), kill(2, 200.0), kill(3, 300.0), kill(4, 400.0)]
+    restarts = [
+        _restart("phoenix", 105.0, pid=51),  # by the new watcher: carried out
+        _restart("phoenix", 205.0, pid=99),  # by another process: not the new watcher's
+        _restart("phoenix", 400.0 + 4.0 + lifecycle.INTENT_BOUND_S + 5, pid=54),  # too late
+    ]
+    events = [{"kind": "restart-abandoned", "run": "phoenix", "time": 301.5}]
+    found = _Found()
+    done = lifecycle.check_intents(kills, restarts, events, found)
+    assert found.kinds() == ["intent-dropped", "intent-dropped"]
+    assert [e["kill"]["pid"] for _, _, e in found.items] == [2, 4]
+    assert done == 1
+
+
+def test_watch_silent_uses_the_refresh_seconds_the_watcher_states(tmp_path: Path) -> None:
+    import json
+
+    from tests.soak.watcher import Generation, SoakWatcher
+
+    watch = SoakWatcher(tmp_path)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", ""])
+        proc.wait(30)
+        out = tmp_path / "w.jsonl"
+        lines = [
+            {"note": "watching 1 host(s), 1 run(s) every 5 s; alerts to none", "time": 0.0},
+            {"tick": 0, "time": 1.0},
+            {"tick": 1, "time": 10.0},  # 9 s: within 2 x 5 s
+            {"tick": 2, "time": 21.0},  # 11 s: silent
+        ]
+        out.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        gen = Generation(0, proc, out, tmp_path / "w.err", 0.0, stopped=True)
+        (tmp_path / "w.err").write_text("")
+        assert gen.refresh_s() == 5.0
+        watch.gens.append(gen)
+        found = _Found()
+        figures = watch.check(found)
+        assert found.kinds() == ["watch-silent"]
+        assert found.items[0][2]["gap_s"] == 11.0 and figures["refresh_seconds"] == 5.0
+        # A watcher the soak SIGKILLed is no death, and its silence up to the kill counts.
+        gen.stopped, gen.killed = False, 40.0
+        found = _Found()
+        watch.check(found)
+        assert found.kinds() == ["watch-silent", "watch-silent"]
+        assert found.items[1][2]["gap_s"] == 19.0
+    finally:
+        watch.close()
+
+
+def test_a_watchers_own_child_alive_after_it_ended_is_an_orphan(tmp_path: Path) -> None:
+    import json
+    import time
+
+    from tests.soak import watcher as soak_watcher
+    from tests.soak.watcher import Generation, SoakWatcher
+
+    watch = SoakWatcher(tmp_path)
+    # A watcher that leaves a child behind (as an agent that does not see its stdin close would),
+    # and launches a "run" (a launch token) that must live on.
+    leave = (
+        "import os, subprocess, sys\n"
+        "a = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "env = dict(os.environ, RUNWATCH_LAUNCH='cfg:run:launch')\n"
+        "b = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], env=env)\n"
+        "print(a.pid, b.pid, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", leave], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    child, run = (int(x) for x in proc.stdout.readline().split())
+    try:
+        out = tmp_path / "w.jsonl"
+        out.write_text(json.dumps({"tick": 0, "time": time.time()}) + "\n")
+        (tmp_path / "w.err").write_text("")
+        watch.gens.append(Generation(0, proc, out, tmp_path / "w.err", 0.0))
+        soak_watcher.ORPHAN_GRACE_S = 0.5
+        wait_until(lambda: procs.launch_token(run) == "cfg:run:launch")  # its exec is done
+        watch.kill()
+        assert [c[0] for c in watch.gens[0].children] == [child]  # the run is not its own
+        found = _Found()
+        watch.check(found)
+        assert found.kinds() == ["query-orphan"]
+        assert found.items[0][2]["processes"][0]["pid"] == child
+        os.kill(child, signal.SIGKILL)
+        wait_until(lambda: not procs.alive(child))
+        found = _Found()
+        watch.check(found)
+        assert found.kinds() == []
+    finally:
+        soak_watcher.ORPHAN_GRACE_S = 10.0
+        for pid in (child, run):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        watch.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,3 +149,47 @@ def test_w15_a_launch_measures_complete_bytes_so_a_clients_own_tail_cut_is_no_lo
     early = Scanner(max_text_bytes=1).scan(str(data), fmt="modelopt")
     assert early["texts_more"] and 0 < complete_size(early) < len(complete)
     assert complete_size({"path": str(data), "state": "missing"}) == 0
+
+
+async def test_w20_a_file_of_a_process_outside_the_config_is_never_data_loss_here(
+    tmp_path: Path, fake_runs: Any
+) -> None:
+    """Another config's run (another runwatch's, a colleague's) is listed but not judged: its
+    owner's move-aside is in its own audit log, so this config would raise a false DATA LOSS and
+    write it to its own audit log. A configured run's file that disappears still is an alarm."""
+    from supervisor.config import Config, HostConfig, RunConfig
+    from supervisor.engine import Engine
+    from tests.fixtures_data import make_raw
+
+    def data(work: Path) -> Path:
+        (work / "out" / "C7").mkdir(parents=True)
+        make_raw(work / "out" / "C7" / "raw_responses.jsonl", 12, seed=2)
+        return work / "out" / "C7" / "raw_responses.jsonl"
+
+    theirs, ours = data(tmp_path / "theirs"), data(tmp_path / "ours")
+    argv = ["--datasets", "C7", "--output-dir", "out"]
+    stranger = fake_runs.start(*argv, cwd=tmp_path / "theirs")
+    mine = fake_runs.start(*argv, cwd=tmp_path / "ours")
+    run = RunConfig(
+        name="gen", host="here", workdir=str(tmp_path / "ours"),
+        argv=["python3", "run_inference.py", *argv], output_dir="out",
+    )  # fmt: skip
+    config = Config(hosts=[HostConfig(name="here", local=True, command_timeout=30.0)], runs=[run])
+    async with Engine(config) as engine:
+        snap = await engine.refresh()
+        pids = {r.process.identity.pid for h in snap.hosts for r in h.runs if r.process}
+        assert {stranger.pid, mine.pid} <= pids
+        for path in (theirs, ours):  # moved aside, by no runwatch of this config
+            os.rename(path, path.with_name("raw_responses.jsonl.legacy"))
+        snap = await engine.refresh()
+    alarms = {
+        r.configured: [d.alarm for d in r.datasets]
+        for h in snap.hosts
+        for r in h.runs
+        if r.process is not None and r.process.identity.pid in (stranger.pid, mine.pid)
+    }
+    assert alarms[False] == [None]
+    alarm = alarms[True][0]
+    assert alarm is not None and "disappeared" in alarm
+    losses = [r for r in audit.read() if r["action"] == "data-loss"]
+    assert [r["path"] for r in losses] == [str(ours)]
