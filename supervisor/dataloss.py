@@ -63,13 +63,19 @@ class DataLossWatch:
         """The identity of the config whose runs are watched (``Config.key``), on its records."""
         self._seen: dict[tuple[str, str], _Seen] = {}
         self._alarms: dict[tuple[str, str], str] = {}
+        self._theirs: dict[tuple[str, str], float] = {}
+        """The files of processes the config does not know: when each was last observed."""
 
     def observe(
-        self, host: str, run: str, scan: Mapping[str, Any], writer_alive: bool
+        self, host: str, run: str, scan: Mapping[str, Any], writer_alive: bool, ours: bool = True
     ) -> str | None:
-        """The alarm of this data file (raised now or earlier), or None."""
+        """The alarm of this data file (raised now or earlier), or None. ``ours``: the file is a
+        configured run's (else a process the config does not know writes it: forgotten once no
+        longer observed, :meth:`prune`)."""
         path = str(scan.get("path") or "")
         key = (host, path)
+        if not ours:
+            self._theirs[key] = time.monotonic()
         before = self._seen.get(key)
         state = scan.get("state")
         now = time.time()
@@ -125,6 +131,15 @@ class DataLossWatch:
             detail=message,
         )
         return message
+
+    def prune(self, idle_s: float) -> None:
+        """Forget the files of processes the config does not know not observed for ``idle_s``
+        seconds (others' runs come and go on a shared machine: what is kept of them must not
+        grow with their number). An alarm raised stays."""
+        cutoff = time.monotonic() - idle_s
+        for key in [k for k, t in self._theirs.items() if t < cutoff]:
+            del self._theirs[key]
+            self._seen.pop(key, None)
 
     def alarms(self) -> dict[tuple[str, str], str]:
         """Every alarm raised so far: (host, path) -> message."""

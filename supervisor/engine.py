@@ -68,7 +68,7 @@ from supervisor.hosts import (
 from supervisor.kill import KillReport, KillResult
 from supervisor.launchspec import launch_argv
 from supervisor.layout import RunLayout, layout_of
-from supervisor.live import Live, metrics_specs
+from supervisor.live import THEIRS_IDLE_S, Live, metrics_specs
 from supervisor.model import (
     DatasetView,
     HostView,
@@ -301,6 +301,7 @@ class Engine:
         snap.plan = self._plan_progress(snap)
         self.last = snap
         self._live.prune(self._trackers)
+        self._dataloss.prune(THEIRS_IDLE_S)
         self._live.maybe_save()
         return snap
 
@@ -1110,10 +1111,10 @@ class Engine:
         )
         with_client_parts(view, scan)
         alive = proc is not None and not proc.state.startswith("Z")
-        view.alarm = self._dataloss.observe(host, run.name, scan, alive)
+        view.alarm = self._dataloss.observe(host, run.name, scan, alive, ours=ours)
         if problem is not None and view.error is None:
             view.error = f"tokens not counted: {problem}"
-        self._live.record_dataset(host, view, tracker)
+        self._live.record_dataset(host, view, tracker, ours=ours)
         return view
 
     def _started_records(

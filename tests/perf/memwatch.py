@@ -2,12 +2,12 @@
 benchmarks' machine (``demofleet``: the demo, the 8 live runs, strangers coming and going), with
 tracemalloc on.
 
-After ``--warm`` minutes it takes a snapshot and measures every container (dict, list, set, deque)
-reachable from the watcher's and the engine's objects; at the end it prints the allocation sites
-that grew most between the two and the containers whose length grew. A diagnosis tool, not a
-benchmark (tracemalloc slows the process several times): it judges nothing.
+After ``--warm`` minutes it measures every container (dict, list, set, deque) reachable from the
+watcher's and the engine's objects (and with ``--trace`` takes a tracemalloc snapshot); at the end
+it prints the containers whose length grew (and the allocation sites that grew most). A diagnosis
+tool, not a benchmark (tracemalloc slows the process several times): it judges nothing.
 
-Run: ``.venv/bin/python tests/perf/memwatch.py [--minutes 6] [--warm 2]``.
+Run: ``.venv/bin/python tests/perf/memwatch.py [--minutes 6] [--warm 2] [--trace]``.
 """
 
 from __future__ import annotations
@@ -74,20 +74,20 @@ async def drive(config: Path, minutes: float, warm: float) -> None:
             t = time.monotonic()
             await watcher.tick()
             if snap0 is None and time.monotonic() - start >= warm * 60:
-                snap0 = tracemalloc.take_snapshot()
+                snap0 = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else False
                 sizes0 = lengths(watcher, "watcher")
                 print(f"warm snapshot after {watcher.ticks} refreshes", flush=True)
             await asyncio.sleep(max(0.0, watcher.interval - (time.monotonic() - t)))
-        snap1 = tracemalloc.take_snapshot()
         sizes1 = lengths(watcher, "watcher")
         print(f"end after {watcher.ticks} refreshes")
         if snap0 is None:
             return
-        print("allocation sites that grew most (size, count):")
-        for stat in snap1.compare_to(snap0, "traceback")[:15]:
-            print(f"  {stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d}")
-            for line in stat.traceback.format(limit=6):
-                print(f"      {line}")
+        if snap0:
+            print("allocation sites that grew most (size, count):")
+            for stat in tracemalloc.take_snapshot().compare_to(snap0, "traceback")[:15]:
+                print(f"  {stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d}")
+                for line in stat.traceback.format(limit=6):
+                    print(f"      {line}")
         grew = sorted(
             ((sizes1[k] - sizes0.get(k, 0), k) for k in sizes1 if sizes1[k] > sizes0.get(k, 0)),
             reverse=True,
@@ -101,13 +101,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=6.0)
     ap.add_argument("--warm", type=float, default=2.0, help="minutes before the first snapshot")
+    ap.add_argument("--trace", action="store_true", help="tracemalloc too (slow)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="runwatch-memwatch-"))
     os.environ["XDG_STATE_HOME"] = str(tmp / "state")
     os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")
     try:
         with demo_fleet(tmp) as fleet:
-            tracemalloc.start(12)
+            if args.trace:
+                tracemalloc.start(12)
             asyncio.run(drive(fleet.config, args.minutes, args.warm))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
