@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import psutil
 from demofleet import demo_fleet
 
 from supervisor.config import load_config
@@ -70,9 +71,19 @@ async def drive(config: Path, minutes: float, warm: float) -> None:
         start = time.monotonic()
         snap0 = None
         sizes0: dict[str, int] = {}
+        me = psutil.Process()
+        minute = 0
         while time.monotonic() - start < minutes * 60:
             t = time.monotonic()
             await watcher.tick()
+            if t - start >= minute * 60:
+                traced = tracemalloc.get_traced_memory()[0] / 2**20
+                print(
+                    f"{minute:3d} min: {watcher.ticks} refreshes, RSS "
+                    f"{me.memory_info().rss / 2**20:.1f} MB, traced {traced:.1f} MB",
+                    flush=True,
+                )
+                minute += 1
             if snap0 is None and time.monotonic() - start >= warm * 60:
                 snap0 = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else False
                 sizes0 = lengths(watcher, "watcher")
