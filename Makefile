@@ -55,9 +55,20 @@ contract: $(STAMP)
 # the import contracts, then every test.
 check: lint typecheck contract test
 
+# `make bench LONG=1`: instead, the long mode of the dashboard's and the watcher's benchmarks, side
+# by side (the demo + 8 live runs + strangers' processes, LONG_MINUTES each; RSS slope judged).
+LONG ?=
+LONG_MINUTES ?= 60
 bench: $(STAMP)
+ifeq ($(LONG),)
 	@failed=""; for f in tests/perf/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || failed="$$failed $$f"; done; \
 	if [ -n "$$failed" ]; then echo "benchmarks that failed or missed a target:$$failed"; exit 1; fi
+else
+	@$(BIN)/python tests/perf/bench_tui.py --long --minutes $(LONG_MINUTES) & tui=$$!; \
+	$(BIN)/python tests/perf/bench_watch.py --long --minutes $(LONG_MINUTES) & watch=$$!; \
+	failed=""; wait $$tui || failed="$$failed bench_tui.py"; wait $$watch || failed="$$failed bench_watch.py"; \
+	if [ -n "$$failed" ]; then echo "long benchmarks that failed or missed a target:$$failed"; exit 1; fi
+endif
 
 # Not part of `make test`: the demo workload under random faults with an invariant checker.
 # `make soak MINUTES=2`; replay a soak with `make soak SEED=<the seed it printed>`.

@@ -69,7 +69,8 @@ class DataLossWatch:
     def observe(
         self, host: str, run: str, scan: Mapping[str, Any], writer_alive: bool
     ) -> str | None:
-        """The alarm of this data file (raised now or earlier), or None."""
+        """The alarm of this data file (raised now or earlier), or None. Asked for the config's
+        own runs only (W20): nothing is kept of a process the config does not know."""
         path = str(scan.get("path") or "")
         key = (host, path)
         before = self._seen.get(key)

@@ -1164,7 +1164,7 @@ class Engine:
         view.alarm = self._dataloss.observe(host, run.name, scan, alive) if ours else None
         if problem is not None and view.error is None:
             view.error = f"tokens not counted: {problem}"
-        self._live.record_dataset(host, view, tracker)
+        self._live.record_dataset(host, view, tracker, ours=ours)
         return view
 
     def _started_records(

@@ -102,6 +102,11 @@ class History:
     def keys(self) -> list[str]:
         return list(self._rings)
 
+    def drop(self, key: str) -> None:
+        """Forget the ring of ``key`` (it is gone from the file at the next save)."""
+        if self._rings.pop(key, None) is not None:
+            self.dirty = True
+
     # ------------------------------------------------------------------ disk
 
     def load(self) -> None:

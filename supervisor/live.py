@@ -34,6 +34,10 @@ from supervisor.model import DatasetView, EndpointMetrics, GpuView, Quantity, Ra
 MOVED_ON_S = 120.0
 """A dataset of a live run that has not grown for this long while another grew since is done."""
 SAVE_EVERY_S = 15.0
+THEIRS_IDLE_S = 120.0
+"""A dataset of a process the config does not know (another user's run, a look-alike), not seen
+for this long, is forgotten: its tracker and its history. On a shared machine others' runs come
+and go for as long as a watcher runs; what is kept of them must not grow with their number."""
 SPARK_POINTS = 120
 _MISSING = -1.0
 
@@ -92,6 +96,8 @@ class Live:
         self._runs = rates.Trackers()
         self._metrics: dict[tuple[str, str], servermetrics.MetricsTracker] = {}
         self._seeded: set[str] = set()
+        self._ours: set[str] = set()
+        """History keys of the datasets of the config's runs (never forgotten while watched)."""
         self._saved_at = time.monotonic()
 
     # ------------------------------------------------------------------ datasets
@@ -105,9 +111,15 @@ class Live:
             tracker.seed([(p[0], int(p[1]), int(p[2])) for p in self.history.points(key)])
         return tracker
 
-    def record_dataset(self, host: str, view: DatasetView, tracker: rates.RateTracker) -> None:
+    def record_dataset(
+        self, host: str, view: DatasetView, tracker: rates.RateTracker, ours: bool = True
+    ) -> None:
+        """Record the dataset's latest point in the history; ``ours``: the dataset is a
+        configured run's (else a process the config does not know writes it)."""
         latest = tracker.latest()
         key = f"ds|{host}|{view.path}"
+        if ours:
+            self._ours.add(key)
         if latest is not None and view.state == "ok":
             self.history.add(key, *latest)
         # A missing file has no trend, whatever an earlier file at that path had.
@@ -135,10 +147,19 @@ class Live:
     def prune(self, datasets: rates.Trackers) -> None:
         """Drop the rate trackers of the files (``datasets``, keyed ``(host, path)``) and runs
         no longer watched (:meth:`rates.Trackers.prune`); one that comes back is seeded from the
-        history again."""
-        for key in datasets.prune():
+        history again. The files of processes the config does not know are forgotten sooner
+        (:data:`THEIRS_IDLE_S`), their history with them."""
+
+        def theirs(key: object) -> bool:
+            return isinstance(key, tuple) and f"ds|{key[0]}|{key[1]}" not in self._ours
+
+        gone = datasets.prune() + datasets.prune(THEIRS_IDLE_S, only=theirs)
+        for key in gone:
             if isinstance(key, tuple) and len(key) == 2:
-                self._seeded.discard(f"ds|{key[0]}|{key[1]}")
+                ds_key = f"ds|{key[0]}|{key[1]}"
+                self._seeded.discard(ds_key)
+                if ds_key not in self._ours:
+                    self.history.drop(ds_key)
         for key in self._runs.prune():
             self._seeded.discard(str(key))
 

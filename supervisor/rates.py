@@ -321,15 +321,18 @@ class Trackers:
         self._by_key.pop(key, None)
         self._used.pop(key, None)
 
-    def prune(self, idle_s: float = IDLE_S) -> list[Hashable]:
-        """Drop the trackers not asked for in ``idle_s`` seconds and return their keys. A tracker
-        holding a tally of tokenizer-counted texts is kept: the host's scanner goes on from where
-        it was and sends only new texts, so that tally cannot be rebuilt."""
+    def prune(
+        self, idle_s: float = IDLE_S, only: Callable[[Hashable], bool] | None = None
+    ) -> list[Hashable]:
+        """Drop the trackers not asked for in ``idle_s`` seconds (of the keys ``only`` accepts,
+        default all) and return their keys. A tracker holding a tally of tokenizer-counted texts
+        is kept: the host's scanner goes on from where it was and sends only new texts, so that
+        tally cannot be rebuilt."""
         cutoff = self._clock() - idle_s
         gone = [
             k
             for k, t in self._used.items()
-            if t < cutoff and not self._by_key[k].holds_text_tally()
+            if t < cutoff and (only is None or only(k)) and not self._by_key[k].holds_text_tally()
         ]
         for k in gone:
             self.drop(k)

@@ -121,9 +121,10 @@ class Usage(NamedTuple):
     """CPU % of one core of each child process (by pid) apart."""
 
 
-def usage(procs: list[psutil.Process], seconds: float) -> list[Usage]:
+def usage(procs: list[psutil.Process], seconds: float, log: Path | None = None) -> list[Usage]:
     """What each of ``procs`` used over the same ``seconds`` (a burst of load on the machine hits
-    them alike)."""
+    them alike); with ``log``, each sample is also appended there as it is taken (seconds, then
+    each process's RSS in MB), so that a long watch can be followed."""
     kids = [{c.pid: c for c in p.children(recursive=True)} for p in procs]
     c0 = [p.cpu_times() for p in procs]
     k0 = [{pid: sum(c.cpu_times()[:2]) for pid, c in ks.items()} for ks in kids]
@@ -135,6 +136,9 @@ def usage(procs: list[psutil.Process], seconds: float) -> list[Usage]:
         now = time.perf_counter() - t0
         for p, s in zip(procs, samples, strict=True):
             s.append((now, p.memory_info().rss / 2**20))
+        if log is not None:
+            with log.open("a") as f:
+                f.write(f"{now:.1f} " + " ".join(f"{s[-1][1]:.2f}" for s in samples) + "\n")
     wall = time.perf_counter() - t0
     out = []
     for p, first, ks, ks0, s in zip(procs, c0, kids, k0, samples, strict=True):
@@ -162,13 +166,22 @@ WARMUP_S = 660.0
 """RSS grows while the rate windows fill (10 minutes of samples); growth is judged after."""
 
 
-def growth_per_hour(samples: list[tuple[float, float]]) -> float | None:
-    """MB per hour: the least-squares slope of RSS over the samples after :data:`WARMUP_S`
+LONG_WARMUP_S = 600.0
+"""The long mode's warm-up: its slope is fitted over the samples after the first 10 minutes."""
+
+
+def growth_per_hour(samples: list[tuple[float, float]], warmup: float = WARMUP_S) -> float | None:
+    """MB per hour: the least-squares slope of RSS over the samples after ``warmup`` seconds
     (None when the watch was too short to tell)."""
-    tail = [s for s in samples if s[0] >= WARMUP_S]
+    tail = [s for s in samples if s[0] >= warmup]
     if not tail or tail[-1][0] - tail[0][0] < 120:
         return None
     mt = sum(t for t, _ in tail) / len(tail)
     mr = sum(r for _, r in tail) / len(tail)
     var = sum((t - mt) ** 2 for t, _ in tail)
     return 3600 * sum((t - mt) * (r - mr) for t, r in tail) / var if var else 0.0
+
+
+def rss_at(samples: list[tuple[float, float]], at: float) -> float:
+    """The RSS (MB) of the sample nearest to ``at`` seconds."""
+    return min(samples, key=lambda s: abs(s[0] - at))[1]
