@@ -54,6 +54,8 @@ NO_CGROUP_VAR = "RUNWATCH_AGENT_NO_CGROUP"
 CGROUP_SUBTREE = "runwatch"
 _ENDED_KEEP_S = 7 * 24 * 3600.0
 _ANSWER_S = 10.0
+WAITER_END_S = 5.0
+"""Seconds a confirmed stop waits for the unit's waiter to record the end and exit."""
 
 
 # --------------------------------------------------------------------------- where units live
@@ -626,6 +628,13 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
     now = read_record(launch_id) or rec
     blind = not cgroup and not _waiter_alive(now) and now.get("state") != "ended"
     confirmed = not left and not blind
+    if confirmed:
+        # The waiter records the exit and ends once it has reaped the tree; until then the unit
+        # is listed as running (``describe``) and a launch right after this stop is refused:
+        # "gone" is the whole unit's end, the waiter's included.
+        procs.poll_until(
+            lambda: not _waiter_alive(read_record(launch_id) or now), WAITER_END_S, 0.02
+        )
     if left:
         detail = f"unit {launch_id} NOT empty after the kill: pids {left} remain"
     elif blind:

@@ -143,7 +143,7 @@ def test_the_architecture_map_names_every_module() -> None:
     its layer's section): the map stays true when a module is added or moved."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     text = (root / "ARCHITECTURE.md").read_text()
     named = set(re.findall(r"`(?:supervisor/)?([a-z_]+)(?:\.py|/)`", text))
     package = root / "supervisor"
@@ -158,7 +158,7 @@ def test_the_supervision_loop_is_written_once() -> None:
     front end, and no other module, applies the policy or tracks events of its own."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     own = {"supervisor/engine.py", "supervisor/supervision.py", "supervisor/guard.py"}
     own |= {"supervisor/events.py", "supervisor/stops.py"}  # where they are defined
     loops = re.compile(r"\.enforce_budget\(|\bEventTracker\(|\bStopLedger\(|\.enforce\(")

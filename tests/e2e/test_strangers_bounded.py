@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import engine as engine_module
 from supervisor import live as live_module
 from supervisor.config import load_config
 from supervisor.engine import Engine
@@ -41,7 +40,6 @@ async def test_w30_what_is_kept_of_others_runs_that_come_and_go_stays_bounded(
 ) -> None:
     # Others' files are forgotten as soon as they are not seen (the product waits two minutes).
     monkeypatch.setattr(live_module, "THEIRS_IDLE_S", 0.0)
-    monkeypatch.setattr(engine_module, "THEIRS_IDLE_S", 0.0)
     work = tmp_path / "work"
     ours = work / "out" / "B1" / "raw_responses.jsonl"
     ours.parent.mkdir(parents=True)

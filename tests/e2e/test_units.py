@@ -210,8 +210,10 @@ async def test_o1_o2_a_unit_is_stopped_whole_and_confirmed_only_when_empty(
         report = await engine.kill("here", rv.process.identity, grace=1.0, run="r")
         assert report.held_by == held_by
         assert report.all_gone, report.results
-        # Confirmed means empty: nothing carries the token, nothing writes any more.
+        # Confirmed means empty: nothing carries the token, nothing writes any more, and the
+        # unit's waiter has recorded the end (a launch right after is never refused for it).
         assert token_holders(lid) == []
+        assert _ended(lid)
         after = await snapshot_run(engine, "r")
         assert after.state == "stopped"
         before = size(data)
