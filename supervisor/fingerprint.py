@@ -35,13 +35,18 @@ SAMPLING_FLAGS = (
 MODEL_FLAGS = ("--model", "--model-name")
 
 
-def fingerprint_of(run: RunConfig, argv: Sequence[str], config: Config) -> dict[str, Any]:
-    """What makes the run's data what it is (without the prompt hashes, which the host adds)."""
+def model_of(argv: Sequence[str], endpoint_model: str | None) -> str | None:
+    """The model a command line generates with, as its fingerprint records it: the last of its
+    model flags given (``--model-name`` over ``--model``), else its endpoint's model."""
     model = None
     for f in MODEL_FLAGS:
-        model = argflags.value(argv, f) or model
-    if model is None and run.endpoint is not None:
-        model = config.endpoint(run.endpoint).model
+        model = argflags.value(list(argv), f) or model
+    return model if model is not None else endpoint_model
+
+
+def fingerprint_of(run: RunConfig, argv: Sequence[str], config: Config) -> dict[str, Any]:
+    """What makes the run's data what it is (without the prompt hashes, which the host adds)."""
+    model = model_of(argv, config.endpoint(run.endpoint).model if run.endpoint else None)
     sampling = {}
     for f in SAMPLING_FLAGS:
         v = argflags.value(argv, f)

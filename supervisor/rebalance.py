@@ -492,15 +492,10 @@ def _other_model(a: Slot, b: Slot) -> bool:
 
 
 def _model_of(run: RunConfig, endpoint_model: str | None) -> str | None:
-    """The model ``run`` generates with: its model flag, else its endpoint's model."""
-    from supervisor.agent.argflags import value as flag_value
-    from supervisor.fingerprint import MODEL_FLAGS
+    """The model ``run`` generates with, read as the start's fingerprint reads it."""
+    from supervisor.fingerprint import model_of
 
-    for flag in MODEL_FLAGS:
-        value = flag_value(list(run.argv), flag)
-        if value is not None:
-            return value
-    return endpoint_model
+    return model_of(run.argv, endpoint_model)
 
 
 def parse_deadline(text: str) -> float:

@@ -86,7 +86,7 @@ def main() -> int:
     other.write_text("# the same fleet, watched with the exporter\n" + config.read_text())
     now = time.time()
     for path in (config, other):
-        fill_history(path, 3.0, now)
+        fill_history(path, "bench", 3.0, now)
     interval = Config().refresh_seconds
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
