@@ -35,7 +35,7 @@ from supervisor.paths import config_state, read_private, write_private
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from supervisor.config import Config, RunConfig
+    from supervisor.config import Config
     from supervisor.model import PlanProgress, Snapshot
 
 RESTART_S = 5.0
@@ -417,6 +417,7 @@ def slots_from(
     cannot move (data not in the current format: the run that takes it would refuse to start
     on it), and a refusal (a host of such a run is down: its datasets' state is unknown)."""
     from supervisor.clients import client_of
+    from supervisor.fingerprint import model_of
 
     views = {(h.name, r.name): (h, r) for h in snapshot.hosts for r in h.runs}
     slots: list[Slot] = []
@@ -457,7 +458,7 @@ def slots_from(
                 kind=ep.kind if ep is not None else "api",
                 datasets=[d.name for d in view.datasets],
                 running=view.state == "running",
-                model=_model_of(run, ep.model if ep is not None else None),
+                model=model_of(run.argv, ep.model if ep is not None else None),
             )
         )
         ok = _MOVABLE + (_ASIDE if move_aside else ())
@@ -489,13 +490,6 @@ def _other_model(a: Slot, b: Slot) -> bool:
     """Both runs name their model, and the names differ (as the start's fingerprint check
     compares them); an unknown model blocks nothing here."""
     return a.model is not None and b.model is not None and a.model != b.model
-
-
-def _model_of(run: RunConfig, endpoint_model: str | None) -> str | None:
-    """The model ``run`` generates with, read as the start's fingerprint reads it."""
-    from supervisor.fingerprint import model_of
-
-    return model_of(run.argv, endpoint_model)
 
 
 def parse_deadline(text: str) -> float:

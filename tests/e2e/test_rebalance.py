@@ -439,12 +439,10 @@ def test_a_refusal_names_the_cheapest_split_that_can_be_made_not_one_ruled_out()
 
 
 def test_a_runs_model_is_read_as_the_starts_fingerprint_reads_it() -> None:
-    """Rebalance and the gate's fingerprint agree on a run's model: the last model flag given
-    (``--model-name`` over ``--model``), else the endpoint's; two runs that differ only in
-    ``--model-name`` are of two models for both."""
-    from supervisor.configschema import RunConfig
+    """Rebalance and the gate's fingerprint read a run's model through one function
+    (``fingerprint.model_of``): the last model flag given (``--model-name`` over ``--model``),
+    else the endpoint's; two runs that differ only in ``--model-name`` are of two models."""
     from supervisor.fingerprint import model_of
-    from supervisor.rebalance import _model_of
 
     argvs = [
         ["gen.py", "--model", "m", "--model-name", "qwen-8b"],
@@ -452,8 +450,6 @@ def test_a_runs_model_is_read_as_the_starts_fingerprint_reads_it() -> None:
         ["gen.py", "--model", "m"],
         ["gen.py"],
     ]
-    for argv in argvs:
-        run = RunConfig(name="r", host="h", workdir="/w", argv=argv)
-        assert _model_of(run, "ep-model") == model_of(argv, "ep-model")
     assert model_of(argvs[0], None) == model_of(argvs[1], None) == "qwen-8b"
+    assert model_of(argvs[2], "ep-model") == "m"
     assert model_of(argvs[3], "ep-model") == "ep-model"
