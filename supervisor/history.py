@@ -17,11 +17,14 @@ ignored (history is a convenience, never a source of truth) and replaced on the 
 from __future__ import annotations
 
 import json
-from collections import deque
+import math
+import sys
+from array import array
+from collections.abc import Iterator
 from pathlib import Path
 
 from supervisor.errors import RunwatchError
-from supervisor.paths import config_state, read_private, write_private
+from supervisor.paths import config_state, read_private, write_private_chunks
 
 STEP_S = 10.0
 MAX_POINTS = 1080
@@ -29,6 +32,75 @@ MAX_AGE_S = 24 * 3600.0
 VERSION = 1
 
 Point = tuple[float, ...]
+
+
+class Ring:
+    """At most ``MAX_POINTS`` points, oldest first, kept flat in one ``array('d')`` of ``width``
+    floats per point (a point shorter than the ring's width, as an older file may hold, is padded
+    with NaN and read back without it). A point as a tuple of floats costs five times as much,
+    and a watcher keeps a ring per dataset, run, endpoint and GPU for 3 hours."""
+
+    __slots__ = ("_data", "_n", "_start", "width")
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self._data = array("d")
+        self._start = 0
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def nbytes(self) -> int:
+        """The bytes the array holding the points takes, spare room included."""
+        return sys.getsizeof(self._data)
+
+    def _slot(self, i: int) -> int:
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return (self._start + i) % MAX_POINTS * self.width
+
+    def __getitem__(self, i: int) -> Point:
+        at = self._slot(i)
+        point = self._data[at : at + self.width]
+        n = len(point)
+        while n > 1 and math.isnan(point[n - 1]):
+            n -= 1
+        return tuple(point[:n])
+
+    def __setitem__(self, i: int, point: Point) -> None:
+        if len(point) > self.width:
+            self._widen(len(point))
+        at = self._slot(i)
+        self._data[at : at + self.width] = self._padded(point)
+
+    def _padded(self, point: Point) -> array[float]:
+        return array("d", point[: self.width] + (math.nan,) * (self.width - len(point)))
+
+    def _widen(self, width: int) -> None:
+        points = list(self)
+        self.width, self._data, self._start, self._n = width, array("d"), 0, 0
+        for p in points:
+            self.append(p)
+
+    def append(self, point: Point) -> None:
+        if len(point) > self.width:
+            self._widen(len(point))
+        if self._n < MAX_POINTS:
+            self._data.extend(self._padded(point))
+            self._n += 1
+        else:
+            at = self._start * self.width
+            self._data[at : at + self.width] = self._padded(point)
+            self._start = (self._start + 1) % MAX_POINTS
+
+    def __iter__(self) -> Iterator[Point]:
+        return (self[i] for i in range(self._n))
+
+    def __reversed__(self) -> Iterator[Point]:
+        return (self[i] for i in range(self._n - 1, -1, -1))
 
 
 def history_path(key: str) -> Path:
@@ -41,7 +113,7 @@ class History:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
-        self._rings: dict[str, deque[Point]] = {}
+        self._rings: dict[str, Ring] = {}
         self.dirty = False
 
     # ------------------------------------------------------------------ points
@@ -49,10 +121,10 @@ class History:
     def add(self, key: str, t: float, *values: float, keep_newest: bool = False) -> None:
         """``keep_newest``: append even when the newest point is recent (it records a change of
         state that replacing it would hide)."""
+        point = (round(t, 2), *(round(v, 4) for v in values))
         ring = self._rings.get(key)
         if ring is None:
-            ring = self._rings[key] = deque(maxlen=MAX_POINTS)
-        point = (round(t, 2), *(round(v, 4) for v in values))
+            ring = self._rings[key] = Ring(len(point))
         if ring and t <= ring[-1][0]:
             return
         if not keep_newest and len(ring) >= 2 and ring[-1][0] - ring[-2][0] < STEP_S:
@@ -125,16 +197,17 @@ class History:
         for key, pts in rings.items():
             if not isinstance(key, str) or not isinstance(pts, list):
                 continue
-            ring: deque[Point] = deque(maxlen=MAX_POINTS)
-            for p in pts:
-                if (
-                    isinstance(p, list)
-                    and p
-                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
-                ):
-                    ring.append(tuple(float(v) for v in p))
-            if ring:
-                self._rings[key] = ring
+            good = [
+                tuple(float(v) for v in p)
+                for p in pts
+                if isinstance(p, list)
+                and p
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
+            ]
+            if good:
+                ring = self._rings[key] = Ring(max(len(p) for p in good))
+                for point in good:
+                    ring.append(point)
 
     def save(self, now: float) -> None:
         """Write the file atomically, dropping rings older than ``MAX_AGE_S``."""
@@ -143,8 +216,13 @@ class History:
         self.dirty = False
         if self.path is None:
             return
-        body = json.dumps(
-            {"version": VERSION, "rings": {k: list(r) for k, r in self._rings.items()}},
-            separators=(",", ":"),
-        )
-        write_private(self.path, body.encode())
+        write_private_chunks(self.path, self._body())
+
+    def _body(self) -> Iterator[bytes]:
+        """The file, a ring at a time: 3 hours of every ring as one string would take a
+        watcher's memory up by megabytes every save."""
+        yield b'{"version":%d,"rings":{' % VERSION
+        for n, (key, ring) in enumerate(self._rings.items()):
+            points = json.dumps([list(p) for p in ring], separators=(",", ":"))
+            yield f"{',' if n else ''}{json.dumps(key)}:{points}".encode()
+        yield b"}}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from supervisor.agent import safefs
@@ -62,6 +63,12 @@ def write_private(path: Path, data: bytes) -> None:
     private directory (:func:`private_dir`)."""
     private_dir(path.parent)
     safefs.write_atomic(str(path), data)
+
+
+def write_private_chunks(path: Path, chunks: Iterable[bytes]) -> None:
+    """:func:`write_private` of the concatenation of ``chunks``, written as they come."""
+    private_dir(path.parent)
+    safefs.write_atomic_chunks(str(path), chunks)
 
 
 def read_private(path: Path) -> bytes:

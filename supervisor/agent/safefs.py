@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import Iterable
 
 _FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW
 
@@ -166,14 +167,21 @@ def read_private(path: str) -> bytes:
 def write_atomic(path: str, data: bytes) -> None:
     """Replace ``path`` by ``data``: a new 0600 file beside it (``O_EXCL``, ``O_NOFOLLOW``),
     fsynced, renamed over it, the directory fsynced."""
+    write_atomic_chunks(path, (data,))
+
+
+def write_atomic_chunks(path: str, chunks: Iterable[bytes]) -> None:
+    """:func:`write_atomic` of the concatenation of ``chunks``, written as they come (a large
+    file is never held whole in memory)."""
     tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.{os.getpid()}"
     tmp += f".{os.urandom(4).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FLAGS, 0o600)
     try:
         os.fchmod(fd, 0o600)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        for data in chunks:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
         os.fsync(fd)
     except BaseException:
         os.close(fd)
