@@ -179,9 +179,13 @@ _PROFILE_FLAGS: set[str] = set()
 (:func:`register_secret_flags`): secret for every ``mask_*``, misspelt too."""
 
 
-_SHORT_FLAGS: dict[str, set[str]] = {}
-"""One-letter secret flags of the profiles (``-p``) by the script name whose command lines they
-belong to (``""``: every command line); see :func:`register_secret_flags`."""
+_SHORT_FLAGS: dict[str, set[str]] = {
+    "mysql": {"-p"}, "mysqldump": {"-p"}, "mysqladmin": {"-p"}, "mariadb": {"-p"},
+    "sshpass": {"-p"}, "redis-cli": {"-a"},
+}  # fmt: skip
+"""One-letter secret flags by the program or script name whose command lines they belong to
+(``""``: every command line): the profiles' (:func:`register_secret_flags`), and those of
+well-known tools (``mysql -pK``, ``redis-cli -a K``)."""
 
 
 def register_secret_flags(flags: Iterable[str], scripts: Iterable[str] = ()) -> None:
@@ -481,6 +485,8 @@ def _credential_values(value: str) -> list[str]:
 
 
 _KV = re.compile(r"""([A-Za-z_][\w.\-]*)\s*[=:]\s*("[^"]*"|'[^']*'|[^\s,;&]+)""")
+_SUBSCRIPT = re.compile(r"""\[\s*(["'])([A-Za-z_][\w.\-]*)\1\s*\]\s*=\s*(["'])(.*?)\3""")
+"""``['NAME'] = 'value'`` in code given as an argument (``python -c "os.environ['K']='V'"``)."""
 _URL_CRED = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://([^/\s@]+)@")
 _URL_QUERY_VALUE = re.compile(r"(?i)[?&#;][^=&#;\s]*" + _QUERY_NAMES + r"[^=&#;\s]*=([^&#;\s]+)")
 
@@ -497,6 +503,9 @@ def value_secrets(value: str) -> list[str]:
     stripped = value.strip()
     if stripped[:1] in ("{", "["):
         out.extend(_json_secrets(_literal(stripped)))
+    for m in _SUBSCRIPT.finditer(value):
+        if _is_secret_name(m.group(2)) or is_secret_env_name(m.group(2)):
+            out.extend(_credential_values(m.group(4)))
     for m in _KV.finditer(value):
         if _is_secret_name(m.group(1)):
             v = m.group(2).strip("'\"")
@@ -833,6 +842,8 @@ def _walk(
             found += _header_secret(arg)
             view = _masked_header(arg)
         found += value_secrets(arg)
+        if joint == "=" and value is not None:
+            found += value_secrets(value)  # --extra-body={'api_key': 'K'}
         views[-1] = view
     return views, founds
 
@@ -967,7 +978,7 @@ def mask_argv(
         if view is not None:
             out.append(mask_value(view, known) if view != MASK else view)
             continue
-        text = _mask_literal(arg) if _is_mapping(arg) else arg
+        text = _mask_literal(arg) if "{" in arg or "[" in arg else arg
         text = mask_value(text, known)
         out.append(_mask_words(text, [v for v in found if 0 < len(v.strip()) < MIN_SECRET_LEN]))
     return out

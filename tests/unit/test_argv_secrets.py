@@ -213,3 +213,28 @@ def test_t26_only_the_value_of_an_assignment_in_a_command_line_is_masked() -> No
         ["python", "t28_gen.py", "-pab1"],
     ):
         assert masking.masked_equal(masking.mask_argv(argv), argv)
+
+
+@pytest.mark.parametrize(
+    ("argv", "kept"),
+    [
+        (["sh", "-c", "python x.py --api-key=$(echo {K}) --x 1"], "--api-key=*** --x 1"),
+        (["sh", "-c", "python x.py --api-key `echo {K}` --x 1"], "--api-key *** --x 1"),
+        (["gen.py", "--password", "--{K}"], "***"),  # a value like an option, but not one
+        (["gen.py", "--api-key", "--deadbeef0123456789abcdef{K}"], "***"),
+        (["sh", "-c", "mysql -u root -p{K} db; python x.py -p 80"], "-p*** db; python x.py -p 80"),
+        (["redis-cli", "-a", "{K}", "ping"], "***"),
+        (["gen.py", "--extra-body={'api_key': '{K}'}"], "--extra-body={'api_key': '***'}"),
+        (
+            ["python", "-c", "import os; os.environ['HF_TOKEN']='{K}'"],
+            "os.environ['HF_TOKEN']='***'",
+        ),
+        (["gen.py", "--auth-header", "{K}", "--header", "Accept: json"], "Accept: json"),
+        (["kubectl", "create", "secret", "x", "--from-literal=password={K}"], "password=***"),
+    ],
+)
+def test_t26_to_t29_fresh_variants_of_each_class(argv: list[str], kept: str) -> None:
+    key = "fresh-variant-2610"
+    given = [a.replace("{K}", key) for a in argv]
+    assert any(key in v for v in _secrets(given)), given
+    assert kept in _hidden(given, key).split("\0") or kept in _hidden(given, key)
