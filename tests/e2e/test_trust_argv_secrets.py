@@ -217,6 +217,7 @@ def test_t30_credential_values_that_start_with_a_slash_or_are_numbers_are_masked
 
 
 def test_t26_the_nested_helper_builds_four_levels() -> None:
+    """The ``--hook`` value above is four ``bash -c`` levels around the client's command."""
     line = _nested("python g.py", 4)
     depth = 0
     words: list[str] = ["bash", "-c", line]
@@ -224,4 +225,3 @@ def test_t26_the_nested_helper_builds_four_levels() -> None:
         words = shlex.split(words[2])
         depth += 1
     assert depth == 5 and words == ["python", "g.py"], (depth, words)
-    assert Path(CLIENT).name == "leaky_gen.py"
