@@ -90,6 +90,7 @@ class AgentClient:
         runs: list[p.RunSpec] | None = None,
         secret_env: list[str] | None = None,
         secret_flags: list[str] | None = None,
+        script_secret_flags: dict[str, list[str]] | None = None,
         config_id: str | None = None,
         timeout: float | None = None,
     ) -> p.PsResult:
@@ -101,6 +102,7 @@ class AgentClient:
             runs=runs,
             secret_env=secret_env,
             secret_flags=secret_flags,
+            script_secret_flags=script_secret_flags,
             config_id=config_id,
         )
         return cast("p.PsResult", await self._send("ps", params, timeout))
@@ -115,6 +117,7 @@ class AgentClient:
         runs: list[p.RunSpec] | None = None,
         secret_env: list[str] | None = None,
         secret_flags: list[str] | None = None,
+        script_secret_flags: dict[str, list[str]] | None = None,
         config_id: str | None = None,
         files: list[p.FileSpec] | None = None,
         metrics: list[p.MetricsSpec] | None = None,
@@ -132,6 +135,7 @@ class AgentClient:
             runs=runs,
             secret_env=secret_env,
             secret_flags=secret_flags,
+            script_secret_flags=script_secret_flags,
             config_id=config_id,
             files=files,
             metrics=metrics,
@@ -245,6 +249,7 @@ class AgentClient:
         env: dict[str, str] | None = None,
         secret_env: list[str] | None = None,
         secret_flags: list[str] | None = None,
+        script_secret_flags: dict[str, list[str]] | None = None,
         lock_path: str | None = None,
         lock_paths: list[str] | None = None,
         settle_s: float | None = None,
@@ -264,6 +269,7 @@ class AgentClient:
             env=env,
             secret_env=secret_env,
             secret_flags=secret_flags,
+            script_secret_flags=script_secret_flags,
             lock_path=lock_path,
             lock_paths=lock_paths,
             settle_s=settle_s,

@@ -352,7 +352,7 @@ def ps_params(config: Config, cfg: HostConfig) -> PsParams:
     """Parameters of the ``ps`` op for a host of ``config`` (the scripts of every client profile,
     and the profiles' flag spellings the host reads each run's flags with)."""
     from supervisor.clients import all_scripts, wire_all
-    from supervisor.secrets import secret_flags
+    from supervisor.secrets import script_secret_flags, secret_flags
 
     return {
         "scripts": all_scripts(config),
@@ -361,6 +361,7 @@ def ps_params(config: Config, cfg: HostConfig) -> PsParams:
         "runs": run_specs(config, cfg.name),
         "secret_env": secret_env_names(config),
         "secret_flags": secret_flags(config),
+        "script_secret_flags": script_secret_flags(config),
         "config_id": config.key,
     }
 

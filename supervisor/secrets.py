@@ -53,6 +53,7 @@ __all__ = [
     "mask_text",
     "note_overrides",
     "note_secrets",
+    "script_secret_flags",
     "secret_env_names",
     "secret_flags",
 ]
@@ -65,11 +66,11 @@ def note_secrets(config: Config, environ: Mapping[str, str] | None = None) -> No
     source = os.environ if environ is None else environ
     register_environ(source)
     register(source.get(e.api_key_env, "") for e in config.endpoints if e.api_key_env)
-    extra = secret_flags(config)
-    register_secret_flags(extra)
+    for client in config.clients.values():
+        register_secret_flags(client.secret_flags, client.scripts)
     for run in config.runs:
         register(env_secret_values(run.env))
-        register(argv_secret_values(run.argv, extra))
+        register(argv_secret_values(run.argv))
     for url in config.alerts.urls:
         register(value_secrets(url))
 
@@ -89,9 +90,24 @@ def note_overrides(
 
 
 def secret_flags(config: Config) -> list[str]:
-    """Every client profile's ``secret_flags`` (sent to the host, which masks their values in
-    what it writes and lists)."""
-    return sorted({f for c in config.clients.values() for f in c.secret_flags})
+    """Every client profile's ``secret_flags`` but one-letter ones (sent to the host, which masks
+    their values in what it writes and lists, in every command line)."""
+    return sorted({f for c in config.clients.values() for f in c.secret_flags if not _short(f)})
+
+
+def script_secret_flags(config: Config) -> dict[str, list[str]]:
+    """Script name -> the one-letter ``secret_flags`` (``-p``) of its profiles: secret only in
+    that script's command lines (another command's ``-p`` is not the profile's)."""
+    out: dict[str, set[str]] = {}
+    for c in config.clients.values():
+        short = {f for f in c.secret_flags if _short(f)}
+        for script in c.scripts if short else ():
+            out.setdefault(script, set()).update(short)
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def _short(flag: str) -> bool:
+    return len(flag) == 2 and flag[0] == "-" and flag[1] != "-"
 
 
 def secret_env_names(config: Config) -> list[str]:

@@ -785,7 +785,7 @@ class _Runner:
 
     def launch_params(self, layout: RunLayout, fingerprints: bool = True) -> LaunchParams:
         """The ``launch`` request of ``layout.argv`` (its locks, log and fingerprints)."""
-        from supervisor.secrets import secret_flags
+        from supervisor.secrets import script_secret_flags, secret_flags
 
         plan = self.plan
         argv = list(layout.argv)
@@ -797,6 +797,7 @@ class _Runner:
             "env": plan.env,
             "secret_env": plan.secret_env,
             "secret_flags": secret_flags(self.engine.config),
+            "script_secret_flags": script_secret_flags(self.engine.config),
             "log": layout.log,
             "lock_paths": list(layout.locks),
             "data_files": list(layout.data_files.values()),

@@ -1,8 +1,8 @@
 """A generation client that echoes its whole command line, and each secret it is given in
-encoded forms, to its log: for the trust tests of secret variants (T20-T25).
+encoded forms, to its log: for the trust tests of secret variants (T20-T30).
 
 Any flag is accepted. The values of the variables named by ``LEAK_VARS`` (comma-separated) are
-printed base64-encoded (standard and urlsafe, with and without padding, and inside
+printed as they are, base64-encoded (standard and urlsafe, with and without padding, and inside
 ``svc-usr:VALUE``), percent-encoded (each byte too, lower case), and in a URL's fragment and
 query. It appends one raw-format record every half second to
 ``<output-dir>/<dataset>/raw_responses.jsonl``; with ``--mode fail`` it exits 3 after printing;
@@ -27,6 +27,7 @@ args, rest = parser.parse_known_args()
 print("leaky client starting:", " ".join(sys.argv[1:]), flush=True)
 for name in filter(None, os.environ.get("LEAK_VARS", "").split(",")):
     raw = os.environ.get(name, "").encode()
+    print(f"{name} raw {raw.decode()}", flush=True)
     std = base64.b64encode(raw).decode()
     safe = base64.urlsafe_b64encode(raw).decode()
     print(f"{name} b64 {std} nopad {std.rstrip('=')}", flush=True)

@@ -7,7 +7,8 @@ The rules, written once:
 
 - an **option** is an argument that starts with ``-`` (``-m``, ``--model``, ``--model=x``, a
   lone ``-`` too), unless it is a **negative number** (``-`` then a digit: ``-1``, ``-0.5``,
-  ``-3e4``), which is a value;
+  ``-3e4``) or has a space before any ``=`` (``--extra-args "--api-key K --x 1"``: a command
+  line given as one value), which are values;
 - an option's **values** are ``--f=a`` -> ``[a]``, or the arguments after ``--f`` up to the next
   option (``--f a b`` -> ``[a, b]``; ``--f`` alone -> ``[]``);
 - when a flag is given several times, the **last** one counts.
@@ -33,8 +34,12 @@ def is_negative_number(arg: str) -> bool:
 
 
 def is_option(arg: str) -> bool:
-    """True when ``arg`` is an option (``-x``, ``--flag``, ``--flag=v``), not a value."""
-    return arg.startswith("-") and not is_negative_number(arg)
+    """True when ``arg`` is an option (``-x``, ``--flag``, ``--flag=v``), not a value (a
+    negative number, a command line: ``--api-key K --x 1``)."""
+    if not arg.startswith("-") or is_negative_number(arg):
+        return False
+    name = arg.partition("=")[0]
+    return not any(c.isspace() for c in name)
 
 
 def options(args: Sequence[str]) -> list[tuple[str, list[str]]]:

@@ -52,6 +52,7 @@ from supervisor.agent.protocol import (
     ReadFingerprintResult,
     StoredFingerprint,
     WriteFingerprintResult,
+    param_flag_table,
     param_number,
     param_str,
     param_str_dict,
@@ -194,6 +195,8 @@ def launch(params: dict[str, Any]) -> LaunchResult:
     if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
         raise AgentOpError("parameter 'secret_flags': expected a list of flags", "bad-params")
     register_secret_flags(flags)
+    for script, short in param_flag_table(params, "script_secret_flags", "bad-params").items():
+        register_secret_flags(short, [script])
     secrets = [v for k, v in env_extra.items() if k in secret_names and v]
     secrets += env_secret_values(env_extra) + argv_secret_values(argv)
     register(secrets)

@@ -12,17 +12,20 @@ by its encodings too (``encoded_forms``: base64 at every alignment, percent, hex
 
 from __future__ import annotations
 
+import ast
 import base64
 import contextlib
 import difflib
 import functools
 import json
 import os
+import posixpath
 import re
 import shlex
 from typing import TYPE_CHECKING
 from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
 
+from supervisor.agent.argflags import is_negative_number
 from supervisor.agent.protocol import MASK
 
 if TYPE_CHECKING:
@@ -176,14 +179,71 @@ _PROFILE_FLAGS: set[str] = set()
 (:func:`register_secret_flags`): secret for every ``mask_*``, misspelt too."""
 
 
-def register_secret_flags(flags: Iterable[str]) -> None:
+_SHORT_FLAGS: dict[str, set[str]] = {
+    "mysql": {"-p"}, "mysqldump": {"-p"}, "mysqladmin": {"-p"}, "mariadb": {"-p"},
+    "sshpass": {"-p"}, "redis-cli": {"-a"},
+}  # fmt: skip
+"""One-letter secret flags by the program or script name whose command lines they belong to
+(``""``: every command line): the profiles' (:func:`register_secret_flags`), and those of
+well-known tools (``mysql -pK``, ``redis-cli -a K``)."""
+
+
+def register_secret_flags(flags: Iterable[str], scripts: Iterable[str] = ()) -> None:
     """Treat ``flags`` (a profile's ``secret_flags``, ``--org-token``) as secret flags in every
     ``mask_*`` of this process from now on: in a unit record, a lock or a listing as well as in
-    the launch that named them."""
-    new = {_normal_name(f) for f in flags if isinstance(f, str)} - _PROFILE_FLAGS - {""}
+    the launch that named them. A one-letter flag (``-p``, its value attached too: ``-pK``) is
+    secret only in a command line of one of ``scripts`` (the profile's), after the script's
+    name: another command's ``-p`` is not its; with no ``scripts``, in every command line."""
+    given = [f for f in flags if isinstance(f, str)]
+    short = {f for f in given if _is_short_flag(f)}
+    if short:
+        for script in [posixpath.basename(s) for s in scripts] or [""]:
+            _SHORT_FLAGS.setdefault(script, set()).update(short)
+    new = {_normal_name(f) for f in given if f not in short} - _PROFILE_FLAGS - {""}
     if new:
         _PROFILE_FLAGS.update(new)
         _is_secret_name.cache_clear()
+
+
+_FIELD_WORDS = frozenset(
+    (
+        "sort", "dataset", "data", "input", "output", "label", "text", "prompt", "response",
+        "answer", "question", "message", "messages", "image", "id", "group", "column", "field",
+        "partition", "primary", "foreign", "target", "source", "reward", "context", "chosen",
+        "rejected", "instruction", "system", "completion", "conversation", "document", "content",
+        "metadata", "row", "record", "sample", "split", "join", "lookup", "shard", "task",
+        "reference", "ref", "query", "gold", "choice", "choices", "result", "score", "feature",
+        "example", "turn", "role", "item", "entry", "batch", "sequence", "chat", "history",
+        "caption", "title", "category", "class", "tag", "dedup", "dedupe", "unique", "order",
+        "hash", "index", "cache", "dict", "json", "map", "value", "name", "eval", "solution",
+    )
+)  # fmt: skip
+"""Words that make the ``key`` after them a field of the data (``--sort-key x``,
+``--dataset-key prompt``, ``--input-key text``, ``--output-key out``), not a credential."""
+_HOLDER_WORDS = frozenset(
+    (
+        "jar", "store", "helper", "provider", "command", "cmd", "algorithm", "algo", "alg",
+        "bits", "version", "threshold", "ratio", "fraction", "weight", "location", "backend",
+    )
+)  # fmt: skip
+"""Last words of a name that holds where or how a credential is kept or made, not its value
+(``--cookie-jar c.txt``, ``--key-store``, ``--credential-helper``, ``--key-bits``)."""
+
+
+def _names_no_credential(words: list[str]) -> bool:
+    """``words`` (a normal name's) name no credential: a field of the data (``sort-key``), a
+    holder of one (``cookie-jar``), or a metric (``pass-at-k``: pass@k)."""
+    if len(words) < 2:
+        return False
+    if words[-1] in _HOLDER_WORDS and words[0] not in ("api", "secret", "private"):
+        return True
+    if words[0] == "pass" and words[1] in ("at", "k", "n"):
+        return True
+    return (
+        words[-1] == "key"
+        and words[-2] in _FIELD_WORDS
+        and not any(_credential_word(w) for w in words[:-1])
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -207,6 +267,8 @@ def _is_secret_name(name: str) -> bool:
         return False
     if _PROFILE_FLAGS and len(norm) >= _FUZZY_MIN_LEN and _close_to(norm, _PROFILE_FLAGS):
         return True
+    if _names_no_credential(norm.split("-")):
+        return False
     close = difflib.get_close_matches(
         norm, sorted(SECRET_FLAG_NAMES | _PUBLIC_FLAG_NAMES), n=1, cutoff=0.85
     )
@@ -362,15 +424,40 @@ _NUMBER = re.compile(r"^\s*[-+]?[0-9_.,eE]+\s*$")
 """A count or a size (``TOKEN_BUDGET=10000000``): never registered from a variable."""
 
 
+_PATH_VALUE = re.compile(r"^(?:/[\w.@~+\-]+)+/?$")
+_FILE_NAME = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,5}/?$")
+
+
+def _is_path_value(value: str) -> bool:
+    """``value`` (of a credential-named variable, ``/`` first) names a file: an existing path or
+    one whose last part has an extension (``/etc/keys/sa.json``). A key that merely starts with
+    ``/`` (base64 does, as often as with any letter) is no path."""
+    if _PATH_VALUE.match(value) is None:
+        return False
+    return _FILE_NAME.search(value) is not None or os.path.exists(value)
+
+
+def _is_env_secret_value(name: str, value: str) -> bool:
+    """The value of variable ``name`` is a secret: its name is a credential's, and the value is
+    no path to a file and no count (``TOKEN_BUDGET=10000000``). A number is a secret when the
+    name is a credential's by the flag rules too (``HF_TOKEN=12345678``, a PIN, not
+    ``TOKEN_LIMIT``); shorter than ``MIN_SECRET_LEN`` it is never registered."""
+    if not is_secret_env_name(name) or (value.startswith("/") and _is_path_value(value)):
+        return False
+    if _NUMBER.match(value):
+        return value.strip().isdigit() and _is_secret_name(name)
+    return True
+
+
 def env_secret_values(env: Mapping[str, str]) -> list[str]:
-    """The secret values of an environment: credential-named variables' values (not paths nor
-    numbers), and the secrets inside any value (URL credentials, JSON or ``k=v`` credential
-    keys)."""
+    """The secret values of an environment: credential-named variables' values (not paths to
+    files nor counts: :func:`_is_env_secret_value`), and the secrets inside any value (URL
+    credentials, JSON or ``k=v`` credential keys)."""
     out: list[str] = []
     for name, value in env.items():
         if not value:
             continue
-        if is_secret_env_name(name) and not value.startswith("/") and not _NUMBER.match(value):
+        if _is_env_secret_value(name, value):
             out.append(value)
             out.extend(_scheme_stripped(value))
         out.extend(value_secrets(value))
@@ -387,7 +474,19 @@ def _scheme_stripped(value: str) -> list[str]:
     return [value.strip()[m.end() :]] if m else []
 
 
+def _credential_values(value: str) -> list[str]:
+    """The secrets of a credential ``value``: the token alone when an auth scheme leads it
+    (``Bearer K`` -> ``K``: masked by value as ``Bearer ***``, as where it stands), with the
+    scheme too when the token alone is too short to be registered."""
+    token = _scheme_stripped(value)
+    if token and len(token[0]) >= MIN_SECRET_LEN:
+        return token
+    return [value, *token]
+
+
 _KV = re.compile(r"""([A-Za-z_][\w.\-]*)\s*[=:]\s*("[^"]*"|'[^']*'|[^\s,;&]+)""")
+_SUBSCRIPT = re.compile(r"""\[\s*(["'])([A-Za-z_][\w.\-]*)\1\s*\]\s*=\s*(["'])(.*?)\3""")
+"""``['NAME'] = 'value'`` in code given as an argument (``python -c "os.environ['K']='V'"``)."""
 _URL_CRED = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://([^/\s@]+)@")
 _URL_QUERY_VALUE = re.compile(r"(?i)[?&#;][^=&#;\s]*" + _QUERY_NAMES + r"[^=&#;\s]*=([^&#;\s]+)")
 
@@ -403,8 +502,10 @@ def value_secrets(value: str) -> list[str]:
     out.extend(m.group(1) for m in _URL_QUERY_VALUE.finditer(value))
     stripped = value.strip()
     if stripped[:1] in ("{", "["):
-        with contextlib.suppress(ValueError):
-            out.extend(_json_secrets(json.loads(stripped)))
+        out.extend(_json_secrets(_literal(stripped)))
+    for m in _SUBSCRIPT.finditer(value):
+        if _is_secret_name(m.group(2)) or is_secret_env_name(m.group(2)):
+            out.extend(_credential_values(m.group(4)))
     for m in _KV.finditer(value):
         if _is_secret_name(m.group(1)):
             v = m.group(2).strip("'\"")
@@ -413,13 +514,29 @@ def value_secrets(value: str) -> list[str]:
     return [v for v in out if len(v) >= MIN_SECRET_LEN]
 
 
+_LITERAL_MAX = 1 << 16
+"""Longest JSON or Python literal read for credential keys."""
+
+
+def _literal(text: str) -> object:
+    """``text`` read as JSON, else as a Python literal (``{'api_key': 'K'}``: ``ast``, never
+    evaluated), else None."""
+    with contextlib.suppress(ValueError):
+        return json.loads(text)
+    if len(text) > _LITERAL_MAX:
+        return None
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
 def _json_secrets(obj: object) -> list[str]:
     out: list[str] = []
     if isinstance(obj, dict):
         for k, v in obj.items():
             if isinstance(v, str) and isinstance(k, str) and _is_secret_name(k):
-                out.append(v)
-                out.extend(_scheme_stripped(v))
+                out.extend(_credential_values(v))
             elif isinstance(v, str):
                 out.extend(value_secrets(v))
             else:
@@ -437,7 +554,7 @@ def _header_secret(value: str) -> list[str]:
         name, sep, rest = value.partition("=")
     if sep and (name.strip().lower() in CREDENTIAL_HEADERS or _is_secret_name(name)):
         rest = rest.strip()
-        return [rest, *_scheme_stripped(rest)]
+        return _credential_values(rest)
     return []
 
 
@@ -472,87 +589,279 @@ def _header_name_only(value: str) -> bool:
 _USER_FLAGS = frozenset(("-u", "--user", "--proxy-user", "-U"))
 """Flags whose value is ``user:password`` when it has a colon (curl, wget): the password is
 secret."""
-_SHELL_DEPTH = 3
-"""How deep shell strings inside shell strings are read (``bash -c "sh -c '...'"``)."""
+_SHELL_DEPTH = 8
+"""How deep command lines inside arguments are read (``bash -c "sh -c '...'"``, a flag's value
+that is a command line or a flag itself: ``--server-args='--api-key K'``, ``--env=NAME=K``)."""
+_FLAG_ITEM = re.compile(r"^-[^\s=]+(?:=|$)")
+"""An option, alone or with its value after ``=`` (its name has no space: ``--x "a b"`` as one
+item is a command line, not a flag)."""
+_OPTION_WORD = r"(?:[a-z]{1,24}[0-9]{0,3}|[0-9]{1,2}[a-z]{0,24})"
+_OPTION_NAME = re.compile(
+    r"^(?:--" + _OPTION_WORD + r"(?:[-_.]" + _OPTION_WORD + r")*|-[A-Za-z])(?:=|$)"
+)
+"""What reads as an option after a secret flag: lower-case words (``--model``, ``--fp16``) or
+one letter; anything else there is its value, ``-`` first or not (``--api-key -abcDEF123``,
+``--password --fresh-secret-9911``, ``--api-key --deadbeef0123456789abcdef``)."""
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][\w.\-]*)=")
+_SHELL_OPERATOR = re.compile(r"^[;&|()\n]+$")
+_COMMAND_WORD = re.compile(
+    r"(?:^|/)(?:python[\d.]*|bash|sh|zsh|env|exec|nohup|time|timeout|srun|torchrun|accelerate"
+    r"|deepspeed|uv|node|curl|wget|docker|sudo)$|/|\.(?:py|sh)$|^[A-Za-z_][\w]*="
+)
+"""A word that starts a command after ``NAME=value`` (``OPENAI_API_KEY=K python x.py``); an
+item ``NAME=a b c`` followed by anything else is one assignment whose value has spaces."""
+
+
+def _is_short_flag(flag: str) -> bool:
+    return len(flag) == 2 and flag[0] == "-" and flag[1] not in "-="
+
+
+def _is_flag_item(arg: str) -> bool:
+    return not is_negative_number(arg) and _FLAG_ITEM.match(arg) is not None
+
+
+def _shell_split(arg: str) -> list[str]:
+    """``arg`` split as a shell does (operators apart), tolerant of bad quoting: an unclosed
+    quote or a dangling backslash is read both as if it were closed and as words split on
+    spaces (the two readings apart as two commands)."""
+    plain = [w.strip("'\"") for w in arg.split()]
+    for tail in ("", '"', "'", "\\"):
+        try:
+            lexer = shlex.shlex(arg + tail, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            words = list(lexer)
+        except ValueError:
+            continue
+        words = _join_substitutions(words)
+        return words if not tail else [*words, ";", *plain]
+    return plain
+
+
+def _join_substitutions(words: list[str]) -> list[str]:
+    """``words`` with each command substitution made one word with what it is part of
+    (``--api-key=$(cat k)``, ``--api-key `echo K```): the value its flag is given."""
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if word.endswith("$") and i < len(words) and words[i].startswith("("):
+            depth, inner = 0, []
+            while i < len(words):
+                depth += words[i].count("(") - words[i].count(")")
+                inner.append(words[i])
+                i += 1
+                if depth <= 0:
+                    break
+            word += " ".join(inner).replace("( ", "(").replace(" )", ")")
+        elif word.count("`") % 2:
+            while i < len(words) and word.count("`") % 2:
+                word += " " + words[i]
+                i += 1
+        out.append(word)
+    return out
 
 
 @functools.lru_cache(maxsize=1024)
 def _shell_words(arg: str) -> tuple[str, ...] | None:
     """The words of ``arg`` when it reads as a shell command line (``python gen.py --api-key K;
-    echo``: operators split off), else None (one word, or not shell syntax)."""
-    if not any(c.isspace() for c in arg) or arg.lstrip()[:1] in ("{", "["):
+    echo``: operators split off; ``'--api-key=K'``: quotes removed), else None (one plain word,
+    or a JSON or Python literal)."""
+    if not any(c.isspace() or c in "'\"\\" for c in arg) or _is_mapping(arg):
         return None
-    try:
-        lexer = shlex.shlex(arg, posix=True, punctuation_chars=True)
-        lexer.whitespace_split = True
-        words = list(lexer)
-    except ValueError:  # an unclosed quote: read it as plain words
-        words = arg.split()
-    return tuple(words) if len(words) > 1 else None
+    words = _shell_split(arg)
+    return tuple(words) if len(words) > 1 or (words and words[0] != arg) else None
 
 
-def _argv_secrets(argv: Sequence[str], extra: set[str], depth: int = 0) -> list[str]:
-    """Every secret value of ``argv``, of any length (see :func:`argv_secret_values`)."""
-    out: list[str] = []
-    prev: str | None = None
-    header_value = False  # the previous item was a credential header's name (-H Authorization)
+def _is_mapping(value: str) -> bool:
+    return value.lstrip()[:1] in ("{", "[")
+
+
+def _active_short(flag: str, scripts: set[str]) -> bool:
+    """``flag`` (``-p``) is a profile's one-letter secret flag in a command line of ``scripts``."""
+    return _is_short_flag(flag) and any(flag in _SHORT_FLAGS.get(s, ()) for s in ("", *scripts))
+
+
+def _secret_flag(name: str, scripts: set[str], extra: set[str]) -> bool:
+    """The value of flag ``name`` is a secret where it stands."""
+    if _active_short(name, scripts):
+        return True
+    return _is_secret_name(name) or (bool(extra) and _close_to(_normal_name(name), extra))
+
+
+def _public_value(name: str, value: str, scripts: set[str]) -> bool:
+    """A value of a built-in secret flag that is not a secret: ``-k``'s number or URL (top-k,
+    curl's ``-k``, a switch before its URL)."""
+    return (
+        name in ("-k", "-K")
+        and not _active_short(name, scripts)
+        and (re.match(r"^[-+]?\d+(?:\.\d+)?$", value) is not None or "://" in value)
+    )
+
+
+def _takes_value(flag: str, scripts: set[str], extra: set[str]) -> bool:
+    """``flag``'s next item is its value even when it starts with ``-`` (a secret's value)."""
+    return (
+        _secret_flag(flag, scripts, extra) or _is_header_flag(flag) or flag.lower() in _USER_FLAGS
+    )
+
+
+def _is_value_of(flag: str, arg: str, scripts: set[str], extra: set[str]) -> bool:
+    """``arg``, the item after ``flag``, is its value: not an option, or after a secret flag
+    anything that does not read as an option (``--api-key -abc123``)."""
+    if arg == "-" or not _is_flag_item(arg):
+        return True
+    return _takes_value(flag, scripts, extra) and _OPTION_NAME.match(arg) is None
+
+
+def _attached(arg: str, scripts: set[str]) -> tuple[str, str, str] | None:
+    """A one-letter flag and the value written with it (``-pK``, ``-p=K``, ``-uuser:K``,
+    ``-H'X-Api-Key: K'``, ``-kLONGVALUE``), as ``(flag, joint, value)``; None when ``arg`` is not
+    read so (``-vvv``, python's ``-uB``, curl's ``-ksS``)."""
+    if len(arg) <= 2 or arg[1] == "-" or not arg.startswith("-"):
+        return None
+    flag, rest = arg[:2], arg[2:]
+    joint = ""
+    if rest.startswith("=") and (_active_short(flag, scripts) or _is_secret_name(flag)):
+        joint, rest = "=", rest[1:]
+    if _active_short(flag, scripts):
+        return flag, joint, rest
+    if flag in ("-H", "-h") and ":" in rest:
+        return flag, joint, rest
+    if flag in ("-u", "-U") and ":" in rest:
+        return flag, joint, rest
+    if _is_secret_name(flag) and (joint or len(rest) >= MIN_SECRET_LEN):
+        return flag, joint, rest
+    return None
+
+
+def _sub_argv(value: str) -> list[str] | None:
+    """A value read as a command line of its own: its shell words, or itself when it is a flag
+    or an assignment (``--server-args=--api-key=K``, ``--env=HF_TOKEN=K``)."""
+    if _ASSIGNMENT.match(value) or _is_flag_item(value):
+        return [value]
+    words = _shell_words(value)
+    return list(words) if words is not None else None
+
+
+def _flag_value(
+    name: str, value: str, scripts: set[str], extra: set[str], depth: int
+) -> tuple[str | None, list[str], bool]:
+    """How ``value`` of flag ``name`` is shown masked by where it stands (None: as text), its
+    secrets, and whether the next item is a credential (``-H Authorization 'Bearer K'``)."""
+    if name.lower() in _USER_FLAGS and ":" in value:
+        user, _, password = value.partition(":")
+        return user + ":" + MASK, [password], False
+    if _secret_flag(name, scripts, extra) and not _public_value(name, value, scripts):
+        found = _credential_values(value)
+        if "," in value:
+            found += [p.strip() for p in value.split(",")]
+        return MASK, found, False
+    if _is_header_flag(name) and not _is_mapping(value):
+        found = [v for v in _header_secret(value) if v]
+        if found:
+            return _masked_header(value), found, False
+        if _header_name_only(value):
+            return None, [], True
+    sub = _sub_argv(value) if depth < _SHELL_DEPTH else None
+    if sub is None:
+        return None, [], False
+    views, founds = _walk(sub, extra, scripts, depth + 1)
+    return (views[0] if sub == [value] else None), [v for f in founds for v in f], False
+
+
+def _positional(
+    arg: str, extra: set[str], scripts: set[str], depth: int
+) -> tuple[str | None, list[str]]:
+    """An item that is no flag's value: ``NAME=value`` (its value whole, spaces too, unless a
+    command follows: ``OPENAI_API_KEY=K python x.py``), or a command line read word by word."""
+    words = _shell_words(arg)
+    m = _ASSIGNMENT.match(arg)
+    secret = m is not None and (_is_secret_name(m.group(1)) or is_secret_env_name(m.group(1)))
+    if m and secret and (words is None or len(words) < 2 or not _COMMAND_WORD.search(words[1])):
+        v = arg[m.end() :]
+        return m.group(0) + MASK, [*_credential_values(v), v.strip("'\"")]
+    if words is None or depth >= _SHELL_DEPTH:
+        return None, []
+    _, founds = _walk(words, extra, scripts, depth + 1)
+    return None, [v for f in founds for v in f]
+
+
+def _walk(
+    argv: Sequence[str], extra: set[str], scripts: set[str], depth: int
+) -> tuple[list[str | None], list[list[str]]]:
+    """For each item of ``argv``: how it is shown with the secrets its place decides masked
+    (None: masked as text, by value), and every secret value it holds, of any length. A
+    profile's one-letter secret flag counts after its script's name, up to the end of that
+    command (``;``, ``&&``, ``|``); a command line inside an item is read the same way."""
+    views: list[str | None] = []
+    founds: list[list[str]] = []
+    scripts = set(scripts)
+    prev: str | None = None  # the flag the next item may be the value of
+    credential = False  # the previous item was a credential header's name
     for arg in argv:
-        if header_value:
-            header_value = False
-            out += [arg, *_scheme_stripped(arg)]
-            prev = None
+        view: str | None = None
+        found: list[str] = []
+        views.append(None)
+        founds.append(found)
+        if depth and _SHELL_OPERATOR.match(arg):
+            scripts, prev, credential = set(), None, False
             continue
+        base = posixpath.basename(arg)
+        if base in _SHORT_FLAGS:
+            scripts.add(base)
+        name: str | None = None
         value: str | None = None
-        name = prev
-        if arg.startswith("-") and len(arg) > 1:
-            flag, eq, v = arg.partition("=")
-            if eq:
-                name, value = flag, v
-            elif arg[:2] in ("-H", "-h") and len(arg) > 2 and ":" in arg:
-                name, value = arg[:2], arg[2:]  # -H'Authorization: Bearer K'
-            else:
+        joint: str | None = None  # how name and value are written in one item ("=", "")
+        if credential:
+            credential, prev = False, None
+            scheme = _AUTH_SCHEME.match(arg.strip())
+            view = scheme.group(0) + MASK if scheme else MASK
+            found += _credential_values(arg)
+        elif prev is not None and _is_value_of(prev, arg, scripts, extra):
+            name, value = prev, arg
+        elif (attached := _attached(arg, scripts)) is not None:
+            name, joint, value = attached
+        elif _is_flag_item(arg):
+            flag, eq, rest = arg.partition("=")
+            if not eq:
                 prev = arg
                 continue
-        elif prev is not None:
-            value = arg
-        elif "=" in arg and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", arg):
-            n, _, v = arg.partition("=")
-            if is_secret_env_name(n) or _is_secret_name(n):
-                out.append(v)
-        prev = None
-        if value is not None and name is not None:
-            if _is_header_flag(name):
-                found = [v for v in _header_secret(value) if v]
-                if found:
-                    out.extend(found)
-                elif _header_name_only(value):
-                    header_value = True
-            elif name.lower() in _USER_FLAGS and ":" in value:
-                out.append(value.partition(":")[2])  # curl -u user:PASS
-            elif _is_secret_name(name) or _close_to(_normal_name(name), extra):
-                out.append(value)
-                out.extend(_scheme_stripped(value))
-                if "," in value:
-                    out.extend(p.strip() for p in value.split(","))
-        if _credential_header_item(arg):
-            out.extend(_header_secret(arg))
-        out.extend(value_secrets(arg))
-        words = _shell_words(arg) if depth < _SHELL_DEPTH else None
-        if words is not None:
-            out.extend(_argv_secrets(words, extra, depth + 1))
-    return [v for v in out if v]
+            name, joint, value = flag, "=", rest
+        else:
+            view, found[:] = _positional(arg, extra, scripts, depth)
+        if name is not None and value is not None:
+            prev = None
+            shown, values, credential = _flag_value(name, value, scripts, extra, depth)
+            found += values
+            if shown is not None:
+                view = shown if joint is None else name + joint + shown
+        elif not credential:
+            prev = None
+        if view is None and _credential_header_item(arg):
+            found += _header_secret(arg)
+            view = _masked_header(arg)
+        found += value_secrets(arg)
+        if joint == "=" and value is not None:
+            found += value_secrets(value)  # --extra-body={'api_key': 'K'}
+        views[-1] = view
+    return views, founds
 
 
 def argv_secret_values(argv: Sequence[str], secret_flags: Iterable[str] = ()) -> list[str]:
     """The secret values of a command line: values of secret flags (``--api-key K``,
-    ``--api-keys K1,K2`` and each of its items, ``-k K``, ``--credentials-json '{...}'``, and the
-    ``secret_flags`` of the client's profile), of credential headers (``--header "x-api-key: K"``,
-    ``-H 'Authorization: Bearer K'``, and a header given as two items: ``-H Authorization
-    'Bearer K'``), of credential-named ``NAME=value`` words (``env API_TOKEN=K cmd``), the secrets
-    inside any argument (URL credentials, JSON or ``k=v`` credential keys), and the same inside
-    an argument that is a shell command line (``bash -c "python gen.py --api-key K"``)."""
+    ``--api-keys K1,K2`` and each of its items, ``-k K``, ``--credentials-json '{...}'``,
+    ``--api-key -K`` too, and the ``secret_flags`` of the client's profile, ``-pK`` attached),
+    of credential headers (``--header "x-api-key: K"``, ``-H 'Authorization: Bearer K'``, and a
+    header given as two items: ``-H Authorization 'Bearer K'``), of ``user:password``
+    (``-u``), of credential-named ``NAME=value`` words (``env API_TOKEN=K cmd``, ``-e NAME=K``,
+    ``--env=NAME=K``), the secrets inside any argument (URL credentials, JSON or Python literal
+    or ``k=v`` credential keys), and the same inside any argument or value that is a command
+    line (``bash -c "python gen.py --api-key K"``, ``--server-args='--api-key K'``), read
+    recursively."""
     extra = {_normal_name(f) for f in secret_flags}
-    return [v for v in _argv_secrets(argv, extra) if len(v) >= MIN_SECRET_LEN]
+    _, founds = _walk(argv, extra, set(), 0)
+    return list(dict.fromkeys(v for f in founds for v in f if len(v) >= MIN_SECRET_LEN))
 
 
 def mask_value(text: str, secrets: Iterable[str] | None = None) -> str:
@@ -647,72 +956,67 @@ def mask_argv(
 ) -> list[str]:
     """argv with secrets replaced by ``***``; everything else unchanged.
 
-    Masks the value of any flag whose name is a secret name (``--api-key X``, ``--api-key=X``,
-    ``--hf-token X``, ``--db-pw X``, ``OPENAI_API_KEY=X``; never ``--token-budget``,
-    ``--max-tokens`` or ``--api-key-env``: see ``_is_secret_name``) or one of ``secret_flags``
-    (a profile's), the item after a credential header's name (``-H Authorization 'Bearer X'``),
-    key-shaped values anywhere (``sk-...``, ``hf_...``), ``Authorization:`` header values,
-    ``Bearer`` tokens and URL credentials; and any of the given ``secrets`` and of the secrets of
-    ``argv`` (:func:`argv_secret_values`, shell command lines included) wherever it appears inside
-    an argument. Names are never masked.
+    Masks what :func:`_walk` finds where it stands: the value of any flag whose name is a
+    secret name (``--api-key X``, ``--api-key=X``, ``--api-key -X``, ``--hf-token X``,
+    ``--db-pw X``, ``OPENAI_API_KEY=X``; never ``--token-budget``, ``--max-tokens``,
+    ``--sort-key`` or ``--api-key-env``: see ``_is_secret_name``) or one of ``secret_flags`` (a
+    profile's, ``-pX`` attached), the item after a credential header's name (``-H
+    Authorization 'Bearer X'``), ``user:X``, and inside a JSON or Python literal the string of a
+    credential key (``{"X-Api-Key": "***"}``, still valid JSON); key-shaped values anywhere
+    (``sk-...``, ``hf_...``), ``Authorization:`` header values, ``Bearer`` tokens and URL
+    credentials; any of the given ``secrets`` and of the secrets of ``argv``
+    (:func:`argv_secret_values`, command lines inside items included) wherever it appears
+    inside an argument, a short one where it stands as a word. Names are never masked, and the
+    rest of a command line inside an item stays as written.
     """
     extra = {_normal_name(f) for f in secret_flags}
-    known = [s for s in (secrets or ()) if s] + argv_secret_values(argv, extra)
+    views, founds = _walk(argv, extra, set(), 0)
+    known = [s for s in (secrets or ()) if s]
+    known += [v for f in founds for v in f if len(v) >= MIN_SECRET_LEN]
     out: list[str] = []
-    expect = ""  # what the previous item makes of this one: "value", "header" (-H), "credential"
-    for arg in argv:
-        before, expect = expect, ""
-        if before == "credential":
-            scheme = _AUTH_SCHEME.match(arg.strip())
-            out.append(scheme.group(0) + MASK if scheme else MASK)
+    for arg, view, found in zip(argv, views, founds):
+        if view is not None:
+            out.append(mask_value(view, known) if view != MASK else view)
             continue
-        if before == "value" and (not arg.startswith("-") or arg == "-"):
-            out.append(MASK)
-            continue
-        if before == "header" and _header_name_only(arg):
-            expect = "credential"  # -H Authorization 'Bearer K': the next item is the secret
-        elif (before == "header" and _header_secret(arg)) or _credential_header_item(arg):
-            out.append(_masked_header(arg))  # -H 'x-api-key: K', K short too
-            continue
-        elif before == "user" and ":" in arg and not arg.startswith("-"):
-            out.append(arg.partition(":")[0] + ":" + MASK)  # curl -u user:PASS
-            continue
-        elif arg.startswith("-") and len(arg) > 1:
-            name, eq, value = arg.partition("=")
-            if _is_secret_name(name) or _close_to(_normal_name(name), extra):
-                if eq:
-                    out.append(name + "=" + MASK)
-                    continue
-                expect = "value"
-            elif _is_header_flag(name) and (not eq or _header_name_only(value)):
-                expect = "credential" if eq else "header"
-            elif name.lower() in _USER_FLAGS:
-                if eq and ":" in value:
-                    out.append(name + "=" + value.partition(":")[0] + ":" + MASK)
-                    continue
-                expect = "user"
-        elif "=" in arg and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", arg):
-            name, _, _value = arg.partition("=")
-            if _is_secret_name(name) or is_secret_env_name(name):
-                out.append(name + "=" + MASK)
-                continue
-        out.append(_mask_shell(mask_value(arg, known), arg, extra))
+        text = _mask_literal(arg) if "{" in arg or "[" in arg else arg
+        text = mask_value(text, known)
+        out.append(_mask_words(text, [v for v in found if 0 < len(v.strip()) < MIN_SECRET_LEN]))
     return out
 
 
-def _mask_shell(masked: str, arg: str, extra: set[str]) -> str:
-    """``masked`` (``arg`` masked by value) with the short secrets of ``arg``, when it is a shell
-    command line, masked where they stand as a whole word (``sh -c "gen.py --pw abc"``); a
-    secret of ``MIN_SECRET_LEN`` or more is masked by value already."""
-    words = _shell_words(arg)
-    if words is None:
-        return masked
-    for value in sorted(set(_argv_secrets(words, extra, 1)), key=len, reverse=True):
-        if len(value) < MIN_SECRET_LEN:
-            masked = re.sub(
-                r"(?<![^\s'\"=:])" + re.escape(value) + r"(?![^\s'\";&|)])", MASK, masked
-            )
-    return masked
+_LITERAL_PAIR = re.compile(
+    r"""(["'])((?:\\.|(?!\1).)*)\1(\s*:\s*)(["'])((?:\\.|(?!\4).)*)\4""", re.DOTALL
+)
+"""A ``"key": "value"`` pair of a JSON object or a Python dict literal (either quotes)."""
+
+
+def _mask_literal(text: str) -> str:
+    """A JSON or Python literal with the string of each credential key masked inside its quotes
+    (an auth scheme kept: ``{"Authorization": "Bearer ***"}``): still valid JSON."""
+
+    def one(m: re.Match[str]) -> str:
+        if not m.group(5).strip() or not _is_credential_header(m.group(2)):
+            return m.group(0)
+        scheme = _AUTH_SCHEME.match(m.group(5))
+        shown = (scheme.group(0) if scheme else "") + MASK
+        return m.group(0)[: m.start(5) - m.start(0)] + shown + m.group(4)
+
+    return _LITERAL_PAIR.sub(one, text)
+
+
+def _mask_words(text: str, values: Sequence[str]) -> str:
+    """``text`` with each of ``values`` (short secrets of a command line) masked where it
+    stands as a word: after a space, quote, ``=`` or ``:``, or written with its one-letter flag
+    (``-pK``); a secret of ``MIN_SECRET_LEN`` or more is masked by value already."""
+    for value in sorted(set(values), key=len, reverse=True):
+        text = re.sub(
+            r"(?:(?<![^\s'\"=:\\])|(?<=(?<![^\s'\"\\])-[A-Za-z]))"
+            + re.escape(value)
+            + r"(?![^\s'\";&|)\\])",
+            MASK,
+            text,
+        )
+    return text
 
 
 def masked_equal(masked: Sequence[str], argv: Sequence[str]) -> bool:

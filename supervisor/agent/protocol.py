@@ -85,6 +85,17 @@ def param_str_dict(params: dict[str, Any], key: str) -> dict[str, str]:
     return dict(value)
 
 
+def param_flag_table(params: dict[str, Any], key: str, kind: str) -> dict[str, list[str]]:
+    """``params[key]``: a table of script names to lists of flags (empty when absent)."""
+    value = params.get(key) or {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, list) and all(isinstance(f, str) for f in v)
+        for k, v in value.items()
+    ):
+        raise AgentOpError(f"parameter {key!r}: expected a table of lists of flags", kind)
+    return {k: list(v) for k, v in value.items()}
+
+
 def param_number(params: dict[str, Any], key: str, default: float) -> float:
     value = params.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
@@ -242,6 +253,9 @@ class PsParams(TypedDict, total=False):
     secret_flags: list[str]
     """The profiles' secret flags (``secret_flags``): their values are masked in every listed
     argv, as those of built-in secret flags."""
+    script_secret_flags: dict[str, list[str]]
+    """Script name -> the one-letter secret flags (``-p``) of its profiles: secret only in that
+    script's command lines (``masking.register_secret_flags``)."""
     config_id: str
     """The listing config's identity: the units it launched are listed (``units``)."""
 
@@ -522,6 +536,8 @@ class LaunchParams(_LaunchParamsRequired, total=False):
     secret_env: list[str]
     secret_flags: list[str]
     """The profiles' secret flags: masked in the unit record, locks, fingerprints and replies."""
+    script_secret_flags: dict[str, list[str]]
+    """Script name -> its profiles' one-letter secret flags (as in ``PsParams``)."""
     lock_path: str
     lock_paths: list[str]
     settle_s: float

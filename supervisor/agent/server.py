@@ -42,6 +42,7 @@ from supervisor.agent.protocol import (
     RefreshResult,
     ScanFile,
     ScanResult,
+    param_flag_table,
 )
 
 if TYPE_CHECKING:
@@ -164,6 +165,8 @@ class Agent:
         if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
             raise AgentOpError("secret_flags: expected a list of flags", "bad-request")
         register_secret_flags(flags)
+        for script, short in param_flag_table(params, "script_secret_flags", "bad-request").items():
+            register_secret_flags(short, [script])
         try:
             runs = resolve_runs(params.get("runs"))
         except ValueError as e:
