@@ -600,6 +600,8 @@ class StepOutcome(msgspec.Struct, kw_only=True):
     ok: bool
     detail: str
     rolled_back: bool = False
+    at: float | None = None
+    """When the step ended (Unix time): a run that takes datasets writes them from then."""
 
 
 async def apply(
@@ -629,6 +631,9 @@ async def apply(
         outcomes.append(StepOutcome(run=st.run, action=st.action, ok=False, detail=problem))
     failed: StepOutcome | None = outcomes[0] if outcomes else None
     done: list[tuple[Step, StepOutcome]] = []
+    # The projection counts from here: planning and checking took what they took (a plan made
+    # on the compare screen may be applied long after).
+    started_at = time.time()
     # 2. The steps, in order (givers first); the first failure stops the plan.
     for st in result.steps if failed is None else []:
         say(
@@ -642,6 +647,7 @@ async def apply(
             result.move_aside,
             allow_model_change=result.allow_model_change,
         )
+        out.at = time.time()
         outcomes.append(out)
         say(f"  {'ok' if out.ok else 'FAILED'}: {out.detail}")
         if not out.ok:
@@ -669,7 +675,7 @@ async def apply(
             out.rolled_back = undo.ok
             say(f"  {'ok' if undo.ok else 'FAILED'}: {undo.detail}")
     if failed is None:
-        save_applied(engine.config, result)
+        save_applied(engine.config, result, started_at)
     audit.record(
         "rebalance",
         config=engine.config.key,
@@ -812,7 +818,6 @@ async def gather(
     """Refresh (again every ``refresh_seconds``, for at most ``sample_s``, while a running run
     has no rate yet: as ``compare`` does), compare, and plan."""
     import asyncio
-    import time
 
     from supervisor.bench.history import load_history
     from supervisor.compare import comparison_from, waiting_for_rates
@@ -932,6 +937,10 @@ class Applied(msgspec.Struct, kw_only=True):
     """What ``--apply`` carried out, kept until the next plan replaces it."""
 
     applied_at: float
+    """When the plan was made (its snapshot): its deadline counts from then."""
+    started_at: float | None = None
+    """When its steps began (after the start checks): its projection counts from then, as its
+    time includes the restarts (None: a plan kept by an older runwatch, from ``applied_at``)."""
     datasets: list[str]
     deadline_s: float | None = None
     max_usd: float | None = None
@@ -941,10 +950,11 @@ class Applied(msgspec.Struct, kw_only=True):
     ended_at: float | None = None
 
 
-def save_applied(config: Config, result: Rebalance) -> None:
+def save_applied(config: Config, result: Rebalance, started_at: float) -> None:
     assert result.plan is not None
     applied = Applied(
         applied_at=result.time,
+        started_at=started_at,
         datasets=sorted({d for sh in result.plan.shares for d in sh.datasets}, key=_natural),
         deadline_s=result.deadline_s,
         max_usd=result.max_usd,
@@ -971,15 +981,17 @@ def progress(config: Config, snapshot: Snapshot, comparison: Comparison) -> Plan
     from supervisor.model import PlanProgress
 
     now = snapshot.time
+    started = applied.started_at if applied.started_at is not None else applied.applied_at
     left = {
         dc.work.dataset: dc for dc in comparison.datasets if dc.work.dataset in applied.datasets
     }
     out = PlanProgress(
         applied_at=applied.applied_at,
+        started_at=started,
         datasets=applied.datasets,
         deadline_at=None if applied.deadline_s is None else applied.applied_at + applied.deadline_s,
         max_usd=applied.max_usd,
-        projected_end=applied.applied_at + applied.projected_s,
+        projected_end=started + applied.projected_s,
         projected_err=applied.projected_err,
         projected_usd=applied.projected_usd,
     )
@@ -994,11 +1006,11 @@ def progress(config: Config, snapshot: Snapshot, comparison: Comparison) -> Plan
                 if d.name in applied.datasets
             ]  # fmt: skip
             idle = min((d.idle_s for d in views), default=0.0)
-            applied.ended_at = max(applied.applied_at, now - idle)
+            applied.ended_at = max(started, now - idle)
             with contextlib.suppress(OSError):
                 write_private(plan_path(config), msgspec.json.encode(applied))
         out.ended_at = applied.ended_at
-        took = applied.ended_at - applied.applied_at
+        took = applied.ended_at - started
         off = (took / applied.projected_s - 1) * 100 if applied.projected_s > 0 else 0.0
         out.will_miss = out.deadline_at is not None and applied.ended_at > out.deadline_at
         out.text = (

@@ -137,6 +137,7 @@ class CompareScreen(Screen[None]):
             "m",
             "move_aside",
             "Move aside",
+            show=False,  # the plan row shows it and its state; the footer keeps Quit at 80 cols
             tooltip="Plan with --move-aside (on/off): a run may restart over data of an earlier "
             "format by renaming that data aside (nothing is deleted; the dataset starts afresh)",
         ),
