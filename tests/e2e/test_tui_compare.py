@@ -230,3 +230,55 @@ async def test_m_toggles_moving_data_aside_for_the_plan_as_the_cli_flag_does(
             console.print(widget.content)
         help_text = " ".join(console.export_text().split())
         assert "m Move aside" in help_text and "renaming that data aside" in help_text
+
+
+async def test_the_compare_screen_shows_a_move_the_start_checks_refuse_never_proposes_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The API run's config names the GPU run's model (``--model``), but its running process was
+    started without it (its endpoint names none: an unknown model). Restarted with datasets of
+    the GPU run, it would continue their data with another model than the process that runs
+    now: the start's fingerprint check refuses it. The screen's plan checks every start first:
+    those moves are shown refused with the check's reason, none is proposed, nothing stopped."""
+    from textual.widgets import Button
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    config = compare_config()
+    api = config.runs[1]
+    runs = [config.runs[0], msgspec.structs.replace(api, argv=[*api.argv, "--model", LOCAL_MODEL])]
+    config = msgspec.structs.replace(config, runs=runs)
+    engine = FixedEngine(config=config)
+
+    def current(run: RunView) -> RunView:  # B3's legacy data converted: no run is frozen
+        datasets = [msgspec.structs.replace(d, verdict="current") for d in run.datasets]
+        return msgspec.structs.replace(run, datasets=datasets)
+
+    engine.snapshot = msgspec.structs.replace(
+        engine.snapshot,
+        hosts=[
+            msgspec.structs.replace(
+                h, connected=True, stale=False, error=None, runs=[current(r) for r in h.runs]
+            )
+            for h in engine.snapshot.hosts
+        ],
+    )
+    app: RunwatchApp = make_app(config, engine)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(lambda: app.refreshes >= 1, what="the first snapshot")
+        await pilot.press("C")
+        await wait_for(lambda: isinstance(app.screen, CompareScreen), what="the compare screen")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        await wait_for(lambda: screen.comparison is not None, what="the comparison")
+        await pilot.press("p")
+        result = await wait_for(lambda: _plan_of(screen), what="the checked plan")
+        shown = str(screen.query_one("#plan-text", Static).render())
+        assert result.gate_refused, shown
+        assert all(m.to_run == "eagle3-api" for m in result.gate_refused)
+        assert not any(m.to_run == "eagle3-api" for m in result.moves), result.moves
+        assert "refused by the start checks" in shown
+        for m in result.gate_refused:
+            assert m.reason.startswith("fingerprint: "), m
+            assert f"model None -> '{LOCAL_MODEL}'" in m.reason, m
+        assert screen.query_one("#apply", Button).disabled == (not result.steps)
+        assert engine.kills == []
