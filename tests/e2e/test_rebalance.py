@@ -575,7 +575,8 @@ def test_a_move_the_start_checks_refuse_is_shown_refused_with_their_reason_never
     through the gate's checks first (dry: nothing stops or starts): each such move is listed as
     refused with the gate's reason and the plan keeps the datasets where they are. With the API
     run's launch spec at 0.5 (``launch --set temperature=0.5``), its start passes the same checks
-    and the move is proposed."""
+    and the move is proposed; with a value its client rejects (``--concurrency x``), the
+    preflight check refuses it the same way."""
     import asyncio
 
     from supervisor import launchspec
@@ -630,3 +631,15 @@ def test_a_move_the_start_checks_refuse_is_shown_refused_with_their_reason_never
     _, same, _, _ = asyncio.run(propose())
     assert same.gate_refused == [], same.gate_refused
     assert {m.dataset for m in same.moves if m.to_run == "cloud"} == to_cloud, same.moves
+
+    # The taker's start refused for a value its client rejects (not the fingerprint): the same.
+    launchspec.save(
+        config.key,
+        launchspec.LaunchSpec(run="cloud", sets=[("--temperature", "0.5"), ("--concurrency", "x")]),
+    )
+    _, bad, before, after = asyncio.run(propose())
+    assert before == after and bad.refused is None
+    assert not any(m.to_run == "cloud" for m in bad.moves), bad.moves
+    assert {m.dataset for m in bad.gate_refused} >= to_cloud, bad.gate_refused
+    for m in bad.gate_refused:
+        assert m.reason.startswith("preflight: ") and "--concurrency" in m.reason, m
