@@ -115,9 +115,9 @@ if TYPE_CHECKING:
     from supervisor.plan import Action, ActionResult, OnStep, Plan, Step
     from supervisor.rebalance import Rebalance, parse_deadline
     from supervisor.rebalance import apply as apply_rebalance
+    from supervisor.rebalance import checked_plan as plan_rebalance
     from supervisor.rebalance import describe as describe_rebalance
     from supervisor.rebalance import gather as gather_rebalance
-    from supervisor.rebalance import plan_for as plan_rebalance
     from supervisor.samples import LatestSamples, SamplePreview
     from supervisor.slurm import describe as describe_job
     from supervisor.supervision import Supervision, Tick
@@ -159,7 +159,7 @@ _LAZY: dict[str, str] = {
     "apply_rebalance": "supervisor.rebalance:apply",
     "describe_rebalance": "supervisor.rebalance:describe",
     "gather_rebalance": "supervisor.rebalance:gather",
-    "plan_rebalance": "supervisor.rebalance:plan_for",
+    "plan_rebalance": "supervisor.rebalance:checked_plan",
     "LatestSamples": "supervisor.samples",
     "SamplePreview": "supervisor.samples",
     "describe_job": "supervisor.slurm:describe",

@@ -35,18 +35,40 @@ SAMPLING_FLAGS = (
 MODEL_FLAGS = ("--model", "--model-name")
 
 
-def model_of(argv: Sequence[str], endpoint_model: str | None) -> str | None:
-    """The model a command line generates with, as its fingerprint records it: the last of its
-    model flags given (``--model-name`` over ``--model``), else its endpoint's model."""
+def model_of(
+    argv: Sequence[str], endpoint_model: str | None, model_flags: Sequence[str] = ()
+) -> str | None:
+    """The model a command line generates with, as its fingerprint records it: the last given of
+    its model flags (``--model-name`` over ``--model``, and the client profile's own spellings,
+    ``model_flags``, over both), else its endpoint's model."""
     model = None
-    for f in MODEL_FLAGS:
+    for f in [*MODEL_FLAGS, *(f for f in model_flags if f not in MODEL_FLAGS)]:
         model = argflags.value(list(argv), f) or model
     return model if model is not None else endpoint_model
 
 
+def run_model(run: RunConfig, argv: Sequence[str], config: Config) -> str | None:
+    """The model ``run`` generates with on ``argv`` (its effective argv: the config's with its
+    launch spec and overrides), read with its client profile's model flags: the one reader of a
+    run's model, for the start's fingerprint and for rebalance alike."""
+    from supervisor import clients  # here: clients imports the config this module reads
+
+    profile = clients.client_of(config, run, argv)
+    endpoint = config.endpoint(run.endpoint).model if run.endpoint else None
+    return model_of(argv, endpoint, profile.flags.model)
+
+
+def model_changed(old: str | None, new: str | None) -> bool:
+    """Data made with model ``old`` may not be continued with model ``new`` (unless the model
+    change is allowed): the one rule of the start's fingerprint check and of rebalance. An
+    unknown model (None) is a model like any other: data of an unknown model does not continue
+    with a named one, nor the other way round."""
+    return old != new
+
+
 def fingerprint_of(run: RunConfig, argv: Sequence[str], config: Config) -> dict[str, Any]:
     """What makes the run's data what it is (without the prompt hashes, which the host adds)."""
-    model = model_of(argv, config.endpoint(run.endpoint).model if run.endpoint else None)
+    model = run_model(run, argv, config)
     sampling = {}
     for f in SAMPLING_FLAGS:
         v = argflags.value(argv, f)
@@ -82,7 +104,7 @@ def compare_fingerprints(
     changes: list[tuple[set[str], str]] = []
     if stored is None:
         return [], []
-    if stored.get("model") != new.get("model"):
+    if model_changed(stored.get("model"), new.get("model")):
         changes.append(({"model"}, f"model {stored.get('model')!r} -> {new.get('model')!r}"))
     if stored.get("format") is not None and stored.get("format") != new.get("format"):
         changes.append(({"format"}, f"format {stored.get('format')} -> {new.get('format')}"))

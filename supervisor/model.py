@@ -480,6 +480,9 @@ class PlanProgress(msgspec.Struct, kw_only=True):
     """An applied ``runwatch rebalance`` plan against what happens (``supervisor.rebalance``)."""
 
     applied_at: float
+    """When the plan was made (its deadline counts from then)."""
+    started_at: float | None = None
+    """When its steps began (its projection counts from then)."""
     datasets: list[str] = []
     """The datasets the plan split."""
     deadline_at: float | None = None

@@ -58,8 +58,9 @@ class Slot(msgspec.Struct, kw_only=True):
     """The run cannot be restarted as it is (a dataset's data is not in the current format):
     it neither gives nor takes datasets."""
     model: str | None = None
-    """The model the run generates with (its ``--model`` flag, else its endpoint's model): a
-    dataset moves only between runs of the same model (the gate refuses a change of model)."""
+    """The model the run generates with, as the start's fingerprint reads it
+    (``fingerprint.run_model`` on its launch argv): a dataset moves only between runs of the
+    same model (``fingerprint.model_changed``; the gate refuses a change of model)."""
 
 
 class Share(msgspec.Struct, kw_only=True):
@@ -97,6 +98,16 @@ class Move(msgspec.Struct, kw_only=True):
     to_run: str
 
 
+class RefusedMove(msgspec.Struct, kw_only=True):
+    """A move the gate refuses (its dry checks of the start that would make it): never
+    proposed."""
+
+    dataset: str
+    from_run: str | None
+    to_run: str
+    reason: str
+
+
 class Step(msgspec.Struct, kw_only=True):
     """One action of the plan, in order: runs that give datasets away go first."""
 
@@ -127,6 +138,8 @@ class Rebalance(msgspec.Struct, kw_only=True):
     refused: str | None = None
     kept: dict[str, str] = {}
     """Runs and datasets left as they are, and why."""
+    gate_refused: list[RefusedMove] = []
+    """Moves the gate's checks refused: the plan was made again without them."""
 
 
 def _share(slot: Slot, datasets: Sequence[str], est: dict[tuple[str, str], Estimate]) -> Share:
@@ -210,9 +223,11 @@ def plan(
     kept: dict[str, str] | None = None,
     pinned: dict[str, str] | None = None,
     allow_model_change: bool = False,
+    refused_moves: dict[tuple[str, str], str] | None = None,
 ) -> Rebalance:
     """The best split of the compared datasets between ``slots`` (pure). ``pinned`` datasets
-    (and why) stay with the run that writes them: their time still counts there."""
+    (and why) stay with the run that writes them: their time still counts there.
+    ``refused_moves`` (``(dataset, run)`` -> the gate's reason) are moves never made."""
     out = Rebalance(time=comparison.time, deadline_s=deadline_s, max_usd=max_usd)
     out.kept = dict(kept or {})
     for name, why in comparison.skipped.items():
@@ -246,12 +261,16 @@ def plan(
     home = [next(i for i, s in enumerate(slots) if d in s.datasets) for d in datasets]
     pinned = pinned or {}
     fixed = [j for j, d in enumerate(datasets) if d in pinned]
+    no_go = refused_moves or {}
     for d, why in pinned.items():
         out.kept.setdefault(d, f"stays with its run: {why}")
 
     def allowed(choice: Sequence[int]) -> bool:
         return (
             not any(choice[j] != home[j] for j in fixed)
+            and not any(
+                i != home[j] and (datasets[j], slots[i].run) in no_go for j, i in enumerate(choice)
+            )
             and not any(slots[i].frozen and i != home[j] for j, i in enumerate(choice))
             and (
                 allow_model_change
@@ -417,14 +436,17 @@ def slots_from(
     cannot move (data not in the current format: the run that takes it would refuse to start
     on it), and a refusal (a host of such a run is down: its datasets' state is unknown)."""
     from supervisor.clients import client_of
-    from supervisor.fingerprint import model_of
+    from supervisor.fingerprint import run_model
+    from supervisor.launchspec import launch_argv
 
     views = {(h.name, r.name): (h, r) for h in snapshot.hosts for r in h.runs}
     slots: list[Slot] = []
     kept: dict[str, str] = {}
     pinned: dict[str, str] = {}
     for run in config.runs:
-        profile = client_of(config, run)
+        # What a start of the run would run: the config's argv with its launch spec.
+        argv = launch_argv(config, run)
+        profile = client_of(config, run, argv)
         if run.endpoint is None:
             kept[run.name] = "the run names no endpoint (`endpoint = ...` in its [[runs]] table)"
             continue
@@ -458,7 +480,7 @@ def slots_from(
                 kind=ep.kind if ep is not None else "api",
                 datasets=[d.name for d in view.datasets],
                 running=view.state == "running",
-                model=model_of(run.argv, ep.model if ep is not None else None),
+                model=run_model(run, argv, config),
             )
         )
         ok = _MOVABLE + (_ASIDE if move_aside else ())
@@ -487,9 +509,10 @@ def slots_from(
 
 
 def _other_model(a: Slot, b: Slot) -> bool:
-    """Both runs name their model, and the names differ (as the start's fingerprint check
-    compares them); an unknown model blocks nothing here."""
-    return a.model is not None and b.model is not None and a.model != b.model
+    """Data of ``b``'s model may not continue in ``a``: the start's fingerprint rule."""
+    from supervisor.fingerprint import model_changed
+
+    return model_changed(b.model, a.model)
 
 
 def parse_deadline(text: str) -> float:
@@ -512,9 +535,11 @@ def describe(result: Rebalance) -> list[str]:
     """The plan in words, each option beside it."""
     lines: list[str] = []
     if result.refused:
-        return [f"refused: {result.refused}"] + [
-            f"  kept: {k}: {v}" for k, v in result.kept.items()
-        ]
+        return (
+            [f"refused: {result.refused}"]
+            + [f"  kept: {k}: {v}" for k, v in result.kept.items()]
+            + _refused_lines(result)
+        )
     assert result.plan is not None
     head = "finish"
     if result.deadline_s is not None:
@@ -550,7 +575,20 @@ def describe(result: Rebalance) -> list[str]:
         lines.append("nothing to move: the runs already hold the best split")
     for k, v in result.kept.items():
         lines.append(f"  kept as it is: {k}: {v}")
+    lines += _refused_lines(result)
     return lines
+
+
+def _refused_lines(result: Rebalance) -> list[str]:
+    """The moves the start checks refused, those of one reason together."""
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for m in result.gate_refused:
+        grouped.setdefault((m.from_run or "-", m.to_run, m.reason), []).append(m.dataset)
+    return [
+        f"  refused by the start checks: {', '.join(ds)} from {src} to {dst}: "
+        + reason.replace("\n", " ")
+        for (src, dst, reason), ds in grouped.items()
+    ]
 
 
 # --------------------------------------------------------------------------- carrying it out
@@ -562,6 +600,8 @@ class StepOutcome(msgspec.Struct, kw_only=True):
     ok: bool
     detail: str
     rolled_back: bool = False
+    at: float | None = None
+    """When the step ended (Unix time): a run that takes datasets writes them from then."""
 
 
 async def apply(
@@ -586,20 +626,14 @@ async def apply(
     outcomes: list[StepOutcome] = []
     # 1. Every start's own checks first (flags, values, format, budget, key), while nothing has
     # stopped: a plan that would fail half-way is refused whole.
-    stopped_first = {st.run for st in result.steps if st.action == "stop"}
-    for st in result.steps:
-        if st.action != "stop":
-            # A run stopped by an earlier step and launched again is checked as a restart of
-            # the process that runs now.
-            act = "restart" if st.run in stopped_first else st.action
-            problem = await _precheck(
-                engine, st.run, act, st.datasets, result.move_aside, result.allow_model_change
-            )
-            if problem is not None:
-                say(f"check of {st.action} {st.run} FAILED: {problem}")
-                outcomes.append(StepOutcome(run=st.run, action=st.action, ok=False, detail=problem))
+    for st, problem in await check_steps(engine, result):
+        say(f"check of {st.action} {st.run} FAILED: {problem}")
+        outcomes.append(StepOutcome(run=st.run, action=st.action, ok=False, detail=problem))
     failed: StepOutcome | None = outcomes[0] if outcomes else None
     done: list[tuple[Step, StepOutcome]] = []
+    # The projection counts from here: planning and checking took what they took (a plan made
+    # on the compare screen may be applied long after).
+    started_at = time.time()
     # 2. The steps, in order (givers first); the first failure stops the plan.
     for st in result.steps if failed is None else []:
         say(
@@ -613,6 +647,7 @@ async def apply(
             result.move_aside,
             allow_model_change=result.allow_model_change,
         )
+        out.at = time.time()
         outcomes.append(out)
         say(f"  {'ok' if out.ok else 'FAILED'}: {out.detail}")
         if not out.ok:
@@ -640,7 +675,7 @@ async def apply(
             out.rolled_back = undo.ok
             say(f"  {'ok' if undo.ok else 'FAILED'}: {undo.detail}")
     if failed is None:
-        save_applied(engine.config, result)
+        save_applied(engine.config, result, started_at)
     audit.record(
         "rebalance",
         config=engine.config.key,
@@ -657,6 +692,25 @@ async def apply(
 
 
 _CHECKS = ("preflight", "format-check", "fingerprint")
+
+
+async def check_steps(engine: Any, result: Rebalance) -> list[tuple[Step, str]]:
+    """The gate's dry checks of every start of the plan (``_CHECKS``: flags, values, format,
+    fingerprint), while nothing has stopped; nothing is changed. The steps refused, and why."""
+    refused: list[tuple[Step, str]] = []
+    stopped_first = {st.run for st in result.steps if st.action == "stop"}
+    for st in result.steps:
+        if st.action == "stop":
+            continue
+        # A run stopped by an earlier step and launched again is checked as a restart of the
+        # process that runs now.
+        act = "restart" if st.run in stopped_first else st.action
+        problem = await _precheck(
+            engine, st.run, act, st.datasets, result.move_aside, result.allow_model_change
+        )
+        if problem is not None:
+            refused.append((st, problem))
+    return refused
 
 
 async def _plan(
@@ -764,7 +818,6 @@ async def gather(
     """Refresh (again every ``refresh_seconds``, for at most ``sample_s``, while a running run
     has no rate yet: as ``compare`` does), compare, and plan."""
     import asyncio
-    import time
 
     from supervisor.bench.history import load_history
     from supervisor.compare import comparison_from, waiting_for_rates
@@ -774,8 +827,9 @@ async def gather(
     while waiting_for_rates(config, snapshot) and time.monotonic() - start < sample_s:
         await asyncio.sleep(max(0.2, config.refresh_seconds))  # the measuring interval
         snapshot = await engine.refresh()
-    return plan_for(
+    return await checked_plan(
         config,
+        engine,
         snapshot,
         comparison_from(config, snapshot, load_history()),
         deadline_s=deadline_s,
@@ -783,6 +837,58 @@ async def gather(
         move_aside=move_aside,
         allow_model_change=allow_model_change,
     )
+
+
+async def checked_plan(
+    config: Config,
+    engine: Any,
+    snapshot: Snapshot,
+    comparison: Comparison,
+    *,
+    deadline_s: float | None,
+    max_usd: float | None,
+    move_aside: bool = False,
+    allow_model_change: bool = False,
+) -> Rebalance:
+    """The plan for a snapshot and its comparison, every start of it passed through the gate's
+    dry checks (:func:`check_steps`) before it is shown: a move whose start the gate refuses is
+    never proposed. It is listed in ``gate_refused`` with the gate's reason and the plan is made
+    again without it, until every start passes; a start refused for a reason no move causes
+    refuses the plan."""
+    refused_moves: dict[tuple[str, str], str] = {}
+    gate_refused: list[RefusedMove] = []
+    while True:
+        result = plan_for(
+            config,
+            snapshot,
+            comparison,
+            deadline_s=deadline_s,
+            max_usd=max_usd,
+            move_aside=move_aside,
+            allow_model_change=allow_model_change,
+            refused_moves=refused_moves,
+        )
+        result.gate_refused = gate_refused
+        problems = await check_steps(engine, result) if result.steps else []
+        if not problems:
+            return result
+        before = len(refused_moves)
+        for st, problem in problems:
+            # The moves that make this start: those into the run, else those out of it.
+            into = [m for m in result.moves if m.to_run == st.run]
+            for m in into or [m for m in result.moves if m.from_run == st.run]:
+                if (m.dataset, m.to_run) not in refused_moves:
+                    refused_moves[(m.dataset, m.to_run)] = problem
+                    gate_refused.append(
+                        RefusedMove(
+                            dataset=m.dataset, from_run=m.from_run, to_run=m.to_run, reason=problem
+                        )
+                    )
+        if len(refused_moves) == before:
+            # No move of the plan causes it: the start is refused whatever the split.
+            st, problem = problems[0]
+            result.refused = f"the start checks refuse {st.action} {st.run}: {problem}"
+            return result
 
 
 def plan_for(
@@ -794,8 +900,10 @@ def plan_for(
     max_usd: float | None,
     move_aside: bool = False,
     allow_model_change: bool = False,
+    refused_moves: dict[tuple[str, str], str] | None = None,
 ) -> Rebalance:
-    """The plan for a snapshot and its comparison the caller already has (pure, instant)."""
+    """The plan for a snapshot and its comparison the caller already has (pure, instant; not
+    checked by the gate: :func:`checked_plan` is)."""
     slots, kept, pinned, refused = slots_from(config, snapshot, move_aside)
     if refused is not None:
         return Rebalance(
@@ -809,6 +917,7 @@ def plan_for(
         kept=kept,
         pinned=pinned,
         allow_model_change=allow_model_change,
+        refused_moves=refused_moves,
     )
     result.time = snapshot.time
     result.move_aside = move_aside
@@ -828,6 +937,10 @@ class Applied(msgspec.Struct, kw_only=True):
     """What ``--apply`` carried out, kept until the next plan replaces it."""
 
     applied_at: float
+    """When the plan was made (its snapshot): its deadline counts from then."""
+    started_at: float | None = None
+    """When its steps began (after the start checks): its projection counts from then, as its
+    time includes the restarts (None: a plan kept by an older runwatch, from ``applied_at``)."""
     datasets: list[str]
     deadline_s: float | None = None
     max_usd: float | None = None
@@ -837,10 +950,11 @@ class Applied(msgspec.Struct, kw_only=True):
     ended_at: float | None = None
 
 
-def save_applied(config: Config, result: Rebalance) -> None:
+def save_applied(config: Config, result: Rebalance, started_at: float) -> None:
     assert result.plan is not None
     applied = Applied(
         applied_at=result.time,
+        started_at=started_at,
         datasets=sorted({d for sh in result.plan.shares for d in sh.datasets}, key=_natural),
         deadline_s=result.deadline_s,
         max_usd=result.max_usd,
@@ -867,15 +981,17 @@ def progress(config: Config, snapshot: Snapshot, comparison: Comparison) -> Plan
     from supervisor.model import PlanProgress
 
     now = snapshot.time
+    started = applied.started_at if applied.started_at is not None else applied.applied_at
     left = {
         dc.work.dataset: dc for dc in comparison.datasets if dc.work.dataset in applied.datasets
     }
     out = PlanProgress(
         applied_at=applied.applied_at,
+        started_at=started,
         datasets=applied.datasets,
         deadline_at=None if applied.deadline_s is None else applied.applied_at + applied.deadline_s,
         max_usd=applied.max_usd,
-        projected_end=applied.applied_at + applied.projected_s,
+        projected_end=started + applied.projected_s,
         projected_err=applied.projected_err,
         projected_usd=applied.projected_usd,
     )
@@ -890,11 +1006,11 @@ def progress(config: Config, snapshot: Snapshot, comparison: Comparison) -> Plan
                 if d.name in applied.datasets
             ]  # fmt: skip
             idle = min((d.idle_s for d in views), default=0.0)
-            applied.ended_at = max(applied.applied_at, now - idle)
+            applied.ended_at = max(started, now - idle)
             with contextlib.suppress(OSError):
                 write_private(plan_path(config), msgspec.json.encode(applied))
         out.ended_at = applied.ended_at
-        took = applied.ended_at - applied.applied_at
+        took = applied.ended_at - started
         off = (took / applied.projected_s - 1) * 100 if applied.projected_s > 0 else 0.0
         out.will_miss = out.deadline_at is not None and applied.ended_at > out.deadline_at
         out.text = (

@@ -241,6 +241,9 @@ class FixedHost:
         if op == "tail_log":
             lines = [f"[00:0{i}:00] B2 wrote 50 responses ({i * 50} total)" for i in range(1, 6)]
             return {"path": params["path"], "exists": True, "size": 1000, "lines": lines}
+        if op == "read_fingerprint":
+            # No launch recorded a fingerprint here: the start's check has nothing to compare.
+            return {"fingerprints": {}, "hashes": {}}
         raise NotImplementedError(op)
 
 
@@ -295,6 +298,7 @@ class FixedEngine:
         action: Action = "restart",
         overrides: Iterable[str] | Iterable[tuple[str, str]] = (),
         move_aside: bool = False,
+        force: bool = False,
         allow_change: Iterable[str] = (),
         environ: dict[str, str] | None = None,
     ) -> Plan:
@@ -307,6 +311,7 @@ class FixedEngine:
             action=action,
             overrides=overrides,
             move_aside=move_aside,
+            force=force,
             allow_change=allow_change,
             environ=environ,
         )

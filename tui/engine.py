@@ -62,6 +62,7 @@ class EngineLike(Protocol):
         action: Action = "restart",
         overrides: Iterable[str] | Iterable[tuple[str, str]] = (),
         move_aside: bool = False,
+        force: bool = False,
         allow_change: Iterable[str] = (),
         environ: dict[str, str] | None = None,
     ) -> Plan:

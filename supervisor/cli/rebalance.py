@@ -78,6 +78,8 @@ def rebalance(
     Times and costs come from `runwatch compare`'s measurements, each with its error; "as now"
     and "all on <endpoint>" are shown beside the plan. A run moves whole datasets, through its
     client's dataset flag, and a dataset resumes from its records in the run that takes it.
+    Every start of the plan passes the gate's checks (dry) before the plan is shown: a move they
+    refuse is listed with their reason, never proposed.
     """
     from supervisor.engine import (
         Engine,

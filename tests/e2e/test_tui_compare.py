@@ -3,21 +3,26 @@ columns, the full headers where there is room, and the layout follows a resize."
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import msgspec
 import pytest
+from rich.console import Console
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
-from supervisor.config import load_config
-from supervisor.engine import Engine
+from supervisor.config import Config, load_config
+from supervisor.engine import Engine, Rebalance
 from supervisor.model import RunView
 from tests.fixtures_config import write_local_config
 from tests.fixtures_tui import FixedEngine, compare_config
 from tests.waiting import wait_for
 from tui.app import RunwatchApp, make_app
 from tui.screens.compare import CompareScreen
+
+LOCAL_MODEL = "moonshotai/Kimi-K2.5"
+"""The GPU run's model (``--model`` of the fixed config's GPU run)."""
 
 
 def _labels(table: DataTable[object]) -> list[str]:
@@ -92,6 +97,15 @@ output_dir = "out"
         assert screen.query_one("#table", DataTable).row_count == 0
 
 
+def _one_model_config() -> Config:
+    """The compare config with the API endpoint serving the GPU run's model: the API run (no
+    ``--model``: its endpoint's model) may take the GPU run's datasets (the start's fingerprint
+    refuses a change of model)."""
+    config = compare_config()
+    endpoints = [msgspec.structs.replace(config.endpoints[1], model=LOCAL_MODEL)]
+    return msgspec.structs.replace(config, endpoints=[config.endpoints[0], *endpoints])
+
+
 async def test_the_compare_screen_plans_a_split_and_asks_before_applying_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -102,8 +116,9 @@ async def test_the_compare_screen_plans_a_split_and_asks_before_applying_it(
     from tui.screens.confirm import ConfirmScreen
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    engine = FixedEngine(config=compare_config())
-    app: RunwatchApp = make_app(compare_config(), engine)
+    config = _one_model_config()
+    engine = FixedEngine(config=config)
+    app: RunwatchApp = make_app(config, engine)
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(lambda: app.refreshes >= 1, what="the first snapshot")
         await pilot.press("C")
@@ -151,3 +166,119 @@ async def test_the_compare_screen_plans_a_split_and_asks_before_applying_it(
         await pilot.press("escape")
         await wait_for(lambda: app.screen is screen, what="back on the compare screen")
         assert engine.kills == [] and not screen.applying
+
+
+def _plan_of(screen: CompareScreen) -> Rebalance | None:
+    """The plan the screen holds now (read afresh: a key may have dropped it)."""
+    return screen.rebalance
+
+
+async def test_m_toggles_moving_data_aside_for_the_plan_as_the_cli_flag_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """B3 holds data of the legacy format: without moving aside, the plan keeps B3 with its run
+    and says to pass --move-aside; ``m`` turns moving aside on (the plan row says so, ``?``
+    explains the key), and the next plan is made with it (B3's data would be renamed aside, so
+    B3 may move); ``m`` again turns it off and drops the plan made the other way."""
+    from textual.widgets import Button, Label
+
+    from tui.screens.help import HelpScreen
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    config = _one_model_config()
+    engine = FixedEngine(config=config)
+    engine.snapshot = msgspec.structs.replace(
+        engine.snapshot,
+        hosts=[
+            msgspec.structs.replace(h, connected=True, stale=False, error=None)
+            for h in engine.snapshot.hosts
+        ],
+    )
+    app: RunwatchApp = make_app(config, engine)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(lambda: app.refreshes >= 1, what="the first snapshot")
+        await pilot.press("C")
+        await wait_for(lambda: isinstance(app.screen, CompareScreen), what="the compare screen")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        await wait_for(lambda: screen.comparison is not None, what="the comparison")
+        label = screen.query_one("#move-aside", Label)
+        assert "move aside (m): off" in str(label.render())
+
+        await pilot.press("p")
+        await wait_for(lambda: screen.rebalance is not None, what="the plan without moving aside")
+        assert screen.rebalance is not None and screen.rebalance.move_aside is False
+        assert "pass --move-aside" in screen.rebalance.kept["B3"], screen.rebalance.kept
+
+        await pilot.press("m")
+        await wait_for(lambda: "move aside (m): on" in str(label.render()), what="the toggle")
+        assert _plan_of(screen) is None and screen.query_one("#apply", Button).disabled
+        await pilot.press("p")
+        await wait_for(lambda: screen.rebalance is not None, what="the plan moving aside")
+        aside = screen.rebalance
+        assert aside is not None and aside.move_aside is True
+        assert "B3" not in aside.kept, aside.kept
+
+        await pilot.press("m")
+        await wait_for(lambda: "move aside (m): off" in str(label.render()), what="off again")
+        assert _plan_of(screen) is None
+
+        await pilot.press("question_mark")
+        await wait_for(lambda: isinstance(app.screen, HelpScreen), what="the help screen")
+        console = Console(width=400, file=io.StringIO(), record=True)
+        for widget in app.screen.query(Static):
+            console.print(widget.content)
+        help_text = " ".join(console.export_text().split())
+        assert "m Move aside" in help_text and "renaming that data aside" in help_text
+
+
+async def test_the_compare_screen_shows_a_move_the_start_checks_refuse_never_proposes_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The API run's config names the GPU run's model (``--model``), but its running process was
+    started without it (its endpoint names none: an unknown model). Restarted with datasets of
+    the GPU run, it would continue their data with another model than the process that runs
+    now: the start's fingerprint check refuses it. The screen's plan checks every start first:
+    those moves are shown refused with the check's reason, none is proposed, nothing stopped."""
+    from textual.widgets import Button
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    config = compare_config()
+    api = config.runs[1]
+    runs = [config.runs[0], msgspec.structs.replace(api, argv=[*api.argv, "--model", LOCAL_MODEL])]
+    config = msgspec.structs.replace(config, runs=runs)
+    engine = FixedEngine(config=config)
+
+    def current(run: RunView) -> RunView:  # B3's legacy data converted: no run is frozen
+        datasets = [msgspec.structs.replace(d, verdict="current") for d in run.datasets]
+        return msgspec.structs.replace(run, datasets=datasets)
+
+    engine.snapshot = msgspec.structs.replace(
+        engine.snapshot,
+        hosts=[
+            msgspec.structs.replace(
+                h, connected=True, stale=False, error=None, runs=[current(r) for r in h.runs]
+            )
+            for h in engine.snapshot.hosts
+        ],
+    )
+    app: RunwatchApp = make_app(config, engine)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(lambda: app.refreshes >= 1, what="the first snapshot")
+        await pilot.press("C")
+        await wait_for(lambda: isinstance(app.screen, CompareScreen), what="the compare screen")
+        screen = app.screen
+        assert isinstance(screen, CompareScreen)
+        await wait_for(lambda: screen.comparison is not None, what="the comparison")
+        await pilot.press("p")
+        result = await wait_for(lambda: _plan_of(screen), what="the checked plan")
+        shown = str(screen.query_one("#plan-text", Static).render())
+        assert result.gate_refused, shown
+        assert all(m.to_run == "eagle3-api" for m in result.gate_refused)
+        assert not any(m.to_run == "eagle3-api" for m in result.moves), result.moves
+        assert "refused by the start checks" in shown
+        for m in result.gate_refused:
+            assert m.reason.startswith("fingerprint: "), m
+            assert f"model None -> '{LOCAL_MODEL}'" in m.reason, m
+        assert screen.query_one("#apply", Button).disabled == (not result.steps)
+        assert engine.kills == []

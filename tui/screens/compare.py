@@ -25,9 +25,15 @@ from tui.widgets.format import error_text
 
 if TYPE_CHECKING:
     from supervisor.engine import Rebalance
+    from supervisor.model import Snapshot
     from tui.app import RunwatchApp
 
 DEFAULT_REQUESTS = 20
+
+
+def move_aside_text(on: bool) -> str:
+    """The plan row's note of the move-aside toggle (``m``)."""
+    return f" move aside (m): {'on' if on else 'off'} "
 
 
 def sources_text(comparison: Comparison) -> Text:
@@ -127,6 +133,14 @@ class CompareScreen(Screen[None]):
         Binding("b", "bench", "Bench", tooltip="Measure the selected endpoint now"),
         Binding("p", "plan", "Plan", tooltip="Split the datasets left to finish by the deadline"),
         Binding("a", "apply", "Apply plan", tooltip="Carry the plan out, after confirmation"),
+        Binding(
+            "m",
+            "move_aside",
+            "Move aside",
+            show=False,  # the plan row shows it and its state; the footer keeps Quit at 80 cols
+            tooltip="Plan with --move-aside (on/off): a run may restart over data of an earlier "
+            "format by renaming that data aside (nothing is deleted; the dataset starts afresh)",
+        ),
     ]
 
     def __init__(self) -> None:
@@ -138,6 +152,8 @@ class CompareScreen(Screen[None]):
         self.benching = False
         self.rebalance: Rebalance | None = None
         self.applying = False
+        self.move_aside = False
+        """The plan may rename data of an earlier format aside (``rebalance --move-aside``)."""
 
     @property
     def rw(self) -> RunwatchApp:
@@ -171,6 +187,7 @@ class CompareScreen(Screen[None]):
                 yield Label(" at most $ ", id="usd-label")
                 yield Input(placeholder="none", type="number", id="max-usd", compact=True)
                 yield Button("Plan", id="plan", compact=True)
+                yield Label(move_aside_text(False), id="move-aside")
                 yield Button("Apply", id="apply", variant="warning", compact=True, disabled=True)
             yield Static(id="plan-text")
         yield Footer(compact=True)
@@ -251,9 +268,22 @@ class CompareScreen(Screen[None]):
 
     # ------------------------------------------------------------------ rebalance
 
+    def action_move_aside(self) -> None:
+        """Plan with or without moving data of an earlier format aside; a plan made the other
+        way is dropped (it cannot be applied as it was not made)."""
+        self.move_aside = not self.move_aside
+        self.query_one("#move-aside", Label).update(move_aside_text(self.move_aside))
+        if self.rebalance is not None and not self.applying:
+            self.rebalance = None
+            self.query_one("#apply", Button).disabled = True
+            self.query_one("#plan-text", Static).update(
+                Text("Move aside changed: plan again (p).", style="dim")
+            )
+
     def action_plan(self) -> None:
-        """The split of the datasets left between the runs' endpoints, from what is shown."""
-        from supervisor.engine import describe_rebalance, parse_deadline, plan_rebalance
+        """The split of the datasets left between the runs' endpoints, from what is shown,
+        each of its starts checked by the gate (dry) before it is shown."""
+        from supervisor.engine import parse_deadline
         from supervisor.errors import RunwatchError
 
         snapshot, comparison = self.rw.snapshot, self.comparison
@@ -268,9 +298,41 @@ class CompareScreen(Screen[None]):
         except (RunwatchError, ValueError) as e:
             self.notify(str(e), severity="error")
             return
-        self.rebalance = result = plan_rebalance(
-            self.rw.config, snapshot, comparison, deadline_s=deadline, max_usd=cap
+        self.query_one("#apply", Button).disabled = True
+        self.query_one("#plan-text", Static).update(
+            Text("Checking the plan's starts…", style="dim")
         )
+        self._plan(snapshot, comparison, deadline, cap, self.move_aside)
+
+    @work(exclusive=True, group="plan", exit_on_error=False)
+    async def _plan(
+        self,
+        snapshot: Snapshot,
+        comparison: Comparison,
+        deadline: float | None,
+        cap: float | None,
+        move_aside: bool,
+    ) -> None:
+        from supervisor.engine import describe_rebalance, plan_rebalance
+
+        try:
+            result = await plan_rebalance(
+                self.rw.config,
+                self.rw.engine,
+                snapshot,
+                comparison,
+                deadline_s=deadline,
+                max_usd=cap,
+                move_aside=move_aside,
+            )
+        except Exception as e:  # shown on the screen, never lost
+            self.query_one("#plan-text", Static).update(
+                Text(f"FAILED: {error_text(e)}", style="bold red")
+            )
+            return
+        if self.applying:
+            return
+        self.rebalance = result
         refused = result.refused is not None
         misses = result.plan is not None and result.plan.meets_deadline is False
         self.query_one("#apply", Button).disabled = refused or misses or not result.steps
