@@ -7,7 +7,8 @@ The rules, written once:
 
 - an **option** is an argument that starts with ``-`` (``-m``, ``--model``, ``--model=x``, a
   lone ``-`` too), unless it is a **negative number** (``-`` then a digit: ``-1``, ``-0.5``,
-  ``-3e4``), which is a value;
+  ``-3e4``) or its name (what comes before a ``=``) holds a space (``"--y 2"``, as argparse
+  reads it: "it was meant to be a positional"), which are values;
 - an option's **values** are ``--f=a`` -> ``[a]``, or the arguments after ``--f`` up to the next
   option (``--f a b`` -> ``[a, b]``; ``--f`` alone -> ``[]``);
 - when a flag is given several times, the **last** one counts.
@@ -33,8 +34,9 @@ def is_negative_number(arg: str) -> bool:
 
 
 def is_option(arg: str) -> bool:
-    """True when ``arg`` is an option (``-x``, ``--flag``, ``--flag=v``), not a value."""
-    return arg.startswith("-") and not is_negative_number(arg)
+    """True when ``arg`` is an option (``-x``, ``--flag``, ``--flag=v``), not a value (a negative
+    number, or ``"--y 2"``: a space in the name)."""
+    return arg.startswith("-") and not is_negative_number(arg) and " " not in arg.partition("=")[0]
 
 
 def options(args: Sequence[str]) -> list[tuple[str, list[str]]]:
