@@ -36,7 +36,14 @@ from supervisor.agent.protocol import AGENT_LOADER, MASK, BackupCopy, FileSpec, 
 from supervisor.agentclient import AgentClient, as_data
 from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
 from supervisor.events import stop_key
-from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
+from supervisor.fingerprint import (
+    compare_fingerprints,
+    fingerprint_of,
+    grouped_changes,
+    other_config,
+    stop_command,
+    written_by,
+)
 from supervisor.kill import identity_params
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import Identity
@@ -564,9 +571,26 @@ class _Runner:
         blocking: dict[str, list[str]] = {}
         allowed: dict[str, list[str]] = {}
         sources: set[str] = set()
+        others: dict[str, list[str]] = {}
         for ds in plan.fingerprints:
-            stored = (stored_all.get(ds) or {}).get("fingerprint")
+            entry = stored_all.get(ds) or {}
+            stored = entry.get("fingerprint")
             source = "the last launch"
+            other = other_config(stored, config)
+            if other is not None:
+                live = [int(p) for p in entry.get("live_pids") or []]
+                if live:
+                    raise StepFailed(
+                        f"{ds} is being written by {other} (pids "
+                        f"{', '.join(map(str, live))}, recorded in {entry.get('path')}); "
+                        "nothing was stopped",
+                        f"stop it with its own config ({stop_command(stored or {})}), or give "
+                        f"{plan.run.name} an output dir of its own",
+                    )
+                # Its writer is gone: the record still says how the data in the dataset was
+                # made, so it is compared like this config's own (never an owner that blocks).
+                source = f"the last launch, by {other} (its processes are gone)"
+                others.setdefault(other, []).append(ds)
             if stored is None and from_process is not None:
                 stored, source = from_process, process_source
             if stored is None:
@@ -589,7 +613,14 @@ class _Runner:
                 f"the new launch differs from {where}: " + grouped_changes(blocking),
                 "data generated with different settings would be mixed in one dataset; "
                 "pass --allow-change KEY (model, sampling, temperature..., prompts, format) "
-                "if that is intended",
+                "if that is intended"
+                + (
+                    f", or give {plan.run.name} an output dir of its own (the data there is "
+                    + "; ".join(f"{o}'s: {', '.join(d)}" for o, d in others.items())
+                    + ")"
+                    if others
+                    else ""
+                ),
             )
         step.detail = f"same model, sampling and prompts as {where}" + (
             f" (allowed changes: {grouped_changes(allowed)})" if allowed else ""
@@ -805,7 +836,11 @@ class _Runner:
             "fingerprints": [
                 {
                     "path": path,
-                    "data": dict(fingerprint_of(plan.run, argv, self.engine.config), dataset=ds),
+                    "data": dict(
+                        fingerprint_of(plan.run, argv, self.engine.config),
+                        dataset=ds,
+                        **written_by(self.engine.config),
+                    ),
                     "hash_files": (
                         {ds: layout.prompt_files[ds]} if ds in layout.prompt_files else {}
                     ),

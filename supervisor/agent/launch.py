@@ -341,6 +341,8 @@ def launch(params: dict[str, Any]) -> LaunchResult:
                 "workdir": workdir,
                 "log": log,
                 "launch_id": unit_data["launch_id"],
+                "config_id": str(params.get("config_id") or ""),
+                "run": str(params.get("run") or ""),
                 "time": time.time(),
             }
         )
@@ -399,6 +401,7 @@ def launch(params: dict[str, Any]) -> LaunchResult:
         fp_params.setdefault("workdir", workdir)
         data = dict(fp_params.get("data") or {})
         data["identity"] = dict(identity, argv=mask_argv(identity["argv"], secrets))
+        data["launch_id"] = launch_id  # the unit that writes the data: is it still there?
         if isinstance(data.get("argv"), list):
             data["argv"] = mask_argv([str(a) for a in data["argv"]], secrets)
         fp_params["data"] = data
@@ -435,10 +438,13 @@ def _describe(lock_path: str) -> str:
         return "another launch"
     ident = holder.get("identity")
     if isinstance(ident, dict):
-        return "pid {} (started at tick {}, boot {})".format(
+        return "pid {} (started at tick {}, boot {}{})".format(
             ident.get("pid"),
             ident.get("start_time"),
             str(ident.get("boot_id", ""))[:8],
+            ", run {} of config {}".format(holder["run"], holder.get("config_id") or "?")
+            if holder.get("run")
+            else "",
         )
     return "a launch in progress (agent pid {})".format(holder.get("agent_pid"))
 
@@ -486,7 +492,13 @@ def read_fingerprint(params: dict[str, Any]) -> ReadFingerprintResult:
 
 
 def _read_one(path: str) -> StoredFingerprint:
-    result: StoredFingerprint = {"path": path, "exists": False, "fingerprint": None, "error": None}
+    result: StoredFingerprint = {
+        "path": path,
+        "exists": False,
+        "fingerprint": None,
+        "error": None,
+        "live_pids": [],
+    }
     try:
         with open(path, "rb") as f:
             raw = f.read(1 << 20)
@@ -494,6 +506,7 @@ def _read_one(path: str) -> StoredFingerprint:
         value = json.loads(raw.decode("utf-8"))
         if isinstance(value, dict):
             result["fingerprint"] = value
+            result["live_pids"] = _writer_pids(value)
         else:
             result["error"] = "not a JSON object"
     except FileNotFoundError:
@@ -503,6 +516,26 @@ def _read_one(path: str) -> StoredFingerprint:
     except (UnicodeDecodeError, ValueError) as e:
         result["error"] = f"not JSON: {e}"
     return result
+
+
+def _writer_pids(fingerprint: dict[str, Any]) -> list[int]:
+    """The live processes of the launch that wrote ``fingerprint``: its process (same boot, pid
+    and start time) and the members of its unit. Empty: the writer is provably gone (a unit of
+    this user whose record is gone, or of another boot, has no members; its process is
+    checked by identity, whoever it belongs to)."""
+    found: set[int] = set()
+    ident = fingerprint.get("identity")
+    if isinstance(ident, dict) and is_alive(ident):
+        found.add(int(ident["pid"]))
+    launch_id = fingerprint.get("launch_id")
+    if isinstance(launch_id, str) and launch_id:
+        try:
+            rec = unit.read_record(launch_id)
+        except AgentOpError:  # not a launch id: nothing of ours
+            rec = None
+        if rec is not None:
+            found.update(unit.members(rec))
+    return sorted(found)
 
 
 def write_fingerprint(params: dict[str, Any]) -> WriteFingerprintResult:

@@ -763,6 +763,8 @@ class StoredFingerprint(TypedDict):
     exists: bool
     fingerprint: dict[str, Any] | None
     error: str | None
+    live_pids: list[int]
+    """The live processes of the launch that wrote it (its process and its unit's members)."""
 
 
 class ReadFingerprintResult(TypedDict, total=False):
