@@ -276,6 +276,7 @@ class _Runner:
         out = flagcheck.check(
             flags, plan.spec.sets, lambda f: f not in given, profile, read, self._shown
         )
+        flagcheck.hidden_abbreviations(out, plan.argv, flags, profile, read)
         forcible = out.unconfirmed + out.unsure
         if out.problems or (forcible and not plan.force):
             raise StepFailed(

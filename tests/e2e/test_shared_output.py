@@ -14,8 +14,13 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.fixtures_actions import (
     DemoRun,
@@ -131,3 +136,178 @@ async def test_o11_other_settings_over_a_gone_configs_data_say_whose_data_it_is(
         allowed = await eb.execute(plan)
         assert allowed.ok, why(allowed)
     assert record(a)["config"] == b.config.key
+
+
+# --------------------------------------------------------------------------- attacks on ownership
+
+
+def snapshot_run(snap: Any, name: str = "demo") -> Any:
+    return next(r for h in snap.hosts for r in h.runs if r.name == name)
+
+
+async def test_o12_twins_of_two_configs_in_two_workdirs_each_stop_touches_only_its_own(
+    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+) -> None:
+    """Same script, same datasets, same argv, one run name, two configs, two workdirs: A's kill
+    stops A's client only; B's stays running and is still B's run, and B's restart leaves A's
+    relaunch alone."""
+    a = DemoRun(tmp_path / "a", slow_endpoint.url, max_samples=300)
+    b = DemoRun(tmp_path / "b", slow_endpoint.url, max_samples=300)
+    kill_runs_in += [a.workdir, b.workdir]
+    async with engine_for(a) as ea, engine_for(b) as eb:
+        ra, rb = await launch(ea, "demo"), await launch(eb, "demo")
+        assert ra.ok and rb.ok, why(rb)
+        view_a = snapshot_run(await ea.refresh())
+        assert view_a.process is not None
+        report = await ea.kill(view_a.host, view_a.process.identity, 2.0, run="demo")
+        assert report.all_gone
+        assert rb.identity["pid"] not in {r.pid for r in report.results}
+        assert run_pids(b.workdir) == [rb.identity["pid"]]
+        view_b = snapshot_run(await eb.refresh())
+        assert view_b.state == "running" and view_b.process is not None
+        assert view_b.process.identity.pid == rb.identity["pid"]
+        ra2 = await launch(ea, "demo")
+        assert ra2.ok, why(ra2)
+        rb2 = await restart(eb, "demo")
+        assert rb2.ok, why(rb2)
+        assert run_pids(a.workdir) == [ra2.identity["pid"]]
+        assert run_pids(b.workdir) == [rb2.identity["pid"]]
+
+
+async def test_o12_a_symlinked_output_dir_onto_another_configs_run_is_one_dataset(
+    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+) -> None:
+    """B's ``data`` is a link to A's output dir: while A writes, B's launch and restart are
+    refused (nothing of A's stopped, no second writer); the record read through the link names
+    A's config."""
+    a = DemoRun(tmp_path / "a", slow_endpoint.url, max_samples=300)
+    b = DemoRun(tmp_path / "b", slow_endpoint.url, max_samples=300)
+    kill_runs_in += [a.workdir, b.workdir]
+    (a.workdir / "data").mkdir()
+    (b.workdir / "data").symlink_to(a.workdir / "data")
+    async with engine_for(a) as ea:
+        ra = await launch(ea, "demo")
+        assert ra.ok, why(ra)
+        await asyncio.to_thread(wait_until, lambda: len(a.complete_ids("B1")) >= 1, 60)
+    async with engine_for(b) as eb:
+        for action in (launch, restart):
+            refused = await action(eb, "demo")
+            assert not refused.ok
+            assert refused.failed_step is not None, why(refused)
+            assert f"config {a.config_path}'s run 'demo'" in refused.failed_step.detail
+    assert run_pids(b.workdir) == []
+    assert run_pids(a.workdir) == [ra.identity["pid"]]
+
+
+async def test_o12_a_run_whose_output_dir_is_renamed_while_it_runs_is_never_launched_twice(
+    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+) -> None:
+    """``data`` renamed under a live run (it keeps writing into ``data.moved``): the run is
+    still running, a launch is refused, and a restart stops the old writer before the new
+    one starts in a fresh ``data``."""
+    a = DemoRun(tmp_path / "a", slow_endpoint.url, max_samples=300)
+    kill_runs_in.append(a.workdir)
+    async with engine_for(a) as ea:
+        ra = await launch(ea, "demo")
+        assert ra.ok, why(ra)
+        await asyncio.to_thread(wait_until, lambda: len(a.complete_ids("B1")) >= 1, 60)
+        (a.workdir / "data").rename(a.workdir / "data.moved")
+        moved = a.workdir / "data.moved" / "B1" / "raw_responses.jsonl"
+        size = moved.stat().st_size
+        await asyncio.to_thread(wait_until, lambda: moved.stat().st_size > size, 60)
+        view = snapshot_run(await ea.refresh())
+        assert view.state == "running", view
+        with_error = None
+        try:
+            again = await launch(ea, "demo")
+            assert not again.ok
+        except Exception as e:  # LaunchError: already running
+            with_error = str(e)
+        assert with_error is None or "already running" in with_error
+        assert run_pids(a.workdir) == [ra.identity["pid"]]
+        restarted = await restart(ea, "demo")
+        assert restarted.ok, why(restarted)
+        assert run_pids(a.workdir) == [restarted.identity["pid"]]
+        after = moved.stat().st_size
+        await asyncio.to_thread(wait_until, lambda: len(a.complete_ids("B1")) >= 1, 60)
+        assert moved.stat().st_size == after  # the old writer is gone
+
+
+async def test_o12_a_record_of_an_older_runwatch_is_compared_never_an_owner(
+    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+) -> None:
+    """An older runwatch's record (no config, no unit, the identity of a process long gone)
+    with the same settings: the launch goes ahead, the step names the last launch, and the new
+    record names this config."""
+    a = DemoRun(tmp_path / "a", slow_endpoint.url, max_samples=300)
+    kill_runs_in.append(a.workdir)
+    async with engine_for(a) as ea:
+        ra = await launch(ea, "demo")
+        assert ra.ok, why(ra)
+    await gone_outside(a)
+    side = a.workdir / "data" / ".runwatch"
+    for ds in ("B1", "B2"):
+        old = record(a, ds)
+        for key in ("config", "config_path", "launch_id"):
+            old.pop(key)
+        (side / f"{ds}.launch.json").write_text(json.dumps(old))
+    async with engine_for(a) as ea:
+        again = await launch(ea, "demo")
+        assert again.ok, why(again)
+        step = next(s for s in again.steps if s.name == "fingerprint")
+        assert step.detail == "same model, sampling and prompts as the last launch"
+    assert record(a)["config"] == a.config.key
+
+
+def _cli(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "supervisor.cli", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("first", ["kill", "launch"])
+async def test_o12_a_launch_racing_a_kill_from_another_terminal_leaves_one_writer_at_most(
+    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path], first: str
+) -> None:
+    """``runwatch kill`` and ``runwatch launch`` of one run, started together from two
+    terminals: never two clients at once; the launch exits 0 only when its client is the one
+    left running, and the old client is gone whatever the order."""
+    a = DemoRun(tmp_path / "a", slow_endpoint.url, max_samples=300)
+    kill_runs_in.append(a.workdir)
+    async with engine_for(a) as ea:
+        ra = await launch(ea, "demo")
+        assert ra.ok, why(ra)
+    old = ra.identity["pid"]
+    most = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            most[0] = max(most[0], len(run_pids(a.workdir)))
+            done.wait(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    cfg = str(a.config_path)
+    cmds = {
+        "kill": ("-c", cfg, "kill", "demo", "--yes"),
+        "launch": ("-c", cfg, "launch", "demo", "--yes"),
+    }
+    order = [first, "launch" if first == "kill" else "kill"]
+    procs = {name: _cli(*cmds[name]) for name in order}
+    outs = {name: p.communicate(timeout=180)[0] for name, p in procs.items()}
+    done.set()
+    sampler.join()
+    assert most[0] <= 1, outs
+    assert old not in run_pids(a.workdir), outs
+    assert procs["kill"].returncode == 0, outs["kill"]
+    left = run_pids(a.workdir)
+    if procs["launch"].returncode == 0:
+        assert len(left) == 1 and left[0] != old, outs
+    else:
+        assert left == [], outs
+        assert "already running" in outs["launch"] or "held" in outs["launch"], outs["launch"]
