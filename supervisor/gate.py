@@ -147,7 +147,7 @@ class Gate:
         holder = st.holder or LockHolder()
         if holder.state != "launching" and not st.holder_alive:
             return  # left by a run that is gone: the launch takes it over
-        who = f"pid {holder.identity.pid}" if holder.identity else "a launch in progress"
+        who = holder.who(self.config.key)
         verdict.running = who
         verdict.refuse(
             f"already running: {who} holds the run's lock {st.lock_path}",

@@ -692,7 +692,7 @@ class _Runner:
             )
             if holder.state == "launching" or (other and st.holder_alive):
                 self.taken_over = True
-                who = f"pid {hid.pid}" if hid is not None else "a launch in progress"
+                who = holder.who(self.engine.config.key)
                 raise StepFailed(
                     f"already running: {who} holds the run's lock {path} (started by another "
                     "runwatch or launch)",
@@ -752,8 +752,7 @@ class _Runner:
         st = await self.agent.lock_status(lock_paths=plan.locks)
         if st.held:
             self.taken_over = True
-            hid = st.holder.identity if st.holder else None
-            who = f"pid {hid.pid}" if hid is not None else "a launch in progress"
+            who = (st.holder or LockHolder()).who(self.engine.config.key)
             raise StepFailed(
                 f"already running: {who} holds the lock {st.lock_path}",
                 "nothing was changed or launched; refresh to see the process that runs now",
@@ -825,6 +824,7 @@ class _Runner:
             "workdir": layout.workdir,
             "argv": argv,
             "config_id": self.engine.config.key,
+            "config_path": written_by(self.engine.config)["config_path"],
             "run": plan.run.name,
             "env": plan.env,
             "secret_env": plan.secret_env,

@@ -52,6 +52,7 @@ from supervisor.agent.protocol import (
     ReadFingerprintResult,
     StoredFingerprint,
     WriteFingerprintResult,
+    owner_text,
     param_number,
     param_str,
     param_str_dict,
@@ -276,13 +277,19 @@ def launch(params: dict[str, Any]) -> LaunchResult:
                 "uninspected": users["uninspected"],
                 "lock_path": lock_path,
             }
+        owner = {
+            "config_id": str(params.get("config_id") or ""),
+            "config_path": str(params.get("config_path") or ""),
+            "run": str(params.get("run") or ""),
+        }
         write_all(
-            {
-                "state": "launching",
-                "agent_pid": os.getpid(),
-                "boot_id": boot_id(),
-                "time": time.time(),
-            }
+            dict(
+                owner,
+                state="launching",
+                agent_pid=os.getpid(),
+                boot_id=boot_id(),
+                time=time.time(),
+            )
         )
         try:
             log_fd = safefs.open_private(log, os.O_WRONLY | os.O_APPEND)
@@ -341,9 +348,8 @@ def launch(params: dict[str, Any]) -> LaunchResult:
                 "workdir": workdir,
                 "log": log,
                 "launch_id": unit_data["launch_id"],
-                "config_id": str(params.get("config_id") or ""),
-                "run": str(params.get("run") or ""),
                 "time": time.time(),
+                **owner,
             }
         )
     finally:
@@ -438,15 +444,16 @@ def _describe(lock_path: str) -> str:
         return "another launch"
     ident = holder.get("identity")
     if isinstance(ident, dict):
-        return "pid {} (started at tick {}, boot {}{})".format(
+        return "pid {} (started at tick {}, boot {}){}".format(
             ident.get("pid"),
             ident.get("start_time"),
             str(ident.get("boot_id", ""))[:8],
-            ", run {} of config {}".format(holder["run"], holder.get("config_id") or "?")
-            if holder.get("run")
-            else "",
+            owner_text(holder.get("run"), holder.get("config_id"), holder.get("config_path")),
         )
-    return "a launch in progress (agent pid {})".format(holder.get("agent_pid"))
+    return "a launch in progress (agent pid {}){}".format(
+        holder.get("agent_pid"),
+        owner_text(holder.get("run"), holder.get("config_id"), holder.get("config_path")),
+    )
 
 
 # --------------------------------------------------------------------------- fingerprint

@@ -311,3 +311,25 @@ async def test_o12_a_launch_racing_a_kill_from_another_terminal_leaves_one_write
     else:
         assert left == [], outs
         assert "already running" in outs["launch"] or "held" in outs["launch"], outs["launch"]
+
+
+async def test_o11_two_configs_launching_one_dataset_at_once_start_one_and_name_it(
+    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+) -> None:
+    """A's and B's launches of runs sharing an output dir, at the same instant: exactly one
+    client starts; the other launch is refused by the dataset's lock, naming the other
+    config's run and how to stop it there."""
+    a = DemoRun(tmp_path / "a", slow_endpoint.url, max_samples=300)
+    kill_runs_in.append(a.workdir)
+    b = twin_config(a, tmp_path / "b")
+    async with engine_for(a) as ea, engine_for(b) as eb:
+        ra, rb = await asyncio.gather(launch(ea, "demo"), launch(eb, "demo"))
+    assert [ra.ok, rb.ok].count(True) == 1, (why(ra), why(rb))
+    won, lost, loser = (ra, rb, b) if ra.ok else (rb, ra, a)
+    winner = a if loser is b else b
+    assert run_pids(a.workdir) == [won.identity["pid"]]
+    step = lost.failed_step
+    assert step is not None, why(lost)
+    assert f"run 'demo' of config {winner.config_path}" in step.detail, why(lost)
+    assert f"runwatch -c {winner.config_path} kill demo" in step.detail
+    assert record(a)["config"] == winner.config.key
