@@ -737,3 +737,69 @@ async def test_o12_a_writer_escaped_from_a_run_killed_outside_blocks_another_con
         ok = await actions.launch(eb, "r")
         assert ok.ok, why(ok)
         stop_units.append((await snapshot_run(eb, "r")).last_unit.launch_id)
+
+
+async def test_o12_an_adopted_runs_escaped_daemon_keeps_its_restart_from_starting_a_second_writer(
+    tmp_path: Path,
+) -> None:
+    """A run started by hand (no unit, no token) whose double-forked ``setsid`` daemon appends
+    and closes per record: its restart stops what it can trace, then sees the data still grow
+    and launches nothing (the run stays stopped; no rollback beside the writer)."""
+    from supervisor.config import load_config
+
+    work = tmp_path / "work"
+    client(work, "daemon")
+    cfg = write_local_config(tmp_path / "rw.toml", run_toml("r", work), python=True)
+    data = work / "out" / "B1" / "raw_responses.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "run_inference.py", "--datasets", "B1", "--output-dir", "out"],
+        cwd=work,
+        start_new_session=True,
+    )
+    daemon: list[int] = []
+    try:
+        await asyncio.to_thread(wait_until, lambda: size(data) > 0, 30)
+        async with Engine(load_config(cfg)) as engine:
+            rv = await snapshot_run(engine, "r")
+            # the client and its daemon have one argv: two candidates, named with --pid
+            assert rv.state == "ambiguous", rv.state_text
+            plan = await engine.plan("r", action="restart", pid=proc.pid)
+            result = await engine.execute(plan)
+            assert not result.ok
+            step = result.failed_step
+            assert step is not None and step.name == "quiet", why(result)
+            assert "raw_responses.jsonl" in step.detail
+            assert proc.wait(timeout=10) is not None  # the traceable part was stopped
+            daemon = [
+                int(p.name)
+                for p in Path("/proc").iterdir()
+                if p.name.isdigit() and _cwd(p) == str(work) and int(p.name) != proc.pid
+            ]
+            assert daemon, "the daemon still writes"
+            launch = next(s for s in result.steps if s.name == "launch")
+            assert launch.state == "pending" and not result.rollback, why(result)
+            now = await snapshot_run(engine, "r")
+            assert now.last_unit is None  # nothing was launched: no unit of this run
+            # the survivor is shown as the run, never "stopped" while it writes
+            assert now.state == "running" and now.process is not None, now.state_text
+            assert now.process.identity.pid in daemon
+            assert _tags(data) == {"daemon"}  # one writer only: the daemon
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in daemon:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _cwd(p: Path) -> str:
+    try:
+        return os.readlink(p / "cwd")
+    except OSError:
+        return ""
+
+
+def _tags(data: Path) -> set[str]:
+    """The writer tags of the records (``daemon``... ``main``: see ``WRITE``)."""
+    return {json.loads(line)["sample_id"].split("-")[0] for line in data.read_text().splitlines()}
