@@ -311,6 +311,7 @@ def launch(params: dict[str, Any]) -> LaunchResult:
                 str(params.get("config_id") or ""),
                 str(params.get("run") or ""),
                 secrets,
+                owner["config_path"],
             )
         except OSError as e:
             write_all({"state": "failed", "time": time.time()})

@@ -637,6 +637,8 @@ class UnitInfo(TypedDict):
 
     launch_id: str
     config_id: str
+    config_path: str | None
+    """The launching config's path (None: a unit of an older agent)."""
     run: str
     held_by: str
     state: str

@@ -28,6 +28,7 @@ from tests.fixtures_actions import (
     launch,
     restart,
     run_pids,
+    runwatch,
     tree_hashes,
     why,
 )
@@ -333,3 +334,28 @@ async def test_o11_two_configs_launching_one_dataset_at_once_start_one_and_name_
     assert f"run 'demo' of config {winner.config_path}" in step.detail, why(lost)
     assert f"runwatch -c {winner.config_path} kill demo" in step.detail
     assert record(a)["config"] == winner.config.key
+
+
+def test_o11_kill_pid_of_another_configs_run_is_refused_naming_it(
+    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+) -> None:
+    """``runwatch -c B kill --pid P`` where P is config A's launched run (same run name, same
+    output dir): refused, naming A's config and the command that stops it there; A's run keeps
+    running; A's own kill stops it, recorded as a stop."""
+    a = DemoRun(tmp_path / "a", slow_endpoint.url, max_samples=300)
+    kill_runs_in.append(a.workdir)
+    b = twin_config(a, tmp_path / "b")
+    out = runwatch("-c", str(a.config_path), "launch", "demo", "--yes", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    [pid] = run_pids(a.workdir)
+    refused = runwatch("-c", str(b.config_path), "kill", "--pid", str(pid), "--yes")
+    text = refused.stdout + refused.stderr
+    assert refused.returncode != 0, text
+    assert (
+        f"pid {pid} on local is another config's run (run 'demo' of config {a.config_path}" in text
+    )
+    assert f"runwatch -c {a.config_path} kill demo" in text
+    assert run_pids(a.workdir) == [pid]
+    stopped = runwatch("-c", str(a.config_path), "kill", "demo", "--yes", "--grace", "2")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert run_pids(a.workdir) == []
