@@ -261,16 +261,10 @@ def _targets(
             f"{', '.join(config.scripts)})",
             f"see `runwatch ps --host {host}`",
         )
-    theirs = next((p.unit for p in found if p.unit is not None and not p.unit.mine), None)
-    if theirs is not None:
-        # Another config launched it: its unit, its stop marker, its audit view, its watcher.
-        raise KillRefused(
-            f"pid {pid} on {host} is another config's run"
-            + theirs.owner()
-            + "; nothing was stopped",
-            "stop it through the config that launched it: its unit, watcher and audit log then "
-            "record a stop, not a death",
-        )
+    from supervisor.engine import refuse_foreign
+
+    for p in found:
+        refuse_foreign(p, host)
     return found
 
 

@@ -359,3 +359,31 @@ def test_o11_kill_pid_of_another_configs_run_is_refused_naming_it(
     stopped = runwatch("-c", str(a.config_path), "kill", "demo", "--yes", "--grace", "2")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert run_pids(a.workdir) == []
+
+
+async def test_o11_the_engines_kill_refuses_another_configs_run_for_every_front_end(
+    tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
+) -> None:
+    """The dashboard, the guard and rebalance stop through ``Engine.kill``: a process of A's
+    unit seen in B's snapshot is refused there (audited in B's view), and A's run keeps
+    running."""
+    from supervisor import audit
+    from supervisor.errors import KillRefused
+
+    a = DemoRun(tmp_path / "a", slow_endpoint.url, max_samples=300)
+    kill_runs_in.append(a.workdir)
+    b = twin_config(a, tmp_path / "b")
+    async with engine_for(a) as ea, engine_for(b) as eb:
+        ra = await launch(ea, "demo")
+        assert ra.ok, why(ra)
+        pid = ra.identity["pid"]
+        snap = await eb.refresh()
+        [theirs] = [p for h in snap.hosts for p in h.processes if p.identity.pid == pid]
+        assert theirs.unit is not None and not theirs.unit.mine
+        with pytest.raises(KillRefused) as refused:
+            await eb.kill("local", theirs.identity, 1.0)
+        assert f"run 'demo' of config {a.config_path}" in str(refused.value)
+        assert run_pids(a.workdir) == [pid]
+    records = audit.read(config=b.config.key)
+    assert records and records[-1]["action"] == "kill"
+    assert "refused" in json.dumps(records[-1])
