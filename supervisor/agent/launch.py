@@ -486,7 +486,10 @@ def read_fingerprint(params: dict[str, Any]) -> ReadFingerprintResult:
     many = param_str_dict(params, "paths")
     result: ReadFingerprintResult
     if many:
-        result = {"fingerprints": {k: _read_one(resolve(p, workdir)) for k, p in many.items()}}
+        seen: dict[str, list[int]] = {}  # launch id -> its live pids: one look per unit
+        result = {
+            "fingerprints": {k: _read_one(resolve(p, workdir), seen) for k, p in many.items()}
+        }
     else:
         one = _read_one(resolve(param_str(params, "path"), workdir))
         result = {
@@ -499,7 +502,7 @@ def read_fingerprint(params: dict[str, Any]) -> ReadFingerprintResult:
     return result
 
 
-def _read_one(path: str) -> StoredFingerprint:
+def _read_one(path: str, seen: dict[str, list[int]] | None = None) -> StoredFingerprint:
     result: StoredFingerprint = {
         "path": path,
         "exists": False,
@@ -514,7 +517,7 @@ def _read_one(path: str) -> StoredFingerprint:
         value = json.loads(raw.decode("utf-8"))
         if isinstance(value, dict):
             result["fingerprint"] = value
-            result["live_pids"] = _writer_pids(value)
+            result["live_pids"] = _writer_pids(value, {} if seen is None else seen)
         else:
             result["error"] = "not a JSON object"
     except FileNotFoundError:
@@ -526,7 +529,7 @@ def _read_one(path: str) -> StoredFingerprint:
     return result
 
 
-def _writer_pids(fingerprint: dict[str, Any]) -> list[int]:
+def _writer_pids(fingerprint: dict[str, Any], seen: dict[str, list[int]]) -> list[int]:
     """The live processes of the launch that wrote ``fingerprint``: its process (same boot, pid
     and start time) and the members of its unit. Empty: the writer is provably gone (a unit of
     this user whose record is gone, or of another boot, has no members; its process is
@@ -537,12 +540,13 @@ def _writer_pids(fingerprint: dict[str, Any]) -> list[int]:
         found.add(int(ident["pid"]))
     launch_id = fingerprint.get("launch_id")
     if isinstance(launch_id, str) and launch_id:
-        try:
-            rec = unit.read_record(launch_id)
-        except AgentOpError:  # not a launch id: nothing of ours
-            rec = None
-        if rec is not None:
-            found.update(unit.members(rec))
+        if launch_id not in seen:
+            try:
+                rec = unit.read_record(launch_id)
+            except AgentOpError:  # not a launch id: nothing of ours
+                rec = None
+            seen[launch_id] = unit.members(rec) if rec is not None else []
+        found.update(seen[launch_id])
     return sorted(found)
 
 
