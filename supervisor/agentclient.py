@@ -260,6 +260,7 @@ class AgentClient:
         data_files: list[str] | None = None,
         config_id: str | None = None,
         run: str | None = None,
+        config_path: str | None = None,
         timeout: float | None = None,
     ) -> p.LaunchResult:
         params = _params(
@@ -280,6 +281,7 @@ class AgentClient:
             data_files=data_files,
             config_id=config_id,
             run=run,
+            config_path=config_path,
         )
         return cast("p.LaunchResult", await self._send("launch", params, timeout))
 

@@ -6,10 +6,10 @@ An argv is always a list: values are never split or quoted, so any string stays 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
-from supervisor.agent.argflags import flag_map, is_option
+from supervisor.agent.argflags import flag_map, is_negative_number, is_option
 from supervisor.errors import UsageError
 
 _KEY_RE = re.compile(r"^-{0,2}([A-Za-z0-9][A-Za-z0-9_.\-]*)$")
@@ -55,63 +55,88 @@ def parse_unsets(values: Iterable[str]) -> list[str]:
     return out
 
 
-def apply_overrides(argv: Sequence[str], overrides: Iterable[tuple[str, str | None]]) -> list[str]:
-    """argv with each ``(flag, value)`` replacing every ``flag VALUE`` / ``flag=VALUE`` (or
-    added); a value of None sets the flag without value (``--resume``).
+def flag_spans(
+    args: Sequence[str], flag: str, switches: Collection[str] = ()
+) -> list[tuple[int, int]]:
+    """``(start, end)`` of each occurrence of ``flag`` in ``args`` with its whole value, read by
+    the one option rule (``argflags``): ``--f=v`` alone; ``--f`` and every value after it up to
+    the next option (``--datasets B1 B2``), none for a flag in ``switches`` (it takes no value:
+    what follows is not its). Nothing after a bare ``--`` is an option."""
+    spans: list[tuple[int, int]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            break
+        if not is_option(arg):
+            i += 1
+            continue
+        name, eq, _ = arg.partition("=")
+        j = i + 1
+        if not eq and name not in switches:
+            while j < len(args) and args[j] != "--" and not is_option(args[j]):
+                j += 1
+        if name == flag:
+            spans.append((i, j))
+        i = j
+    return spans
 
-    The argv is a list; values are never split or quoted, so any string stays one argument. A
-    value that would read as an option (``-x``, ``--y``) is joined to its flag (``--flag=-x``).
+
+def _written(flag: str, value: str | None, joined: bool) -> list[str]:
+    """``flag`` with ``value`` as arguments: ``--f``, ``--f v``, or ``--f=v`` when asked, or
+    when the value would read as an option (``-x``, ``--y 2``, ``--y=2``)."""
+    if value is None:
+        return [flag]
+    if joined or (value.startswith("-") and not is_negative_number(value)):
+        return [f"{flag}={value}"]
+    return [flag, value]
+
+
+def _insert_at(args: Sequence[str]) -> int:
+    """Where a new option goes: before a bare ``--`` (after it, it would be a positional)."""
+    return list(args).index("--") if "--" in args else len(args)
+
+
+def apply_overrides(
+    argv: Sequence[str],
+    overrides: Iterable[tuple[str, str | None]],
+    switches: Collection[str] = (),
+) -> list[str]:
+    """argv with each ``(flag, value)`` replacing the flag's whole value, or added; a value of
+    None sets the flag without value (``--resume``).
+
+    Whatever the old value looks like (``--f=v``, ``--f "--y 2"``, several values, the flag
+    given several times), it is gone: the first occurrence is replaced, later ones are removed
+    (:func:`flag_spans`; ``switches`` take no value, so what follows them stays). The argv is a
+    list; values are never split or quoted, so any string stays one argument. A value that
+    would read as an option is joined to its flag (``--flag=-x``); a flag written ``--f=v``
+    keeps that form.
     """
     out = list(argv)
     for flag, value in overrides:
-        found = False
-        joined = value is not None and is_option(value)
-        i = 0
-        while i < len(out):
-            arg = out[i]
-            if arg == flag:
-                found = True
-                has_value = i + 1 < len(out) and not is_option(out[i + 1])
-                if value is None or joined:
-                    if has_value:
-                        del out[i + 1]
-                    if joined:
-                        out[i] = f"{flag}={value}"
-                elif has_value:
-                    out[i + 1] = value
-                else:
-                    out.insert(i + 1, value)
-                i += 1 if value is None or joined else 2
-                continue
-            if arg.startswith(flag + "="):
-                out[i] = flag if value is None else f"{flag}={value}"
-                found = True
-            i += 1
-        if not found:
-            if value is None:
-                out.append(flag)
-            else:
-                out += [f"{flag}={value}"] if joined else [flag, value]
+        spans = flag_spans(out, flag, switches)
+        if not spans:
+            at = _insert_at(out)
+            out[at:at] = _written(flag, value, joined=False)
+            continue
+        first = spans[0][0]
+        joined = "=" in out[first]
+        for start, end in reversed(spans[1:]):
+            del out[start:end]
+        out[first : spans[0][1]] = _written(flag, value, joined)
     return out
 
 
-def remove_flags(argv: Sequence[str], flags: Iterable[str]) -> list[str]:
-    """argv without each of ``flags`` (``--flag``, ``--flag VALUE``, ``--flag=VALUE``)."""
-    drop = set(flags)
-    out: list[str] = []
-    i = 0
+def remove_flags(
+    argv: Sequence[str], flags: Iterable[str], switches: Collection[str] = ()
+) -> list[str]:
+    """argv without each of ``flags`` and its whole value, every time it is given
+    (:func:`flag_spans`)."""
     args = list(argv)
-    while i < len(args):
-        arg = args[i]
-        if arg in drop:
-            i += 2 if i + 1 < len(args) and not is_option(args[i + 1]) else 1
-            continue
-        if arg.partition("=")[0] in drop and "=" in arg:
-            i += 1
-            continue
-        out.append(arg)
-        i += 1
-    return out
+    # Every span is read on the argv as given: removing one flag never makes what followed it
+    # a value of another.
+    drop = {i for f in set(flags) for s, e in flag_spans(args, f, switches) for i in range(s, e)}
+    return [a for i, a in enumerate(args) if i not in drop]
 
 
 def argv_diff(old: Sequence[str], new: Sequence[str]) -> list[dict[str, Any]]:

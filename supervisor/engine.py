@@ -59,7 +59,14 @@ from supervisor.completeness import (
 )
 from supervisor.config import Config, HostConfig, RunConfig, bad_name
 from supervisor.dataloss import DataLossWatch
-from supervisor.errors import ConfigError, HostError, OutcomeUnknown, RunwatchError, UsageError
+from supervisor.errors import (
+    ConfigError,
+    HostError,
+    KillRefused,
+    OutcomeUnknown,
+    RunwatchError,
+    UsageError,
+)
 from supervisor.hostfactory import make_host
 from supervisor.hosts import (
     AgentHost,
@@ -349,6 +356,14 @@ class Engine:
         except asyncio.TimeoutError:
             raise HostError(f"{host}: no answer within {bound:g} s") from None
 
+    def _listed(self, host: str, identity: Identity) -> ProcessInfo | None:
+        """The process ``identity`` names in the last refresh, if it was listed."""
+        for hv in self.last.hosts if self.last is not None else []:
+            for p in hv.processes if hv.name == host else []:
+                if p.identity.pid == identity.pid and p.identity.start_time == identity.start_time:
+                    return p
+        return None
+
     def _listed_run(self, host: str, identity: Identity) -> str | None:
         """The config run ``identity`` was matched to at the last refresh."""
         for hv in self.last.hosts if self.last is not None else []:
@@ -375,6 +390,15 @@ class Engine:
         lock (``supervisor.runlock``); ``on_wait`` is told when another action holds it. Every
         failure is audited.
         """
+        listed = self._listed(host, identity)
+        if listed is not None:
+            try:
+                refuse_foreign(listed, host)
+            except KillRefused as e:
+                kill_ops.audit_kill_failed(
+                    host, identity, run, f"refused: {e.message}", config=self.config.key
+                )
+                raise
         run = run if run is not None else self._listed_run(host, identity)
         if run is None or run not in {r.name for r in self.config.runs}:
             return await self._kill(host, identity, grace, run)
@@ -1447,6 +1471,20 @@ def audit_location() -> str:
     return str(audit.audit_path())
 
 
+def refuse_foreign(process: ProcessInfo, host: str) -> None:
+    """Raise KillRefused when ``process`` is in a unit another config launched: that config
+    stops it, so its unit, watcher and audit log record a stop, not a death."""
+    theirs = process.unit
+    if theirs is None or theirs.mine:
+        return
+    raise KillRefused(
+        f"pid {process.identity.pid} on {host} is another config's run{theirs.owner()}; "
+        "nothing was stopped",
+        "stop it through the config that launched it: its unit, watcher and audit log then "
+        "record a stop, not a death",
+    )
+
+
 __all__ = [
     "BUILTIN_FORMATS",
     "EVENTS_KEPT",
@@ -1503,6 +1541,7 @@ __all__ = [
     "parse_sets",
     "parse_unsets",
     "plan_rebalance",
+    "refuse_foreign",
     "run_once",
     "run_sync",
     "scan_local_files",

@@ -4,10 +4,19 @@ It is stored at the last launch of each dataset (``.runwatch/<dataset>.launch.js
 output dir: argv, model, sampling parameters, every flag but the client profile's volatile ones,
 prompt-file hash, format) and compared with a new launch; a change of model, of a flag or of the
 prompts blocks the launch unless allowed.
+
+Each record says who wrote it (:func:`written_by`: the config's key and path, the run; the host
+adds the process and its unit's launch id). Two configs may share an output dir: a record of
+another config (:func:`other_config`) whose writer still runs refuses the start, naming that
+config and how to stop its run there; once its writer is gone, the record only says how the data
+in the dataset was made, and is compared like this config's own (never an owner that blocks).
+A record without a config (an older runwatch's) is compared as before.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -87,6 +96,30 @@ def fingerprint_of(run: RunConfig, argv: Sequence[str], config: Config) -> dict[
         "format": run.format,
         "run": run.name,
     }
+
+
+def written_by(config: Config) -> dict[str, str]:
+    """What a launch record says of the config that wrote it: its key and its path."""
+    return {
+        "config": config.key,
+        "config_path": os.path.abspath(config.path) if config.path else "",
+    }
+
+
+def other_config(stored: dict[str, Any] | None, config: Config) -> str | None:
+    """``config PATH's run RUN`` when ``stored`` was written by a config other than ``config``,
+    else None (this config's, or a record of an older runwatch that names no config)."""
+    if not stored or not isinstance(stored.get("config"), str) or stored["config"] == config.key:
+        return None
+    where = str(stored.get("config_path") or "") or f"key {stored['config']}"
+    return f"config {where}'s run {stored.get('run')!r}"
+
+
+def stop_command(stored: dict[str, Any]) -> str:
+    """The command that stops the run that wrote ``stored``, through its own config."""
+    path = str(stored.get("config_path") or "")
+    prefix = f"runwatch -c {shlex.quote(path)}" if path else "runwatch -c ITS_CONFIG"
+    return f"`{prefix} kill {shlex.quote(str(stored.get('run') or 'RUN'))}`"
 
 
 def compare_fingerprints(

@@ -17,6 +17,10 @@ its argparse source declares, read statically on the host (``agent/argspec.py``,
   declares (a wrong value is refused unless ``--force``: a static read can miss what the script
   does at run time). A flag that takes no value given one, or one that needs a value given none,
   is refused.
+- A flag set or removed that the command line also gives abbreviated (``--temp 0.6`` beside
+  ``--unset temperature``) is refused: argparse expands the abbreviation, so the old value would
+  stay; the fix is the full name in the config's argv. When neither the profile nor the script
+  lists the client's flags (the abbreviation could be a flag of its own) it needs ``--force``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from supervisor import clients
+from supervisor.agent import argflags
 from supervisor.replies import ScriptFlags
 
 
@@ -231,6 +236,35 @@ def _refuse_flag(
         )
     else:
         out.unconfirmed.append(f"{flag}: cannot be confirmed: {why}")
+
+
+def hidden_abbreviations(
+    out: Outcome,
+    argv: Sequence[str],
+    flags: Sequence[str],
+    profile: ProfileFlags,
+    read: ScriptRead | None,
+) -> None:
+    """Refuse each flag of ``flags`` (set or removed) that ``argv`` also gives as an
+    abbreviation argparse would expand to it: an override replaces a flag's whole value, and
+    ``--temp 0.6`` is the old value of ``--temperature`` under another name."""
+    known = set(profile.known or ())
+    if read is not None and read.reply is not None and read.reply.found:
+        if not read.reply.allow_abbrev:
+            return
+        known |= set(declared(read.reply))
+    given = {name for name, _ in argflags.options(argv)}
+    for flag in dict.fromkeys(flags):
+        for short in sorted(given):
+            if short == flag or short in known or not short.startswith("--") or len(short) < 3:
+                continue
+            if not flag.startswith(short):
+                continue
+            text = (
+                f"{flag}: the command line also gives it as {short}, which argparse expands to "
+                f"{flag}, so its old value would stay; write {flag} in full in the config's argv"
+            )
+            (out.problems if known else out.unsure).append(text)
 
 
 def _expansion(flag: str, script: dict[str, Declared]) -> str | None:

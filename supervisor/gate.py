@@ -147,7 +147,7 @@ class Gate:
         holder = st.holder or LockHolder()
         if holder.state != "launching" and not st.holder_alive:
             return  # left by a run that is gone: the launch takes it over
-        who = f"pid {holder.identity.pid}" if holder.identity else "a launch in progress"
+        who = holder.who(self.config.key)
         verdict.running = who
         verdict.refuse(
             f"already running: {who} holds the run's lock {st.lock_path}",
@@ -281,7 +281,7 @@ def resume_argv(layout: RunLayout) -> list[str]:
         return list(layout.argv)
     if argflags.has_flag(layout.argv, profile.flags.resume):
         return list(layout.argv)
-    return apply_overrides(layout.argv, [(profile.flags.resume[0], None)])
+    return apply_overrides(layout.argv, [(profile.flags.resume[0], None)], profile.switches)
 
 
 def resume_command(config: Config, run: RunConfig, argv: Sequence[str], secrets: list[str]) -> str:
@@ -295,12 +295,13 @@ def resume_command(config: Config, run: RunConfig, argv: Sequence[str], secrets:
         spec = launchspec.LaunchSpec(run=run.name)
     sets: list[tuple[str, str | None]] = []
     unsets: list[str] = []
-    for d in argv_diff(spec.argv(run.argv), wanted):
+    switches = launchspec.switches_of(config, run)
+    for d in argv_diff(spec.argv(run.argv, switches), wanted):
         if d["new"] is None:
             unsets.append(d["flag"])
         else:
             sets.append((d["flag"], None if d["new"] is True else str(d["new"])))
-    if spec.merged(sets, unsets).argv(run.argv) != wanted:
+    if spec.merged(sets, unsets).argv(run.argv, switches) != wanted:
         shown = display.command_line(mask_argv(wanted, secrets))
         return mask_text(f"on {run.host} in {run.workdir}: {shown}", secrets)
     args = ["launch", run.name]

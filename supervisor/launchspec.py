@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -68,9 +68,10 @@ class LaunchSpec(msgspec.Struct, kw_only=True):
     def empty(self) -> bool:
         return not self.sets and not self.unsets
 
-    def argv(self, base: Sequence[str]) -> list[str]:
-        """``base`` (the config's argv) with this spec applied: unsets, then sets."""
-        return apply_overrides(remove_flags(base, self.unsets), self.sets)
+    def argv(self, base: Sequence[str], switches: Collection[str] = ()) -> list[str]:
+        """``base`` (the config's argv) with this spec applied: unsets, then sets, each
+        replacing a flag's whole value (``switches``: the client's flags that take none)."""
+        return apply_overrides(remove_flags(base, self.unsets, switches), self.sets, switches)
 
     def merged(self, sets: Iterable[tuple[str, str | None]], unsets: Iterable[str]) -> LaunchSpec:
         """This spec with more overrides: a new set of a flag replaces its set or unset, a new
@@ -177,4 +178,12 @@ def launch_argv(config: Config, run: RunConfig) -> list[str]:
         spec = load(config.key, run.name)
     except RunwatchError:
         return list(run.argv)
-    return spec.argv(run.argv)
+    return spec.argv(run.argv, switches_of(config, run))
+
+
+def switches_of(config: Config, run: RunConfig) -> list[str]:
+    """The flags of ``run``'s client that take no value (its profile's ``switches``): an
+    override never takes what follows one of them for its value."""
+    from supervisor import clients  # here: clients imports the config this module reads
+
+    return list(clients.client_of(config, run).switches)

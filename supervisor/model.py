@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
+from supervisor.agent.protocol import owner_text
+
 if TYPE_CHECKING:
     from supervisor.agent.protocol import SlurmJobIdentity
 
@@ -63,6 +65,13 @@ class UnitRef(msgspec.Struct, kw_only=True):
     run: str
     mine: bool = False
     """Launched by this config (another config's run of the same name is not this one)."""
+    config_id: str | None = None
+    """The key of the config that launched it (None: an older agent's unit)."""
+    config_path: str | None = None
+
+    def owner(self) -> str:
+        """`` (run 'R' of config PATH; stop it there: `...`)``: whose run it is, for a refusal."""
+        return owner_text(self.run, self.config_id, self.config_path)
 
 
 class UnitExit(msgspec.Struct, kw_only=True):

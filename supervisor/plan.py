@@ -330,7 +330,7 @@ async def make_plan(
     stored = launchspec.load(config.key, run.name)
     base = launchspec.LaunchSpec(run=run.name, last_argv=stored.last_argv) if reset else stored
     spec = base.merged(pairs, removed)
-    argv = spec.argv(run.argv)
+    argv = spec.argv(run.argv, launchspec.switches_of(config, run))
     layout = layout_of(config, run, argv)
     layout.require_files()  # nothing is checked on nothing
     env, secret_env = launch_env(config, run, environ)

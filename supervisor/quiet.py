@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from supervisor.plan import StepFailed
-from supervisor.replies import ObservedFile
+from supervisor.replies import LockHolder, ObservedFile
 
 if TYPE_CHECKING:
     from supervisor.plan import Step
@@ -178,8 +178,7 @@ async def _not_another_launch(runner: _Runner, what: str) -> None:
     if not st.held or not (st.holder_alive or (holder is not None and holder.state == "launching")):
         return
     runner.taken_over = True
-    hid = holder.identity if holder is not None else None
-    who = f"pid {hid.pid}" if hid is not None else "a launch in progress"
+    who = (holder or LockHolder()).who(runner.engine.config.key)
     raise StepFailed(
         f"already running: {who} holds the run's lock {st.lock_path} (started by another "
         f"runwatch or launch) and writes its data ({what})",

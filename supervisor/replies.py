@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from supervisor.agent.protocol import owner_text
 from supervisor.errors import AgentError
 from supervisor.model import Identity, ProcessInfo
 
@@ -107,6 +108,18 @@ class LockHolder(msgspec.Struct, kw_only=True):
     agent_pid: int | None = None
     log: str | None = None
     time: float = 0.0
+    config_id: str | None = None
+    """The key of the config that launched it (None: an older runwatch's lock)."""
+    config_path: str | None = None
+    run: str | None = None
+
+    def who(self, config_key: str) -> str:
+        """``pid N`` (or ``a launch in progress``), and the run and config when they are
+        another config's: a refusal names whose run holds the lock."""
+        text = f"pid {self.identity.pid}" if self.identity else "a launch in progress"
+        if self.config_id and self.config_id != config_key:
+            text += owner_text(self.run, self.config_id, self.config_path)
+        return text
 
 
 class LockState(msgspec.Struct, kw_only=True):

@@ -36,7 +36,14 @@ from supervisor.agent.protocol import AGENT_LOADER, MASK, BackupCopy, FileSpec, 
 from supervisor.agentclient import AgentClient, as_data
 from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
 from supervisor.events import stop_key
-from supervisor.fingerprint import compare_fingerprints, fingerprint_of, grouped_changes
+from supervisor.fingerprint import (
+    compare_fingerprints,
+    fingerprint_of,
+    grouped_changes,
+    other_config,
+    stop_command,
+    written_by,
+)
 from supervisor.kill import identity_params
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import Identity
@@ -269,6 +276,7 @@ class _Runner:
         out = flagcheck.check(
             flags, plan.spec.sets, lambda f: f not in given, profile, read, self._shown
         )
+        flagcheck.hidden_abbreviations(out, plan.argv, flags, profile, read)
         forcible = out.unconfirmed + out.unsure
         if out.problems or (forcible and not plan.force):
             raise StepFailed(
@@ -564,9 +572,26 @@ class _Runner:
         blocking: dict[str, list[str]] = {}
         allowed: dict[str, list[str]] = {}
         sources: set[str] = set()
+        others: dict[str, list[str]] = {}
         for ds in plan.fingerprints:
-            stored = (stored_all.get(ds) or {}).get("fingerprint")
+            entry = stored_all.get(ds) or {}
+            stored = entry.get("fingerprint")
             source = "the last launch"
+            other = other_config(stored, config)
+            if other is not None:
+                live = [int(p) for p in entry.get("live_pids") or []]
+                if live:
+                    raise StepFailed(
+                        f"{ds} is being written by {other} (pids "
+                        f"{', '.join(map(str, live))}, recorded in {entry.get('path')}); "
+                        "nothing was stopped",
+                        f"stop it with its own config ({stop_command(stored or {})}), or give "
+                        f"{plan.run.name} an output dir of its own",
+                    )
+                # Its writer is gone: the record still says how the data in the dataset was
+                # made, so it is compared like this config's own (never an owner that blocks).
+                source = f"the last launch, by {other} (its processes are gone)"
+                others.setdefault(other, []).append(ds)
             if stored is None and from_process is not None:
                 stored, source = from_process, process_source
             if stored is None:
@@ -589,7 +614,14 @@ class _Runner:
                 f"the new launch differs from {where}: " + grouped_changes(blocking),
                 "data generated with different settings would be mixed in one dataset; "
                 "pass --allow-change KEY (model, sampling, temperature..., prompts, format) "
-                "if that is intended",
+                "if that is intended"
+                + (
+                    f", or give {plan.run.name} an output dir of its own (the data there is "
+                    + "; ".join(f"{o}'s: {', '.join(d)}" for o, d in others.items())
+                    + ")"
+                    if others
+                    else ""
+                ),
             )
         step.detail = f"same model, sampling and prompts as {where}" + (
             f" (allowed changes: {grouped_changes(allowed)})" if allowed else ""
@@ -660,7 +692,7 @@ class _Runner:
             )
             if holder.state == "launching" or (other and st.holder_alive):
                 self.taken_over = True
-                who = f"pid {hid.pid}" if hid is not None else "a launch in progress"
+                who = holder.who(self.engine.config.key)
                 raise StepFailed(
                     f"already running: {who} holds the run's lock {path} (started by another "
                     "runwatch or launch)",
@@ -720,8 +752,7 @@ class _Runner:
         st = await self.agent.lock_status(lock_paths=plan.locks)
         if st.held:
             self.taken_over = True
-            hid = st.holder.identity if st.holder else None
-            who = f"pid {hid.pid}" if hid is not None else "a launch in progress"
+            who = (st.holder or LockHolder()).who(self.engine.config.key)
             raise StepFailed(
                 f"already running: {who} holds the lock {st.lock_path}",
                 "nothing was changed or launched; refresh to see the process that runs now",
@@ -793,6 +824,7 @@ class _Runner:
             "workdir": layout.workdir,
             "argv": argv,
             "config_id": self.engine.config.key,
+            "config_path": written_by(self.engine.config)["config_path"],
             "run": plan.run.name,
             "env": plan.env,
             "secret_env": plan.secret_env,
@@ -806,7 +838,11 @@ class _Runner:
             "fingerprints": [
                 {
                     "path": path,
-                    "data": dict(fingerprint_of(plan.run, argv, self.engine.config), dataset=ds),
+                    "data": dict(
+                        fingerprint_of(plan.run, argv, self.engine.config),
+                        dataset=ds,
+                        **written_by(self.engine.config),
+                    ),
                     "hash_files": (
                         {ds: layout.prompt_files[ds]} if ds in layout.prompt_files else {}
                     ),

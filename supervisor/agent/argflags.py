@@ -8,7 +8,7 @@ The rules, written once:
 - an **option** is an argument that starts with ``-`` (``-m``, ``--model``, ``--model=x``, a
   lone ``-`` too), unless it is a **negative number** (``-`` then a digit: ``-1``, ``-0.5``,
   ``-3e4``) or has a space before any ``=`` (``--extra-args "--api-key K --x 1"``: a command
-  line given as one value), which are values;
+  line given as one value; argparse reads it as a positional), which are values;
 - an option's **values** are ``--f=a`` -> ``[a]``, or the arguments after ``--f`` up to the next
   option (``--f a b`` -> ``[a, b]``; ``--f`` alone -> ``[]``);
 - when a flag is given several times, the **last** one counts.

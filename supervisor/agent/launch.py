@@ -52,6 +52,7 @@ from supervisor.agent.protocol import (
     ReadFingerprintResult,
     StoredFingerprint,
     WriteFingerprintResult,
+    owner_text,
     param_flag_table,
     param_number,
     param_str,
@@ -279,13 +280,19 @@ def launch(params: dict[str, Any]) -> LaunchResult:
                 "uninspected": users["uninspected"],
                 "lock_path": lock_path,
             }
+        owner = {
+            "config_id": str(params.get("config_id") or ""),
+            "config_path": str(params.get("config_path") or ""),
+            "run": str(params.get("run") or ""),
+        }
         write_all(
-            {
-                "state": "launching",
-                "agent_pid": os.getpid(),
-                "boot_id": boot_id(),
-                "time": time.time(),
-            }
+            dict(
+                owner,
+                state="launching",
+                agent_pid=os.getpid(),
+                boot_id=boot_id(),
+                time=time.time(),
+            )
         )
         try:
             log_fd = safefs.open_private(log, os.O_WRONLY | os.O_APPEND)
@@ -307,6 +314,7 @@ def launch(params: dict[str, Any]) -> LaunchResult:
                 str(params.get("config_id") or ""),
                 str(params.get("run") or ""),
                 secrets,
+                owner["config_path"],
             )
         except OSError as e:
             write_all({"state": "failed", "time": time.time()})
@@ -345,6 +353,7 @@ def launch(params: dict[str, Any]) -> LaunchResult:
                 "log": log,
                 "launch_id": unit_data["launch_id"],
                 "time": time.time(),
+                **owner,
             }
         )
     finally:
@@ -402,6 +411,7 @@ def launch(params: dict[str, Any]) -> LaunchResult:
         fp_params.setdefault("workdir", workdir)
         data = dict(fp_params.get("data") or {})
         data["identity"] = dict(identity, argv=mask_argv(identity["argv"], secrets))
+        data["launch_id"] = launch_id  # the unit that writes the data: is it still there?
         if isinstance(data.get("argv"), list):
             data["argv"] = mask_argv([str(a) for a in data["argv"]], secrets)
         fp_params["data"] = data
@@ -438,12 +448,16 @@ def _describe(lock_path: str) -> str:
         return "another launch"
     ident = holder.get("identity")
     if isinstance(ident, dict):
-        return "pid {} (started at tick {}, boot {})".format(
+        return "pid {} (started at tick {}, boot {}){}".format(
             ident.get("pid"),
             ident.get("start_time"),
             str(ident.get("boot_id", ""))[:8],
+            owner_text(holder.get("run"), holder.get("config_id"), holder.get("config_path")),
         )
-    return "a launch in progress (agent pid {})".format(holder.get("agent_pid"))
+    return "a launch in progress (agent pid {}){}".format(
+        holder.get("agent_pid"),
+        owner_text(holder.get("run"), holder.get("config_id"), holder.get("config_path")),
+    )
 
 
 # --------------------------------------------------------------------------- fingerprint
@@ -475,7 +489,10 @@ def read_fingerprint(params: dict[str, Any]) -> ReadFingerprintResult:
     many = param_str_dict(params, "paths")
     result: ReadFingerprintResult
     if many:
-        result = {"fingerprints": {k: _read_one(resolve(p, workdir)) for k, p in many.items()}}
+        seen: dict[str, list[int]] = {}  # launch id -> its live pids: one look per unit
+        result = {
+            "fingerprints": {k: _read_one(resolve(p, workdir), seen) for k, p in many.items()}
+        }
     else:
         one = _read_one(resolve(param_str(params, "path"), workdir))
         result = {
@@ -488,8 +505,14 @@ def read_fingerprint(params: dict[str, Any]) -> ReadFingerprintResult:
     return result
 
 
-def _read_one(path: str) -> StoredFingerprint:
-    result: StoredFingerprint = {"path": path, "exists": False, "fingerprint": None, "error": None}
+def _read_one(path: str, seen: dict[str, list[int]] | None = None) -> StoredFingerprint:
+    result: StoredFingerprint = {
+        "path": path,
+        "exists": False,
+        "fingerprint": None,
+        "error": None,
+        "live_pids": [],
+    }
     try:
         with open(path, "rb") as f:
             raw = f.read(1 << 20)
@@ -497,6 +520,7 @@ def _read_one(path: str) -> StoredFingerprint:
         value = json.loads(raw.decode("utf-8"))
         if isinstance(value, dict):
             result["fingerprint"] = value
+            result["live_pids"] = _writer_pids(value, {} if seen is None else seen)
         else:
             result["error"] = "not a JSON object"
     except FileNotFoundError:
@@ -506,6 +530,27 @@ def _read_one(path: str) -> StoredFingerprint:
     except (UnicodeDecodeError, ValueError) as e:
         result["error"] = f"not JSON: {e}"
     return result
+
+
+def _writer_pids(fingerprint: dict[str, Any], seen: dict[str, list[int]]) -> list[int]:
+    """The live processes of the launch that wrote ``fingerprint``: its process (same boot, pid
+    and start time) and the members of its unit. Empty: the writer is provably gone (a unit of
+    this user whose record is gone, or of another boot, has no members; its process is
+    checked by identity, whoever it belongs to)."""
+    found: set[int] = set()
+    ident = fingerprint.get("identity")
+    if isinstance(ident, dict) and is_alive(ident):
+        found.add(int(ident["pid"]))
+    launch_id = fingerprint.get("launch_id")
+    if isinstance(launch_id, str) and launch_id:
+        if launch_id not in seen:
+            try:
+                rec = unit.read_record(launch_id)
+            except AgentOpError:  # not a launch id: nothing of ours
+                rec = None
+            seen[launch_id] = unit.members(rec) if rec is not None else []
+        found.update(seen[launch_id])
+    return sorted(found)
 
 
 def write_fingerprint(params: dict[str, Any]) -> WriteFingerprintResult:

@@ -510,6 +510,8 @@ class Lister:
                     "held_by": held.get("held_by"),
                     "run": held.get("run"),
                     "mine": mine,
+                    "config_id": held.get("config_id"),
+                    "config_path": held.get("config_path"),
                 }
             out.append(record)
         for key in list(self._cpu):

@@ -15,6 +15,7 @@ outcomes such as "already running" are results, not errors.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any, TypedDict
 
 PROTOCOL = 1
@@ -48,6 +49,19 @@ FINGERPRINT_NAME = "launch.json"
 """Fingerprint of a run whose datasets are unknown."""
 FINGERPRINT_VERSION = 1
 """Version written into every launch fingerprint."""
+
+
+def owner_text(run: object, config_id: object, config_path: object) -> str:
+    """`` (run 'R' of config PATH; stop it there: `runwatch -c PATH kill R`)`` for a lock or
+    launch record written by a launch of ``run`` by a config (empty when it names no run): every
+    refusal names whose run holds a dataset and how to stop it."""
+    if not run:
+        return ""
+    where = str(config_path or "") or "key {}".format(config_id or "?")
+    cmd = "runwatch -c {} kill {}".format(
+        shlex.quote(str(config_path or "")) if config_path else "ITS_CONFIG", shlex.quote(str(run))
+    )
+    return f" (run {str(run)!r} of config {where}; stop it there: `{cmd}`)"
 
 
 class AgentOpError(Exception):
@@ -551,6 +565,8 @@ class LaunchParams(_LaunchParamsRequired, total=False):
     """The launching config's identity, part of the launch token (``unit.TOKEN_VAR``)."""
     run: str
     """The run's name, part of the launch token."""
+    config_path: str
+    """The launching config's path: written in the locks, so a refusal names it."""
 
 
 class FileHolder(TypedDict):
@@ -637,6 +653,8 @@ class UnitInfo(TypedDict):
 
     launch_id: str
     config_id: str
+    config_path: str | None
+    """The launching config's path (None: a unit of an older agent)."""
     run: str
     held_by: str
     state: str
@@ -779,6 +797,8 @@ class StoredFingerprint(TypedDict):
     exists: bool
     fingerprint: dict[str, Any] | None
     error: str | None
+    live_pids: list[int]
+    """The live processes of the launch that wrote it (its process and its unit's members)."""
 
 
 class ReadFingerprintResult(TypedDict, total=False):

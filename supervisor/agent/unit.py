@@ -199,6 +199,7 @@ def start(
     config_id: str,
     run: str,
     secrets: Sequence[str],
+    config_path: str = "",
 ) -> tuple[int, dict[str, Any]]:
     """Start ``argv`` in a new unit; returns the client's pid and the unit's record data.
 
@@ -222,6 +223,7 @@ def start(
         "launch_id": launch_id,
         "token": token,
         "config_id": config_id,
+        "config_path": config_path,
         "run": run,
         "cgroup": cgroup,
         "held_by": "cgroup" if cgroup else "token",
@@ -427,6 +429,7 @@ def describe(
     return {
         "launch_id": rec.get("launch_id"),
         "config_id": rec.get("config_id"),
+        "config_path": rec.get("config_path"),
         "run": rec.get("run"),
         "held_by": rec.get("held_by"),
         "state": state,

@@ -261,6 +261,10 @@ def _targets(
             f"{', '.join(config.scripts)})",
             f"see `runwatch ps --host {host}`",
         )
+    from supervisor.engine import refuse_foreign
+
+    for p in found:
+        refuse_foreign(p, host)
     return found
 
 

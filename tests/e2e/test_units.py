@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -690,3 +691,115 @@ async def test_o2_a_run_of_a_profile_started_by_hand_is_adopted_and_killable(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_o12_a_writer_escaped_from_a_run_killed_outside_blocks_another_config_by_name(
+    tmp_path: Path, held_by: str, stop_units: list[str]
+) -> None:
+    """Config A's client is sent SIGTERM from a terminal (not through runwatch): its handler
+    leaves a ``setsid`` writer with no descriptors that keeps appending. Config B, whose run
+    writes the same output dir, is refused naming A's config, the writer and A's stop command,
+    and nothing of A's is touched; once A's own kill has emptied the unit, B's launch goes
+    ahead."""
+    from supervisor.config import load_config
+
+    work = tmp_path / "work"
+    client(work, "escape")
+    cfg_a = write_local_config(tmp_path / "a.toml", run_toml("r", work), python=True)
+    cfg_b = write_local_config(tmp_path / "b.toml", run_toml("r", work), python=True)
+    data = work / "out" / "B1" / "raw_responses.jsonl"
+    async with Engine(load_config(cfg_a)) as ea, Engine(load_config(cfg_b)) as eb:
+        rv = await launched(ea, "r", stop_units)
+        lid = rv.last_unit.launch_id
+        os.kill(rv.process.identity.pid, signal.SIGTERM)
+        await asyncio.to_thread(
+            wait_until, lambda: rv.process.identity.pid not in token_holders(lid), 10
+        )
+        escaped = token_holders(lid)
+        assert escaped, "the escaped writer is a member of A's unit"
+        grown = size(data)
+        await asyncio.to_thread(wait_until, lambda: size(data) > grown, 10)
+        for action in (actions.launch, actions.restart):
+            refused = await action(eb, "r")
+            assert not refused.ok
+            step = refused.failed_step
+            assert step is not None, why(refused)
+            assert f"config {cfg_a}'s run 'r'" in step.detail, why(refused)
+            assert str(escaped[0]) in step.detail
+            assert f"runwatch -c {cfg_a} kill r" in step.detail
+        assert token_holders(lid) == escaped  # A's writer got no signal from B
+        view = await snapshot_run(ea, "r")
+        assert view.state == "running", view.state_text
+        assert view.process is not None
+        report = await ea.kill("here", view.process.identity, grace=1.0, run="r")
+        assert report.all_gone, report.results
+        assert token_holders(lid) == []
+        ok = await actions.launch(eb, "r")
+        assert ok.ok, why(ok)
+        stop_units.append((await snapshot_run(eb, "r")).last_unit.launch_id)
+
+
+async def test_o12_an_adopted_runs_escaped_daemon_keeps_its_restart_from_starting_a_second_writer(
+    tmp_path: Path,
+) -> None:
+    """A run started by hand (no unit, no token) whose double-forked ``setsid`` daemon appends
+    and closes per record: its restart stops what it can trace, then sees the data still grow
+    and launches nothing (the run stays stopped; no rollback beside the writer)."""
+    from supervisor.config import load_config
+
+    work = tmp_path / "work"
+    client(work, "daemon")
+    cfg = write_local_config(tmp_path / "rw.toml", run_toml("r", work), python=True)
+    data = work / "out" / "B1" / "raw_responses.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "run_inference.py", "--datasets", "B1", "--output-dir", "out"],
+        cwd=work,
+        start_new_session=True,
+    )
+    daemon: list[int] = []
+    try:
+        await asyncio.to_thread(wait_until, lambda: size(data) > 0, 30)
+        async with Engine(load_config(cfg)) as engine:
+            rv = await snapshot_run(engine, "r")
+            # the client and its daemon have one argv: two candidates, named with --pid
+            assert rv.state == "ambiguous", rv.state_text
+            plan = await engine.plan("r", action="restart", pid=proc.pid)
+            result = await engine.execute(plan)
+            assert not result.ok
+            step = result.failed_step
+            assert step is not None and step.name == "quiet", why(result)
+            assert "raw_responses.jsonl" in step.detail
+            assert proc.wait(timeout=10) is not None  # the traceable part was stopped
+            daemon = [
+                int(p.name)
+                for p in Path("/proc").iterdir()
+                if p.name.isdigit() and _cwd(p) == str(work) and int(p.name) != proc.pid
+            ]
+            assert daemon, "the daemon still writes"
+            launch = next(s for s in result.steps if s.name == "launch")
+            assert launch.state == "pending" and not result.rollback, why(result)
+            now = await snapshot_run(engine, "r")
+            assert now.last_unit is None  # nothing was launched: no unit of this run
+            # the survivor is shown as the run, never "stopped" while it writes
+            assert now.state == "running" and now.process is not None, now.state_text
+            assert now.process.identity.pid in daemon
+            assert _tags(data) == {"daemon"}  # one writer only: the daemon
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in daemon:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _cwd(p: Path) -> str:
+    try:
+        return os.readlink(p / "cwd")
+    except OSError:
+        return ""
+
+
+def _tags(data: Path) -> set[str]:
+    """The writer tags of the records (``daemon``... ``main``: see ``WRITE``)."""
+    return {json.loads(line)["sample_id"].split("-")[0] for line in data.read_text().splitlines()}
