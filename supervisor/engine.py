@@ -942,12 +942,15 @@ class Engine:
         return self._stale(state, message, retry_in=delay)
 
     def _stale(self, state: _HostState, message: str, retry_in: float) -> HostView:
-        last = state.view
+        # A first scan cut short keeps the provisional counts it already showed (still marked
+        # provisional): what a lost host shows never depends on how far its scan had got.
+        last = self._provisional.get(state.view.name, state.view)
         view = msgspec.structs.replace(
             last,
             connected=False,
             stale=last.last_ok is not None,
             error=message,
+            progress=None,
             # Nothing is known of a run on a host that does not answer: not "stopped".
             runs=[
                 msgspec.structs.replace(r, state="unknown", state_detail="host unreachable")

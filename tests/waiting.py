@@ -7,20 +7,35 @@
 
 Both return the first truthy value of ``condition()`` and raise ``AssertionError`` naming what
 was awaited and the timeout when it does not come in time.
+
+A timeout is a bound on how long a broken test hangs, never a speed the test asserts: every one is
+multiplied by ``SCALE`` (``RUNWATCH_TEST_WAIT_SCALE``; by default 3 when ``CI=true``, where a
+fresh 2-core machine runs the whole suite under load, else 1).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
 
-DEFAULT_TIMEOUT = 10.0
+DEFAULT_TIMEOUT = 20.0
 DEFAULT_INTERVAL = 0.02
+
+
+def _scale() -> float:
+    given = os.environ.get("RUNWATCH_TEST_WAIT_SCALE", "")
+    if given:
+        return max(1.0, float(given))
+    return 3.0 if os.environ.get("CI", "").lower() == "true" else 1.0
+
+
+SCALE = _scale()
 
 
 def _describe(condition: Callable[[], object]) -> str:
@@ -52,6 +67,7 @@ def wait_until(
 ) -> T:
     """Poll ``condition`` until it returns something truthy (returned, never None) or fail after
     ``timeout``."""
+    timeout *= SCALE
     deadline = time.monotonic() + timeout
     while not (value := _check(condition, deadline, timeout, what)):
         time.sleep(interval)  # polling interval of a condition wait, not a synchronisation
@@ -66,6 +82,7 @@ async def wait_for(
     interval: float = DEFAULT_INTERVAL,
 ) -> T:
     """``wait_until`` for coroutines: the event loop runs between polls."""
+    timeout *= SCALE
     deadline = time.monotonic() + timeout
     while not (value := _check(condition, deadline, timeout, what)):
         await asyncio.sleep(interval)

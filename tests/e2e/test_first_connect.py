@@ -10,6 +10,7 @@ import json
 import os
 import random
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -325,6 +326,47 @@ async def test_counts_go_out_before_a_slow_gpu_query_answers(
     assert host.has_gpu and [(g.index, g.utilization_pct) for g in host.gpus] == [(0, 97.0)]
     (b1,) = next(r for r in host.runs if r.name == "gen").datasets
     assert (b1.records, b1.provisional) == (truth.records, False)
+
+
+async def test_a_host_lost_during_its_first_scan_keeps_the_counts_it_showed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent dies after its line counts went out, before the scan's reply: the host is shown
+    lost with those counts, still marked provisional and no scan under way, never with its runs
+    emptied (what a lost host shows does not depend on how far its first scan had got)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    release = tmp_path / "release"
+    smi.write_text(SLOW_SMI.format(release=release))
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    work = tmp_path / "work"
+    (work / "out" / "B1").mkdir(parents=True)
+    truth = make_raw(work / "out" / "B1" / "raw_responses.jsonl", 300, seed=8)
+    argv = ["python3", "run_inference.py", "--datasets", "B1"]
+    config = Config(
+        hosts=[HostConfig(name="here", local=True, command_timeout=60.0)],
+        runs=[RunConfig(name="gen", host="here", workdir=str(work), argv=argv)],
+    )
+    seen: list[Snapshot] = []
+    async with Engine(config) as engine:
+        refresh = asyncio.create_task(engine.refresh(on_progress=seen.append))
+        await wait_for(lambda: seen, timeout=20, what="the line counts while nvidia-smi is asked")
+        assert not refresh.done(), "the reply came before the GPU query answered"
+        host = engine.host("here")
+        assert isinstance(host, LocalHost) and host.agent_pid is not None
+        os.kill(host.agent_pid, signal.SIGKILL)
+        snap = await asyncio.wait_for(refresh, 60)
+        release.touch()  # the dead agent's nvidia-smi ends too
+    (view,) = snap.hosts
+    assert not view.connected and view.error and view.progress is None
+    assert not view.stale  # nothing was ever answered in full
+    (run,) = [r for r in view.runs if r.name == "gen"]
+    assert run.state == "unknown"
+    assert [(d.name, d.records, d.provisional) for d in run.datasets] == [
+        ("B1", truth.records, True)
+    ]
 
 
 @pytest.mark.ssh
