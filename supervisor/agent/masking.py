@@ -67,10 +67,33 @@ MIN_SECRET_LEN = 8
 """Secret values shorter than this are not registered nor masked inside text (they would mask
 words); a short value is still masked where its name says it is a secret (``--api-key abc``)."""
 _SECRET_VALUE = re.compile(
-    r"(?<![A-Za-z0-9])(sk-[A-Za-z0-9_\-]{12,}|sk_(live|test)_[A-Za-z0-9]{8,}|hf_[A-Za-z0-9]{16,}"
-    r"|gh[pousr]_[A-Za-z0-9]{16,}|xox[abpr]-[A-Za-z0-9\-]{8,}|AKIA[0-9A-Z]{16}"
+    r"(?<![A-Za-z0-9])("
+    # OpenAI, Anthropic, OpenRouter, DeepSeek (sk-proj-, sk-ant-api03-, sk-or-v1-), Stripe
+    r"sk-[A-Za-z0-9_\-]{12,}|[sr]k_(?:live|test)_[A-Za-z0-9]{8,}|whsec_[A-Za-z0-9]{16,}"
+    # Hugging Face, GitHub (classic and fine-grained), GitLab, Slack
+    r"|hf_[A-Za-z0-9]{16,}|api_org_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{16,}"
+    r"|github_pat_[A-Za-z0-9_]{22,}|gl(?:pat|dt|rt|ptt|cbt|soat|ffct|imt|oas)-[A-Za-z0-9_\-]{20,}"
+    r"|xox[abposre]-[A-Za-z0-9\-]{8,}|xapp-[0-9]-[A-Za-z0-9\-]{8,}"
+    # NVIDIA, Groq, Google, Replicate, Perplexity, xAI, Tavily, LangSmith, Fireworks, Together
+    r"|nvapi-[A-Za-z0-9_\-]{20,}|gsk_[A-Za-z0-9]{20,}|AIza[0-9A-Za-z_\-]{30,}|ya29\.[\w\-]{20,}"
+    r"|r8_[A-Za-z0-9]{20,}|pplx-[A-Za-z0-9]{20,}|xai-[A-Za-z0-9]{20,}|tvly-[A-Za-z0-9\-]{20,}"
+    r"|lsv2_(?:pt|sk)_[A-Za-z0-9_]{20,}|fw_[A-Za-z0-9]{20,}|tgp_v1_[A-Za-z0-9_\-]{20,}"
+    # npm, PyPI, DigitalOcean, Vault, SendGrid, Databricks
+    r"|npm_[A-Za-z0-9]{30,}|pypi-AgE[A-Za-z0-9_\-]{20,}|do[por]_v1_[a-f0-9]{40,}"
+    r"|hv[sbr]\.[A-Za-z0-9_\-]{20,}|SG\.[\w\-]{16,}\.[\w\-]{16,}|dapi[a-f0-9]{32}"
+    # AWS access key ids, JWTs
+    r"|(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}"
     r"|eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,})"
 )
+"""Key shapes that are secrets without a name: each provider's prefix and length (a git hash, a
+uuid, a sha256 have none of them)."""
+_AWS_CONTEXT = re.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}|(?i:aws)")
+_AWS_SECRET = re.compile(
+    r"(?<![A-Za-z0-9+/])(?=[A-Za-z0-9+/]*[a-z])(?=[A-Za-z0-9+/]*[A-Z])(?=[A-Za-z0-9+/]*[0-9+/])"
+    r"[A-Za-z0-9+/]{40}(?![A-Za-z0-9+/=])"
+)
+"""An AWS secret access key (40 base64 characters, mixed case), masked in a text that names AWS
+or holds an access key id: alone, 40 such characters could be a path."""
 _AUTH_HEADER = re.compile(r"(?i)((?:proxy-)?authorization\s*:\s*)(.+)")
 _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{6,}")
 # Query parameters whose name says credential: key, token, secret, pass(word)/passwd/pwd, auth
@@ -569,45 +592,147 @@ def mask_value(text: str, secrets: Iterable[str] | None = None) -> str:
     return text
 
 
-# Free text: ``NAME=value`` and ``--name=value`` (value quoted or up to a space, comma, ``;``,
-# ``&``), ``--name value``, ``"name": "value"`` (JSON, Python reprs), URLs inside the text.
+# Free text: a credential-named name and its value, in every way a log or a dump writes them:
+# ``NAME=value``, ``--name=value``, ``name: value`` (YAML, headers, ``x-api-key:K``), ``name =>
+# value``, ``"name": "value"`` (JSON, a Python dict, escaped JSON inside a string), ``--name
+# value``, ``API key is value``; the value quoted or up to a space, comma, ``;``, ``&`` or bracket.
 _TEXT_AUTH = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*)\S.*")
-_TEXT_ASSIGN = re.compile(
-    r"""(?<![\w.\-])((?:--?)?[A-Za-z_][\w\-]*)(\s*=\s*)("[^"]*"|'[^']*'|[^\s,;&]+)"""
+_TEXT_VALUE = (
+    r"(?P<scheme>(?i:bearer|basic|token|digest|apikey)\s+)?"
+    r"""(?P<value>[bru]?\\"[^"\\]*\\"|[bru]?"[^"]*"|[bru]?'[^']*'|`[^`]*`"""
+    r"""|[^\s,;&'"`\\()\[\]{}<>]+)"""
 )
-_TEXT_FLAG = re.compile(r"(?<!\S)(--?[A-Za-z][\w\-]*)(\s+)(?!-)(\S+)")
-_TEXT_QUOTED = re.compile(r"""(["'])([A-Za-z_][\w\-]*)\1(\s*:\s*)(["'])(.*?)\4""")
+_TEXT_PAIR = re.compile(
+    r"""(?:(?<![\w.\-])|(?<=\\[nrt]))(?P<q>\\?["'`]?)(?P<name>(?:--?)?[A-Za-z_][\w.\-]*)(?P=q)"""
+    r"(?P<sep>\s*(?:=>|:=|=(?!=)|:(?![:/=]))\s*)" + _TEXT_VALUE
+)
+_TEXT_FLAG = re.compile(r"(?<!\S)(?P<name>--?[A-Za-z][\w\-]*)(?P<sep>\s+)(?!-)" + _TEXT_VALUE)
+_TEXT_PHRASE = re.compile(
+    r"(?i)(?<![\w\-])(?P<name>(?:api|access|secret|private|auth|bearer|session|refresh|client"
+    r"|license|personal\s+access)\s+(?:key|token|secret))(?P<sep>\s*(?:[:=]|\bis\b)\s*)"
+    + _TEXT_VALUE
+)
+"""A credential named in words: ``API key: K``, ``your access token is K``."""
 _TEXT_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+")
+_WEAK_WORDS = frozenset(("key", "k", "session", "pass", "sig", "signature"))
+"""Credential words that often name something else (``sort_key``, ``--input-key text``,
+``session: 3``, ``pass: 2``): a name whose only credential words are these masks a value only when
+the value looks like a key (:func:`_key_like`)."""
+_KEY_QUALIFIERS = frozenset(
+    (
+        "api", "access", "private", "client", "signing", "master", "license", "licence",
+        "subscription", "service", "app", "encryption", "ssh", "deploy", "admin", "account",
+        "openai", "anthropic", "hf", "groq", "nvidia", "nvapi", "google", "gemini", "aws",
+        "azure", "mistral", "cohere", "together", "replicate", "openrouter", "deepseek",
+        "fireworks", "wandb", "stripe", "github", "gitlab", "slack", "x",
+    )
+)  # fmt: skip
+"""Words that make a ``key`` a credential whatever its value (``openai_key``, ``x-api-key``)."""
+_NUMBER_SECRET_WORDS = frozenset(
+    ("password", "passwd", "pwd", "pw", "passphrase", "passcode", "secret", "pin", "otp")
+)
+"""Credential words whose value is secret even when it is a number (a PIN); ``token: 151643`` (a
+model's token id) and ``key: 3`` stay."""
+_NOT_SECRET_VALUES = frozenset(
+    (
+        "none", "null", "nil", "true", "false", "yes", "no", "on", "off", "ok", "set", "unset",
+        "empty", "missing", "required", "optional", "provided", "redacted", "hidden", "masked",
+        "invalid", "expired", "valid", "enabled", "disabled", "n/a", "undefined", "failed",
+        "error", "success", "succeeded", "accepted", "rejected", "denied", "refused", MASK,
+    )
+)  # fmt: skip
+"""Values that say something of the credential, never are one (``api_key: None``)."""
+_TEXT_NUMBER = re.compile(r"^[-+]?[0-9][0-9_.,]*$")
+_KEY_CHARS = re.compile(r"^[A-Za-z0-9+/=_.~\-:]{12,}$")
+
+
+def _key_like(value: str) -> bool:
+    """``value`` could be a key: 12 key characters or more, of two kinds at least (letters and
+    digits, or both cases), with no space (``Zq8vR2mXk4LpT9wB``; not ``length``, ``prompt``)."""
+    if not _KEY_CHARS.match(value):
+        return False
+    kinds = [any(c.islower() for c in value), any(c.isupper() for c in value)]
+    kinds.append(any(c.isdigit() for c in value))
+    return sum(kinds) >= 2
+
+
+def _weak_name(words: Sequence[str]) -> bool:
+    """A name whose credential words are all weak ones (``sort-key``, ``session``), with no word
+    that makes a key a credential (``api``, ``openai``); never a profile's secret flag."""
+    if "-".join(words) in _PROFILE_FLAGS:
+        return False
+    creds = [w for w in words if _credential_word(w)]
+    return (
+        bool(creds) and all(w in _WEAK_WORDS for w in creds) and not (set(words) & _KEY_QUALIFIERS)
+    )
+
+
+def _text_value_shown(name: str, value: str) -> bool:
+    """``value``, given to the secret-named ``name`` in free text, is shown as it is: empty, a
+    word about the credential (``None``, ``missing``), a variable's name (``$OPENAI_API_KEY``), a
+    count or a token id (not for a password or a PIN), or a plain value of a name that is only
+    weakly a credential (``sort_key=length``, ``key: prompt``)."""
+    inner = value.lstrip("bru").strip("\\\"'`").strip()
+    if not inner or inner.lower() in _NOT_SECRET_VALUES or inner.startswith("$"):
+        return True
+    words = _normal_name(name).split("-")
+    if _TEXT_NUMBER.match(inner) and not any(w in _NUMBER_SECRET_WORDS for w in words):
+        return True
+    return _weak_name(words) and not _key_like(inner)
+
+
+def _masked_pair(m: re.Match[str], secret: bool) -> str:
+    """The match of a name and its value with the value masked (its quotes kept) when ``secret``
+    and the value is not one shown as it is."""
+    value = m.group("value")
+    if not secret or _text_value_shown(m.group("name"), value):
+        return m.group(0)
+    lead = re.match(r"""^[bru]?\\?["'`]?""", value)
+    start = lead.end() if lead else 0
+    if start:  # quoted: keep the quotes around the mask
+        close = len(value) - (2 if value.endswith(('\\"', "\\'")) else 1)
+        value = value[:start] + MASK + value[close:]
+    else:
+        value = MASK
+    return m.group(0)[: m.start("value") - m.start(0)] + value
+
+
+def _mask_pairs(pattern: re.Pattern[str], text: str, always: bool = False) -> str:
+    """``text`` with the value of each match of ``pattern`` whose name is secret (or ``always``)
+    masked. A match of another name is passed by its name only, so its value is read again as a
+    name of its own (``args: --hf-token=K``, ``x=1,api_key=K``)."""
+    out: list[str] = []
+    pos = 0
+    m = pattern.search(text)
+    while m is not None:
+        if always or _is_secret_name(m.group("name")):
+            out += [text[pos : m.start()], _masked_pair(m, True)]
+            pos = m.end()
+            m = pattern.search(text, pos)
+        else:
+            m = pattern.search(text, m.end("sep"))
+    return "".join(out) + text[pos:] if out else text
 
 
 def mask_text(text: str, secrets: Iterable[str] | None = None) -> str:
     """Free text (a log line, an error message) with its secrets masked.
 
-    Masks the values of secret-named assignments and flags (``OPENAI_API_KEY=...``,
-    ``TOKEN=...``, ``--api-key ...``, ``--hf-token=...``, ``"api_key": "..."``), key-shaped tokens
-    anywhere (``sk-...``, ``hf_...``), ``Bearer``/``Basic`` tokens, ``Authorization`` values and
-    URL credentials, and any of the given ``secrets`` wherever it appears. Words are never masked
-    for what they are: ``token budget None``, ``max_tokens=8192`` and ``--token-budget 10`` stay
-    as they are, and names never are (``--api-key-env OPENAI_API_KEY`` stays whole).
+    Masks the values of secret-named names in every form a log or a config dump writes them
+    (``OPENAI_API_KEY=...``, ``api_key: ...``, ``"apiKey": "..."``, ``{'api_key': '...'}``,
+    ``token => ...``, ``x-api-key:...``, ``--api-key ...``, ``API key is ...``), key shapes of
+    every provider anywhere (``sk-...``, ``hf_...``, ``nvapi-...``, ``AIza...``, JWTs...),
+    ``Bearer``/``Basic`` tokens, ``Authorization`` values and URL credentials, and any of the
+    given ``secrets`` wherever it appears. Words are never masked for what they are, nor names:
+    ``token budget None``, ``max_tokens: 2048``, ``sort_key=length``, ``--token-budget 10`` and
+    ``--api-key-env OPENAI_API_KEY`` stay as they are.
     """
     text = _mask_known(text, [s for s in (secrets or ()) if s])
     text = _TEXT_AUTH.sub(lambda m: m.group(1) + MASK, text)
-    text = _TEXT_ASSIGN.sub(
-        lambda m: m.group(1) + m.group(2) + MASK if _is_secret_name(m.group(1)) else m.group(0),
-        text,
-    )
-    text = _TEXT_FLAG.sub(
-        lambda m: m.group(1) + m.group(2) + MASK if _is_secret_name(m.group(1)) else m.group(0),
-        text,
-    )
-    text = _TEXT_QUOTED.sub(
-        lambda m: (
-            m.group(0)[: m.start(5) - m.start(0)] + MASK + m.group(4)
-            if _is_secret_name(m.group(2))
-            else m.group(0)
-        ),
-        text,
-    )
+    text = _mask_pairs(_TEXT_PAIR, text)
+    text = _mask_pairs(_TEXT_FLAG, text)
+    text = _mask_pairs(_TEXT_PHRASE, text, always=True)
+    if _AWS_CONTEXT.search(text):
+        text = _AWS_SECRET.sub(MASK, text)
     text = _SECRET_VALUE.sub(MASK, text)
     text = _BEARER.sub(lambda mm: mm.group(1) + " " + MASK, text)
     if "://" in text:
