@@ -600,12 +600,23 @@ _TEXT_AUTH = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*)\S.*")
 _TEXT_VALUE = (
     r"(?P<scheme>(?i:bearer|basic|token|digest|apikey)\s+)?"
     r"""(?P<value>[bru]?\\"[^"\\]*\\"|[bru]?"[^"]*"|[bru]?'[^']*'|`[^`]*`"""
-    r"""|[^\s,;&'"`\\()\[\]{}<>]+)"""
+    r"""|\([^()]*\)|\[[^\[\]]*\]|[^\s,;&'"`\\()\[\]{}<>]+)"""
 )
+_TEXT_NAME = r"""(?:(?<![\w.\-])|(?<=\\[nrt]))(?P<q>\\?["'`]?)(?P<name>(?:--?)?[A-Za-z_][\w.\-]*)"""
 _TEXT_PAIR = re.compile(
-    r"""(?:(?<![\w.\-])|(?<=\\[nrt]))(?P<q>\\?["'`]?)(?P<name>(?:--?)?[A-Za-z_][\w.\-]*)(?P=q)"""
-    r"(?P<sep>\s*(?:=>|:=|=(?!=)|:(?![:/=]))\s*)" + _TEXT_VALUE
+    _TEXT_NAME + r"(?P=q)\]?(?P<sep>\s*(?:=>|:=|=(?!=)|:(?![:/=]))\s*)" + _TEXT_VALUE
 )
+_TEXT_ITEMS = re.compile(
+    _TEXT_NAME + r"""(?P=q)(?<=["'`])(?P<sep>\s*,\s*)(?P<scheme>)(?P<value>"[^"]*"|'[^']*')"""
+)
+"""A quoted name and a quoted value as two items: ``("api_key", "K")``, ``setenv("TOKEN", "K")``
+(masked when the value looks like a key: ``["token", "logprob"]`` is a list of words)."""
+_TEXT_SPACED = re.compile(
+    r"(?<![\w.\-])(?P<name>[A-Za-z_][\w.\-]*)(?P<sep>[ \t]+)(?P<scheme>)"
+    r"(?P<value>[A-Za-z0-9+/=_.~:\-]{12,})(?![^\s,;'\"])"
+)
+"""A name and its value apart by blanks only (``HF_TOKEN\tK``, ``token K accepted``): masked
+when the name is strongly a credential and the value looks like a key."""
 _TEXT_FLAG = re.compile(r"(?<!\S)(?P<name>--?[A-Za-z][\w\-]*)(?P<sep>\s+)(?!-)" + _TEXT_VALUE)
 _TEXT_PHRASE = re.compile(
     r"(?i)(?<![\w\-])(?P<name>(?:api|access|secret|private|auth|bearer|session|refresh|client"
@@ -642,6 +653,10 @@ _NOT_SECRET_VALUES = frozenset(
     )
 )  # fmt: skip
 """Values that say something of the credential, never are one (``api_key: None``)."""
+_QUOTED = re.compile(
+    r"""^(?P<open>[bru]?(?P<esc>\\?)(?P<q>["'`]))(?P<inner>.*)(?P<close>(?P=esc)(?P=q))$""", re.S
+)
+"""A quoted value (``'K'``, ``b'K'``, an escaped ``\\"K\\"``): its opening, content and closing."""
 _TEXT_NUMBER = re.compile(r"^[-+]?[0-9][0-9_.,]*$")
 _KEY_CHARS = re.compile(r"^[A-Za-z0-9+/=_.~\-:]{12,}$")
 
@@ -672,7 +687,8 @@ def _text_value_shown(name: str, value: str) -> bool:
     word about the credential (``None``, ``missing``), a variable's name (``$OPENAI_API_KEY``), a
     count or a token id (not for a password or a PIN), or a plain value of a name that is only
     weakly a credential (``sort_key=length``, ``key: prompt``)."""
-    inner = value.lstrip("bru").strip("\\\"'`").strip()
+    quoted = _QUOTED.match(value)
+    inner = (quoted.group("inner") if quoted else value).strip()
     if not inner or inner.lower() in _NOT_SECRET_VALUES or inner.startswith("$"):
         return True
     words = _normal_name(name).split("-")
@@ -687,25 +703,32 @@ def _masked_pair(m: re.Match[str], secret: bool) -> str:
     value = m.group("value")
     if not secret or _text_value_shown(m.group("name"), value):
         return m.group(0)
-    lead = re.match(r"""^[bru]?\\?["'`]?""", value)
-    start = lead.end() if lead else 0
-    if start:  # quoted: keep the quotes around the mask
-        close = len(value) - (2 if value.endswith(('\\"', "\\'")) else 1)
-        value = value[:start] + MASK + value[close:]
-    else:
-        value = MASK
+    quoted = _QUOTED.match(value)
+    value = quoted.group("open") + MASK + quoted.group("close") if quoted else MASK
     return m.group(0)[: m.start("value") - m.start(0)] + value
 
 
-def _mask_pairs(pattern: re.Pattern[str], text: str, always: bool = False) -> str:
+def _mask_pairs(
+    pattern: re.Pattern[str], text: str, always: bool = False, key_like: bool = False
+) -> str:
     """``text`` with the value of each match of ``pattern`` whose name is secret (or ``always``)
-    masked. A match of another name is passed by its name only, so its value is read again as a
-    name of its own (``args: --hf-token=K``, ``x=1,api_key=K``)."""
+    masked; with ``key_like``, only a value that looks like a key after a name that is strongly
+    a credential. A match of another name is passed by its name only, so its value is read again
+    as a name of its own (``args: --hf-token=K``, ``x=1,api_key=K``)."""
     out: list[str] = []
     pos = 0
     m = pattern.search(text)
     while m is not None:
-        if always or _is_secret_name(m.group("name")):
+        name = m.group("name")
+        if key_like:
+            secret = (
+                _is_secret_name(name)
+                and not _weak_name(_normal_name(name).split("-"))
+                and _key_like(m.group("value").strip("\"'"))
+            )
+        else:
+            secret = always or _is_secret_name(name)
+        if secret:
             out += [text[pos : m.start()], _masked_pair(m, True)]
             pos = m.end()
             m = pattern.search(text, pos)
@@ -730,6 +753,8 @@ def mask_text(text: str, secrets: Iterable[str] | None = None) -> str:
     text = _TEXT_AUTH.sub(lambda m: m.group(1) + MASK, text)
     text = _mask_pairs(_TEXT_PAIR, text)
     text = _mask_pairs(_TEXT_FLAG, text)
+    text = _mask_pairs(_TEXT_ITEMS, text, key_like=True)
+    text = _mask_pairs(_TEXT_SPACED, text, key_like=True)
     text = _mask_pairs(_TEXT_PHRASE, text, always=True)
     if _AWS_CONTEXT.search(text):
         text = _AWS_SECRET.sub(MASK, text)
