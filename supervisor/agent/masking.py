@@ -6,8 +6,10 @@ logs, adding the secret values it knows (``secrets``).
 
 Each rule is a class, not a list of examples: a name is secret by its words (``_is_secret_name``),
 a header by what it is wherever it stands (``-H Name: K``, ``-H Name K``, ``Name: K`` alone), a
-shell command line inside an argument by the same rules (``_shell_words``), and a registered value
-by its encodings too (``encoded_forms``: base64 at every alignment, percent, hex).
+shell command line inside an argument by the same rules (``_shell_words``), a registered value
+by its encodings too (``encoded_forms``: base64 at every alignment, percent, hex), a credential
+name's value in free text by every form a log or a config dump gives it (``mask_text``), and a
+provider's key by its shape (``_SECRET_VALUE``).
 """
 
 from __future__ import annotations
@@ -600,14 +602,27 @@ _TEXT_AUTH = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*)\S.*")
 _TEXT_VALUE = (
     r"(?P<scheme>(?i:bearer|basic|token|digest|apikey)\s+)?"
     r"""(?P<value>[bru]?\\"[^"\\]*\\"|[bru]?"[^"]*"|[bru]?'[^']*'|`[^`]*`"""
-    r"""|\([^()]*\)|\[[^\[\]]*\]|[^\s,;&'"`\\()\[\]{}<>]+)"""
+    r"""|\([^()]*\)|\[[^\[\]]*\]|[^\s,;&'"`\\()\[\]{}<>]+|["'`][^\s"'`,;&]+)"""
 )
 _TEXT_NAME = r"""(?:(?<![\w.\-])|(?<=\\[nrt]))(?P<q>\\?["'`]?)(?P<name>(?:--?)?[A-Za-z_][\w.\-]*)"""
 _TEXT_PAIR = re.compile(
-    _TEXT_NAME + r"(?P=q)\]?(?P<sep>\s*(?:=>|:=|=(?!=)|:(?![:/=]))\s*)" + _TEXT_VALUE
+    _TEXT_NAME
+    + r"""(?:(?P=q)|\\?["'`])?\]?(?P<sep>\s*(?:=>|:=|=(?!=)|:(?![:/=])|%3[DdAa])\s*)"""
+    + _TEXT_VALUE
 )
+_TEXT_XML = re.compile(
+    r"<(?P<name>[A-Za-z_][\w.\-]*)(?P<sep>>)(?P<scheme>)(?P<value>[^<]+)</(?P=name)>"
+)
+"""An XML element holding a credential (``<api_key>K</api_key>``)."""
+_PEM_BODY = re.compile(
+    r"(?m)^(?P<lead>[ \t]*)(?=[A-Za-z0-9+/]*[a-z])(?=[A-Za-z0-9+/]*[A-Z])(?=[A-Za-z0-9+/]*[0-9])"
+    r"[A-Za-z0-9+/]{40,}={0,2}[ \t]*$"
+)
+"""A line that is one long base64 word of mixed case and digits: a PEM private key's body
+(a line of a tail never holds its BEGIN line too)."""
 _TEXT_ITEMS = re.compile(
-    _TEXT_NAME + r"""(?P=q)(?<=["'`])(?P<sep>\s*,\s*)(?P<scheme>)(?P<value>"[^"]*"|'[^']*')"""
+    r"""(?P<q>["'])(?P<name>[A-Za-z_][\w.\-]*)(?P=q)(?P<sep>\s*,\s*)(?P<scheme>)"""
+    r"""(?P<value>"[^"]*"|'[^']*')"""
 )
 """A quoted name and a quoted value as two items: ``("api_key", "K")``, ``setenv("TOKEN", "K")``
 (masked when the value looks like a key: ``["token", "logprob"]`` is a list of words)."""
@@ -705,7 +720,8 @@ def _masked_pair(m: re.Match[str], secret: bool) -> str:
         return m.group(0)
     quoted = _QUOTED.match(value)
     value = quoted.group("open") + MASK + quoted.group("close") if quoted else MASK
-    return m.group(0)[: m.start("value") - m.start(0)] + value
+    whole = m.group(0)
+    return whole[: m.start("value") - m.start(0)] + value + whole[m.end("value") - m.start(0) :]
 
 
 def _mask_pairs(
@@ -755,8 +771,12 @@ def mask_text(text: str, secrets: Iterable[str] | None = None) -> str:
     text = _mask_pairs(_TEXT_FLAG, text)
     text = _mask_pairs(_TEXT_ITEMS, text, key_like=True)
     text = _mask_pairs(_TEXT_SPACED, text, key_like=True)
-    text = _mask_pairs(_TEXT_PHRASE, text, always=True)
-    if _AWS_CONTEXT.search(text):
+    low = text.lower()
+    if "key" in low or "token" in low or "secret" in low:
+        text = _mask_pairs(_TEXT_PHRASE, text, always=True)
+    text = _mask_pairs(_TEXT_XML, text)
+    text = _PEM_BODY.sub(lambda m: m.group("lead") + MASK, text)
+    if ("aws" in low or "AKIA" in text or "ASIA" in text) and _AWS_CONTEXT.search(text):
         text = _AWS_SECRET.sub(MASK, text)
     text = _SECRET_VALUE.sub(MASK, text)
     text = _BEARER.sub(lambda mm: mm.group(1) + " " + MASK, text)

@@ -43,6 +43,11 @@ K = "Zq8vR2mXk4LpT9wB7nYc"
         (f"cache_key={K}", "cache_key=***"),
         ("x-api-key:b0Rq8vR2mXk4LpT9w3", "x-api-key:***"),
         ("token: u123456789", "token: ***"),
+        (f"<api_key>{K}</api_key> <n>1</n>", "<api_key>***</api_key> <n>1</n>"),
+        (f"GET /x?q=1&api_key%3D{K}", "GET /x?q=1&api_key%3D***"),
+        (f'api_key": "{K}", "model": "m"}}', 'api_key": "***", "model": "m"}'),
+        (f'api_key": "{K}', 'api_key": ***'),
+        ("  MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj", "  ***"),
         ("api_key=rZq8vR2mXk4LpT9w", "api_key=***"),
         ("db password: 20481024", "db password: ***"),
         (f"hf_token := b'{K}'", "hf_token := b'***'"),
@@ -164,6 +169,9 @@ PLAIN = [
     '["token", "logprob"] key=[1, 2, 3] token_ids=[1, 2]',
     "api_key: <redacted> HF_TOKEN not set",
     "session 20261201-abcdef12 started; key Qwen2.5-7B-Instruct",
+    "3f2a9b7c1d0e4f5a6b7c8d9e0f1a2b3c4d5e6f7a3f2a9b7c1d0e4f5a6b7c8d9e0f",
+    "-----BEGIN OPENSSH PRIVATE KEY-----",
+    "<max_tokens>2048</max_tokens> <key>prompt</key>",
 ]
 
 
