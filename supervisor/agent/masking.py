@@ -672,6 +672,8 @@ _QUOTED = re.compile(
     r"""^(?P<open>[bru]?(?P<esc>\\?)(?P<q>["'`]))(?P<inner>.*)(?P<close>(?P=esc)(?P=q))$""", re.S
 )
 """A quoted value (``'K'``, ``b'K'``, an escaped ``\\"K\\"``): its opening, content and closing."""
+_PROSE_WORD = re.compile(r"^[A-Za-z]?[a-z]{0,9}$")
+"""A word of prose (``The``, ``stored``): never a key after ``Token:`` or ``API key:``."""
 _TEXT_NUMBER = re.compile(r"^[-+]?[0-9][0-9_.,]*$")
 _KEY_CHARS = re.compile(r"^[A-Za-z0-9+/=_.~\-:]{12,}$")
 
@@ -697,18 +699,22 @@ def _weak_name(words: Sequence[str]) -> bool:
     )
 
 
-def _text_value_shown(name: str, value: str) -> bool:
+def _text_value_shown(name: str, value: str, sep: str = "") -> bool:
     """``value``, given to the secret-named ``name`` in free text, is shown as it is: empty, a
     word about the credential (``None``, ``missing``), a variable's name (``$OPENAI_API_KEY``), a
-    count or a token id (not for a password or a PIN), or a plain value of a name that is only
-    weakly a credential (``sort_key=length``, ``key: prompt``)."""
+    count or a token id, a word of prose after a colon (``Token: The``; neither of these for a
+    password or a PIN), or a plain value of a name that is only weakly a credential
+    (``sort_key=length``, ``key: prompt``)."""
     quoted = _QUOTED.match(value)
     inner = (quoted.group("inner") if quoted else value).strip()
     if not inner or inner.lower() in _NOT_SECRET_VALUES or inner.startswith("$"):
         return True
     words = _normal_name(name).split("-")
-    if _TEXT_NUMBER.match(inner) and not any(w in _NUMBER_SECRET_WORDS for w in words):
-        return True
+    if not any(w in _NUMBER_SECRET_WORDS for w in words):
+        if _TEXT_NUMBER.match(inner):
+            return True
+        if sep.strip() == ":" and not quoted and _PROSE_WORD.match(inner):
+            return True
     return _weak_name(words) and not _key_like(inner)
 
 
@@ -716,7 +722,7 @@ def _masked_pair(m: re.Match[str], secret: bool) -> str:
     """The match of a name and its value with the value masked (its quotes kept) when ``secret``
     and the value is not one shown as it is."""
     value = m.group("value")
-    if not secret or _text_value_shown(m.group("name"), value):
+    if not secret or _text_value_shown(m.group("name"), value, m.group("sep")):
         return m.group(0)
     quoted = _QUOTED.match(value)
     value = quoted.group("open") + MASK + quoted.group("close") if quoted else MASK
@@ -724,12 +730,10 @@ def _masked_pair(m: re.Match[str], secret: bool) -> str:
     return whole[: m.start("value") - m.start(0)] + value + whole[m.end("value") - m.start(0) :]
 
 
-def _mask_pairs(
-    pattern: re.Pattern[str], text: str, always: bool = False, key_like: bool = False
-) -> str:
-    """``text`` with the value of each match of ``pattern`` whose name is secret (or ``always``)
-    masked; with ``key_like``, only a value that looks like a key after a name that is strongly
-    a credential. A match of another name is passed by its name only, so its value is read again
+def _mask_pairs(pattern: re.Pattern[str], text: str, key_like: bool = False) -> str:
+    """``text`` with the value of each match of ``pattern`` whose name is secret masked; with
+    ``key_like``, only a value that looks like a key after a name that is strongly a credential.
+    A match of another name is passed by its name only, so its value is read again
     as a name of its own (``args: --hf-token=K``, ``x=1,api_key=K``)."""
     out: list[str] = []
     pos = 0
@@ -743,7 +747,7 @@ def _mask_pairs(
                 and _key_like(m.group("value").strip("\"'"))
             )
         else:
-            secret = always or _is_secret_name(name)
+            secret = _is_secret_name(name)
         if secret:
             out += [text[pos : m.start()], _masked_pair(m, True)]
             pos = m.end()
@@ -773,7 +777,7 @@ def mask_text(text: str, secrets: Iterable[str] | None = None) -> str:
     text = _mask_pairs(_TEXT_SPACED, text, key_like=True)
     low = text.lower()
     if "key" in low or "token" in low or "secret" in low:
-        text = _mask_pairs(_TEXT_PHRASE, text, always=True)
+        text = _mask_pairs(_TEXT_PHRASE, text, key_like=True)
     text = _mask_pairs(_TEXT_XML, text)
     text = _PEM_BODY.sub(lambda m: m.group("lead") + MASK, text)
     if ("aws" in low or "AKIA" in text or "ASIA" in text) and _AWS_CONTEXT.search(text):

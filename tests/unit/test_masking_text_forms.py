@@ -172,6 +172,8 @@ PLAIN = [
     "3f2a9b7c1d0e4f5a6b7c8d9e0f1a2b3c4d5e6f7a3f2a9b7c1d0e4f5a6b7c8d9e0f",
     "-----BEGIN OPENSSH PRIVATE KEY-----",
     "<max_tokens>2048</max_tokens> <key>prompt</key>",
+    "Token: The model reads the API key is stored in the vault; Auth: ok",
+    "the access token is invalid; API key: Use an environment variable",
 ]
 
 
