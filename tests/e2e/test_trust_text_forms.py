@@ -55,6 +55,8 @@ def _rand(n: int, alphabet: str = ALNUM) -> str:
 def _values() -> dict[str, str]:
     """Fresh values: dump-form values (key-like, no prefix) and provider-shaped keys."""
     v = {name: _rand(24) for name in ("yaml", "quoted", "pw", "arrow", "dict", "json", "xapi")}
+    v |= {name: _rand(24) for name in ("environ", "pair", "tab", "xml", "tuple", "pem")}
+    v["pem"] = _rand(64, ALNUM + "+/")
     v["bearer"] = _rand(32, ALNUM + "-._")
     v["escaped"] = _rand(20)
     v |= {
@@ -85,6 +87,14 @@ def _leak_lines(v: dict[str, str]) -> tuple[list[str], list[str]]:
         f"plain: --input-key text sample B1-000042 out/B1/raw_responses.jsonl "
         f"commit {os.urandom(20).hex()} run {uuid.uuid4()}",
     ]
+    earlier = [  # before the last ten: in the launch-failure tail and the Log tab only
+        f"os.environ['OPENAI_API_KEY'] = '{v['environ']}'; setenv(\"HF_TOKEN\", \"{v['pair']}\")",
+        f"HF_TOKEN\t{v['tab']}",
+        f"<request><api_key>{v['xml']}</api_key></request> auth=('me', '{v['tuple']}')",
+        "-----BEGIN PRIVATE KEY-----",
+        v["pem"],
+        "-----END PRIVATE KEY-----",
+    ]
     secret = [
         f"dump: api_key: {v['yaml']} | password = '{v['pw']}' | token => {v['arrow']}",
         f'  openai_api_key: "{v["quoted"]}"',
@@ -96,7 +106,7 @@ def _leak_lines(v: dict[str, str]) -> tuple[list[str], list[str]]:
         f"and {v['anthropic']} {v['hf']},{v['slack']} {v['jwt']}",
         f"aws {v['aws_id']} {v['aws_secret']}",
     ]
-    return secret + plain, plain
+    return earlier + secret + plain, plain
 
 
 def _leaks(text: str, values: dict[str, str]) -> list[str]:
@@ -174,6 +184,7 @@ async def test_t30_t31_secrets_a_run_prints_in_any_form_never_leave_through_its_
     assert not _leaks(launch_text, values), (_leaks(launch_text, values), launch_text)
     assert all(line in launch_text for line in plain), launch_text
     assert "api_key: ***" in launch_text and "x-api-key:***" in launch_text, launch_text
+    assert "<api_key>***</api_key>" in launch_text, launch_text  # the earlier lines are there
 
     # The run that dies: its run-died alert and event carry the last ten lines of its log.
     async with Engine(load_config(cfg)) as engine:
@@ -197,6 +208,7 @@ async def test_t30_t31_secrets_a_run_prints_in_any_form_never_leave_through_its_
     tail_text = "\n".join(tail.lines)
     assert all(line in tail_text for line in plain), tail_text
     assert '  openai_api_key: "***"' in tail.lines, tail_text
+    assert "HF_TOKEN\t***" in tail.lines and "-----BEGIN PRIVATE KEY-----" in tail.lines, tail_text
     for name, text in (
         ("launch", launch_text),
         ("alert", alert),
