@@ -28,7 +28,7 @@ from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
 from supervisor.agent.protocol import MASK
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
 # A flag or variable is secret-named when one of its words (split on ``-``, ``_``, ``.`` and
 # camelCase) is a credential word (``--api-key``, ``--db-pw``, ``--auth-header``,
@@ -631,7 +631,8 @@ _TEXT_SPACED = re.compile(
     r"(?P<value>[A-Za-z0-9+/=_.~:\-]{12,})(?![^\s,;'\"])"
 )
 """A name and its value apart by blanks only (``HF_TOKEN\tK``, ``token K accepted``): masked
-when the name is strongly a credential and the value looks like a key."""
+when the name is strongly a credential and the value looks like a key (apart by spaces, as in
+prose, a key with digits of 16 characters or more: :func:`_key_in_prose`)."""
 _TEXT_FLAG = re.compile(r"(?<!\S)(?P<name>--?[A-Za-z][\w\-]*)(?P<sep>\s+)(?!-)" + _TEXT_VALUE)
 _TEXT_PHRASE = re.compile(
     r"(?i)(?<![\w\-])(?P<name>(?:api|access|secret|private|auth|bearer|session|refresh|client"
@@ -688,6 +689,17 @@ def _key_like(value: str) -> bool:
     return sum(kinds) >= 2
 
 
+def _key_in_prose(value: str) -> bool:
+    """``value``, after a name with only blanks between (``token K accepted``), could be a key:
+    key-like, 16 characters or more, with digits and letters (not ``base64-encoded``)."""
+    return (
+        len(value) >= 16
+        and _key_like(value)
+        and any(c.isdigit() for c in value)
+        and any(c.isalpha() for c in value)
+    )
+
+
 def _weak_name(words: Sequence[str]) -> bool:
     """A name whose credential words are all weak ones (``sort-key``, ``session``), with no word
     that makes a key a credential (``api``, ``openai``); never a profile's secret flag."""
@@ -703,12 +715,14 @@ def _text_value_shown(name: str, value: str, sep: str = "") -> bool:
     """``value``, given to the secret-named ``name`` in free text, is shown as it is: empty, a
     word about the credential (``None``, ``missing``), a variable's name (``$OPENAI_API_KEY``), a
     count or a token id, a word of prose after a colon (``Token: The``; neither of these for a
-    password or a PIN), or a plain value of a name that is only weakly a credential
-    (``sort_key=length``, ``key: prompt``)."""
+    password or a PIN), an example in markdown (``a secret: `a b` ``), or a plain value of a
+    name that is only weakly a credential (``sort_key=length``, ``key: prompt``)."""
     quoted = _QUOTED.match(value)
     inner = (quoted.group("inner") if quoted else value).strip()
     if not inner or inner.lower() in _NOT_SECRET_VALUES or inner.startswith("$"):
         return True
+    if sep.strip() == ":" and quoted and quoted.group("q") == "`" and " " in inner:
+        return True  # markdown: "a secret: `max_tokens: 2048`" quotes an example
     words = _normal_name(name).split("-")
     if not any(w in _NUMBER_SECRET_WORDS for w in words):
         if _TEXT_NUMBER.match(inner):
@@ -730,7 +744,9 @@ def _masked_pair(m: re.Match[str], secret: bool) -> str:
     return whole[: m.start("value") - m.start(0)] + value + whole[m.end("value") - m.start(0) :]
 
 
-def _mask_pairs(pattern: re.Pattern[str], text: str, key_like: bool = False) -> str:
+def _mask_pairs(
+    pattern: re.Pattern[str], text: str, key_like: Callable[[str], bool] | None = None
+) -> str:
     """``text`` with the value of each match of ``pattern`` whose name is secret masked; with
     ``key_like``, only a value that looks like a key after a name that is strongly a credential.
     A match of another name is passed by its name only, so its value is read again
@@ -741,10 +757,11 @@ def _mask_pairs(pattern: re.Pattern[str], text: str, key_like: bool = False) -> 
     while m is not None:
         name = m.group("name")
         if key_like:
+            looks = _key_like if "\t" in m.group("sep") else key_like  # a table: no prose
             secret = (
                 _is_secret_name(name)
                 and not _weak_name(_normal_name(name).split("-"))
-                and _key_like(m.group("value").strip("\"'"))
+                and looks(m.group("value").strip("\"'"))
             )
         else:
             secret = _is_secret_name(name)
@@ -773,11 +790,11 @@ def mask_text(text: str, secrets: Iterable[str] | None = None) -> str:
     text = _TEXT_AUTH.sub(lambda m: m.group(1) + MASK, text)
     text = _mask_pairs(_TEXT_PAIR, text)
     text = _mask_pairs(_TEXT_FLAG, text)
-    text = _mask_pairs(_TEXT_ITEMS, text, key_like=True)
-    text = _mask_pairs(_TEXT_SPACED, text, key_like=True)
+    text = _mask_pairs(_TEXT_ITEMS, text, key_like=_key_like)
+    text = _mask_pairs(_TEXT_SPACED, text, key_like=_key_in_prose)
     low = text.lower()
     if "key" in low or "token" in low or "secret" in low:
-        text = _mask_pairs(_TEXT_PHRASE, text, key_like=True)
+        text = _mask_pairs(_TEXT_PHRASE, text, key_like=_key_in_prose)
     text = _mask_pairs(_TEXT_XML, text)
     text = _PEM_BODY.sub(lambda m: m.group("lead") + MASK, text)
     if ("aws" in low or "AKIA" in text or "ASIA" in text) and _AWS_CONTEXT.search(text):

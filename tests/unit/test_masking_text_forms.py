@@ -174,6 +174,7 @@ PLAIN = [
     "<max_tokens>2048</max_tokens> <key>prompt</key>",
     "Token: The model reads the API key is stored in the vault; Auth: ok",
     "the access token is invalid; API key: Use an environment variable",
+    "a registered secret base64-encoded; what looks like a secret: `max_tokens: 2048`",
 ]
 
 
