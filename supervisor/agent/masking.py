@@ -141,7 +141,7 @@ _NOT_A_VALUE_WORDS = frozenset(
         "field", "column", "col", "url", "endpoint", "host", "port", "user", "username", "expiry",
         "expires", "lifetime", "interval", "retries", "per", "prefix", "suffix", "method",
         "ids", "map", "dtype", "index", "idx", "dim", "bytes", "config", "params", "options",
-        "args", "kwargs",
+        "args", "kwargs", "flag", "flags", "names",
     )
 )  # fmt: skip
 CREDENTIAL_HEADERS = frozenset(
@@ -601,7 +601,7 @@ def mask_value(text: str, secrets: Iterable[str] | None = None) -> str:
 _TEXT_AUTH = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*)\S.*")
 _TEXT_VALUE = (
     r"(?P<scheme>(?i:bearer|basic|token|digest|apikey)\s+)?"
-    r"""(?P<value>[bru]?\\"[^"\\]*\\"|[bru]?"[^"]*"|[bru]?'[^']*'|`[^`]*`"""
+    r"""(?P<value>[bfru]?\\"[^"\\]*\\"|[bfru]?"[^"]*"|[bfru]?'[^']*'|`[^`]*`"""
     r"""|\([^()]*\)|\[[^\[\]]*\]|[^\s,;&'"`\\()\[\]{}<>]+|["'`][^\s"'`,;&]+)"""
 )
 _TEXT_NAME = r"""(?:(?<![\w.\-])|(?<=\\[nrt]))(?P<q>\\?["'`]?)(?P<name>(?:--?)?[A-Za-z_][\w.\-]*)"""
@@ -660,6 +660,8 @@ _NUMBER_SECRET_WORDS = frozenset(
 )
 """Credential words whose value is secret even when it is a number (a PIN); ``token: 151643`` (a
 model's token id) and ``key: 3`` stay."""
+_PASSWORD_WORDS = _NUMBER_SECRET_WORDS - {"secret"}
+"""Credential words whose value can be a plain word (``password: hunter``)."""
 _NOT_SECRET_VALUES = frozenset(
     (
         "none", "null", "nil", "true", "false", "yes", "no", "on", "off", "ok", "set", "unset",
@@ -670,7 +672,8 @@ _NOT_SECRET_VALUES = frozenset(
 )  # fmt: skip
 """Values that say something of the credential, never are one (``api_key: None``)."""
 _QUOTED = re.compile(
-    r"""^(?P<open>[bru]?(?P<esc>\\?)(?P<q>["'`]))(?P<inner>.*)(?P<close>(?P=esc)(?P=q))$""", re.S
+    r"""^(?P<open>[bfru]?(?P<esc>\\?)(?P<q>["'`]))(?P<inner>.*)(?P<close>(?P=esc)(?P=q))$""",
+    re.S,
 )
 """A quoted value (``'K'``, ``b'K'``, an escaped ``\\"K\\"``): its opening, content and closing."""
 _PROSE_WORD = re.compile(r"^[A-Za-z]?[a-z]{0,9}$")
@@ -703,12 +706,13 @@ def _key_in_prose(value: str) -> bool:
 def _weak_name(words: Sequence[str]) -> bool:
     """A name whose credential words are all weak ones (``sort-key``, ``session``), with no word
     that makes a key a credential (``api``, ``openai``); never a profile's secret flag."""
-    if "-".join(words) in _PROFILE_FLAGS:
+    norm = "-".join(words)
+    if norm in _PROFILE_FLAGS:
         return False
     creds = [w for w in words if _credential_word(w)]
-    return (
-        bool(creds) and all(w in _WEAK_WORDS for w in creds) and not (set(words) & _KEY_QUALIFIERS)
-    )
+    if not creds:  # secret only as a near miss of a name (``dkey``), or ``-k``
+        return norm == "k" or (norm not in SECRET_FLAG_NAMES and norm not in CREDENTIAL_HEADERS)
+    return all(w in _WEAK_WORDS for w in creds) and not (set(words) & _KEY_QUALIFIERS)
 
 
 def _text_value_shown(name: str, value: str, sep: str = "") -> bool:
@@ -719,24 +723,40 @@ def _text_value_shown(name: str, value: str, sep: str = "") -> bool:
     name that is only weakly a credential (``sort_key=length``, ``key: prompt``)."""
     quoted = _QUOTED.match(value)
     inner = (quoted.group("inner") if quoted else value).strip()
-    if not inner or inner.lower() in _NOT_SECRET_VALUES or inner.startswith("$"):
-        return True
+    if len(inner) < 2 or inner.lower() in _NOT_SECRET_VALUES or inner.startswith("$"):
+        return True  # ``k=v``, ``None``, ``$OPENAI_API_KEY``
+    if not any(c.isalnum() for c in inner):
+        return True  # ``...``, ``***``
     if sep.strip() == ":" and quoted and quoted.group("q") == "`" and " " in inner:
         return True  # markdown: "a secret: `max_tokens: 2048`" quotes an example
     words = _normal_name(name).split("-")
-    if not any(w in _NUMBER_SECRET_WORDS for w in words):
-        if _TEXT_NUMBER.match(inner):
-            return True
-        if sep.strip() == ":" and not quoted and _PROSE_WORD.match(inner):
-            return True
+    if _TEXT_NUMBER.match(inner) and not set(words) & _NUMBER_SECRET_WORDS:
+        return True
+    if sep.strip() == ":" and not quoted and _PROSE_WORD.match(inner):
+        return not set(words) & _PASSWORD_WORDS
     return _weak_name(words) and not _key_like(inner)
+
+
+_CODE_PATH = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
+
+
+def _code_value(m: re.Match[str]) -> bool:
+    """The value is a Python expression, as a traceback's source line shows it: a call or a
+    subscript (``frozenset(``, ``s.get(k)``, ``Iterable[str]``), an f-string, an attribute path
+    (``self._key``, ``rate.cost_per_request``)."""
+    value = m.group("value")
+    if m.string[m.end("value") : m.end("value") + 1] in ("(", "["):
+        return True
+    if value[:1] == "f" and value[1:2] in ("'", '"'):
+        return True
+    return bool(_CODE_PATH.match(value)) and not _key_like(value)
 
 
 def _masked_pair(m: re.Match[str], secret: bool) -> str:
     """The match of a name and its value with the value masked (its quotes kept) when ``secret``
     and the value is not one shown as it is."""
     value = m.group("value")
-    if not secret or _text_value_shown(m.group("name"), value, m.group("sep")):
+    if not secret or _code_value(m) or _text_value_shown(m.group("name"), value, m.group("sep")):
         return m.group(0)
     quoted = _QUOTED.match(value)
     value = quoted.group("open") + MASK + quoted.group("close") if quoted else MASK

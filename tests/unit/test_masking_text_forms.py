@@ -43,6 +43,8 @@ K = "Zq8vR2mXk4LpT9wB7nYc"
         (f"cache_key={K}", "cache_key=***"),
         ("x-api-key:b0Rq8vR2mXk4LpT9w3", "x-api-key:***"),
         ("token: u123456789", "token: ***"),
+        ("password: hunter", "password: ***"),
+        (f"grep -k {K}", "grep -k ***"),
         (f"<api_key>{K}</api_key> <n>1</n>", "<api_key>***</api_key> <n>1</n>"),
         (f"GET /x?q=1&api_key%3D{K}", "GET /x?q=1&api_key%3D***"),
         (f'api_key": "{K}", "model": "m"}}', 'api_key": "***", "model": "m"}'),
@@ -175,6 +177,15 @@ PLAIN = [
     "Token: The model reads the API key is stored in the vault; Auth: ok",
     "the access token is invalid; API key: Use an environment variable",
     "a registered secret base64-encoded; what looks like a secret: `max_tokens: 2048`",
+    # a traceback's source lines and an agent's error message
+    "parameter 'secret_flags': expected a list of flags",
+    "    words = rng.choices(WORDS, k=n)",
+    "    self._done_figure[dkey] = figure",
+    '    token = f"{config_id}:{run}:{launch_id}"',
+    "    per_token = rate.cost_per_request / rate.completion_per_request",
+    "CREDENTIAL_HEADERS = frozenset(",
+    "def _masked_pair(m: re.Match[str], secret: bool) -> str:",
+    "    api_key = self._key; token => ...",
 ]
 
 
