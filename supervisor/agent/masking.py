@@ -749,6 +749,8 @@ def _code_value(m: re.Match[str]) -> bool:
         return True
     if value[:1] == "f" and value[1:2] in ("'", '"'):
         return True
+    if set(_normal_name(m.group("name")).split("-")) & _PASSWORD_WORDS:
+        return False  # ``password=hunter2.x`` may well be one
     return bool(_CODE_PATH.match(value)) and not _key_like(value)
 
 

@@ -44,6 +44,7 @@ K = "Zq8vR2mXk4LpT9wB7nYc"
         ("x-api-key:b0Rq8vR2mXk4LpT9w3", "x-api-key:***"),
         ("token: u123456789", "token: ***"),
         ("password: hunter", "password: ***"),
+        ("db_password=hunter2.x api_key = self._key", "db_password=*** api_key = self._key"),
         (f"grep -k {K}", "grep -k ***"),
         (f"<api_key>{K}</api_key> <n>1</n>", "<api_key>***</api_key> <n>1</n>"),
         (f"GET /x?q=1&api_key%3D{K}", "GET /x?q=1&api_key%3D***"),
