@@ -7,8 +7,8 @@ GitLab, Google, Replicate, OpenRouter, Anthropic, Hugging Face, Slack, AWS, a JW
 that only look like them (counts, ``key: prompt``, a git hash, a uuid). The values are fresh
 random ones that no process registered (not in the run's argv nor its environment): only the
 patterns can mask them. The run-died alert's log tail, the watcher's event text, the run's log
-tail (the dashboard's Log tab and ``logs``) and the launch-failure tail of ``runwatch launch``
-hold none of the values, and every plain line as it was printed."""
+tail (``Engine.tail_log``), the dashboard's Log tab (under Pilot) and the launch-failure tail of
+``runwatch launch`` hold none of the values, and every plain line as it was printed."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.widgets import Log
 
 from supervisor.config import load_config
 from supervisor.engine import Engine
@@ -36,6 +37,8 @@ from tests import fixtures_actions as actions
 from tests.fixtures_actions import host_toml
 from tests.fixtures_alerts import Receiver
 from tests.waiting import wait_for
+from tui.app import make_app
+from tui.screens.run_detail import RunDetailScreen
 
 pytestmark = pytest.mark.ssh
 
@@ -199,6 +202,7 @@ async def test_t30_t31_secrets_a_run_prints_in_any_form_never_leave_through_its_
                 what="the run-died alert",
             )
         tail = await engine.tail_log(ssh_host_cfg.name, "gen", 50)
+    screen = await _log_tab(cfg, f"{ssh_host_cfg.name}/gen", plain[-1])
     own = (tmp_path / "gen" / "logs" / "run.log").read_text()
     assert all(value in own for value in values.values())  # the client did print them all
 
@@ -214,9 +218,25 @@ async def test_t30_t31_secrets_a_run_prints_in_any_form_never_leave_through_its_
         ("alert", alert),
         ("events", event_text),
         ("tail", tail_text),
+        ("dashboard", screen),
     ):
         assert not _leaks(text, values), (name, _leaks(text, values), text)
     assert not _clients_in(tmp_path / "gen")  # it died on its own: nothing was killed
+
+
+async def _log_tab(cfg: Path, key: str, last: str) -> str:
+    """The dashboard's Log tab of ``key`` (its lines and the screen) once ``last`` is shown."""
+    engine = Engine(load_config(cfg))
+    app = make_app(engine.config, engine)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await wait_for(lambda: app.find_run(key) is not None, 30, what="the run")
+        app.open_run(key)
+        await wait_for(lambda: isinstance(app.screen, RunDetailScreen), what="the detail")
+        await pilot.press("2")
+        view = app.screen.query_one("#log-view", Log)
+        await wait_for(lambda: any(last in x for x in view.lines), 30, what="the log")
+        assert '  openai_api_key: "***"' in view.lines, view.lines
+        return "\n".join(view.lines) + app.export_screenshot()
 
 
 def _clients_in(workdir: Path) -> list[int]:
