@@ -231,3 +231,31 @@ def test_t30_a_profiles_secret_flag_is_never_only_weakly_secret() -> None:
     masking.register_secret_flags(["--seat", "--tenant-seed"])
     text = "argv --seat Qz7w --tenant-seed=plain --sort-key length"
     assert masking.mask_text(text) == "argv --seat *** --tenant-seed=*** --sort-key length"
+
+
+def test_t30_audit_details_and_events_are_masked_with_the_same_rules() -> None:
+    """What is stored (an audit record of an older runwatch) and what is alerted (an event's
+    detail and its log lines) go through the same free-text rules."""
+    from supervisor.events import Event
+    from supervisor.secrets import mask_record
+
+    gsk = "gsk_" + "Q7" * 26
+    record = {"op": "launch", "detail": f"client said api_key: {K}", "steps": [f"env {gsk}"]}
+    assert mask_record(record) == {
+        "op": "launch",
+        "detail": "client said api_key: ***",
+        "steps": ["env ***"],
+    }
+    ev = Event(
+        kind="run-died",
+        severity="critical",
+        host="h",
+        run="r",
+        title="r",
+        message=f"Run stopped; token => {K}",
+        key="r",
+        time=0.0,
+        lines=[f"x-api-key:{K}", "key: prompt"],
+    )
+    assert ev.lines == ["x-api-key:***", "key: prompt"]
+    assert ev.message == "Run stopped; token => ***"
