@@ -1,4 +1,4 @@
-"""Issue 21 again: secrets a run prints to its log in forms no one registered (T30, T31, T32).
+"""Issue 21 again: secrets a run prints to its log in forms no one registered (T40, T41, T42).
 
 A real client on the test sshd host prints, just before it dies, a config dump of credential
 names and values in every dump form (YAML, ``=``, ``=>``, a Python dict, JSON, a header without
@@ -168,7 +168,7 @@ def _gen_pid(engine: Engine) -> int | None:
     return None
 
 
-async def test_t30_t31_secrets_a_run_prints_in_any_form_never_leave_through_its_log_tail(
+async def test_t40_t41_secrets_a_run_prints_in_any_form_never_leave_through_its_log_tail(
     tmp_path: Path, state_home: Path, ssh_host_cfg: Any, receiver: Receiver
 ) -> None:
     values = _values()

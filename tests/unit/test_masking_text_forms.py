@@ -1,4 +1,4 @@
-"""Free text masked by pattern, as a class (T30-T32): a credential-named name and its value in
+"""Free text masked by pattern, as a class (T40-T42): a credential-named name and its value in
 every way a log or a config dump writes them, provider key shapes printed without a name, and
 the words that only look like them (counts, ``sort_key=length``, hashes, uuids) shown as they are.
 Nothing here is registered: only the patterns can mask it."""
@@ -65,7 +65,7 @@ K = "Zq8vR2mXk4LpT9wB7nYc"
         (f"Ocp-Apim-Subscription-Key: {K}", "Ocp-Apim-Subscription-Key: ***"),
     ],
 )
-def test_t30_a_secret_name_and_its_value_in_any_dump_form(text: str, masked: str) -> None:
+def test_t40_a_secret_name_and_its_value_in_any_dump_form(text: str, masked: str) -> None:
     assert masking.mask_text(text) == masked
 
 
@@ -87,7 +87,7 @@ key_values = st.text(alphabet=ALNUM + "-_./+=", min_size=12, max_size=60).filter
     value=key_values,
     before=st.sampled_from(["", "INFO cfg ", "2026-12-01 12:00:00 ", "dump: "]),
 )
-def test_t30_any_secret_name_form_and_key_value_is_masked(
+def test_t40_any_secret_name_form_and_key_value_is_masked(
     name: str, form: str, value: str, before: str
 ) -> None:
     text = before + form.format(n=name, v=value)
@@ -131,7 +131,7 @@ SHAPES = {
     data=st.data(),
     around=st.sampled_from(["{}", "using {} now", "({})", "'{}'", "key={}", "[{}]", "{},x"]),
 )
-def test_t31_a_provider_key_printed_without_a_name_is_masked(
+def test_t41_a_provider_key_printed_without_a_name_is_masked(
     kind: str, data: st.DataObject, around: str
 ) -> None:
     key = data.draw(SHAPES[kind])
@@ -140,7 +140,7 @@ def test_t31_a_provider_key_printed_without_a_name_is_masked(
 
 @settings(max_examples=100, deadline=None)
 @given(secret=_body(40, ALNUM + "/+"), kid=_body(16, string.ascii_uppercase + "234567"))
-def test_t31_an_aws_secret_key_next_to_its_key_id_is_masked(secret: str, kid: str) -> None:
+def test_t41_an_aws_secret_key_next_to_its_key_id_is_masked(secret: str, kid: str) -> None:
     if not masking._AWS_SECRET.fullmatch(secret):
         return  # one case only, or no digit nor sign: not the shape of an AWS secret
     for text in (f"AKIA{kid} {secret}", f"aws creds: {secret}", f"AWS_SECRET={secret}"):
@@ -191,7 +191,7 @@ PLAIN = [
 
 
 @pytest.mark.parametrize("text", PLAIN)
-def test_t32_what_only_looks_like_a_secret_is_shown_as_it_is(text: str) -> None:
+def test_t42_what_only_looks_like_a_secret_is_shown_as_it_is(text: str) -> None:
     assert masking.mask_text(text) == text
 
 
@@ -202,7 +202,7 @@ def test_t32_what_only_looks_like_a_secret_is_shown_as_it_is(text: str) -> None:
     name=st.sampled_from(["max_tokens", "tokens", "token_budget", "num_tokens", "prompt_tokens"]),
     count=st.integers(min_value=0, max_value=10**12),
 )
-def test_t32_hashes_uuids_and_counts_are_never_masked(
+def test_t42_hashes_uuids_and_counts_are_never_masked(
     raw: bytes, form: str, name: str, count: int
 ) -> None:
     u = str(uuid.UUID(bytes=sha256(raw).digest()[:16]))
@@ -214,7 +214,7 @@ def test_t32_hashes_uuids_and_counts_are_never_masked(
 
 @settings(max_examples=60, deadline=None)
 @given(value=key_values, form=st.sampled_from(FORMS), name=st.sampled_from(["note", "data"]))
-def test_t32_the_new_forms_keep_registered_encodings_masked(
+def test_t42_the_new_forms_keep_registered_encodings_masked(
     value: str, form: str, name: str
 ) -> None:
     """T22 again under the new forms: a registered value's base64 after a name that is no
@@ -225,7 +225,7 @@ def test_t32_the_new_forms_keep_registered_encodings_masked(
     assert value not in shown and encoded.rstrip("=") not in shown
 
 
-def test_t30_a_profiles_secret_flag_is_never_only_weakly_secret() -> None:
+def test_t40_a_profiles_secret_flag_is_never_only_weakly_secret() -> None:
     """A profile's secret flag names no credential word (``--seat``): its value is masked
     whatever it looks like, short or a plain word; a public ``--sort-key`` keeps its word."""
     masking.register_secret_flags(["--seat", "--tenant-seed"])
@@ -233,7 +233,7 @@ def test_t30_a_profiles_secret_flag_is_never_only_weakly_secret() -> None:
     assert masking.mask_text(text) == "argv --seat *** --tenant-seed=*** --sort-key length"
 
 
-def test_t30_audit_details_and_events_are_masked_with_the_same_rules() -> None:
+def test_t40_audit_details_and_events_are_masked_with_the_same_rules() -> None:
     """What is stored (an audit record of an older runwatch) and what is alerted (an event's
     detail and its log lines) go through the same free-text rules."""
     from supervisor.events import Event
