@@ -40,7 +40,7 @@ K = "Zq8vR2mXk4LpT9wB7nYc"
         (f"token: Bearer {K}", "token: Bearer ***"),
         (f"API key: {K}", "API key: ***"),
         (f"your access token is {K}", "your access token is ***"),
-        (f"cache_key={K}", "cache_key=***"),
+        (f"key={K}", "key=***"),
         ("x-api-key:b0Rq8vR2mXk4LpT9w3", "x-api-key:***"),
         ("token: u123456789", "token: ***"),
         ("password: hunter", "password: ***"),
