@@ -6,7 +6,8 @@ printed as they are, base64-encoded (standard and urlsafe, with and without padd
 ``svc-usr:VALUE``), percent-encoded (each byte too, lower case), and in a URL's fragment and
 query. It appends one raw-format record every half second to
 ``<output-dir>/<dataset>/raw_responses.jsonl``; with ``--mode fail`` it exits 3 after printing;
-it exits 3 when the file ``die`` appears in its working directory."""
+it exits 3 when the file ``die`` appears in its working directory. With ``--print-file PATH`` it
+prints the lines of PATH last, just before it exits (the tail a run-died alert shows)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--datasets", default="B1")
 parser.add_argument("--output-dir", default="out")
 parser.add_argument("--mode", default="run")
+parser.add_argument("--print-file", default="")
 args, rest = parser.parse_known_args()
 
 print("leaky client starting:", " ".join(sys.argv[1:]), flush=True)
@@ -38,8 +40,17 @@ for name in filter(None, os.environ.get("LEAK_VARS", "").split(",")):
     print(f"{name} redirect http://127.0.0.1:9/cb#access_token={quote(raw)}&state=1", flush=True)
     print(f"{name} query http://127.0.0.1:9/cb?state=1&code={quote(raw, safe='')}", flush=True)
 print("leaky client ready", flush=True)
+
+
+def last_words() -> None:
+    if args.print_file:
+        with open(args.print_file) as f:
+            print(f.read(), end="", flush=True)
+
+
 if args.mode == "fail":
     print("giving up", flush=True)
+    last_words()
     sys.exit(3)
 out = os.path.join(args.output_dir, args.datasets.split(",")[0], "raw_responses.jsonl")
 os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -51,4 +62,5 @@ while not os.path.exists("die"):
         f.write(json.dumps(rec) + "\n")
     n += 1
     time.sleep(0.5)
+last_words()
 sys.exit(3)

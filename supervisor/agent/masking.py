@@ -6,8 +6,10 @@ logs, adding the secret values it knows (``secrets``).
 
 Each rule is a class, not a list of examples: a name is secret by its words (``_is_secret_name``),
 a header by what it is wherever it stands (``-H Name: K``, ``-H Name K``, ``Name: K`` alone), a
-shell command line inside an argument by the same rules (``_shell_words``), and a registered value
-by its encodings too (``encoded_forms``: base64 at every alignment, percent, hex).
+shell command line inside an argument by the same rules (``_shell_words``), a registered value
+by its encodings too (``encoded_forms``: base64 at every alignment, percent, hex), a credential
+name's value in free text by every form a log or a config dump gives it (``mask_text``), and a
+provider's key by its shape (``_SECRET_VALUE``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from supervisor.agent.argflags import is_negative_number
 from supervisor.agent.protocol import MASK
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
 # A flag or variable is secret-named when one of its words (split on ``-``, ``_``, ``.`` and
 # camelCase) is a credential word (``--api-key``, ``--db-pw``, ``--auth-header``,
@@ -70,10 +72,33 @@ MIN_SECRET_LEN = 8
 """Secret values shorter than this are not registered nor masked inside text (they would mask
 words); a short value is still masked where its name says it is a secret (``--api-key abc``)."""
 _SECRET_VALUE = re.compile(
-    r"(?<![A-Za-z0-9])(sk-[A-Za-z0-9_\-]{12,}|sk_(live|test)_[A-Za-z0-9]{8,}|hf_[A-Za-z0-9]{16,}"
-    r"|gh[pousr]_[A-Za-z0-9]{16,}|xox[abpr]-[A-Za-z0-9\-]{8,}|AKIA[0-9A-Z]{16}"
+    r"(?<![A-Za-z0-9])("
+    # OpenAI, Anthropic, OpenRouter, DeepSeek (sk-proj-, sk-ant-api03-, sk-or-v1-), Stripe
+    r"sk-[A-Za-z0-9_\-]{12,}|[sr]k_(?:live|test)_[A-Za-z0-9]{8,}|whsec_[A-Za-z0-9]{16,}"
+    # Hugging Face, GitHub (classic and fine-grained), GitLab, Slack
+    r"|hf_[A-Za-z0-9]{16,}|api_org_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{16,}"
+    r"|github_pat_[A-Za-z0-9_]{22,}|gl(?:pat|dt|rt|ptt|cbt|soat|ffct|imt|oas)-[A-Za-z0-9_\-]{20,}"
+    r"|xox[abposre]-[A-Za-z0-9\-]{8,}|xapp-[0-9]-[A-Za-z0-9\-]{8,}"
+    # NVIDIA, Groq, Google, Replicate, Perplexity, xAI, Tavily, LangSmith, Fireworks, Together
+    r"|nvapi-[A-Za-z0-9_\-]{20,}|gsk_[A-Za-z0-9]{20,}|AIza[0-9A-Za-z_\-]{30,}|ya29\.[\w\-]{20,}"
+    r"|r8_[A-Za-z0-9]{20,}|pplx-[A-Za-z0-9]{20,}|xai-[A-Za-z0-9]{20,}|tvly-[A-Za-z0-9\-]{20,}"
+    r"|lsv2_(?:pt|sk)_[A-Za-z0-9_]{20,}|fw_[A-Za-z0-9]{20,}|tgp_v1_[A-Za-z0-9_\-]{20,}"
+    # npm, PyPI, DigitalOcean, Vault, SendGrid, Databricks
+    r"|npm_[A-Za-z0-9]{30,}|pypi-AgE[A-Za-z0-9_\-]{20,}|do[por]_v1_[a-f0-9]{40,}"
+    r"|hv[sbr]\.[A-Za-z0-9_\-]{20,}|SG\.[\w\-]{16,}\.[\w\-]{16,}|dapi[a-f0-9]{32}"
+    # AWS access key ids, JWTs
+    r"|(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}"
     r"|eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,})"
 )
+"""Key shapes that are secrets without a name: each provider's prefix and length (a git hash, a
+uuid, a sha256 have none of them)."""
+_AWS_CONTEXT = re.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}|(?i:aws)")
+_AWS_SECRET = re.compile(
+    r"(?<![A-Za-z0-9+/])(?=[A-Za-z0-9+/]*[a-z])(?=[A-Za-z0-9+/]*[A-Z])(?=[A-Za-z0-9+/]*[0-9+/])"
+    r"[A-Za-z0-9+/]{40}(?![A-Za-z0-9+/=])"
+)
+"""An AWS secret access key (40 base64 characters, mixed case), masked in a text that names AWS
+or holds an access key id: alone, 40 such characters could be a path."""
 _AUTH_HEADER = re.compile(r"(?i)((?:proxy-)?authorization\s*:\s*)(.+)")
 _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{6,}")
 # Query parameters whose name says credential: key, token, secret, pass(word)/passwd/pwd, auth
@@ -119,7 +144,7 @@ _NOT_A_VALUE_WORDS = frozenset(
         "field", "column", "col", "url", "endpoint", "host", "port", "user", "username", "expiry",
         "expires", "lifetime", "interval", "retries", "per", "prefix", "suffix", "method",
         "ids", "map", "dtype", "index", "idx", "dim", "bytes", "config", "params", "options",
-        "args", "kwargs",
+        "args", "kwargs", "flag", "flags", "names",
     )
 )  # fmt: skip
 CREDENTIAL_HEADERS = frozenset(
@@ -878,45 +903,233 @@ def mask_value(text: str, secrets: Iterable[str] | None = None) -> str:
     return text
 
 
-# Free text: ``NAME=value`` and ``--name=value`` (value quoted or up to a space, comma, ``;``,
-# ``&``), ``--name value``, ``"name": "value"`` (JSON, Python reprs), URLs inside the text.
+# Free text: a credential-named name and its value, in every way a log or a dump writes them:
+# ``NAME=value``, ``--name=value``, ``name: value`` (YAML, headers, ``x-api-key:K``), ``name =>
+# value``, ``"name": "value"`` (JSON, a Python dict, escaped JSON inside a string), ``--name
+# value``, ``API key is value``; the value quoted or up to a space, comma, ``;``, ``&`` or bracket.
 _TEXT_AUTH = re.compile(r"(?i)((?:proxy-)?authorization\s*[:=]\s*)\S.*")
-_TEXT_ASSIGN = re.compile(
-    r"""(?<![\w.\-])((?:--?)?[A-Za-z_][\w\-]*)(\s*=\s*)("[^"]*"|'[^']*'|[^\s,;&]+)"""
+_TEXT_VALUE = (
+    r"(?P<scheme>(?i:bearer|basic|token|digest|apikey)\s+)?"
+    r"""(?P<value>[bfru]?\\"[^"\\]*\\"|[bfru]?"[^"]*"|[bfru]?'[^']*'|`[^`]*`"""
+    r"""|\([^()]*\)|\[[^\[\]]*\]|[^\s,;&'"`\\()\[\]{}<>]+|["'`][^\s"'`,;&]+)"""
 )
-_TEXT_FLAG = re.compile(r"(?<!\S)(--?[A-Za-z][\w\-]*)(\s+)(?!-)(\S+)")
-_TEXT_QUOTED = re.compile(r"""(["'])([A-Za-z_][\w\-]*)\1(\s*:\s*)(["'])(.*?)\4""")
+_TEXT_NAME = r"""(?:(?<![\w.\-])|(?<=\\[nrt]))(?P<q>\\?["'`]?)(?P<name>(?:--?)?[A-Za-z_][\w.\-]*)"""
+_TEXT_PAIR = re.compile(
+    _TEXT_NAME
+    + r"""(?:(?P=q)|\\?["'`])?\]?(?P<sep>\s*(?:=>|:=|=(?!=)|:(?![:/=])|%3[DdAa])\s*)"""
+    + _TEXT_VALUE
+)
+_TEXT_XML = re.compile(
+    r"<(?P<name>[A-Za-z_][\w.\-]*)(?P<sep>>)(?P<scheme>)(?P<value>[^<]+)</(?P=name)>"
+)
+"""An XML element holding a credential (``<api_key>K</api_key>``)."""
+_PEM_BODY = re.compile(
+    r"(?m)^(?P<lead>[ \t]*)(?=[A-Za-z0-9+/]*[a-z])(?=[A-Za-z0-9+/]*[A-Z])(?=[A-Za-z0-9+/]*[0-9])"
+    r"[A-Za-z0-9+/]{40,}={0,2}[ \t]*$"
+)
+"""A line that is one long base64 word of mixed case and digits: a PEM private key's body
+(a line of a tail never holds its BEGIN line too)."""
+_TEXT_ITEMS = re.compile(
+    r"""(?P<q>["'])(?P<name>[A-Za-z_][\w.\-]*)(?P=q)(?P<sep>\s*,\s*)(?P<scheme>)"""
+    r"""(?P<value>"[^"]*"|'[^']*')"""
+)
+"""A quoted name and a quoted value as two items: ``("api_key", "K")``, ``setenv("TOKEN", "K")``
+(masked when the value looks like a key: ``["token", "logprob"]`` is a list of words)."""
+_TEXT_SPACED = re.compile(
+    r"(?<![\w.\-])(?P<name>[A-Za-z_][\w.\-]*)(?P<sep>[ \t]+)(?P<scheme>)"
+    r"(?P<value>[A-Za-z0-9+/=_.~:\-]{12,})(?![^\s,;'\"])"
+)
+"""A name and its value apart by blanks only (``HF_TOKEN\tK``, ``token K accepted``): masked
+when the name is strongly a credential and the value looks like a key (apart by spaces, as in
+prose, a key with digits of 16 characters or more: :func:`_key_in_prose`)."""
+_TEXT_FLAG = re.compile(r"(?<!\S)(?P<name>--?[A-Za-z][\w\-]*)(?P<sep>\s+)(?!-)" + _TEXT_VALUE)
+_TEXT_PHRASE = re.compile(
+    r"(?i)(?<![\w\-])(?P<name>(?:api|access|secret|private|auth|bearer|session|refresh|client"
+    r"|license|personal\s+access)\s+(?:key|token|secret))(?P<sep>\s*(?:[:=]|\bis\b)\s*)"
+    + _TEXT_VALUE
+)
+"""A credential named in words: ``API key: K``, ``your access token is K``."""
 _TEXT_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+")
+_WEAK_WORDS = frozenset(("key", "k", "session", "pass", "sig", "signature"))
+"""Credential words that often name something else (``sort_key``, ``--input-key text``,
+``session: 3``, ``pass: 2``): a name whose only credential words are these masks a value only when
+the value looks like a key (:func:`_key_like`)."""
+_KEY_QUALIFIERS = frozenset(
+    (
+        "api", "access", "private", "client", "signing", "master", "license", "licence",
+        "subscription", "service", "app", "encryption", "ssh", "deploy", "admin", "account",
+        "openai", "anthropic", "hf", "groq", "nvidia", "nvapi", "google", "gemini", "aws",
+        "azure", "mistral", "cohere", "together", "replicate", "openrouter", "deepseek",
+        "fireworks", "wandb", "stripe", "github", "gitlab", "slack", "x",
+    )
+)  # fmt: skip
+"""Words that make a ``key`` a credential whatever its value (``openai_key``, ``x-api-key``)."""
+_NUMBER_SECRET_WORDS = frozenset(
+    ("password", "passwd", "pwd", "pw", "passphrase", "passcode", "secret", "pin", "otp")
+)
+"""Credential words whose value is secret even when it is a number (a PIN); ``token: 151643`` (a
+model's token id) and ``key: 3`` stay."""
+_PASSWORD_WORDS = _NUMBER_SECRET_WORDS - {"secret"}
+"""Credential words whose value can be a plain word (``password: hunter``)."""
+_NOT_SECRET_VALUES = frozenset(
+    (
+        "none", "null", "nil", "true", "false", "yes", "no", "on", "off", "ok", "set", "unset",
+        "empty", "missing", "required", "optional", "provided", "redacted", "hidden", "masked",
+        "invalid", "expired", "valid", "enabled", "disabled", "n/a", "undefined", "failed",
+        "error", "success", "succeeded", "accepted", "rejected", "denied", "refused", MASK,
+    )
+)  # fmt: skip
+"""Values that say something of the credential, never are one (``api_key: None``)."""
+_QUOTED = re.compile(
+    r"""^(?P<open>[bfru]?(?P<esc>\\?)(?P<q>["'`]))(?P<inner>.*)(?P<close>(?P=esc)(?P=q))$""",
+    re.S,
+)
+"""A quoted value (``'K'``, ``b'K'``, an escaped ``\\"K\\"``): its opening, content and closing."""
+_PROSE_WORD = re.compile(r"^[A-Za-z]?[a-z]{0,9}$")
+"""A word of prose (``The``, ``stored``): never a key after ``Token:`` or ``API key:``."""
+_TEXT_NUMBER = re.compile(r"^[-+]?[0-9][0-9_.,]*$")
+_KEY_CHARS = re.compile(r"^[A-Za-z0-9+/=_.~\-:]{12,}$")
+
+
+def _key_like(value: str) -> bool:
+    """``value`` could be a key: 12 key characters or more, of two kinds at least (letters and
+    digits, or both cases), with no space (``Zq8vR2mXk4LpT9wB``; not ``length``, ``prompt``)."""
+    if not _KEY_CHARS.match(value):
+        return False
+    kinds = [any(c.islower() for c in value), any(c.isupper() for c in value)]
+    kinds.append(any(c.isdigit() for c in value))
+    return sum(kinds) >= 2
+
+
+def _key_in_prose(value: str) -> bool:
+    """``value``, after a name with only blanks between (``token K accepted``), could be a key:
+    key-like, 16 characters or more, with digits and letters (not ``base64-encoded``)."""
+    return (
+        len(value) >= 16
+        and _key_like(value)
+        and any(c.isdigit() for c in value)
+        and any(c.isalpha() for c in value)
+    )
+
+
+def _weak_name(words: Sequence[str]) -> bool:
+    """A name whose credential words are all weak ones (``sort-key``, ``session``), with no word
+    that makes a key a credential (``api``, ``openai``); never a profile's secret flag."""
+    norm = "-".join(words)
+    if norm in _PROFILE_FLAGS:
+        return False
+    creds = [w for w in words if _credential_word(w)]
+    if not creds:  # secret only as a near miss of a name (``dkey``), or ``-k``
+        return norm == "k" or (norm not in SECRET_FLAG_NAMES and norm not in CREDENTIAL_HEADERS)
+    return all(w in _WEAK_WORDS for w in creds) and not (set(words) & _KEY_QUALIFIERS)
+
+
+def _text_value_shown(name: str, value: str, sep: str = "") -> bool:
+    """``value``, given to the secret-named ``name`` in free text, is shown as it is: empty, a
+    word about the credential (``None``, ``missing``), a variable's name (``$OPENAI_API_KEY``), a
+    count or a token id, a word of prose after a colon (``Token: The``; neither of these for a
+    password or a PIN), an example in markdown (``a secret: `a b` ``), or a plain value of a
+    name that is only weakly a credential (``sort_key=length``, ``key: prompt``)."""
+    quoted = _QUOTED.match(value)
+    inner = (quoted.group("inner") if quoted else value).strip()
+    if len(inner) < 2 or inner.lower() in _NOT_SECRET_VALUES or inner.startswith("$"):
+        return True  # ``k=v``, ``None``, ``$OPENAI_API_KEY``
+    if not any(c.isalnum() for c in inner):
+        return True  # ``...``, ``***``
+    if sep.strip() == ":" and quoted and quoted.group("q") == "`" and " " in inner:
+        return True  # markdown: "a secret: `max_tokens: 2048`" quotes an example
+    words = _normal_name(name).split("-")
+    if _TEXT_NUMBER.match(inner) and not set(words) & _NUMBER_SECRET_WORDS:
+        return True
+    if sep.strip() == ":" and not quoted and _PROSE_WORD.match(inner):
+        return not set(words) & _PASSWORD_WORDS
+    return _weak_name(words) and not _key_like(inner)
+
+
+_CODE_PATH = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
+
+
+def _code_value(m: re.Match[str]) -> bool:
+    """The value is a Python expression, as a traceback's source line shows it: a call or a
+    subscript (``frozenset(``, ``s.get(k)``, ``Iterable[str]``), an f-string, an attribute path
+    (``self._key``, ``rate.cost_per_request``)."""
+    value = m.group("value")
+    if m.string[m.end("value") : m.end("value") + 1] in ("(", "["):
+        return True
+    if value[:1] == "f" and value[1:2] in ("'", '"'):
+        return True
+    if set(_normal_name(m.group("name")).split("-")) & _PASSWORD_WORDS:
+        return False  # ``password=hunter2.x`` may well be one
+    return bool(_CODE_PATH.match(value)) and not _key_like(value)
+
+
+def _masked_pair(m: re.Match[str], secret: bool) -> str:
+    """The match of a name and its value with the value masked (its quotes kept) when ``secret``
+    and the value is not one shown as it is."""
+    value = m.group("value")
+    if not secret or _code_value(m) or _text_value_shown(m.group("name"), value, m.group("sep")):
+        return m.group(0)
+    quoted = _QUOTED.match(value)
+    value = quoted.group("open") + MASK + quoted.group("close") if quoted else MASK
+    whole = m.group(0)
+    return whole[: m.start("value") - m.start(0)] + value + whole[m.end("value") - m.start(0) :]
+
+
+def _mask_pairs(
+    pattern: re.Pattern[str], text: str, key_like: Callable[[str], bool] | None = None
+) -> str:
+    """``text`` with the value of each match of ``pattern`` whose name is secret masked; with
+    ``key_like``, only a value that looks like a key after a name that is strongly a credential.
+    A match of another name is passed by its name only, so its value is read again
+    as a name of its own (``args: --hf-token=K``, ``x=1,api_key=K``)."""
+    out: list[str] = []
+    pos = 0
+    m = pattern.search(text)
+    while m is not None:
+        name = m.group("name")
+        if key_like:
+            looks = _key_like if "\t" in m.group("sep") else key_like  # a table: no prose
+            secret = (
+                _is_secret_name(name)
+                and not _weak_name(_normal_name(name).split("-"))
+                and looks(m.group("value").strip("\"'"))
+            )
+        else:
+            secret = _is_secret_name(name)
+        if secret:
+            out += [text[pos : m.start()], _masked_pair(m, True)]
+            pos = m.end()
+            m = pattern.search(text, pos)
+        else:
+            m = pattern.search(text, m.end("sep"))
+    return "".join(out) + text[pos:] if out else text
 
 
 def mask_text(text: str, secrets: Iterable[str] | None = None) -> str:
     """Free text (a log line, an error message) with its secrets masked.
 
-    Masks the values of secret-named assignments and flags (``OPENAI_API_KEY=...``,
-    ``TOKEN=...``, ``--api-key ...``, ``--hf-token=...``, ``"api_key": "..."``), key-shaped tokens
-    anywhere (``sk-...``, ``hf_...``), ``Bearer``/``Basic`` tokens, ``Authorization`` values and
-    URL credentials, and any of the given ``secrets`` wherever it appears. Words are never masked
-    for what they are: ``token budget None``, ``max_tokens=8192`` and ``--token-budget 10`` stay
-    as they are, and names never are (``--api-key-env OPENAI_API_KEY`` stays whole).
+    Masks the values of secret-named names in every form a log or a config dump writes them
+    (``OPENAI_API_KEY=...``, ``api_key: ...``, ``"apiKey": "..."``, ``{'api_key': '...'}``,
+    ``token => ...``, ``x-api-key:...``, ``--api-key ...``, ``API key is ...``), key shapes of
+    every provider anywhere (``sk-...``, ``hf_...``, ``nvapi-...``, ``AIza...``, JWTs...),
+    ``Bearer``/``Basic`` tokens, ``Authorization`` values and URL credentials, and any of the
+    given ``secrets`` wherever it appears. Words are never masked for what they are, nor names:
+    ``token budget None``, ``max_tokens: 2048``, ``sort_key=length``, ``--token-budget 10`` and
+    ``--api-key-env OPENAI_API_KEY`` stay as they are.
     """
     text = _mask_known(text, [s for s in (secrets or ()) if s])
     text = _TEXT_AUTH.sub(lambda m: m.group(1) + MASK, text)
-    text = _TEXT_ASSIGN.sub(
-        lambda m: m.group(1) + m.group(2) + MASK if _is_secret_name(m.group(1)) else m.group(0),
-        text,
-    )
-    text = _TEXT_FLAG.sub(
-        lambda m: m.group(1) + m.group(2) + MASK if _is_secret_name(m.group(1)) else m.group(0),
-        text,
-    )
-    text = _TEXT_QUOTED.sub(
-        lambda m: (
-            m.group(0)[: m.start(5) - m.start(0)] + MASK + m.group(4)
-            if _is_secret_name(m.group(2))
-            else m.group(0)
-        ),
-        text,
-    )
+    text = _mask_pairs(_TEXT_PAIR, text)
+    text = _mask_pairs(_TEXT_FLAG, text)
+    text = _mask_pairs(_TEXT_ITEMS, text, key_like=_key_like)
+    text = _mask_pairs(_TEXT_SPACED, text, key_like=_key_in_prose)
+    low = text.lower()
+    if "key" in low or "token" in low or "secret" in low:
+        text = _mask_pairs(_TEXT_PHRASE, text, key_like=_key_in_prose)
+    text = _mask_pairs(_TEXT_XML, text)
+    text = _PEM_BODY.sub(lambda m: m.group("lead") + MASK, text)
+    if ("aws" in low or "AKIA" in text or "ASIA" in text) and _AWS_CONTEXT.search(text):
+        text = _AWS_SECRET.sub(MASK, text)
     text = _SECRET_VALUE.sub(MASK, text)
     text = _BEARER.sub(lambda mm: mm.group(1) + " " + MASK, text)
     if "://" in text:

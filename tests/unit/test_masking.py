@@ -18,7 +18,7 @@ SECRET = "sk-or-v1-0123456789abcdef0123456789abcdef"
     [
         ("export OPENAI_API_KEY=abc123xyz; go", "export OPENAI_API_KEY=***; go"),
         ("HF_TOKEN=hunter2 python run.py", "HF_TOKEN=*** python run.py"),
-        ('DB_PASSWORD="a b c" next', "DB_PASSWORD=*** next"),
+        ('DB_PASSWORD="a b c" next', 'DB_PASSWORD="***" next'),
         ("args: --api-key s3cr3t --model m", "args: --api-key *** --model m"),
         ("args: --hf-token=s3cr3t", "args: --hf-token=***"),
         ('config {"api_key": "s3cr3t", "model": "m"}', 'config {"api_key": "***", "model": "m"}'),
