@@ -126,6 +126,9 @@ def main() -> int:
     started = time.monotonic()
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
+        # The bench history (``supervisor.bench.history``) is the user's: never written here.
+        os.environ["XDG_STATE_HOME"] = os.path.join(tmp, "state")
+        os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")
         prompts_file = write_prompts(tmp, ["B7"], count=50)["B7"]
         proc, url = start_mock()
         server = psutil.Process(proc.pid)

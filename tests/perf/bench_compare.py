@@ -72,6 +72,7 @@ async def reopen(config: object) -> tuple[int, int, float | None]:
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="runwatch-bench-compare-"))
     os.environ["XDG_STATE_HOME"] = str(tmp / "state")
+    os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")
     from supervisor.demo.launcher import LOCAL_MOCK, new_demo, start_demo, stop_demo
 
     demo = new_demo(tmp / "demo")

@@ -275,6 +275,8 @@ async def bench_fleet(pool: SshdPool, base: Path) -> dict[str, float]:
 
 async def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="bench-refresh-"))
+    os.environ["XDG_STATE_HOME"] = str(base / "state")
+    os.environ["XDG_CACHE_HOME"] = str(base / "cache")
     pool = SshdPool()
     try:
         r = await bench_refresh(pool, base)

@@ -395,6 +395,8 @@ def main() -> int:
     longest = max(len(a) for a in big_pool) + 200
     targets = Targets()
     tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
+    os.environ["XDG_STATE_HOME"] = str(tmp / "state")
+    os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")
     try:
         if size > 0:
             scan_benches(tmp, size, args.size_mb, rng, small_pool, big_pool, longest, targets)

@@ -145,6 +145,7 @@ def main() -> int:
         compileall.compile_dir(root / package, quiet=1)
     tmp = Path(tempfile.mkdtemp(prefix="runwatch-bench-tui-"))
     os.environ["XDG_STATE_HOME"] = str(tmp / "state")
+    os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")
     clients: list[subprocess.Popen[bytes]] = []
     stack = contextlib.ExitStack()
     try:
