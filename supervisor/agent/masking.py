@@ -310,6 +310,61 @@ def _is_secret_name(name: str) -> bool:
     )
 
 
+_VALUE_HEADS = frozenset(
+    (
+        "value", "values", "str", "string", "header", "headers", "json", "yaml", "b64", "base64",
+        "hex", "raw", "plain", "text", "pem", "der", "data", "content", "inline", "literal",
+    )
+)  # fmt: skip
+"""Last words that are the credential itself, written some way (``--api-key-value``,
+``--private-key-pem``, ``--auth-header``): the name is a credential's whatever its value."""
+
+
+_COMPOUND = re.compile(r"(?:key|token|secret|pass|pwd|auth|cookie|creds?|session)$")
+"""A credential word ending a last word written as one (``authtoken``, ``apikey``)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _qualifier_only(name: str) -> bool:
+    """``name`` is secret only by a credential word that qualifies its last word, which names
+    something else (``--token-level``, ``--cookie-domain``, ``--bucket-inter-token-latency``,
+    ``StrictHostKeyChecking``, ``--otp-window``; or an owner: ``--api-key-judge``): its value is
+    a secret only when it looks like one (:func:`_qualified_secret`). Never a known secret flag,
+    a credential header, a profile's flag, a misspelling of one of them, nor a name whose last
+    word is a credential word or the credential written some way (``--private-key-pem``)."""
+    norm = _normal_name(name)
+    words = norm.split("-")
+    if len(words) < 2:
+        return False
+    if norm in SECRET_FLAG_NAMES or norm in CREDENTIAL_HEADERS or norm in _PROFILE_FLAGS:
+        return False
+    last = words[-1]
+    if _credential_word(last) or last in _VALUE_HEADS or last.isdigit() or _COMPOUND.search(last):
+        return False
+    if _PROFILE_FLAGS and _close_to(norm, _PROFILE_FLAGS):
+        return False
+    return not difflib.get_close_matches(norm, sorted(SECRET_FLAG_NAMES), n=1, cutoff=0.85)
+
+
+def _qualified_secret(name: str, value: str) -> bool:
+    """``value`` of a name that is secret only by a qualifying word (:func:`_qualifier_only`)
+    is a secret: it looks like a key, or the name is a password's and the value is neither a
+    number nor a word about the credential (``PasswordAuthentication=no``, ``--otp-window 30``
+    stay; ``--password-admin hunter2x`` does not)."""
+    inner = value.strip().strip("'\"")
+    if _key_like(inner):
+        return True
+    if not set(_normal_name(name).split("-")) & _PASSWORD_WORDS:
+        return False
+    return inner.lower() not in _NOT_SECRET_VALUES and not _TEXT_NUMBER.match(inner)
+
+
+def _value_secret(name: str, value: str) -> bool:
+    """The value of a secret-named ``name`` is a secret: always, unless the name is secret
+    only by a qualifying word and the value does not look like one (:func:`_qualifier_only`)."""
+    return not _qualifier_only(name) or _qualified_secret(name, value)
+
+
 def is_secret_flag(name: str) -> bool:
     """True when the value of flag (or key) ``name`` is a secret (see ``_is_secret_name``)."""
     return _is_secret_name(name)
@@ -468,6 +523,8 @@ def _is_env_secret_value(name: str, value: str) -> bool:
     name is a credential's by the flag rules too (``HF_TOKEN=12345678``, a PIN, not
     ``TOKEN_LIMIT``); shorter than ``MIN_SECRET_LEN`` it is never registered."""
     if not is_secret_env_name(name) or (value.startswith("/") and _is_path_value(value)):
+        return False
+    if not _value_secret(name, value):
         return False
     if _NUMBER.match(value):
         return value.strip().isdigit() and _is_secret_name(name)
@@ -777,7 +834,11 @@ def _flag_value(
     if name.lower() in _USER_FLAGS and ":" in value:
         user, _, password = value.partition(":")
         return user + ":" + MASK, [password], False
-    if _secret_flag(name, scripts, extra) and not _public_value(name, value, scripts):
+    if (
+        _secret_flag(name, scripts, extra)
+        and not _public_value(name, value, scripts)
+        and (_active_short(name, scripts) or _value_secret(name, value))
+    ):
         found = _credential_values(value)
         if "," in value:
             found += [p.strip() for p in value.split(",")]
@@ -803,6 +864,7 @@ def _positional(
     words = _shell_words(arg)
     m = _ASSIGNMENT.match(arg)
     secret = m is not None and (_is_secret_name(m.group(1)) or is_secret_env_name(m.group(1)))
+    secret = secret and m is not None and _value_secret(m.group(1), arg[m.end() :])
     if m and secret and (words is None or len(words) < 2 or not _COMMAND_WORD.search(words[1])):
         v = arg[m.end() :]
         return m.group(0) + MASK, [*_credential_values(v), v.strip("'\"")]
@@ -1038,6 +1100,8 @@ def _text_value_shown(name: str, value: str, sep: str = "") -> bool:
         return True  # ``...``, ``***``
     if sep.strip() == ":" and quoted and quoted.group("q") == "`" and " " in inner:
         return True  # markdown: "a secret: `max_tokens: 2048`" quotes an example
+    if not _value_secret(name, inner):
+        return True  # ``token_level='sequence'``, ``otp_window: 30``
     words = _normal_name(name).split("-")
     if _TEXT_NUMBER.match(inner) and not set(words) & _NUMBER_SECRET_WORDS:
         return True

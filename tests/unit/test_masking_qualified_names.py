@@ -1,0 +1,67 @@
+"""Names whose credential word only qualifies another word (T43): ``--token-level``,
+``--cookie-domain``, ``--bucket-inter-token-latency``, ssh's ``StrictHostKeyChecking=no``. Their
+value is a secret only when it looks like one; never registered otherwise (a registered
+``sequence`` would be masked in every log line), in argv, in text and in an environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.agent import masking
+
+_PUBLIC = [
+    ["python", "-m", "sglang.launch_server", "--bucket-inter-token-latency", "0.001", "0.25"],
+    ["python", "train.py", "--token-level", "sequence", "--token-weighting", "uniform"],
+    ["python", "serve.py", "--cookie-domain", "example.com", "--cookie-max-age", "3600"],
+    ["python", "serve.py", "--session-affinity", "client", "--key-by", "user_id"],
+    ["python", "serve.py", "--otp-window", "30", "--otp-digits", "6", "--token-healing", "off"],
+    ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "PasswordAuthentication=no", "gpu1"],
+    ["bash", "-c", "ssh -o PubkeyAuthentication=yes gpu1 python train.py --token-level seq"],
+    ["python", "serve.py", "--secret-scan", "off", "--auth-mode", "none"],
+]
+
+
+@pytest.mark.parametrize("argv", _PUBLIC)
+def test_t43_a_qualifying_credential_word_does_not_hide_a_plain_value(argv: list[str]) -> None:
+    assert masking.mask_argv(argv) == argv
+    assert masking.argv_secret_values(argv) == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["python", "x.py", "--token-level", "Zq8vR2mXk4LpT9wB"],
+        ["python", "x.py", "--api-key-judge", "Zq8vR2mXk4LpT9wB"],
+        ["python", "x.py", "--password-admin", "hunter2x"],
+        ["python", "x.py", "--db-pw-prod=hunter2x"],
+        ["env", "GITHUB_TOKEN_PROD=Zq8vR2mXk4LpT9wB", "python", "x.py"],
+        ["python", "x.py", "--api-key", "plainword"],
+        ["python", "x.py", "--hf-token", "plainword"],
+        ["python", "x.py", "--api-key-2", "Zq8vR2mXk4LpT9wB"],
+        ["python", "x.py", "--private-key-pem", "plainwordsonly"],
+    ],
+)
+def test_t43_a_key_shaped_value_or_a_password_stays_masked(argv: list[str]) -> None:
+    secret = argv[-1].partition("=")[2] if "=" in argv[-1] else argv[-1]
+    if argv[0] == "env":
+        secret = argv[1].partition("=")[2]
+    shown = "\0".join(masking.mask_argv(argv))
+    assert secret not in shown
+    assert secret in masking.argv_secret_values(argv)
+
+
+def test_t43_in_text_and_in_an_environment_the_same_rule_holds() -> None:
+    line = (
+        "token_level='sequence', cookie_domain='example.com', otp_window: 30, api_key='k3yV4lu3X'"
+    )
+    shown = masking.mask_text(line)
+    assert "token_level='sequence'" in shown
+    assert "cookie_domain='example.com'" in shown
+    assert "otp_window: 30" in shown
+    assert "k3yV4lu3X" not in shown
+    env = {
+        "HF_TOKEN_LEVEL": "sequence",
+        "SESSION_AFFINITY": "sticky-client",
+        "HF_TOKEN": "abcdefgh",
+    }
+    assert masking.env_secret_values(env) == ["abcdefgh"]
