@@ -566,10 +566,13 @@ def _credential_values(value: str) -> list[str]:
     return [value, *token]
 
 
-_KV = re.compile(r"""([A-Za-z_][\w.\-]*)\s*[=:]\s*("[^"]*"|'[^']*'|[^\s,;&]+)""")
+_WORD_START = r"(?:(?<![\w.\-])|(?<=(?<![\w.\-])-)|(?<=(?<![\w.\-])--))"
+"""Where a name starts: not inside a longer word (after one or two dashes of a flag at most), so a
+long word holds one match to try, not one at each of its characters (linear time)."""
+_KV = re.compile(_WORD_START + r"""([A-Za-z_][\w.\-]*)\s*[=:]\s*("[^"]*"|'[^']*'|[^\s,;&]+)""")
 _SUBSCRIPT = re.compile(r"""\[\s*(["'])([A-Za-z_][\w.\-]*)\1\s*\]\s*=\s*(["'])(.*?)\3""")
 """``['NAME'] = 'value'`` in code given as an argument (``python -c "os.environ['K']='V'"``)."""
-_URL_CRED = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://([^/\s@]+)@")
+_URL_CRED = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://([^/\s@]+)@")
 _URL_QUERY_VALUE = re.compile(r"(?i)[?&#;][^=&#;\s]*" + _QUERY_NAMES + r"[^=&#;\s]*=([^&#;\s]+)")
 
 
@@ -603,7 +606,7 @@ _LITERAL_MAX = 1 << 16
 def _literal(text: str) -> object:
     """``text`` read as JSON, else as a Python literal (``{'api_key': 'K'}``: ``ast``, never
     evaluated), else None."""
-    with contextlib.suppress(ValueError):
+    with contextlib.suppress(ValueError, RecursionError):  # ``[[[[...``: too deep to read
         return json.loads(text)
     if len(text) > _LITERAL_MAX:
         return None
@@ -613,8 +616,14 @@ def _literal(text: str) -> object:
         return None
 
 
-def _json_secrets(obj: object) -> list[str]:
+_LITERAL_DEPTH = 64
+"""How deep a JSON or Python literal is searched for credential keys."""
+
+
+def _json_secrets(obj: object, depth: int = 0) -> list[str]:
     out: list[str] = []
+    if depth > _LITERAL_DEPTH:
+        return out
     if isinstance(obj, dict):
         for k, v in obj.items():
             if isinstance(v, str) and isinstance(k, str) and _is_secret_name(k):
@@ -622,10 +631,10 @@ def _json_secrets(obj: object) -> list[str]:
             elif isinstance(v, str):
                 out.extend(value_secrets(v))
             else:
-                out.extend(_json_secrets(v))
+                out.extend(_json_secrets(v, depth + 1))
     elif isinstance(obj, list):
         for v in obj:
-            out.extend(_json_secrets(v))
+            out.extend(_json_secrets(v, depth + 1))
     return out
 
 
@@ -849,11 +858,21 @@ def _flag_value(
             return _masked_header(value), found, False
         if _header_name_only(value):
             return None, [], True
-    sub = _sub_argv(value) if depth < _SHELL_DEPTH else None
+    if depth < _SHELL_DEPTH:
+        sub = _sub_argv(value)
+    else:  # deeper: its words as they stand, read once more (no further command line)
+        sub = _flat_words(value) if depth == _SHELL_DEPTH and _sub_argv(value) else None
     if sub is None:
         return None, [], False
     views, founds = _walk(sub, extra, scripts, depth + 1)
     return (views[0] if sub == [value] else None), [v for f in founds for v in f], False
+
+
+def _flat_words(text: str) -> list[str]:
+    """``text`` split on blanks, each word's quotes and backslashes trimmed from its ends: a
+    command line nested deeper than ``_SHELL_DEPTH`` read without its quoting, so a secret flag
+    and its value are still found there (``--api-key K'"'"'``)."""
+    return [w for w in (word.strip("'\"\\") for word in text.split()) if w]
 
 
 def _positional(
@@ -868,8 +887,10 @@ def _positional(
     if m and secret and (words is None or len(words) < 2 or not _COMMAND_WORD.search(words[1])):
         v = arg[m.end() :]
         return m.group(0) + MASK, [*_credential_values(v), v.strip("'\"")]
-    if words is None or depth >= _SHELL_DEPTH:
+    if words is None or depth > _SHELL_DEPTH:
         return None, []
+    if depth == _SHELL_DEPTH:  # deeper: its words as they stand, read once more
+        words = tuple(_flat_words(arg))
     _, founds = _walk(words, extra, scripts, depth + 1)
     return None, [v for f in founds for v in f]
 
@@ -1011,7 +1032,7 @@ _TEXT_PHRASE = re.compile(
     + _TEXT_VALUE
 )
 """A credential named in words: ``API key: K``, ``your access token is K``."""
-_TEXT_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+")
+_TEXT_URL = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+")
 _WEAK_WORDS = frozenset(("key", "k", "session", "pass", "sig", "signature"))
 """Credential words that often name something else (``sort_key``, ``--input-key text``,
 ``session: 3``, ``pass: 2``): a name whose only credential words are these masks a value only when

@@ -5,6 +5,8 @@ value is a secret only when it looks like one; never registered otherwise (a reg
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from supervisor.agent import masking
@@ -65,3 +67,34 @@ def test_t43_in_text_and_in_an_environment_the_same_rule_holds() -> None:
         "HF_TOKEN": "abcdefgh",
     }
     assert masking.env_secret_values(env) == ["abcdefgh"]
+
+
+# ------------------------------------------------ T44: pathological argv never crashes nor leaks
+
+
+@pytest.mark.parametrize(
+    "arg",
+    ["[" * 100_000, "{" * 100_000, '{"a": ' * 20_000, "[" * 60_000 + "]" * 60_000],
+    ids=["open-lists", "open-objects", "open-pairs", "closed-lists"],
+)
+def test_t44_a_deeply_nested_literal_is_read_without_crashing(arg: str) -> None:
+    argv = ["python", "x.py", "--extra-body", arg, "--api-key", "Zq8vR2mXk4LpT9wB"]
+    shown = masking.mask_argv(argv)
+    assert shown[:4] == argv[:4]
+    assert shown[5] == "***"
+    assert masking.argv_secret_values(argv) == ["Zq8vR2mXk4LpT9wB"]
+
+
+@pytest.mark.parametrize("levels", [8, 9, 12])
+def test_t44_a_command_line_nested_deeper_than_is_read_still_hides_its_secret(
+    levels: int,
+) -> None:
+    key = "Zq8vR2mXk4LpT9wB"
+    inner = f"python gen.py --api-key {key} --model m"
+    for _ in range(levels):
+        inner = "bash -c " + shlex.quote(inner)
+    argv = ["ssh", "gpu1", inner]
+    shown = masking.mask_argv(argv)
+    assert key not in "".join(shown)
+    assert "--model m" in shown[2]
+    assert key in masking.argv_secret_values(argv)
