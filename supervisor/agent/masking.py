@@ -573,6 +573,9 @@ _KV = re.compile(_WORD_START + r"""([A-Za-z_][\w.\-]*)\s*[=:]\s*("[^"]*"|'[^']*'
 _SUBSCRIPT = re.compile(r"""\[\s*(["'])([A-Za-z_][\w.\-]*)\1\s*\]\s*=\s*(["'])(.*?)\3""")
 """``['NAME'] = 'value'`` in code given as an argument (``python -c "os.environ['K']='V'"``)."""
 _URL_CRED = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://([^/\s@]+)@")
+_BARE_USERINFO = re.compile(r"^[\w.%+\-]+:([^\s@/:]+)@[A-Za-z0-9][\w.\-]*(?::\d+)?(?:/\S*)?$")
+"""``user:PASSWORD@host[:port]`` without a scheme (a proxy, a rendezvous endpoint); never
+``git@host:path`` nor ``image@sha256:...`` (no colon before their ``@``)."""
 _URL_QUERY_VALUE = re.compile(r"(?i)[?&#;][^=&#;\s]*" + _QUERY_NAMES + r"[^=&#;\s]*=([^&#;\s]+)")
 
 
@@ -586,6 +589,9 @@ def value_secrets(value: str) -> list[str]:
         out.append(password if sep else user)
     out.extend(m.group(1) for m in _URL_QUERY_VALUE.finditer(value))
     stripped = value.strip()
+    bare = _BARE_USERINFO.match(stripped)
+    if bare is not None:
+        out.append(bare.group(1))
     if stripped[:1] in ("{", "["):
         out.extend(_json_secrets(_literal(stripped)))
     for m in _SUBSCRIPT.finditer(value):
@@ -887,6 +893,10 @@ def _positional(
     if m and secret and (words is None or len(words) < 2 or not _COMMAND_WORD.search(words[1])):
         v = arg[m.end() :]
         return m.group(0) + MASK, [*_credential_values(v), v.strip("'\"")]
+    rest = arg[m.end() :] if m else ""
+    if m and _ASSIGNMENT.match(rest) and words is None and depth < _SHELL_DEPTH:
+        views, founds = _walk([rest], extra, scripts, depth + 1)  # ssh's ``SetEnv=NAME=K``
+        return (m.group(0) + views[0] if views[0] is not None else None), founds[0]
     if words is None or depth > _SHELL_DEPTH:
         return None, []
     if depth == _SHELL_DEPTH:  # deeper: its words as they stand, read once more
@@ -983,6 +993,9 @@ def mask_value(text: str, secrets: Iterable[str] | None = None) -> str:
     text = _BEARER.sub(lambda mm: mm.group(1) + " " + MASK, text)
     if "://" in text:
         text = _mask_url(text)
+    bare = _BARE_USERINFO.match(text) if "@" in text else None
+    if bare is not None and bare.group(1) != MASK:  # ``user:PASSWORD@host``, a short one too
+        text = text[: bare.start(1)] + MASK + text[bare.end(1) :]
     return text
 
 
@@ -1310,7 +1323,7 @@ def _mask_words(text: str, values: Sequence[str]) -> str:
         text = re.sub(
             r"(?:(?<![^\s'\"=:\\])|(?<=(?<![^\s'\"\\])-[A-Za-z]))"
             + re.escape(value)
-            + r"(?![^\s'\";&|)\\])",
+            + r"(?![^\s'\";&|)\\@])",
             MASK,
             text,
         )

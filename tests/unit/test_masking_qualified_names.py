@@ -98,3 +98,44 @@ def test_t44_a_command_line_nested_deeper_than_is_read_still_hides_its_secret(
     assert key not in "".join(shown)
     assert "--model m" in shown[2]
     assert key in masking.argv_secret_values(argv)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ssh", "-o", "SetEnv=HF_TOKEN={K}", "gpu1"],
+        ["ssh", "-oSetEnv=OPENAI_API_KEY={K}", "gpu1"],
+        ["python", "x.py", "env=HF_TOKEN={K}"],
+        ["torchrun", "--rdzv-endpoint", "admin:{K}@host:29500", "train.py"],
+        ["python", "x.py", "--proxy", "bob:{K}@proxy.internal:3128"],
+    ],
+)
+def test_t45_an_assignment_inside_an_assignment_and_bare_userinfo_are_read(
+    argv: list[str],
+) -> None:
+    key = "Zq8vR2mXk4LpT9wB"
+    argv = [a.replace("{K}", key) for a in argv]
+    shown = masking.mask_argv(argv)
+    assert key not in "".join(shown)
+    assert key in masking.argv_secret_values(argv)
+    assert [a.split("=")[0].split(":")[0] for a in shown] == [
+        a.split("=")[0].split(":")[0] for a in argv
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ssh", "-o", "SetEnv=LANG=C.UTF-8", "git@github.com:org/repo.git"],
+        ["docker", "pull", "img@sha256:0123456789abcdef0123456789abcdef"],
+        ["rsync", "-a", "out/", "bob@host:/data/out"],
+        ["torchrun", "--rdzv-endpoint", "host:29500", "train.py"],
+    ],
+)
+def test_t45_what_only_looks_like_userinfo_stays(argv: list[str]) -> None:
+    assert masking.mask_argv(argv) == argv
+
+
+def test_t45_a_short_password_in_bare_userinfo_is_masked_where_it_stands() -> None:
+    shown = masking.mask_argv(["curl", "-x", "bob:pw1@proxy:3128", "https://h"])
+    assert shown == ["curl", "-x", "bob:***@proxy:3128", "https://h"]
