@@ -1041,10 +1041,11 @@ prose, a key with digits of 16 characters or more: :func:`_key_in_prose`)."""
 _TEXT_FLAG = re.compile(r"(?<!\S)(?P<name>--?[A-Za-z][\w\-]*)(?P<sep>\s+)(?!-)" + _TEXT_VALUE)
 _TEXT_PHRASE = re.compile(
     r"(?i)(?<![\w\-])(?P<name>(?:api|access|secret|private|auth|bearer|session|refresh|client"
-    r"|license|personal\s+access)\s+(?:key|token|secret))(?P<sep>\s*(?:[:=]|\bis\b)\s*)"
+    r"|license|personal\s+access)\s+(?:key|token|secret))(?P<sep>\s*(?:[:=]|\bis\b)\s*|[ \t]+)"
     + _TEXT_VALUE
 )
-"""A credential named in words: ``API key: K``, ``your access token is K``."""
+"""A credential named in words: ``API key: K``, ``your access token is K``, ``using API key K``
+(masked when the value looks like a key in prose: :func:`_key_in_prose`)."""
 _TEXT_URL = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+")
 _WEAK_WORDS = frozenset(("key", "k", "session", "pass", "sig", "signature"))
 """Credential words that often name something else (``sort_key``, ``--input-key text``,
@@ -1232,7 +1233,23 @@ def mask_text(text: str, secrets: Iterable[str] | None = None) -> str:
     text = _BEARER.sub(lambda mm: mm.group(1) + " " + MASK, text)
     if "://" in text:
         text = _TEXT_URL.sub(lambda m: _mask_url(m.group(0)), text)
+    if "@" in text:
+        text = _TEXT_USERINFO.sub(_masked_userinfo, text)
     return text
+
+
+_TEXT_USERINFO = re.compile(
+    r"(?<![\w.%+\-:/])(?P<user>[\w.%+\-]+):(?P<pw>[^\s@/:'\"]+)@(?=[A-Za-z0-9][\w.\-]*)"
+)
+"""``user:PASSWORD@host`` without a scheme in free text (``proxy admin:K@proxy:3128``)."""
+
+
+def _masked_userinfo(m: re.Match[str]) -> str:
+    """The userinfo with its password masked when it looks like a key (``mailto:alice@x``,
+    ``user:bob@example.com`` are an address after a label)."""
+    if not _key_like(m.group("pw")):
+        return m.group(0)
+    return m.group("user") + ":" + MASK + "@"
 
 
 def _mask_url(text: str) -> str:

@@ -139,3 +139,34 @@ def test_t45_what_only_looks_like_userinfo_stays(argv: list[str]) -> None:
 def test_t45_a_short_password_in_bare_userinfo_is_masked_where_it_stands() -> None:
     shown = masking.mask_argv(["curl", "-x", "bob:pw1@proxy:3128", "https://h"])
     assert shown == ["curl", "-x", "bob:***@proxy:3128", "https://h"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Using API key {K} for requests",
+        "retrying with access token {K} (attempt 2)",
+        "proxy admin:{K}@proxy.internal:3128 refused the connection",
+        "rdzv endpoint root:{K}@10.0.0.7:29500",
+    ],
+)
+def test_t46_a_key_after_its_name_in_prose_and_bare_userinfo_in_a_log_line(line: str) -> None:
+    key = "Zq8vR2mXk4LpT9wB"
+    shown = masking.mask_text(line.replace("{K}", key))
+    assert key not in shown
+    assert "***" in shown
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Using API key authentication for requests",
+        "the access token expired-at header is missing",
+        "mailto:alice@example.com",
+        "user:bob@example.com logged in",
+        "pushed to git@github.com:org/repo.git",
+        "rdzv endpoint gpu1:29500",
+    ],
+)
+def test_t46_prose_and_addresses_that_only_look_like_it_stay(line: str) -> None:
+    assert masking.mask_text(line) == line
