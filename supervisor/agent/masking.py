@@ -1183,7 +1183,7 @@ def _mask_pairs(
     as a name of its own (``args: --hf-token=K``, ``x=1,api_key=K``)."""
     out: list[str] = []
     pos = 0
-    m = pattern.search(text)
+    m = _next_pair(pattern, text, 0)
     while m is not None:
         name = m.group("name")
         if key_like:
@@ -1198,10 +1198,38 @@ def _mask_pairs(
         if secret:
             out += [text[pos : m.start()], _masked_pair(m, True)]
             pos = m.end()
-            m = pattern.search(text, pos)
+            m = _next_pair(pattern, text, pos)
         else:
-            m = pattern.search(text, m.end("sep"))
+            m = _next_pair(pattern, text, m.end("sep"))
     return "".join(out) + text[pos:] if out else text
+
+
+def _head(pattern: re.Pattern[str]) -> re.Pattern[str]:
+    return re.compile(pattern.pattern[: -len(_TEXT_VALUE)], pattern.flags)
+
+
+def _next_pair(pattern: re.Pattern[str], text: str, pos: int) -> re.Match[str] | None:
+    """The next match of ``pattern`` from ``pos`` whose name is secret-named, or of any name for
+    a pattern whose value is not read last. The name and separator are found first, the value
+    only after a secret name: a long value holding many ``name:`` is not read again after each
+    one (``a:a:a:...``: linear, not quadratic)."""
+    head = _HEADS.get(pattern)
+    if head is None:
+        return pattern.search(text, pos)
+    h = head.search(text, pos)
+    while h is not None:
+        if _is_secret_name(h.group("name")):
+            full = pattern.match(text, h.start())
+            if full is not None:
+                return full
+            h = head.search(text, h.start() + 1)
+        else:
+            h = head.search(text, h.end("sep"))
+    return None
+
+
+_HEADS = {p: _head(p) for p in (_TEXT_PAIR, _TEXT_FLAG, _TEXT_PHRASE)}
+"""The name-and-separator part of the patterns whose value is read last."""
 
 
 def mask_text(text: str, secrets: Iterable[str] | None = None) -> str:
