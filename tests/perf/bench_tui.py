@@ -58,6 +58,7 @@ from livefleet import (
     datasets_of,
     end_on_sigterm,
     growth_per_hour,
+    isolate,
     make_fleet,
     rss_at,
     steady,
@@ -133,6 +134,8 @@ def main() -> int:
         help="append every RSS sample to this file as it is taken (seconds, MB, baseline MB)",
     )
     args = ap.parse_args()
+    if args.long:
+        print(f"bench_tui --long: {isolate()}", flush=True)
     end_on_sigterm()
     if args.long and not args.minutes:
         args.minutes = LONG_MINUTES

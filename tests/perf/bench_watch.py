@@ -62,6 +62,7 @@ from livefleet import (
     datasets_of,
     end_on_sigterm,
     growth_per_hour,
+    isolate,
     make_fleet,
     rss_at,
     usage,
@@ -159,6 +160,8 @@ def main() -> int:
         "after hours of watching; 0: a first start)",
     )
     args = ap.parse_args()
+    if args.long:
+        print(f"bench_watch --long: {isolate()}", flush=True)
     end_on_sigterm()
     if args.long and not args.minutes:
         args.minutes = LONG_MINUTES
