@@ -144,8 +144,13 @@ class History:
         return [p for p in ring if since is None or p[0] >= since]
 
     def values(self, key: str, column: int = 1, limit: int = 120) -> list[float]:
-        """One column of a ring, oldest first (the last ``limit`` points)."""
-        return [p[column] for p in self.points(key)[-limit:] if len(p) > column]
+        """One column of a ring, oldest first (the last ``limit`` points; only those are read)."""
+        ring = self._rings.get(key)
+        if not ring:
+            return []
+        n = len(ring)
+        newest = (ring[i] for i in range(max(0, n - limit), n))
+        return [p[column] for p in newest if len(p) > column]
 
     def rates(self, key: str, column: int = 2, limit: int = 120) -> list[float]:
         """Per-interval rate of a cumulative column (tokens/s from token counts), oldest first,

@@ -3,12 +3,13 @@ whatever the mix of appends, replacements of the newest point and points of othe
 
 from __future__ import annotations
 
+import random
 from collections import deque
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.history import MAX_POINTS, Ring
+from supervisor.history import MAX_POINTS, History, Ring
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 point = st.lists(finite, min_size=1, max_size=6).map(tuple)
@@ -49,3 +50,19 @@ def test_a_full_ring_costs_its_floats_and_no_more() -> None:
     assert len(ring) == MAX_POINTS
     assert ring[0] == (float(MAX_POINTS),) * 3
     assert ring.nbytes() <= MAX_POINTS * 3 * 8 * 1.1
+
+
+def test_a_columns_last_values_are_those_of_the_whole_ring() -> None:
+    """``History.values`` reads only the newest ``limit`` points: the same values as the whole
+    ring's last ``limit``, on a ring that has wrapped, with replaced newest points."""
+    rng = random.Random(3)
+    h = History(None)
+    t = 0.0
+    for i in range(3000):
+        t += rng.choice([10.0, 3.0, 12.0])
+        h.add("k", t, float(i), float(2 * i), keep_newest=rng.random() < 0.1)
+    for limit in (1, 7, 120, MAX_POINTS + 5):
+        for column in (1, 2, 3):
+            whole = [p[column] for p in h.points("k")[-limit:] if len(p) > column]
+            assert h.values("k", column, limit) == whole
+    assert h.values("absent") == []
