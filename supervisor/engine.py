@@ -67,6 +67,7 @@ from supervisor.errors import (
     RunwatchError,
     UsageError,
 )
+from supervisor.heap import Trimmer
 from supervisor.hostfactory import make_host
 from supervisor.hosts import (
     AgentHost,
@@ -255,6 +256,7 @@ class Engine:
         self._guard: BudgetGuard | None = None
         self._supervision: Supervision | None = None
         self._live = Live(config)
+        self._trimmer = Trimmer()  # a watcher lives for days: free heap pages go back
 
     # ------------------------------------------------------------------ public API
 
@@ -304,6 +306,7 @@ class Engine:
         self.last = snap
         self._live.prune(self._trackers)
         self._live.maybe_save()
+        self._trimmer.maybe(time.monotonic())
         return snap
 
     async def _refresh_within(self, names: list[str], wait: float | None) -> list[HostView]:

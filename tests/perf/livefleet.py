@@ -150,6 +150,47 @@ class Usage(NamedTuple):
     """CPU % of one core of each child process (by pid) apart."""
 
 
+ARENA = 64 * 2**20
+"""glibc malloc's per-thread heaps are mapped at multiples of 64 MiB."""
+
+
+def memory_detail(proc: psutil.Process) -> str:
+    """Where ``proc``'s resident memory is, in kB, from ``/proc/PID/smaps``: threads, then the
+    main malloc heap, the other threads' malloc heaps, 1 MiB anonymous mappings (Python's object
+    arenas), 8 MiB ones (thread stacks), other anonymous memory, and file-backed memory. Written
+    beside the long benchmarks' samples, so that a step in RSS can be put down to its kind."""
+    kinds = dict.fromkeys(("heap", "arenas", "py", "stacks", "anon", "file"), 0)
+    try:
+        threads = proc.num_threads()
+        text = Path(f"/proc/{proc.pid}/smaps").read_text()
+    except (OSError, psutil.Error):
+        return "gone"
+    kind = "anon"
+    for line in text.splitlines():
+        head = line.split()
+        if "-" in head[0] and not head[0].endswith(":"):
+            start, end = (int(x, 16) for x in head[0].split("-"))
+            name = head[5] if len(head) > 5 else ""
+            size = end - start
+            if name == "[heap]":
+                kind = "heap"
+            elif name.startswith("/"):
+                kind = "file"
+            elif name:
+                kind = "anon"
+            elif start % ARENA == 0 and size <= ARENA:
+                kind = "arenas"
+            elif size == 2**20:
+                kind = "py"
+            elif size == 8 * 2**20:
+                kind = "stacks"
+            else:
+                kind = "anon"
+        elif head[0] == "Rss:":
+            kinds[kind] += int(head[1])
+    return f"threads={threads} " + " ".join(f"{k}={v}" for k, v in kinds.items())
+
+
 def usage(procs: list[psutil.Process], seconds: float, log: Path | None = None) -> list[Usage]:
     """What each of ``procs`` used over the same ``seconds`` (a burst of load on the machine hits
     them alike); with ``log``, each sample is also appended there as it is taken (seconds, then
@@ -168,6 +209,10 @@ def usage(procs: list[psutil.Process], seconds: float, log: Path | None = None) 
         if log is not None:
             with log.open("a") as f:
                 f.write(f"{now:.1f} " + " ".join(f"{s[-1][1]:.2f}" for s in samples) + "\n")
+            if len(samples[0]) % 10 == 1:
+                with log.with_name(log.name + ".detail").open("a") as f:
+                    for k, p in enumerate(procs):
+                        f.write(f"{now:.1f} {k} {memory_detail(p)}\n")
     wall = time.perf_counter() - t0
     out = []
     for p, first, ks, ks0, s in zip(procs, c0, kids, k0, samples, strict=True):
