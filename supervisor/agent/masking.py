@@ -324,6 +324,32 @@ _COMPOUND = re.compile(r"(?:key|token|secret|pass|pwd|auth|cookie|creds?|session
 """A credential word ending a last word written as one (``authtoken``, ``apikey``)."""
 
 
+_OWNER_WORDS = frozenset(
+    (
+        "prod", "production", "prd", "live", "dev", "development", "staging", "stage", "stg",
+        "test", "testing", "qa", "uat", "sandbox", "demo", "local", "remote", "cloud", "onprem",
+        "primary", "secondary", "backup", "fallback", "spare", "alt", "old", "new", "current",
+        "previous", "prev", "next", "rotated", "main", "default", "admin", "root", "master",
+        "readonly", "ro", "rw", "write", "read", "internal", "external", "public", "private",
+        "judge", "teacher", "student", "grader", "reward", "critic", "draft", "drafter", "target",
+        "eval", "bench", "train", "gen", "generator", "server", "client", "worker", "bot", "ci",
+        "us", "eu", "asia", "east", "west", "a", "b", "c",
+    )
+)  # fmt: skip
+"""Words after a credential word that say whose or which one it is (``--client-secret-prod``,
+``--api-key-judge``, ``--db-password-backup``): the name is still the credential's, whatever its
+value, a plain word included."""
+
+
+def _owned_credential(words: list[str]) -> bool:
+    """``words`` end in a credential word followed only by words saying whose or which one it is
+    (``_OWNER_WORDS``) or by numbers."""
+    k = len(words)
+    while k and (words[k - 1] in _OWNER_WORDS or words[k - 1].isdigit()):
+        k -= 1
+    return 0 < k < len(words) and _credential_word(words[k - 1])
+
+
 @functools.lru_cache(maxsize=4096)
 def _qualifier_only(name: str) -> bool:
     """``name`` is secret only by a credential word that qualifies its last word, which names
@@ -340,6 +366,8 @@ def _qualifier_only(name: str) -> bool:
         return False
     last = words[-1]
     if _credential_word(last) or last in _VALUE_HEADS or last.isdigit() or _COMPOUND.search(last):
+        return False
+    if _owned_credential(words):
         return False
     if _PROFILE_FLAGS and _close_to(norm, _PROFILE_FLAGS):
         return False

@@ -170,3 +170,34 @@ def test_t46_a_key_after_its_name_in_prose_and_bare_userinfo_in_a_log_line(line:
 )
 def test_t46_prose_and_addresses_that_only_look_like_it_stay(line: str) -> None:
     assert masking.mask_text(line) == line
+
+
+# ---------------------------------- T47: a credential named with whose or which one it is
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["--client-secret-prod", "--api-key-judge", "--db-password-backup", "--hf-token-prod-2",
+     "--openai-api-key-eu", "--secret-key-ro"],
+)  # fmt: skip
+def test_t47_an_owned_credential_is_masked_whatever_its_value(name: str) -> None:
+    argv = ["python", "x.py", name, "plainword"]
+    assert "plainword" not in masking.mask_argv(argv)
+    assert masking.argv_secret_values(argv) == ["plainword"]
+    env_name = name.lstrip("-").replace("-", "_").upper()
+    assert masking.env_secret_values({env_name: "plainword"}) == ["plainword"]
+    assert "plainword" not in masking.mask_text(f"{env_name.lower()}='plainword'")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["python", "x.py", "--token-level", "sequence", "--secret-scan", "off"],
+        ["python", "x.py", "--session-affinity", "client", "--token-healing", "off"],
+        ["python", "x.py", "--key-by", "user_id", "--cookie-domain", "example.com"],
+    ],
+)
+def test_t47_a_describing_word_after_a_credential_word_still_shows_a_plain_value(
+    argv: list[str],
+) -> None:
+    assert masking.mask_argv(argv) == argv
