@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from supervisor.agent import proc as procs
 from supervisor.agent import safefs
-from supervisor.agent.kill import _running, _Target
+from supervisor.agent.kill import _running, _Target, pidfd_open, pidfd_send_signal
 from supervisor.agent.masking import mask_argv
 from supervisor.agent.protocol import KILL_CONFIRM_S, AgentOpError, param_number, param_str
 
@@ -390,13 +390,13 @@ def _exit_of(rec: dict[str, Any], live: bool) -> dict[str, Any] | None:
     ex = rec.get("exit")
     if not isinstance(ex, dict):
         return None
-    stop = _stop_marker(str(rec["launch_id"]))
+    stop = _stop_marker(str(rec["launch_id"])) or rec.get("stopped_at")
     failed = rec.get("failed")
     return {
         "code": ex.get("code"),
         "signal": ex.get("signal"),
         "at": rec.get("exited_at"),
-        "stopped": stop is not None,
+        "stopped": bool(stop),
         "failed": dict(failed) if isinstance(failed, dict) else None,
     }
 
@@ -540,6 +540,7 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
 
     with contextlib.suppress(OSError):
         write_record(_stop_path(launch_id), {"time": time.time(), "agent_pid": os.getpid()})
+    _tell_waiter(rec)
     cgroup = rec.get("cgroup") if rec.get("cgroup") and os.path.isdir(rec["cgroup"]) else None
     main = (rec.get("child") or {}).get("pid")
     known: dict[int, _Target] = {}
@@ -650,6 +651,32 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
     else:
         detail = f"unit {launch_id} empty ({held_by}): {len(known)} process(es) stopped"
     return dict(base, confirmed=confirmed, results=results, detail=detail)
+
+
+def _tell_waiter(rec: dict[str, Any]) -> None:
+    """Tell the unit's waiter that runwatch is stopping it (SIGUSR1): it records the stop in the
+    unit's record, and keeps it until it is on disk (the marker file may not be writable)."""
+    waiter = rec.get("waiter") or {}
+    pid = waiter.get("pid")
+    if not isinstance(pid, int) or waiter.get("on_stop") != "SIGUSR1":
+        return  # a waiter of an older agent: SIGUSR1 would end it
+    try:
+        fd = pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        # Pinned (by its pidfd where the kernel has them), then checked by its start time.
+        if not _waiter_alive(rec):
+            return
+        if fd is not None:
+            pidfd_send_signal(fd, signal.SIGUSR1)
+        else:
+            os.kill(pid, signal.SIGUSR1)
+    except OSError:
+        pass
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _stop_all(listed: Any, known: dict[int, _Target], main: int | None, ours: set[int]) -> None:

@@ -15,11 +15,15 @@ What it does, in order:
    instruction of the client runs outside it);
 3. answers the agent with the client's pid (one JSON line on stdout), then detaches from it;
 4. reaps: records the client's exit status and time in the unit's record the moment it ends (and
-   the first orphaned descendant that crashed), records its tree's members every second, goes on
-   reaping re-parented descendants until none is left (and the cgroup, if any, is empty),
-   records that too, removes the cgroup and exits.
+   the first orphaned descendant that crashed, and a stop through runwatch: SIGUSR1 from the
+   agent), records its tree's members every second, goes on reaping re-parented descendants
+   until none is left (and the cgroup, if any, is empty), records that too, removes the cgroup
+   and exits.
 
-The record is written atomically (rename) and 0600.
+The record is written atomically (rename) and 0600, first before the client starts (a record
+that cannot be written refuses the start: nothing runs). Later writes that fail (a full disk)
+never end the waiter: the record is kept in memory and written again every second, and the
+waiter ends only once its end is on disk.
 """
 
 from __future__ import annotations
@@ -66,16 +70,50 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def write_record(path: str, record: dict[str, Any]) -> None:
-    """Write ``record`` to ``path`` atomically, mode 0600."""
+    """Write ``record`` to ``path`` atomically, mode 0600; on a failure (a full disk) the old
+    record stays whole and no temporary file is left."""
     tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            os.fchmod(fd, 0o600)
+            data = (json.dumps(record, sort_keys=True) + "\n").encode()
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class _Record:
+    """The unit's record as the waiter keeps it: in memory first, on disk when it can be.
+
+    The record is bookkeeping; holding the tree is the waiter's job. A write that fails (a
+    full disk, a quota) never ends the waiter: the record stays pending and is written again
+    at every tick until it is on disk, and the waiter ends only once its last state is."""
+
+    def __init__(self, path: str, data: dict[str, Any]) -> None:
+        self.path = path
+        self.data = data
+        self.pending = True
+
+    def save(self) -> bool:
+        try:
+            write_record(self.path, self.data)
+        except OSError:
+            self.pending = True
+            return False
+        self.pending = False
+        return True
+
+    def gone(self) -> bool:
+        """The record's file was removed (the state dir cleared): nothing left to keep true."""
+        return not os.path.exists(self.path)
 
 
 def _populated(cgroup: str) -> bool:
@@ -123,16 +161,42 @@ def run(spec: dict[str, Any]) -> int:
     """Start ``spec``'s client in its unit, answer, reap until the unit is empty."""
     for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
-    record_path = spec["record"]
     cgroup = spec.get("cgroup")
     keep = [int(fd) for fd in spec.get("keep_fds", [])]
     log_fd = int(spec["log_fd"])
-    record: dict[str, Any] = dict(spec["record_data"])
-    record.update(
-        waiter={"pid": os.getpid(), "start_time": _start_ticks(os.getpid())},
+    record = _Record(spec["record"], dict(spec["record_data"]))
+    record.data.update(
+        # ``on_stop``: the signal this waiter takes as "runwatch stops the unit" (a waiter of an
+        # older agent has none, and SIGUSR1 would end it: it is never sent one).
+        waiter={"pid": os.getpid(), "start_time": _start_ticks(os.getpid()), "on_stop": "SIGUSR1"},
         subreaper=_subreaper(),
         state="starting",
     )
+
+    def stopping(*_: Any) -> None:
+        # The agent's stop tells the waiter (SIGUSR1) besides its marker file: a marker that
+        # cannot be written (a full disk) must not turn runwatch's stop into a death.
+        if "stopped_at" not in record.data:
+            record.data["stopped_at"] = time.time()
+            record.pending = True
+
+    signal.signal(signal.SIGUSR1, stopping)  # reset to the default in the client by its exec
+
+    def refuse(error: str) -> int:
+        for fd in keep:  # the locks are free the moment the launch is answered
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if cgroup:
+            _rmdir(cgroup)
+        _reply({"ok": False, "error": error})
+        return 127
+
+    # The record first: a unit nobody could find again (its token, its cgroup, its waiter) is
+    # never started. A record that cannot be written refuses the start before the client runs.
+    try:
+        write_record(record.path, record.data)
+    except OSError as e:
+        return refuse(f"cannot write the unit's record {record.path}: {e.strerror or e}")
     env = dict(spec["env"])
     try:
         child = subprocess.Popen(
@@ -148,51 +212,52 @@ def run(spec: dict[str, Any]) -> int:
             preexec_fn=_joiner(cgroup),
         )
     except (OSError, subprocess.SubprocessError) as e:
-        for fd in keep:  # the locks are free the moment the launch is answered
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        record.update(state="ended", exit=None, error=str(getattr(e, "strerror", None) or e))
-        record["ended_at"] = time.time()
-        write_record(record_path, record)
-        if cgroup:
-            _rmdir(cgroup)
-        _reply({"ok": False, "error": record["error"]})
-        return 127
+        record.data.update(state="ended", exit=None, error=str(getattr(e, "strerror", None) or e))
+        record.data["ended_at"] = time.time()
+        record.save()
+        return refuse(record.data["error"])
     os.close(log_fd)
     # The client holds the locks (and its descendants that keep them); the unit itself keeps a
     # second launch of the run out (``unit.live_unit``), so the waiter keeps no copy.
     for fd in keep:
         with contextlib.suppress(OSError):
             os.close(fd)
-    record.update(
+    record.data.update(
         state="running",
         child={"pid": child.pid, "start_time": _start_ticks(child.pid)},
         started_at=time.time(),
     )
-    write_record(record_path, record)
+    record.save()  # the "starting" record already names the unit; pending until written
     _reply({"ok": True, "pid": child.pid})
-    _reap(child.pid, record, record_path)
+    _reap(child.pid, record)
     # Nothing of ours is left to reap. A cgroup can still hold a member that something else
     # moved in or that re-parented elsewhere: the unit ends when the cgroup is empty.
     while cgroup and _populated(cgroup):
         time.sleep(_CGROUP_POLL_S)
-    record.update(state="ended", ended_at=time.time())
-    write_record(record_path, record)
+        if record.pending:
+            record.save()
+    record.data.update(state="ended", ended_at=time.time())
+    # The end is written before the waiter ends (while it lives, the unit is not over): on a
+    # full disk, again every tick until it is, unless the record itself was removed.
+    while not record.save() and not record.gone():
+        time.sleep(_TRACK_S)
     if cgroup:
         _rmdir(cgroup)
     return 0
 
 
-def _reap(client: int, record: dict[str, Any], record_path: str) -> None:
+def _reap(client: int, record: _Record) -> None:
     """Reap the client and every orphaned descendant until none is left.
 
     Records the client's exit status the moment it ends, the first descendant the waiter reaps
     that died of a signal or a non-zero exit (a worker that crashed after its parent exited 0:
     the run did not finish), and, every ``_TRACK_S``, the tree's members as (pid, start time),
-    so that a member that dropped the token is still known if this waiter is killed."""
+    so that a member that dropped the token is still known if this waiter is killed. A record
+    that could not be written is written again at the next tick."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     known: list[list[int]] = []
     tracked = 0.0
+    data = record.data
     while True:
         try:
             while True:
@@ -200,11 +265,11 @@ def _reap(client: int, record: dict[str, Any], record_path: str) -> None:
                 if pid == 0:
                     break
                 if pid == client:
-                    record.update(exit=_exit_of(status), exited_at=time.time())
-                    write_record(record_path, record)
-                elif "failed" not in record and not _clean(status):
-                    record["failed"] = dict(_exit_of(status), pid=pid)
-                    write_record(record_path, record)
+                    data.update(exit=_exit_of(status), exited_at=time.time())
+                    record.save()
+                elif "failed" not in data and not _clean(status):
+                    data["failed"] = dict(_exit_of(status), pid=pid)
+                    record.save()
         except ChildProcessError:
             return
         if time.monotonic() - tracked >= _TRACK_S:
@@ -212,8 +277,10 @@ def _reap(client: int, record: dict[str, Any], record_path: str) -> None:
             now = _tree(os.getpid())
             if now != known:
                 known = now
-                record["known"] = known
-                write_record(record_path, record)
+                data["known"] = known
+                record.save()
+            elif record.pending:
+                record.save()
         signal.sigtimedwait({signal.SIGCHLD}, _TRACK_S)
 
 
