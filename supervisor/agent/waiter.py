@@ -33,6 +33,7 @@ import ctypes
 import errno
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -95,25 +96,57 @@ class _Record:
 
     The record is bookkeeping; holding the tree is the waiter's job. A write that fails (a
     full disk, a quota) never ends the waiter: the record stays pending and is written again
-    at every tick until it is on disk, and the waiter ends only once its last state is."""
+    at every tick until it is on disk, and the waiter ends only once its last state is. While
+    the waiter lives it is the record's keeper: a record removed (the state dir cleared under a
+    live run), replaced or edited on disk is written again, whole, at the next tick, so the run
+    is found as its unit again (never taken for processes runwatch did not start)."""
 
     def __init__(self, path: str, data: dict[str, Any]) -> None:
         self.path = path
         self.data = data
         self.pending = True
+        self.stamp: tuple[int, int, int] | None = None
+        self.error = 0
 
     def save(self) -> bool:
         try:
+            _private_dirs(os.path.dirname(self.path))
             write_record(self.path, self.data)
-        except OSError:
+            st = os.stat(self.path)
+        except OSError as e:
             self.pending = True
+            self.error = e.errno or errno.EIO
             return False
+        self.stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
         self.pending = False
         return True
 
-    def gone(self) -> bool:
-        """The record's file was removed (the state dir cleared): nothing left to keep true."""
-        return not os.path.exists(self.path)
+    def keep(self) -> None:
+        """At each tick: write the record again if it is pending or not as it was written."""
+        try:
+            st = os.stat(self.path)
+            intact = self.stamp == (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            intact = False
+        if self.pending or not intact:
+            self.save()
+
+
+def _private_dirs(path: str) -> None:
+    """``path`` and each missing level above it made 0700 (the state dir cleared under a run)."""
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for level in reversed(missing):
+        try:
+            os.mkdir(level, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(level, 0o700)
 
 
 def _populated(cgroup: str) -> bool:
@@ -143,12 +176,43 @@ def _joiner(cgroup: str | None) -> Any:
     return join
 
 
-def _reply(obj: dict[str, Any]) -> None:
-    os.write(1, (json.dumps(obj) + "\n").encode())
+def _heard() -> bool:
+    """Does the agent still wait for this launch's answer (its end of stdout still open)?"""
+    poller = select.poll()
+    poller.register(1, select.POLLOUT)
+    return not any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
+def _reply(obj: dict[str, Any]) -> bool:
+    """Answer the agent; False when nobody read it (the agent stopped waiting: EPIPE)."""
+    try:
+        os.write(1, (json.dumps(obj) + "\n").encode())
+        heard = True
+    except OSError:
+        heard = False
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
+    return heard
+
+
+def _abort(client: int, cgroup: str | None) -> None:
+    """The agent stopped waiting for the answer, so it reports the launch failed: nothing of it
+    may run. Kill the client's session and cgroup at once, then whatever of the tree is left."""
+    if cgroup:
+        with contextlib.suppress(OSError), open(os.path.join(cgroup, "cgroup.kill"), "wb") as f:
+            f.write(b"1")
+    with contextlib.suppress(OSError):
+        os.killpg(client, signal.SIGKILL)
+    for _ in range(100):
+        tree = [pid for pid, _ in _tree(os.getpid())]
+        if not tree:
+            return
+        for pid in tree:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
 
 
 def _exit_of(status: int) -> dict[str, Any]:
@@ -193,10 +257,12 @@ def run(spec: dict[str, Any]) -> int:
 
     # The record first: a unit nobody could find again (its token, its cgroup, its waiter) is
     # never started. A record that cannot be written refuses the start before the client runs.
-    try:
-        write_record(record.path, record.data)
-    except OSError as e:
-        return refuse(f"cannot write the unit's record {record.path}: {e.strerror or e}")
+    if not record.save():
+        return refuse(f"cannot write the unit's record {record.path}: {os.strerror(record.error)}")
+    if not _heard():  # the agent gave up waiting and reported the launch failed: start nothing
+        record.data.update(state="ended", ended_at=time.time(), exit=None, error="unanswered")
+        record.save()
+        return refuse("the agent stopped waiting for this launch")
     env = dict(spec["env"])
     try:
         child = subprocess.Popen(
@@ -228,18 +294,22 @@ def run(spec: dict[str, Any]) -> int:
         started_at=time.time(),
     )
     record.save()  # the "starting" record already names the unit; pending until written
-    _reply({"ok": True, "pid": child.pid})
+    if not _reply({"ok": True, "pid": child.pid}):
+        record.data.update(error="unanswered", stopped_at=time.time())
+        record.save()
+        _abort(child.pid, cgroup)
     _reap(child.pid, record)
     # Nothing of ours is left to reap. A cgroup can still hold a member that something else
     # moved in or that re-parented elsewhere: the unit ends when the cgroup is empty.
     while cgroup and _populated(cgroup):
         time.sleep(_CGROUP_POLL_S)
-        if record.pending:
-            record.save()
+        record.keep()
     record.data.update(state="ended", ended_at=time.time())
     # The end is written before the waiter ends (while it lives, the unit is not over): on a
-    # full disk, again every tick until it is, unless the record itself was removed.
-    while not record.save() and not record.gone():
+    # full disk or over quota, again every tick until it is; on any other error, for a minute.
+    tries = 0
+    while not record.save() and (record.error in (errno.ENOSPC, errno.EDQUOT) or tries < 60):
+        tries += 1
         time.sleep(_TRACK_S)
     if cgroup:
         _rmdir(cgroup)
@@ -279,8 +349,8 @@ def _reap(client: int, record: _Record) -> None:
                 known = now
                 data["known"] = known
                 record.save()
-            elif record.pending:
-                record.save()
+            else:
+                record.keep()
         signal.sigtimedwait({signal.SIGCHLD}, _TRACK_S)
 
 

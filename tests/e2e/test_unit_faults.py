@@ -1,10 +1,11 @@
-"""A unit's record cannot be written (O13): the filesystem of the host's state dir is full.
+"""Faults of a unit's own bookkeeping (O13, O14): its record cannot be written (a full disk),
+is edited or removed under the live run, or its waiter answers the launch too late.
 
 The record is bookkeeping; the waiter's hold on the run's tree is not. A start whose record
-cannot be written is refused before anything runs, and a waiter whose record stops being
-writable while its run goes on keeps reaping, holding and recording (once space is back).
-Real processes, the real agent, a real tmpfs mounted over the host's unit records, a real
-cgroup v2 leaf (as root) and the launch-token path."""
+cannot be written is refused before anything runs, a waiter whose record stops being writable
+while its run goes on keeps reaping, holding and recording (once space is back), and a launch
+reported failed leaves nothing of it running. Real processes, the real agent, real tmpfs
+mounts, a real cgroup v2 leaf (as root) and the launch-token path."""
 
 from __future__ import annotations
 
@@ -115,13 +116,16 @@ def _forks(work: Path) -> int:
         return 0
 
 
-def _every_token_holder() -> list[int]:
-    """Every process that carries any launch token (the test's own runs only: fresh state)."""
+def _every_token_holder(within: Path) -> list[int]:
+    """Every live process that carries a launch token and runs in ``within`` (the test's own:
+    other runs of this machine are never counted)."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError):
-                if b"RUNWATCH_LAUNCH=" in Path(f"/proc/{entry}/environ").read_bytes():
+                if b"RUNWATCH_LAUNCH=" in Path(f"/proc/{entry}/environ").read_bytes() and Path(
+                    os.readlink(f"/proc/{entry}/cwd")
+                ).is_relative_to(within):
                     found.append(int(entry))
     return [p for p in found if _alive(p)]
 
@@ -136,12 +140,11 @@ async def test_o13_a_start_whose_unit_record_cannot_be_written_is_refused_and_no
     cfg = write_local_config(tmp_path / "rw.toml", run_toml("r", work), python=True)
     from supervisor.config import load_config
 
-    before = set(_every_token_holder())
     fill(units_fs)
     try:
         async with Engine(load_config(cfg)) as engine:
             result = await actions.launch(engine, "r")
-            started = [p for p in _every_token_holder() if p not in before]
+            started = _every_token_holder(work)
             assert not result.ok, why(result)
             # Refused before the client ran: nothing carries a token of it, nothing was written.
             assert started == [], started
@@ -150,10 +153,9 @@ async def test_o13_a_start_whose_unit_record_cannot_be_written_is_refused_and_no
             rv = await snapshot_run(engine, "r")
             assert rv.state == "stopped", rv.state_text
     finally:
-        for pid in _every_token_holder():
-            if pid not in before:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, 9)
+        for pid in _every_token_holder(work):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
 
 
 async def test_o13_a_waiter_whose_record_fills_the_disk_keeps_holding_and_records_later(
@@ -263,3 +265,104 @@ async def test_o13_a_client_that_fills_its_disk_at_once_is_a_started_run_never_a
         assert rv.process is not None
         report = await engine.kill("here", rv.process.identity, grace=1.0, run="r")
         assert report.all_gone, (report.unit_detail, report.results)
+
+
+async def test_o13_a_run_whose_unit_records_were_removed_is_still_held_by_its_token(
+    tmp_path: Path, held_by: str, stop_units: list[str]
+) -> None:
+    """A unit's record edited on disk, then ``rm -rf`` of the host's state dir under the live
+    run (a user resetting runwatch): the waiter, its record's keeper, writes it again, so the
+    run is its unit still: running, a second launch refused, and its double-forked ``setsid``
+    daemon that opens, appends and closes per record stopped with it, the kill confirmed only
+    once nothing of the unit is left."""
+    import shutil
+
+    from supervisor.errors import LaunchError
+    from tests.e2e.test_units import client
+
+    work = tmp_path / "work"
+    client(work, "daemon")
+    data = work / "out" / "B1" / "raw_responses.jsonl"
+    cfg = write_local_config(tmp_path / "rw.toml", run_toml("r", work), python=True)
+    from supervisor.config import load_config
+
+    async with Engine(load_config(cfg)) as engine:
+        rv = await launched(engine, "r", stop_units)
+        lid = rv.last_unit.launch_id
+        await asyncio.to_thread(wait_until, lambda: len(token_holders(lid)) >= 2, 30)
+        await asyncio.to_thread(wait_until, lambda: data.exists() and data.stat().st_size > 0, 30)
+        record = Path(os.environ["XDG_STATE_HOME"]) / "runwatch" / "units" / f"{lid}.json"
+        whole = json.loads(record.read_text())
+        # Edited on disk (a torn or hand-edited record that says the unit ended), then the
+        # whole state dir removed: the waiter writes its record again, whole, within a tick.
+        record.write_text(json.dumps({"state": "ended", "launch_id": lid})[:-1])
+
+        def whole_again() -> bool:
+            now = _record(record.parent, lid)
+            return all(now.get(k) == whole[k] for k in ("token", "child", "waiter", "cgroup")) and (
+                now.get("state") == "running"
+            )
+
+        await asyncio.to_thread(wait_until, whole_again, 30)
+        shutil.rmtree(Path(os.environ["XDG_STATE_HOME"]) / "runwatch")
+        await asyncio.to_thread(wait_until, whole_again, 30)
+        assert (record.parent.stat().st_mode & 0o777) == 0o700
+        now = await snapshot_run(engine, "r")
+        assert now.state == "running", now.state_text
+        assert now.last_unit is not None and now.last_unit.launch_id == lid
+        try:
+            again = await actions.launch(engine, "r")
+        except LaunchError as e:
+            assert "already running" in str(e), str(e)
+        else:
+            assert not again.ok and "already running" in why(again), why(again)
+        assert now.process is not None
+        report = await engine.kill("here", now.process.identity, grace=1.0, run="r")
+        assert report.all_gone, (report.unit_detail, report.results)
+        assert token_holders(lid) == []  # the daemon too: nothing of the unit is left
+
+
+def _waiters() -> list[int]:
+    """The pids of every live launch waiter of this test's agents (``runwatch-waiter`` in its
+    argv, this test's state dir in its environment)."""
+    mine = f"XDG_STATE_HOME={os.environ['XDG_STATE_HOME']}\0".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if b"runwatch-waiter" in Path(f"/proc/{entry}/cmdline").read_bytes() and (
+                    mine in Path(f"/proc/{entry}/environ").read_bytes()
+                ):
+                    found.append(int(entry))
+    return [p for p in found if _alive(p)]
+
+
+async def test_o14_a_launch_whose_waiter_answers_too_late_leaves_nothing_running(
+    tmp_path: Path, held_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent waits for the waiter's answer a bounded time (10 s; here 1 ms, as a host too
+    loaded to start Python in 10 s would be): the launch is reported failed, so nothing of it
+    may run, or a retry or rollback would start a second writer beside it."""
+    monkeypatch.setenv("RUNWATCH_AGENT_ANSWER_S", "0.001")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "run_inference.py").write_text(FORKER)
+    data = work / "out" / "B1" / "raw_responses.jsonl"
+    cfg = write_local_config(tmp_path / "rw.toml", run_toml("r", work), python=True)
+    from supervisor.config import load_config
+
+    try:
+        async with Engine(load_config(cfg)) as engine:
+            result = await actions.launch(engine, "r")
+            assert not result.ok, why(result)
+            assert "did not answer" in why(result), why(result)
+            # The waiter gives up by itself; once it is gone nothing of the launch ran.
+            await asyncio.to_thread(wait_until, lambda: not _waiters(), 30)
+            assert _every_token_holder(work) == []
+            assert not data.exists()
+            rv = await snapshot_run(engine, "r")
+            assert rv.state == "stopped", rv.state_text
+    finally:
+        for pid in _every_token_holder(work):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
