@@ -7,6 +7,8 @@ value ever becomes shell text and nothing needs to be installed on the host.
 
 What it does, in order:
 
+0. shrugs off every catchable signal (a client may signal its parent; only SIGKILL ends the
+   waiter), with handlers its client's exec resets, so the client starts as if by hand;
 1. makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, as tini and s6 do), so every
    descendant of the run that is orphaned — a SIGTERM handler's ``setsid`` child, a double-forked
    daemon — is re-parented to it rather than to init, and the tree stays whole without privileges;
@@ -16,9 +18,10 @@ What it does, in order:
 3. answers the agent with the client's pid (one JSON line on stdout), then detaches from it;
 4. reaps: records the client's exit status and time in the unit's record the moment it ends (and
    the first orphaned descendant that crashed, and a stop through runwatch: SIGUSR1 from the
-   agent), records its tree's members every second, goes on reaping re-parented descendants
-   until none is left (and the cgroup, if any, is empty), records that too, removes the cgroup
-   and exits.
+   agent, a process outside the tree), records its tree's members every second, goes on
+   reaping re-parented descendants until none is left (and the cgroup, if any, is empty),
+   records that too, removes the cgroup and exits. A launch the agent stopped waiting for
+   starts nothing, or kills at once what it started.
 
 The record is written atomically (rename) and 0600, first before the client starts (a record
 that cannot be written refuses the start: nothing runs). Later writes that fail (a full disk)
@@ -223,8 +226,7 @@ def _exit_of(status: int) -> dict[str, Any]:
 
 def run(spec: dict[str, Any]) -> int:
     """Start ``spec``'s client in its unit, answer, reap until the unit is empty."""
-    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_IGN)
+    _shrug_signals()
     cgroup = spec.get("cgroup")
     keep = [int(fd) for fd in spec.get("keep_fds", [])]
     log_fd = int(spec["log_fd"])
@@ -236,15 +238,6 @@ def run(spec: dict[str, Any]) -> int:
         subreaper=_subreaper(),
         state="starting",
     )
-
-    def stopping(*_: Any) -> None:
-        # The agent's stop tells the waiter (SIGUSR1) besides its marker file: a marker that
-        # cannot be written (a full disk) must not turn runwatch's stop into a death.
-        if "stopped_at" not in record.data:
-            record.data["stopped_at"] = time.time()
-            record.pending = True
-
-    signal.signal(signal.SIGUSR1, stopping)  # reset to the default in the client by its exec
 
     def refuse(error: str) -> int:
         for fd in keep:  # the locks are free the moment the launch is answered
@@ -302,7 +295,7 @@ def run(spec: dict[str, Any]) -> int:
     # Nothing of ours is left to reap. A cgroup can still hold a member that something else
     # moved in or that re-parented elsewhere: the unit ends when the cgroup is empty.
     while cgroup and _populated(cgroup):
-        time.sleep(_CGROUP_POLL_S)
+        _pause(record, _CGROUP_POLL_S)
         record.keep()
     record.data.update(state="ended", ended_at=time.time())
     # The end is written before the waiter ends (while it lives, the unit is not over): on a
@@ -310,7 +303,7 @@ def run(spec: dict[str, Any]) -> int:
     tries = 0
     while not record.save() and (record.error in (errno.ENOSPC, errno.EDQUOT) or tries < 60):
         tries += 1
-        time.sleep(_TRACK_S)
+        _pause(record, _TRACK_S)
     if cgroup:
         _rmdir(cgroup)
     return 0
@@ -324,7 +317,7 @@ def _reap(client: int, record: _Record) -> None:
     the run did not finish), and, every ``_TRACK_S``, the tree's members as (pid, start time),
     so that a member that dropped the token is still known if this waiter is killed. A record
     that could not be written is written again at the next tick."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
     known: list[list[int]] = []
     tracked = 0.0
     data = record.data
@@ -351,7 +344,74 @@ def _reap(client: int, record: _Record) -> None:
                 record.save()
             else:
                 record.keep()
-        signal.sigtimedwait({signal.SIGCHLD}, _TRACK_S)
+        _pause(record, _TRACK_S)
+
+
+_WAITED = {signal.SIGCHLD, signal.SIGUSR1}
+"""Blocked while the waiter reaps, and taken with their sender by :func:`_pause`."""
+
+_SHRUGGED = [
+    "SIGHUP",
+    "SIGINT",
+    "SIGQUIT",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGPIPE",
+    "SIGALRM",
+    "SIGTERM",
+    "SIGVTALRM",
+    "SIGPROF",
+    "SIGIO",
+    "SIGPWR",
+    "SIGXCPU",
+    "SIGXFSZ",
+    "SIGTRAP",
+    "SIGSYS",
+]
+
+
+def _shrug_signals() -> None:
+    """No catchable signal ends the waiter: its client is its child, and a client may signal
+    its parent (readiness as SIGUSR1, "stop the launcher" as SIGTERM); a waiter that ended would
+    leave the exit unrecorded and the tree unheld (only SIGKILL can end it). Handlers, not
+    ``SIG_IGN``: the client's exec resets them, so it starts with every signal at its default,
+    as when started by hand (an ignored SIGINT or SIGHUP would stay ignored in it)."""
+
+    def shrug(*_: Any) -> None:
+        return None
+
+    names = [getattr(signal, n) for n in _SHRUGGED if hasattr(signal, n)]
+    rt = range(signal.SIGRTMIN, signal.SIGRTMAX + 1) if hasattr(signal, "SIGRTMIN") else []
+    for sig in [*names, *rt]:
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            signal.signal(sig, shrug)
+
+
+def _pause(record: _Record, timeout: float) -> None:
+    """Wait up to ``timeout`` for a child's end or the agent's stop notice (SIGUSR1 from a
+    process outside the unit's tree: runwatch stops the unit, recorded even when the agent's
+    marker file cannot be written). A SIGUSR1 from the run itself is no stop."""
+    info = signal.sigtimedwait(_WAITED, timeout)
+    if info is None or info.si_signo != signal.SIGUSR1 or "stopped_at" in record.data:
+        return
+    if not _in_tree(info.si_pid, os.getpid()):
+        record.data["stopped_at"] = time.time()
+        record.save()
+
+
+def _in_tree(pid: int, root: int) -> bool:
+    """Is ``pid`` ``root``'s descendant (or gone, so that nobody can tell)?"""
+    seen = 0
+    while pid > 1 and seen < 4096:
+        if pid == root:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            return True
+        pid, seen = int(raw[raw.rindex(b")") + 2 :].split()[1]), seen + 1
+    return False
 
 
 def _clean(status: int) -> bool:

@@ -366,3 +366,68 @@ async def test_o14_a_launch_whose_waiter_answers_too_late_leaves_nothing_running
         for pid in _every_token_holder(work):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
+
+
+# A client that signals its parent as some launchers expect ("ready": SIGUSR1; "a worker
+# failed, stop": SIGTERM; SIGUSR2, SIGALRM, SIGQUIT), notes the dispositions it was started
+# with, then crashes (exit 3) once told to.
+PARENT_SIGNALLER = r"""
+import json, os, signal, sys, time
+def how(h):
+    return {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored"}.get(h, "handled")
+with open("dispositions.json", "w") as f:
+    json.dump({name: how(signal.getsignal(getattr(signal, name))) for name in
+               ("SIGINT", "SIGHUP", "SIGTERM", "SIGUSR1", "SIGPIPE", "SIGQUIT")}, f)
+for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGUSR2, signal.SIGALRM, signal.SIGQUIT):
+    os.kill(os.getppid(), sig)
+with open("signalled", "w") as f:
+    f.write(str(os.getppid()))
+while not os.path.exists("go"):
+    time.sleep(0.02)
+sys.exit(3)
+"""
+
+
+async def test_o15_a_client_that_signals_its_parent_neither_ends_its_waiter_nor_fakes_a_stop(
+    tmp_path: Path, held_by: str, stop_units: list[str]
+) -> None:
+    """The waiter is the client's parent: a client that signals its parent (readiness, "stop
+    the launcher") must not end it (its exit would go unrecorded, its tree unheld) nor make its
+    later crash read as a stop through runwatch; and the client starts with the signal
+    dispositions it would have if started by hand (nothing ignored it did not ignore)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "run_inference.py").write_text(PARENT_SIGNALLER)
+    cfg = write_local_config(tmp_path / "rw.toml", run_toml("r", work), python=True)
+    from supervisor.config import load_config
+
+    async with Engine(load_config(cfg)) as engine:
+        rv = await launched(engine, "r", stop_units)
+        lid = rv.last_unit.launch_id
+        await asyncio.to_thread(wait_until, lambda: (work / "signalled").exists(), 30)
+        waiter = int((work / "signalled").read_text())
+        assert waiter == int(_record(_units(), lid)["waiter"]["pid"])
+        seen = json.loads((work / "dispositions.json").read_text())
+        # As when started by hand: Python's own SIGINT handler (it installs none when SIGINT
+        # comes ignored) and its SIGPIPE ignored; every other one at its default.
+        assert seen == {
+            "SIGINT": "handled",
+            "SIGHUP": "default",
+            "SIGTERM": "default",
+            "SIGUSR1": "default",
+            "SIGPIPE": "ignored",
+            "SIGQUIT": "default",
+        }, seen
+        now = await snapshot_run(engine, "r")
+        assert now.state == "running", now.state_text
+        assert _alive(waiter), "a signal from its client ended the unit's waiter"
+        (work / "go").write_text("")
+        await asyncio.to_thread(wait_until, lambda: _ended(lid), 30)
+        ended = await snapshot_run(engine, "r")
+        assert ended.ending == "died", ended.last_unit
+        assert ended.last_unit is not None and ended.last_unit.exit is not None
+        assert ended.last_unit.exit.code == 3, ended.last_unit
+
+
+def _units() -> Path:
+    return Path(os.environ["XDG_STATE_HOME"]) / "runwatch" / "units"
