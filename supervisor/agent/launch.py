@@ -22,7 +22,7 @@ import fcntl
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from supervisor.agent import safefs, unit
 from supervisor.agent.datafiles import (
@@ -344,7 +344,14 @@ def launch(params: dict[str, Any]) -> LaunchResult:
                 "uid": os.getuid(),
                 "argv": argv,
             }
-        write_all(
+        # From here the client runs: a record of the launch that cannot be written (a disk the
+        # client filled at once) is a warning of the start, never a failed launch that a retry
+        # or a rollback would act on while the client writes.
+        unwritten: list[str] = []
+        _recorded(
+            unwritten,
+            "the lock's holder",
+            write_all,
             {
                 "state": "running",
                 "identity": dict(identity, argv=mask_argv(identity["argv"], secrets)),
@@ -354,7 +361,7 @@ def launch(params: dict[str, Any]) -> LaunchResult:
                 "launch_id": unit_data["launch_id"],
                 "time": time.time(),
                 **owner,
-            }
+            },
         )
     finally:
         # The child holds its own copies of the locks (and releases them when it ends); ours go.
@@ -415,12 +422,38 @@ def launch(params: dict[str, Any]) -> LaunchResult:
         if isinstance(data.get("argv"), list):
             data["argv"] = mask_argv([str(a) for a in data["argv"]], secrets)
         fp_params["data"] = data
-        written.append(write_fingerprint(fp_params)["path"])
+        fp_written = _recorded(unwritten, "the launch fingerprint", write_fingerprint, fp_params)
+        if fp_written is not None:
+            written.append(fp_written["path"])
     result["fingerprints"] = written
+    warnings = []
     if users["uninspected"]:
         result["uninspected"] = users["uninspected"]
-        result["warning"] = users["detail"]
+        warnings.append(users["detail"])
+    if unwritten:
+        warnings.append(
+            "started, but not recorded: "
+            + "; ".join(unwritten)
+            + " (the next start compares the data with the last fingerprint on disk)"
+        )
+    if warnings:
+        result["warning"] = "; ".join(warnings)
     return result
+
+
+_T = TypeVar("_T")
+
+
+def _recorded(unwritten: list[str], what: str, write: Callable[[Any], _T], arg: Any) -> _T | None:
+    """``write(arg)``, or None with ``what`` and the reason added to ``unwritten`` when the
+    file cannot be written (a full disk, a quota, a path made unsafe meanwhile)."""
+    try:
+        return write(arg)
+    except OSError as e:
+        unwritten.append(f"{what} ({e.strerror or e})")
+    except AgentOpError as e:
+        unwritten.append(f"{what} ({e})")
+    return None
 
 
 def _identity(ident: dict[str, Any], argv: list[str]) -> Identity:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from supervisor.agent import proc as procs
 from supervisor.agent import safefs
-from supervisor.agent.kill import _running, _Target
+from supervisor.agent.kill import _running, _Target, pidfd_open, pidfd_send_signal
 from supervisor.agent.masking import mask_argv
 from supervisor.agent.protocol import KILL_CONFIRM_S, AgentOpError, param_number, param_str
 
@@ -54,6 +54,10 @@ NO_CGROUP_VAR = "RUNWATCH_AGENT_NO_CGROUP"
 CGROUP_SUBTREE = "runwatch"
 _ENDED_KEEP_S = 7 * 24 * 3600.0
 _ANSWER_S = 10.0
+ANSWER_VAR = "RUNWATCH_AGENT_ANSWER_S"
+"""Seconds the agent waits for a launch's waiter to answer (default 10; set small in tests)."""
+_ABANDON_S = 5.0
+"""Seconds an unanswered launch waits for its waiter to give up (it starts nothing then)."""
 WAITER_END_S = 5.0
 """Seconds a confirmed stop waits for the unit's waiter to record the end and exit."""
 
@@ -259,19 +263,53 @@ def start(
     try:
         waiter.stdin.write(json.dumps({"source": _waiter_source(), "spec": spec}).encode())
         waiter.stdin.close()
-        ready, _, _ = select.select([waiter.stdout], [], [], _ANSWER_S)
+        ready, _, _ = select.select([waiter.stdout], [], [], _answer_s())
         line = waiter.stdout.readline() if ready else b""
     finally:
+        # Closed before anything else: a waiter that has not answered yet sees that nobody
+        # waits for its answer and starts nothing (or kills at once what it started).
         waiter.stdout.close()
     try:
         answer = json.loads(line.decode("utf-8")) if line else None
     except ValueError:
         answer = None
     if not isinstance(answer, dict):
-        raise OSError(errno.EIO, f"the launch's waiter did not answer within {_ANSWER_S:g} s")
+        raise OSError(errno.EIO, _unanswered(launch_id, waiter))
     if not answer.get("ok"):
         raise OSError(errno.ENOEXEC, str(answer.get("error") or "cannot start"))
     return int(answer["pid"]), data
+
+
+def _answer_s() -> float:
+    try:
+        return max(float(os.environ.get(ANSWER_VAR) or _ANSWER_S), 0.0)
+    except ValueError:
+        return _ANSWER_S
+
+
+def _unanswered(launch_id: str, waiter: subprocess.Popen[bytes]) -> str:
+    """A launch whose waiter did not answer is no launch: nothing of it may run once the launch
+    is reported failed (a retry or a rollback would start a second writer beside it).
+
+    The waiter gives up by itself (it sees its answer's pipe closed: before its client, it
+    starts nothing; after, it kills the client's session and cgroup at once). One that answered
+    into the closed pipe does not know: its unit is stopped here. Returns what happened."""
+    procs.poll_until(lambda: waiter.poll() is not None, _ABANDON_S, 0.02)
+    rec = read_record(launch_id) or {}
+    head = f"the launch's waiter did not answer within {_answer_s():g} s"
+    if waiter.poll() is None and rec.get("state") == "running" and "error" not in rec:
+        done = stop({"launch_id": launch_id, "grace": 0.0})
+        if done.get("confirmed"):
+            return f"{head}; its unit {launch_id} was stopped at once: nothing of it runs"
+        return f"{head}; stopping its unit {launch_id} at once: {done.get('detail')}"
+    if waiter.poll() is None:
+        return (
+            f"{head}; its waiter (pid {waiter.pid}) has not started the client, and starts "
+            "nothing now that nobody waits for its answer"
+        )
+    if isinstance(rec.get("child"), dict):
+        return f"{head}; the client it started was killed at once: nothing of it runs"
+    return f"{head}; nothing was started"
 
 
 # --------------------------------------------------------------------------- members
@@ -390,13 +428,13 @@ def _exit_of(rec: dict[str, Any], live: bool) -> dict[str, Any] | None:
     ex = rec.get("exit")
     if not isinstance(ex, dict):
         return None
-    stop = _stop_marker(str(rec["launch_id"]))
+    stop = _stop_marker(str(rec["launch_id"])) or rec.get("stopped_at")
     failed = rec.get("failed")
     return {
         "code": ex.get("code"),
         "signal": ex.get("signal"),
         "at": rec.get("exited_at"),
-        "stopped": stop is not None,
+        "stopped": bool(stop),
         "failed": dict(failed) if isinstance(failed, dict) else None,
     }
 
@@ -540,6 +578,7 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
 
     with contextlib.suppress(OSError):
         write_record(_stop_path(launch_id), {"time": time.time(), "agent_pid": os.getpid()})
+    _tell_waiter(rec)
     cgroup = rec.get("cgroup") if rec.get("cgroup") and os.path.isdir(rec["cgroup"]) else None
     main = (rec.get("child") or {}).get("pid")
     known: dict[int, _Target] = {}
@@ -650,6 +689,32 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
     else:
         detail = f"unit {launch_id} empty ({held_by}): {len(known)} process(es) stopped"
     return dict(base, confirmed=confirmed, results=results, detail=detail)
+
+
+def _tell_waiter(rec: dict[str, Any]) -> None:
+    """Tell the unit's waiter that runwatch is stopping it (SIGUSR1): it records the stop in the
+    unit's record, and keeps it until it is on disk (the marker file may not be writable)."""
+    waiter = rec.get("waiter") or {}
+    pid = waiter.get("pid")
+    if not isinstance(pid, int) or waiter.get("on_stop") != "SIGUSR1":
+        return  # a waiter of an older agent: SIGUSR1 would end it
+    try:
+        fd = pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        # Pinned (by its pidfd where the kernel has them), then checked by its start time.
+        if not _waiter_alive(rec):
+            return
+        if fd is not None:
+            pidfd_send_signal(fd, signal.SIGUSR1)
+        else:
+            os.kill(pid, signal.SIGUSR1)
+    except OSError:
+        pass
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _stop_all(listed: Any, known: dict[int, _Target], main: int | None, ours: set[int]) -> None:

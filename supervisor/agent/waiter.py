@@ -7,6 +7,8 @@ value ever becomes shell text and nothing needs to be installed on the host.
 
 What it does, in order:
 
+0. shrugs off every catchable signal (a client may signal its parent; only SIGKILL ends the
+   waiter), with handlers its client's exec resets, so the client starts as if by hand;
 1. makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, as tini and s6 do), so every
    descendant of the run that is orphaned — a SIGTERM handler's ``setsid`` child, a double-forked
    daemon — is re-parented to it rather than to init, and the tree stays whole without privileges;
@@ -15,11 +17,16 @@ What it does, in order:
    instruction of the client runs outside it);
 3. answers the agent with the client's pid (one JSON line on stdout), then detaches from it;
 4. reaps: records the client's exit status and time in the unit's record the moment it ends (and
-   the first orphaned descendant that crashed), records its tree's members every second, goes on
+   the first orphaned descendant that crashed, and a stop through runwatch: SIGUSR1 from the
+   agent, a process outside the tree), records its tree's members every second, goes on
    reaping re-parented descendants until none is left (and the cgroup, if any, is empty),
-   records that too, removes the cgroup and exits.
+   records that too, removes the cgroup and exits. A launch the agent stopped waiting for
+   starts nothing, or kills at once what it started.
 
-The record is written atomically (rename) and 0600.
+The record is written atomically (rename) and 0600, first before the client starts (a record
+that cannot be written refuses the start: nothing runs). Later writes that fail (a full disk)
+never end the waiter: the record is kept in memory and written again every second, and the
+waiter ends only once its end is on disk.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import ctypes
 import errno
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -66,16 +74,82 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def write_record(path: str, record: dict[str, Any]) -> None:
-    """Write ``record`` to ``path`` atomically, mode 0600."""
+    """Write ``record`` to ``path`` atomically, mode 0600; on a failure (a full disk) the old
+    record stays whole and no temporary file is left."""
     tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            os.fchmod(fd, 0o600)
+            data = (json.dumps(record, sort_keys=True) + "\n").encode()
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class _Record:
+    """The unit's record as the waiter keeps it: in memory first, on disk when it can be.
+
+    The record is bookkeeping; holding the tree is the waiter's job. A write that fails (a
+    full disk, a quota) never ends the waiter: the record stays pending and is written again
+    at every tick until it is on disk, and the waiter ends only once its last state is. While
+    the waiter lives it is the record's keeper: a record removed (the state dir cleared under a
+    live run), replaced or edited on disk is written again, whole, at the next tick, so the run
+    is found as its unit again (never taken for processes runwatch did not start)."""
+
+    def __init__(self, path: str, data: dict[str, Any]) -> None:
+        self.path = path
+        self.data = data
+        self.pending = True
+        self.stamp: tuple[int, int, int] | None = None
+        self.error = 0
+
+    def save(self) -> bool:
+        try:
+            _private_dirs(os.path.dirname(self.path))
+            write_record(self.path, self.data)
+            st = os.stat(self.path)
+        except OSError as e:
+            self.pending = True
+            self.error = e.errno or errno.EIO
+            return False
+        self.stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        self.pending = False
+        return True
+
+    def keep(self) -> None:
+        """At each tick: write the record again if it is pending or not as it was written."""
+        try:
+            st = os.stat(self.path)
+            intact = self.stamp == (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            intact = False
+        if self.pending or not intact:
+            self.save()
+
+
+def _private_dirs(path: str) -> None:
+    """``path`` and each missing level above it made 0700 (the state dir cleared under a run)."""
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for level in reversed(missing):
+        try:
+            os.mkdir(level, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(level, 0o700)
 
 
 def _populated(cgroup: str) -> bool:
@@ -105,12 +179,43 @@ def _joiner(cgroup: str | None) -> Any:
     return join
 
 
-def _reply(obj: dict[str, Any]) -> None:
-    os.write(1, (json.dumps(obj) + "\n").encode())
+def _heard() -> bool:
+    """Does the agent still wait for this launch's answer (its end of stdout still open)?"""
+    poller = select.poll()
+    poller.register(1, select.POLLOUT)
+    return not any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
+def _reply(obj: dict[str, Any]) -> bool:
+    """Answer the agent; False when nobody read it (the agent stopped waiting: EPIPE)."""
+    try:
+        os.write(1, (json.dumps(obj) + "\n").encode())
+        heard = True
+    except OSError:
+        heard = False
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
+    return heard
+
+
+def _abort(client: int, cgroup: str | None) -> None:
+    """The agent stopped waiting for the answer, so it reports the launch failed: nothing of it
+    may run. Kill the client's session and cgroup at once, then whatever of the tree is left."""
+    if cgroup:
+        with contextlib.suppress(OSError), open(os.path.join(cgroup, "cgroup.kill"), "wb") as f:
+            f.write(b"1")
+    with contextlib.suppress(OSError):
+        os.killpg(client, signal.SIGKILL)
+    for _ in range(100):
+        tree = [pid for pid, _ in _tree(os.getpid())]
+        if not tree:
+            return
+        for pid in tree:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
 
 
 def _exit_of(status: int) -> dict[str, Any]:
@@ -121,18 +226,36 @@ def _exit_of(status: int) -> dict[str, Any]:
 
 def run(spec: dict[str, Any]) -> int:
     """Start ``spec``'s client in its unit, answer, reap until the unit is empty."""
-    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_IGN)
-    record_path = spec["record"]
+    _shrug_signals()
     cgroup = spec.get("cgroup")
     keep = [int(fd) for fd in spec.get("keep_fds", [])]
     log_fd = int(spec["log_fd"])
-    record: dict[str, Any] = dict(spec["record_data"])
-    record.update(
-        waiter={"pid": os.getpid(), "start_time": _start_ticks(os.getpid())},
+    record = _Record(spec["record"], dict(spec["record_data"]))
+    record.data.update(
+        # ``on_stop``: the signal this waiter takes as "runwatch stops the unit" (a waiter of an
+        # older agent has none, and SIGUSR1 would end it: it is never sent one).
+        waiter={"pid": os.getpid(), "start_time": _start_ticks(os.getpid()), "on_stop": "SIGUSR1"},
         subreaper=_subreaper(),
         state="starting",
     )
+
+    def refuse(error: str) -> int:
+        for fd in keep:  # the locks are free the moment the launch is answered
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if cgroup:
+            _rmdir(cgroup)
+        _reply({"ok": False, "error": error})
+        return 127
+
+    # The record first: a unit nobody could find again (its token, its cgroup, its waiter) is
+    # never started. A record that cannot be written refuses the start before the client runs.
+    if not record.save():
+        return refuse(f"cannot write the unit's record {record.path}: {os.strerror(record.error)}")
+    if not _heard():  # the agent gave up waiting and reported the launch failed: start nothing
+        record.data.update(state="ended", ended_at=time.time(), exit=None, error="unanswered")
+        record.save()
+        return refuse("the agent stopped waiting for this launch")
     env = dict(spec["env"])
     try:
         child = subprocess.Popen(
@@ -148,51 +271,56 @@ def run(spec: dict[str, Any]) -> int:
             preexec_fn=_joiner(cgroup),
         )
     except (OSError, subprocess.SubprocessError) as e:
-        for fd in keep:  # the locks are free the moment the launch is answered
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        record.update(state="ended", exit=None, error=str(getattr(e, "strerror", None) or e))
-        record["ended_at"] = time.time()
-        write_record(record_path, record)
-        if cgroup:
-            _rmdir(cgroup)
-        _reply({"ok": False, "error": record["error"]})
-        return 127
+        record.data.update(state="ended", exit=None, error=str(getattr(e, "strerror", None) or e))
+        record.data["ended_at"] = time.time()
+        record.save()
+        return refuse(record.data["error"])
     os.close(log_fd)
     # The client holds the locks (and its descendants that keep them); the unit itself keeps a
     # second launch of the run out (``unit.live_unit``), so the waiter keeps no copy.
     for fd in keep:
         with contextlib.suppress(OSError):
             os.close(fd)
-    record.update(
+    record.data.update(
         state="running",
         child={"pid": child.pid, "start_time": _start_ticks(child.pid)},
         started_at=time.time(),
     )
-    write_record(record_path, record)
-    _reply({"ok": True, "pid": child.pid})
-    _reap(child.pid, record, record_path)
+    record.save()  # the "starting" record already names the unit; pending until written
+    if not _reply({"ok": True, "pid": child.pid}):
+        record.data.update(error="unanswered", stopped_at=time.time())
+        record.save()
+        _abort(child.pid, cgroup)
+    _reap(child.pid, record)
     # Nothing of ours is left to reap. A cgroup can still hold a member that something else
     # moved in or that re-parented elsewhere: the unit ends when the cgroup is empty.
     while cgroup and _populated(cgroup):
-        time.sleep(_CGROUP_POLL_S)
-    record.update(state="ended", ended_at=time.time())
-    write_record(record_path, record)
+        _pause(record, _CGROUP_POLL_S)
+        record.keep()
+    record.data.update(state="ended", ended_at=time.time())
+    # The end is written before the waiter ends (while it lives, the unit is not over): on a
+    # full disk or over quota, again every tick until it is; on any other error, for a minute.
+    tries = 0
+    while not record.save() and (record.error in (errno.ENOSPC, errno.EDQUOT) or tries < 60):
+        tries += 1
+        _pause(record, _TRACK_S)
     if cgroup:
         _rmdir(cgroup)
     return 0
 
 
-def _reap(client: int, record: dict[str, Any], record_path: str) -> None:
+def _reap(client: int, record: _Record) -> None:
     """Reap the client and every orphaned descendant until none is left.
 
     Records the client's exit status the moment it ends, the first descendant the waiter reaps
     that died of a signal or a non-zero exit (a worker that crashed after its parent exited 0:
     the run did not finish), and, every ``_TRACK_S``, the tree's members as (pid, start time),
-    so that a member that dropped the token is still known if this waiter is killed."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    so that a member that dropped the token is still known if this waiter is killed. A record
+    that could not be written is written again at the next tick."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
     known: list[list[int]] = []
     tracked = 0.0
+    data = record.data
     while True:
         try:
             while True:
@@ -200,11 +328,11 @@ def _reap(client: int, record: dict[str, Any], record_path: str) -> None:
                 if pid == 0:
                     break
                 if pid == client:
-                    record.update(exit=_exit_of(status), exited_at=time.time())
-                    write_record(record_path, record)
-                elif "failed" not in record and not _clean(status):
-                    record["failed"] = dict(_exit_of(status), pid=pid)
-                    write_record(record_path, record)
+                    data.update(exit=_exit_of(status), exited_at=time.time())
+                    record.save()
+                elif "failed" not in data and not _clean(status):
+                    data["failed"] = dict(_exit_of(status), pid=pid)
+                    record.save()
         except ChildProcessError:
             return
         if time.monotonic() - tracked >= _TRACK_S:
@@ -212,9 +340,78 @@ def _reap(client: int, record: dict[str, Any], record_path: str) -> None:
             now = _tree(os.getpid())
             if now != known:
                 known = now
-                record["known"] = known
-                write_record(record_path, record)
-        signal.sigtimedwait({signal.SIGCHLD}, _TRACK_S)
+                data["known"] = known
+                record.save()
+            else:
+                record.keep()
+        _pause(record, _TRACK_S)
+
+
+_WAITED = {signal.SIGCHLD, signal.SIGUSR1}
+"""Blocked while the waiter reaps, and taken with their sender by :func:`_pause`."""
+
+_SHRUGGED = [
+    "SIGHUP",
+    "SIGINT",
+    "SIGQUIT",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGPIPE",
+    "SIGALRM",
+    "SIGTERM",
+    "SIGVTALRM",
+    "SIGPROF",
+    "SIGIO",
+    "SIGPWR",
+    "SIGXCPU",
+    "SIGXFSZ",
+    "SIGTRAP",
+    "SIGSYS",
+]
+
+
+def _shrug_signals() -> None:
+    """No catchable signal ends the waiter: its client is its child, and a client may signal
+    its parent (readiness as SIGUSR1, "stop the launcher" as SIGTERM); a waiter that ended would
+    leave the exit unrecorded and the tree unheld (only SIGKILL can end it). Handlers, not
+    ``SIG_IGN``: the client's exec resets them, so it starts with every signal at its default,
+    as when started by hand (an ignored SIGINT or SIGHUP would stay ignored in it)."""
+
+    def shrug(*_: Any) -> None:
+        return None
+
+    names = [getattr(signal, n) for n in _SHRUGGED if hasattr(signal, n)]
+    rt = range(signal.SIGRTMIN, signal.SIGRTMAX + 1) if hasattr(signal, "SIGRTMIN") else []
+    for sig in [*names, *rt]:
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            signal.signal(sig, shrug)
+
+
+def _pause(record: _Record, timeout: float) -> None:
+    """Wait up to ``timeout`` for a child's end or the agent's stop notice (SIGUSR1 from a
+    process outside the unit's tree: runwatch stops the unit, recorded even when the agent's
+    marker file cannot be written). A SIGUSR1 from the run itself is no stop."""
+    info = signal.sigtimedwait(_WAITED, timeout)
+    if info is None or info.si_signo != signal.SIGUSR1 or "stopped_at" in record.data:
+        return
+    if not _in_tree(info.si_pid, os.getpid()):
+        record.data["stopped_at"] = time.time()
+        record.save()
+
+
+def _in_tree(pid: int, root: int) -> bool:
+    """Is ``pid`` ``root``'s descendant (or gone, so that nobody can tell)?"""
+    seen = 0
+    while pid > 1 and seen < 4096:
+        if pid == root:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            return True
+        pid, seen = int(raw[raw.rindex(b")") + 2 :].split()[1]), seen + 1
+    return False
 
 
 def _clean(status: int) -> bool:
