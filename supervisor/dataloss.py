@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from supervisor import audit, display
+from supervisor.errors import RunwatchError
 
 _LOSS_REASONS = ("file truncated", "file replaced", "file rewritten")
 """Rescan reasons of the scanner that mean the bytes seen before are gone from the file."""
@@ -115,18 +116,22 @@ class DataLossWatch:
             f"DATA LOSS: {path} {what}: "
             f"{display.count(bytes_before)} bytes before, {display.count(bytes_after)} bytes now"
         )
+        try:
+            audit.record(
+                "data-loss",
+                config=self.config_key,
+                host=host,
+                run=run,
+                ok=False,
+                path=path,
+                bytes_before=bytes_before,
+                bytes_after=bytes_after,
+                detail=message,
+            )
+        except (OSError, RunwatchError) as e:
+            # A state dir that refuses the record never swallows the alarm (W22).
+            message += f" (not in the audit log: {e})"
         self._alarms[key] = message
-        audit.record(
-            "data-loss",
-            config=self.config_key,
-            host=host,
-            run=run,
-            ok=False,
-            path=path,
-            bytes_before=bytes_before,
-            bytes_after=bytes_after,
-            detail=message,
-        )
         return message
 
     def alarms(self) -> dict[tuple[str, str], str]:

@@ -61,7 +61,7 @@ def write(config: Config, intent: Intent) -> None:
 
 def remove(config: Config, run: str) -> None:
     """Forget ``run``'s intent (done, given up, or the run is back)."""
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # (never written)
         os.unlink(path_of(config, run))
 
 

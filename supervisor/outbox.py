@@ -25,6 +25,7 @@ from pathlib import Path
 
 import msgspec
 
+from supervisor.errors import RunwatchError
 from supervisor.events import Event
 from supervisor.paths import write_private
 
@@ -88,6 +89,9 @@ class Outbox:
     """Unix time of the first failed attempt since the last delivery (None: not failing)."""
     last_error: str | None = None
     failing_reported: bool = False
+    spool_error: str | None = None
+    """Why the last message could not be written to the spool (None: it was, or no spool)."""
+    spool_error_said: bool = False
     _queue: deque[tuple[Path | None, Message, int]] = field(default_factory=deque)
     _results: list[Delivery] = field(default_factory=list)
     _cond: threading.Condition = field(default_factory=threading.Condition)
@@ -118,8 +122,13 @@ class Outbox:
             path = self.spool / f"{time.time_ns():020d}-{os.getpid()}-{next(_seq):06d}.json"
             try:
                 write_private(path, msgspec.json.encode(msg))
-            except OSError:
-                path = None  # a full disk: still sent, just not kept across a restart
+            except (OSError, RunwatchError) as e:
+                # A full or read-only state dir: still sent, just not kept across a restart
+                # (said once by the alerter, W22).
+                path = None
+                self.spool_error = str(e)
+            else:
+                self.spool_error = None
         with self._cond:
             self._queue.append((path, msg, 0))
             self._cond.notify()

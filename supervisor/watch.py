@@ -253,10 +253,17 @@ class Watcher:
         )
         snap = tick.snapshot
         events = list(await asyncio.gather(*(self._with_log(ev) for ev in tick.events)))
-        events += self.restarts.observe(events)
         self.doing = "restarts on failure"
-        # Started off this loop; the events of the ones that ended since the last refresh.
-        events += await self.restarts.step(snap)
+        # What the refresh saw is shown and alerted whatever the restarts meet (W22).
+        try:
+            events += self.restarts.observe(events)
+            # Started off this loop; the events of the ones that ended since the last refresh.
+            events += await self.restarts.step(snap)
+        except Exception as e:  # said, and the events of this refresh still go out
+            self.note(f"restarts on failure: {type(e).__name__}: {e}")
+        for text in self.restarts.notes:
+            self.note(text)
+        self.restarts.notes.clear()
         for ev in events:
             self._show(ev)
         self.events.extend(events)
