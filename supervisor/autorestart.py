@@ -220,12 +220,15 @@ class AutoRestart:
                 continue
             st = self._runs.setdefault(it.run, _Restarts(host=it.host))
             st.times = deque([mono] * max(0, it.attempt - 1))
-            st.due = mono + max(0.0, it.not_before - now)
+            # Never longer than the backoff it was written with: a wall clock stepped back
+            # since must not keep the run down for the size of the step (W23).
+            wait = max(0.0, min(it.not_before - now, it.not_before - it.written))
+            st.due = mono + wait
             st.gave_up = False
             st.reason = it.reason
             notes.append(
                 f"took over the pending restart of {it.run} (attempt {it.attempt}, due in "
-                f"{max(0.0, it.not_before - now):.0f} s; {it.reason}; {intents.age_text(it, now)})"
+                f"{wait:.0f} s; {it.reason}; {intents.age_text(it, now)})"
             )
         return notes, events
 

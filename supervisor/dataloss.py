@@ -15,7 +15,7 @@ a colleague's) is listed, but its owner's move-aside is in another audit log.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,8 @@ class _Seen:
     size: int
     stream: str | None
     at: float
+    mark: audit.Mark
+    """Where the audit log ended when the file was seen."""
 
 
 def complete_bytes(scan: Mapping[str, Any]) -> int | None:
@@ -47,11 +49,14 @@ def complete_bytes(scan: Mapping[str, Any]) -> int | None:
     return int(scan.get("size") or 0) - int(scan.get("partial_tail_bytes") or 0)
 
 
-def own_change(host: str, path: str, since: float) -> dict[str, Any] | None:
-    """runwatch's own move-aside or repair of ``path`` on ``host`` since ``since`` (from any
-    runwatch process: the audit log), or None."""
-    for rec in reversed(audit.read(limit=1000)):
-        if float(rec.get("time") or 0) < since:
+def own_change(
+    host: str, path: str, since: float, after: audit.Mark = (0, 0)
+) -> dict[str, Any] | None:
+    """runwatch's own move-aside or repair of ``path`` on ``host`` since ``since`` (Unix time)
+    or written in the audit log after ``after`` (``audit.mark``: whatever its time says, as the
+    wall clock may have been stepped back, W23), from any runwatch process, or None."""
+    for new, rec in reversed(audit.read_marked(after, limit=1000)):
+        if not new and float(rec.get("time") or 0) < since:
             break
         if rec.get("action") in OWN_CHANGES and rec.get("path") == path and rec.get("host") == host:
             return dict(rec)
@@ -61,8 +66,10 @@ def own_change(host: str, path: str, since: float) -> dict[str, Any] | None:
 class DataLossWatch:
     """Remembers each data file's size between refreshes and raises alarms; see the module."""
 
-    def __init__(self, config_key: str = "") -> None:
+    def __init__(self, config_key: str = "", clock: Callable[[], float] = time.time) -> None:
         self.config_key = config_key
+        self.clock = clock
+        """The wall clock (the audit records' times)."""
         """The identity of the config whose runs are watched (``Config.key``), on its records."""
         self._seen: dict[tuple[str, str], _Seen] = {}
         self._alarms: dict[tuple[str, str], str] = {}
@@ -76,7 +83,7 @@ class DataLossWatch:
         key = (host, path)
         before = self._seen.get(key)
         state = scan.get("state")
-        now = time.time()
+        now = self.clock()
         complete = complete_bytes(scan) if state == "ok" else None
         if state == "ok" and complete is None:
             # Read part way: its size is not known this time (the last one seen is kept).
@@ -85,7 +92,7 @@ class DataLossWatch:
             # Complete records only: a partial last line is not data yet, and its removal (the
             # torn-tail repair of runwatch or of the client itself) loses nothing.
             size = complete
-            self._seen[key] = _Seen(size, scan.get("stream"), now)
+            self._seen[key] = _Seen(size, scan.get("stream"), now, audit.mark())
         elif state == "missing":
             size = 0
             self._seen.pop(key, None)
@@ -101,7 +108,7 @@ class DataLossWatch:
             what = "was replaced" if reason.startswith("file replaced") else "was rewritten"
         else:
             return None
-        if own_change(host, path, before.at - 1.0) is not None:
+        if own_change(host, path, before.at - 1.0, before.mark) is not None:
             return None  # runwatch moved it aside or repaired it itself: nothing was lost
         return self.raise_alarm(host, run, path, before.size, size, f"{what} under the running run")
 

@@ -35,11 +35,24 @@ class StopLedger:
 
     def __init__(self, config: Config, started: float | None = None) -> None:
         self.config = config
-        self.started = time.time() if started is None else started
+        self._started = time.time() if started is None else started
+        self._mark = audit.mark()
+        """Where the audit log ended when the ledger started: a record after it is new, whatever
+        its time says (the wall clock may be stepped back meanwhile, W23)."""
         self._stamp: tuple[int, int, int] | None = None
         self._stops: set[str] = set()
         self._seen: set[tuple[str, float]] = set()
         self._events: list[Event] = []
+
+    @property
+    def started(self) -> float:
+        """Unix time the ledger started (records from then on are news)."""
+        return self._started
+
+    @started.setter
+    def started(self, value: float) -> None:
+        self._started = value
+        self._mark = audit.mark()
 
     def expected(self) -> set[str]:
         """Keys of what runwatch stopped or moved: the runs an action holds now, then the audit
@@ -64,12 +77,12 @@ class StopLedger:
 
     def _read(self) -> set[str]:
         out: set[str] = set()
-        for rec in audit.read(limit=1000, config=self.config.key):
+        for new, rec in audit.read_marked(self._mark, limit=1000, config=self.config.key):
             at = float(rec.get("time") or 0)
-            if at < self.started - SINCE_SLACK_S:
+            if not new and at < self.started - SINCE_SLACK_S:
                 continue
             seen = (str(rec.get("run")), at)
-            if at >= self.started and seen not in self._seen:
+            if (new or at >= self.started) and seen not in self._seen:
                 self._seen.add(seen)
                 ev = self._event(rec)
                 if ev is not None:

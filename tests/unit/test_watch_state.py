@@ -1,18 +1,29 @@
-"""A state dir that refuses writes never blinds detection (W22): who holds a run's lock is read
+"""The watcher's judgements survive its state dir and its clock.
+
+W22: a state dir that refuses writes never blinds detection: who holds a run's lock is read
 without making a directory, and a data-loss alarm whose audit record cannot be written is still
 raised, saying so. The refusals are real: a file where a directory should be, and the kernel's
-``/dev/full`` (every write ENOSPC) under the audit log's descriptor."""
+``/dev/full`` (every write ENOSPC) under the audit log's descriptor.
+
+W23: the wall clock stepped back after the watcher started: a stop or a move-aside written since
+is still runwatch's own (no false run-died, no false DATA LOSS), and a pending restart waits no
+longer than its backoff."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from supervisor import audit, runlock
+from supervisor import audit, intents, runlock
 from supervisor.agent.scan import Scanner
+from supervisor.autorestart import AutoRestart
 from supervisor.dataloss import DataLossWatch
 from supervisor.events import stop_key
 from supervisor.paths import state_dir
@@ -56,3 +67,64 @@ def test_w22_a_data_loss_alarm_is_raised_when_the_disk_refuses_its_audit_record(
     assert "not in the audit log" in alarm and "No space left on device" in alarm
     # Still the one alarm of that file at the next refresh.
     assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) == alarm
+
+
+# W23: the wall clock is stepped back after the watcher started (NTP correcting a clock that ran
+# fast, a VM resumed from a snapshot). A ledger that started at a wall time ahead of the clock's
+# now is exactly that state: every record written from now on bears an earlier time.
+CLOCK_STEP_S = 300.0
+
+
+def test_w23_a_kill_after_the_clock_stepped_back_is_still_a_stop_with_who() -> None:
+    config = fixed_config()
+    run = config.runs[0]
+    ledger = StopLedger(config, started=time.time() + CLOCK_STEP_S)
+    assert stop_key(run.host, run.name, 4242) not in ledger.expected()
+    # `runwatch kill` from another terminal: its audit record, written by another process.
+    kill = (
+        "from supervisor import audit; audit.set_origin('runwatch kill'); audit.record("
+        f"'kill', config={config.key!r}, host={run.host!r}, run={run.name!r}, ok=True, "
+        "identity={'pid': 4242})"
+    )
+    subprocess.run([sys.executable, "-c", kill], check=True, timeout=60)
+    assert stop_key(run.host, run.name, 4242) in ledger.expected()
+    (event,) = ledger.take_events()
+    assert event.kind == "stopped" and event.run == run.name and "runwatch kill" in event.text()
+
+
+def test_w23_a_move_aside_after_the_clock_stepped_back_is_no_loss(tmp_path: Path) -> None:
+    data = tmp_path / "out.jsonl"
+    data.write_text(_rows(50))
+    # The file is seen, then the clock steps back before the next refresh.
+    now = time.time()
+    clock = iter([now + CLOCK_STEP_S, now, now + 1.0]).__next__
+    scanner, watch = Scanner(), DataLossWatch(clock=clock)
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    os.rename(data, tmp_path / "out.jsonl.moved")
+    audit.record("move-aside", host="h", run="r", ok=True, path=str(data))
+    data.write_text(_rows(3))
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    assert not [r for r in audit.read() if r["action"] == "data-loss"]
+
+
+def test_w23_a_pending_restart_taken_over_after_the_clock_stepped_back_waits_its_backoff_only() -> (
+    None
+):
+    cfg = fixed_config()
+    run = msgspec.structs.replace(cfg.runs[0], on_exit="restart")
+    cfg = msgspec.structs.replace(cfg, runs=[run, *cfg.runs[1:]])
+    # Written by a watcher 10 s before its backoff's end, with the clock an hour ahead of now.
+    ahead = time.time() + 3600.0
+    intent = intents.Intent(
+        run=run.name, host=run.host, attempt=1, not_before=ahead + 10.0, reason="run-died: test",
+        written=ahead, by="someone",
+    )  # fmt: skip
+    intents.write(cfg, intent)
+
+    class Engine:
+        config = cfg
+
+    restarts = AutoRestart(Engine())  # type: ignore[arg-type]
+    notes, abandoned = restarts.take_over()
+    assert not abandoned and len(notes) == 1
+    assert restarts.pending()[run.name] <= 10.0  # not an hour and 10 s
