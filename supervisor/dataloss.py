@@ -6,10 +6,12 @@ new file in its place (another inode, rewritten bytes), while a process of the r
 relaunch without its resume flag, a second writer, someone's ``> out.jsonl``), that is data loss:
 :class:`DataLossWatch` raises an alarm naming the file and the byte counts, keeps it on the dataset
 until runwatch exits (a later refresh of the new, growing file must not hide it), and writes it to
-the audit log once. runwatch's own changes are not loss: a move-aside or a torn-tail repair
-recorded in the audit log (by any runwatch process) since the file was last seen. Only the
-config's own runs are judged (W20): a process the config does not know (another config's run,
-a colleague's) is listed, but its owner's move-aside is in another audit log.
+the audit log once. A file replaced by one that begins with every line read before (a client's
+atomic rewrite, ``agent.follow.KEPT``) lost nothing (W24). runwatch's own changes are not
+loss: a move-aside or a torn-tail repair recorded in the audit log (by any runwatch process)
+since the file was last seen. Only the config's own runs are judged (W20): a process the
+config does not know (another config's run, a colleague's) is listed, but its owner's move-aside
+is in another audit log.
 """
 
 from __future__ import annotations

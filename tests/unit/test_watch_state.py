@@ -7,7 +7,10 @@ raised, saying so. The refusals are real: a file where a directory should be, an
 
 W23: the wall clock stepped back after the watcher started: a stop or a move-aside written since
 is still runwatch's own (no false run-died, no false DATA LOSS), and a pending restart waits no
-longer than its backoff."""
+longer than its backoff.
+
+W24: a client's atomic rewrite of its output (a temporary file renamed over it) that keeps every
+record read is counted again but is no data loss; one that changes or drops them still is."""
 
 from __future__ import annotations
 
@@ -128,3 +131,46 @@ def test_w23_a_pending_restart_taken_over_after_the_clock_stepped_back_waits_its
     notes, abandoned = restarts.take_over()
     assert not abandoned and len(notes) == 1
     assert restarts.pending()[run.name] <= 10.0  # not an hour and 10 s
+
+
+# W24: a client rewrites its output to a temporary file and renames it over (a checkpoint of
+# every record so far, and the new ones).
+def _rewrite(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def test_w24_an_atomic_rewrite_that_keeps_every_record_is_no_data_loss(tmp_path: Path) -> None:
+    data = tmp_path / "out.jsonl"
+    data.write_text(_rows(200))  # past the head and the tail that fingerprint it
+    scanner, watch = Scanner(), DataLossWatch()
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    _rewrite(data, _rows(260))
+    scan = scanner.scan(str(data), fmt="modelopt")
+    assert scan["records"] == 260  # counted again from zero: exact, never twice
+    assert "atomic rewrite" in str(scan["rescan_reason"])
+    assert watch.observe("h", "r", scan, True) is None
+    _rewrite(data, _rows(260))  # a checkpoint with nothing new
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    assert not [r for r in audit.read() if r["action"] == "data-loss"]
+
+
+@pytest.mark.parametrize(
+    "rewritten",
+    [
+        pytest.param(_rows(199) + _rows(61, 300), id="its last record changed"),
+        pytest.param(_rows(1, 500) + _rows(259, 1), id="its first record changed"),
+        pytest.param(_rows(150), id="records dropped"),
+    ],
+)
+def test_w24_a_rewrite_that_changes_or_drops_records_read_is_still_data_loss(
+    tmp_path: Path, rewritten: str
+) -> None:
+    data = tmp_path / "out.jsonl"
+    data.write_text(_rows(200))
+    scanner, watch = Scanner(), DataLossWatch()
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    _rewrite(data, rewritten)
+    alarm = watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True)
+    assert alarm is not None and alarm.startswith("DATA LOSS")
