@@ -92,6 +92,10 @@ class Outbox:
     spool_error: str | None = None
     """Why the last message could not be written to the spool (None: it was, or no spool)."""
     spool_error_said: bool = False
+    attempts: int = 0
+    """Tries made so far (a wait for a hung one included)."""
+    _hung: tuple[threading.Thread, list[tuple[bool, str | None]], Message, float] | None = None
+    """The try still under way after its deadline: its thread, outcome, message, start."""
     _queue: deque[tuple[Path | None, Message, int]] = field(default_factory=deque)
     _results: list[Delivery] = field(default_factory=list)
     _cond: threading.Condition = field(default_factory=threading.Condition)
@@ -157,9 +161,23 @@ class Outbox:
             self._thread.join(timeout)
 
     def _attempt(self, msg: Message) -> tuple[bool, str | None]:
-        """One try of ``msg``, on a thread of its own, bounded by the deadline (a stuck send is
-        left to end by itself: the worker goes on)."""
-        outcome: list[tuple[bool, str | None]] = []
+        """One try of ``msg``, on a thread of its own, bounded by the deadline. A send that is
+        still under way at the deadline (a receiver that drips its answer never times out a
+        read) is left to end by itself, and is the only one: the next try waits for it again
+        instead of starting another, so a destination never holds more than one thread and one
+        connection (W25); when it ends, its outcome is that try's."""
+        self.attempts += 1
+        if self._hung is not None:
+            th, outcome, was, since = self._hung
+            th.join(self.deadline_s)
+            if th.is_alive():
+                ago = time.monotonic() - since
+                return False, f"no answer within {self.deadline_s:g} s (still waiting, {ago:.0f} s)"
+            self._hung = None
+            if was is msg and outcome:
+                return outcome[0]
+            # It ended without an outcome, or for a message given up since: a fresh try.
+        outcome = []
 
         def go() -> None:
             try:
@@ -169,9 +187,11 @@ class Outbox:
                 outcome.append((False, type(e).__name__))
 
         th = threading.Thread(target=go, name=f"alert to {self.target}", daemon=True)
+        started = time.monotonic()
         th.start()
         th.join(self.deadline_s)
         if not outcome:
+            self._hung = (th, outcome, msg, started)
             return False, f"no answer within {self.deadline_s:g} s"
         return outcome[0]
 
