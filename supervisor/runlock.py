@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from supervisor.errors import RunwatchError
-from supervisor.paths import config_key, private_dir, state_dir
+from supervisor.paths import private_dir, state_dir
 
 if TYPE_CHECKING:
     from supervisor.config import Config
@@ -41,7 +41,7 @@ def lock_path(config: Config, run: str, *, make: bool = True) -> Path:
     """``state_dir()/runs/<config key>/<run>.lock``: held by every action on ``run``. ``make``:
     its directory made (an action); a reader (:func:`holder`) makes nothing, so a state dir that
     refuses writes never stops a refresh from seeing who holds a run (W22)."""
-    directory = state_dir() / "runs" / config_key(config.path)
+    directory = state_dir() / "runs" / config.key  # (a project's, wherever its file is: W26)
     if make or directory.is_dir():
         private_dir(directory)  # made if missing; refused when a link, another user's, ...
     return directory / f"{_SAFE.sub('_', run) or '_'}.lock"

@@ -38,6 +38,7 @@ from supervisor.paths import config_key, config_state, open_private, read_privat
 from supervisor.stops import StopLedger
 
 if TYPE_CHECKING:
+    from supervisor.config import Config
     from supervisor.engine import Engine
     from supervisor.model import Snapshot
 
@@ -52,6 +53,12 @@ CLOSE_GRACE_S = 2.0
 RESTART_GRACE_S = 60.0
 """Seconds a stopping watcher waits for the automatic restarts under way (their intents stay for
 the next watcher when they do not end in time)."""
+
+
+def alert_spool(config: Config) -> Path:
+    """``state_dir()/alerts/<config key>``: where undelivered alerts wait for the next watcher
+    (``Config.key``: a config's ``project`` survives moving its file, W26)."""
+    return state_dir() / "alerts" / config.key
 
 
 class WatchLocked(RunwatchError):
@@ -147,9 +154,7 @@ class Watcher:
         check_alerts(config.alerts, f"{config.path or 'config'}: [alerts]")
         self.emit = emit
         self.as_json = as_json
-        self.alerter = alerter or Alerter(
-            config.alerts, spool=state_dir() / "alerts" / config_key(config.path)
-        )
+        self.alerter = alerter or Alerter(config.alerts, spool=alert_spool(config))
         self.interval = interval or config.refresh_seconds
         self.supervision = engine.supervise(report_initial=True, others=True)
         self.restarts = AutoRestart(engine)

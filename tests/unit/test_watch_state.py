@@ -27,10 +27,12 @@ import pytest
 from supervisor import audit, intents, runlock
 from supervisor.agent.scan import Scanner
 from supervisor.autorestart import AutoRestart
+from supervisor.config import Config, load_config
 from supervisor.dataloss import DataLossWatch
-from supervisor.events import stop_key
+from supervisor.events import busy_key, stop_key
 from supervisor.paths import state_dir
 from supervisor.stops import StopLedger
+from supervisor.watch import alert_spool
 from tests.fixtures_tui import fixed_config
 from tests.unit.test_dataloss import _rows
 
@@ -174,3 +176,49 @@ def test_w24_a_rewrite_that_changes_or_drops_records_read_is_still_data_loss(
     _rewrite(data, rewritten)
     alarm = watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True)
     assert alarm is not None and alarm.startswith("DATA LOSS")
+
+
+# W26: a config with a `project` name, moved (or opened from a second copy) between two watchers
+# or while an action holds a run: its state is the project's, whatever the file's path.
+def _project_configs(tmp_path: Path) -> tuple[Config, Config]:
+    from tests.fixtures_actions import DemoRun
+
+    demo = DemoRun(tmp_path / "a", "http://127.0.0.1:9/v1", run_toml=RESTART_TOML)
+    text = 'project = "eagle3-gen"\n' + demo.config_path.read_text()
+    demo.config_path.write_text(text)
+    moved = tmp_path / "b" / "runwatch.toml"
+    moved.parent.mkdir()
+    moved.write_text(text)
+    return load_config(demo.config_path), load_config(moved)
+
+
+RESTART_TOML = 'on_exit = "restart"'
+
+
+def test_w26_a_pending_restart_survives_moving_a_project_config(tmp_path: Path) -> None:
+    before, after = _project_configs(tmp_path)
+    assert before.key == after.key and before.path != after.path
+    intent = intents.Intent(
+        run="demo", host="local", attempt=1, not_before=time.time() + 5, reason="run-died: test",
+        written=time.time(), by="someone",
+    )  # fmt: skip
+    intents.write(before, intent)
+
+    class Engine:
+        config = after
+
+    notes, abandoned = AutoRestart(Engine()).take_over()  # type: ignore[arg-type]
+    assert not abandoned
+    assert len(notes) == 1 and "took over the pending restart of demo" in notes[0]
+
+
+async def test_w26_an_action_from_the_other_copy_holds_the_same_run_lock(tmp_path: Path) -> None:
+    before, after = _project_configs(tmp_path)
+    async with runlock.hold(before, "demo", 1.0, "kill"):
+        assert runlock.holder(after, "demo") is not None
+        assert busy_key("local", "demo") in StopLedger(after).expected()
+
+
+def test_w26_undelivered_alerts_are_spooled_under_the_project(tmp_path: Path) -> None:
+    before, after = _project_configs(tmp_path)
+    assert alert_spool(before) == alert_spool(after)
