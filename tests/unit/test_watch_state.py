@@ -30,6 +30,8 @@ from supervisor.autorestart import AutoRestart
 from supervisor.config import Config, load_config
 from supervisor.dataloss import DataLossWatch
 from supervisor.events import busy_key, stop_key
+from supervisor.guard import BudgetEvent, BudgetGuard
+from supervisor.model import Identity
 from supervisor.paths import state_dir
 from supervisor.stops import StopLedger
 from supervisor.watch import alert_spool
@@ -222,3 +224,31 @@ async def test_w26_an_action_from_the_other_copy_holds_the_same_run_lock(tmp_pat
 def test_w26_undelivered_alerts_are_spooled_under_the_project(tmp_path: Path) -> None:
     before, after = _project_configs(tmp_path)
     assert alert_spool(before) == alert_spool(after)
+
+
+async def test_w22_a_budget_policy_acts_once_when_its_marker_cannot_be_written(
+    tmp_path: Path,
+) -> None:
+    config = fixed_config()
+    run = config.runs[0]
+    blocked = tmp_path / "guard"
+    blocked.write_text("not a directory\n")  # the once-only marker cannot be made under it
+    guard = BudgetGuard(config, marker_dir=blocked / "markers")
+    ident = Identity(boot_id="b", pid=4242, start_time=1, uid=0, argv=("python3",))
+    event = BudgetEvent(
+        policy="warn", host=run.host, run=run.name, identity=ident, datasets=["B1"], budget=100,
+        tokens={"B1": 150}, waste_tokens=50, message="B1 over its budget", keys=["k1"],
+    )  # fmt: skip
+
+    class Engine:
+        pass
+
+    engine = Engine()
+    engine.config = config  # type: ignore[attr-defined]
+    first = await guard.act(engine, event)  # type: ignore[arg-type]
+    assert first.acted and first.ok
+    assert "once-only marker not written" in first.detail and "this process only" in first.detail
+    again = await guard.act(engine, event)  # type: ignore[arg-type]
+    assert not again.acted and again.detail == "already acted on"
+    (record,) = [r for r in audit.read() if r["action"] == "budget"]
+    assert "once-only marker not written" in record["detail"]
