@@ -110,7 +110,15 @@ class DataLossWatch:
             what = "was replaced" if reason.startswith("file replaced") else "was rewritten"
         else:
             return None
-        if own_change(host, path, before.at - 1.0, before.mark) is not None:
+        try:
+            own = own_change(host, path, before.at - 1.0, before.mark)
+        except (OSError, RunwatchError) as e:  # unknown: an alarm too many, never one too few
+            return self.raise_alarm(
+                host, run, path, before.size, size,
+                f"{what} under the running run (the audit log, which would say whether runwatch "
+                f"did it, could not be read: {e})",
+            )  # fmt: skip
+        if own is not None:
             return None  # runwatch moved it aside or repaired it itself: nothing was lost
         return self.raise_alarm(host, run, path, before.size, size, f"{what} under the running run")
 

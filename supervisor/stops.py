@@ -17,6 +17,7 @@ from typing import Any
 
 from supervisor import audit, runlock
 from supervisor.config import Config
+from supervisor.errors import RunwatchError
 from supervisor.events import (
     Event,
     audited_restart_event,
@@ -39,10 +40,14 @@ class StopLedger:
         self._mark = audit.mark()
         """Where the audit log ended when the ledger started: a record after it is new, whatever
         its time says (the wall clock may be stepped back meanwhile, W23)."""
-        self._stamp: tuple[int, int, int] | None = None
+        self._stamp: tuple[int, int, int, int] | None = None
         self._stops: set[str] = set()
         self._seen: set[tuple[str, float]] = set()
         self._events: list[Event] = []
+        self.error: str | None = None
+        """Why the audit log could not be read at the last try (None: it was): the stops it
+        holds are the last ones read, and a stop since may show as a death (an alarm too many,
+        never one too few); the watcher says so (W22)."""
 
     @property
     def started(self) -> float:
@@ -61,12 +66,20 @@ class StopLedger:
         busy = {busy_key(r.host, r.name) for r in cfg.runs if runlock.holder(cfg, r.name)}
         try:
             st = audit.audit_path().stat()
-            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
         except FileNotFoundError:
-            stamp = (0, 0, 0)
-        if stamp != self._stamp:
+            stamp = (0, 0, 0, 0)
+        except OSError as e:
+            self.error = str(e)
+            return busy | self._stops
+        if stamp != self._stamp or self.error is not None:
+            try:
+                self._stops = self._read()
+            except (OSError, RunwatchError) as e:
+                self.error = str(e)
+                return busy | self._stops
             self._stamp = stamp
-            self._stops = self._read()
+            self.error = None
         return busy | self._stops
 
     def take_events(self) -> list[Event]:

@@ -168,6 +168,7 @@ class Watcher:
         self.doing = ""
         """What the refresh under way is doing (for the notes of a long one)."""
         self.started = self.supervision.stops.started
+        self._audit_error: str | None = None
 
     @property
     def stops(self) -> StopLedger:
@@ -257,6 +258,7 @@ class Watcher:
             wait=0.75 * self.interval if self.ticks else None, on_snapshot=asked
         )
         snap = tick.snapshot
+        self._audit_log_state()
         events = list(await asyncio.gather(*(self._with_log(ev) for ev in tick.events)))
         self.doing = "restarts on failure"
         # What the refresh saw is shown and alerted whatever the restarts meet (W22).
@@ -281,6 +283,21 @@ class Watcher:
         self.ticks += 1
         self._tick_line(snap)
         return events
+
+    def _audit_log_state(self) -> None:
+        """Say once when the audit log cannot be read (and when it can again): the stops made
+        through runwatch since are not known, so one may show as a death (W22)."""
+        error = self.stops.error
+        if error == self._audit_error:
+            return
+        if error is None:
+            self.note("the audit log can be read again")
+        elif self._audit_error is None:
+            self.note(
+                f"the audit log cannot be read ({error}): a stop through runwatch from now on may "
+                "show as a death; deaths, data loss and the rest are still watched"
+            )
+        self._audit_error = error
 
     def _report(self, deliveries: list[Delivery]) -> None:
         """Notes on the deliveries that came in (off this loop) and on failing URLs."""

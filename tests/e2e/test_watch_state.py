@@ -13,11 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from supervisor import audit
 from supervisor.paths import state_dir
 from tests.e2e.test_watch_cli import start, text
 from tests.e2e.test_watch_intents import launch
 from tests.fixtures_actions import DemoRun, run_pids
 from tests.fixtures_alerts import Receiver
+from tests.unit.test_watch_state import append_by_another_writer
 from tests.waiting import wait_until
 
 RESTART = """on_exit = "restart"
@@ -86,3 +88,26 @@ def test_w22_a_state_dir_that_refuses_writes_loses_no_death_and_says_so(
         assert "Traceback" not in text(out2)
     finally:
         receiver.close()
+
+
+def test_w22_an_audit_log_refused_as_unsafe_is_said_and_the_refreshes_go_on(
+    tmp_path: Path, state_home: Path, spawn: Callable[..., Any]
+) -> None:
+    demo = DemoRun(tmp_path, "http://127.0.0.1:9/v1")  # never launched
+    audit.record("kill", host="local", run="demo", ok=True)
+    out = tmp_path / "watch.out"
+    watcher = start(spawn, demo.config_path, out)
+    wait_until(lambda: "first refresh" in text(out), 60, what="a refresh")
+    os.chmod(audit.audit_path(), 0o666)  # writable by others: refused, never trusted
+    append_by_another_writer()
+    wait_until(lambda: "the audit log cannot be read" in text(out), 60, what="the note")
+    said = text(out)
+    assert said.count("the audit log cannot be read") == 1 and "chmod 600" in said
+    ticks = said.count(" refresh ")
+    wait_until(lambda: text(out).count(" refresh ") >= ticks + 3, 60, what="refreshes go on")
+    assert "refresh failed" not in text(out)
+    os.chmod(audit.audit_path(), 0o600)
+    wait_until(lambda: "the audit log can be read again" in text(out), 60, what="the all-clear")
+    watcher.send_signal(signal.SIGTERM)
+    assert watcher.wait(60) == 0
+    assert "Traceback" not in text(out)

@@ -252,3 +252,39 @@ async def test_w22_a_budget_policy_acts_once_when_its_marker_cannot_be_written(
     assert not again.acted and again.detail == "already acted on"
     (record,) = [r for r in audit.read() if r["action"] == "budget"]
     assert "once-only marker not written" in record["detail"]
+
+
+def why_not_read(ledger: StopLedger) -> str | None:
+    return ledger.error
+
+
+def append_by_another_writer() -> None:
+    """What a log writable by others lets anyone do (and why it is refused): a line appended."""
+    with audit.audit_path().open("a") as f:
+        f.write('{"action": "kill", "run": "forged"}\n')
+
+
+def test_w22_an_audit_log_refused_as_unsafe_leaves_detection_going(tmp_path: Path) -> None:
+    config = fixed_config()
+    run = config.runs[0]
+    audit.record(
+        "kill", config=config.key, host=run.host, run=run.name, ok=True, identity={"pid": 4242}
+    )
+    ledger = StopLedger(config, started=time.time() - 5)
+    assert stop_key(run.host, run.name, 4242) in ledger.expected() and why_not_read(ledger) is None
+    data = tmp_path / "out.jsonl"
+    data.write_text(_rows(50))
+    scanner, watch = Scanner(), DataLossWatch()
+    assert watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True) is None
+    os.chmod(audit.audit_path(), 0o666)  # writable by others: refused, never trusted
+    append_by_another_writer()
+    # The stops read so far are kept, and why the log is not read is said.
+    assert stop_key(run.host, run.name, 4242) in ledger.expected()
+    assert "writable" in str(why_not_read(ledger))
+    # A file that shrank is an alarm: whether runwatch did it is unknown, so it is said.
+    data.write_text(_rows(3))
+    alarm = watch.observe("h", "r", scanner.scan(str(data), fmt="modelopt"), True)
+    assert alarm is not None and alarm.startswith("DATA LOSS") and "could not be read" in alarm
+    os.chmod(audit.audit_path(), 0o600)
+    ledger.expected()
+    assert why_not_read(ledger) is None
