@@ -51,9 +51,7 @@ def complete_bytes(scan: Mapping[str, Any]) -> int | None:
     return int(scan.get("size") or 0) - int(scan.get("partial_tail_bytes") or 0)
 
 
-def own_change(
-    host: str, path: str, since: float, after: audit.Mark = (0, 0)
-) -> dict[str, Any] | None:
+def own_change(host: str, path: str, since: float, after: audit.Mark) -> dict[str, Any] | None:
     """runwatch's own move-aside or repair of ``path`` on ``host`` since ``since`` (Unix time)
     or written in the audit log after ``after`` (``audit.mark``: whatever its time says, as the
     wall clock may have been stepped back, W23), from any runwatch process, or None."""
