@@ -225,6 +225,14 @@ class Alerter:
         now = time.time()
         for box in boxes:
             out += box.collect()
+            if box.spool_error is None:
+                box.spool_error_said = False
+            elif not box.spool_error_said:
+                box.spool_error_said = True
+                self.notes.append(
+                    f"alert spool of {box.target} not written ({box.spool_error}): alerts are "
+                    "still sent, but one not delivered when this watcher stops is lost"
+                )
             since = box.failing_since
             if since is None or box.failing_reported:
                 continue

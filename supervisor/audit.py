@@ -148,6 +148,45 @@ def read(
         raw = read_private(p)
     except FileNotFoundError:
         return []
+    return _parse(raw, limit, config)
+
+
+Mark = tuple[int, int]
+"""A place in the audit log: its inode and size (:func:`mark`)."""
+
+
+def mark(path: Path | None = None) -> Mark:
+    """Where the audit log ends now: what :func:`read_marked` tells from. Records after a mark
+    were written after it, whatever their times say (a wall clock stepped back, W23)."""
+    try:
+        st = (path or audit_path()).stat()
+    except FileNotFoundError:
+        return (0, 0)
+    return (st.st_ino, st.st_size)
+
+
+def read_marked(
+    since: Mark, limit: int | None = None, path: Path | None = None, config: str | None = None
+) -> list[tuple[bool, dict[str, Any]]]:
+    """:func:`read`, each record with whether it was written after ``since`` (:func:`mark`;
+    every record is when the log is another file than the one marked)."""
+    p = path or audit_path()
+    try:
+        st = p.stat()
+        raw = read_private(p)
+    except FileNotFoundError:
+        return []
+    ino, size = since
+    cut = size if st.st_ino == ino and len(raw) >= size else 0
+    before = _parse(raw[:cut], None, config)
+    after = _parse(raw[cut:], None, config)
+    out = [(False, r) for r in before] + [(True, r) for r in after]
+    if limit is not None:
+        out = out[-limit:] if limit > 0 else []
+    return out
+
+
+def _parse(raw: bytes, limit: int | None, config: str | None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for line in raw.split(b"\n"):
         if not line.strip():

@@ -17,7 +17,10 @@ keeping its output, and the run stays stopped until someone does.
 
 A restart waiting for its backoff is written down first (``supervisor.intents``): a watcher
 killed meanwhile leaves it in the state dir, and the next watcher of the config takes it over
-(:meth:`AutoRestart.take_over`) or says why it abandons it.
+(:meth:`AutoRestart.take_over`) or says why it abandons it. A state dir that refuses the write
+(read-only, full, a file in the way) never costs the restart or the events around it (W22): the
+restart is kept in memory and :attr:`AutoRestart.notes` tells the user, once per run, that it will
+not survive this watcher; an audit record that cannot be written is said the same way.
 
 A restart runs off the watch loop (W18): the launch's checks take seconds to minutes (the quiet
 window, the settle time), and a refresh that waited for them would see no other run's death,
@@ -36,11 +39,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
 
 from supervisor import audit, intents
 from supervisor.errors import RunwatchError
-from supervisor.events import Event, abandoned_event, gave_up_event, restart_event
+from supervisor.events import Event, abandoned_event, command_prefix, gave_up_event, restart_event
 from supervisor.model import Snapshot
 
 if TYPE_CHECKING:
@@ -79,6 +84,27 @@ class AutoRestart:
         self._runs: dict[str, _Restarts] = {}
         self._tasks: dict[str, asyncio.Task[list[Event]]] = {}
         """Restarts under way, by run."""
+        self.notes: list[str] = []
+        """What the user should be told about the state dir (a write refused), for the watcher
+        to print and clear; each said once."""
+        self._said: set[str] = set()
+
+    def _tell(self, key: str, text: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            self.notes.append(text)
+
+    def _audit(self, name: str, /, **record: Any) -> None:
+        """An ``auto-restart`` audit record; one that cannot be written is said, never raised
+        (the restart and its event go on)."""
+        try:
+            audit.record("auto-restart", **record)
+        except (OSError, RunwatchError) as e:
+            self._tell(
+                f"audit|{name}",
+                f"audit record of the automatic restart of {name} not written ({e}): "
+                "`runwatch audit` will not show it",
+            )
 
     def wants(self, run: str) -> bool:
         try:
@@ -128,10 +154,26 @@ class AutoRestart:
             written=now,
             by=audit.actor(),
         )
-        intents.write(self.engine.config, intent)
+        try:
+            intents.write(self.engine.config, intent)
+        except (OSError, RunwatchError) as e:
+            self._tell(
+                f"write|{run}",
+                f"restart intent of {run} not written ({e}): the restart is kept in memory "
+                "only and will not survive this watcher",
+            )
+        else:
+            self._said.discard(f"write|{run}")
 
     def _forget(self, run: str) -> None:
-        intents.remove(self.engine.config, run)
+        try:
+            intents.remove(self.engine.config, run)
+        except (OSError, RunwatchError) as e:
+            self._tell(
+                f"remove|{run}",
+                f"restart intent of {run} not removed ({e}): a later watcher may take over a "
+                "restart already made (it finds the run running and drops it)",
+            )
 
     def take_over(self) -> tuple[list[str], list[Event]]:
         """The restarts a previous watcher of this config intended and did not make: each one
@@ -140,7 +182,16 @@ class AutoRestart:
         cfg = self.engine.config
         notes: list[str] = []
         events: list[Event] = []
-        found, bad = intents.pending(cfg)
+        try:
+            found, bad = intents.pending(cfg)
+        except (OSError, RunwatchError) as e:
+            # Unreadable as a whole: whether a previous watcher left a restart is unknown.
+            notes.append(f"pending restarts not read from {intents.directory(cfg)}: {e}")
+            unread = f"the restarts a previous watcher intended cannot be read: {e}"
+            ev = abandoned_event(cfg, "*", "*", unread)
+            command = f"{command_prefix(cfg)} status"
+            events.append(msgspec.structs.replace(ev, run=None, command=command))
+            return notes, events
         for path, error in bad:
             with contextlib.suppress(OSError):
                 os.unlink(path)
@@ -160,7 +211,7 @@ class AutoRestart:
             elif rc is not None and rc.host != it.host:
                 why = f"the run moved to host {rc.host} (the intent was for {it.host})"
             if why is not None:
-                intents.remove(cfg, it.run)
+                self._forget(it.run)
                 events.append(
                     abandoned_event(
                         cfg, it.host, it.run, f"{why}; {it.reason} ({intents.age_text(it, now)})"
@@ -169,12 +220,15 @@ class AutoRestart:
                 continue
             st = self._runs.setdefault(it.run, _Restarts(host=it.host))
             st.times = deque([mono] * max(0, it.attempt - 1))
-            st.due = mono + max(0.0, it.not_before - now)
+            # Never longer than the backoff it was written with: a wall clock stepped back
+            # since must not keep the run down for the size of the step (W23).
+            wait = max(0.0, min(it.not_before - now, it.not_before - it.written))
+            st.due = mono + wait
             st.gave_up = False
             st.reason = it.reason
             notes.append(
                 f"took over the pending restart of {it.run} (attempt {it.attempt}, due in "
-                f"{max(0.0, it.not_before - now):.0f} s; {it.reason}; {intents.age_text(it, now)})"
+                f"{wait:.0f} s; {it.reason}; {intents.age_text(it, now)})"
             )
         return notes, events
 
@@ -258,8 +312,8 @@ class AutoRestart:
             )
         ok = result is not None and result.ok
         self._forget(name)
-        audit.record(
-            "auto-restart",
+        self._audit(
+            name,
             config=self.engine.config.key,
             host=st.host,
             run=name,
@@ -286,8 +340,8 @@ class AutoRestart:
 
     def _gave_up(self, host: str, run: str, count: int) -> Event:
         rc = self.engine.config.run(run)
-        audit.record(
-            "auto-restart",
+        self._audit(
+            run,
             config=self.engine.config.key,
             host=host,
             run=run,

@@ -10,6 +10,7 @@ both. ``warn`` events are audited once and otherwise left to the front ends to s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -108,6 +109,10 @@ class BudgetGuard:
     def __init__(self, config: Config, marker_dir: Path | None = None) -> None:
         self.config = config
         self.marker_dir = marker_dir or (config_state(config.key) / "guard")
+        self._in_memory: set[str] = set()
+        """Keys claimed here because the state dir refused their marker (W22)."""
+        self.unmarked: dict[str, str] = {}
+        """First key of an event claimed in memory -> why its marker was not written."""
 
     def _key(self, host: str, run: str, ident: Identity, dataset: str, policy: str) -> str:
         """The once-only marker of acting on ``policy`` for one dataset of one process: a policy's
@@ -117,6 +122,8 @@ class BudgetGuard:
         return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
     def _marked(self, key: str) -> bool:
+        if key in self._in_memory:
+            return True
         return (self.marker_dir / f"{key}.json").exists() or self._legacy(key)
 
     @staticmethod
@@ -127,7 +134,19 @@ class BudgetGuard:
         return (state_dir() / "guard" / f"{key}.json").exists()
 
     def _claim(self, event: BudgetEvent) -> bool:
-        """Atomically claim every key of the event; False when any was claimed before."""
+        """Claim every key of the event: on disk (atomically, shared with every runwatch), or in
+        this process when the state dir refuses the marker (W22: the policy still acts, once
+        here, and says so; :attr:`unmarked`). False when any key was claimed before."""
+        if any(k in self._in_memory for k in event.keys):
+            return False
+        try:
+            return self._claim_on_disk(event)
+        except (OSError, RunwatchError) as e:
+            self._in_memory.update(event.keys)
+            self.unmarked[event.keys[0]] = str(e)
+            return True
+
+    def _claim_on_disk(self, event: BudgetEvent) -> bool:
         private_dir(self.marker_dir)
         from supervisor.secrets import mask_known
 
@@ -156,8 +175,10 @@ class BudgetGuard:
         return True
 
     def _release(self, event: BudgetEvent) -> None:
+        self._in_memory.difference_update(event.keys)
         for key in event.keys:
-            (self.marker_dir / f"{key}.json").unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                (self.marker_dir / f"{key}.json").unlink(missing_ok=True)
 
     def observe(self, snapshot: Snapshot) -> list[BudgetEvent]:
         """Budget events in ``snapshot`` not acted on yet (pure: changes nothing)."""
@@ -268,25 +289,31 @@ class BudgetGuard:
                     )
             except RunwatchError as e:
                 ok, detail = False, f"restart with budget failed: {e}"
+        unmarked = self.unmarked.pop(event.keys[0], None)
+        if unmarked is not None:
+            detail += f" (its once-only marker not written: {unmarked}; kept by this process only)"
         if not ok and event.policy == "stop":
             # A stop that failed is tried again at the next refresh, never dropped: the run would
             # go on spending past its budget. The claim is released for that.
             self._release(event)
             detail += "; will try again at the next refresh"
-        audit.record(
-            "budget",
-            config=engine.config.key,
-            host=event.host,
-            run=event.run,
-            ok=ok,
-            identity=msgspec.to_builtins(event.identity),
-            policy=event.policy,
-            datasets=event.datasets,
-            budget=event.budget,
-            tokens=event.tokens,
-            waste_tokens=event.waste_tokens,
-            detail=detail,
-        )
+        try:
+            audit.record(
+                "budget",
+                config=engine.config.key,
+                host=event.host,
+                run=event.run,
+                ok=ok,
+                identity=msgspec.to_builtins(event.identity),
+                policy=event.policy,
+                datasets=event.datasets,
+                budget=event.budget,
+                tokens=event.tokens,
+                waste_tokens=event.waste_tokens,
+                detail=detail,
+            )
+        except (OSError, RunwatchError) as e:  # said, never raised: the refresh goes on (W22)
+            detail += f" (not in the audit log: {e})"
         return GuardOutcome(event, acted=True, ok=ok, detail=detail, result=result)
 
     async def enforce(

@@ -3,11 +3,12 @@
 Before a restart's backoff the watcher writes what it means to do: the run, the attempt, when it
 may start (``not_before``, Unix seconds) and why, in
 ``state_dir()/intents/<config key>/<run>.json`` (0600, written atomically; the key is
-``paths.config_key`` of the config file). The intent is removed once the restart is made, given
-up, or the run is seen running again. A watcher that starts on the config reads the intents left
-by one that died (``kill -9``, a reboot of the laptop) and takes each over, or says why it
-abandons it (the run is gone from the config, no longer ``on_exit = "restart"``, the file is
-unreadable): a watcher's death never leaves a run silently down.
+``Config.key``: the config file's, or its ``project``'s, which survives moving the file). The
+intent is removed once the restart is made, given up, or the run is seen running again. A watcher
+that starts on the config reads the intents left by one that died (``kill -9``, a reboot of the
+laptop) and takes each over, or says why it abandons it (the run is gone from the config, no
+longer ``on_exit = "restart"``, the file is unreadable): a watcher's death never leaves a run
+silently down.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from supervisor.paths import config_key, private_dir, state_dir, write_private
+from supervisor.paths import private_dir, state_dir, write_private
 
 if TYPE_CHECKING:
     from supervisor.config import Config
@@ -45,8 +46,9 @@ class Intent(msgspec.Struct, kw_only=True):
 
 
 def directory(config: Config) -> Path:
-    """``state_dir()/intents/<config key>``."""
-    return state_dir() / "intents" / config_key(config.path)
+    """``state_dir()/intents/<config key>`` (``Config.key``: a config's ``project`` survives
+    moving its file, W26)."""
+    return state_dir() / "intents" / config.key
 
 
 def path_of(config: Config, run: str) -> Path:
@@ -61,7 +63,7 @@ def write(config: Config, intent: Intent) -> None:
 
 def remove(config: Config, run: str) -> None:
     """Forget ``run``'s intent (done, given up, or the run is back)."""
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # (never written)
         os.unlink(path_of(config, run))
 
 

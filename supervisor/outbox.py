@@ -25,6 +25,7 @@ from pathlib import Path
 
 import msgspec
 
+from supervisor.errors import RunwatchError
 from supervisor.events import Event
 from supervisor.paths import write_private
 
@@ -88,6 +89,13 @@ class Outbox:
     """Unix time of the first failed attempt since the last delivery (None: not failing)."""
     last_error: str | None = None
     failing_reported: bool = False
+    spool_error: str | None = None
+    """Why the last message could not be written to the spool (None: it was, or no spool)."""
+    spool_error_said: bool = False
+    attempts: int = 0
+    """Tries made so far (a wait for a hung one included)."""
+    _hung: tuple[threading.Thread, list[tuple[bool, str | None]], Message, float] | None = None
+    """The try still under way after its deadline: its thread, outcome, message, start."""
     _queue: deque[tuple[Path | None, Message, int]] = field(default_factory=deque)
     _results: list[Delivery] = field(default_factory=list)
     _cond: threading.Condition = field(default_factory=threading.Condition)
@@ -118,8 +126,13 @@ class Outbox:
             path = self.spool / f"{time.time_ns():020d}-{os.getpid()}-{next(_seq):06d}.json"
             try:
                 write_private(path, msgspec.json.encode(msg))
-            except OSError:
-                path = None  # a full disk: still sent, just not kept across a restart
+            except (OSError, RunwatchError) as e:
+                # A full or read-only state dir: still sent, just not kept across a restart
+                # (said once by the alerter, W22).
+                path = None
+                self.spool_error = str(e)
+            else:
+                self.spool_error = None
         with self._cond:
             self._queue.append((path, msg, 0))
             self._cond.notify()
@@ -148,9 +161,23 @@ class Outbox:
             self._thread.join(timeout)
 
     def _attempt(self, msg: Message) -> tuple[bool, str | None]:
-        """One try of ``msg``, on a thread of its own, bounded by the deadline (a stuck send is
-        left to end by itself: the worker goes on)."""
-        outcome: list[tuple[bool, str | None]] = []
+        """One try of ``msg``, on a thread of its own, bounded by the deadline. A send that is
+        still under way at the deadline (a receiver that drips its answer never times out a
+        read) is left to end by itself, and is the only one: the next try waits for it again
+        instead of starting another, so a destination never holds more than one thread and one
+        connection (W25); when it ends, its outcome is that try's."""
+        self.attempts += 1
+        if self._hung is not None:
+            th, outcome, was, since = self._hung
+            th.join(self.deadline_s)
+            if th.is_alive():
+                ago = time.monotonic() - since
+                return False, f"no answer within {self.deadline_s:g} s (still waiting, {ago:.0f} s)"
+            self._hung = None
+            if was is msg and outcome:
+                return outcome[0]
+            # It ended without an outcome, or for a message given up since: a fresh try.
+        outcome = []
 
         def go() -> None:
             try:
@@ -160,9 +187,11 @@ class Outbox:
                 outcome.append((False, type(e).__name__))
 
         th = threading.Thread(target=go, name=f"alert to {self.target}", daemon=True)
+        started = time.monotonic()
         th.start()
         th.join(self.deadline_s)
         if not outcome:
+            self._hung = (th, outcome, msg, started)
             return False, f"no answer within {self.deadline_s:g} s"
         return outcome[0]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from supervisor.errors import RunwatchError
-from supervisor.paths import config_key, private_dir, state_dir
+from supervisor.paths import private_dir, state_dir
 
 if TYPE_CHECKING:
     from supervisor.config import Config
@@ -37,9 +37,13 @@ class RunBusy(RunwatchError):
     """Another action holds the run's lock past the wait."""
 
 
-def lock_path(config: Config, run: str) -> Path:
-    """``state_dir()/runs/<config key>/<run>.lock``: held by every action on ``run``."""
-    directory = private_dir(state_dir() / "runs" / config_key(config.path))
+def lock_path(config: Config, run: str, *, make: bool = True) -> Path:
+    """``state_dir()/runs/<config key>/<run>.lock``: held by every action on ``run``. ``make``:
+    its directory made (an action); a reader (:func:`holder`) makes nothing, so a state dir that
+    refuses writes never stops a refresh from seeing who holds a run (W22)."""
+    directory = state_dir() / "runs" / config.key  # (a project's, wherever its file is: W26)
+    if make or directory.is_dir():
+        private_dir(directory)  # made if missing; refused when a link, another user's, ...
     return directory / f"{_SAFE.sub('_', run) or '_'}.lock"
 
 
@@ -63,7 +67,8 @@ def _read(fd: int) -> dict[str, Any]:
 def holder(config: Config, run: str) -> dict[str, Any] | None:
     """Who holds ``run``'s lock now (what its file says), or None when nobody does."""
     try:
-        fd = os.open(lock_path(config, run), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        path = lock_path(config, run, make=False)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
         return None
     try:

@@ -17,6 +17,7 @@ from typing import Any
 
 from supervisor import audit, runlock
 from supervisor.config import Config
+from supervisor.errors import RunwatchError
 from supervisor.events import (
     Event,
     audited_restart_event,
@@ -35,11 +36,28 @@ class StopLedger:
 
     def __init__(self, config: Config, started: float | None = None) -> None:
         self.config = config
-        self.started = time.time() if started is None else started
-        self._stamp: tuple[int, int, int] | None = None
+        self._started = time.time() if started is None else started
+        self._mark = audit.mark()
+        """Where the audit log ended when the ledger started: a record after it is new, whatever
+        its time says (the wall clock may be stepped back meanwhile, W23)."""
+        self._stamp: tuple[int, int, int, int] | None = None
         self._stops: set[str] = set()
         self._seen: set[tuple[str, float]] = set()
         self._events: list[Event] = []
+        self.error: str | None = None
+        """Why the audit log could not be read at the last try (None: it was): the stops it
+        holds are the last ones read, and a stop since may show as a death (an alarm too many,
+        never one too few); the watcher says so (W22)."""
+
+    @property
+    def started(self) -> float:
+        """Unix time the ledger started (records from then on are news)."""
+        return self._started
+
+    @started.setter
+    def started(self, value: float) -> None:
+        self._started = value
+        self._mark = audit.mark()
 
     def expected(self) -> set[str]:
         """Keys of what runwatch stopped or moved: the runs an action holds now, then the audit
@@ -48,12 +66,20 @@ class StopLedger:
         busy = {busy_key(r.host, r.name) for r in cfg.runs if runlock.holder(cfg, r.name)}
         try:
             st = audit.audit_path().stat()
-            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
         except FileNotFoundError:
-            stamp = (0, 0, 0)
-        if stamp != self._stamp:
+            stamp = (0, 0, 0, 0)
+        except OSError as e:
+            self.error = str(e)
+            return busy | self._stops
+        if stamp != self._stamp or self.error is not None:
+            try:
+                self._stops = self._read()
+            except (OSError, RunwatchError) as e:
+                self.error = str(e)
+                return busy | self._stops
             self._stamp = stamp
-            self._stops = self._read()
+            self.error = None
         return busy | self._stops
 
     def take_events(self) -> list[Event]:
@@ -64,12 +90,12 @@ class StopLedger:
 
     def _read(self) -> set[str]:
         out: set[str] = set()
-        for rec in audit.read(limit=1000, config=self.config.key):
+        for new, rec in audit.read_marked(self._mark, limit=1000, config=self.config.key):
             at = float(rec.get("time") or 0)
-            if at < self.started - SINCE_SLACK_S:
+            if not new and at < self.started - SINCE_SLACK_S:
                 continue
             seen = (str(rec.get("run")), at)
-            if at >= self.started and seen not in self._seen:
+            if (new or at >= self.started) and seen not in self._seen:
                 self._seen.add(seen)
                 ev = self._event(rec)
                 if ev is not None:

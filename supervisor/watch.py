@@ -38,6 +38,7 @@ from supervisor.paths import config_key, config_state, open_private, read_privat
 from supervisor.stops import StopLedger
 
 if TYPE_CHECKING:
+    from supervisor.config import Config
     from supervisor.engine import Engine
     from supervisor.model import Snapshot
 
@@ -52,6 +53,12 @@ CLOSE_GRACE_S = 2.0
 RESTART_GRACE_S = 60.0
 """Seconds a stopping watcher waits for the automatic restarts under way (their intents stay for
 the next watcher when they do not end in time)."""
+
+
+def alert_spool(config: Config) -> Path:
+    """``state_dir()/alerts/<config key>``: where undelivered alerts wait for the next watcher
+    (``Config.key``: a config's ``project`` survives moving its file, W26)."""
+    return state_dir() / "alerts" / config.key
 
 
 class WatchLocked(RunwatchError):
@@ -147,9 +154,7 @@ class Watcher:
         check_alerts(config.alerts, f"{config.path or 'config'}: [alerts]")
         self.emit = emit
         self.as_json = as_json
-        self.alerter = alerter or Alerter(
-            config.alerts, spool=state_dir() / "alerts" / config_key(config.path)
-        )
+        self.alerter = alerter or Alerter(config.alerts, spool=alert_spool(config))
         self.interval = interval or config.refresh_seconds
         self.supervision = engine.supervise(report_initial=True, others=True)
         self.restarts = AutoRestart(engine)
@@ -163,6 +168,7 @@ class Watcher:
         self.doing = ""
         """What the refresh under way is doing (for the notes of a long one)."""
         self.started = self.supervision.stops.started
+        self._audit_error: str | None = None
 
     @property
     def stops(self) -> StopLedger:
@@ -252,11 +258,19 @@ class Watcher:
             wait=0.75 * self.interval if self.ticks else None, on_snapshot=asked
         )
         snap = tick.snapshot
+        self._audit_log_state()
         events = list(await asyncio.gather(*(self._with_log(ev) for ev in tick.events)))
-        events += self.restarts.observe(events)
         self.doing = "restarts on failure"
-        # Started off this loop; the events of the ones that ended since the last refresh.
-        events += await self.restarts.step(snap)
+        # What the refresh saw is shown and alerted whatever the restarts meet (W22).
+        try:
+            events += self.restarts.observe(events)
+            # Started off this loop; the events of the ones that ended since the last refresh.
+            events += await self.restarts.step(snap)
+        except Exception as e:  # said, and the events of this refresh still go out
+            self.note(f"restarts on failure: {type(e).__name__}: {e}")
+        for text in self.restarts.notes:
+            self.note(text)
+        self.restarts.notes.clear()
         for ev in events:
             self._show(ev)
         self.events.extend(events)
@@ -269,6 +283,21 @@ class Watcher:
         self.ticks += 1
         self._tick_line(snap)
         return events
+
+    def _audit_log_state(self) -> None:
+        """Say once when the audit log cannot be read (and when it can again): the stops made
+        through runwatch since are not known, so one may show as a death (W22)."""
+        error = self.stops.error
+        if error == self._audit_error:
+            return
+        if error is None:
+            self.note("the audit log can be read again")
+        elif self._audit_error is None:
+            self.note(
+                f"the audit log cannot be read ({error}): a stop through runwatch from now on may "
+                "show as a death; deaths, data loss and the rest are still watched"
+            )
+        self._audit_error = error
 
     def _report(self, deliveries: list[Delivery]) -> None:
         """Notes on the deliveries that came in (off this loop) and on failing URLs."""

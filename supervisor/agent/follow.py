@@ -13,7 +13,9 @@ Per file a :class:`Position` is kept between calls:
 Before reading, :meth:`Follower.resume` checks the fingerprint, the size and both hashes. A new
 inode (replacement, rotation), a size below the offset (truncation, copytruncate) or changed
 bytes (truncate-then-regrow past the offset, inode reuse) start a clean rescan from zero with a
-fresh position and fresh counters: nothing is ever counted twice (D4, D5). The epoch in
+fresh position and fresh counters: nothing is ever counted twice (D4, D5). A new inode that
+begins with what was read (same head, same bytes before the old offset: an atomic rewrite by
+the client) is said as such (:data:`KEPT`): counted again, but nothing was lost (W24). The epoch in
 :meth:`Follower.stream` changes on every rescan, so the laptop knows to drop what it accumulated
 from earlier results.
 
@@ -214,6 +216,23 @@ class Follower(Generic[P]):
             return None
 
 
+def _holds_what_was_read(state: Position, f: Any, st: os.stat_result) -> bool:
+    """True when another file at the path begins with the lines read from the old one, by the
+    evidence an incremental read of the same file trusts: at least as long, the same head and
+    the same bytes before the old offset."""
+    if state.offset <= 0 or st.st_size < state.offset:
+        return False
+    if state.head_len:
+        f.seek(0)
+        if hashlib.sha1(f.read(state.head_len)).digest() != state.head_hash:
+            return False
+    if state.tail_len:
+        f.seek(state.offset - state.tail_len)
+        if hashlib.sha1(f.read(state.tail_len)).digest() != state.tail_hash:
+            return False
+    return bool(state.head_len or state.tail_len)
+
+
 def _remember_head(state: Position, f: Any) -> None:
     """Hash the file's first bytes, up to ``HEAD_BYTES`` and never past the offset: a partial
     last line is not part of the file's identity (its repair must not read as a rewrite)."""
@@ -224,12 +243,18 @@ def _remember_head(state: Position, f: Any) -> None:
         state.head_len, state.head_hash = len(head), hashlib.sha1(head).digest()
 
 
+KEPT = "new inode holding every line read before (an atomic rewrite)"
+"""The rescan reason of a file replaced by one that begins with every line already read (a
+client that rewrites its output to a temporary file and renames it over): counted again from
+zero, and no data was lost (W24)."""
+
+
 def _changed(state: Position, f: Any, st: os.stat_result, settings: tuple[Any, ...]) -> str | None:
     """Why the remembered position no longer applies to this file, or None."""
     if state.settings != settings:
         return "format changed"
     if (st.st_dev, st.st_ino) != (state.dev, state.ino):
-        return "file replaced (new inode)"
+        return KEPT if _holds_what_was_read(state, f, st) else "file replaced (new inode)"
     if st.st_size < state.offset:
         return "file truncated"
     if state.head_len:
