@@ -325,6 +325,23 @@ def _cgroup_procs(cgroup: str) -> list[int] | None:
         return []
 
 
+def _children(pid: int) -> list[int]:
+    """The direct children of ``pid`` as the kernel lists them (``/proc/PID/task/*/children``);
+    empty where the kernel has no such file."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def _cgroup_flag(cgroup: str, key: str) -> bool | None:
     try:
         with open(os.path.join(cgroup, "cgroup.events"), "rb") as f:
@@ -677,7 +694,19 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
         procs.poll_until(
             lambda: not _waiter_alive(read_record(launch_id) or now), WAITER_END_S, 0.02
         )
-    if left:
+        # Without a cgroup, the kernel's answer to "is the unit empty": the waiter is a
+        # subreaper, so a member still alive (one that forked and exited faster than every
+        # listing) is in its tree, and the waiter then has a child. No listing can say so.
+        waiter = now.get("waiter") or {}
+        if not cgroup and _waiter_alive(now) and _children(int(waiter["pid"])):
+            confirmed = False
+            left = [0]
+    if left == [0]:
+        detail = (
+            f"unit {launch_id} NOT empty after the kill: a member that no listing catches (it "
+            "forks and exits faster) is still alive"
+        )
+    elif left:
         detail = f"unit {launch_id} NOT empty after the kill: pids {left} remain"
     elif blind:
         detail = (
