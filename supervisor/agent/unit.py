@@ -330,12 +330,12 @@ def _children(pid: int) -> list[int]:
     empty where the kernel has no such file."""
     out: list[int] = []
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
+        tasks = os.listdir(f"{procs.PROC}/{pid}/task")
     except OSError:
         return out
     for tid in tasks:
         try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+            with open(f"{procs.PROC}/{pid}/task/{tid}/children", "rb") as f:
                 out.extend(int(x) for x in f.read().split())
         except (OSError, ValueError):
             continue
