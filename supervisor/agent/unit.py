@@ -60,6 +60,8 @@ _ABANDON_S = 5.0
 """Seconds an unanswered launch waits for its waiter to give up (it starts nothing then)."""
 WAITER_END_S = 5.0
 """Seconds a confirmed stop waits for the unit's waiter to record the end and exit."""
+STOP_CHILDREN_ROUNDS = 1000
+"""Rounds of ``_stop_children`` at most: each stops what the previous round's children forked."""
 
 
 # --------------------------------------------------------------------------- where units live
@@ -598,6 +600,7 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
     _tell_waiter(rec)
     cgroup = rec.get("cgroup") if rec.get("cgroup") and os.path.isdir(rec["cgroup"]) else None
     main = (rec.get("child") or {}).get("pid")
+    reaper = rec if _waiter_alive(rec) else None
     known: dict[int, _Target] = {}
     started = time.monotonic()
     try:
@@ -633,7 +636,7 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
                 t.send(signal.SIGTERM)
             _write(os.path.join(cgroup, "cgroup.freeze"), b"0")
         else:
-            _stop_all(listed, known, main, ours)
+            _stop_all(listed, known, main, ours, reaper)
             groups = groups_now()
             for t in known.values():
                 t.send(signal.SIGTERM)
@@ -666,7 +669,7 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
                     procs.poll_until(lambda: _cgroup_flag(cgroup, "frozen") is not False, 2.0, 0.01)
                     _targets(listed(), known, main)
                 else:
-                    _stop_all(listed, known, main, ours)
+                    _stop_all(listed, known, main, ours, reaper)
                     groups_now()
                     for pgid in sorted(ours):
                         with contextlib.suppress(OSError):
@@ -746,12 +749,21 @@ def _tell_waiter(rec: dict[str, Any]) -> None:
             os.close(fd)
 
 
-def _stop_all(listed: Any, known: dict[int, _Target], main: int | None, ours: set[int]) -> None:
+def _stop_all(
+    listed: Any,
+    known: dict[int, _Target],
+    main: int | None,
+    ours: set[int],
+    reaper: dict[str, Any] | None,
+) -> None:
     """SIGSTOP every member until no new one appears (a fork between two listings is caught by
-    the next), so the set of members holds still without a cgroup. A process group made of
-    members only is stopped whole (``killpg``): a member that forks and exits faster than a
-    listing keeps its group."""
+    the next), so the set of members holds still without a cgroup. The waiter's own children
+    first (``_stop_children``): a member that forks and exits faster than a listing is caught
+    there. A process group made of members only is stopped whole (``killpg``): a member that
+    forks and exits faster than a listing keeps its group."""
     for _ in range(20):
+        if reaper is not None:
+            _stop_children(reaper, known, main)
         pids = listed()
         groups = _member_groups(pids, main)
         ours.update(groups)
@@ -762,6 +774,31 @@ def _stop_all(listed: Any, known: dict[int, _Target], main: int | None, ours: se
         if not added:
             return
         for t in added:
+            t.send(signal.SIGSTOP)
+
+
+def _stop_children(rec: dict[str, Any], known: dict[int, _Target], main: int | None) -> None:
+    """SIGSTOP the unit's waiter's direct children until no new one appears. The waiter is a
+    subreaper, so a member that forks and exits every few milliseconds (faster than any listing
+    of /proc) is re-parented to it at once, and the kernel's list of its children (one small
+    file per thread) is read in microseconds: the next round finds the fork before it forks
+    again. The list is used only when the waiter still lives after it was read (its pid cannot
+    have been reused meanwhile), and each child is pinned (pidfd and start time), then checked
+    to be the waiter's child, before it is signalled."""
+    waiter = int(rec["waiter"]["pid"])
+    for _ in range(STOP_CHILDREN_ROUNDS):
+        kids = [p for p in _children(waiter) if p not in known]
+        if not kids or not _waiter_alive(rec):
+            return
+        added = _targets(kids, known, main)
+        if not added:
+            return
+        for t in added:
+            st = procs.read_stat(t.pid)
+            if st is None or st.start_time != t.start_time or st.ppid != waiter:
+                del known[t.pid]
+                t.close()
+                continue
             t.send(signal.SIGSTOP)
 
 
