@@ -137,6 +137,7 @@ async def check(runner: _Runner, step: Step) -> None:
         timeout=timeout,
     )
     step.data["observed"] = {
+        "asked_s": window,
         "window_s": seen.window_s,
         "elapsed_s": seen.elapsed_s,
         "files": [

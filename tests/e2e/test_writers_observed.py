@@ -310,8 +310,12 @@ async def test_o4_a_quiet_file_passes_and_the_launch_goes_ahead(
         assert result.ok and result.identity is not None, why(result)
     step = next(s for s in result.steps if s.name == "quiet")
     assert step.state == "ok", why(result)
-    assert "no other writer: 2 data file(s) unchanged for 2." in step.detail, step.detail
-    assert "no record rate known yet" in step.detail
+    # At least the window asked for: the host watches longer after a recent change (3 x its
+    # age), and how recent the fixture's writes are is the machine's pace, not the test's.
+    assert step.data["observed"]["asked_s"] == 2.0
+    assert step.data["observed"]["window_s"] >= step.data["observed"]["asked_s"]
+    assert "no other writer: 2 data file(s) unchanged for " in step.detail, step.detail
+    assert "(no record rate known yet, 2 to 30 s)" in step.detail
     assert run_pids(demo.workdir) == [int(result.identity["pid"])]
 
 
@@ -333,8 +337,9 @@ async def test_o4_the_window_follows_the_pace_the_history_recorded(
         result = await launch(engine, "demo")
         assert result.ok, why(result)
     step = next(s for s in result.steps if s.name == "quiet")
-    assert "unchanged for 3.6 s (3 x the run's median record interval of 1.2 s" in step.detail
-    assert step.data["observed"]["window_s"] == pytest.approx(3.6)
+    assert "(3 x the run's median record interval of 1.2 s, 2 to 30 s)" in step.detail
+    assert step.data["observed"]["asked_s"] == pytest.approx(3.6)
+    assert step.data["observed"]["window_s"] >= step.data["observed"]["asked_s"]
 
 
 # --------------------------------------------------------------------------- restart
