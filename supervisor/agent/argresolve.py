@@ -179,7 +179,10 @@ class _Script:
         self.from_imports: dict[str, str] = {}
         """Local name -> ``module.name`` of each ``from module import name``."""
         self.calls: dict[str, list[ast.Call]] = {}
+        self.parents: dict[int, ast.AST] = {}
         for node in ast.walk(tree):
+            for child in ast.iter_child_nodes(node):
+                self.parents[id(child)] = node
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 self.bound.add(node.name)
                 if isinstance(node, ast.ClassDef) and any(
@@ -224,6 +227,15 @@ class _Script:
                             raise NotExact(
                                 f"line {node.lineno}: it sets the parser attribute {sub.attr}"
                             )
+
+    def enclosing(self, node: ast.AST) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        """The function whose body holds ``node``."""
+        up = self.parents.get(id(node))
+        while up is not None:
+            if isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return up
+            up = self.parents.get(id(up))
+        return None
 
     def builtin(self, name: str) -> bool:
         """True when ``name`` is the builtin: the script binds no name of its own to it."""
@@ -311,8 +323,14 @@ class _Builder:
         if not parses:
             raise NotExact("it never calls parse_args()")
         for parse in parses:
-            if parse.args or parse.keywords:
+            if parse.keywords or len(parse.args) > 1:
                 raise NotExact(f"line {parse.lineno}: parse_args is given its own arguments")
+            if parse.args and not self._passes_argv(parse, parse.args[0], 0):
+                raise NotExact(
+                    f"line {parse.lineno}: parse_args is given arguments that may not be the "
+                    "command line's (only a parameter ``argv=None`` that every caller leaves "
+                    "out is)"
+                )
         block = next(
             (b for b in _blocks(self.script.tree) if any(_call_of(s)[1] is ctor for s in b)), None
         )
@@ -369,6 +387,39 @@ class _Builder:
         assert parser is not None
         self._uses(block, set(objects))
         return parser
+
+    def _passes_argv(self, call: ast.Call, arg: ast.expr, depth: int) -> bool:
+        """True when ``arg`` of ``call`` is the command line: a parameter of the enclosing
+        function with the default None, which every call of that function in the script leaves
+        out or passes on the same way (``main(argv=None)`` called as ``main()``)."""
+        if depth > 4 or not isinstance(arg, ast.Name):
+            return False
+        func = self.script.enclosing(call)
+        if func is None:
+            return False
+        params = [*func.args.posonlyargs, *func.args.args]
+        defaults = dict(zip([a.arg for a in params][::-1], func.args.defaults[::-1]))
+        defaults.update(
+            (a.arg, d) for a, d in zip(func.args.kwonlyargs, func.args.kw_defaults) if d
+        )
+        default = defaults.get(arg.id)
+        if not (isinstance(default, ast.Constant) and default.value is None):
+            return False
+        position = next((i for i, a in enumerate(params) if a.arg == arg.id), None)
+        parses = {id(c) for c in self.script.calls.get("parse_args", [])}
+        for caller in self.script.calls.get(func.name, []):
+            if id(caller) in parses:
+                continue  # argparse's parse_args, not a function of the script named so
+            given = [k.value for k in caller.keywords if k.arg == arg.id]
+            if position is not None and len(caller.args) > position:
+                given.append(caller.args[position])
+            if any(isinstance(a, ast.Starred) for a in caller.args) or any(
+                k.arg is None for k in caller.keywords
+            ):
+                return False
+            if any(not self._passes_argv(caller, g, depth + 1) for g in given):
+                return False
+        return True
 
     def _uses(self, block: list[ast.stmt], names: set[str]) -> None:
         """The parser and its groups are used only by the calls read (or as ``return p``): a
