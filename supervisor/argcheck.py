@@ -81,6 +81,8 @@ def check(layout: RunLayout, reply: ResolvedArgs | None) -> Reading:
         why = reply.reason if reply is not None else "the command line names no known script"
         out = canonical(layout)
         out.how = f"canonical form ({script}'s parser cannot be read exactly: {why})"
+        if not out.ok:
+            out.hints.append(f"only a canonical argv is accepted: {out.how}")
         return out
     out = Reading(installed=frozenset(reply.options))
     out.how = f"by {script}'s own argparse parser ({reply.python} on the host)"
@@ -220,7 +222,8 @@ def _compare(
         if ours != theirs:
             out.refuse(
                 f"{flag}: argparse reads the command line as {'' if theirs else 'NOT '}resuming "
-                f"({dest}={value!r}), runwatch as {'' if ours else 'not '}resuming",
+                f"({dest}={value!r}{_from(dest, args, reply)}), runwatch as "
+                f"{'' if ours else 'not '}resuming",
                 f"give {flag} once and no negation of it (no --no-{flag[2:]})"
                 if not theirs
                 else f"write {flag} in full, once",
@@ -237,8 +240,8 @@ def _compare(
         ):
             shown = repr(value) if not isinstance(value, str) else value
             out.refuse(
-                f"{flag}: {script}'s argparse resolves it to {shown}, runwatch reads "
-                f"{mine if mine is not None else 'nothing'}",
+                f"{flag}: {script}'s argparse resolves it to {shown}{_from(dest, args, reply)}, "
+                f"runwatch reads {mine if mine is not None else 'nothing'}",
                 f"write it once as {flag} {value if isinstance(value, str) else 'VALUE'} "
                 "(in full, not attached to a short option, not in an @file)",
             )
@@ -248,9 +251,34 @@ def _compare(
     if not _same(role, vals, value):
         mine_text = " ".join(vals) if vals else "nothing"
         out.refuse(
-            f"{flag}: {script}'s argparse resolves it to {value!r}, runwatch reads {mine_text}",
+            f"{flag}: {script}'s argparse resolves it to {value!r}{_from(dest, args, reply)}, "
+            f"runwatch reads {mine_text}",
             f"write it once as {flag} {_canonical_value(value)}",
         )
+
+
+def _from(dest: str, args: Sequence[str], reply: ResolvedArgs) -> str:
+    """`` (from -oX, @f)``: the argv items argparse reads as ``dest`` (by their exact name, an
+    abbreviation, a short option with its value attached) and every ``@file`` item, for a
+    message; empty when none is found."""
+    items = []
+    longs = [o for o in reply.options if o.startswith("--")]
+    for arg in args:
+        if arg == "--":
+            break
+        name = arg.partition("=")[0]
+        if arg.startswith("@"):
+            items.append(arg)
+        elif name in reply.options:
+            if reply.options[name] == dest:
+                items.append(arg)
+        elif arg.startswith("--"):
+            full = [o for o in longs if o.startswith(name)]
+            if len(full) == 1 and reply.options[full[0]] == dest:
+                items.append(arg)
+        elif arg.startswith("-") and reply.options.get(arg[:2]) == dest:
+            items.append(arg)
+    return f" (from {', '.join(items)})" if items else ""
 
 
 def _needed(layout: RunLayout, role: str) -> bool:
@@ -282,7 +310,9 @@ def _same(role: str, vals: Sequence[str] | None, value: Any) -> bool:
         return theirs == [d for v in vals for d in v.split(",") if d]
     if not vals:
         return value is True or value is None
-    if isinstance(value, (bool, list)):
+    if isinstance(value, list):  # nargs: the values after the flag, as runwatch reads them
+        return [str(v) for v in value] == list(vals)
+    if isinstance(value, bool):
         return False
     if isinstance(value, (int, float)):
         try:

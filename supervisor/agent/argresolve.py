@@ -31,7 +31,7 @@ import pathlib
 import sys
 from typing import Any, NoReturn
 
-from supervisor.agent.argspec import read_source, script_path
+from supervisor.agent.argspec import read_options, read_source, script_path
 from supervisor.agent.datafiles import resolve
 from supervisor.agent.protocol import AgentOpError, ResolveArgsResult, param_str, param_str_list
 
@@ -601,6 +601,9 @@ def resolve_in(source: bytes, path: str, workdir: str, args: list[str]) -> Resol
         parser, seen = build(source, path)
     except NotExact as e:
         result["reason"] = str(e)
+        declared = read_options(source, path)
+        if not declared["found"] and declared["reason"]:
+            result["reason"] = declared["reason"]  # click, typer, sys.argv by hand...
         return result
     result["exact"] = True
     result["options"] = {s: a.dest for s, a in parser._option_string_actions.items()}
