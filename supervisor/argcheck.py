@@ -148,11 +148,19 @@ def canonical(layout: RunLayout) -> Reading:
                     f"{name}: an abbreviation of {' or '.join(full)}",
                     f"{fix}: write {full[0]} in full",
                 )
-        elif not arg.startswith("--") and len(arg) > 2 and arg not in known:
+        elif not arg.startswith("--") and arg not in known:
+            what = "with its value attached" if len(arg) > 2 else "no profile names"
             out.refuse(
-                f"{arg}: a short option with its value attached, which runwatch cannot read "
-                "for this client",
+                f"{arg}: a short option {what}, which runwatch cannot map to the client's flags",
                 f"{fix}: use the long flag, e.g. {_first_path_flag(profile)} VALUE",
+            )
+    for role in ("output_dir", "output_file"):
+        names = getattr(profile.flags, role)
+        if names and role not in count and layout.profiled:
+            out.refuse(
+                f"{names[0]}: not in the command line, and what the client uses without it "
+                "cannot be read",
+                f"{fix}: give {names[0]} PATH explicitly",
             )
     return out
 
