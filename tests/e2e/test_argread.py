@@ -418,3 +418,18 @@ def test_a1_a_specforge_version_without_resume_gets_no_resume_hint(
     assert "would overwrite" in text and "has no --resume: it cannot keep this output" in text, text
     assert "--set resume" not in text, text
     assert sha256_of(run.output) == before and run.pids() == []
+
+
+def test_a1_a_relaunch_that_dies_at_once_is_never_running(tmp_path: Path) -> None:
+    """A client that dies at once (here a script no parser read can judge: it exits 2 as an
+    argparse error would) with a settle time shorter than its start: the launch fails with the
+    exit, never "running", and the run is not left with a live unit."""
+    source = "import sys\nsys.stderr.write('usage: gen.py\\nerror: bad\\n')\nsys.exit(2)\n"
+    cfg = _config(tmp_path, [PY, "gen.py", "--out", "data/s.jsonl", "--resume"], source=source)
+    text = cfg.read_text().replace("settle_seconds = 0.5", "settle_seconds = 0.01")
+    cfg.write_text(text)
+    for _ in range(3):
+        result = asyncio.run(_act(cfg, "launch"))
+        assert not result.ok and result.failed_step.name == "launch", why(result)
+        assert "exited with status 2" in result.failed_step.detail, why(result)
+        assert result.identity is None
