@@ -69,6 +69,8 @@ _NEVER_CALLS = frozenset(
         "parse_known_intermixed_args", "register",
     )
 )  # fmt: skip
+_OPAQUE_CALLS = frozenset(("exec", "eval", "setattr", "__import__"))
+"""Builtins that could change the parser out of sight (``setattr(p, ...)``, code in a string)."""
 _HARMLESS_METHODS = frozenset(
     ("parse_args", "print_help", "print_usage", "format_help", "format_usage", "error", "exit")
 )
@@ -319,6 +321,10 @@ class _Builder:
         for name in _NEVER_CALLS:
             for bad in self.script.calls.get(name, []):
                 raise NotExact(f"line {bad.lineno}: it calls {name}")
+        for name in _OPAQUE_CALLS:
+            for bad in self.script.calls.get(name, []):
+                if isinstance(bad.func, ast.Name):
+                    raise NotExact(f"line {bad.lineno}: it calls {name}, which could do anything")
         parses = self.script.calls.get("parse_args", [])
         if not parses:
             raise NotExact("it never calls parse_args()")
@@ -601,8 +607,8 @@ def resolve_in(source: bytes, path: str, workdir: str, args: list[str]) -> Resol
         parser, seen = build(source, path)
     except NotExact as e:
         result["reason"] = str(e)
-        declared = read_options(source, path)
-        if not declared["found"] and declared["reason"]:
+        declared = read_options(source, path) if str(e).startswith("no ArgumentParser") else None
+        if declared is not None and not declared["found"] and declared["reason"]:
             result["reason"] = declared["reason"]  # click, typer, sys.argv by hand...
         return result
     result["exact"] = True
