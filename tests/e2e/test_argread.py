@@ -402,7 +402,18 @@ def test_a1_a_specforge_version_without_resume_gets_no_resume_hint(
     line = '    data.add_argument("--resume", action="store_true")\n'
     assert line in source
     script.write_text(source.replace(line, "").replace("args.resume", "False"))
-    run.output.write_text(_records(5))
+    rows = [
+        {
+            "id": f"B1-{i:06d}",
+            "conversations": [
+                {"role": "user", "content": f"question {i}"},
+                {"role": "assistant", "content": f"answer {i}"},
+            ],
+            "status": "success",
+        }
+        for i in range(5)
+    ]
+    run.output.write_text("".join(json.dumps(r) + "\n" for r in rows))
     before = sha256_of(run.output)
 
     async def go(unsets: Any) -> Any:
@@ -433,3 +444,40 @@ def test_a1_a_relaunch_that_dies_at_once_is_never_running(tmp_path: Path) -> Non
         assert not result.ok and result.failed_step.name == "launch", why(result)
         assert "exited with status 2" in result.failed_step.detail, why(result)
         assert result.identity is None
+
+
+def test_a1_the_rollback_goes_through_the_same_reading(tmp_path: Path, stop_gens: None) -> None:
+    """A run started by hand as ``--out data/s.jsonl --resume @extra.args`` (the file empty
+    then) is restarted on the config's argv with a value the client refuses at run time, so the
+    relaunch dies after the stop; meanwhile ``extra.args`` says ``--no-resume``. The rollback
+    to the stopped process's command line is refused by the argument reading (it would open the
+    output with "w"): nothing is launched, the data byte-identical."""
+    import subprocess
+
+    source = GEN.replace(
+        "args = p.parse_args()\n",
+        "args = p.parse_args()\nif args.num_samples < 1:\n    raise SystemExit('no samples')\n",
+    )
+    cfg = _config(tmp_path, [PY, "gen.py", "--out", "data/s.jsonl", "--resume"], source=source)
+    work = tmp_path / "work"
+    data = work / "data" / "s.jsonl"
+    data.write_text(_records(50))
+    (work / "extra.args").write_text("")
+    by_hand = [PY, "gen.py", "--out", "data/s.jsonl", "--resume", "@extra.args"]
+    with open(work / "hand.log", "ab") as log:
+        proc = subprocess.Popen(
+            by_hand, cwd=work, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    wait_until(lambda: len(data.read_text().splitlines()) == 53)
+    (work / "extra.args").write_text("--no-resume\n")
+    before = sha256_of(data)
+    changes = ["num-samples", "resume"]
+    result = asyncio.run(_act(cfg, "restart", ["num-samples=0"], allow_change=changes))
+    assert not result.ok and result.failed_step.name == "launch", why(result)
+    rollback = result.rollback
+    assert rollback is not None and not rollback["ok"], why(result)
+    assert "ROLLBACK REFUSED" in rollback["detail"], rollback
+    assert "NOT resuming" in rollback["detail"], rollback
+    assert proc.wait(timeout=30) is not None and _gen_pids(work) == []
+    assert sha256_of(data) == before
