@@ -105,7 +105,7 @@ def canonical(layout: RunLayout) -> Reading:
     profile = layout.profile
     role_of = {f: r for r in clients.ROLES for f in getattr(profile.flags, r)}
     known = set(role_of) | set(profile.known_flags)
-    start = layout.script_index + 1 if layout.script_index is not None else 0
+    start = _args_start(layout)
     count: dict[str, int] = {}
     after_dashes = False
     fix = "give each of the profile's flags once as --flag VALUE or --flag=VALUE, in full"
@@ -163,6 +163,20 @@ def canonical(layout: RunLayout) -> Reading:
                 f"{fix}: give {names[0]} PATH explicitly",
             )
     return out
+
+
+def _args_start(layout: RunLayout) -> int:
+    """Where the client's own arguments begin: after its script, after ``-m MODULE`` of
+    ``python -m``, else after the executable."""
+    if layout.script_index is not None:
+        return layout.script_index + 1
+    argv = list(layout.argv)
+    for i, arg in enumerate(argv[1:], start=1):
+        if arg == "-m":
+            return i + 2
+        if not arg.startswith("-"):
+            break
+    return 1
 
 
 def _first_path_flag(profile: Any) -> str:
