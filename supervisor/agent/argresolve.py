@@ -33,7 +33,14 @@ from typing import Any, NoReturn
 
 from supervisor.agent.argspec import read_options, read_source, script_path
 from supervisor.agent.datafiles import resolve
-from supervisor.agent.protocol import AgentOpError, ResolveArgsResult, param_str, param_str_list
+from supervisor.agent.masking import mask_argv
+from supervisor.agent.protocol import (
+    MASK,
+    AgentOpError,
+    ResolveArgsResult,
+    param_str,
+    param_str_list,
+)
 
 MAX_ARGS_FILE_BYTES = 256 * 1024
 """An ``@file`` larger than this is not read (the argv is refused)."""
@@ -590,6 +597,19 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
+def _masked(flags: list[str], value: Any) -> Any:
+    """A value of a secret-named option (``--api-key``), or a key-shaped one, masked: the
+    namespace would otherwise carry it off the host in clear."""
+    if isinstance(value, list):
+        return [_masked(flags, v) for v in value]
+    if not isinstance(value, str):
+        return value
+    for flag in flags or ["--value"]:
+        if mask_argv([f"{flag}={value}"])[0].partition("=")[2] != value:
+            return MASK
+    return value
+
+
 def resolve_in(source: bytes, path: str, workdir: str, args: list[str]) -> ResolveArgsResult:
     """What ``args`` (the argv after the script) mean to the parser of ``source``."""
     result: ResolveArgsResult = {
@@ -622,13 +642,16 @@ def resolve_in(source: bytes, path: str, workdir: str, args: list[str]) -> Resol
     except RecursionError:
         result["error"] = "the command line nests too deeply"
         return result
+    flags: dict[str, list[str]] = {}
+    for option, action in parser._option_string_actions.items():
+        flags.setdefault(action.dest, []).append(option)
     for dest, value in vars(namespace).items():
         if isinstance(value, _Unknown):
             result["unknown"][dest] = value.why
         elif isinstance(value, list) and any(isinstance(v, _Unknown) for v in value):
             result["unknown"][dest] = next(v.why for v in value if isinstance(v, _Unknown))
         else:
-            result["values"][dest] = _plain(value)
+            result["values"][dest] = _masked(flags.get(dest, []), _plain(value))
     result["given"] = list(dict.fromkeys(seen))
     return result
 

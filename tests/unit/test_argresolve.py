@@ -120,3 +120,10 @@ def test_main_argv_none_called_without_it_is_the_command_line() -> None:
     )
     r = resolve_in(source.encode(), "g.py", "/", ["--a", "x"])
     assert r["exact"] and r["values"] == {"a": "x"}, r
+
+
+def test_a_secret_in_the_namespace_never_leaves_the_host() -> None:
+    body = 'p.add_argument("--api-key")\np.add_argument("--out")\n'
+    key = "sk-" + "a1b2c3d4" * 4
+    r = resolve_in(_src(body), "g.py", "/", ["--api-key", key, "--out", "data/x.jsonl"])
+    assert key not in repr(r) and r["values"]["out"] == "data/x.jsonl", r
