@@ -109,7 +109,8 @@ def canonical(layout: RunLayout) -> Reading:
     count: dict[str, int] = {}
     after_dashes = False
     fix = "give each of the profile's flags once as --flag VALUE or --flag=VALUE, in full"
-    for arg in layout.argv[start:]:
+    args = list(layout.argv[start:])
+    for i, arg in enumerate(args):
         name = arg.partition("=")[0]
         if after_dashes:
             if name in role_of:
@@ -133,6 +134,11 @@ def canonical(layout: RunLayout) -> Reading:
                     f"{name}: given more than once (the client may not take the last one)",
                     fix,
                 )
+            has_value = "=" in arg or (i + 1 < len(args) and not argflags.is_option(args[i + 1]))
+            if role != "resume" and not has_value:
+                out.refuse(f"{name}: given without a value", f"{fix}: {name} VALUE")
+            elif role == "resume" and "=" in arg:
+                out.refuse(f"{arg}: the resume switch takes no value", f"{fix}: {name} alone")
         elif not argflags.is_option(arg):
             continue
         elif arg.startswith("--no-") and "--" + name[5:] in role_of:
