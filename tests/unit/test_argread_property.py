@@ -169,7 +169,11 @@ def test_what_the_gate_accepts_the_client_reads_the_same_way(
     accepted["n"] += 1
     accepted["exact"] = accepted.get("exact", 0) + int(reply.exact)
     real = _real(source, argv, work)
-    assert real is not None, f"accepted an argv the client's argparse rejects: {argv}"
+    if real is None:
+        # The client exits before it opens anything. Known beforehand only where its parser
+        # was read exactly; a canonical argv may still name a flag an unread parser lacks.
+        assert not reply.exact, f"accepted an argv the client's argparse rejects: {argv}"
+        return
     assert real.out is not None, (argv, source)
     assert match.client_path(layout.workdir, real.out) == next(iter(layout.data_files.values()))
     assert bool(real.resume) == (layout.overwrite_problem() is None), (argv, source)
