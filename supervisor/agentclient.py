@@ -209,6 +209,18 @@ class AgentClient:
         params = _params(workdir=workdir, argv=argv, search_path=search_path)
         return await self._decoded("script_flags", params, timeout, replies.ScriptFlags)
 
+    async def resolve_args(
+        self,
+        *,
+        workdir: str,
+        argv: list[str],
+        args: list[str],
+        search_path: str | None = None,
+        timeout: float | None = None,
+    ) -> replies.ResolvedArgs:
+        params = _params(workdir=workdir, argv=argv, args=args, search_path=search_path)
+        return await self._decoded("resolve_args", params, timeout, replies.ResolvedArgs)
+
     # ------------------------------------------------------------ processes and units
 
     async def kill(

@@ -21,13 +21,14 @@ with :func:`resume_command`, the exact command that starts the run keeping its o
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
 
-from supervisor import clients, display, launchspec
+from supervisor import argcheck, clients, display, launchspec
 from supervisor.agent import argflags
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import FileSpec
@@ -79,12 +80,19 @@ class Gate:
     """The start checks of one host; see the module docstring."""
 
     def __init__(
-        self, agent: AgentClient, config: Config, host: str, command_timeout: float
+        self,
+        agent: AgentClient,
+        config: Config,
+        host: str,
+        command_timeout: float,
+        search_path: str | None = None,
     ) -> None:
         self.agent = agent
         self.config = config
         self.host = host
         self.command_timeout = command_timeout
+        self.search_path = search_path
+        """``PATH`` of the launch's environment (where a script executed by name is found)."""
 
     async def check(
         self,
@@ -98,8 +106,15 @@ class Gate:
         the records' format out (a plan's data-repair step has just validated them with no
         writer alive); ``force`` lets a client without a profile start without a copy of more
         than ``backup_max_bytes``."""
-        scans = await self.scan(run, layout, validate)
         verdict = Verdict()
+        # The argument reading first: every other check is of the files runwatch reads from
+        # the argv, which must be the files the client will open (``argcheck``).
+        reading = await self.read_args(layout)
+        if not reading.ok:
+            for problem in reading.problems:
+                verdict.refuse(problem, "; ".join(reading.hints))
+            return verdict
+        scans = await self.scan(run, layout, validate)
         verdict.sizes = {str(s.get("path")): complete_size(s) for s in scans}
         verdict.records = {str(s.get("path")): _records(s) for s in scans}
         for s in scans:
@@ -108,12 +123,17 @@ class Gate:
                     f"data not in format {run.format!r}: {explain_block(s)}",
                     blocked_hint(layout),
                 )
-        rule = output_rule(self.config, layout, scans, force)
+        rule = output_rule(self.config, layout, scans, force, reading.installed)
         verdict.problems += rule.problems
         verdict.hints += [h for h in rule.hints if h not in verdict.hints]
         verdict.overwrite, verdict.backup = rule.overwrite, rule.backup
         await self.check_locks(layout, verdict)
         return verdict
+
+    async def read_args(self, layout: RunLayout) -> argcheck.Reading:
+        """How the client itself reads ``layout.argv`` (``argcheck.check``)."""
+        reply = await argcheck.resolve(self.agent, layout, self.search_path, self.command_timeout)
+        return argcheck.check(layout, reply)
 
     async def scan(self, run: RunConfig, layout: RunLayout, validate: str) -> list[dict[str, Any]]:
         """Every data file of ``layout`` (with its error/skipped files), read from its first
@@ -231,10 +251,15 @@ def complete_size(s: Mapping[str, Any]) -> int:
 
 
 def output_rule(
-    config: Config, layout: RunLayout, scans: Sequence[dict[str, Any]], force: bool
+    config: Config,
+    layout: RunLayout,
+    scans: Sequence[dict[str, Any]],
+    force: bool,
+    installed: frozenset[str] | None = None,
 ) -> Verdict:
     """No start loses a byte of existing output: the resume rule of a profiled client, the copy
-    (or refusal) of a client without a profile; see the module docstring."""
+    (or refusal) of a client without a profile; see the module docstring. ``installed``: the
+    option strings of the installed script (None: not read exactly); a fix names only those."""
     verdict = Verdict()
     full = [s for s in scans if s.get("state") == "ok" and _size(s) > 0]
     problem = layout.overwrite_problem()
@@ -252,9 +277,7 @@ def output_rule(
             names = ", ".join(str(s.get("path")) for s in held)
             verdict.overwrite = True
             verdict.refuse(
-                f"{problem}: it would overwrite {size} in {names}",
-                f"keep the output: {clients.resume_fix(layout.profile)} (the client then "
-                "appends to it)",
+                f"{problem}: it would overwrite {size} in {names}", _keep_hint(layout, installed)
             )
         return verdict
     if layout.profiled or not full:
@@ -272,6 +295,19 @@ def output_rule(
     elif total <= limit:
         verdict.backup = [str(s["path"]) for s in full]
     return verdict
+
+
+def _keep_hint(layout: RunLayout, installed: frozenset[str] | None) -> str:
+    """How to keep the output: the resume flag, when the installed script has it."""
+    flags = layout.profile.flags.resume
+    if installed is not None and not any(f in installed for f in flags):
+        script = posixpath.basename(layout.argv[layout.script_index or 0])
+        return (
+            f"the installed {script} has no {flags[0] if flags else 'resume flag'}: it cannot "
+            "keep this output; move it aside first (launch with --move-aside, nothing is "
+            "deleted) or install a version of the client that resumes"
+        )
+    return f"keep the output: {clients.resume_fix(layout.profile)} (the client then appends to it)"
 
 
 def resume_argv(layout: RunLayout) -> list[str]:

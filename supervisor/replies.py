@@ -247,6 +247,20 @@ class ScriptFlags(msgspec.Struct, kw_only=True):
     known_args: bool
 
 
+class ResolvedArgs(msgspec.Struct, kw_only=True):
+    """``protocol.ResolveArgsResult``: what a command line means to the client's own parser."""
+
+    path: str
+    exact: bool
+    reason: str
+    error: str | None = None
+    values: dict[str, Any] = {}
+    unknown: dict[str, str] = {}
+    given: list[str] = []
+    options: dict[str, str] = {}
+    python: str = ""
+
+
 class ScanFile(msgspec.Struct, kw_only=True):
     """The fields of ``protocol.ScanFile`` that decide what a dataset file is."""
 

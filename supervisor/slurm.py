@@ -637,6 +637,10 @@ class _Runner(Protocol):
 
     async def set(self, step: Step, state: Any, detail: str = "") -> None: ...
 
+    async def read_args(self, step: Step) -> str:
+        """The argument reading of the plan's command line; raises StepFailed on a refusal."""
+        ...
+
     @property
     def agent(self) -> AgentClient: ...
 
@@ -702,6 +706,9 @@ async def stop_job(runner: _Runner, step: Step) -> None:
 
 async def submit(runner: _Runner, step: Step) -> None:
     plan = runner.plan
+    # The argument reading again right before the submission, as every process start has it
+    # in its gate.
+    await runner.read_args(step)
     config = runner.engine.config
     params = submit_params(config, plan.run, plan.argv, plan.env, plan.paths)
     timeout = float(params["settle_s"]) + 2 * runner.hc.command_timeout

@@ -117,6 +117,8 @@ class _Runner:
         """Datasets whose budget the format check could not check (no tokenizer)."""
         self.records_at_start: dict[str, int] = {}
         """Data file -> its records before the launch."""
+        self.installed: frozenset[str] | None = None
+        """Option strings of the installed script (its parser read exactly by the preflight)."""
 
     async def emit(self, step: Step) -> None:
         if self.on_step is None:
@@ -248,7 +250,10 @@ class _Runner:
         plan = self.plan
         flags = plan.spec.flags()
         if not flags:
-            await self.set(step, "skipped", "no flag set or removed: the config's command line")
+            how = await self.read_args(step)
+            await self.set(
+                step, "skipped", f"no flag set or removed: the config's command line (read {how})"
+            )
             return
         layout = plan.layout
         types: dict[str, clients.ValueType] = {}
@@ -298,6 +303,21 @@ class _Runner:
             step.detail += f"; {out.typed} value(s) of the expected type"
         if forcible:
             step.detail += "; NOT checked (--force): " + "; ".join(forcible)
+        step.detail += f"; the command line read {await self.read_args(step)}"
+
+    async def read_args(self, step: Step) -> str:
+        """The client's own reading of the new command line (``argcheck``), before anything
+        stops: a refusal fails the step; else how it was read."""
+        reading = await self.start_gate().read_args(self.plan.layout)
+        step.data["argument_reading"] = reading.how
+        if not reading.ok:
+            raise StepFailed(
+                "the client would not read the new command line as runwatch does: "
+                + "; ".join(reading.problems),
+                "nothing was stopped or launched; " + "; ".join(reading.hints),
+            )
+        self.installed = reading.installed
+        return reading.how
 
     def _shown(self, flag: str, value: str) -> str:
         """``value`` quoted for a message, or a placeholder when it is (or holds) a secret: the
@@ -433,14 +453,22 @@ class _Runner:
     def keep_output(self, scans: list[dict[str, Any]], step: Step) -> None:
         """No launch loses a byte of existing output (``gate.output_rule``), checked before
         anything stops; the launch step checks again once no writer is alive."""
-        verdict = gate.output_rule(self.engine.config, self.plan.layout, scans, self.plan.force)
+        verdict = gate.output_rule(
+            self.engine.config, self.plan.layout, scans, self.plan.force, self.installed
+        )
         if verdict.overwrite:
             step.data["resume_command"] = self.resume_command(gate.resume_argv(self.plan.layout))
         if not verdict.ok:
             raise verdict.failure()
 
     def start_gate(self) -> gate.Gate:
-        return gate.Gate(self.agent, self.engine.config, self.plan.host, self.hc.command_timeout)
+        return gate.Gate(
+            self.agent,
+            self.engine.config,
+            self.plan.host,
+            self.hc.command_timeout,
+            search_path=self.plan.env.get("PATH"),
+        )
 
     def resume_command(self, argv: list[str]) -> str:
         """The command that starts the run on ``argv`` (see ``gate.resume_command``)."""

@@ -66,6 +66,12 @@ if TYPE_CHECKING:
 
 # --------------------------------------------------------------------------- lock
 
+MIN_SETTLE_S = 0.5
+"""The shortest settle time a launch waits, whatever it is asked."""
+EXIT_RECORD_WAIT_S = 2.0
+"""How long a launch waits, after its settle time, for the exit record of a client already
+gone."""
+
 
 def _read_holder(lock_path: str) -> dict[str, Any] | None:
     try:
@@ -207,7 +213,9 @@ def launch(params: dict[str, Any]) -> LaunchResult:
     if not isinstance(raw_files, list) or not all(isinstance(p, str) for p in raw_files):
         raise AgentOpError("parameter 'data_files': expected a list of paths", "bad-params")
     data_files = [resolve(p, workdir) for p in raw_files]
-    settle_s = param_number(params, "settle_s", 2.0)
+    # Never shorter than an interpreter's start and its argument parsing: a client that dies
+    # rejecting its argv must not be reported running because it had not died yet.
+    settle_s = max(param_number(params, "settle_s", 2.0), MIN_SETTLE_S)
     lock_wait_s = param_number(params, "lock_wait_s", 3.0)
     tail_lines = int(param_number(params, "tail_lines", 30))
     if not os.path.isdir(workdir):
@@ -372,10 +380,16 @@ def launch(params: dict[str, Any]) -> LaunchResult:
     # ended while others write) is running: the unit is the run.
     launch_id = unit_data["launch_id"]
     poll_until(lambda: unit.exit_status(launch_id) is not None, settle_s, 0.02)
+    if unit.exit_status(launch_id) is None and not is_alive(identity):
+        # The client is gone but its waiter has not written the exit yet (it died at the end
+        # of a short settle time): a dead client is never reported running.
+        poll_until(lambda: unit.exit_status(launch_id) is not None, EXIT_RECORD_WAIT_S, 0.02)
     ended = unit.exit_status(launch_id)
     record = unit.read_record(launch_id)
     if ended is not None and record is not None and unit.members(record):
         ended = None
+    elif ended is None and not is_alive(identity) and not (record and unit.members(record)):
+        ended = {"code": None}  # gone, with no member left and no exit recorded: it died
     code = ended.get("code") if ended is not None else None
     masked_tail = [
         mask_text(line, secrets)

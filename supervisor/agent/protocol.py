@@ -1090,6 +1090,41 @@ class ScriptFlagsResult(TypedDict):
     """The script calls ``parse_known_args``: it may pass undeclared flags on."""
 
 
+class _ResolveArgsParamsRequired(TypedDict):
+    workdir: str
+    argv: list[str]
+    """The run's command up to its script, as for ``script_flags``."""
+    args: list[str]
+    """What follows the script: the argv the client's parser is given."""
+
+
+class ResolveArgsParams(_ResolveArgsParamsRequired, total=False):
+    search_path: str
+    """``PATH`` of the launch's environment (where a script executed by name is found)."""
+
+
+class ResolveArgsResult(TypedDict):
+    """What a command line means to the client's own argparse parser (``agent/argresolve``)."""
+
+    path: str
+    exact: bool
+    """The parser was read exactly and argparse itself resolved ``args`` with it."""
+    reason: str
+    """Why ``exact`` is false."""
+    error: str | None
+    """argparse's own message when it rejects ``args`` (the client would exit with it)."""
+    values: dict[str, Any]
+    """Dest -> the value argparse resolved (paths as text)."""
+    unknown: dict[str, str]
+    """Dest -> why its value is not known (a default not written literally)."""
+    given: list[str]
+    """The dests the argv itself set (the others hold their defaults)."""
+    options: dict[str, str]
+    """Every option string of the parser -> its dest."""
+    python: str
+    """The host's Python version, whose argparse resolved ``args``."""
+
+
 OP_SHAPES: dict[str, tuple[type, type]] = {
     "ping": (PingParams, PingResult),
     "ps": (PsParams, PsResult),
@@ -1115,5 +1150,6 @@ OP_SHAPES: dict[str, tuple[type, type]] = {
     "slurm_submit": (SlurmSubmitParams, SlurmSubmitResult),
     "slurm_cancel": (SlurmCancelParams, SlurmCancelResult),
     "script_flags": (ScriptFlagsParams, ScriptFlagsResult),
+    "resolve_args": (ResolveArgsParams, ResolveArgsResult),
 }
 """Op name -> (params shape, result shape)."""

@@ -59,6 +59,7 @@ _DEFERRED_OPS = {
     "units": "unit:list_units",
     "unit_stop": "unit:stop",
     "script_flags": "argspec:script_flags",
+    "resolve_args": "argresolve:resolve_args",
     "repair_tail": "datafiles:repair_tail",
     "move_aside": "datafiles:move_aside",
     "backup_files": "datafiles:backup_files",

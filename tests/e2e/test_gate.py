@@ -501,14 +501,25 @@ async def test_inv11_all_done_client_reports_nothing_to_do(
 async def test_inv11_exit_0_with_work_left_is_a_failed_launch(
     tmp_path: Path, state_home: Path, slow_endpoint: Any, kill_runs_in: list[Path]
 ) -> None:
-    """A client that exits 0 at once (here: ``--help``) while a dataset is short is no success."""
+    """A client that exits 0 at once while a dataset is short is no success. (Here its own
+    prompts dir holds the 2 prompts already answered, the config's prompts file 400; ``--help``
+    was the way once, and is now refused before anything starts by the argument reading.)"""
     demo = DemoRun(tmp_path, slow_endpoint.url, datasets=("B1",), max_samples=40)
     kill_runs_in.append(demo.workdir)
     data = demo.data_file("B1")
     data.parent.mkdir(parents=True)
     data.write_bytes(raw_record("B1-000000") + raw_record("B1-000001"))
+    few = demo.workdir / "few"
+    few.mkdir()
+    prompts = (demo.workdir / "prompts" / "B1.jsonl").read_bytes().splitlines(keepends=True)
+    (few / "B1.jsonl").write_bytes(b"".join(prompts[:2]))
+    with open(demo.config_path, "a") as f:
+        f.write('\n[datasets.B1]\nprompts = "prompts/B1.jsonl"\n')
     async with engine_for(demo) as engine:
-        result = await launch(engine, "demo", ["help"])
+        helped = await launch(engine, "demo", ["help"])
+        assert not helped.ok and helped.failed_step.name == "preflight", why(helped)
+        assert "asks for the client's help" in helped.failed_step.detail
+        result = await launch(engine, "demo", ["prompts-dir=few"])
     assert not result.ok and not result.nothing_to_do
     failed = result.failed_step
     assert failed is not None and failed.name == "launch", why(result)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "reliability.md"
-ID = re.compile(r"\b([PSDECIOTWVX][0-9]{1,2})\b")
+ID = re.compile(r"\b([PSDECIOTWVXA][0-9]{1,2})\b")
 TEST_REF = re.compile(r"(tests/[\w/*]+\.py)::(\w+)")
-ROW_ID = re.compile(r"^\|\s*([PSDECIOTWVX][0-9]{1,2})\s*\|", re.M)
+ROW_ID = re.compile(r"^\|\s*([PSDECIOTWVXA][0-9]{1,2})\s*\|", re.M)
 
 
 def defined_ids() -> dict[str, str]:
