@@ -339,12 +339,6 @@ class AgentClient:
         params = _params(path=path, format=format, timestamp=timestamp)
         return cast("p.MoveAsideResult", await self._send("move_aside", params, timeout))
 
-    async def backup_files(
-        self, *, paths: list[str], dest_dir: str, max_bytes: int, timeout: float | None = None
-    ) -> p.BackupFilesResult:
-        params = _params(paths=paths, dest_dir=dest_dir, max_bytes=max_bytes)
-        return cast("p.BackupFilesResult", await self._send("backup_files", params, timeout))
-
     async def snapshot_check(
         self, *, root: str, paths: list[str], max_bytes: int, timeout: float | None = None
     ) -> replies.SnapshotCheck:

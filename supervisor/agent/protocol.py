@@ -30,7 +30,6 @@ DURABLE_OPS = frozenset(
         "launch",
         "repair_tail",
         "move_aside",
-        "backup_files",
         "snapshot_take",
         "snapshot_restore",
         "write_fingerprint",
@@ -756,30 +755,6 @@ class MoveAsideResult(_MoveAsideRequired, total=False):
     inode: int
 
 
-class _BackupFilesParamsRequired(TypedDict):
-    paths: list[str]
-    dest_dir: str
-    max_bytes: int
-
-
-class BackupFilesParams(_BackupFilesParamsRequired, total=False):
-    pass
-
-
-class BackupCopy(TypedDict):
-    path: str
-    copy: str
-    bytes: int
-    method: str
-    """``reflink``, ``copy_file_range`` or ``copy``."""
-
-
-class BackupFilesResult(TypedDict):
-    copied: list[BackupCopy]
-    total_bytes: int
-    refused: str | None
-
-
 class _SnapshotRootParams(TypedDict):
     root: str
     """``<out>/.runwatch/snapshots/<run>``: the run's snapshots."""
@@ -1220,7 +1195,6 @@ OP_SHAPES: dict[str, tuple[type, type]] = {
     "lock_status": (LockStatusParams, LockStatusResult),
     "repair_tail": (RepairTailParams, RepairTailResult),
     "move_aside": (MoveAsideParams, MoveAsideResult),
-    "backup_files": (BackupFilesParams, BackupFilesResult),
     "snapshot_check": (SnapshotCheckParams, SnapshotCheckResult),
     "snapshot_take": (SnapshotTakeParams, SnapshotTakeResult),
     "snapshot_verify": (SnapshotVerifyParams, SnapshotVerifyResult),

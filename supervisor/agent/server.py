@@ -61,7 +61,6 @@ _DEFERRED_OPS = {
     "script_flags": "argspec:script_flags",
     "repair_tail": "datafiles:repair_tail",
     "move_aside": "datafiles:move_aside",
-    "backup_files": "datafiles:backup_files",
     "snapshot_check": "snapshots:snapshot_check",
     "snapshot_take": "snapshots:snapshot_take",
     "snapshot_verify": "snapshots:snapshot_verify",
