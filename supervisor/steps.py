@@ -524,13 +524,15 @@ class _Runner:
             back = await snapshots.put_back(self.agent, layout, snap)
         except RunwatchError as e:
             detail = (
-                f"{'; '.join(alarms)}; the client (pid {ident.pid}) was stopped, but the snapshot "
+                f"{what}: {'; '.join(alarms)}; the client (pid {ident.pid}) was stopped, but the "
+                "snapshot "
                 f"{snap.id} could not be put back: {e}"
             )
             ok = False
         else:
             detail = (
-                f"{'; '.join(alarms)}; the client (pid {ident.pid}) was stopped and snapshot "
+                f"{what}: {'; '.join(alarms)}; the client (pid {ident.pid}) was stopped and "
+                "snapshot "
                 f"{snap.id} put back: "
                 + "; ".join(
                     f"{r.path} restored ({r.bytes} bytes), the client's file kept as {r.aside}"
@@ -549,7 +551,7 @@ class _Runner:
                 dir=snap.dir,
                 damaged=[msgspec.to_builtins(d) for d in hurt],
                 identity=dict(identity),
-                detail=f"{what}; " + detail,
+                detail=detail,
             )
         )
         return detail

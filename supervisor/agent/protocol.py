@@ -806,6 +806,9 @@ class SnapshotEntry(TypedDict, total=False):
     method: str
     """``reflink``, ``copy_file_range``, ``copy`` or ``none``."""
     sha256: str
+    head: str
+    """SHA-256 of the first ``snapshots.WINDOW`` bytes, and of the last (``tail``)."""
+    tail: str
     reason: str
 
 

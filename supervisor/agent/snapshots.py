@@ -158,6 +158,19 @@ def _sha256_fd(fd: int, size: int) -> str:
     return h.hexdigest()
 
 
+WINDOW = 64 << 10
+"""Bytes hashed at the head and at the end of a kept file: a file rewritten from its start
+(opened with "w") and grown back past its old size differs there."""
+
+
+def _windows(fd: int, size: int) -> tuple[str, str]:
+    """SHA-256 of the first and of the last :data:`WINDOW` bytes of the first ``size`` bytes."""
+    head = os.pread(fd, min(WINDOW, size), 0)
+    start = max(0, size - WINDOW)
+    tail = os.pread(fd, size - start, start)
+    return hashlib.sha256(head).hexdigest(), hashlib.sha256(tail).hexdigest()
+
+
 def _probe_reflink(src: int, root: str) -> bool:
     probe = os.path.join(root, f".probe-{os.getpid()}-{os.urandom(4).hex()}")
     fd = _new_file(probe)
@@ -238,6 +251,7 @@ def _keep_one(path: str, fd: int, dest: str, budget: list[int]) -> dict[str, Any
         "uid": st.st_uid,
         "gid": st.st_gid,
     }
+    entry["head"], entry["tail"] = _windows(fd, size)
     target = datafiles._free_name(os.path.join(dest, os.path.basename(path)))
     out = _new_file(target)
     try:
@@ -391,8 +405,19 @@ def _damage(entry: dict[str, Any]) -> str:
         return "it is gone"
     if (st.st_dev, st.st_ino) != (entry.get("dev"), entry.get("ino")):
         return f"it was replaced (inode {entry.get('ino')} -> {st.st_ino})"
-    if st.st_size < int(entry.get("bytes") or 0):
-        return f"it shrank ({entry.get('bytes')} -> {st.st_size} bytes)"
+    size = int(entry.get("bytes") or 0)
+    if st.st_size < size:
+        return f"it shrank ({size} -> {st.st_size} bytes)"
+    if "head" in entry:
+        try:
+            fd = os.open(entry["path"], os.O_RDONLY | _FLAGS)
+        except OSError as e:
+            return f"it cannot be read ({e.strerror})"
+        try:
+            if _windows(fd, size) != (entry["head"], entry["tail"]):
+                return f"it was rewritten (its first or last bytes of the {size} kept differ)"
+        finally:
+            os.close(fd)
     return ""
 
 

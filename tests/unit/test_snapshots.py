@@ -173,3 +173,20 @@ def test_a_restore_names_only_files_of_the_snapshot(tmp_path: Path) -> None:
     for bad in ("..", "a/b", ""):
         with pytest.raises(AgentOpError):
             snapshots.snapshot_restore({"root": root, "id": bad})
+
+
+def test_a_file_rewritten_from_its_start_and_grown_past_its_size_is_damage(
+    tmp_path: Path,
+) -> None:
+    """A client that opens its output with "w" and writes more than was there within its settle
+    time: same inode, bigger, but not the data that was kept."""
+    _, data, root = _setup(tmp_path)
+    before = data.read_bytes()
+    taken = _take(data, root)
+    with open(data, "w") as f:
+        f.write('{"sample_id": "other"}\n' * 4000)
+    assert data.stat().st_size > len(before)
+    [damage] = snapshots.snapshot_verify({"root": root, "id": taken["id"]})["damaged"]
+    assert "rewritten" in damage["why"]
+    snapshots.snapshot_restore({"root": root, "id": taken["id"], "damaged_only": True})
+    assert data.read_bytes() == before
