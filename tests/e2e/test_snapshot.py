@@ -63,7 +63,7 @@ def clients() -> Any:
 def careless(
     tmp_path: Path, url: str, tokenizer: Path, clients: list[ClientRun], **kw: Any
 ) -> ClientRun:
-    top = CARELESS + kw.pop("top", "")
+    top = kw.pop("top", "") + "\n" + CARELESS  # top-level keys before the tables
     run = ClientRun(tmp_path, "specforge", url, tokenizer, rows=400, settle=2.0, top=top, **kw)
     clients.append(run)
     return run
@@ -240,7 +240,11 @@ def test_a2_restore_by_hand_lists_refuses_while_running_and_puts_back(
         async with Engine(run.config) as engine:
             assert (await engine.execute(await engine.plan("sf", action="launch"))).ok
             for n in (3, 6, 9):  # three restarts over data: three snapshots, two kept
-                await wait_for(lambda n=n: len(run.lines()) >= n, 90, what=f"{n} records")
+
+                def enough(n: int = n) -> bool:
+                    return len(run.lines()) >= n
+
+                await wait_for(enough, 90, what=f"{n} records")
                 sizes.append(run.output.stat().st_size)
                 result = await engine.execute(await engine.plan("sf", action="restart"))
                 assert result.ok, [s.to_json() for s in result.steps]
