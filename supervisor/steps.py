@@ -526,9 +526,11 @@ class _Runner:
             detail = (
                 f"{what}: {'; '.join(alarms)}; the client (pid {ident.pid}) was stopped, but the "
                 "snapshot "
-                f"{snap.id} could not be put back: {e}"
+                f"{snap.id} could not be put back: {e}; the run is left stopped (`runwatch "
+                f"restore {plan.run.name} --snapshot {snap.id}` once no writer is alive)"
             )
             ok = False
+            self.keep_stopped = True  # a rollback would start over data that is not as it was
         else:
             detail = (
                 f"{what}: {'; '.join(alarms)}; the client (pid {ident.pid}) was stopped and "

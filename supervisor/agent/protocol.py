@@ -806,6 +806,8 @@ class SnapshotEntry(TypedDict, total=False):
     method: str
     """``reflink``, ``copy_file_range``, ``copy`` or ``none``."""
     sha256: str
+    complete: int
+    """Bytes up to the last newline when kept: what a start must not lose."""
     head: str
     """SHA-256 of the first ``snapshots.WINDOW`` bytes, and of the last (``tail``)."""
     tail: str

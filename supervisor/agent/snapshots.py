@@ -85,7 +85,9 @@ def _open_source(path: str) -> tuple[int | None, str]:
     """``(fd, "")`` of a regular data file opened without following a link, or ``(None, why)``
     (``""`` when it is missing: nothing to keep)."""
     try:
-        fd = os.open(path, os.O_RDONLY | _FLAGS)
+        # O_NONBLOCK: a FIFO in the file's place never blocks the agent (a regular file
+        # ignores the flag).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _FLAGS)
     except FileNotFoundError:
         return None, ""
     except OSError as e:
@@ -251,7 +253,9 @@ def _keep_one(path: str, fd: int, dest: str, budget: list[int]) -> dict[str, Any
         "uid": st.st_uid,
         "gid": st.st_gid,
     }
-    entry["head"], entry["tail"] = _windows(fd, size)
+    # The complete lines are what a start must not lose: a client may cut a torn last line.
+    entry["complete"] = datafiles._last_newline(fd, size)
+    entry["head"], entry["tail"] = _windows(fd, entry["complete"])
     target = datafiles._free_name(os.path.join(dest, os.path.basename(path)))
     out = _new_file(target)
     try:
@@ -310,14 +314,21 @@ def snapshot_take(params: dict[str, Any]) -> dict[str, Any]:
             return {"id": "", "dir": "", "files": [], "unprotected": unprotected, "pruned": []}
         _make_root(root)
         dest = datafiles._free_name(os.path.join(root, _stamp()))
-        safefs.make_dirs(dest, dest)
+        try:
+            safefs.make_dirs(dest, dest)
+        except safefs.UnsafePath as e:
+            raise AgentOpError(str(e), "unsafe-path") from None
         budget = [limit]
         files = []
-        for path, fd in sources:
-            entry = _keep_one(path, fd, dest, budget)
-            if entry["method"] == "none":
-                unprotected.append(f"{path}: {entry['reason']}")
-            files.append(entry)
+        try:
+            for path, fd in sources:
+                entry = _keep_one(path, fd, dest, budget)
+                if entry["method"] == "none":
+                    unprotected.append(f"{path}: {entry['reason']}")
+                files.append(entry)
+        except BaseException:
+            _remove(dest)  # a snapshot without its manifest would never be listed nor pruned
+            raise
     finally:
         for _, fd in sources:
             os.close(fd)
@@ -366,19 +377,25 @@ def _snapshot_dirs(root: str) -> list[str]:
     return out
 
 
+def _remove(path: str) -> None:
+    """Remove a snapshot directory runwatch made: its files (links are removed, never
+    followed), then the directory; a subdirectory (never made by runwatch) keeps it."""
+    for name in os.listdir(path):
+        target = os.path.join(path, name)
+        if stat.S_ISDIR(os.lstat(target).st_mode):
+            continue
+        os.unlink(target)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
 def prune(root: str, keep: int) -> list[str]:
     """Remove the snapshots of ``root`` older than the newest ``keep``; the ones removed. Only
-    the entries of runwatch's own snapshot directories go, never through a link."""
+    runwatch's own snapshot directories (with a manifest) go, never through a link."""
     dirs = _snapshot_dirs(root)
     gone = dirs[: max(0, len(dirs) - keep)]
     for path in gone:
-        for name in os.listdir(path):
-            target = os.path.join(path, name)
-            if stat.S_ISDIR(os.lstat(target).st_mode):
-                continue  # never made by runwatch: left, so the directory stays
-            os.unlink(target)
-        with contextlib.suppress(OSError):
-            os.rmdir(path)
+        _remove(path)
     return gone
 
 
@@ -405,12 +422,14 @@ def _damage(entry: dict[str, Any]) -> str:
         return "it is gone"
     if (st.st_dev, st.st_ino) != (entry.get("dev"), entry.get("ino")):
         return f"it was replaced (inode {entry.get('ino')} -> {st.st_ino})"
-    size = int(entry.get("bytes") or 0)
+    size = int(entry.get("complete", entry.get("bytes")) or 0)
     if st.st_size < size:
-        return f"it shrank ({size} -> {st.st_size} bytes)"
-    if "head" in entry:
+        return f"it shrank ({size} bytes of complete lines -> {st.st_size} bytes)"
+    if "head" in entry and size > 0:
+        if not stat.S_ISREG(st.st_mode):
+            return "it is no longer a regular file"
         try:
-            fd = os.open(entry["path"], os.O_RDONLY | _FLAGS)
+            fd = os.open(entry["path"], os.O_RDONLY | os.O_NONBLOCK | _FLAGS)
         except OSError as e:
             return f"it cannot be read ({e.strerror})"
         try:

@@ -190,3 +190,30 @@ def test_a_file_rewritten_from_its_start_and_grown_past_its_size_is_damage(
     assert "rewritten" in damage["why"]
     snapshots.snapshot_restore({"root": root, "id": taken["id"], "damaged_only": True})
     assert data.read_bytes() == before
+
+
+def test_a_torn_last_line_cut_by_the_client_is_not_damage(tmp_path: Path) -> None:
+    """A client may drop a partial last line on start: only complete lines must stay."""
+    _, data, root = _setup(tmp_path)
+    with open(data, "ab") as f:
+        f.write(b'{"sample_id": "s9", "cut')
+    taken = _take(data, root)
+    with open(data, "r+b") as f:
+        f.truncate(data.stat().st_size - len(b'{"sample_id": "s9", "cut'))
+    assert snapshots.snapshot_verify({"root": root, "id": taken["id"]}) == {"damaged": []}
+    with open(data, "r+b") as f:
+        f.truncate(data.stat().st_size - 1)  # one byte of a complete line: damage
+    assert snapshots.snapshot_verify({"root": root, "id": taken["id"]})["damaged"]
+
+
+def test_a_fifo_in_a_data_files_place_never_blocks_and_is_unprotected(tmp_path: Path) -> None:
+    _, data, root = _setup(tmp_path)
+    fifo = data.with_name("fifo.jsonl")
+    os.mkfifo(fifo)
+    paths = [str(data), str(fifo)]
+    checked = snapshots.snapshot_check({"paths": paths, "root": root, "max_bytes": 1 << 30})
+    assert [f["method"] for f in checked["files"]][1] == "none"
+    assert "not a regular file" in checked["unprotected"][0]
+    taken = snapshots.snapshot_take({"paths": paths, "root": root, "max_bytes": 1 << 30, "keep": 2})
+    assert [f["path"] for f in taken["files"]] == [str(data)]
+    assert "not a regular file" in taken["unprotected"][0]
