@@ -117,6 +117,8 @@ class _Runner:
         """Datasets whose budget the format check could not check (no tokenizer)."""
         self.records_at_start: dict[str, int] = {}
         """Data file -> its records before the launch."""
+        self.snapshot: dict[str, Any] | None = None
+        """The snapshot taken before the launch (for the plan's audit record)."""
         self.snapshot_note = ""
         """How the data files will be kept before the start (the format check's dry check)."""
 
@@ -217,6 +219,7 @@ class _Runner:
                 reason=plan.budget_reason,
                 nothing_to_do=self.nothing_to_do or None,
                 rollback=self.rollback_outcome,
+                snapshot=self.snapshot,
             )
         if plan.old is not None:
             self.engine.stopping.discard(stop_key(plan.host, plan.run.name, plan.old.identity.pid))
@@ -466,27 +469,11 @@ class _Runner:
 
     async def take_snapshot(self, layout: RunLayout, reason: str) -> SnapshotTake | None:
         """The snapshot of ``layout``'s files right before its launch request (None for a Slurm
-        job); audited. A file that cannot be kept refuses the start unless forced."""
+        job); the start's own audit record holds it (its launch step's data, the rollback's
+        ``snapshot``). A file that cannot be kept refuses the start unless forced."""
         if self.hc.kind == "slurm":
             return None
         snap = await snapshots.take(self.agent, self.engine.config, layout, reason)
-        kept = [f for f in snap.files if f.copy]
-        if snap.id:
-            self.side_records.append(
-                audit.record(
-                    "snapshot",
-                    config=self.engine.config.key,
-                    host=self.plan.host,
-                    run=self.plan.run.name,
-                    ok=not snap.unprotected,
-                    snapshot=snap.id,
-                    dir=snap.dir,
-                    copies=[msgspec.to_builtins(f) for f in snap.files],
-                    pruned=snap.pruned,
-                    detail=f"{len(kept)} file(s) kept in {snap.dir} before the {reason}"
-                    + (f"; UNPROTECTED: {'; '.join(snap.unprotected)}" if snap.unprotected else ""),
-                )
-            )
         if snap.unprotected and not self.plan.force:
             raise StepFailed(
                 "no snapshot could be made of the data before the start (it changed since the "
@@ -950,6 +937,14 @@ class _Runner:
         snap = await self.take_snapshot(plan.layout, plan.action)
         if snap is not None and snap.id:
             step.data["snapshot"] = msgspec.to_builtins(snap)
+            self.snapshot = {
+                "id": snap.id,
+                "dir": snap.dir,
+                "files": [
+                    {"path": f.path, "bytes": f.bytes, "method": f.method} for f in snap.files
+                ],
+                "unprotected": snap.unprotected,
+            }
         # After runwatch's own moves and repairs: from here the files may only grow.
         self.sizes = verdict.sizes
         self.records_at_start = verdict.records
@@ -1090,6 +1085,8 @@ class _Runner:
             if not verdict.ok:
                 return self.rollback_refused(argv, source, layout, verdict)
             snap = await self.take_snapshot(layout, "rollback")
+            if snap is not None and snap.id:
+                outcome["snapshot"] = {"id": snap.id, "dir": snap.dir, "pruned": snap.pruned}
             # The fingerprints on the host stay those of the launch that wrote the data.
             params = self.launch_params(layout, fingerprints=False)
             timeout = plan.run.settle_seconds + 3.0 + self.hc.command_timeout
@@ -1136,6 +1133,7 @@ class _Runner:
             argv=argv,
             secrets=plan.secrets,
             detail=outcome["detail"],
+            snapshot=outcome.get("snapshot"),
         )
         return outcome
 

@@ -414,7 +414,8 @@ def test_a_script_without_profile_gets_its_output_copied_before_a_restart(
     copy = Path(copies[0]["copy"])
     assert copy.parent.parent == data.parent.parent / ".runwatch" / "snapshots" / "mine"
     assert now.startswith(copy.read_bytes())  # the copy is the file as it was at the launch
-    assert any(r["action"] == "snapshot" for r in audit.read())
+    restart = next(r for r in audit.read() if r["action"] == "restart")
+    assert restart["snapshot"]["files"][0]["path"] == str(data)
 
 
 def test_a_script_without_profile_over_the_copy_limit_is_refused_before_the_stop(
