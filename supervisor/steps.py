@@ -500,8 +500,17 @@ class _Runner:
         self.engine.stopping.add(key)
         try:
             await self.engine.kill_within_plan(plan.host, ident, plan.run.stop_grace_seconds)
+            alive = (await self._probe(ident)).get("alive")
         finally:
             self.engine.stopping.discard(key)
+        if alive:
+            self.keep_stopped = True
+            raise StepFailed(
+                f"{hurt[0].path}: {hurt[0].why} after the start, and the client (pid {ident.pid}) "
+                f"is still alive after its stop: snapshot {snap.id} was NOT put back",
+                f"stop it (`runwatch kill {plan.run.name}`), then `runwatch restore "
+                f"{plan.run.name} --snapshot {snap.id}`",
+            )
         alarms = [
             self.engine.data_loss(plan.host, plan.run.name, d.path, d.bytes_before, d.bytes_now)
             for d in hurt
