@@ -351,11 +351,50 @@ class AgentClient:
         params = _params(path=path, format=format, timestamp=timestamp)
         return cast("p.MoveAsideResult", await self._send("move_aside", params, timeout))
 
-    async def backup_files(
-        self, *, paths: list[str], dest_dir: str, max_bytes: int, timeout: float | None = None
-    ) -> p.BackupFilesResult:
-        params = _params(paths=paths, dest_dir=dest_dir, max_bytes=max_bytes)
-        return cast("p.BackupFilesResult", await self._send("backup_files", params, timeout))
+    async def snapshot_check(
+        self, *, root: str, paths: list[str], max_bytes: int, timeout: float | None = None
+    ) -> replies.SnapshotCheck:
+        params = _params(root=root, paths=paths, max_bytes=max_bytes)
+        return await self._decoded("snapshot_check", params, timeout, replies.SnapshotCheck)
+
+    async def snapshot_take(
+        self,
+        *,
+        root: str,
+        paths: list[str],
+        max_bytes: int,
+        keep: int,
+        run: str | None = None,
+        reason: str | None = None,
+        timeout: float | None = None,
+    ) -> replies.SnapshotTake:
+        params = _params(
+            root=root, paths=paths, max_bytes=max_bytes, keep=keep, run=run, reason=reason
+        )
+        return await self._decoded("snapshot_take", params, timeout, replies.SnapshotTake)
+
+    async def snapshot_verify(
+        self, *, root: str, id: str, timeout: float | None = None
+    ) -> replies.SnapshotVerify:
+        params = _params(root=root, id=id)
+        return await self._decoded("snapshot_verify", params, timeout, replies.SnapshotVerify)
+
+    async def snapshot_restore(
+        self,
+        *,
+        root: str,
+        id: str,
+        paths: list[str] | None = None,
+        damaged_only: bool | None = None,
+        timeout: float | None = None,
+    ) -> replies.SnapshotRestore:
+        params = _params(root=root, id=id, paths=paths, damaged_only=damaged_only)
+        return await self._decoded("snapshot_restore", params, timeout, replies.SnapshotRestore)
+
+    async def snapshot_list(
+        self, *, root: str, timeout: float | None = None
+    ) -> replies.SnapshotList:
+        return await self._decoded("snapshot_list", {"root": root}, timeout, replies.SnapshotList)
 
     async def tail_log(
         self,

@@ -399,9 +399,13 @@ class Config(_Section):
     endpoints: list[EndpointConfig] = []
     formats: dict[str, FormatProfile] = {}
     backup_max_bytes: NonNegativeInt = 4 << 30
-    """Before launching a script no client profile describes onto existing output, runwatch
-    copies that output under ``<out>/.runwatch/``; more bytes than this are refused (--force
-    launches without a copy)."""
+    """Every start over existing data first snapshots each data file under
+    ``<out>/.runwatch/snapshots/<run>/``: a reflink where the filesystem has them (free, no
+    limit), else a byte copy of at most this many bytes in all; more is refused before anything
+    stops (--force starts without a copy and names what is unprotected)."""
+    snapshot_keep: Count = 5
+    """Snapshots kept per run (at least 1): the oldest beyond are removed after each new one.
+    ``runwatch restore RUN`` lists them and puts one back."""
     clients: dict[str, ClientProfile] = {}
     """User client profiles (``runwatch clients`` lists them with the built-in ones)."""
 

@@ -452,6 +452,72 @@ class Engine:
             self.host(host), identity, grace, clients.all_scripts(self.config), files
         )
 
+    async def snapshots(self, run_name: str) -> list[dict[str, Any]]:
+        """The snapshots taken before the starts of ``run_name``, newest first
+        (``supervisor.snapshots``)."""
+        from supervisor import snapshots
+
+        run = self.config.run(run_name)
+        layout = layout_of(self.config, run, launch_argv(self.config, run))
+        agent = AgentClient(self.host(run.host))
+        return [msgspec.to_builtins(s) for s in await snapshots.listing(agent, layout)]
+
+    async def restore_snapshot(
+        self, run_name: str, snapshot_id: str, files: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Put the files of snapshot ``snapshot_id`` of ``run_name`` back (every one, or
+        ``files``), each current file moved aside to ``<file>.after-<stamp>``; audited (action
+        ``restore``). Refused while the run runs or any process has one of the files open for
+        writing; held under the run's lock, so no start comes in between."""
+        from supervisor import snapshots
+
+        run = self.config.run(run_name)
+        hc = self.config.host(run.host)
+        layout = layout_of(self.config, run, launch_argv(self.config, run))
+        agent = AgentClient(self.host(run.host))
+        async with runlock.hold(self.config, run.name, 2 * hc.command_timeout, "restore"):
+            snap = await self.refresh()
+            view = next((r for h in snap.hosts for r in h.runs if r.name == run.name), None)
+            if view is not None and view.process is not None:
+                raise RunwatchError(
+                    f"{run.name} is running (pid {view.process.identity.pid}): a snapshot is put "
+                    "back only while no writer is alive; nothing was changed",
+                    f"stop it first (`runwatch kill {run.name}`), then restore",
+                )
+            st = await agent.lock_status(lock_paths=list(layout.locks))
+            if st.held and st.holder_alive:
+                raise RunwatchError(
+                    f"{run.name}'s lock {st.lock_path} is held by a live process: a snapshot is "
+                    "put back only while no writer is alive; nothing was changed",
+                    "stop that process first, then restore",
+                )
+            try:
+                done = await snapshots.restore_by_hand(agent, layout, snapshot_id, files)
+            except RunwatchError as e:
+                audit.record(
+                    "restore",
+                    config=self.config.key,
+                    host=run.host,
+                    run=run.name,
+                    ok=False,
+                    snapshot=snapshot_id,
+                    detail=str(e),
+                )
+                raise
+        restored = [msgspec.to_builtins(r) for r in done.restored]
+        audit.record(
+            "restore",
+            config=self.config.key,
+            host=run.host,
+            run=run.name,
+            ok=True,
+            snapshot=snapshot_id,
+            restored=restored,
+            detail=f"snapshot {snapshot_id} put back by hand: "
+            + "; ".join(f"{r.path} (the file found kept as {r.aside})" for r in done.restored),
+        )
+        return {"snapshot": snapshot_id, "restored": restored}
+
     async def list_jobs(self, host: str) -> list[dict[str, Any]]:
         """The Slurm jobs a ``kind = "slurm"`` host's queue holds (the agent's ``slurm_jobs``:
         the tagged ones and the ones runs adopted), each with ``run``: the run that submitted

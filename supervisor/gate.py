@@ -7,9 +7,9 @@ anything stops). Nothing starts on a refusal:
 
 - **the resume rule**: a client whose profile says it overwrites its output unless given its
   resume flag (``resume = "flag"``, SpecForge's ``--resume``) never starts without that flag
-  while one of its data files, or of their error/skipped files, holds data. A client without a
-  profile gets a copy of its non-empty files first (within ``backup_max_bytes``; more is refused
-  unless forced).
+  while one of its data files, or of their error/skipped files, holds data. Whatever the
+  client, a snapshot of its files is taken before the start (``supervisor.snapshots``; within
+  ``backup_max_bytes`` where the filesystem has no reflinks, more is refused unless forced).
 - **the format check**: every data file is read from its first byte against the run's format;
   ``legacy``, ``mixed``, ``unknown``, ``corrupt`` or a file that cannot be read refuses.
 - **the locks**: a dataset lock held by a live process means another launcher runs the run.
@@ -55,8 +55,6 @@ class Verdict:
     """Refused by the resume rule: started, the client would overwrite its output."""
     running: str | None = None
     """Who holds the run's lock (a live process): another launcher runs it."""
-    backup: list[str] = field(default_factory=list)
-    """Non-empty data files of a client without a profile, to copy before the start."""
     sizes: dict[str, int] = field(default_factory=dict)
     """Data file -> its size as the gate saw it (0: missing)."""
     records: dict[str, int] = field(default_factory=dict)
@@ -104,8 +102,8 @@ class Gate:
     ) -> Verdict:
         """The verdict on starting ``run`` on ``layout.argv`` now. ``validate="none"`` leaves
         the records' format out (a plan's data-repair step has just validated them with no
-        writer alive); ``force`` lets a client without a profile start without a copy of more
-        than ``backup_max_bytes``."""
+        writer alive); ``force`` is the start's ``--force`` (the snapshot's own check,
+        ``supervisor.snapshots``, is where it lets data go unprotected)."""
         verdict = Verdict()
         # The argument reading first: every other check is of the files runwatch reads from
         # the argv, which must be the files the client will open (``argcheck``).
@@ -126,7 +124,7 @@ class Gate:
         rule = output_rule(self.config, layout, scans, force, reading.installed)
         verdict.problems += rule.problems
         verdict.hints += [h for h in rule.hints if h not in verdict.hints]
-        verdict.overwrite, verdict.backup = rule.overwrite, rule.backup
+        verdict.overwrite = rule.overwrite
         await self.check_locks(layout, verdict)
         return verdict
 
@@ -257,8 +255,8 @@ def output_rule(
     force: bool,
     installed: frozenset[str] | None = None,
 ) -> Verdict:
-    """No start loses a byte of existing output: the resume rule of a profiled client, the copy
-    (or refusal) of a client without a profile; see the module docstring. ``installed``: the
+    """No start loses a byte of existing output: the resume rule of a profiled client (the
+    snapshot keeps what any other client rewrites); see the module docstring. ``installed``: the
     option strings of the installed script (None: not read exactly); a fix names only those."""
     verdict = Verdict()
     full = [s for s in scans if s.get("state") == "ok" and _size(s) > 0]
@@ -280,20 +278,8 @@ def output_rule(
                 f"{problem}: it would overwrite {size} in {names}", _keep_hint(layout, installed)
             )
         return verdict
-    if layout.profiled or not full:
-        return verdict
-    total = sum(_size(s) for s in full)
-    limit = config.backup_max_bytes
-    if total > limit and not force:
-        verdict.refuse(
-            f"no client profile says how {layout.run}'s script treats existing output, and "
-            f"its {display.size(total)} are more than backup_max_bytes ({display.size(limit)}) "
-            "allows to copy first",
-            "describe the script in [clients.NAME] (runwatch clients), raise backup_max_bytes, "
-            "or pass --force to launch without a copy",
-        )
-    elif total <= limit:
-        verdict.backup = [str(s["path"]) for s in full]
+    # A client without a profile, or one that appends: the snapshot taken before every start
+    # (``supervisor.snapshots``) keeps what it may rewrite.
     return verdict
 
 

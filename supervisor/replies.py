@@ -339,3 +339,89 @@ class SlurmCancel(msgspec.Struct, kw_only=True):
     confirmed: bool
     after_s: float | None
     writers: dict[str, list[int]]
+
+
+class SnapshotCheckFile(msgspec.Struct, kw_only=True):
+    """``protocol.SnapshotCheckFile``: how one data file would be kept."""
+
+    path: str
+    size: int = 0
+    method: Literal["reflink", "copy", "empty", "none"] = "none"
+    reason: str = ""
+
+
+class SnapshotCheck(msgspec.Struct, kw_only=True):
+    """``protocol.SnapshotCheckResult``."""
+
+    files: list[SnapshotCheckFile] = []
+    copy_bytes: int = 0
+    unprotected: list[str] = []
+
+
+class SnapshotEntry(msgspec.Struct, kw_only=True):
+    """``protocol.SnapshotEntry``: one kept file (``copy`` empty: it could not be kept)."""
+
+    path: str
+    bytes: int = 0
+    method: str = ""
+    copy: str = ""
+    reason: str = ""
+
+
+class SnapshotTake(msgspec.Struct, kw_only=True):
+    """``protocol.SnapshotTakeResult``."""
+
+    id: str = ""
+    dir: str = ""
+    files: list[SnapshotEntry] = []
+    unprotected: list[str] = []
+    pruned: list[str] = []
+
+
+class SnapshotDamage(msgspec.Struct, kw_only=True):
+    """``protocol.SnapshotDamage``."""
+
+    path: str
+    why: str
+    bytes_before: int = 0
+    bytes_now: int = 0
+
+
+class SnapshotVerify(msgspec.Struct, kw_only=True):
+    """``protocol.SnapshotVerifyResult``."""
+
+    damaged: list[SnapshotDamage] = []
+
+
+class SnapshotRestored(msgspec.Struct, kw_only=True):
+    """``protocol.SnapshotRestored``."""
+
+    path: str
+    source: str = ""
+    aside: str | None = None
+    bytes: int = 0
+    method: str = ""
+
+
+class SnapshotRestore(msgspec.Struct, kw_only=True):
+    """``protocol.SnapshotRestoreResult``."""
+
+    restored: list[SnapshotRestored] = []
+
+
+class SnapshotInfo(msgspec.Struct, kw_only=True):
+    """``protocol.SnapshotInfo``: one snapshot of a run."""
+
+    id: str
+    dir: str = ""
+    run: str = ""
+    reason: str = ""
+    time: float = 0.0
+    files: list[SnapshotEntry] = []
+    unprotected: list[str] = []
+
+
+class SnapshotList(msgspec.Struct, kw_only=True):
+    """``protocol.SnapshotListResult``."""
+
+    snapshots: list[SnapshotInfo] = []

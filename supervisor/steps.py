@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from supervisor import audit, clients, display, flagcheck, gate, launchspec, quiet
+from supervisor import audit, clients, display, flagcheck, gate, launchspec, quiet, snapshots
 from supervisor.agent import match
 from supervisor.agent.masking import mask_argv, mask_text
-from supervisor.agent.protocol import AGENT_LOADER, MASK, BackupCopy, FileSpec, LaunchParams
+from supervisor.agent.protocol import AGENT_LOADER, MASK, FileSpec, LaunchParams
 from supervisor.agentclient import AgentClient, as_data
 from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
 from supervisor.events import stop_key
@@ -48,7 +48,7 @@ from supervisor.kill import identity_params
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import Identity
 from supervisor.plan import ActionResult, OnStep, Plan, Step, StepFailed, StepState
-from supervisor.replies import LockHolder
+from supervisor.replies import LockHolder, SnapshotTake
 
 if TYPE_CHECKING:
     from supervisor.config import Config
@@ -119,6 +119,10 @@ class _Runner:
         """Data file -> its records before the launch."""
         self.installed: frozenset[str] | None = None
         """Option strings of the installed script (its parser read exactly by the preflight)."""
+        self.snapshot: dict[str, Any] | None = None
+        """The snapshot taken before the launch (for the plan's audit record)."""
+        self.snapshot_note = ""
+        """How the data files will be kept before the start (the format check's dry check)."""
 
     async def emit(self, step: Step) -> None:
         if self.on_step is None:
@@ -217,6 +221,7 @@ class _Runner:
                 reason=plan.budget_reason,
                 nothing_to_do=self.nothing_to_do or None,
                 rollback=self.rollback_outcome,
+                snapshot=self.snapshot,
             )
         if plan.old is not None:
             self.engine.stopping.discard(stop_key(plan.host, plan.run.name, plan.old.identity.pid))
@@ -408,6 +413,7 @@ class _Runner:
                 "declare the run's datasets (`datasets = [...]` or --datasets in its argv)",
             )
         self.keep_output(scans, step)
+        await self.snapshot_possible(step)
         over = self.over_budget(scans)
         if over:
             flag = self.plan.layout.client.budget_flag
@@ -434,6 +440,7 @@ class _Runner:
             if self.budget_notes:
                 step.detail += "; " + "; ".join(self.budget_notes)
                 step.data["budget_not_checked"] = list(self.budget_notes)
+            step.detail += "; " + self.snapshot_note
             return
         problems = "; ".join(gate.explain_block(s) for s in self.blocking)
         if self.plan.move_aside:
@@ -474,36 +481,106 @@ class _Runner:
         """The command that starts the run on ``argv`` (see ``gate.resume_command``)."""
         return gate.resume_command(self.engine.config, self.plan.run, argv, self.plan.secrets)
 
-    async def keep_copies(self, layout: RunLayout, paths: list[str]) -> list[BackupCopy]:
-        """Copy ``paths`` (the output of a client without a profile) under
-        ``<out>/.runwatch/``; the copies made."""
-        if not paths:
-            return []
-        dest = posixpath.join(layout.out, ".runwatch", f"backup-{time.strftime('%Y%m%dT%H%M%S')}")
-        reply = await self.agent.backup_files(
-            paths=paths,
-            dest_dir=dest,
-            max_bytes=self.engine.config.backup_max_bytes,
-            timeout=max(self.hc.command_timeout, 600),
-        )
-        if reply.get("refused"):
+    async def snapshot_possible(self, step: Step) -> None:
+        """Before anything stops: can every data file of the new argv be kept by a snapshot
+        (``supervisor.snapshots``)? Refused when one cannot, unless forced (then named)."""
+        if self.hc.kind == "slurm":
+            self.snapshot_note = "snapshot: not taken for a Slurm job"
+            return
+        found = await snapshots.check(self.agent, self.engine.config, self.plan.layout)
+        step.data["snapshot"] = msgspec.to_builtins(found)
+        self.snapshot_note = snapshots.summary(found)
+        if found.unprotected and not self.plan.force:
+            raise snapshots.refusal(found.unprotected, self.engine.config)
+        if found.unprotected:
+            self.snapshot_note += " (--force): UNPROTECTED " + "; ".join(found.unprotected)
+
+    async def take_snapshot(self, layout: RunLayout, reason: str) -> SnapshotTake | None:
+        """The snapshot of ``layout``'s files right before its launch request (None for a Slurm
+        job); the start's own audit record holds it (its launch step's data, the rollback's
+        ``snapshot``). A file that cannot be kept refuses the start unless forced."""
+        if self.hc.kind == "slurm":
+            return None
+        snap = await snapshots.take(self.agent, self.engine.config, layout, reason)
+        if snap.unprotected and not self.plan.force:
             raise StepFailed(
-                f"the output was not copied before the launch: {reply['refused']}",
-                "raise backup_max_bytes, or pass --force to launch without a copy",
+                "no snapshot could be made of the data before the start (it changed since the "
+                "check): " + "; ".join(snap.unprotected),
+                "nothing was launched; raise backup_max_bytes, or pass --force to start with "
+                "those files unprotected",
             )
-        copied = reply.get("copied") or []
+        return snap
+
+    async def guard_snapshot(
+        self, layout: RunLayout, snap: SnapshotTake | None, identity: Mapping[str, Any]
+    ) -> str | None:
+        """After a start: when a kept file shrank or was replaced, stop the new client (by its
+        unit), put the snapshot back (its file kept as ``<file>.after-<stamp>``), audit and
+        alert; the failure's text (None when nothing was lost)."""
+        if snap is None:
+            return None
+        hurt = await snapshots.damaged(self.agent, layout, snap)
+        if not hurt:
+            return None
+        plan = self.plan
+        ident = msgspec.convert(dict(identity), Identity, strict=False)
+        key = stop_key(plan.host, plan.run.name, ident.pid)
+        self.engine.stopping.add(key)
+        try:
+            await self.engine.kill_within_plan(plan.host, ident, plan.run.stop_grace_seconds)
+            alive = (await self._probe(ident)).get("alive")
+        finally:
+            self.engine.stopping.discard(key)
+        if alive:
+            self.keep_stopped = True
+            raise StepFailed(
+                f"{hurt[0].path}: {hurt[0].why} after the start, and the client (pid {ident.pid}) "
+                f"is still alive after its stop: snapshot {snap.id} was NOT put back",
+                f"stop it (`runwatch kill {plan.run.name}`), then `runwatch restore "
+                f"{plan.run.name} --snapshot {snap.id}`",
+            )
+        alarms = [
+            self.engine.data_loss(plan.host, plan.run.name, d.path, d.bytes_before, d.bytes_now)
+            for d in hurt
+        ]
+        what = "; ".join(f"{d.path}: {d.why}" for d in hurt)
+        try:
+            back = await snapshots.put_back(self.agent, layout, snap)
+        except RunwatchError as e:
+            detail = (
+                f"{what}: {'; '.join(alarms)}; the client (pid {ident.pid}) was stopped, but the "
+                "snapshot "
+                f"{snap.id} could not be put back: {e}; the run is left stopped (`runwatch "
+                f"restore {plan.run.name} --snapshot {snap.id}` once no writer is alive)"
+            )
+            ok = False
+            self.keep_stopped = True  # a rollback would start over data that is not as it was
+        else:
+            detail = (
+                f"{what}: {'; '.join(alarms)}; the client (pid {ident.pid}) was stopped and "
+                "snapshot "
+                f"{snap.id} put back: "
+                + "; ".join(
+                    f"{r.path} restored ({r.bytes} bytes), the client's file kept as {r.aside}"
+                    for r in back.restored
+                )
+            )
+            ok = True
         self.side_records.append(
             audit.record(
-                "backup",
+                "snapshot-restore",
                 config=self.engine.config.key,
-                host=self.plan.host,
-                run=self.plan.run.name,
-                ok=True,
-                copies=copied,
-                detail=f"{len(copied)} file(s) copied to {dest} before the launch",
+                host=plan.host,
+                run=plan.run.name,
+                ok=ok,
+                snapshot=snap.id,
+                dir=snap.dir,
+                damaged=[msgspec.to_builtins(d) for d in hurt],
+                identity=dict(identity),
+                detail=detail,
             )
         )
-        return copied
+        return detail
 
     async def data_sizes(self) -> dict[str, int]:
         """Complete bytes of each data file of the new argv (0: missing), as the host sees it
@@ -894,9 +971,17 @@ class _Runner:
             self.taken_over = True
         if not verdict.ok:
             raise verdict.failure()
-        copied = await self.keep_copies(plan.layout, verdict.backup)
-        if copied:
-            step.data["backup"] = copied
+        snap = await self.take_snapshot(plan.layout, plan.action)
+        if snap is not None and snap.id:
+            step.data["snapshot"] = msgspec.to_builtins(snap)
+            self.snapshot = {
+                "id": snap.id,
+                "dir": snap.dir,
+                "files": [
+                    {"path": f.path, "bytes": f.bytes, "method": f.method} for f in snap.files
+                ],
+                "unprotected": snap.unprotected,
+            }
         # After runwatch's own moves and repairs: from here the files may only grow.
         self.sizes = verdict.sizes
         self.records_at_start = verdict.records
@@ -917,8 +1002,17 @@ class _Runner:
                 step.detail += f"; {reply['reconciled']}"
             if reply.get("warning"):
                 step.detail += f"; warning: {reply['warning']}"
-            if step.data.get("backup"):
-                step.detail += f"; {len(step.data['backup'])} file(s) copied first"
+            if snap is not None and snap.id:
+                step.detail += f"; snapshot {snap.id} taken first"
+            lost = await self.guard_snapshot(plan.layout, snap, self.identity)
+            if lost is not None:
+                self.identity = None
+                raise StepFailed(
+                    lost,
+                    "the client truncated or replaced its output at start: its profile's "
+                    "resume rule is wrong (resume = 'flag' and its resume flag), or its "
+                    f"command line is; `runwatch restore {plan.run.name}` lists the snapshots",
+                )
             await self.check_no_loss(step)
             return
         reason = reply.get("reason")
@@ -1027,7 +1121,9 @@ class _Runner:
             verdict = await self.start_gate().check(plan.run, layout, force=plan.force)
             if not verdict.ok:
                 return self.rollback_refused(argv, source, layout, verdict)
-            await self.keep_copies(layout, verdict.backup)
+            snap = await self.take_snapshot(layout, "rollback")
+            if snap is not None and snap.id:
+                outcome["snapshot"] = {"id": snap.id, "dir": snap.dir, "pruned": snap.pruned}
             # The fingerprints on the host stay those of the launch that wrote the data.
             params = self.launch_params(layout, fingerprints=False)
             timeout = plan.run.settle_seconds + 3.0 + self.hc.command_timeout
@@ -1035,6 +1131,10 @@ class _Runner:
                 reply = as_data(await self.agent.launch(**params, timeout=timeout))
             except OutcomeUnknown as e:
                 reply = await self._reconcile_launch(time.time(), str(e))
+            if reply.get("started"):
+                lost = await self.guard_snapshot(layout, snap, reply["identity"])
+                if lost is not None:
+                    reply = {"started": False, "detail": lost}
         except HostError as e:
             reply = {"started": False, "detail": f"cannot reach {plan.host} ({e.message})"}
         except (RunwatchError, OSError, asyncio.TimeoutError) as e:
@@ -1070,6 +1170,7 @@ class _Runner:
             argv=argv,
             secrets=plan.secrets,
             detail=outcome["detail"],
+            snapshot=outcome.get("snapshot"),
         )
         return outcome
 

@@ -30,7 +30,8 @@ DURABLE_OPS = frozenset(
         "launch",
         "repair_tail",
         "move_aside",
-        "backup_files",
+        "snapshot_take",
+        "snapshot_restore",
         "write_fingerprint",
         "slurm_submit",
         "slurm_cancel",
@@ -754,28 +755,124 @@ class MoveAsideResult(_MoveAsideRequired, total=False):
     inode: int
 
 
-class _BackupFilesParamsRequired(TypedDict):
+class _SnapshotRootParams(TypedDict):
+    root: str
+    """``<out>/.runwatch/snapshots/<run>``: the run's snapshots."""
+
+
+class _SnapshotPathsParams(_SnapshotRootParams):
     paths: list[str]
-    dest_dir: str
     max_bytes: int
+    """Bytes a byte copy (no reflink) may take in all."""
 
 
-class BackupFilesParams(_BackupFilesParamsRequired, total=False):
+class SnapshotCheckParams(_SnapshotPathsParams, total=False):
     pass
 
 
-class BackupCopy(TypedDict):
+class SnapshotCheckFile(TypedDict, total=False):
+    path: str
+    size: int
+    method: str
+    """``reflink``, ``copy``, ``empty`` (nothing to keep) or ``none`` (it cannot be kept)."""
+    reason: str
+
+
+class SnapshotCheckResult(TypedDict):
+    files: list[SnapshotCheckFile]
+    copy_bytes: int
+    unprotected: list[str]
+
+
+class _SnapshotTakeRequired(_SnapshotPathsParams):
+    keep: int
+    """Snapshots of the root kept (the oldest beyond are removed)."""
+
+
+class SnapshotTakeParams(_SnapshotTakeRequired, total=False):
+    run: str
+    reason: str
+
+
+class SnapshotEntry(TypedDict, total=False):
     path: str
     copy: str
     bytes: int
+    dev: int
+    ino: int
+    mode: int
+    uid: int
+    gid: int
     method: str
-    """``reflink``, ``copy_file_range`` or ``copy``."""
+    """``reflink``, ``copy_file_range``, ``copy`` or ``none``."""
+    sha256: str
+    complete: int
+    """Bytes up to the last newline when kept: what a start must not lose."""
+    head: str
+    """SHA-256 of the first ``snapshots.WINDOW`` bytes, and of the last (``tail``)."""
+    tail: str
+    reason: str
 
 
-class BackupFilesResult(TypedDict):
-    copied: list[BackupCopy]
-    total_bytes: int
-    refused: str | None
+class SnapshotTakeResult(TypedDict):
+    id: str
+    """The snapshot's directory name; empty when there was nothing to keep."""
+    dir: str
+    files: list[SnapshotEntry]
+    unprotected: list[str]
+    pruned: list[str]
+
+
+class SnapshotVerifyParams(_SnapshotRootParams):
+    id: str
+
+
+class SnapshotDamage(TypedDict):
+    path: str
+    why: str
+    bytes_before: int
+    bytes_now: int
+
+
+class SnapshotVerifyResult(TypedDict):
+    damaged: list[SnapshotDamage]
+
+
+class SnapshotRestoreParams(SnapshotVerifyParams, total=False):
+    paths: list[str]
+    damaged_only: bool
+
+
+class SnapshotRestored(TypedDict):
+    path: str
+    source: str
+    """The snapshot's copy it was made from."""
+    aside: str | None
+    """Where the file found in its place was moved (``<file>.after-<stamp>``)."""
+    bytes: int
+    method: str
+
+
+class SnapshotRestoreResult(TypedDict):
+    restored: list[SnapshotRestored]
+
+
+class SnapshotListParams(_SnapshotRootParams, total=False):
+    pass
+
+
+class SnapshotInfo(TypedDict):
+    id: str
+    dir: str
+    run: str
+    reason: str
+    time: float
+    files: list[SnapshotEntry]
+    unprotected: list[str]
+
+
+class SnapshotListResult(TypedDict):
+    snapshots: list[SnapshotInfo]
 
 
 class FileHash(TypedDict, total=False):
@@ -1138,7 +1235,11 @@ OP_SHAPES: dict[str, tuple[type, type]] = {
     "lock_status": (LockStatusParams, LockStatusResult),
     "repair_tail": (RepairTailParams, RepairTailResult),
     "move_aside": (MoveAsideParams, MoveAsideResult),
-    "backup_files": (BackupFilesParams, BackupFilesResult),
+    "snapshot_check": (SnapshotCheckParams, SnapshotCheckResult),
+    "snapshot_take": (SnapshotTakeParams, SnapshotTakeResult),
+    "snapshot_verify": (SnapshotVerifyParams, SnapshotVerifyResult),
+    "snapshot_restore": (SnapshotRestoreParams, SnapshotRestoreResult),
+    "snapshot_list": (SnapshotListParams, SnapshotListResult),
     "read_fingerprint": (ReadFingerprintParams, ReadFingerprintResult),
     "write_fingerprint": (WriteFingerprintParams, WriteFingerprintResult),
     "tail_log": (TailLogParams, TailLogResult),

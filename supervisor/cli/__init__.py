@@ -71,6 +71,10 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "supervisor.cli.actions:restart",
         "Check RUN's data and settings, stop it by identity, repair a torn tail, relaunch it.",
     ),
+    "restore": (
+        "supervisor.cli.actions:restore",
+        "List the snapshots taken of RUN's data before its starts, or put one back (--snapshot).",
+    ),
     "scan": (
         "supervisor.cli.data:scan",
         "Count records, ids, tokens and bad lines of dataset files (no config needed).",

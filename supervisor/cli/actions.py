@@ -1,4 +1,5 @@
-"""``runwatch launch``, ``runwatch restart``, ``runwatch guard`` and ``runwatch audit``.
+"""``runwatch launch``, ``runwatch restart``, ``runwatch guard``, ``runwatch audit`` and
+``runwatch restore``.
 
 ``launch`` and ``restart`` show the plan, ask for confirmation (``--yes`` skips it; without a
 terminal and without ``--yes`` they refuse with exit status 2), then run it step by step, printing
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from supervisor.config import Config
     from supervisor.engine import ActionResult, Plan, Step
 
-__all__ = ["audit", "guard", "launch", "restart"]
+__all__ = ["audit", "guard", "launch", "restart", "restore"]
 
 _MARK = {"ok": "ok", "failed": "FAILED", "skipped": "skip", "running": "..", "pending": "  "}
 
@@ -384,3 +385,76 @@ def guard(watch: float | None, dry_run: bool, as_json: bool, config_path: str | 
     elif not seen and not as_json:
         click.echo("no budget events to act on")
     sys.exit(0 if all(o.get("ok", True) for o in seen) else 1)
+
+
+@click.command()
+@click.argument("run")
+@click.option(
+    "--snapshot",
+    "snapshot_id",
+    default=None,
+    metavar="ID",
+    help="Put this snapshot back (its ID as listed); without it, list the snapshots.",
+)
+@click.option(
+    "--file",
+    "files",
+    multiple=True,
+    metavar="PATH",
+    help="Only this file of the snapshot (repeatable; default: every file).",
+)
+@json_option
+@config_option
+def restore(
+    run: str,
+    snapshot_id: str | None,
+    files: tuple[str, ...],
+    as_json: bool,
+    config_path: str | None,
+) -> None:
+    """List the snapshots taken of RUN's data before its starts, or put one back (--snapshot).
+
+    Each start over existing data first keeps a copy of every data file (a reflink, else a
+    copy within backup_max_bytes) in <out>/.runwatch/snapshots/RUN/, the newest snapshot_keep
+    of them. --snapshot ID puts that snapshot's files back, only while RUN is stopped and no
+    process has one of them open for writing; each file found in its place is moved aside to
+    <file>.after-<stamp>, never deleted. Audited."""
+    import asyncio
+    import time
+
+    from supervisor import display
+    from supervisor.engine import Engine
+
+    config = get_config(config_path, need="runs", act=snapshot_id is not None)
+    if files and snapshot_id is None:
+        raise UsageError("--file needs --snapshot ID", "list the snapshots first")
+
+    async def go() -> Any:
+        async with Engine(config) as engine:
+            if snapshot_id is None:
+                return await engine.snapshots(run)
+            return await engine.restore_snapshot(run, snapshot_id, list(files) or None)
+
+    out = asyncio.run(go())
+    if as_json:
+        print_json(out)
+        return
+    if snapshot_id is not None:
+        for r in out["restored"]:
+            aside = f"; the file found there kept as {r['aside']}" if r["aside"] else ""
+            click.echo(f"restored {r['path']} ({display.size(r['bytes'])}){aside}")
+        if not out["restored"]:
+            click.echo(f"snapshot {snapshot_id} holds no file to put back")
+        return
+    if not out:
+        click.echo(f"no snapshot of {run} yet (one is taken before each start over its data)")
+        return
+    for s in out:
+        when = display.ago(time.time(), s["time"])
+        click.echo(f"{s['id']}  ({when})  before a {s['reason'] or 'start'}  {s['dir']}")
+        for f in s["files"]:
+            kept = f"{f['method']} {f['copy']}" if f.get("copy") else "NOT kept"
+            click.echo(f"    {f['path']}  {display.size(f['bytes'])}  {kept}")
+        for u in s["unprotected"]:
+            click.echo(f"    UNPROTECTED {u}")
+    click.echo(f"put one back: runwatch restore {run} --snapshot ID")

@@ -376,7 +376,7 @@ async def test_the_real_agent_replies_fit_the_shapes(
     asked |= {"read_fingerprint", "tail_log", "write_fingerprint", "tail_records"}
     asked |= {"file_holders", "repair_tail", "move_aside", "gpu_holders", "script_flags"}
     rest = sorted(set(protocol.OP_SHAPES) - asked)
-    assert {"backup_files", "slurm_jobs", "slurm_submit", "slurm_cancel"} <= set(rest)
+    assert {"snapshot_take", "slurm_jobs", "slurm_submit", "slurm_cancel"} <= set(rest)
     for op in rest:
         with pytest.raises(AgentError) as failed:
             await host.request(op, {})

@@ -409,12 +409,13 @@ def test_a_script_without_profile_gets_its_output_copied_before_a_restart(
     result, now = asyncio.run(go())
     assert result.ok, [(s.name, s.detail) for s in result.steps]
     launch = next(s for s in result.steps if s.name == "launch")
-    copies = launch.data["backup"]
+    copies = launch.data["snapshot"]["files"]
     assert len(copies) == 1 and copies[0]["path"] == str(data)
     copy = Path(copies[0]["copy"])
-    assert copy.parent.parent == data.parent.parent / ".runwatch"
+    assert copy.parent.parent == data.parent.parent / ".runwatch" / "snapshots" / "mine"
     assert now.startswith(copy.read_bytes())  # the copy is the file as it was at the launch
-    assert any(r["action"] == "backup" for r in audit.read())
+    restart = next(r for r in audit.read() if r["action"] == "restart")
+    assert restart["snapshot"]["files"][0]["path"] == str(data)
 
 
 def test_a_script_without_profile_over_the_copy_limit_is_refused_before_the_stop(
