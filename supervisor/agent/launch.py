@@ -388,8 +388,6 @@ def launch(params: dict[str, Any]) -> LaunchResult:
     record = unit.read_record(launch_id)
     if ended is not None and record is not None and unit.members(record):
         ended = None
-    elif ended is None and not is_alive(identity) and not (record and unit.members(record)):
-        ended = {"code": None}  # gone, with no member left and no exit recorded: it died
     code = ended.get("code") if ended is not None else None
     masked_tail = [
         mask_text(line, secrets)
