@@ -12,12 +12,17 @@ Every launch starts inside a unit, in the manner of systemd's ``KillMode=control
   id>``; as root, or wherever the agent may write). A process cannot leave a cgroup by
   ``setsid``, a double fork, closing its descriptors or exec'ing under another name.
 
-The members of a unit are the cgroup's processes, or, without one, the waiter's descendants; plus
-every token holder anywhere. Stopping a unit freezes it (so nothing forks or exits between the
-listing and the signal), sends TERM to every member, thaws it, waits the grace period, then kills
-what is left (``cgroup.kill``, or SIGKILL to each frozen member); the stop is confirmed only when
-the unit is empty. Its record (``<state dir>/units/<launch id>.json``, 0600) says who started it,
-how it is held, and how it ended (exit status and time, and whether runwatch stopped it).
+The members of a unit are the cgroup's processes and the waiter's descendants (or, once a member
+killed the waiter, every member it last recorded that still lives), plus every process of the
+run's user that carries the token, anywhere. The waiter keeps its client's zombie until the unit
+is over, so the client's pid is its group's id for a ``killpg`` all along; a waiter a member
+stopped is continued by the stop. Stopping a unit freezes it (so nothing forks or exits between
+the listing and the signal), sends TERM to every member, thaws it, waits the grace period, then
+kills what is left (``cgroup.kill``, or SIGKILL to each frozen member); the stop is confirmed
+only when the unit is empty (without a cgroup: the waiter has no child but its client's
+zombie), never when a member killed the waiter. Its record (``<state dir>/units/<launch
+id>.json``, 0600) says who started it, how it is held, and how it ended (exit status and time,
+and whether runwatch stopped it).
 
 Ops: ``units`` (every unit with its members and exit), ``unit_stop``.
 """
@@ -371,12 +376,15 @@ def _write(path: str, value: bytes) -> bool:
 
 
 def token_holders(tokens: Iterable[str]) -> dict[str, list[int]]:
-    """Per launch token, the processes whose environment carries it (those this user may read)."""
+    """Per launch token, the processes of this agent's user (the runs' user: every unit it
+    lists is its own) whose environment carries it. The token is no secret (its launch id is in
+    the waiter's command line): a process of another user that carries it is never a member,
+    even for root, who may read every environment."""
     wanted = {f"{TOKEN_VAR}={t}".encode() for t in tokens}
     out: dict[str, list[int]] = {}
     if not wanted:
         return out
-    me = os.geteuid()
+    me = os.getuid()
     prefix = TOKEN_VAR.encode() + b"="
     for name in os.listdir(procs.PROC):
         if not name.isdigit():
@@ -392,9 +400,22 @@ def token_holders(tokens: Iterable[str]) -> dict[str, list[int]]:
             continue
         for entry in environ.split(b"\0"):
             if entry in wanted:
-                out.setdefault(entry[len(prefix) :].decode(), []).append(int(name))
+                if me in _uids(int(name)):
+                    out.setdefault(entry[len(prefix) :].decode(), []).append(int(name))
                 break
     return out
+
+
+def _uids(pid: int) -> tuple[int, ...]:
+    """The real and effective uid of ``pid`` (``/proc/PID/status``); empty when it is gone."""
+    try:
+        with open(f"{procs.PROC}/{pid}/status", "rb") as f:
+            for line in f.read().splitlines():
+                if line.startswith(b"Uid:"):
+                    return tuple(int(x) for x in line.split()[1:3])
+    except (OSError, ValueError):
+        pass
+    return ()
 
 
 def _waiter_alive(rec: dict[str, Any]) -> bool:
@@ -595,12 +616,29 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
         return dict(base, confirmed=True, results=[], detail="the host rebooted since the launch")
     from supervisor.agent.waiter import write_record
 
+    me = procs.read_stat(os.getpid())
+    marker = {
+        "time": time.time(),
+        "agent_pid": os.getpid(),
+        "agent_start": me.start_time if me is not None else None,
+    }
     with contextlib.suppress(OSError):
-        write_record(_stop_path(launch_id), {"time": time.time(), "agent_pid": os.getpid()})
+        write_record(_stop_path(launch_id), marker)
+    # A waiter stopped by a member (SIGSTOP) reaps nothing and records nothing: continued
+    # first, and again until it ends (a tracer's death leaves its tracee stopped).
+    _signal_waiter(rec, signal.SIGCONT)
     _tell_waiter(rec)
     cgroup = rec.get("cgroup") if rec.get("cgroup") and os.path.isdir(rec["cgroup"]) else None
     main = (rec.get("child") or {}).get("pid")
     reaper = rec if _waiter_alive(rec) else None
+
+    def client_group(sig: int) -> None:
+        # The client's pid is its group's id; while it is the client's (alive, or the zombie
+        # its waiter keeps until this stop is over) no other process can have it.
+        if not cgroup and isinstance(main, int) and _held(rec):
+            with contextlib.suppress(OSError):
+                os.killpg(main, sig)
+
     known: dict[int, _Target] = {}
     started = time.monotonic()
     try:
@@ -623,6 +661,10 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
             pids = listed()
             if cgroup is not None:
                 busy = _cgroup_flag(cgroup, "populated") is True
+            elif _waiter_alive(rec):
+                # The kernel's answer: the subreaper has a child but its client's zombie (the
+                # client's group, whose zombie answers ``killpg(g, 0)``, is all in its tree).
+                busy = bool(_unit_children(rec)) or any(_group_alive(g) for g in ours - {main})
             else:
                 busy = any(_group_alive(g) for g in ours)
             return pids or ([0] if busy else [])
@@ -636,11 +678,13 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
                 t.send(signal.SIGTERM)
             _write(os.path.join(cgroup, "cgroup.freeze"), b"0")
         else:
+            client_group(signal.SIGSTOP)
             _stop_all(listed, known, main, ours, reaper)
             groups = groups_now()
             for t in known.values():
                 t.send(signal.SIGTERM)
             for sig in (signal.SIGTERM, signal.SIGCONT):
+                client_group(sig)
                 for pgid in groups:
                     with contextlib.suppress(OSError):
                         os.killpg(pgid, sig)
@@ -669,8 +713,10 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
                     procs.poll_until(lambda: _cgroup_flag(cgroup, "frozen") is not False, 2.0, 0.01)
                     _targets(listed(), known, main)
                 else:
+                    client_group(signal.SIGSTOP)
                     _stop_all(listed, known, main, ours, reaper)
                     groups_now()
+                    client_group(signal.SIGKILL)
                     for pgid in sorted(ours):
                         with contextlib.suppress(OSError):
                             os.killpg(pgid, signal.SIGKILL)
@@ -685,23 +731,29 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
     finally:
         for t in known.values():
             t.close()
-    # Without a cgroup, the waiter's tree is what holds members that dropped the token: once a
-    # member killed the waiter, such a process cannot be found, and the stop is not confirmed.
+        # The stop is over: the waiter may reap its client's zombie now, and end.
+        with contextlib.suppress(OSError):
+            write_record(_stop_path(launch_id), dict(marker, over=time.time()))
+    # The waiter's tree is what holds members that dropped the token and left the cgroup (root
+    # may move a process out of it): once a member killed the waiter, such a process cannot be
+    # found (its last record's members were stopped above), and the stop is not confirmed.
     now = read_record(launch_id) or rec
-    blind = not cgroup and not _waiter_alive(now) and now.get("state") != "ended"
+    blind = not _waiter_alive(now) and now.get("state") != "ended"
     confirmed = not left and not blind
     if confirmed:
         # The waiter records the exit and ends once it has reaped the tree; until then the unit
         # is listed as running (``describe``) and a launch right after this stop is refused:
-        # "gone" is the whole unit's end, the waiter's included.
-        procs.poll_until(
-            lambda: not _waiter_alive(read_record(launch_id) or now), WAITER_END_S, 0.02
-        )
+        # "gone" is the whole unit's end, the waiter's included. A waiter a member stopped
+        # (or a tracer left stopped) is continued until it does.
+        def waiter_gone() -> bool:
+            _signal_waiter(now, signal.SIGCONT)
+            return not _waiter_alive(read_record(launch_id) or now)
+
+        procs.poll_until(waiter_gone, WAITER_END_S, 0.02)
         # Without a cgroup, the kernel's answer to "is the unit empty": the waiter is a
         # subreaper, so a member still alive (one that forked and exited faster than every
-        # listing) is in its tree, and the waiter then has a child. No listing can say so.
-        waiter = now.get("waiter") or {}
-        if not cgroup and _waiter_alive(now) and _children(int(waiter["pid"])):
+        # listing) is in its tree, and the waiter then has a child besides its client's zombie.
+        if not cgroup and _waiter_alive(now) and _unit_children(now):
             confirmed = False
             left = [0]
     if left == [0]:
@@ -714,9 +766,9 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
     elif blind:
         detail = (
             f"unit {launch_id}: every process still traceable is stopped, but a member killed "
-            "the unit's waiter, so a process that left its tree and dropped the launch token "
-            "cannot be found: NOT confirmed (check the data files; the next start's quiet "
-            "window watches them)"
+            "the unit's waiter, so a process that left its tree (and its cgroup) and dropped "
+            "the launch token cannot be found: NOT confirmed (check the data files; the next "
+            "start's quiet window watches them)"
         )
     else:
         detail = f"unit {launch_id} empty ({held_by}): {len(known)} process(es) stopped"
@@ -726,10 +778,35 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
 def _tell_waiter(rec: dict[str, Any]) -> None:
     """Tell the unit's waiter that runwatch is stopping it (SIGUSR1): it records the stop in the
     unit's record, and keeps it until it is on disk (the marker file may not be writable)."""
-    waiter = rec.get("waiter") or {}
-    pid = waiter.get("pid")
-    if not isinstance(pid, int) or waiter.get("on_stop") != "SIGUSR1":
-        return  # a waiter of an older agent: SIGUSR1 would end it
+    if (rec.get("waiter") or {}).get("on_stop") == "SIGUSR1":  # an older agent's: it would end
+        _signal_waiter(rec, signal.SIGUSR1)
+
+
+def _held(rec: dict[str, Any]) -> bool:
+    """Is the unit's client's pid still its own (the client alive, or its zombie unreaped)?"""
+    child = rec.get("child") or {}
+    pid = child.get("pid")
+    st = procs.read_stat(pid) if isinstance(pid, int) and pid > 1 else None
+    return st is not None and st.start_time == child.get("start_time")
+
+
+def _unit_children(rec: dict[str, Any]) -> list[int]:
+    """The waiter's children that still run, its client's zombie aside: none means the unit's
+    tree is empty (the waiter is a subreaper: a live descendant is a child of it or of one)."""
+    waiter = int((rec.get("waiter") or {}).get("pid") or 0)
+    out = []
+    for pid in _children(waiter) if waiter else []:
+        st = procs.read_stat(pid)
+        if st is not None and _running(st):
+            out.append(pid)
+    return out
+
+
+def _signal_waiter(rec: dict[str, Any], sig: int) -> None:
+    """Send ``sig`` to the unit's waiter, pinned by its pidfd and checked by its start time."""
+    pid = (rec.get("waiter") or {}).get("pid")
+    if not isinstance(pid, int):
+        return
     try:
         fd = pidfd_open(pid)
     except OSError:
@@ -739,9 +816,9 @@ def _tell_waiter(rec: dict[str, Any]) -> None:
         if not _waiter_alive(rec):
             return
         if fd is not None:
-            pidfd_send_signal(fd, signal.SIGUSR1)
+            pidfd_send_signal(fd, sig)
         else:
-            os.kill(pid, signal.SIGUSR1)
+            os.kill(pid, sig)
     except OSError:
         pass
     finally:
@@ -830,14 +907,23 @@ def _member_groups(pids: Sequence[int], main: int | None = None) -> list[int]:
 
 
 def _group_alive(pgid: int) -> bool:
-    """Does process group ``pgid`` still have a process (the kernel's answer, not a listing)?"""
+    """Does process group ``pgid`` still have a live process? The kernel's answer first
+    (``killpg(g, 0)``: none, or some), then, since a zombie answers it too (a group's leader
+    that its parent, outside the unit, does not reap), a group whose every process is a zombie
+    is empty. A group the listing finds no process of is alive (a fork in flight)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except OSError:
-        return True  # it exists; this user may not signal it
-    return True
+        pass  # it exists; this user may not signal it
+    seen = []
+    for name in os.listdir(procs.PROC):
+        if name.isdigit():
+            st = procs.read_stat(int(name))
+            if st is not None and st.pgrp == pgid:
+                seen.append(st)
+    return not seen or any(_running(st) for st in seen)
 
 
 def _still_there(pid: int) -> dict[str, Any]:

@@ -16,12 +16,15 @@ What it does, in order:
    host gave the launch a cgroup, inside that cgroup (joined between fork and exec, so not one
    instruction of the client runs outside it);
 3. answers the agent with the client's pid (one JSON line on stdout), then detaches from it;
-4. reaps: records the client's exit status and time in the unit's record the moment it ends (and
-   the first orphaned descendant that crashed, and a stop through runwatch: SIGUSR1 from the
-   agent, a process outside the tree), records its tree's members every second, goes on
-   reaping re-parented descendants until none is left (and the cgroup, if any, is empty),
-   records that too, removes the cgroup and exits. A launch the agent stopped waiting for
-   starts nothing, or kills at once what it started.
+4. reaps: records the client's exit status and time in the unit's record the moment it ends,
+   read without reaping it (its zombie keeps the client's pid, group and session id from reuse
+   while anything of the unit lives, and until a stop under way is over), the first orphaned
+   descendant that crashed, and a stop through runwatch (SIGUSR1 from the agent, a process
+   outside the tree); records every member it has seen that still lives every second, wherever
+   it went; goes on reaping re-parented descendants, by pid, until it has no child but the
+   client's zombie, the cgroup, if any, is empty and no process of the run's user carries the
+   token; then reaps the client, records the end, removes the cgroup and exits. A launch the
+   agent stopped waiting for starts nothing, or kills at once what it started.
 
 The record is written atomically (rename) and 0600, first before the client starts (a record
 that cannot be written refuses the start: nothing runs). Later writes that fail (a full disk)
@@ -54,6 +57,8 @@ _PR_SET_CHILD_SUBREAPER = 36
 _CGROUP_POLL_S = 0.5
 _TRACK_S = 1.0
 """How often the waiter records its tree's members (and wakes when no child ends)."""
+_STOP_HOLD_S = 600.0
+"""Seconds at most the waiter keeps its client's zombie for a stop under way."""
 
 
 def _subreaper() -> bool:
@@ -291,12 +296,13 @@ def run(spec: dict[str, Any]) -> int:
         record.data.update(error="unanswered", stopped_at=time.time())
         record.save()
         _abort(child.pid, cgroup)
-    _reap(child.pid, record)
-    # Nothing of ours is left to reap. A cgroup can still hold a member that something else
-    # moved in or that re-parented elsewhere: the unit ends when the cgroup is empty.
-    while cgroup and _populated(cgroup):
-        _pause(record, _CGROUP_POLL_S)
-        record.keep()
+    _reap(child.pid, record, cgroup)
+    # Nothing of the unit is left but its client's zombie, kept until a stop under way is over:
+    # until then the client's pid, its process group and session id are never reused, so the
+    # stop's ``killpg`` of them reaches only the unit. Reaped now, the unit ends.
+    _hold_for_stop(record)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(child.pid, 0)
     record.data.update(state="ended", ended_at=time.time())
     # The end is written before the waiter ends (while it lives, the unit is not over): on a
     # full disk or over quota, again every tick until it is; on any other error, for a minute.
@@ -309,42 +315,203 @@ def run(spec: dict[str, Any]) -> int:
     return 0
 
 
-def _reap(client: int, record: _Record) -> None:
-    """Reap the client and every orphaned descendant until none is left.
+def _reap(client: int, record: _Record, cgroup: str | None) -> None:
+    """Reap every orphaned descendant, by pid, until the unit is empty; the client is never
+    reaped here (``waitid(..., WNOWAIT)`` reads its status and leaves its zombie).
 
-    Records the client's exit status the moment it ends, the first descendant the waiter reaps
-    that died of a signal or a non-zero exit (a worker that crashed after its parent exited 0:
-    the run did not finish), and, every ``_TRACK_S``, the tree's members as (pid, start time),
-    so that a member that dropped the token is still known if this waiter is killed. A record
-    that could not be written is written again at the next tick."""
+    "Empty" is the kernel's answer, not a listing: this subreaper has no child but the client's
+    zombie (every live descendant is re-parented to it when its parent ends, so a member that
+    forks and exits faster than any listing is still its child), the cgroup, if any, has no
+    process, and no process of the run's user carries the launch token (a writer started for
+    the client by a daemon outside the tree, with the client's environment, is the run's).
+
+    Records the client's exit status the moment it ends, the first descendant reaped that died
+    of a signal or a non-zero exit (a worker that crashed after its parent exited 0: the run
+    did not finish), and, every ``_TRACK_S``, every member it has seen that still lives, as
+    (pid, start time), wherever it went since (out of the tree or the cgroup), so that they are
+    still known if this waiter is killed. A record that could not be written is written again at
+    the next tick."""
     signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
-    known: list[list[int]] = []
+    me = os.getpid()
+    seen: dict[int, int] = {}
     tracked = 0.0
     data = record.data
+    exited = False
+    token = str(data.get("token") or "")
+    uid = data.get("uid")
     while True:
-        try:
-            while True:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-                if pid == 0:
-                    break
-                if pid == client:
-                    data.update(exit=_exit_of(status), exited_at=time.time())
-                    record.save()
-                elif "failed" not in data and not _clean(status):
-                    data["failed"] = dict(_exit_of(status), pid=pid)
-                    record.save()
-        except ChildProcessError:
-            return
+        if not exited:
+            end = _peek(client)
+            if end is not None:
+                exited = True
+                data.update(exit=end, exited_at=time.time())
+                record.save()
+        for pid in _kids(me):
+            if pid == client:
+                continue
+            try:
+                got, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                continue
+            if got == pid and "failed" not in data and not _clean(status):
+                data["failed"] = dict(_exit_of(status), pid=pid)
+                record.save()
         if time.monotonic() - tracked >= _TRACK_S:
             tracked = time.monotonic()
-            now = _tree(os.getpid())
-            if now != known:
-                known = now
-                data["known"] = known
+            if _track(seen, me, cgroup):
+                data["known"] = sorted([pid, ticks] for pid, ticks in seen.items())
                 record.save()
             else:
                 record.keep()
+        if exited and not [p for p in _kids(me) if p != client]:
+            if not (cgroup and _populated(cgroup)) and not _holders(token, uid):
+                return
+            _pause(record, _CGROUP_POLL_S)
+            continue
         _pause(record, _TRACK_S)
+
+
+def _peek(pid: int) -> dict[str, Any] | None:
+    """The exit of the child ``pid`` once it has ended, read without reaping it (its zombie
+    keeps the pid); None while it runs."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return {"code": None, "signal": None}
+    if info is None or info.si_pid == 0:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return {"code": info.si_status, "signal": None}
+    return {"code": None, "signal": info.si_status}
+
+
+def _kids(me: int) -> list[int]:
+    """This process's children, zombies included, as the kernel lists them (one small file per
+    thread); where the kernel has no such file, from one pass over /proc."""
+    out: list[int] = []
+    found = False
+    try:
+        tids = os.listdir(f"/proc/{me}/task")
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{me}/task/{tid}/children", "rb") as f:
+                out.extend(int(x) for x in f.read().split())
+            found = True
+        except (OSError, ValueError):
+            continue
+    if found:
+        return out
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    raw = f.read()
+            except OSError:
+                continue
+            if int(raw[raw.rindex(b")") + 2 :].split()[1]) == me:
+                out.append(int(name))
+    return out
+
+
+def _track(seen: dict[int, int], me: int, cgroup: str | None) -> bool:
+    """Add the tree's and the cgroup's processes to ``seen`` (pid -> start time) and drop those
+    that ended (a pid with another start time is another process); True when it changed."""
+    before = dict(seen)
+    for pid, ticks in _tree(me):
+        seen[pid] = ticks
+    for pid in _cgroup_members(cgroup):
+        start = _start_ticks(pid)
+        if start is not None:
+            seen[pid] = start
+    for pid, ticks in list(seen.items()):
+        if _start_ticks(pid) != ticks:
+            del seen[pid]
+    return seen != before
+
+
+def _cgroup_members(cgroup: str | None) -> list[int]:
+    if not cgroup:
+        return []
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs"), "rb") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _holders(token: str, uid: Any) -> list[int]:
+    """The processes of user ``uid`` (real or effective) whose environment carries ``token``."""
+    if not token or not isinstance(uid, int):
+        return []
+    wanted = f"RUNWATCH_LAUNCH={token}".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = f.read()
+            if wanted not in environ.split(b"\0"):
+                continue
+            if uid not in _uids(int(name)):
+                continue
+            with open(f"/proc/{name}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            out.append(int(name))
+    return out
+
+
+def _uids(pid: int) -> tuple[int, ...]:
+    """The real and effective uid of ``pid`` (``/proc/PID/status``), empty when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f.read().splitlines():
+                if line.startswith(b"Uid:"):
+                    return tuple(int(x) for x in line.split()[1:3])
+    except (OSError, ValueError):
+        pass
+    return ()
+
+
+def _hold_for_stop(record: _Record) -> None:
+    """While a stop of the unit is under way (its marker, ``<launch id>.stop`` beside the
+    record, names a live agent, by pid and start time, and is not marked over), keep the
+    client's zombie: the stop may still ``killpg`` its group. At most ``_STOP_HOLD_S``: an
+    agent that hangs holds nothing."""
+    marker = record.path[: -len(".json")] + ".stop" if record.path.endswith(".json") else ""
+    deadline = time.monotonic() + _STOP_HOLD_S
+    while marker and time.monotonic() < deadline:
+        try:
+            with open(marker, "rb") as f:
+                stop = json.loads(f.read(65536).decode("utf-8"))
+        except (OSError, ValueError):
+            return
+        if not isinstance(stop, dict) or stop.get("over"):
+            return
+        agent = stop.get("agent_pid")
+        if (
+            not isinstance(agent, int)
+            or not _alive(agent)
+            or _start_ticks(agent) != stop.get("agent_start")
+        ):
+            return  # its agent is gone (its pid may be another process's now)
+        _pause(record, _CGROUP_POLL_S)
+        record.keep()
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 _WAITED = {signal.SIGCHLD, signal.SIGUSR1}
