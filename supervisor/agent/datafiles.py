@@ -65,11 +65,7 @@ def private(fd: int) -> None:
 
 def fsync_dir(path: str) -> None:
     """fsync the directory holding ``path`` (makes a create, rename or unlink durable)."""
-    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    safefs.fsync_parent(path)
 
 
 def _utc_stamp() -> str:
@@ -79,16 +75,8 @@ def _utc_stamp() -> str:
 def sha256_file(path: str, limit: int | None = None) -> str:
     """sha256 of a file's bytes (the first ``limit`` bytes when given)."""
     h = hashlib.sha256()
-    remaining = limit
-    with open(path, "rb") as f:
-        while remaining is None or remaining > 0:
-            n = _CHUNK if remaining is None else min(_CHUNK, remaining)
-            block = f.read(n)
-            if not block:
-                break
-            h.update(block)
-            if remaining is not None:
-                remaining -= len(block)
+    for block in safefs.read_file(path, limit):  # never through another user's link
+        h.update(block)
     return h.hexdigest()
 
 
@@ -177,12 +165,12 @@ def tail_bytes(path: str, lines: int, max_bytes: int, start: int = 0) -> list[st
     """The last ``lines`` whole lines of ``path`` after offset ``start``, reading at most
     ``max_bytes`` from the end ([] when the file cannot be read)."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             begin = max(start, size - max_bytes)
             f.seek(begin)
             data = f.read(size - begin)
-    except OSError:
+    except (OSError, safefs.UnsafePath):
         return []
     text = data.decode("utf-8", "replace")
     parts = text.splitlines()
@@ -207,11 +195,34 @@ def _last_newline(fd: int, size: int) -> int:
     return 0
 
 
+def _lexists(path: str) -> bool:
+    try:
+        safefs.lstat(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _only_name(path: str, st: os.stat_result) -> None:
+    """Refuse to write a file that is not a regular file with one name: a hard link to it
+    elsewhere (another user's, where the kernel lets them link what they cannot write) would
+    be written too."""
+    if not stat.S_ISREG(st.st_mode):
+        raise AgentOpError(f"{path} is not a regular file; nothing written", "unsafe-path")
+    if st.st_nlink != 1:
+        raise AgentOpError(
+            f"refusing {path}: it has {st.st_nlink} hard links (owner {st.st_uid}); another "
+            "name of the same file may be a file that is not run data. Nothing was written; "
+            "copy the file (cp --no-preserve=links) if it is yours",
+            "unsafe-path",
+        )
+
+
 def _free_name(base: str) -> str:
-    if not os.path.lexists(base):
+    if not _lexists(base):
         return base
     n = 2
-    while os.path.lexists(f"{base}.{n}"):
+    while _lexists(f"{base}.{n}"):
         n += 1
     return f"{base}.{n}"
 
@@ -231,12 +242,15 @@ def repair_tail(params: dict[str, Any]) -> RepairTailResult:
             "writer-alive",
         )
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fd = safefs.open_file(path, os.O_RDWR | os.O_NONBLOCK)
+    except safefs.UnsafePath as e:
+        raise AgentOpError(str(e), "unsafe-path") from None
     except FileNotFoundError:
         raise AgentOpError(f"{path} does not exist", "missing") from None
     except OSError as e:
         raise AgentOpError(f"cannot open {path}: {e.strerror}", "unreadable") from None
     try:
+        _only_name(path, os.fstat(fd))
         size = os.fstat(fd).st_size
         if size == 0:
             return {"path": path, "repaired": False, "reason": "empty", "size_before": 0}
@@ -247,7 +261,7 @@ def repair_tail(params: dict[str, Any]) -> RepairTailResult:
         src_hash = hashlib.sha256()
         # The copy keeps the original's mode and owner: it holds the same data.
         orig = os.fstat(fd)
-        bfd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        bfd = safefs.open_file(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             with contextlib.suppress(OSError):
                 os.fchown(bfd, orig.st_uid, orig.st_gid)
@@ -275,7 +289,7 @@ def repair_tail(params: dict[str, Any]) -> RepairTailResult:
                 "writer-alive",
             )
         backup_digest = sha256_file(backup)
-        if backup_digest != digest or os.stat(backup).st_size != size:
+        if backup_digest != digest or safefs.lstat(backup).st_size != size:
             raise AgentOpError(
                 f"the backup {backup} does not match {path} "
                 f"(sha256 {backup_digest} != {digest}); nothing was truncated",
@@ -312,9 +326,25 @@ def move_aside(params: dict[str, Any]) -> MoveAsideResult:
     if not isinstance(stamp, str) or "/" in stamp:
         raise AgentOpError("parameter 'timestamp': expected a string without '/'", "bad-params")
     try:
-        st = os.lstat(path)
+        dfd, name = safefs.walk(path, follow_last=False)
+    except safefs.UnsafePath as e:
+        raise AgentOpError(str(e), "unsafe-path") from None
+    try:
+        return _move_at(path, dfd, name, fmt, stamp)
+    finally:
+        os.close(dfd)
+
+
+def _move_at(path: str, dfd: int, name: str, fmt: str, stamp: str) -> MoveAsideResult:
+    """:func:`move_aside` of ``name`` in the directory ``dfd`` (from :func:`safefs.walk`): a
+    link there is moved as a link, never followed."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
         return {"path": path, "moved": False, "to": None, "reason": "missing"}
+    if stat.S_ISLNK(st.st_mode) and not safefs.trusted_link(st):
+        target = os.readlink(name, dir_fd=dfd)
+        raise AgentOpError(str(safefs.refuse_link(path, path, st, target)), "unsafe-path")
     writers = writers_of(path)
     if writers:
         # A live writer would go on appending to the moved file: stop it first.
@@ -324,19 +354,21 @@ def move_aside(params: dict[str, Any]) -> MoveAsideResult:
             "writer-alive",
         )
     target = _free_name(f"{path}.{fmt}-{stamp}")
+    new = os.path.basename(target)
     try:
         # link + unlink never replaces an existing file, unlike rename
-        os.link(path, target, follow_symlinks=False)
-        os.unlink(path)
+        os.link(name, new, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+        os.unlink(name, dir_fd=dfd)
     except FileExistsError:
         raise AgentOpError(f"{target} appeared while moving {path}; nothing moved", "io") from None
     except OSError as e:
         if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
             raise AgentOpError(f"cannot move {path}: {e.strerror}", "io") from None
-        if os.path.lexists(target):
+        with contextlib.suppress(FileNotFoundError):
+            os.stat(new, dir_fd=dfd, follow_symlinks=False)
             raise AgentOpError(f"{target} exists; nothing moved", "io") from None
-        os.rename(path, target)
-    fsync_dir(path)
+        os.rename(name, new, src_dir_fd=dfd, dst_dir_fd=dfd)
+    safefs.fsync_dir_fd(dfd)
     return {"path": path, "moved": True, "to": target, "size": st.st_size, "inode": st.st_ino}
 
 
@@ -353,9 +385,11 @@ def tail_log(params: dict[str, Any]) -> TailLogResult:
     lines = int(param_number(params, "lines", 50))
     max_bytes = int(param_number(params, "max_bytes", 65536))
     try:
-        st = os.lstat(path)
+        st = safefs.lstat(path)
     except FileNotFoundError:
         return {"path": path, "exists": False, "size": 0, "lines": []}
+    except safefs.UnsafePath as e:
+        raise AgentOpError(str(e), "unsafe-path") from None
     except OSError as e:
         raise AgentOpError(f"cannot read {path}: {e.strerror}", "unreadable") from None
     if stat.S_ISLNK(st.st_mode):  # it would show (and alert with) whatever it points at
@@ -416,9 +450,11 @@ def tail_records(params: dict[str, Any]) -> TailRecordsResult:
     count = max(0, int(param_number(params, "count", 3)))
     max_bytes = max(1, int(param_number(params, "max_bytes", 4 << 20)))
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             records, bad, begin = _last_records(f, size, count, max_bytes)
+    except safefs.UnsafePath as e:
+        raise AgentOpError(str(e), "unsafe-path") from None
     except FileNotFoundError:
         return {"path": path, "exists": False, "size": 0, "records": [], "bad_lines": 0,
                 "complete": True}  # fmt: skip

@@ -75,9 +75,9 @@ gone."""
 
 def _read_holder(lock_path: str) -> dict[str, Any] | None:
     try:
-        with open(lock_path, "rb") as f:
+        with os.fdopen(safefs.open_file(lock_path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
             raw = f.read(65536)
-    except OSError:
+    except (OSError, safefs.UnsafePath):
         return None
     try:
         value = json.loads(raw.decode("utf-8"))
@@ -113,7 +113,9 @@ def _try_flock(fd: int) -> bool:
 def _lock_one(lock_path: str) -> LockState:
     holder = _read_holder(lock_path)
     try:
-        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = safefs.open_file(lock_path, os.O_RDONLY | os.O_NONBLOCK)
+    except safefs.UnsafePath as e:
+        raise AgentOpError(str(e), "unsafe-path") from None
     except FileNotFoundError:
         return {"lock_path": lock_path, "held": False, "holder": None, "holder_alive": False}
     except OSError as e:
@@ -213,6 +215,13 @@ def launch(params: dict[str, Any]) -> LaunchResult:
     if not isinstance(raw_files, list) or not all(isinstance(p, str) for p in raw_files):
         raise AgentOpError("parameter 'data_files': expected a list of paths", "bad-params")
     data_files = [resolve(p, workdir) for p in raw_files]
+    for path in data_files:  # the client would write through another user's link
+        try:
+            safefs.stat_file(path)
+        except safefs.UnsafePath as e:
+            raise AgentOpError(f"{e}; nothing was started", "unsafe-path") from None
+        except OSError:
+            pass  # missing (the client creates it) or unreadable: the gate says
     # Never shorter than an interpreter's start and its argument parsing: a client that dies
     # rejecting its argv must not be reported running because it had not died yet.
     settle_s = max(param_number(params, "settle_s", 2.0), MIN_SETTLE_S)
@@ -559,7 +568,7 @@ def _read_one(path: str, seen: dict[str, list[int]] | None = None) -> StoredFing
         "live_pids": [],
     }
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
             raw = f.read(1 << 20)
         result["exists"] = True
         value = json.loads(raw.decode("utf-8"))
@@ -570,6 +579,8 @@ def _read_one(path: str, seen: dict[str, list[int]] | None = None) -> StoredFing
             result["error"] = "not a JSON object"
     except FileNotFoundError:
         pass
+    except safefs.UnsafePath as e:
+        result["error"] = str(e)
     except OSError as e:
         result["error"] = e.strerror or str(e)
     except (UnicodeDecodeError, ValueError) as e:

@@ -10,6 +10,16 @@ swap them. OpenSSH's ``StrictModes`` is the model.
   others is refused (:class:`UnsafePath`) with a message naming it and the fix. A file of ours
   that is merely readable by others (an older runwatch under a loose umask) is made 0600.
 
+Links on the way (:func:`walk`): every path runwatch opens, creates, truncates, renames, links,
+chmods or copies on a host -- run data, logs, locks, its own state -- is reached one directory
+descriptor at a time from ``/`` (``openat`` with ``O_NOFOLLOW``, ``O_PATH`` where the kernel has
+it), and a symbolic link on the way is followed only when it is the invoking user's or root's:
+the owner of a link chose its target, so another user's link in a shared (0777) dataset
+directory or in a world-writable parent of the state dir is refused (:class:`UnsafePath`,
+naming the path, the link and its target), never followed. The last name is then opened,
+linked, renamed or removed relative to that descriptor, so it cannot be swapped for a link
+between the check and the use.
+
 Standard library only: the host agent uses it for the run logs and ``<out>/.runwatch``.
 """
 
@@ -18,9 +28,14 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Iterable
+from typing import Iterable, Iterator
 
 _FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW
+_PATH = getattr(os, "O_PATH", 0)
+"""Linux's ``O_PATH``: a descriptor that names a directory (or a link) without reading it."""
+_STEP = (_PATH or os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)) | _FLAGS
+_MAX_LINKS = 40
+"""Links followed in one path at most (the kernel's own bound, ``ELOOP``)."""
 
 
 class UnsafePath(Exception):
@@ -34,6 +49,188 @@ class UnsafePath(Exception):
 
     def __str__(self) -> str:
         return f"refusing {self.path}: {self.why}; {self.fix}"
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def trusted_link(st: os.stat_result) -> bool:
+    """A link runwatch follows: the invoking user's or root's (who owns a link chose its
+    target)."""
+    return st.st_uid in (os.geteuid(), 0)
+
+
+def refuse_link(path: str, link: str, st: os.stat_result, target: str) -> UnsafePath:
+    """The refusal of another user's link ``link`` met on the way to ``path``."""
+    where = "it is" if link == path else f"{link} on its way is"
+    return UnsafePath(
+        path,
+        f"{where} a symbolic link to {target} owned by {_user(st.st_uid)}, not by you "
+        f"(uid {os.geteuid()}) or root: runwatch never follows another user's link",
+        f"look at it, then name the real path in the config, or remove the link (rm {link})",
+    )
+
+
+def _read_link(cur: int, name: str, fd: int) -> tuple[os.stat_result, str]:
+    """The stat and target of the link ``name`` in ``cur`` (``fd``: an ``O_PATH`` descriptor of
+    the link itself, or -1): read from the one inode, never from a link swapped in between."""
+    if fd >= 0:
+        return os.fstat(fd), os.readlink("", dir_fd=fd)
+    before = os.stat(name, dir_fd=cur, follow_symlinks=False)
+    target = os.readlink(name, dir_fd=cur)
+    after = os.stat(name, dir_fd=cur, follow_symlinks=False)
+    if (before.st_dev, before.st_ino) != (after.st_dev, after.st_ino):
+        raise OSError(errno.EAGAIN, "the link changed while it was read", name)
+    return after, target
+
+
+def walk(path: str, follow_last: bool = True) -> tuple[int, str]:
+    """``(descriptor of path's directory, last name)``, reached from ``/`` one directory at a
+    time without following any link but the invoking user's or root's (:func:`trusted_link`);
+    another user's link raises :class:`UnsafePath`. With ``follow_last`` a trusted link as the
+    last name is followed too (the returned name is then its target's); without, the last name
+    is returned as it is (for ``unlinkat``, ``linkat``, ``renameat``, ``mkdirat``). The caller
+    closes the descriptor and uses the name relative to it with ``O_NOFOLLOW``
+    (:func:`open_file`). Missing directories raise FileNotFoundError; a missing last name is
+    returned (to be created)."""
+    path = os.path.abspath(path)
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    shown = "/"
+    cur = os.open("/", _STEP)
+    links = 0
+    try:
+        while parts:
+            name = parts.pop(0)
+            if name == "..":
+                up = os.open("..", _STEP, dir_fd=cur)
+                os.close(cur)
+                cur, shown = up, os.path.dirname(shown)
+                continue
+            last = not parts
+            here = os.path.join(shown, name)
+            if last and not follow_last:
+                break
+            try:
+                fd = os.open(name, _STEP, dir_fd=cur)
+            except FileNotFoundError:
+                if last:
+                    break
+                raise
+            except OSError as e:
+                if e.errno != errno.ELOOP:  # no O_PATH: a link is refused by O_NOFOLLOW
+                    raise
+                fd = -1
+            try:
+                st = os.fstat(fd) if fd >= 0 else os.stat(name, dir_fd=cur, follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    st, target = _read_link(cur, name, fd)
+                    if not trusted_link(st):
+                        raise refuse_link(path, here, st, target)
+                    links += 1
+                    if links > _MAX_LINKS:
+                        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+                    if target.startswith("/"):
+                        root = os.open("/", _STEP)
+                        os.close(cur)
+                        cur, shown = root, "/"
+                    parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+                    continue
+                if last:
+                    break
+                if not stat.S_ISDIR(st.st_mode):
+                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), here)
+                if fd < 0:
+                    fd = os.open(name, _STEP | os.O_DIRECTORY, dir_fd=cur)
+                os.close(cur)
+                cur, fd, shown = fd, -1, here
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+        else:
+            name = "."
+        return cur, name
+    except BaseException:
+        os.close(cur)
+        raise
+
+
+def open_file(path: str, flags: int, mode: int = 0o600) -> int:
+    """``os.open(path, flags, mode)`` of a path runwatch does not own (run data, a log, a lock),
+    never through another user's link (:func:`walk`): the last name is opened with
+    ``O_NOFOLLOW`` relative to its directory's descriptor, so a link swapped in after the walk
+    is refused too. Raises :class:`UnsafePath` naming the link."""
+    for _ in range(_MAX_LINKS):
+        dfd, name = walk(path)
+        try:
+            return os.open(name, flags | _FLAGS, mode, dir_fd=dfd)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            st, target = _read_link(dfd, name, -1)
+            if not trusted_link(st):
+                raise refuse_link(path, path, st, target) from None
+        finally:
+            os.close(dfd)
+    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+
+
+def lstat(path: str) -> os.stat_result:
+    """``os.lstat(path)`` with its directories reached by :func:`walk`."""
+    dfd, name = walk(path, follow_last=False)
+    try:
+        return os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    finally:
+        os.close(dfd)
+
+
+def stat_file(path: str) -> os.stat_result:
+    """``os.stat(path)`` without following another user's link (:func:`walk`)."""
+    dfd, name = walk(path)
+    try:
+        return os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    finally:
+        os.close(dfd)
+
+
+def fsync_dir_fd(dfd: int) -> None:
+    """fsync the directory of a descriptor from :func:`walk` (an ``O_PATH`` one is reopened)."""
+    fd = os.open(".", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_parent(path: str) -> None:
+    """fsync the directory holding ``path`` (a create, rename or unlink made durable)."""
+    dfd, _ = walk(path, follow_last=False)
+    try:
+        fsync_dir_fd(dfd)
+    finally:
+        os.close(dfd)
+
+
+def read_file(path: str, limit: int | None = None) -> Iterator[bytes]:
+    """The bytes of ``path`` (the first ``limit`` when given) in chunks, opened by
+    :func:`open_file`."""
+    fd = open_file(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        remaining = limit
+        while remaining is None or remaining > 0:
+            block = os.read(fd, 1 << 20 if remaining is None else min(1 << 20, remaining))
+            if not block:
+                return
+            if remaining is not None:
+                remaining -= len(block)
+            yield block
+    finally:
+        os.close(fd)
 
 
 def check(path: str, st: os.stat_result, directory: bool) -> None:
@@ -79,24 +276,29 @@ def make_dirs(path: str, top: str | None = None, private_parents: bool = True) -
         levels.append(os.path.dirname(levels[-1]))
     first = levels[-1]
     parent = os.path.dirname(first)
-    if parent != first and not os.path.lexists(parent):
+    if parent != first and not _lexists(parent):
         if private_parents:
             make_dirs(parent)
         else:
-            os.makedirs(parent, exist_ok=True)
+            _make_shared(parent)
     for level in reversed(levels):
         made = False
+        dfd, name = walk(level, follow_last=False)
         try:
-            os.mkdir(level, 0o700)
-            made = True
-        except FileExistsError:
-            pass
-        try:
-            fd = os.open(level, os.O_RDONLY | os.O_DIRECTORY | _FLAGS)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                check(level, os.lstat(level), directory=True)  # raises: a link or a file
-            raise
+            try:
+                os.mkdir(name, 0o700, dir_fd=dfd)
+                made = True
+            except FileExistsError:
+                pass
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | _FLAGS, dir_fd=dfd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    check(level, st, directory=True)  # raises: a link or a file
+                raise
+        finally:
+            os.close(dfd)
         try:
             st = os.fstat(fd)
             if not made:
@@ -106,6 +308,31 @@ def make_dirs(path: str, top: str | None = None, private_parents: bool = True) -
         finally:
             os.close(fd)
     return path
+
+
+def _lexists(path: str) -> bool:
+    try:
+        lstat(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _make_shared(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)`` (modes as the umask says) without following another
+    user's link on the way (:func:`walk`)."""
+    if _lexists(path):
+        return
+    parent = os.path.dirname(path)
+    if parent != path:
+        _make_shared(parent)
+    dfd, name = walk(path, follow_last=False)
+    try:
+        os.mkdir(name, 0o777, dir_fd=dfd)
+    except FileExistsError:
+        pass
+    finally:
+        os.close(dfd)
 
 
 def _checked_fd(path: str, fd: int) -> int:
@@ -126,7 +353,7 @@ def open_private(path: str, flags: int) -> int:
     ``O_APPEND``/``O_TRUNC`` as needed (``O_CREAT`` is implied)."""
     flags &= ~(os.O_CREAT | os.O_EXCL)
     try:
-        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | _FLAGS, 0o600)
+        fd = open_file(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         pass
     else:
@@ -142,12 +369,16 @@ def open_existing(path: str, flags: int = os.O_RDONLY) -> int:
 
 
 def _open_nofollow(path: str, flags: int) -> int:
+    dfd, name = walk(path, follow_last=False)
     try:
-        return os.open(path, flags | _FLAGS)
+        return os.open(name, flags | _FLAGS, dir_fd=dfd)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            check(path, os.lstat(path), directory=False)  # raises: a link
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            check(path, st, directory=False)  # raises: a link
         raise
+    finally:
+        os.close(dfd)
 
 
 def read_private(path: str) -> bytes:
@@ -164,33 +395,33 @@ def read_private(path: str) -> bytes:
         os.close(fd)
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Replace ``path`` by ``data``: a new 0600 file beside it (``O_EXCL``, ``O_NOFOLLOW``),
-    fsynced, renamed over it, the directory fsynced."""
-    write_atomic_chunks(path, (data,))
+def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Replace ``path`` by ``data``: a new file beside it (``O_EXCL``, ``O_NOFOLLOW``, ``mode``,
+    0600 unless told), fsynced, renamed over it, the directory fsynced; all relative to the
+    directory's descriptor (:func:`walk`), so no link on the way is another user's."""
+    write_atomic_chunks(path, (data,), mode)
 
 
-def write_atomic_chunks(path: str, chunks: Iterable[bytes]) -> None:
+def write_atomic_chunks(path: str, chunks: Iterable[bytes], mode: int = 0o600) -> None:
     """:func:`write_atomic` of the concatenation of ``chunks``, written as they come (a large
     file is never held whole in memory)."""
-    tmp = f"{os.path.join(os.path.dirname(path), '.' + os.path.basename(path))}.{os.getpid()}"
-    tmp += f".{os.urandom(4).hex()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FLAGS, 0o600)
+    dfd, name = walk(path, follow_last=False)
     try:
-        os.fchmod(fd, 0o600)
-        for data in chunks:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    except BaseException:
+        tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FLAGS, 0o600, dir_fd=dfd)
+        try:
+            os.fchmod(fd, mode)
+            for data in chunks:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp, dir_fd=dfd)
+            raise
         os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        fsync_dir_fd(dfd)
     finally:
         os.close(dfd)

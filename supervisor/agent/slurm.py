@@ -617,8 +617,7 @@ def slurm_submit(params: dict[str, Any]) -> dict[str, Any]:
             where = options.get(key)
             if isinstance(where, str) and "%" not in os.path.dirname(where):
                 os.makedirs(os.path.join(workdir, os.path.dirname(where)), exist_ok=True)
-        safefs.write_atomic(script_path, text.encode())
-        os.chmod(script_path, 0o700)
+        safefs.write_atomic(script_path, text.encode(), mode=0o700)
         opts = {
             "job-name": name,
             "comment": tag,

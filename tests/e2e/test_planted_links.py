@@ -1,0 +1,286 @@
+"""Links planted by another user (T48): a dataset directory is 0777 (teams share them), and
+another user replaces a data file, a lock or a whole dataset directory by a symbolic link to a
+file of root's; or the state dir is reached through another user's link in a world-writable
+parent. Nothing runwatch does on the host (repair, move aside, backup, tails, locks, a launch,
+its own state) ever follows such a link: each is refused with the path and the link named, and
+the file the link points at is left byte for byte as it was.
+
+Real parts: the agent as a process (``LocalHost``, run as root), a second Unix user
+(``second_user``) that plants the links with ``ln``/``os.rename`` in its own processes, real
+files in a directory every user reaches.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.config import HostConfig
+from supervisor.errors import AgentError, UnsafeState
+from supervisor.hosts import LocalHost
+from supervisor.paths import private_dir, state_dir
+from tests.fixtures_procs import shared_temp_base
+from tests.fixtures_users import OtherUser
+from tests.waiting import wait_until
+
+ROOT_CONFIG = b"secret_setting = 4 X"
+"""A root config of 20 bytes without a final newline: a 'torn tail' to a naive repair."""
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A 0777 directory every user reaches (the team's dataset directory's parent)."""
+    d = Path(tempfile.mkdtemp(prefix="runwatch-links-", dir=shared_temp_base()))
+    d.chmod(0o777)
+    yield d
+    subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """A file of root's, 0600, that no one else may write."""
+    f = tmp_path / "root.conf"
+    f.write_bytes(ROOT_CONFIG)
+    f.chmod(0o600)
+    assert len(f.read_bytes()) == 20
+    return f
+
+
+@pytest.fixture
+async def agent() -> AsyncIterator[LocalHost]:
+    host = LocalHost(HostConfig(name="local", local=True))
+    await host.connect()
+    try:
+        yield host
+    finally:
+        await host.close()
+
+
+def as_user(user: OtherUser, *argv: str) -> None:
+    subprocess.run([*user.prefix, *argv], check=True, capture_output=True)
+
+
+def dataset(shared: Path, user: OtherUser, victim: Path) -> tuple[Path, Path]:
+    """``<shared>/out/B1`` (0777) where the other user replaced ``raw_responses.jsonl`` by a
+    link to ``victim``. Returns (the data file, the dataset directory)."""
+    b1 = shared / "out" / "B1"
+    b1.mkdir(parents=True)
+    for d in (b1.parent, b1):
+        d.chmod(0o777)
+    data = b1 / "raw_responses.jsonl"
+    data.write_bytes(b'{"sample_id": "a"}\n{"sample_id": "b", "tor')  # a torn tail
+    as_user(user, "rm", "-f", str(data))
+    as_user(user, "ln", "-s", str(victim), str(data))
+    assert data.is_symlink() and os.lstat(data).st_uid == user.uid
+    return data, b1
+
+
+def refused(err: pytest.ExceptionInfo[AgentError], path: Path, link: Path, user: OtherUser) -> None:
+    text = str(err.value)
+    assert "unsafe-path" in text, text
+    assert f"refusing {path}" in text, text
+    assert str(link) in text and f"owned by uid {user.uid}" in text, text
+    assert "symbolic link" in text, text
+
+
+def untouched(victim: Path) -> None:
+    assert victim.read_bytes() == ROOT_CONFIG
+    assert oct(victim.stat().st_mode & 0o777) == oct(0o600)
+    assert not list(victim.parent.glob("root.conf.*")), "a backup or copy was made beside it"
+
+
+async def test_t48_the_torn_tail_repair_never_truncates_through_another_users_link(
+    shared: Path, victim: Path, second_user: OtherUser, agent: LocalHost
+) -> None:
+    data, b1 = dataset(shared, second_user, victim)
+    with pytest.raises(AgentError) as err:
+        await agent.request("repair_tail", {"path": str(data)})
+    refused(err, data, data, second_user)
+    untouched(victim)
+    assert not list(b1.glob("*.broken*"))
+
+
+async def test_t48_move_aside_backup_and_tails_refuse_another_users_link(
+    shared: Path, victim: Path, second_user: OtherUser, agent: LocalHost
+) -> None:
+    data, b1 = dataset(shared, second_user, victim)
+    with pytest.raises(AgentError) as err:
+        await agent.request("move_aside", {"path": str(data), "format": "legacy"})
+    refused(err, data, data, second_user)
+    assert data.is_symlink() and not list(b1.glob("raw_responses.jsonl.*"))
+    dest = shared / "backup"
+    with pytest.raises(AgentError) as err:
+        await agent.request(
+            "backup_files", {"paths": [str(data)], "dest_dir": str(dest), "max_bytes": 1 << 20}
+        )
+    refused(err, data, data, second_user)
+    assert not dest.exists() or not list(dest.iterdir())
+    with pytest.raises(AgentError) as err:
+        await agent.request("tail_records", {"path": str(data), "count": 3})
+    refused(err, data, data, second_user)
+    with pytest.raises(AgentError) as err:
+        await agent.request("tail_log", {"path": str(data)})
+    assert "symbolic link" in str(err.value) and "secret_setting" not in str(err.value)
+    untouched(victim)
+
+
+async def test_t48_a_dataset_directory_replaced_by_another_users_link_is_refused(
+    shared: Path, victim: Path, second_user: OtherUser, agent: LocalHost
+) -> None:
+    """The parent on the way is the link: ``out/B1`` -> a root directory holding a torn file."""
+    out = shared / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    root_dir = victim.parent / "rootdir"
+    root_dir.mkdir(mode=0o700)
+    target = root_dir / "raw_responses.jsonl"
+    target.write_bytes(ROOT_CONFIG)
+    link = out / "B1"
+    as_user(second_user, "ln", "-s", str(root_dir), str(link))
+    data = link / "raw_responses.jsonl"
+    for op, params in (
+        ("repair_tail", {"path": str(data)}),
+        ("move_aside", {"path": str(data), "format": "legacy"}),
+        ("tail_records", {"path": str(data)}),
+    ):
+        with pytest.raises(AgentError) as err:
+            await agent.request(op, params)
+        refused(err, data, link, second_user)
+        assert f"{link} on its way" in str(err.value)
+    assert target.read_bytes() == ROOT_CONFIG and sorted(os.listdir(root_dir)) == [target.name]
+
+
+async def test_t48_a_launch_over_another_users_link_starts_nothing(
+    shared: Path, victim: Path, second_user: OtherUser, agent: LocalHost, tmp_path: Path
+) -> None:
+    """The client would append into the link's target: the launch is refused before it starts;
+    a lock file replaced by a link is refused too."""
+    data, b1 = dataset(shared, second_user, victim)
+    marker = tmp_path / "started"
+    params: dict[str, Any] = {
+        "workdir": str(shared),
+        "argv": [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"],
+        "log": str(tmp_path / "logs" / "run.log"),
+        "lock_path": str(tmp_path / "locks" / "run.lock"),
+        "data_files": [str(data)],
+        "settle_s": 0.2,
+    }
+    with pytest.raises(AgentError) as err:
+        await agent.request("launch", params, timeout=30)
+    refused(err, data, data, second_user)
+    assert "nothing was started" in str(err.value)
+    assert not marker.exists()
+    untouched(victim)
+    # a lock of the run in the shared directory, swapped for a link to root's file
+    lock = b1 / ".runwatch" / "run.lock"
+    lock.parent.mkdir()
+    lock.parent.chmod(0o777)
+    as_user(second_user, "ln", "-s", str(victim), str(lock))
+    with pytest.raises(AgentError) as err:
+        await agent.request("lock_status", {"lock_path": str(lock)})
+    refused(err, lock, lock, second_user)
+    with pytest.raises(AgentError) as err:
+        await agent.request("launch", dict(params, data_files=[], lock_path=str(lock)), timeout=30)
+    assert "unsafe-path" in str(err.value) and str(lock.parent) in str(err.value)
+    assert not marker.exists()
+    untouched(victim)
+
+
+async def test_t48_a_swapping_attacker_never_gets_a_repair_through(
+    shared: Path, victim: Path, second_user: OtherUser, agent: LocalHost
+) -> None:
+    """The other user swaps the name between a torn file of its own and a link to root's file,
+    as fast as rename(2) goes, while root repairs: every repair either repairs the other user's
+    own file or is refused; root's file never changes."""
+    b1 = shared / "B1"
+    b1.mkdir()
+    b1.chmod(0o777)
+    data = b1 / "raw_responses.jsonl"
+    script = shared / "swap.py"
+    script.write_text(
+        "import os, sys\n"
+        "d, victim = sys.argv[1], sys.argv[2]\n"
+        "name = os.path.join(d, 'raw_responses.jsonl')\n"
+        "open(os.path.join(d, 'ready'), 'w').close()\n"
+        "i = 0\n"
+        "while not os.path.exists(os.path.join(d, 'stop')):\n"
+        "    i += 1\n"
+        "    tmp = os.path.join(d, '.t%d' % i)\n"
+        "    if i % 2:\n"
+        "        os.symlink(victim, tmp)\n"
+        "    else:\n"
+        "        with open(tmp, 'wb') as f:\n"
+        "            f.write(b'{}\\n{\"torn')\n"
+        "    os.rename(tmp, name)\n"
+    )
+    script.chmod(0o755)
+    swapper = subprocess.Popen([*second_user.prefix, second_user.python, str(script), str(b1),
+                                str(victim)])  # fmt: skip
+    try:
+        wait_until(lambda: (b1 / "ready").exists(), timeout=20, what="the swapper started")
+        outcomes = {"repaired": 0, "refused": 0, "other": 0}
+        for _ in range(150):
+            try:
+                result = await agent.request("repair_tail", {"path": str(data)})
+            except AgentError as e:
+                outcomes["refused" if "unsafe-path" in str(e) else "other"] += 1
+            else:
+                outcomes["repaired" if result["repaired"] else "other"] += 1
+        untouched(victim)
+        assert outcomes["refused"] > 0, outcomes
+    finally:
+        (b1 / "stop").touch()
+        swapper.wait(timeout=30)
+
+
+async def test_t48_a_file_with_another_name_is_never_truncated(
+    shared: Path, victim: Path, agent: LocalHost
+) -> None:
+    """A hard link to root's file in the shared directory (where ``fs.protected_hardlinks`` is
+    off, anyone may make one): the repair refuses a file with more than one name."""
+    b1 = shared / "B1"
+    b1.mkdir()
+    b1.chmod(0o777)
+    data = b1 / "raw_responses.jsonl"
+    os.link(victim, data)
+    with pytest.raises(AgentError) as err:
+        await agent.request("repair_tail", {"path": str(data)})
+    assert "unsafe-path" in str(err.value) and "2 hard links" in str(err.value)
+    assert victim.read_bytes() == ROOT_CONFIG and not list(b1.glob("*.broken*"))
+
+
+async def test_t48_links_of_ones_own_are_still_followed(tmp_path: Path, agent: LocalHost) -> None:
+    """A dataset directory that is root's own link (data on another disk) is followed."""
+    real = tmp_path / "disk" / "B1"
+    real.mkdir(parents=True)
+    (real / "raw_responses.jsonl").write_bytes(b'{"a": 1}\n{"torn')
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "B1").symlink_to(real)
+    result = await agent.request(
+        "repair_tail", {"path": str(tmp_path / "out" / "B1" / "raw_responses.jsonl")}
+    )
+    assert result["repaired"] is True
+    assert (real / "raw_responses.jsonl").read_bytes() == b'{"a": 1}\n'
+
+
+def test_t48_the_state_dir_through_another_users_link_is_refused(
+    shared: Path, second_user: OtherUser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``XDG_STATE_HOME`` under a world-writable directory where another user put a link (to a
+    directory of its own): nothing is created or written through it."""
+    theirs = shared / "theirs"
+    as_user(second_user, "mkdir", "-m", "777", str(theirs))
+    link = shared / "state"
+    as_user(second_user, "ln", "-s", str(theirs), str(link))
+    monkeypatch.setenv("XDG_STATE_HOME", str(link / "xdg"))
+    with pytest.raises(UnsafeState) as err:
+        private_dir(state_dir() / "configs" / "k")
+    assert str(link) in str(err.value) and f"owned by uid {second_user.uid}" in str(err.value)
+    assert list(theirs.iterdir()) == []
