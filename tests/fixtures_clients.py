@@ -175,9 +175,10 @@ class ClientRun:
 
 @pytest.fixture
 def client_server() -> Iterator[Any]:
-    """A paced mock server: about 0.4 s per response, so a run stays mid-flight for a while."""
+    """A paced mock server: about 0.4 s per response however many a client sends at once (the
+    aggregate rate is capped too), so a run stays mid-flight for a while."""
     from supervisor.demo.server import MockSettings, serve_in_thread
 
-    settings = MockSettings(decode_tps=100.0, mean_tokens=40, length_sigma=0.3)
+    settings = MockSettings(decode_tps=100.0, capacity_tps=100.0, mean_tokens=40, length_sigma=0.3)
     with serve_in_thread(settings) as handle:
         yield handle

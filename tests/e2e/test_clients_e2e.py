@@ -337,7 +337,11 @@ volatile = ["--resume", "--output-file-path"]
 output_file = ["--output-file-path"]
 input_file = ["--input-file-path"]
 """
-    run = ClientRun(tmp_path, "specforge", client_server.url, demo_tokenizer, rows=30, top=profile)
+    # The restart sees the overwrite only if the client opens its output within the settle
+    # time: 4 s covers the stand-in's start (it loads the tokenizer first) on a loaded machine.
+    run = ClientRun(
+        tmp_path, "specforge", client_server.url, demo_tokenizer, rows=30, top=profile, settle=4.0
+    )
 
     async def go() -> tuple[Any, RunView]:
         async with Engine(run.config) as engine:
