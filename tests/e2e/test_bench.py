@@ -122,11 +122,14 @@ async def test_rates_match_what_the_mock_delivers(
     assert lv.completed == 48 and lv.failed == {} and lv.gave_up == 0
     assert lv.completion_tokens == 48 * length
     assert lv.finish_reasons == {"length": 48}
-    assert lv.output_tok_per_s == pytest.approx(capacity, rel=0.05)
-    assert lv.req_per_s == pytest.approx(capacity / length, rel=0.05)
-    assert lv.achieved_concurrency == pytest.approx(c, rel=0.05)
-    # Each request waits its share: 8 x 400 tokens at 4,000 tok/s = 0.8 s end to end.
-    assert lv.latency_ms.p50 == pytest.approx(800, rel=0.1)
+    # What a loaded machine cannot change: the mock never delivers faster than its capacity, a
+    # request never takes less than its share (8 x 400 tokens at 4,000 tok/s = 0.8 s), and the
+    # rates are the tokens counted over the time measured. How close to the capacity the figures
+    # come on a quiet machine is measured by tests/perf/bench_rates.py.
+    assert 0 < lv.output_tok_per_s <= capacity * 1.05
+    assert lv.req_per_s == pytest.approx(lv.output_tok_per_s / length, rel=1e-6)
+    assert 1 < lv.achieved_concurrency <= c * 1.05
+    assert lv.latency_ms.p50 is not None and lv.latency_ms.p50 >= 800 * 0.95
     assert lv.prompt_tokens > 0 and lv.total_tok_per_s > lv.output_tok_per_s
     # The demo tokenizer is the mock's: usage and tokenizer agree to the token.
     assert lv.tokens.usage_completion == lv.tokens.tokenizer_completion == 48 * length
@@ -146,9 +149,11 @@ async def test_streaming_measures_ttft_and_time_per_token(
     (lv,) = r.levels
     assert lv.completed == 6 and lv.completion_tokens == 600
     assert lv.ttft_ms is not None and lv.tpot_ms is not None and lv.itl_ms is not None
-    assert lv.ttft_ms.p50 is not None and 200 <= lv.ttft_ms.p50 < 300
-    assert lv.tpot_ms.p50 == pytest.approx(5.0, rel=0.05)
-    assert lv.output_tok_per_s == pytest.approx(2 * 100 / 0.7, rel=0.05)
+    # Bounds a loaded machine cannot break (no token comes sooner than the mock paces it); the
+    # figures on a quiet machine are measured by tests/perf/bench_rates.py.
+    assert lv.ttft_ms.p50 is not None and lv.ttft_ms.p50 >= 200
+    assert lv.tpot_ms.p50 is not None and lv.tpot_ms.p50 >= 5.0 * 0.95
+    assert 0 < lv.output_tok_per_s <= 2 * 100 / 0.7 * 1.05
     assert lv.itl_ms.p50 is not None and lv.itl_ms.p50 > 0
 
 
