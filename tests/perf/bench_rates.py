@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -73,6 +74,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="rounds; the median ratio is judged")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="runwatch-bench-rates-") as tmp:
+        os.environ["XDG_STATE_HOME"] = str(Path(tmp) / "state")
+        os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
         prompts = Path(tmp) / "prompts"
         write_prompts(prompts, ["B1"], count=64)
         rounds = [_rows(prompts / "B1.jsonl") for _ in range(args.repeat)]
