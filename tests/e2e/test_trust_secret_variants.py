@@ -55,12 +55,19 @@ class Site:
     workdir: Path
     env: dict[str, str]
     outputs: dict[str, str] = field(default_factory=dict)
+    started: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    """Processes the test started itself (not through runwatch's launch)."""
 
     @property
     def config(self) -> Path:
         return self.root / "runwatch.toml"
 
-    def write(self, runs: list[dict[str, object]], secret_flags: list[str] | None = None) -> None:
+    def write(
+        self,
+        runs: list[dict[str, object]],
+        secret_flags: list[str] | None = None,
+        known_flags: list[str] | None = None,
+    ) -> None:
         text = '[[hosts]]\nname = "local"\nlocal = true\n'
         for given in runs:
             run: dict[str, object] = {
@@ -85,6 +92,8 @@ class Site:
         )
         if secret_flags is not None:
             text += f"secret_flags = {_toml(secret_flags)}\n"
+        if known_flags is not None:
+            text += f"known_flags = {_toml(known_flags)}\n"
         text += '[clients.leaky.flags]\ndatasets = ["--datasets"]\noutput_dir = ["--output-dir"]\n'
         self.config.write_text(text)
         self.config.chmod(0o600)
@@ -103,6 +112,21 @@ class Site:
         if ok:
             assert done.returncode == 0, self.outputs[name]
         return done
+
+    def start(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in the workdir, detached (a session of its own), its output to ``log``
+        (relative to the workdir), outside runwatch: for a command line the argument reading
+        refuses to launch, which runwatch must still list, show and kill masked. The fixture
+        stops it at the end."""
+        path = self.workdir / log
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as out:
+            proc = subprocess.Popen(
+                argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        self.started.append(proc)
+        return proc
 
     def kept_files(self) -> dict[str, str]:
         """Every file runwatch keeps (state dir, host unit records, the run's ``.runwatch/``),
@@ -139,6 +163,10 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Site]:
     yield s
     for pid in s.client_pids():
         os.kill(pid, signal.SIGKILL)
+    for proc in s.started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
 
 
 def _leaks(text: str, values: dict[str, str]) -> list[str]:
@@ -198,6 +226,8 @@ SPLIT = {
     "sh_hdr": "shell-xauth-2007",  # bash -c "... --header 'X-Auth-Token: V'"
     "short": "Sh0rt9",  # bash -c "... --db-pw Sh0rt9": short, masked where it stands
 }
+SPLIT_FLAGS = ["--datasets", "--output-dir", "-H", "--header"]
+"""The leaky profile's known flags in T20: ``-H`` is one the argument reading can place."""
 
 
 async def test_t20_credential_headers_in_two_items_and_shell_command_lines_are_masked(
@@ -214,30 +244,45 @@ async def test_t20_credential_headers_in_two_items_and_shell_command_lines_are_m
         "-H", "Authorization", f"Bearer {s['bearer']}", "--header", "X-Api-Key", s["xkey"],
         "--header=Cookie", f"sid={s['cookie']}", "-H", "Accept", "application/json",
     ]  # fmt: skip
+    shell_argv = ["bash", "-c", inner]
     site.write(
         [
             {"name": "split", "argv": split_argv},
             {
                 "name": "shell",
-                "argv": ["bash", "-c", inner],
+                "argv": shell_argv,
                 "log": "logs/shell.log",
                 "client": None,  # a shell: its data files are the run's, not read from argv
                 "output_dir": "out2",
             },
-        ]
+        ],
+        # leaky_gen.py's parser cannot be read exactly (it reads sys.argv itself): the argument
+        # reading takes the canonical form, where a short option is one the profile names.
+        known_flags=SPLIT_FLAGS,
     )
     cfg = str(site.config)
-    for run in ("split", "shell"):
-        launched = site.rw(f"launch-{run}", "launch", run, "-c", cfg, "--yes", "--json")
-        assert json.loads(launched.stdout)["ok"], site.outputs[f"launch-{run}"]
+    # A shell's command line cannot be read: runwatch refuses to launch it, and says so masked.
+    _refused_at_preflight(site, "shell")
+    shown = json.loads(site.outputs["launch-shell-json"])["argv"]
+    assert shown[:2] == ["bash", "-c"] and shown[2].startswith("exec env SERVICE_TOKEN=*** ")
+    assert "-H Authorization 'Bearer ***' --header 'X-Auth-Token: ***'" in shown[2], shown
+    assert "--db-pw *** --max-tokens 64" in site.outputs["launch-shell"]
+    launched = site.rw("launch-split", "launch", "split", "-c", cfg, "--yes", "--json")
+    assert json.loads(launched.stdout)["ok"], site.outputs["launch-split"]
+    # So the shell is started as its user would, outside runwatch, which lists, shows, refuses
+    # to restart and kills it.
+    shell = site.start(shell_argv, "logs/shell.log")
     wait_until(lambda: len(site.client_pids()) == 2, 30, what="both clients")
     site.rw("ps-json", "ps", "-c", cfg, "--json")
     site.rw("ps", "ps", "-c", cfg)
     site.rw("status-json", "status", "-c", cfg, "--json")
-    site.rw("dry", "restart", "shell", "-c", cfg, "--dry-run")
+    assert _shown_run(site.outputs["ps-json"], "shell")[-2:] == ["--max-tokens", "64"]
+    site.rw("dry", "restart", "shell", "-c", cfg, "--dry-run", ok=False)
+    assert "[FAILED] preflight" in site.outputs["dry"], site.outputs["dry"]
     screen = await _process_text(site.config, "split", "shell")
     for run in ("split", "shell"):
         site.rw(f"kill-{run}", "kill", run, "-c", cfg, "--yes", "--json")
+    wait_until(lambda: shell.poll() is not None, 30, what="the shell run killed by runwatch")
     site.rw("audit", "audit", "-c", cfg)
     site.rw("audit-json", "audit", "-c", cfg, "--json")
 
@@ -251,6 +296,33 @@ async def test_t20_credential_headers_in_two_items_and_shell_command_lines_are_m
     own = (site.workdir / "out" / ".runwatch" / "run.log").read_text()
     own += (site.workdir / "logs" / "shell.log").read_text()
     assert not {"bearer", "xkey", "sh_key", "sh_bearer", "short"} - set(_leaks(own, s))
+
+
+def _refused_at_preflight(site: Site, run: str) -> None:
+    """``launch RUN`` (text and ``--json``) is refused at preflight by the argument reading:
+    nothing is launched; the outputs are kept as ``launch-RUN`` and ``launch-RUN-json``."""
+    cfg = str(site.config)
+    text = site.rw(f"launch-{run}", "launch", run, "-c", cfg, "--yes", ok=False)
+    assert text.returncode != 0, site.outputs[f"launch-{run}"]
+    assert "[FAILED] preflight: the client would not read" in text.stdout, text.stdout
+    assert "nothing was stopped or launched" in text.stdout
+    done = site.rw(f"launch-{run}-json", "launch", run, "-c", cfg, "--yes", "--json", ok=False)
+    reply = json.loads(done.stdout)
+    assert not reply["ok"] and reply["identity"] is None, reply
+    assert reply["steps"][0]["name"] == "preflight" and reply["steps"][0]["ok"] is False, reply
+    assert not site.client_pids()
+
+
+def _shown_run(ps_json: str, run: str) -> list[str]:
+    """The argv ``ps --json`` shows for the process of ``run``."""
+    found = [
+        p["argv"]
+        for h in json.loads(ps_json)["hosts"]
+        for p in h["processes"]
+        if p.get("run") == run
+    ]
+    assert len(found) == 1, (run, ps_json)
+    return list(found[0])
 
 
 def test_t20_the_header_and_shell_rules_on_their_own() -> None:
