@@ -10,6 +10,11 @@ A snapshot is a directory ``<root>/<UTC stamp>/`` (``root``: ``<out>/.runwatch/s
 holding one copy per file and ``manifest.json`` (what each copy is a copy of: path, size, device
 and inode, mode, method). Directories and files are runwatch's own (0700 / 0600, ``O_EXCL``,
 ``O_NOFOLLOW``); a data file that is a symbolic link is never followed (it stays unprotected).
+Every data path -- a file kept, checked, verified or put back -- is reached from ``/`` one
+directory descriptor at a time (:func:`safefs.walk`): a directory on its way that is another
+user's link (a dataset directory of a shared 0777 parent replaced by one) is never followed, the
+file is unprotected with the link named (so a start is refused) and a restore is refused
+(``unsafe-path``); the last name is then opened, created or moved relative to that descriptor.
 
 Ops:
 - ``snapshot_check``: whether each file *can* be kept (reflink probe, size against the limit),
@@ -81,29 +86,67 @@ def _make_root(root: str) -> None:
         raise AgentOpError(str(e), "unsafe-path") from None
 
 
+def _unsafe(e: safefs.UnsafePath) -> AgentOpError:
+    return AgentOpError(str(e), "unsafe-path")
+
+
+def _link_reason(path: str, dfd: int, name: str) -> str:
+    """Why the link ``name`` in ``dfd`` (the last name of ``path``) is not kept: never followed,
+    and named as refused when it is another user's."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        target = os.readlink(name, dir_fd=dfd)
+    except OSError:
+        return "it is a symbolic link (never followed)"
+    if stat.S_ISLNK(st.st_mode) and not safefs.trusted_link(st):
+        return str(safefs.refuse_link(path, path, st, target))
+    return "it is a symbolic link (never followed)"
+
+
 def _open_source(path: str) -> tuple[int | None, str]:
     """``(fd, "")`` of a regular data file opened without following a link, or ``(None, why)``
-    (``""`` when it is missing: nothing to keep)."""
+    (``""`` when it is missing: nothing to keep). Its directories are reached by
+    :func:`safefs.walk`: another user's link on the way is the reason, naming the link."""
+    try:
+        dfd, name = safefs.walk(path, follow_last=False)
+    except safefs.UnsafePath as e:
+        return None, str(e)
+    except FileNotFoundError:
+        return None, ""
+    except OSError as e:
+        return None, f"it cannot be read ({e.strerror})"
     try:
         # O_NONBLOCK: a FIFO in the file's place never blocks the agent (a regular file
         # ignores the flag).
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _FLAGS)
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | _FLAGS, dir_fd=dfd)
     except FileNotFoundError:
         return None, ""
     except OSError as e:
         if e.errno == errno.ELOOP:
-            return None, "it is a symbolic link (never followed)"
+            return None, _link_reason(path, dfd, name)
         return None, f"it cannot be read ({e.strerror})"
+    finally:
+        os.close(dfd)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         return None, "it is not a regular file"
     return fd, ""
 
 
-def _new_file(path: str, mode: int = 0o600) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _FLAGS, mode)
+def _create_at(dfd: int, name: str, mode: int = 0o600) -> int:
+    """A new file ``name`` in the directory ``dfd`` (``O_EXCL``, never through a link)."""
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | _FLAGS, mode, dir_fd=dfd)
     os.fchmod(fd, mode)
     return fd
+
+
+def _new_file(path: str, mode: int = 0o600) -> int:
+    """A new file at ``path``, its directories reached by :func:`safefs.walk`."""
+    dfd, name = safefs.walk(path, follow_last=False)
+    try:
+        return _create_at(dfd, name, mode)
+    finally:
+        os.close(dfd)
 
 
 def reflink(src: int, dst: int) -> bool:
@@ -174,13 +217,20 @@ def _windows(fd: int, size: int) -> tuple[str, str]:
 
 
 def _probe_reflink(src: int, root: str) -> bool:
-    probe = os.path.join(root, f".probe-{os.getpid()}-{os.urandom(4).hex()}")
-    fd = _new_file(probe)
+    probe = f".probe-{os.getpid()}-{os.urandom(4).hex()}"
     try:
-        return reflink(src, fd)
+        dfd, _ = safefs.walk(os.path.join(root, probe), follow_last=False)
+    except safefs.UnsafePath as e:
+        raise _unsafe(e) from None
+    try:
+        fd = _create_at(dfd, probe)
+        try:
+            return reflink(src, fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe, dir_fd=dfd)
     finally:
-        os.close(fd)
-        os.unlink(probe)
+        os.close(dfd)
 
 
 # --------------------------------------------------------------------------- check
@@ -257,7 +307,10 @@ def _keep_one(path: str, fd: int, dest: str, budget: list[int]) -> dict[str, Any
     entry["complete"] = datafiles._last_newline(fd, size)
     entry["head"], entry["tail"] = _windows(fd, entry["complete"])
     target = datafiles._free_name(os.path.join(dest, os.path.basename(path)))
-    out = _new_file(target)
+    try:
+        out = _new_file(target)
+    except safefs.UnsafePath as e:
+        raise _unsafe(e) from None
     try:
         if reflink(fd, out):
             method = "reflink"
@@ -278,7 +331,11 @@ def _keep_one(path: str, fd: int, dest: str, budget: list[int]) -> dict[str, Any
     finally:
         os.close(out)
     if not method:
-        os.unlink(target)
+        dfd, name = safefs.walk(target, follow_last=False)
+        try:
+            os.unlink(name, dir_fd=dfd)
+        finally:
+            os.close(dfd)
         entry.update(method="none", reason="no reflink and over backup_max_bytes")
         return entry
     entry.update(copy=target, method=method)
@@ -415,9 +472,27 @@ def _dest(params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def _damage(entry: dict[str, Any]) -> str:
-    """Why the file of ``entry`` lost data since its snapshot ("": it did not)."""
+    """Why the file of ``entry`` lost data since its snapshot ("": it did not). Reached by
+    :func:`safefs.walk`: a directory on its way that became another user's link is damage (the
+    file is no longer where it was kept), never followed."""
+    path = entry["path"]
     try:
-        st = os.lstat(entry["path"])
+        dfd, name = safefs.walk(path, follow_last=False)
+    except safefs.UnsafePath as e:
+        return f"it is no longer reached safely: {e}"
+    except FileNotFoundError:
+        return "it is gone"
+    except OSError as e:
+        return f"it cannot be reached ({e.strerror})"
+    try:
+        return _damage_at(entry, dfd, name)
+    finally:
+        os.close(dfd)
+
+
+def _damage_at(entry: dict[str, Any], dfd: int, name: str) -> str:
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
         return "it is gone"
     if (st.st_dev, st.st_ino) != (entry.get("dev"), entry.get("ino")):
@@ -429,10 +504,13 @@ def _damage(entry: dict[str, Any]) -> str:
         if not stat.S_ISREG(st.st_mode):
             return "it is no longer a regular file"
         try:
-            fd = os.open(entry["path"], os.O_RDONLY | os.O_NONBLOCK | _FLAGS)
+            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | _FLAGS, dir_fd=dfd)
         except OSError as e:
             return f"it cannot be read ({e.strerror})"
         try:
+            now = os.fstat(fd)
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                return f"it was replaced (inode {entry.get('ino')} -> {now.st_ino})"
             if _windows(fd, size) != (entry["head"], entry["tail"]):
                 return f"it was rewritten (its first or last bytes of the {size} kept differ)"
         finally:
@@ -451,8 +529,8 @@ def snapshot_verify(params: dict[str, Any]) -> dict[str, Any]:
         why = _damage(entry)
         if why:
             try:
-                now = os.lstat(entry["path"]).st_size
-            except FileNotFoundError:
+                now = safefs.lstat(entry["path"]).st_size
+            except (OSError, safefs.UnsafePath):
                 now = 0
             damaged.append(
                 {
@@ -465,29 +543,47 @@ def snapshot_verify(params: dict[str, Any]) -> dict[str, Any]:
     return {"damaged": damaged}
 
 
+def _reach(path: str) -> tuple[int, str]:
+    """``safefs.walk(path, follow_last=False)`` of a data file a restore writes: another user's
+    link on the way is refused (``unsafe-path``)."""
+    try:
+        return safefs.walk(path, follow_last=False)
+    except safefs.UnsafePath as e:
+        raise _unsafe(e) from None
+
+
 def _put_back(entry: dict[str, Any], stamp: str) -> dict[str, Any]:
     path, copy = entry["path"], entry["copy"]
-    src = safefs.open_existing(copy)
+    try:
+        src = safefs.open_existing(copy)
+    except safefs.UnsafePath as e:
+        raise _unsafe(e) from None
     try:
         if os.fstat(src).st_size != entry["bytes"]:
             raise AgentOpError(f"the snapshot copy {copy} is not {entry['bytes']} bytes", "io")
-        aside = None
-        if os.path.lexists(path):
-            moved = datafiles.move_aside({"path": path, "format": "after", "timestamp": stamp})
-            aside = moved.get("to")
-        dst = _new_file(path, int(entry.get("mode") or 0o600))
+        dfd, name = _reach(path)
         try:
-            with contextlib.suppress(OSError):
-                os.fchown(dst, int(entry.get("uid", -1)), int(entry.get("gid", -1)))
-            with contextlib.suppress(OSError):
-                os.fchmod(dst, int(entry.get("mode") or 0o600))
-            method = "reflink" if reflink(src, dst) else copy_bytes(src, dst, entry["bytes"])
-            os.fsync(dst)
-            if entry.get("sha256") and _sha256_fd(dst, entry["bytes"]) != entry["sha256"]:
-                raise AgentOpError(f"{path} restored from {copy} differs from the snapshot", "io")
+            # The current file (a link as a link, never followed) moved aside, then the copy
+            # made in its place: both relative to the one descriptor of its directory.
+            aside = datafiles._move_at(path, dfd, name, "after", stamp).get("to")
+            mode = int(entry.get("mode") or 0o600)
+            dst = _create_at(dfd, name, mode)
+            try:
+                with contextlib.suppress(OSError):
+                    os.fchown(dst, int(entry.get("uid", -1)), int(entry.get("gid", -1)))
+                with contextlib.suppress(OSError):
+                    os.fchmod(dst, mode)
+                method = "reflink" if reflink(src, dst) else copy_bytes(src, dst, entry["bytes"])
+                os.fsync(dst)
+                if entry.get("sha256") and _sha256_fd(dst, entry["bytes"]) != entry["sha256"]:
+                    raise AgentOpError(
+                        f"{path} restored from {copy} differs from the snapshot", "io"
+                    )
+            finally:
+                os.close(dst)
+            safefs.fsync_dir_fd(dfd)
         finally:
-            os.close(dst)
-        datafiles.fsync_dir(path)
+            os.close(dfd)
     finally:
         os.close(src)
     return {"path": path, "source": copy, "aside": aside, "bytes": entry["bytes"], "method": method}
@@ -517,6 +613,16 @@ def snapshot_restore(params: dict[str, Any]) -> dict[str, Any]:
         chosen = [e for e in chosen if e["path"] in resolved]
     if params.get("damaged_only"):
         chosen = [e for e in chosen if _damage(e)]
+    for e in chosen:  # every path reached safely before any file is touched
+        dfd, name = _reach(e["path"])
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode) and not safefs.trusted_link(st):
+                    target = os.readlink(name, dir_fd=dfd)
+                    raise _unsafe(safefs.refuse_link(e["path"], e["path"], st, target))
+        finally:
+            os.close(dfd)
     writers = {e["path"]: datafiles.writers_of(e["path"]) for e in chosen}
     busy = {p: w for p, w in writers.items() if w}
     if busy:

@@ -1,9 +1,9 @@
 """Links planted by another user (T48): a dataset directory is 0777 (teams share them), and
 another user replaces a data file, a lock or a whole dataset directory by a symbolic link to a
 file of root's; or the state dir is reached through another user's link in a world-writable
-parent. Nothing runwatch does on the host (repair, move aside, backup, tails, locks, a launch,
-its own state) ever follows such a link: each is refused with the path and the link named, and
-the file the link points at is left byte for byte as it was.
+parent. Nothing runwatch does on the host (repair, move aside, snapshots, tails, locks, a
+launch, its own state) ever follows such a link: each is refused with the path and the link
+named, and the file the link points at is left byte for byte as it was.
 
 Real parts: the agent as a process (``LocalHost``, run as root), a second Unix user
 (``second_user``) that plants the links with ``ln``/``os.rename`` in its own processes, real
@@ -82,12 +82,47 @@ def dataset(shared: Path, user: OtherUser, victim: Path) -> tuple[Path, Path]:
     return data, b1
 
 
-def refused(err: pytest.ExceptionInfo[AgentError], path: Path, link: Path, user: OtherUser) -> None:
-    text = str(err.value)
-    assert "unsafe-path" in text, text
+def named(text: str, path: Path, link: Path, user: OtherUser) -> None:
+    """``text`` refuses ``path`` for the other user's link ``link``."""
     assert f"refusing {path}" in text, text
     assert str(link) in text and f"owned by uid {user.uid}" in text, text
     assert "symbolic link" in text, text
+
+
+def refused(err: pytest.ExceptionInfo[AgentError], path: Path, link: Path, user: OtherUser) -> None:
+    text = str(err.value)
+    assert "unsafe-path" in text, text
+    named(text, path, link, user)
+
+
+def snapshot_root(out: Path) -> Path:
+    """Where the snapshots of a run writing into ``out`` are kept."""
+    return out / ".runwatch" / "snapshots" / "B1"
+
+
+async def not_kept(
+    agent: LocalHost, data: Path, link: Path, user: OtherUser, root: Path
+) -> list[dict[str, Any]]:
+    """``snapshot_check`` and ``snapshot_take`` of ``data`` report it unprotected for the other
+    user's ``link`` (so a start is refused) and keep no copy of it; the snapshots of ``root``."""
+    params: dict[str, Any] = {"paths": [str(data)], "root": str(root), "max_bytes": 1 << 20}
+    checked = await agent.request("snapshot_check", params)
+    [entry] = checked["files"]
+    assert entry["method"] == "none", checked
+    named(entry["reason"], data, link, user)
+    [why] = checked["unprotected"]
+    assert why.startswith(f"{data}: "), why
+    named(why, data, link, user)
+    taken = await agent.request("snapshot_take", dict(params, keep=3, run="B1"))
+    assert taken["id"] == "" and taken["files"] == [], taken
+    [why] = taken["unprotected"]
+    named(why, data, link, user)
+    if root.exists():
+        copies = [f for f in root.rglob("*") if f.is_file() and f.name != "manifest.json"]
+        assert all(ROOT_CONFIG not in f.read_bytes() for f in copies), copies
+    listed = await agent.request("snapshot_list", {"root": str(root)})
+    snapshots: list[dict[str, Any]] = listed["snapshots"]
+    return snapshots
 
 
 def untouched(victim: Path) -> None:
@@ -107,7 +142,7 @@ async def test_t48_the_torn_tail_repair_never_truncates_through_another_users_li
     assert not list(b1.glob("*.broken*"))
 
 
-async def test_t48_move_aside_backup_and_tails_refuse_another_users_link(
+async def test_t48_move_aside_snapshots_and_tails_refuse_another_users_link(
     shared: Path, victim: Path, second_user: OtherUser, agent: LocalHost
 ) -> None:
     data, b1 = dataset(shared, second_user, victim)
@@ -115,13 +150,19 @@ async def test_t48_move_aside_backup_and_tails_refuse_another_users_link(
         await agent.request("move_aside", {"path": str(data), "format": "legacy"})
     refused(err, data, data, second_user)
     assert data.is_symlink() and not list(b1.glob("raw_responses.jsonl.*"))
-    dest = shared / "backup"
-    with pytest.raises(AgentError) as err:
-        await agent.request(
-            "backup_files", {"paths": [str(data)], "dest_dir": str(dest), "max_bytes": 1 << 20}
-        )
-    refused(err, data, data, second_user)
-    assert not dest.exists() or not list(dest.iterdir())
+    root = snapshot_root(b1.parent)
+    assert await not_kept(agent, data, data, second_user, root) == []
+    assert not root.exists(), "a snapshot directory was made for nothing to keep"
+    # a dataset directory that is the other user's link to a directory of root's
+    root_dir = victim.parent / "rootdir"
+    root_dir.mkdir(mode=0o700)
+    (root_dir / data.name).write_bytes(ROOT_CONFIG)
+    link = b1.parent / "B2"
+    as_user(second_user, "ln", "-s", str(root_dir), str(link))
+    assert await not_kept(agent, link / data.name, link, second_user, root) == []
+    assert not root.exists(), "a snapshot directory was made for nothing to keep"
+    assert os.listdir(root_dir) == [data.name]
+    assert (root_dir / data.name).read_bytes() == ROOT_CONFIG
     with pytest.raises(AgentError) as err:
         await agent.request("tail_records", {"path": str(data), "count": 3})
     refused(err, data, data, second_user)
@@ -155,6 +196,56 @@ async def test_t48_a_dataset_directory_replaced_by_another_users_link_is_refused
         refused(err, data, link, second_user)
         assert f"{link} on its way" in str(err.value)
     assert target.read_bytes() == ROOT_CONFIG and sorted(os.listdir(root_dir)) == [target.name]
+
+
+async def test_t48_a_snapshot_is_never_taken_nor_restored_through_another_users_directory_link(
+    shared: Path, victim: Path, second_user: OtherUser, agent: LocalHost
+) -> None:
+    """A snapshot of ``out/B1/raw_responses.jsonl`` is taken; then the other user moves the
+    dataset directory ``out/B1`` away and puts its link to a directory of root's in its place.
+    Another snapshot keeps nothing of what the link reaches, the verify names the link, and a
+    restore is refused: nothing is created, moved or written in root's directory."""
+    out = shared / "out"
+    b1 = out / "B1"
+    b1.mkdir(parents=True)
+    for d in (out, b1):
+        d.chmod(0o777)
+    data = b1 / "raw_responses.jsonl"
+    kept = b'{"sample_id": "a"}\n{"sample_id": "b"}\n'
+    data.write_bytes(kept)
+    root = snapshot_root(out)
+    params: dict[str, Any] = {"paths": [str(data)], "root": str(root), "max_bytes": 1 << 20}
+    first = await agent.request("snapshot_take", dict(params, keep=3, run="B1"))
+    assert first["id"] and not first["unprotected"], first
+    [entry] = first["files"]
+    assert Path(entry["copy"]).read_bytes() == kept
+    root_dir = victim.parent / "rootdir"
+    root_dir.mkdir(mode=0o700)
+    moved = out / "B1.moved"
+    as_user(second_user, "mv", str(b1), str(moved))
+    as_user(second_user, "ln", "-s", str(root_dir), str(b1))
+    assert b1.is_symlink() and os.lstat(b1).st_uid == second_user.uid
+    verified = await agent.request("snapshot_verify", {"root": str(root), "id": first["id"]})
+    [damaged] = verified["damaged"]
+    assert damaged["path"] == str(data) and damaged["bytes_now"] == 0, damaged
+    named(damaged["why"], data, b1, second_user)
+    for extra in ({}, {"damaged_only": True}, {"paths": [str(data)]}):
+        # the file is missing behind the link: a restore would create it there
+        with pytest.raises(AgentError) as err:
+            await agent.request("snapshot_restore", {"root": str(root), "id": first["id"], **extra})
+        refused(err, data, b1, second_user)
+        assert f"{b1} on its way" in str(err.value)
+        assert os.listdir(root_dir) == []
+    # root's file behind the link: neither kept in a snapshot nor moved aside nor overwritten
+    target = root_dir / data.name
+    target.write_bytes(ROOT_CONFIG)
+    snapshots = await not_kept(agent, data, b1, second_user, root)
+    assert [s["id"] for s in snapshots] == [first["id"]]
+    with pytest.raises(AgentError) as err:
+        await agent.request("snapshot_restore", {"root": str(root), "id": first["id"]})
+    refused(err, data, b1, second_user)
+    assert os.listdir(root_dir) == [data.name] and target.read_bytes() == ROOT_CONFIG
+    assert sorted(os.listdir(moved)) == [data.name] and (moved / data.name).read_bytes() == kept
 
 
 async def test_t48_a_launch_over_another_users_link_starts_nothing(
