@@ -149,7 +149,7 @@ async def test_a_run_that_dies_once_is_restarted_through_the_gate(
             # spool for the next one).
             for text in ("Run stopped", "Restarted automatically"):
                 await wait_for(
-                    lambda t=text: any(t in m for m in receiver.messages()),
+                    lambda t=text: any(t in m for m in receiver.messages()),  # type: ignore[misc]
                     30,
                     what=f"the alert {text!r}",
                 )
