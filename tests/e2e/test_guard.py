@@ -127,6 +127,9 @@ async def test_restart_with_budget_acts_exactly_once(
     assert budget["policy"] == "restart-with-budget" and budget["ok"] is True
     restart = audit.read()[1]
     assert restart["reason"] and "past the token budget" in restart["reason"]
+    # The guard's restart kept the data it handed the new client, as every start does.
+    kept = {f["path"] for f in (restart.get("snapshot") or {}).get("files", [])}
+    assert restart["snapshot"]["id"] and str(demo.data_file("B2")) in kept, restart.get("snapshot")
 
 
 def test_guard_command_acts_once(

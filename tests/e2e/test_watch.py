@@ -156,6 +156,8 @@ async def test_a_run_that_dies_once_is_restarted_through_the_gate(
     records = audit.read()
     launches = [r for r in records if r["action"] == "launch"]
     assert len(launches) == 2 and all(r["ok"] for r in launches)
+    # The watcher's restart kept the data it handed the new client, as every start does.
+    assert (launches[1].get("snapshot") or {}).get("id"), launches[1]
     # The restart ran the whole gate: the checks first, then the launch.
     assert [s["name"] for s in launches[1]["steps"]] == [
         "preflight",
