@@ -33,6 +33,8 @@ from tests.waiting import wait_for, wait_until
 
 pytestmark = pytest.mark.usefixtures("state_home")
 
+CGROUPS = Path("/sys/fs/cgroup/unified/cgroup.procs")
+
 CARELESS = """
 [clients.careless]
 scripts = ["regenerate_train_data.py"]
@@ -85,8 +87,23 @@ def steps_of(result: Any) -> dict[str, Any]:
     return {s.name: s for s in result.steps}
 
 
+@pytest.fixture(params=["cgroup", "token"])
+def held_by(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test twice: the new client held in a cgroup v2 leaf, and on the launch-token path."""
+    mode = str(request.param)
+    if mode == "cgroup" and not (os.geteuid() == 0 and CGROUPS.exists()):
+        pytest.skip("needs root and cgroup v2 mounted at /sys/fs/cgroup/unified")
+    if mode == "token":
+        monkeypatch.setenv("RUNWATCH_AGENT_NO_CGROUP", "1")
+    return mode
+
+
 async def test_a2_a_restart_that_truncates_is_stopped_and_the_snapshot_put_back(
-    tmp_path: Path, client_server: Any, demo_tokenizer: Path, clients: list[ClientRun]
+    tmp_path: Path,
+    client_server: Any,
+    demo_tokenizer: Path,
+    clients: list[ClientRun],
+    held_by: str,
 ) -> None:
     run = careless(tmp_path, client_server.url, demo_tokenizer, clients)
     at_stop: dict[str, bytes] = {}
@@ -111,6 +128,7 @@ async def test_a2_a_restart_that_truncates_is_stopped_and_the_snapshot_put_back(
     assert len(at_stop["out"].splitlines()) >= 6
     assert at_failure["out"] == at_stop["out"]
     new_pid = launch.data["launch"]["identity"]["pid"]
+    assert launch.data["launch"]["held_by"] == held_by, launch.data["launch"]
     assert not pid_alive(new_pid)
     assert "DATA LOSS" in launch.detail and "was stopped and snapshot" in launch.detail
     assert "runwatch restore sf" in launch.detail
