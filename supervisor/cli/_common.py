@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO, cast
 
 import click
 import msgspec
@@ -185,6 +185,31 @@ class SafeStream(io.TextIOBase):
     @property
     def errors(self) -> str | None:  # type: ignore[override]
         return getattr(self.inner, "errors", None)
+
+    @property
+    def buffer(self) -> BinaryIO:
+        """Where bytes go (click writes its shell-completion script so): decoded, then masked
+        and escaped as text is."""
+        return cast(BinaryIO, SafeBinary(self))
+
+
+class SafeBinary(io.RawIOBase):
+    """The binary side of a :class:`SafeStream`."""
+
+    def __init__(self, text: SafeStream) -> None:
+        super().__init__()
+        self.text = text
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        data = bytes(b)
+        self.text.write(data.decode(self.text.encoding, "replace"))
+        return len(data)
+
+    def flush(self) -> None:
+        self.text.flush()
 
 
 def write_control(stream: TextIO, seq: str) -> None:

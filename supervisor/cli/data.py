@@ -18,7 +18,7 @@ import click
 
 from supervisor import display
 from supervisor.cli._common import config_option, get_config, json_option, print_json, write_control
-from supervisor.errors import UsageError
+from supervisor.errors import RunwatchError, UsageError
 
 DATA_FILE = "raw_responses.jsonl"
 COMPANION_WORDS = ("error", "skipped")
@@ -311,12 +311,17 @@ def problems_of(r: dict[str, Any], missing_ok: bool = False) -> list[str]:
 def check(target: str, fmt: str | None, config_path: str | None, as_json: bool) -> None:
     """Validate every record of PATH (file or directory) or of every dataset of RUN.
 
+    A name the config gives a run means the run, even where a file of that name is here too
+    (write ./NAME for the file).
+
     Exit 0 only when every file is in the expected format with no bad line; else list each
     problem and exit 1. A RUN's datasets that do not exist yet are not problems, unless none of
     them exists (a check never passes on nothing); a RUN whose data files cannot be determined
     is an error.
     """
-    if Path(target).exists() or "/" in target or target.endswith(".jsonl"):
+    if not _names_a_run(target, config_path) and (
+        Path(target).exists() or "/" in target or target.endswith(".jsonl")
+    ):
         files = find_files([target])
         profile = _profile_for(fmt, config_path)
         results = scan_paths(files, fmt, "all", profile, texts=False)
@@ -375,6 +380,18 @@ def check(target: str, fmt: str | None, config_path: str | None, as_json: bool) 
     # sys.exit, not ctx.exit: the entry point runs click with standalone_mode=False, where a
     # click Exit is returned rather than raised.
     sys.exit(0 if ok else 1)
+
+
+def _names_a_run(target: str, config_path: str | None) -> bool:
+    """Whether ``target`` is a run of the config (a bare name a run has means the run, even
+    where a file or directory of that name is here too: ``./NAME`` checks that one)."""
+    if "/" in target or target.endswith(".jsonl"):
+        return False
+    try:
+        config = get_config(config_path)
+    except RunwatchError:
+        return False
+    return any(r.name == target for r in config.runs)
 
 
 def _check_run(run_name: str, config_path: str | None, fmt: str | None) -> list[dict[str, Any]]:

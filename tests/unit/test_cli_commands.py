@@ -3,7 +3,9 @@ only when that command runs (``supervisor.cli.LazyGroup``)."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -90,3 +92,42 @@ def test_an_unknown_command_is_a_usage_error() -> None:
     done = _runwatch("scna")
     assert done.returncode == 2
     assert "No such command 'scna'" in done.stderr
+
+
+def _completion(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The console script asked for shell completion, as the shell asks (``prog_name`` runwatch)."""
+    code = "import sys\nsys.argv = ['runwatch']\nimport tui.cli\ntui.cli.main()\n"
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_shell_completion_prints_its_script_and_completes_commands() -> None:
+    # click writes the completion script as bytes: the masking stdout takes those too.
+    source = _completion({"_RUNWATCH_COMPLETE": "bash_source"})
+    assert source.returncode == 0, source.stderr
+    assert "Traceback" not in source.stderr, source.stderr
+    assert "_runwatch_completion()" in source.stdout and "complete -o" in source.stdout
+    done = _completion(
+        {"_RUNWATCH_COMPLETE": "bash_complete", "COMP_WORDS": "runwatch sta", "COMP_CWORD": "1"}
+    )
+    assert done.returncode == 0, done.stderr
+    assert "plain,status" in done.stdout.splitlines(), done.stdout
+
+
+def test_bytes_written_to_the_masked_stdout_are_masked_as_text() -> None:
+    from supervisor.agent.masking import register
+    from supervisor.cli._common import SafeStream
+
+    secret = "sk-bytes-path-0123456789abcdef"
+    register([secret])
+    out = io.StringIO()
+    click.echo(f"key {secret}\x1b[2J".encode(), file=SafeStream(out), nl=False)  # type: ignore[arg-type]
+    assert secret not in out.getvalue() and "\x1b" not in out.getvalue(), out.getvalue()
+    assert out.getvalue().startswith("key ")

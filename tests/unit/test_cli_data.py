@@ -200,6 +200,33 @@ format = "raw"
     assert json.loads(text)["ok"] is True
 
 
+def test_check_name_means_the_run_even_beside_a_directory_of_that_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    (work / "out" / "B1").mkdir(parents=True)
+    make_raw(work / "out" / "B1" / "raw_responses.jsonl", 7, seed=3)
+    cfg = write_local_config(
+        tmp_path / "runwatch.toml",
+        f"""
+[[runs]]
+name = "gen"
+host = "here"
+workdir = "{work}"
+argv = ["python3", "run_inference.py", "--datasets", "B1"]
+format = "raw"
+""",
+        python=True,
+    )
+    (tmp_path / "gen").mkdir()  # a directory here named as the run, with no data in it
+    monkeypatch.chdir(tmp_path)
+    code, text = run("-c", str(cfg), "check", "gen")
+    assert code == 0, text
+    assert "B1/raw_responses.jsonl  raw current, 7 records" in text
+    code, text = run("-c", str(cfg), "check", "./gen")  # the directory, by its path
+    assert code != 0 and "no dataset files found" in text, text
+
+
 def test_check_unknown_run_is_a_config_error(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('[[hosts]]\nname = "h"\nlocal = true\n')
