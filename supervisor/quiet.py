@@ -114,17 +114,24 @@ async def check(runner: _Runner, step: Step) -> None:
         else "no record rate known yet"
     )
     rule += f", {MIN_WINDOW_S:g} to {MAX_WINDOW_S:g} s"
+    # The host lengthens the window to 3 x the time since a file last changed (at most the
+    # longest window): a writer that wrote that long ago may write again as late.
+    longer = (
+        f"longer by {INTERVALS:g} x the time since a file last changed, at most {MAX_WINDOW_S:g} s"
+    )
     running = plan.old is not None or plan.job is not None
     if runner.dry_run and running:
         await runner.set(
             step,
             "skipped",
-            f"dry run: would watch {len(paths)} data file(s) for {_seconds(window)} ({rule}) "
-            "once the run is stopped",
+            f"dry run: would watch {len(paths)} data file(s) for {_seconds(window)} ({rule}; "
+            f"{longer}) once the run is stopped",
         )
         return
     await runner.set(
-        step, "running", f"watching {len(paths)} data file(s) for {_seconds(window)} ({rule})"
+        step,
+        "running",
+        f"watching {len(paths)} data file(s) for {_seconds(window)} ({rule}; {longer})",
     )
     timeout = max(window, MAX_WINDOW_S) + runner.hc.command_timeout
     seen = await runner.agent.observe_files(
@@ -145,6 +152,11 @@ async def check(runner: _Runner, step: Step) -> None:
             for f in seen.files
         ],
     }
+    if seen.window_s > window:
+        rule = (
+            f"lengthened from {_seconds(window)}: {INTERVALS:g} x the time since a file last "
+            f"changed, at most {MAX_WINDOW_S:g} s"
+        )
     changed = [f for f in seen.files if f.change]
     if not changed:
         step.detail = (
