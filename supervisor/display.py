@@ -478,3 +478,17 @@ def shorten(text: str, width: int, lines: int = 1) -> str:
         rest = rest[cut:].lstrip(" ")
     out.append(rest if len(rest) <= width else rest[: width - 1] + ELLIPSIS)
     return "\n".join(out)
+
+
+HELD = {
+    "cgroup": "held by its cgroup",
+    "token": "held by its launch token",
+    "adopted": "adopted (started outside runwatch: no unit holds it)",
+}
+
+
+def held(held_by: str | None) -> str:
+    """How a run's process is held, in words (``RunView.held_by``; "" for None)."""
+    if held_by is None:
+        return ""
+    return HELD.get(held_by, f"held by {held_by}")

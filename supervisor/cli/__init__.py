@@ -42,7 +42,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "demo": (
         "supervisor.cli.demo:demo",
-        "Start mock local-GPU and API servers and two runs against them, then watch them.",
+        "Start mock local-GPU and API servers and three runs against them, then watch them.",
     ),
     "guard": (
         "supervisor.cli.actions:guard",

@@ -18,7 +18,7 @@ import click
     "--slurm", is_flag=True, help="Run the clients as Slurm jobs of this machine's cluster."
 )
 def demo(headless: bool, seconds: float | None, demo_dir: str | None, slurm: bool) -> None:
-    """Start mock local-GPU and API servers and two runs against them, then watch them."""
+    """Start mock local-GPU and API servers and three runs against them, then watch them."""
     from supervisor.cli._common import ui_opener
     from supervisor.demo.launcher import run_demo
 

@@ -129,10 +129,10 @@ def _print_ps(config: Config, entries: list[dict[str, Any]]) -> None:
             )
             mark = " (other user)" if not p.killable else ""
             if held_by(p) is not None:
-                mark += f"  held by {held_by(p)}"
+                mark += f"  {display.held(held_by(p))}"
             kids = len(p.children)
             click.echo(
-                f"  pid {p.identity.pid:<7} {p.run or '(unconfigured)'}  {p.user}{mark}  "
+                f"  pid {p.identity.pid:<7} {p.run or '(not in config)'}  {p.user}{mark}  "
                 f"up {display.duration(p.uptime_s)}  cpu {display.percent(p.cpu_percent)}  "
                 f"rss {display.mebibytes(p.rss_mb)}{gpu}  "
                 f"{kids} child{'' if kids == 1 else 'ren'}  backend {flags.backend}"
@@ -216,7 +216,7 @@ def describe(host: str, p: ProcessInfo) -> str:
     """The identity of a kill target, as the confirmation shows it."""
     ident = p.identity
     return (
-        f"host {host}  pid {ident.pid}  run {p.run or '(unconfigured)'}  user {p.user} "
+        f"host {host}  pid {ident.pid}  run {p.run or '(not in config)'}  user {p.user} "
         f"(uid {ident.uid})\n"
         f"  started at tick {ident.start_time} of boot {ident.boot_id[:8]}, up "
         f"{display.duration(p.uptime_s)}, {len(p.children)} descendant(s)\n"

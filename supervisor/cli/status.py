@@ -87,7 +87,7 @@ def _run_lines(r: RunView) -> list[str]:
         if r.configured:  # an unconfigured run is named after its pid already
             head += f"  pid {p.identity.pid}"
         if r.held_by is not None:
-            head += f"  held by {r.held_by}"
+            head += f"  {display.held(r.held_by)}"
         head += f"  up {display.duration(p.uptime_s)}  cpu {display.percent(p.cpu_percent)}"
         head += f"  rss {display.mebibytes(p.rss_mb)}"
         if p.gpu_memory_mb is not None:

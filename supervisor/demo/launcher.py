@@ -3,7 +3,7 @@
 It starts a slow, capacity-limited, free mock "local GPU" server and a fast, priced mock "API"
 server (each ``python -m supervisor.demo.server`` on a free port), writes the demo prompts, seeds
 dataset B1 as finished, B2 just under its token budget and B3 with a few lines in the older (legacy)
-text format, then launches the two runs of ``configs/demo.toml`` exactly as configured: the local
+text format, then launches the three runs of ``configs/demo.toml`` exactly as configured: the local
 one with ``--max-samples`` and no ``--token-budget`` (so B2 goes over its budget within the first
 minute and keeps going), the API one with ``--token-budget``, and a SpecForge-style
 ``regenerate_train_data.py`` (the stand-in, copied in under its real name) writing ONE output file

@@ -337,3 +337,12 @@ def test_a_command_line_is_one_line_bash_reads_back_item_for_item(argv: list[str
         ["bash", "-c", f"printf '%s\\0' {line}"], capture_output=True, timeout=30, check=True
     )
     assert done.stdout.decode().split("\0")[:-1] == argv
+
+
+def test_how_a_run_is_held_reads_as_words() -> None:
+    from supervisor import display
+
+    assert display.held("cgroup") == "held by its cgroup"
+    assert display.held("token") == "held by its launch token"
+    assert display.held("adopted").startswith("adopted (started outside runwatch")
+    assert display.held(None) == ""
