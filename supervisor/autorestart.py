@@ -28,6 +28,12 @@ alert nothing and restart nothing meanwhile. :meth:`AutoRestart.step` starts eac
 task of its own and returns the events of the ones that ended since; a run whose restart is under
 way is not restarted twice. A stopping watcher waits for them (:meth:`AutoRestart.settle`); one it
 gives up on keeps its intent for the next watcher.
+
+A kill of the run cancels its intent (``Engine.cancel_restarts``): the restart checks under the
+run's lock that its intent is still on disk (``Engine.execute(intent=...)``) and is dropped when
+it is not, in this watcher and the next. A restart is marked ``started`` in its intent under the
+same lock, before anything starts: a watcher killed from that instant leaves it for the next
+one, which audits it (made: the run is found running; interrupted: it is made again).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 from supervisor import audit, intents
-from supervisor.errors import RunwatchError
+from supervisor.errors import RestartCancelled, RunwatchError
 from supervisor.events import Event, abandoned_event, command_prefix, gave_up_event, restart_event
 from supervisor.model import Snapshot
 
@@ -62,7 +68,7 @@ class Relaunches(Protocol):
 
     async def plan(self, run: str, *, action: Action = "restart") -> Plan: ...
 
-    async def execute(self, plan: Plan) -> ActionResult: ...
+    async def execute(self, plan: Plan, *, intent: float | None = None) -> ActionResult: ...
 
 
 @dataclass
@@ -73,6 +79,12 @@ class _Restarts:
     due: float | None = None
     gave_up: bool = False
     reason: str = ""
+    written: float | None = None
+    """The ``written`` time of its intent on disk (None: kept in memory only)."""
+    intended: float = 0.0
+    """Unix seconds: when its pending restart was intended (a cancel recorded since drops it)."""
+    begun: intents.Intent | None = None
+    """A taken-over intent whose restart a previous watcher had begun (to be audited)."""
 
 
 class AutoRestart:
@@ -154,8 +166,10 @@ class AutoRestart:
             written=now,
             by=audit.actor(),
         )
+        st.written, st.intended = None, now
         try:
             intents.write(self.engine.config, intent)
+            st.written = intent.written
         except (OSError, RunwatchError) as e:
             self._tell(
                 f"write|{run}",
@@ -226,11 +240,41 @@ class AutoRestart:
             st.due = mono + wait
             st.gave_up = False
             st.reason = it.reason
+            st.written, st.intended = it.written, it.written
+            if it.started is not None:  # its watcher ended while it was being made
+                st.begun = it
+                st.times.append(mono)
+                st.due = mono
+                notes.append(
+                    f"{it.run}: {intents.describe(it, now)} was begun by a watcher that ended "
+                    "before it was recorded; it is audited at the next refresh"
+                )
+                continue
             notes.append(
                 f"took over the pending restart of {it.run} (attempt {it.attempt}, due in "
                 f"{wait:.0f} s; {it.reason}; {intents.age_text(it, now)})"
             )
         return notes, events
+
+    def cancelled(self, records: Iterable[dict[str, Any]]) -> None:
+        """Drop the pending restarts that a kill cancelled (its ``restart-cancelled`` audit
+        records, from any runwatch process, ``supervisor.stops``): the one this watcher holds
+        is dropped at once, not when its backoff ends. A restart under way checks its intent
+        under the run's lock (``Engine.execute(intent=...)``)."""
+        for rec in records:
+            name = str(rec.get("run"))
+            st = self._runs.get(name)
+            if st is None or name in self._tasks or (st.due is None and st.begun is None):
+                continue
+            if float(rec.get("time") or 0) < st.intended:
+                continue  # a cancel of an earlier intent
+            if st.begun is not None and st.times:
+                st.times.pop()  # counted when taken over; a waiting one is counted as it starts
+            st.due, st.written, st.begun = None, None, None
+            self.notes.append(
+                f"{name}: its pending restart on failure was cancelled by {rec.get('by')} "
+                f"({rec.get('detail')}); nothing will be started"
+            )
 
     def under_way(self) -> list[str]:
         """The runs whose restart is under way."""
@@ -248,6 +292,9 @@ class AutoRestart:
         for name, st in self._runs.items():
             if name in self._tasks:
                 continue  # its restart is under way
+            begun_again = st.begun is not None
+            if st.begun is not None:
+                self._audit_begun(name, st, name in running)
             if name in running:
                 # Back: by the restart just made (its count stays), or by hand after a give-up
                 # (a later death starts a new count).
@@ -261,9 +308,29 @@ class AutoRestart:
             if st.due is None or now < st.due:
                 continue
             st.due = None
-            st.times.append(now)
+            if not begun_again:
+                st.times.append(now)
             self._tasks[name] = asyncio.ensure_future(self._restart(name, st))
         return out
+
+    def _audit_begun(self, name: str, st: _Restarts, running: bool) -> None:
+        """The audit record of a restart a previous watcher began and never recorded."""
+        it, st.begun = st.begun, None
+        assert it is not None
+        how = (
+            "the run is running: the restart was made"
+            if running
+            else "the run is not running: the restart was interrupted and is made again"
+        )
+        self._audit(
+            name,
+            config=self.engine.config.key,
+            host=it.host,
+            run=name,
+            ok=running,
+            reconciled=True,
+            detail=f"{intents.describe(it)}, by a watcher that ended before recording it; {how}",
+        )
 
     def _ended(self) -> list[Event]:
         out: list[Event] = []
@@ -296,7 +363,14 @@ class AutoRestart:
         command = None
         try:
             plan = await self.engine.plan(name, action="launch")
-            result = await self.engine.execute(plan)
+            result = await self.engine.execute(plan, intent=st.written)
+        except RestartCancelled as e:
+            # A kill cancelled it (audited there): no attempt, no retry, nothing to forget.
+            if st.times:
+                st.times.pop()
+            st.due, st.written = None, None
+            self._tell(f"cancelled|{name}|{count}", f"{name}: {e.message}")
+            return []
         except RunwatchError as e:
             detail = str(e)
         except Exception as e:  # off the loop: say what failed, like a failed refresh does

@@ -37,6 +37,7 @@ import contextlib
 import importlib
 import os
 import posixpath
+import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import msgspec
 
-from supervisor import audit, clients, display, launchspec, rates, runlock
+from supervisor import audit, clients, display, intents, launchspec, rates, runlock
 from supervisor import kill as kill_ops
 from supervisor.agent.match import client_path, script_index
 from supervisor.agent.protocol import FileSpec
@@ -64,6 +65,7 @@ from supervisor.errors import (
     HostError,
     KillRefused,
     OutcomeUnknown,
+    RestartCancelled,
     RunwatchError,
     UsageError,
 )
@@ -410,6 +412,7 @@ class Engine:
         wait = grace + 2 * self.config.host(host).command_timeout
         try:
             async with runlock.hold(self.config, run, wait, "kill", on_wait):
+                self._cancel_restarts_before_kill(run)
                 return await self._kill(host, identity, grace, run)
         except runlock.RunBusy as e:
             kill_ops.audit_kill_failed(
@@ -535,6 +538,50 @@ class Engine:
             raise HostError(f"{host}: no answer within {bound:g} s") from None
         return [dict(j, run=slurm.owner(j, owned)) for j in reply.get("jobs") or []]
 
+    async def cancel_restarts(
+        self, run: str, why: str = "kill", on_wait: Callable[[str], None] | None = None
+    ) -> str | None:
+        """Cancel the pending restart on failure of ``run`` (``supervisor.intents``), under the
+        run's lock, so that no watcher, this one or a later one, starts it: a kill of a run that
+        is not running (waiting for its restart's backoff). Audited (``restart-cancelled``).
+        Returns what was cancelled, or None when nothing was pending."""
+        rc = self.config.run(run)
+        wait = rc.stop_grace_seconds + 2 * self.config.host(rc.host).command_timeout
+        async with runlock.hold(self.config, run, wait, why, on_wait):
+            return self._cancel_restarts(run, why)
+
+    def _cancel_restarts_before_kill(self, run: str) -> None:
+        """A kill cancels the run's pending restart; a state dir that refuses it (its intent
+        or its audit record) never keeps the kill from being sent."""
+        with contextlib.suppress(OSError, RunwatchError):
+            self._cancel_restarts(run, "kill")
+
+    def _cancel_restarts(self, run: str, why: str) -> str | None:
+        """:meth:`cancel_restarts` with the run's lock held by the caller."""
+        try:
+            found = intents.read(self.config, run)
+        except (OSError, msgspec.DecodeError, RunwatchError):
+            found = None  # unreadable: removed all the same, said as unknown
+        exists = found is not None or intents.path_of(self.config, run).exists()
+        if not exists:
+            return None
+        intents.remove(self.config, run)
+        what = (
+            intents.describe(found)
+            if found is not None
+            else f"an unreadable intent ({intents.path_of(self.config, run)})"
+        )
+        text = f"pending restart on failure cancelled by {why}: {what}"
+        audit.record(
+            "restart-cancelled",
+            config=self.config.key,
+            host=found.host if found is not None else self.config.run(run).host,
+            run=run,
+            ok=True,
+            detail=text,
+        )
+        return text
+
     async def cancel_job(
         self,
         run_name: str,
@@ -559,6 +606,7 @@ class Engine:
 
         files = [spec["path"] for spec in self._file_specs(run, hc)]
         wait = run.stop_grace_seconds if grace is None else grace
+        self._cancel_restarts_before_kill(run_name)
         return await slurm.cancel_run(
             self.config, self.host(run.host), run, wait, files, expect=expect, on_wait=on_wait
         )
@@ -681,20 +729,32 @@ class Engine:
         )
 
     async def execute(
-        self, plan: Plan, *, dry_run: bool = False, on_step: OnStep | None = None
+        self,
+        plan: Plan,
+        *,
+        dry_run: bool = False,
+        on_step: OnStep | None = None,
+        intent: float | None = None,
     ) -> ActionResult:
         """Run ``plan`` step by step, stopping at the first failure; audited (one record per
-        launch or restart, and per move-aside or repair). ``dry_run``: the checks only."""
+        launch or restart, and per move-aside or repair). ``dry_run``: the checks only.
+        ``intent``: an automatic restart's intent (its ``written`` time): under the run's lock
+        it must still be on disk, else a kill cancelled it and :class:`RestartCancelled` is
+        raised with nothing started."""
         from supervisor.steps import execute as execute_plan
 
         hc = self.config.host(plan.host)
         if dry_run or hc.kind == "slurm":  # Slurm's steps hold the run's lock themselves
+            if intent is not None and not dry_run:
+                self._still_intended(plan.run.name, intent)
             return await execute_plan(self, plan, dry_run=dry_run, on_step=on_step)
         # One action on a run at a time (``supervisor.runlock``): a restart waits for a kill or
         # another restart of the run in any runwatch, then refuses naming the holder.
         wait = plan.run.stop_grace_seconds + 2 * hc.command_timeout
         try:
             async with runlock.hold(self.config, plan.run.name, wait, plan.action):
+                if intent is not None:
+                    self._still_intended(plan.run.name, intent)
                 return await execute_plan(self, plan, dry_run=dry_run, on_step=on_step)
         except runlock.RunBusy as e:
             audit.record(
@@ -702,6 +762,29 @@ class Engine:
                 ok=False, refused=True, detail=f"refused: {e.message}",
             )  # fmt: skip
             raise
+
+    def _still_intended(self, run: str, written: float) -> None:
+        """With the run's lock held: the automatic restart's intent must still be the one its
+        watcher wrote (a kill removes it under the same lock), and is marked ``started`` before
+        anything is started, so that a watcher killed from here on leaves it for the next
+        watcher to audit."""
+        try:
+            now = intents.read(self.config, run)
+        except (OSError, msgspec.DecodeError, RunwatchError):
+            return  # unreadable: a cancel removes the file, so it was not cancelled
+        if now is None or now.written != written:
+            raise RestartCancelled(
+                f"the automatic restart of {run} was cancelled (its intent is gone: a kill of "
+                "the run, see `runwatch audit`); nothing was started",
+                f"`runwatch launch {run}` starts it again",
+            )
+        # Not marked (the state dir refuses writes): the restart goes ahead; a watcher killed
+        # during it leaves the intent as it was, taken over as a pending restart.
+        with contextlib.suppress(OSError, RunwatchError):
+            intents.write(
+                self.config,
+                msgspec.structs.replace(now, started=time.time(), started_by=audit.actor()),
+            )
 
     async def tail_log(self, host: str, run: str, lines: int = 50) -> LogTail:
         """The last ``lines`` lines of ``run``'s log on ``host``.
@@ -1305,9 +1388,17 @@ class Engine:
         return sum(count_tokens(self._tokenizer, texts))
 
 
+def signal_name(number: int) -> str:
+    """``9, SIGKILL``: a signal's number and, where this system knows it, its name."""
+    try:
+        return f"{number}, {signal.Signals(number).name}"
+    except ValueError:
+        return str(number)
+
+
 def ending_text(unit: UnitInfo | None) -> str | None:
     """How a stopped run's last launch ended, for its state: ``finished (exit 0)``, ``died
-    (signal 9)``, ``stopped by runwatch``; None when runwatch did not launch it."""
+    (signal 9, SIGKILL)``, ``stopped by runwatch``; None when runwatch did not launch it."""
     if unit is None or unit.ending is None:
         return None
     ex = unit.exit
@@ -1316,11 +1407,13 @@ def ending_text(unit: UnitInfo | None) -> str | None:
     if unit.ending == "stopped":
         return "stopped by runwatch"
     assert ex is not None
-    how = f"signal {ex.signal}" if ex.signal is not None else f"exit {ex.code}"
+    how = f"signal {signal_name(ex.signal)}" if ex.signal is not None else f"exit {ex.code}"
     if ex.failed is not None and ex.code == 0 and ex.signal is None:
         what = ex.failed.get("signal")
         how += f"; its process {ex.failed.get('pid')} " + (
-            f"died of signal {what}" if what is not None else f"exited {ex.failed.get('code')}"
+            f"died of signal {signal_name(what)}"
+            if what is not None
+            else f"exited {ex.failed.get('code')}"
         )
     return f"{unit.ending} ({how})"
 

@@ -56,6 +56,11 @@ class KillRefused(RunwatchError):
     """The process named by an identity is not the one that was listed (PID reused...)."""
 
 
+class RestartCancelled(RunwatchError):
+    """An automatic restart whose intent was cancelled (a kill of the run, from any front end)
+    before it could take the run's lock: nothing was started."""
+
+
 class LaunchError(RunwatchError):
     """A run could not be launched, or did not stay alive long enough to be confirmed."""
 

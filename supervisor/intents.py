@@ -9,6 +9,14 @@ that starts on the config reads the intents left by one that died (``kill -9``, 
 laptop) and takes each over, or says why it abandons it (the run is gone from the config, no
 longer ``on_exit = "restart"``, the file is unreadable): a watcher's death never leaves a run
 silently down.
+
+A kill of the run (from any front end, through ``Engine.kill`` or ``Engine.cancel_restarts``)
+cancels its intent (:func:`cancel`), audited as ``restart-cancelled``; a restart checks, under the
+run's lock, that its intent is still the one it wrote (``Engine.execute(intent=...)``), so a
+cancelled restart never starts, in this watcher or the next. A restart about to start is marked
+``started`` first: a watcher killed at that instant leaves an intent that the next watcher
+audits (the run found running: the restart was made; not running: it was interrupted, and is
+made again).
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from supervisor.paths import private_dir, state_dir, write_private
+from supervisor.errors import UnsafeState
+from supervisor.paths import private_dir, read_private, state_dir, write_private
 
 if TYPE_CHECKING:
     from supervisor.config import Config
@@ -43,6 +52,9 @@ class Intent(msgspec.Struct, kw_only=True):
     written: float
     by: str
     """The watcher that wrote it (``supervisor.audit.actor``)."""
+    started: float | None = None
+    """Unix seconds: when its watcher began the restart (None while it waits)."""
+    started_by: str | None = None
 
 
 def directory(config: Config) -> Path:
@@ -67,6 +79,36 @@ def remove(config: Config, run: str) -> None:
         os.unlink(path_of(config, run))
 
 
+def read(config: Config, run: str) -> Intent | None:
+    """``run``'s intent as kept now (None when there is none)."""
+    try:
+        return msgspec.json.decode(read_private(path_of(config, run)), type=Intent)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def cancel(config: Config, run: str) -> Intent | None:
+    """Remove ``run``'s intent and return it (None when there was none; an unreadable one is
+    removed too and returned as None)."""
+    try:
+        found = read(config, run)
+    except (OSError, msgspec.DecodeError, UnsafeState):
+        found = None
+    remove(config, run)
+    return found
+
+
+def describe(intent: Intent, now: float | None = None) -> str:
+    """``restart 2 of run-died: ... (due in 41 s, written 9 s ago by root@box ...)``."""
+    now = time.time() if now is None else now
+    when = (
+        f"begun {max(0.0, now - intent.started):.0f} s ago by {intent.started_by}"
+        if intent.started is not None
+        else f"due in {max(0.0, intent.not_before - now):.0f} s"
+    )
+    return f"restart {intent.attempt} ({intent.reason}; {when}, {age_text(intent, now)})"
+
+
 def pending(config: Config) -> tuple[list[Intent], list[tuple[Path, str]]]:
     """The intents kept for ``config``, and the files that could not be read (with why)."""
     found: list[Intent] = []
@@ -80,8 +122,8 @@ def pending(config: Config) -> tuple[list[Intent], list[tuple[Path, str]]]:
             continue
         path = directory(config) / name
         try:
-            found.append(msgspec.json.decode(path.read_bytes(), type=Intent))
-        except (OSError, msgspec.DecodeError) as e:
+            found.append(msgspec.json.decode(read_private(path), type=Intent))
+        except (OSError, msgspec.DecodeError, UnsafeState) as e:
             bad.append((path, str(e)))
     return found, bad
 

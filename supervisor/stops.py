@@ -7,7 +7,8 @@ locks are read first, then the log: an action holds its run's lock until its aud
 written, so a stop the refresh saw is in one or the other. :class:`StopLedger` keeps those keys
 (``events.stop_key``, ``busy_key``, ``moved_key``) for ``EventTracker.update`` and, for the
 watcher, turns the records of other processes into events: restarts, and stops with who and
-from where. The watcher and the dashboard share it.
+from where; and hands it the kills that cancelled a pending restart (``restart-cancelled``). The
+watcher and the dashboard share it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class StopLedger:
         self._stops: set[str] = set()
         self._seen: set[tuple[str, float]] = set()
         self._events: list[Event] = []
+        self._cancels: list[dict[str, Any]] = []
         self.error: str | None = None
         """Why the audit log could not be read at the last try (None: it was): the stops it
         holds are the last ones read, and a stop since may show as a death (an alarm too many,
@@ -88,6 +90,13 @@ class StopLedger:
         out, self._events = self._events, []
         return out
 
+    def take_cancels(self) -> list[dict[str, Any]]:
+        """The ``restart-cancelled`` records (a kill of a run waiting for its restart on
+        failure, from any runwatch process) written since the last call, for the watcher to
+        drop those restarts (``AutoRestart.cancelled``)."""
+        out, self._cancels = self._cancels, []
+        return out
+
     def _read(self) -> set[str]:
         out: set[str] = set()
         for new, rec in audit.read_marked(self._mark, limit=1000, config=self.config.key):
@@ -100,6 +109,9 @@ class StopLedger:
                 ev = self._event(rec)
                 if ev is not None:
                     self._events.append(ev)
+                if rec.get("action") == "restart-cancelled":
+                    # Kept for a watcher to take; bounded for a dashboard that never does.
+                    self._cancels = [*self._cancels[-99:], rec]
             key = _key(rec)
             if key is not None:
                 out.add(key)

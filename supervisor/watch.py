@@ -264,6 +264,8 @@ class Watcher:
         # What the refresh saw is shown and alerted whatever the restarts meet (W22).
         try:
             events += self.restarts.observe(events)
+            # A kill from any runwatch process cancels a pending restart (in memory too).
+            self.restarts.cancelled(self.stops.take_cancels())
             # Started off this loop; the events of the ones that ended since the last refresh.
             events += await self.restarts.step(snap)
         except Exception as e:  # said, and the events of this refresh still go out

@@ -275,9 +275,26 @@ async def _kill(
     from supervisor.engine import Engine
 
     engine = Engine(config)
+
+    def waiting(text: str) -> None:
+        click.echo(text, err=True)
+
     try:
         procs = await engine.list_processes(cfg.name)
-        targets = _targets(config, procs, run, pid, cfg.name)
+        try:
+            targets = _targets(config, procs, run, pid, cfg.name)
+        except KillRefused:
+            raise
+        except RunwatchError as e:
+            # Not running: it may be waiting for a watcher's restart on failure. A kill cancels
+            # it (audited), so the run does not come back.
+            if run is None or run not in {r.name for r in config.runs}:
+                raise
+            cancelled = await engine.cancel_restarts(run, on_wait=waiting)
+            if cancelled is None:
+                raise
+            click.echo(f"{e.message}; its {cancelled}", err=True)
+            return []
         for p in targets:
             if not p.killable:
                 raise KillRefused(
@@ -293,9 +310,6 @@ async def _kill(
                 err=True,
             ):
                 return None
-
-        def waiting(text: str) -> None:
-            click.echo(text, err=True)
 
         # Each kill is audited by the engine, a lost reply and a refusal included; another
         # action on the run (its lock) is waited for, named.

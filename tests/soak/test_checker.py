@@ -442,7 +442,7 @@ def _death(run: str = "phoenix", pid: int = 100, t: float = 1000.0, **kw: Any) -
 
 def _died_alert(run: str, pid: int) -> str:
     return (
-        f"runwatch critical: {run}\nRun stopped (pid {pid}) on here: died (signal 9), "
+        f"runwatch critical: {run}\nRun stopped (pid {pid}) on here: died (signal 9, SIGKILL), "
         "not stopped through runwatch, datasets not done."
     )
 

@@ -1,0 +1,172 @@
+"""A kill cancels the watcher's intents (W31), a restart begun by a watcher SIGKILLed at that
+instant is audited by the next one (W32), and a signalled death says its signal.
+
+Real watchers (``runwatch watch`` processes), real demo runs, the real ``runwatch kill`` CLI and
+the audit log."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from supervisor import audit
+from tests.e2e.test_watch_cli import start, text
+from tests.e2e.test_watch_intents import intent_file, launch
+from tests.fixtures_actions import DemoRun, run_pids
+from tests.waiting import wait_until
+
+BACKOFF = """on_exit = "restart"
+restart_backoff_seconds = {backoff}
+restart_max = 3
+restart_window_seconds = 600
+settle_seconds = 0.5"""
+
+
+def runwatch(demo: DemoRun, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "-c", str(demo.config_path), *args],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+
+
+def test_w31_a_kill_during_the_backoff_cancels_the_restart_in_this_watcher_and_the_next(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    spawn: Callable[..., Any],
+) -> None:
+    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300, run_toml=BACKOFF.format(backoff=6))
+    kill_runs_in.append(demo.workdir)
+    pid = launch(demo)
+    out = tmp_path / "first.out"
+    watcher = start(spawn, demo.config_path, out)
+    wait_until(lambda: "first refresh: running demo" in text(out), 60, what="a refresh")
+    os.kill(pid, signal.SIGKILL)
+    wait_until(intent_file(demo).exists, 60, what="the restart intent before the backoff")
+    due = json.loads(intent_file(demo).read_text())["not_before"]
+    # A signalled death says its signal, by number and name.
+    line = next(li for li in text(out).splitlines() if "Run stopped" in li)
+    assert "died (signal 9, SIGKILL)" in line, line
+
+    killed = runwatch(demo, "kill", "demo", "--yes")
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert "is not running" in killed.stderr
+    assert "pending restart on failure cancelled by kill: restart 1 (run-died:" in killed.stderr
+    assert not intent_file(demo).exists()
+    cancelled = [r for r in audit.read() if r["action"] == "restart-cancelled"]
+    assert len(cancelled) == 1 and cancelled[0]["run"] == "demo" and cancelled[0]["ok"] is True
+    assert "restart 1" in cancelled[0]["detail"]
+
+    # The watcher reads the kill's record and drops the restart it held in memory, before its
+    # backoff ends; the restart is never made.
+    wait_until(
+        lambda: "demo: its pending restart on failure was cancelled by" in text(out),
+        90,
+        what="the watcher dropping the cancelled restart",
+    )
+    assert "restart 1 (run-died:" in text(out).split("its pending restart on failure")[1]
+    # Well past its backoff (ten refreshes of 0.3 s), nothing was started.
+    wait_until(lambda: time.time() > due + 3.0, 60, what="the end of the cancelled backoff")
+    assert run_pids(demo.workdir) == []
+    assert not [r for r in audit.read() if r["action"] == "auto-restart"]
+    assert len([r for r in audit.read() if r["action"] == "launch"]) == 1, "a restart was made"
+    watcher.send_signal(signal.SIGTERM)
+    assert watcher.wait(30) == 0
+
+    # A new watcher finds nothing to take over.
+    second_out = tmp_path / "second.out"
+    second = start(spawn, demo.config_path, second_out)
+    wait_until(lambda: "first refresh" in text(second_out), 60, what="the second watcher")
+    assert "took over" not in text(second_out)
+    assert run_pids(demo.workdir) == [] and not intent_file(demo).exists()
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(30) == 0
+    assert "Traceback" not in text(out) + text(second_out)
+
+
+def test_w31_a_kill_of_a_running_run_cancels_a_pending_intent_too(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+) -> None:
+    """An intent left by a dead watcher while the run was started again by hand: a kill of the
+    running run removes it (audited), so no later watcher restarts what was killed."""
+    from supervisor import intents
+    from supervisor.config import load_config
+
+    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300, run_toml=BACKOFF.format(backoff=6))
+    kill_runs_in.append(demo.workdir)
+    launch(demo)
+    config = load_config(demo.config_path)
+    intents.write(
+        config,
+        intents.Intent(
+            run="demo", host="local", attempt=2, not_before=0.0, reason="run-died: earlier",
+            written=1.0, by="a watcher that died",
+        ),
+    )  # fmt: skip
+    killed = runwatch(demo, "kill", "demo", "--yes")
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert run_pids(demo.workdir) == [] and not intent_file(demo).exists()
+    (rec,) = [r for r in audit.read() if r["action"] == "restart-cancelled"]
+    assert (
+        "restart 2 (run-died: earlier" in rec["detail"] and "a watcher that died" in rec["detail"]
+    )
+
+
+def test_w32_a_restart_begun_by_a_watcher_killed_at_that_instant_is_audited_by_the_next(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    spawn: Callable[..., Any],
+) -> None:
+    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300, run_toml=BACKOFF.format(backoff=2))
+    kill_runs_in.append(demo.workdir)
+    pid = launch(demo)
+    first_out = tmp_path / "first.out"
+    first = start(spawn, demo.config_path, first_out)
+    wait_until(lambda: "first refresh: running demo" in text(first_out), 60, what="a refresh")
+    os.kill(pid, signal.SIGKILL)
+
+    def begun() -> dict[str, Any] | None:
+        try:
+            it = json.loads(intent_file(demo).read_text())
+        except (OSError, ValueError):
+            return None
+        return it if it.get("started") is not None else None
+
+    it = wait_until(begun, 90, what="the intent marked started", interval=0.002)
+    first.send_signal(signal.SIGKILL)  # at the instant the restart begins
+    first.wait(30)
+    assert it["attempt"] == 1 and it["started_by"]
+    assert not [r for r in audit.read() if r["action"] == "auto-restart"]
+
+    second_out = tmp_path / "second.out"
+    second = start(spawn, demo.config_path, second_out)
+    wait_until(
+        lambda: "was begun by a watcher that ended" in text(second_out), 60, what="the takeover"
+    )
+    wait_until(
+        lambda: [r for r in audit.read() if r["action"] == "auto-restart" and r.get("reconciled")],
+        90,
+        what="the begun restart audited by the next watcher",
+    )
+    (rec,) = [r for r in audit.read() if r["action"] == "auto-restart" and r.get("reconciled")]
+    assert "by a watcher that ended before recording it" in rec["detail"]
+    assert "restart 1 (run-died:" in rec["detail"]
+    # Made, or interrupted and made again: either way the run ends up running, once.
+    wait_until(lambda: len(run_pids(demo.workdir)) == 1, 120, what="the run running again")
+    wait_until(lambda: not intent_file(demo).exists(), 60, what="the intent removed")
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(30) == 0
+    assert "Traceback" not in text(first_out) + text(second_out)
