@@ -16,9 +16,11 @@ environment (read at interpreter start-up) differs from the server's starts a re
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,6 +83,7 @@ class _Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
+        self.buffered = b""
         atexit.register(self.close)
 
     def serves(self, env: dict[str, str]) -> bool:
@@ -96,14 +99,25 @@ class _Server:
                 open(path, "wb").close()
             fields = [code, out, err, cwd, *(f"{k}={v}" for k, v in env.items())]
             request = "\0".join(fields).encode("utf-8", "surrogateescape")
-            self.proc.stdin.write(b"%d\n" % len(request) + request)
-            self.proc.stdin.flush()
-            pid = int(self._line(timeout))
+            try:
+                self.proc.stdin.write(b"%d\n" % len(request) + request)
+                self.proc.stdin.flush()
+                pid = int(self._line(timeout))
+            except BaseException:
+                self.kill()  # out of step with the server: the next call starts another
+                raise
             try:
                 status = int(self._line(timeout))
             except subprocess.TimeoutExpired:
-                os.kill(pid, 9)
-                self._line(timeout)
+                with contextlib.suppress(ProcessLookupError):  # it ended just now
+                    os.kill(pid, signal.SIGKILL)
+                try:
+                    self._line(timeout)  # its status, once the server has reaped it
+                except BaseException:
+                    self.kill()
+                raise
+            except BaseException:
+                self.kill()
                 raise
             with open(out, encoding="utf-8", errors="replace") as f:
                 stdout = f.read()
@@ -112,15 +126,26 @@ class _Server:
         return status, stdout, stderr
 
     def _line(self, timeout: float) -> bytes:
+        """The server's next line (a child's pid, then its exit status). Read with ``os.read``
+        into a buffer of this object's own: the two lines often come in one read, and a
+        buffered reader would hold the second where waiting on the pipe cannot see it."""
         assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
         with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            if not sel.select(timeout):
-                raise subprocess.TimeoutExpired([sys.executable, "-c", "..."], timeout)
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the fresh-interpreter server exited")
+            sel.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self.buffered:
+                if not sel.select(timeout):
+                    raise subprocess.TimeoutExpired([sys.executable, "-c", "..."], timeout)
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    raise RuntimeError("the fresh-interpreter server exited")
+                self.buffered += chunk
+        line, _, self.buffered = self.buffered.partition(b"\n")
         return line
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
 
     def close(self) -> None:
         if self.proc.poll() is None:

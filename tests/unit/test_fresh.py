@@ -41,3 +41,27 @@ def test_a_call_that_hangs_is_stopped_at_its_timeout() -> None:
     with pytest.raises(subprocess.TimeoutExpired):
         fresh.run("import threading\nthreading.Event().wait()", timeout=0.5)
     assert fresh.run("print(1)").stdout == "1\n"
+
+
+def test_quick_calls_in_a_row_each_get_their_own_answer() -> None:
+    """A quick child's pid and exit status often reach the caller in one read."""
+    for n in range(10):
+        done = fresh.run(f"print({n})\nraise SystemExit({n})", timeout=30)
+        assert (done.returncode, done.stdout) == (n, f"{n}\n")
+
+
+def test_two_answers_that_come_in_one_read_are_both_seen() -> None:
+    """The server's pid and status lines, when they come in one write on a pipe that stays open,
+    are two answers: the second is not left in a buffer the wait on the pipe cannot see."""
+    server = fresh._Server.__new__(fresh._Server)
+    server.buffered = b""
+    server.proc = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert server.proc.stdin is not None and server.proc.stdout is not None
+    try:
+        server.proc.stdin.write(b"41\n3\n")  # one write, which cat passes on as one
+        server.proc.stdin.flush()
+        assert (server._line(30), server._line(5)) == (b"41", b"3")
+    finally:
+        server.proc.stdin.close()
+        server.proc.wait(timeout=30)
+        server.proc.stdout.close()
