@@ -35,12 +35,15 @@ demo-headless: $(STAMP)
 # first the tests marked `serial`, by themselves (when a test file marks any), then all the
 # others on TEST_WORKERS processes, each with its own sshd, Slurm and Prometheus (the tests wait
 # on processes more than they compute: 4 measured fastest on 2 cores); the 20 slowest are listed.
+# Property tests try their full count of examples here (the hypothesis profile `long`, see
+# tests/properties.py); elsewhere a bounded few.
 TEST_WORKERS ?= 4
 test: $(STAMP)
-	if grep -rqE 'mark\.serial' tests; then $(BIN)/python -m pytest -q -p no:xdist -m serial --durations=20; fi
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not serial" --durations=20
+	if grep -rqE 'mark\.serial' tests; then HYPOTHESIS_PROFILE=long $(BIN)/python -m pytest -q -p no:xdist -m serial --durations=20; fi
+	HYPOTHESIS_PROFILE=long $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not serial" --durations=20
 
-# The unit tier alone, in about half a minute: the loop to run while editing.
+# The unit tier alone, in under half a minute: the loop to run while editing (the hypothesis
+# profile `unit`: a bounded number of examples per property test).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m unit tests/unit
 

@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tests import properties
+
 pytest_plugins = sorted(f"tests.{p.stem}" for p in Path(__file__).parent.glob("fixtures_*.py"))
 
 UNIT = Path(__file__).parent / "unit"
+
+properties.load()  # the hypothesis profile: bounded examples unless HYPOTHESIS_PROFILE=long
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

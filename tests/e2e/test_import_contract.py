@@ -11,16 +11,13 @@ from typing import Any
 import pytest
 
 import supervisor
+from tests import fresh
 
 
 def _modules_after(code: str) -> set[str]:
-    probe = textwrap.dedent(code) + "\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))\n"
-    out = subprocess.run(
-        [sys.executable, "-c", probe], check=True, capture_output=True, text=True
-    ).stdout
-    import json
-
-    return set(json.loads(out.splitlines()[-1]))
+    """The modules a fresh interpreter holds after ``code`` (a fork of one server per test
+    process, not an interpreter per module: ``tests/fresh.py``)."""
+    return fresh.modules_after(textwrap.dedent(code))
 
 
 def _engine_modules() -> list[str]:

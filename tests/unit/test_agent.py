@@ -49,7 +49,8 @@ def test_bundle_carries_the_interpreter_line_then_the_agent() -> None:
 
 def test_bundled_modules_import_only_the_standard_library() -> None:
     stdlib = set(sys.stdlib_module_names)
-    for name, source in hosts.bundle_sources().items():
+    bundle = hosts.bundle_sources()
+    for name, source in bundle.items():
         import ast
 
         for node in ast.walk(ast.parse(source)):
@@ -62,7 +63,7 @@ def test_bundled_modules_import_only_the_standard_library() -> None:
                 top = m.split(".")[0]
                 assert top in stdlib or top in ("supervisor", "psutil"), (name, m)
                 if top == "supervisor":
-                    assert m in hosts.bundle_sources(), (name, m)
+                    assert m in bundle, (name, m)
 
 
 def test_hostile_python_path_is_data_not_shell(tmp_path: Path) -> None:

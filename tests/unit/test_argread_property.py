@@ -25,6 +25,7 @@ from supervisor.config import load_config
 from supervisor.errors import ConfigError
 from supervisor.layout import layout_of
 from supervisor.replies import ResolvedArgs
+from tests.properties import examples
 
 TOKENS = [
     ["--out", "data/s.jsonl"],
@@ -146,7 +147,7 @@ def _real(source: str, argv: list[str], work: Path) -> Any:
 accepted = {"n": 0}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(source=parsers(), items=st.lists(st.sampled_from(TOKENS), max_size=5))
 @example(
     source='import argparse\np = argparse.ArgumentParser()\np.add_argument("--out")\n'

@@ -8,13 +8,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import click
 import pytest
 
 from supervisor.cli import LAZY_COMMANDS, cli
+from tests import fresh
 from tests.fixtures_data import make_raw
 
 
@@ -27,14 +27,7 @@ def _runwatch(*args: str, probe: str = "") -> subprocess.CompletedProcess[str]:
         "import tui.cli\n"
         "tui.cli.main()\n" + probe
     )
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return fresh.run(code, timeout=120)
 
 
 def _listed(help_text: str) -> dict[str, str]:

@@ -87,11 +87,10 @@ def test_scan_empty_directory_is_a_usage_error(tmp_path: Path) -> None:
     assert "no dataset files found" in text
 
 
-def test_scan_counts_tokenizer_formats_with_tokenizer(tmp_path: Path) -> None:
-    from supervisor.demo.tokenizer import ensure_demo_tokenizer
+def test_scan_counts_tokenizer_formats_with_tokenizer(tmp_path: Path, demo_tokenizer: Path) -> None:
     from supervisor.tokens import count_tokens, load_tokenizer
 
-    tok_dir = ensure_demo_tokenizer(tmp_path / "tok")
+    tok_dir = demo_tokenizer  # the session's build of the demo tokenizer, loaded once per process
     rng = random.Random(4)
     recs = [specforge_record(rng, f"sf{i}") for i in range(30)]
     path = tmp_path / "regen.jsonl"

@@ -10,13 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.history import MAX_POINTS, History, Ring
+from tests.properties import examples
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 point = st.lists(finite, min_size=1, max_size=6).map(tuple)
 op = st.tuples(st.sampled_from(["append", "replace"]), point)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(first=point, ops=st.lists(op, max_size=60), fill=st.integers(0, MAX_POINTS + 40))
 def test_a_ring_reads_back_as_the_bounded_deque_of_its_points(
     first: tuple[float, ...], ops: list[tuple[str, tuple[float, ...]]], fill: int

@@ -3,22 +3,10 @@ the import-linter contracts of pyproject.toml, and the host factory that sits ab
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 from supervisor.configschema import HostConfig
 from supervisor.hostfactory import make_host
 from supervisor.hosts import LocalHost
-
-
-def modules_after(statement: str) -> set[str]:
-    """The modules a fresh interpreter holds after ``statement``."""
-    probe = f"{statement}\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))\n"
-    out = subprocess.run(
-        [sys.executable, "-c", probe], check=True, capture_output=True, text=True
-    ).stdout
-    return set(json.loads(out.splitlines()[-1]))
+from tests.fresh import modules_after
 
 
 def test_the_client_profiles_load_without_the_config_loader() -> None:

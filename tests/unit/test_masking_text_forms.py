@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from supervisor.agent import masking
 from supervisor.agent.protocol import MASK
+from tests.properties import examples
 
 ALNUM = string.ascii_letters + string.digits
 K = "Zq8vR2mXk4LpT9wB7nYc"
@@ -80,7 +81,7 @@ key_values = st.text(alphabet=ALNUM + "-_./+=", min_size=12, max_size=60).filter
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     name=st.sampled_from(NAMES),
     form=st.sampled_from(FORMS),
@@ -125,7 +126,7 @@ SHAPES = {
 }
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     kind=st.sampled_from(sorted(SHAPES)),
     data=st.data(),
@@ -138,7 +139,7 @@ def test_t41_a_provider_key_printed_without_a_name_is_masked(
     assert key not in masking.mask_text(around.format(key)), kind
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(secret=_body(40, ALNUM + "/+"), kid=_body(16, string.ascii_uppercase + "234567"))
 def test_t41_an_aws_secret_key_next_to_its_key_id_is_masked(secret: str, kid: str) -> None:
     if not masking._AWS_SECRET.fullmatch(secret):
@@ -195,7 +196,7 @@ def test_t42_what_only_looks_like_a_secret_is_shown_as_it_is(text: str) -> None:
     assert masking.mask_text(text) == text
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     raw=st.binary(min_size=1, max_size=64),
     form=st.sampled_from(["commit {h}", "sha256:{s}", "uuid {u}", "ckpt-{h}.pt", "id={u}"]),
@@ -212,7 +213,7 @@ def test_t42_hashes_uuids_and_counts_are_never_masked(
         assert masking.mask_text(line) == line
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(value=key_values, form=st.sampled_from(FORMS), name=st.sampled_from(["note", "data"]))
 def test_t42_the_new_forms_keep_registered_encodings_masked(
     value: str, form: str, name: str

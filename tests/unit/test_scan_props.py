@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from supervisor.agent import scan
 from supervisor.agent.scan import Scanner
 from tests.fixtures_data import dump, legacy_record, raw_record
+from tests.properties import examples
 
 _RNG = random.Random(40)
 _GOOD = [dump(raw_record(_RNG, f"id-{i % 9}-é")) for i in range(12)]
@@ -52,7 +53,7 @@ lines = st.lists(
 )
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     body=lines,
     tail=st.binary(max_size=40).filter(lambda b: b"\n" not in b),
@@ -151,7 +152,7 @@ _NEAR = [
 _RESULT_KEYS = (*_KEYS, "formats", "kinds", "validated", "format", "unique_ids", "texts")
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     body=st.lists(
         st.one_of(st.sampled_from(_PLAIN), st.sampled_from(_NEAR)), min_size=0, max_size=40

@@ -22,7 +22,7 @@ def test_watch_stops_an_over_budget_run_exactly_once(tmp_path: Path, fake_runs: 
     run, cfg = over_budget_stop_run(tmp_path, fake_runs, seed=3)
     state = tmp_path / "state"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "supervisor.cli", "status", "-c", str(cfg), "--watch", "0.2"],
+        [sys.executable, "-m", "supervisor.cli", "status", "-c", str(cfg), "--watch", "0.1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "XDG_STATE_HOME": str(state)},

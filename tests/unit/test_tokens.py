@@ -13,6 +13,7 @@ import pytest
 from supervisor.demo.tokenizer import DemoVocab, ensure_demo_tokenizer
 from supervisor.errors import ConfigError, RunwatchError
 from supervisor.tokens import count_tokens, decode_preview, load_tokenizer
+from tests import fresh
 
 
 def test_loads_the_demo_tokenizer_through_transformers(demo_tokenizer: Path) -> None:
@@ -67,8 +68,7 @@ def test_a_broken_tokenizer_directory_is_a_runwatch_error(tmp_path: Path) -> Non
 
 def test_importing_tokens_does_not_import_transformers() -> None:
     code = "import sys, supervisor.tokens; print('transformers' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert fresh.run(code, check=True).stdout.strip() == "False"
 
 
 def test_demo_tokenizer_build_is_idempotent(tmp_path: Path) -> None:

@@ -41,7 +41,15 @@ async def test_kill_on_an_unreachable_host_says_unknown_not_not_running(tmp_path
         await wait_for(lambda: app.refreshes >= 1, timeout=30, what="the first snapshot")
         (run,) = [r for _h, r in app.runs() if r.name == "far-run"]
         assert run.state_text == "unknown (host unreachable)"
-        table = next(t for t in app.screen.query(DatasetTable) if t.run_key == "ghost/far-run")
+
+        def run_table() -> DatasetTable | None:
+            tables = app.screen.query(DatasetTable)
+            return next((t for t in tables if t.run_key == "ghost/far-run"), None)
+
+        # The table is mounted after the snapshot that lists the run: wait for it too.
+        await wait_for(lambda: run_table() is not None, what="the run's dataset table")
+        table = run_table()
+        assert table is not None
         table.focus()
         await pilot.pause()
         await pilot.press("k")

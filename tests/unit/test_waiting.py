@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests import waiting
+from tests import fresh, waiting
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,15 +17,8 @@ def scale_with(env: dict[str, str]) -> float:
     """``waiting.SCALE`` in a fresh interpreter whose environment has ``env`` (and no other CI
     or scale setting)."""
     base = {k: v for k, v in os.environ.items() if k not in ("CI", "RUNWATCH_TEST_WAIT_SCALE")}
-    out = subprocess.run(
-        [sys.executable, "-c", "from tests import waiting; print(waiting.SCALE)"],
-        cwd=ROOT,
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return float(out.stdout)
+    code = "from tests import waiting; print(waiting.SCALE)"
+    return float(fresh.run(code, cwd=ROOT, env={**base, **env}, check=True).stdout)
 
 
 def test_ci_lengthens_every_wait_and_the_variable_says_by_how_much() -> None:
