@@ -130,6 +130,8 @@ async def test_a_run_that_dies_once_is_restarted_through_the_gate(
         pid = (launched.identity or {})["pid"]
         async with watching(engine, tmp_path) as (watcher, _lines):
             await wait_for(lambda: running_pid(engine) == pid, 30, what="the run seen running")
+            # Data to hand the restarted client (a start over no data keeps no snapshot).
+            await wait_for(lambda: demo.lines("B1"), 60, what="a first record of B1")
             os.kill(pid, signal.SIGKILL)
             done = await wait_for(
                 lambda: [e for e in watcher.events if e.kind == "restart-done"],
