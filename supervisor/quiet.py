@@ -116,9 +116,8 @@ async def check(runner: _Runner, step: Step) -> None:
     rule += f", {MIN_WINDOW_S:g} to {MAX_WINDOW_S:g} s"
     # The host lengthens the window to 3 x the time since a file last changed (at most the
     # longest window): a writer that wrote that long ago may write again as late.
-    longer = (
-        f"longer by {INTERVALS:g} x the time since a file last changed, at most {MAX_WINDOW_S:g} s"
-    )
+    since = f"{INTERVALS:g} x the time since a file last changed, at most {MAX_WINDOW_S:g} s"
+    longer = f"longer by {since}"
     running = plan.old is not None or plan.job is not None
     if runner.dry_run and running:
         await runner.set(
@@ -153,10 +152,7 @@ async def check(runner: _Runner, step: Step) -> None:
         ],
     }
     if seen.window_s > window:
-        rule = (
-            f"lengthened from {_seconds(window)}: {INTERVALS:g} x the time since a file last "
-            f"changed, at most {MAX_WINDOW_S:g} s"
-        )
+        rule = f"lengthened from {_seconds(window)}: {since}"
     changed = [f for f in seen.files if f.change]
     if not changed:
         step.detail = (

@@ -18,6 +18,7 @@ import click
 
 from supervisor import display
 from supervisor.cli._common import config_option, get_config, json_option, print_json, write_control
+from supervisor.config import Config
 from supervisor.errors import RunwatchError, UsageError
 
 DATA_FILE = "raw_responses.jsonl"
@@ -319,15 +320,14 @@ def check(target: str, fmt: str | None, config_path: str | None, as_json: bool) 
     them exists (a check never passes on nothing); a RUN whose data files cannot be determined
     is an error.
     """
-    if not _names_a_run(target, config_path) and (
-        Path(target).exists() or "/" in target or target.endswith(".jsonl")
-    ):
+    config = _config_naming(target, config_path)
+    if config is None and (Path(target).exists() or "/" in target or target.endswith(".jsonl")):
         files = find_files([target])
         profile = _profile_for(fmt, config_path)
         results = scan_paths(files, fmt, "all", profile, texts=False)
         missing_ok = False
     else:
-        results = _check_run(target, config_path, fmt)
+        results = _check_run(target, config or get_config(config_path), fmt)
         missing_ok = True
     odd = odd_formats(results) if fmt is None else {}
     report = []
@@ -382,22 +382,21 @@ def check(target: str, fmt: str | None, config_path: str | None, as_json: bool) 
     sys.exit(0 if ok else 1)
 
 
-def _names_a_run(target: str, config_path: str | None) -> bool:
-    """Whether ``target`` is a run of the config (a bare name a run has means the run, even
+def _config_naming(target: str, config_path: str | None) -> Config | None:
+    """The config when ``target`` is one of its runs (a bare name a run has means the run, even
     where a file or directory of that name is here too: ``./NAME`` checks that one)."""
     if "/" in target or target.endswith(".jsonl"):
-        return False
+        return None
     try:
         config = get_config(config_path)
     except RunwatchError:
-        return False
-    return any(r.name == target for r in config.runs)
+        return None
+    return config if any(r.name == target for r in config.runs) else None
 
 
-def _check_run(run_name: str, config_path: str | None, fmt: str | None) -> list[dict[str, Any]]:
+def _check_run(run_name: str, config: Config, fmt: str | None) -> list[dict[str, Any]]:
     import asyncio
 
-    config = get_config(config_path)
     run = config.run(run_name)  # ConfigError naming the known runs (or "runs: none")
     if fmt is not None and fmt != run.format:
         raise UsageError(
