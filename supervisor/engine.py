@@ -927,6 +927,38 @@ class Engine:
         await asyncio.gather(*(self._close(h) for h in self._hosts.values()))
         self._live.save()
 
+    async def reconfigure(self, config: Config) -> None:
+        """Go on with ``config`` in place of the engine's (``supervisor.reload``: the watcher's
+        config file changed; same state key). A host whose settings did not change keeps its
+        connection and its last view; a changed or new host connects at the next refresh; a
+        dropped host is closed. Runs dropped from the config are forgotten by the event tracker
+        (re-added later, they start afresh)."""
+        old = {hc.name: hc for hc in self.config.hosts}
+        kept = {hc.name for hc in config.hosts if old.get(hc.name) == hc}
+        closing = [h for name, h in self._hosts.items() if name not in kept]
+        self.config = config
+        note_secrets(config)
+        for name in [n for n in self._hosts if n not in kept]:
+            del self._hosts[name]
+            state = self._state.pop(name, None)
+            if state is not None and state.asking is not None:
+                state.asking.cancel()
+        for hc in config.hosts:
+            if hc.name not in self._hosts:
+                self._hosts[hc.name] = make_host(hc)
+            if hc.name not in self._state:
+                runs = [
+                    RunView(name=r.name, host=hc.name, state="unknown")
+                    for r in self._runs_of(hc.name)
+                ]
+                self._state[hc.name] = _HostState(view=HostView(name=hc.name, runs=runs))
+        self._live.config = config
+        if self._guard is not None:
+            self._guard.config = config
+        if self._supervision is not None:
+            self._supervision.reconfigure(config)
+        await asyncio.gather(*(self._close(h) for h in closing))
+
     async def __aenter__(self) -> Engine:
         return self
 

@@ -69,6 +69,8 @@ EventKind = Literal[
     "budget-policy",
     "duplicates",
     "data-shrank",
+    "config-reloaded",
+    "config-refused",
 ]
 EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
 SEVERITIES: tuple[str, ...] = get_args(Severity)
@@ -203,6 +205,20 @@ class EventTracker:
         self._done_figure: dict[tuple[str, str, str], tuple[int, int]] = {}
         """The figure each dataset's last ``dataset-done`` gave (responses, tokens)."""
         self._started = False
+
+    def reconfigure(self, config: Config) -> None:
+        """Go on with ``config``: its thresholds, and the runs it no longer has forgotten (a run
+        dropped and added again starts afresh, never "died" for having left the config)."""
+        self.config = config
+        self.thresholds = Thresholds.of(config.alerts)
+        names = {r.name for r in config.runs}
+        for table in (self._running, self._launch):
+            for key in [k for k in table if k[1] not in names]:
+                del table[key]
+        for rkey in [k for k in self._records if k[1] not in names]:
+            del self._records[rkey]
+        for dkey in [k for k in self._done_figure if k[1] not in names]:
+            del self._done_figure[dkey]
 
     def active(self) -> set[str]:
         """Keys of the conditions true now (kept as they were for hosts that did not answer)."""

@@ -71,6 +71,12 @@ class Supervision:
         self._moves: dict[str, float] = {}
         """Data files a restart moved aside, until when (monotonic) their shrinking is expected."""
 
+    def reconfigure(self, config: Config) -> None:
+        """Go on with ``config`` (``Engine.reconfigure``; same state key, so the same ledger)."""
+        self.config = config
+        self.stops.config = config
+        self.tracker.reconfigure(config)
+
     def expect_stop(self, host: str, run: str, pid: int) -> None:
         """Process ``pid`` of a run is being stopped on purpose: its end is not a death. Kept
         until that process is seen gone (or replaced)."""

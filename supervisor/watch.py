@@ -33,8 +33,9 @@ import msgspec
 from supervisor.alerts import Alerter, Delivery, check_alerts
 from supervisor.autorestart import AutoRestart
 from supervisor.errors import RunwatchError
-from supervisor.events import EVENTS_KEPT, Event, EventTracker, with_lines
+from supervisor.events import EVENTS_KEPT, Event, EventKind, EventTracker, with_lines
 from supervisor.paths import config_key, config_state, open_private, read_private, state_dir
+from supervisor.reload import ConfigFile
 from supervisor.stops import StopLedger
 
 if TYPE_CHECKING:
@@ -156,6 +157,8 @@ class Watcher:
         self.as_json = as_json
         self.alerter = alerter or Alerter(config.alerts, spool=alert_spool(config))
         self.interval = interval or config.refresh_seconds
+        self._interval_given = interval is not None
+        self.config_file = ConfigFile(config)
         self.supervision = engine.supervise(report_initial=True, others=True)
         self.restarts = AutoRestart(engine)
         self.events: list[Event] = []
@@ -245,6 +248,8 @@ class Watcher:
         """One refresh (``Engine.tick``: snapshot, budget policy, events), then automatic
         restarts, output and alerts."""
         engine = self.engine
+        self.doing = "reading the config file"
+        reloaded = await self._reload()
         self.doing = "asking the hosts"
 
         def asked(snap: Snapshot) -> None:
@@ -260,6 +265,7 @@ class Watcher:
         snap = tick.snapshot
         self._audit_log_state()
         events = list(await asyncio.gather(*(self._with_log(ev) for ev in tick.events)))
+        events[:0] = reloaded
         self.doing = "restarts on failure"
         # What the refresh saw is shown and alerted whatever the restarts meet (W22).
         try:
@@ -285,6 +291,37 @@ class Watcher:
         self.ticks += 1
         self._tick_line(snap)
         return events
+
+    async def _reload(self) -> list[Event]:
+        """The config file read again when it changed (``supervisor.reload``): taken, with what
+        changed, or kept as it was, with why (a ``config-refused`` event once per version)."""
+        engine = self.engine
+        reloaded = self.config_file.poll(engine.config)
+        if reloaded is None:
+            return []
+        kind: EventKind = "config-refused"
+        message = reloaded.refused or "unreadable"
+        if reloaded.config is not None:
+            new = reloaded.config
+            await engine.reconfigure(new)
+            self.alerter.config = new.alerts
+            if not self._interval_given:
+                self.interval = new.refresh_seconds
+            kind = "config-reloaded"
+            message = f"{self.config_file.path} read again: {'; '.join(reloaded.changes)}"
+        now = time.time()
+        return [
+            Event(
+                kind=kind,
+                severity="warning" if kind == "config-refused" else "info",
+                host="*",
+                title="config",
+                message=message,
+                command=self.tracker.cmd("status"),
+                key=f"{kind}|{self.config_file.path}|{now}",
+                time=now,
+            )
+        ]
 
     def _audit_log_state(self) -> None:
         """Say once when the audit log cannot be read (and when it can again): the stops made
