@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from textual.css.query import NoMatches
 from textual.widgets import Sparkline, Static
 
 from supervisor.demo.launcher import LOCAL_MOCK
@@ -25,7 +26,11 @@ def _row(app: Any, key: str) -> FigureRow | None:
 
 
 def _plain(row: FigureRow) -> str:
-    content = row.query_one(Static).content
+    """The row's text; empty while it is mounted but not composed yet (no Static inside)."""
+    try:
+        content = row.query_one(Static).content
+    except NoMatches:
+        return ""
     return str(getattr(content, "plain", content))
 
 
