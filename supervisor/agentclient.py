@@ -92,6 +92,7 @@ class AgentClient:
         secret_flags: list[str] | None = None,
         script_secret_flags: dict[str, list[str]] | None = None,
         config_id: str | None = None,
+        pids: list[int] | None = None,
         timeout: float | None = None,
     ) -> p.PsResult:
         params = _params(
@@ -104,6 +105,7 @@ class AgentClient:
             secret_flags=secret_flags,
             script_secret_flags=script_secret_flags,
             config_id=config_id,
+            pids=pids,
         )
         return cast("p.PsResult", await self._send("ps", params, timeout))
 
@@ -119,6 +121,7 @@ class AgentClient:
         secret_flags: list[str] | None = None,
         script_secret_flags: dict[str, list[str]] | None = None,
         config_id: str | None = None,
+        pids: list[int] | None = None,
         files: list[p.FileSpec] | None = None,
         metrics: list[p.MetricsSpec] | None = None,
         progress: bool | None = None,
@@ -137,6 +140,7 @@ class AgentClient:
             secret_flags=secret_flags,
             script_secret_flags=script_secret_flags,
             config_id=config_id,
+            pids=pids,
             files=files,
             metrics=metrics,
             progress=progress,
@@ -230,9 +234,12 @@ class AgentClient:
         grace: float | None = None,
         scripts: list[str] | None = None,
         files: list[str] | None = None,
+        writer: bool | None = None,
         timeout: float | None = None,
     ) -> p.KillResult:
-        params = _params(identity=identity, grace=grace, scripts=scripts, files=files)
+        params = _params(
+            identity=identity, grace=grace, scripts=scripts, files=files, writer=writer
+        )
         return cast("p.KillResult", await self._send("kill", params, timeout))
 
     async def probe(self, *, identity: p.Identity, timeout: float | None = None) -> p.ProbeResult:

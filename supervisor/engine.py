@@ -39,7 +39,7 @@ import os
 import posixpath
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
@@ -350,14 +350,15 @@ class Engine:
         comparison = comparison_from(self.config, snap, load_history())
         return rebalance.progress(self.config, snap, comparison)
 
-    async def list_processes(self, host: str) -> list[ProcessInfo]:
-        """The runs on ``host`` (every process executing a configured script), each matched to
-        the configured run it is (``ProcessInfo.run``); bounded by the host's timeouts."""
+    async def list_processes(self, host: str, pids: Sequence[int] = ()) -> list[ProcessInfo]:
+        """The runs on ``host`` (every process executing a configured script, and ``pids``
+        whatever they execute), each matched to the configured run it is (``ProcessInfo.run``);
+        bounded by the host's timeouts."""
         h = self.host(host)
         hc = self.config.host(host)
         bound = hc.connect_timeout + hc.command_timeout
         try:
-            return await asyncio.wait_for(list_processes(h, self.config), bound)
+            return await asyncio.wait_for(list_processes(h, self.config, pids), bound)
         except asyncio.TimeoutError:
             raise HostError(f"{host}: no answer within {bound:g} s") from None
 
@@ -385,8 +386,11 @@ class Engine:
         *,
         run: str | None = None,
         on_wait: Callable[[str], None] | None = None,
+        writer: bool = False,
     ) -> KillReport:
         """Stop the process named by ``identity`` on ``host`` and audit it (action ``kill``).
+        ``writer``: the user named it as a writer of ``run`` (``kill RUN --pid``): it may execute
+        no configured script if the host sees it hold the run's data files open for writing.
 
         A kill whose reply was lost is audited with outcome ``unknown`` at once, then the host is
         re-checked: gone gives a reconciled report (audited too); still alive is audited again
@@ -406,14 +410,14 @@ class Engine:
                 raise
         run = run if run is not None else self._listed_run(host, identity)
         if run is None or run not in {r.name for r in self.config.runs}:
-            return await self._kill(host, identity, grace, run)
+            return await self._kill(host, identity, grace, run, writer)
         # One action on a run at a time (``supervisor.runlock``): a second kill waits for the
         # first (then finds the process gone), and refuses after a bound, naming the holder.
         wait = grace + 2 * self.config.host(host).command_timeout
         try:
             async with runlock.hold(self.config, run, wait, "kill", on_wait):
                 self._cancel_restarts_before_kill(run)
-                return await self._kill(host, identity, grace, run)
+                return await self._kill(host, identity, grace, run, writer)
         except runlock.RunBusy as e:
             kill_ops.audit_kill_failed(
                 host, identity, run, f"refused: {e.message}", config=self.config.key
@@ -421,14 +425,14 @@ class Engine:
             raise
 
     async def _kill(
-        self, host: str, identity: Identity, grace: float, run: str | None
+        self, host: str, identity: Identity, grace: float, run: str | None, writer: bool = False
     ) -> KillReport:
         h = self.host(host)
         # Whatever holds the run's data files or locks once it is stopped is stopped too.
         files = run_files(self.config, run)
         try:
             report = await kill_ops.kill(
-                h, identity, grace, clients.all_scripts(self.config), files
+                h, identity, grace, clients.all_scripts(self.config), files, writer
             )
         except OutcomeUnknown as lost:
             kill_ops.audit_kill_unknown(host, identity, run, lost.message, config=self.config.key)
@@ -1739,6 +1743,7 @@ __all__ = [
     "parse_unsets",
     "plan_rebalance",
     "refuse_foreign",
+    "run_files",
     "run_once",
     "run_sync",
     "scan_local_files",

@@ -366,9 +366,13 @@ def ps_params(config: Config, cfg: HostConfig) -> PsParams:
     }
 
 
-async def list_processes(host: Host, config: Config) -> list[ProcessInfo]:
-    """The runs on ``host``, each matched to the config run it is (``run``) when one fits."""
-    result = await AgentClient(host).ps(**ps_params(config, host.cfg))
+async def list_processes(host: Host, config: Config, pids: Sequence[int] = ()) -> list[ProcessInfo]:
+    """The runs on ``host``, each matched to the config run it is (``run``) when one fits;
+    ``pids`` (named by the user) listed too whatever their argv, tied to a run by evidence."""
+    params = ps_params(config, host.cfg)
+    if pids:
+        params["pids"] = list(pids)
+    result = await AgentClient(host).ps(**params)
     found = process_infos(result)
     assign_runs(found, config, host.name)
     found = own_only(found, host.cfg)

@@ -126,9 +126,12 @@ async def kill(
     grace: float = 10.0,
     scripts: Sequence[str] | None = None,
     files: Sequence[str] = (),
+    writer: bool = False,
 ) -> KillReport:
     """Kill the process named by ``identity`` and its descendants on ``host``; ``files`` (the
     run's data files and locks, as paths of the host) are held by no process once it reports.
+    ``writer``: the user named it as a writer of the run; it may execute no configured script
+    if the host sees it hold one of ``files`` open for writing.
 
     Returns the report (refusals included: check ``report.refused`` / ``report.all_gone``).
     Raises OutcomeUnknown when the reply was lost: call :func:`reconcile`, never repeat blindly.
@@ -139,6 +142,7 @@ async def kill(
         grace=float(grace),
         scripts=list(scripts) if scripts else None,
         files=list(files) if files else None,
+        writer=writer or None,
         timeout=timeout,
     )
     return _report(host, identity, result)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import posixpath
+import shlex
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -35,7 +36,7 @@ from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import AGENT_LOADER, MASK, FileSpec, LaunchParams
 from supervisor.agentclient import AgentClient, as_data
 from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
-from supervisor.events import stop_key
+from supervisor.events import command_prefix, stop_key
 from supervisor.fingerprint import (
     compare_fingerprints,
     fingerprint_of,
@@ -645,10 +646,18 @@ class _Runner:
                 + ("for writing" if "write" in h.how else "(lock)")
                 for h in others
             )
+            writing = [h for h in others if "write" in h.how]
+            stop = "; ".join(
+                f"`{command_prefix(self.engine.config)} kill {shlex.quote(plan.run.name)} "
+                f"--pid {h.pid}`"
+                for h in writing
+            )
             raise StepFailed(
                 f"one writer per data file: {who}; nothing was stopped",
-                "stop that process first (`runwatch ps`; `runwatch kill RUN --pid PID` for a run) "
-                "or wait until it closes the file",
+                f"stop it first ({stop}: it holds the run's data file, so it is the run's writer) "
+                "or wait until it closes the file"
+                if writing
+                else "stop that process first (`runwatch ps`) or wait until it closes the lock",
             )
         held = "none"
         if found.holders and plan.old is not None:

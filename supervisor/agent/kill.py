@@ -324,12 +324,26 @@ def kill(agent: Agent, params: dict[str, Any]) -> KillResult:
         if not masked_equal(want, live_argv):
             return _refuse(pid, "refused: argv changed (PID reused by another command?)")
         if script_index(live_argv, scripts) is None:
-            return _refuse(
-                pid, "refused: not a run (no argv element executes " + ", ".join(scripts) + ")"
-            )
+            why = _not_a_run(pid, scripts, files, bool(params.get("writer")))
+            if why:
+                return _refuse(pid, why)
         return _kill_tree(run, grace, _Sweep(agent, run, files, live_argv))
     finally:
         run.close()
+
+
+def _not_a_run(pid: int, scripts: Sequence[str], files: Sequence[str], writer: bool) -> str:
+    """Why a process that executes none of ``scripts`` is refused ('' when it is not): only a
+    process the user named as a writer of the run that holds one of ``files`` open for writing
+    now (the kernel's fact, read here at the kill, not the listing's) passes."""
+    runs = "no argv element executes " + ", ".join(scripts)
+    if not writer:
+        return f"refused: not a run ({runs})"
+    data = [os.path.expanduser(f) for f in files if not f.endswith(".lock")]
+    users, _ = procs.file_users(procs.inodes_of(data), set(), [pid])
+    if "write" in users.get(pid, ()):
+        return ""
+    return f"refused: not a run ({runs}) and it holds none of the run's files open for writing"
 
 
 def _gone_why(st: procs.Stat | None) -> str:

@@ -414,6 +414,7 @@ class Lister:
         clients: Sequence[dict[str, Any]] | None = None,
         units: Sequence[dict[str, Any]] = (),
         config_id: str | None = None,
+        named: Sequence[int] = (),
     ) -> list[dict[str, Any]]:
         """ProcessInfo-shaped dicts of every run on the host, each with its ``evidence`` of
         being one of ``runs`` (see ``match.run_evidence``). The values of the ``secret_env``
@@ -423,7 +424,10 @@ class Lister:
         ``units`` (running units, ``unit.list_units``): each is one run, listed by its main
         process whatever its argv (a renamed process, a script of no profile), with every other
         member among its ``children``; its evidence is ``unit`` for its run when it was launched
-        by ``config_id``, and none for any run of this config otherwise (another config's)."""
+        by ``config_id``, and none for any run of this config otherwise (another config's).
+
+        ``named`` (pids the user named, ``kill RUN --pid``): listed whatever their argv, with
+        their evidence (a process that holds a run's data file open is tied to it by ``fd``)."""
         if not uses_proc():  # pragma: no cover - non-Linux hosts
             return self._list_psutil(scripts, show_other_users, gpu_per_pid, runs, clients)
         table = process_table()
@@ -443,6 +447,12 @@ class Lister:
             (pid, idx, None)
             for pid, idx in find_runs(table, scripts, self.excluded())
             if pid not in member_of
+        ]
+        taken = {pid for pid, _, _ in listed} | set(member_of) | set(self.excluded())
+        listed += [
+            (pid, script_index(table[pid].argv, scripts) or 0, None)
+            for pid in sorted(set(named))
+            if pid in table and pid not in taken
         ]
         for pid, idx, held in sorted(listed, key=lambda x: x[0]):
             if not table[pid].argv:

@@ -273,6 +273,9 @@ class PsParams(TypedDict, total=False):
     script's command lines (``masking.register_secret_flags``)."""
     config_id: str
     """The listing config's identity: the units it launched are listed (``units``)."""
+    pids: list[int]
+    """Processes the user named (``kill RUN --pid``): listed whatever their argv, with their
+    evidence of being one of ``runs``."""
 
 
 class PsResult(TypedDict):
@@ -485,6 +488,9 @@ class KillParams(_KillParamsRequired, total=False):
     files: list[str]
     """The run's data files and locks: whatever holds them (data files for writing) after the
     grace period is stopped too, before the kill confirms."""
+    writer: bool
+    """The user named the process as a writer of the run (``kill RUN --pid``): it may execute
+    no configured script, but then it must hold one of ``files`` open for writing now."""
 
 
 class KillExit(TypedDict):

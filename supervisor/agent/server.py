@@ -181,6 +181,9 @@ class Agent:
         gpu_pids, summary = gpu_query
         config_id = params.get("config_id")
         cid = config_id if isinstance(config_id, str) and config_id else None
+        named = params.get("pids") or []
+        if not isinstance(named, list) or not all(type(x) is int for x in named):
+            raise AgentOpError("pids: expected a list of integers", "bad-request")
         units = self.units()
         with self.list_lock:
             found = self.lister.list_runs(
@@ -192,6 +195,7 @@ class Agent:
                 clients,
                 [u for u in units if u["members"]],
                 cid,
+                named,
             )
         return found, summary, [u for u in units if cid is not None and u["config_id"] == cid]
 

@@ -231,6 +231,14 @@ def _targets(
         from supervisor.engine import assign_runs
 
         found = assign_runs(procs, config, host).get(run, [])
+        if pid is not None and pid not in {p.identity.pid for p in found}:
+            its = ", ".join(str(p.identity.pid) for p in found)
+            raise KillRefused(
+                f"pid {pid} on {host} is not run {run!r}: neither its command line nor its open "
+                "files tie it to the run's data files"
+                + (f" (its processes: {its})" if its else ""),
+                f"see `runwatch ps --host {host}`",
+            )
         if not found:
             raise RunwatchError(
                 f"run {run!r} is not running on {host} (no process has its data files in its "
@@ -238,14 +246,7 @@ def _targets(
                 f"see `runwatch ps --host {host}`",
             )
         if pid is not None:
-            named = [p for p in found if p.identity.pid == pid]
-            if not named:
-                raise KillRefused(
-                    f"pid {pid} on {host} is not run {run!r} (its processes: "
-                    f"{', '.join(str(p.identity.pid) for p in found)})",
-                    f"see `runwatch ps --host {host}`",
-                )
-            return named
+            return [p for p in found if p.identity.pid == pid]
         if len(found) > 1:
             pids = ", ".join(str(p.identity.pid) for p in found)
             raise KillRefused(
@@ -272,7 +273,7 @@ async def _kill(
     config: Config, cfg: HostConfig, run: str | None, pid: int | None, grace: float, yes: bool
 ) -> list[KillReport] | None:
     """The kill reports, or None when the confirmation was declined (nothing was sent)."""
-    from supervisor.engine import Engine
+    from supervisor.engine import Engine, run_files
 
     engine = Engine(config)
 
@@ -280,7 +281,10 @@ async def _kill(
         click.echo(text, err=True)
 
     try:
-        procs = await engine.list_processes(cfg.name)
+        # A pid named with its run is listed whatever it executes: a process that holds the
+        # run's data files open (``python -m``, a renamed one) is the run's writer by that fact.
+        named = [pid] if run is not None and pid is not None else []
+        procs = await engine.list_processes(cfg.name, named)
         try:
             targets = _targets(config, procs, run, pid, cfg.name)
         except KillRefused:
@@ -301,6 +305,15 @@ async def _kill(
                     f"pid {p.identity.pid} on {cfg.name} belongs to {p.user}: not killable",
                     "runwatch only stops processes of the user it connects as",
                 )
+        for p in targets:
+            if named and p.unit is None and "argv" not in p.evidence.get(p.run or "", []):
+                files = ", ".join(f for f in run_files(config, run) if not f.endswith(".lock"))
+                click.echo(
+                    f"pid {p.identity.pid} does not run the run's command line but holds one of "
+                    f"run {run}'s data files open ({files}): stopping it as the run's writer (the "
+                    "host checks that it holds one open for writing before any signal)",
+                    err=True,
+                )
         if not yes:
             for p in targets:
                 click.echo(describe(cfg.name, p), err=True)
@@ -314,7 +327,9 @@ async def _kill(
         # Each kill is audited by the engine, a lost reply and a refusal included; another
         # action on the run (its lock) is waited for, named.
         return [
-            await engine.kill(cfg.name, p.identity, grace, run=p.run, on_wait=waiting)
+            await engine.kill(
+                cfg.name, p.identity, grace, run=p.run or run, on_wait=waiting, writer=bool(named)
+            )
             for p in targets
         ]
     finally:
