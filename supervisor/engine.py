@@ -221,6 +221,11 @@ class _HostState:
     asked_at: float = 0.0
 
 
+def started_at(proc: ProcessInfo | None) -> float | None:
+    """When ``proc`` started, on this machine's wall clock (from its age on its host)."""
+    return time.time() - proc.uptime_s if proc is not None else None
+
+
 class Engine:
     """Polls every configured host; see the module docstring."""
 
@@ -1275,7 +1280,7 @@ class Engine:
             )
             alive = state == "running"
             self._live.moved_on(hc.name, rv, self._trackers, alive, time.time())
-            self._live.run_rates(hc.name, rv, alive, time.time())
+            self._live.run_rates(hc.name, rv, alive, time.time(), started_at(proc))
             run_views.append(rv)
         discovered: dict[str, dict[str, Any]] = {}
         for proc in procs:
@@ -1371,6 +1376,7 @@ class Engine:
             count_texts=counter,
             budget_flag=engine_budget_flag(self.config, flags.client),
             writer=(proc.identity.pid, proc.identity.start_time) if proc is not None else None,
+            writer_since=started_at(proc),
         )
         with_client_parts(view, scan)
         alive = proc is not None and not proc.state.startswith("Z")

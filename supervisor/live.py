@@ -165,13 +165,18 @@ class Live:
 
     # ------------------------------------------------------------------ runs
 
-    def run_rates(self, host: str, run: RunView, alive: bool, now: float) -> None:
-        """The run's rate over a window across all its datasets, and its history."""
+    def run_rates(
+        self, host: str, run: RunView, alive: bool, now: float, since: float | None = None
+    ) -> None:
+        """The run's rate over a window across all its datasets, and its history; ``since``:
+        when its live process started (the rate is that process's, ``RateTracker.since``)."""
         key = f"run|{host}|{run.name}"
         tracker = self._runs.get(key)
         if key not in self._seeded:
             self._seeded.add(key)
             tracker.seed([(p[0], int(p[1]), int(p[2])) for p in self.history.points(key)])
+        if alive and since is not None:
+            tracker.since(since)
         # A dataset not started yet (no file) adds nothing; one that cannot be read makes the
         # sum unknown, and the run is not observed this time.
         readable = [ds for ds in run.datasets if ds.state == "ok"]

@@ -129,6 +129,18 @@ class RateTracker:
             self._writer = writer
             self._written = False
 
+    def since(self, started: float) -> None:
+        """The writer now writing the file started at ``started`` (wall clock): what was seen
+        before (an earlier writer's output, the idle gap after it) is no rate of this one, and
+        the windows start again from the first observation under it."""
+        if not self._samples or self._samples[0].t >= started:
+            return
+        while self._samples and self._samples[0].t < started:
+            self._samples.popleft()
+        self._first = self._samples[0] if self._samples else None
+        if not self._samples:
+            self._last_growth = None
+
     @property
     def written(self) -> bool:
         """True once the file grew while watched under the current writer."""
@@ -490,12 +502,14 @@ def build_dataset_view(
     count_texts: Callable[[list[str]], int] | None = None,
     budget_flag: str | None = "--token-budget",
     writer: object = None,
+    writer_since: float | None = None,
 ) -> DatasetView:
     """The :class:`model.DatasetView` of one dataset at ``now`` (feeds ``tracker``).
 
     ``writer`` names the live process (any key): a dataset is stalled only when it has grown
     under that writer (it started) and is not finished, then stopped growing for
-    ``stall_seconds``; one not started yet, or done, is never stalled."""
+    ``stall_seconds``; one not started yet, or done, is never stalled. ``writer_since``: when
+    that process started (wall clock); the rates are its own (:meth:`RateTracker.since`)."""
     path = str(scan.get("path") or "")
     view_name = name or os.path.basename(os.path.dirname(path)) or path
     state = scan.get("state", "ok")
@@ -518,6 +532,8 @@ def build_dataset_view(
     run_budget = flags.token_budget if flags is not None else None
     budget = dataset_budget(dataset, run_budget)
     tracker.note_writer(writer if writer_alive else None)
+    if writer_alive and writer_since is not None:
+        tracker.since(writer_since)
     if state == "ok":
         tracker.observe(now, done, tokens, scan.get("size"), stream)
     elif state == "missing":

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import DatasetConfig, EndpointConfig
-from supervisor.model import RunFlags
+from supervisor.model import DatasetView, RunFlags
 from supervisor.rates import (
     IDLE_S,
     CostInfo,
@@ -459,3 +459,59 @@ def test_trackers_not_asked_for_are_dropped_unless_they_hold_a_text_tally() -> N
     assert trackers.get(("h", "/gone/texts.jsonl")).text_tokens("s") == 500
     # A dropped file that comes back starts a new tracker (seeded again from the history).
     assert trackers.get(("h", "/gone/B1.jsonl")) is not gone_file
+
+
+# Issue 36, "rates after a restart or a switch": five minutes after the switch `compare` said
+# "API 57 ± 1 min" (true ~33): the 10-minute window held the previous writer's output and the
+# idle minutes between. The window of a dataset is its current writer's.
+def _switch(tracker: RateTracker, since: float | None) -> list[DatasetView]:
+    """Writer A at 70 tok/s for 20 minutes, 5 idle minutes, then writer B (started at t=1500)
+    at 500 tok/s, observed every 10 s; the views from B's start on."""
+    ds = DatasetConfig(token_budget=10_000_000)
+    views = []
+    tokens, records = 0, 0
+    for t in range(0, 1200, 10):
+        build_dataset_view(
+            scan(records, tokens), ds, None, tracker, None, True, float(t), writer=("a", 1)
+        )
+        tokens, records = tokens + 700, records + 1
+    for t in range(1200, 1500, 10):  # A stopped: nothing writes
+        build_dataset_view(scan(records, tokens), ds, None, tracker, None, False, float(t))
+    for t in range(1500, 1800, 10):
+        view = build_dataset_view(
+            scan(records, tokens), ds, None, tracker, None, True, float(t),
+            writer=("b", 2), writer_since=since,
+        )  # fmt: skip
+        views.append(view)
+        tokens, records = tokens + 5000, records + 5
+    return views
+
+
+def test_after_a_switch_the_rate_is_the_new_writers_within_its_error_bar() -> None:
+    views = _switch(RateTracker(), since=1500.0)
+    first, last = views[0].rates, views[-1].rates
+    assert first.tok_per_s is None  # nothing under the new writer yet: no rate, not the old one
+    assert last.tok_per_s is not None and last.tok_per_s_err is not None
+    assert abs(last.tok_per_s - 500.0) <= last.tok_per_s_err
+    assert last.window_s == pytest.approx(290.0)
+    assert last.tok_per_s_all == pytest.approx(500.0)
+    # Without the writer's start the same window mixes the idle gap in: far outside its bar.
+    mixed = _switch(RateTracker(), since=None)[-1].rates
+    assert mixed.tok_per_s is not None and mixed.tok_per_s_err is not None
+    assert abs(mixed.tok_per_s - 500.0) > 3 * mixed.tok_per_s_err
+
+
+def test_a_seeded_history_of_an_earlier_writer_is_dropped_at_the_new_writers_start() -> None:
+    # A one-shot `compare` (a fresh process) seeds from the persisted history: the earlier
+    # writer's points and the idle gap are in it.
+    t = RateTracker()
+    old = [(float(s), s // 10, 70 * s) for s in range(0, 1200, 10)]
+    idle = [(float(s), 119, 83_300) for s in range(1200, 1500, 10)]
+    new = [(1500.0 + s, 119 + s // 2, 83_300 + 500 * s) for s in range(0, 300, 10)]
+    t.seed(old + idle + new)
+    t.since(1500.0)
+    r = t.rates(1790.0)
+    assert r.tok_per_s == pytest.approx(500.0)
+    assert r.window_s == pytest.approx(290.0)
+    t.since(1500.0)  # the same writer again: nothing more dropped
+    assert t.rates(1790.0).window_s == pytest.approx(290.0)
