@@ -1274,10 +1274,12 @@ def mask_text(text: str, secrets: Iterable[str] | None = None) -> str:
     """
     text = _mask_known(text, [s for s in (secrets or ()) if s])
     text = _TEXT_AUTH.sub(lambda m: m.group(1) + MASK, text)
+    # A value apart from its name by blanks goes whole before the pairs inside it are read
+    # (``api_key\t_KY=K``: not ``_KY=`` shown as if it were a name of its own).
+    text = _mask_pairs(_TEXT_SPACED, text, key_like=_key_in_prose)
     text = _mask_pairs(_TEXT_PAIR, text)
     text = _mask_pairs(_TEXT_FLAG, text)
     text = _mask_pairs(_TEXT_ITEMS, text, key_like=_key_like)
-    text = _mask_pairs(_TEXT_SPACED, text, key_like=_key_in_prose)
     low = text.lower()
     if "key" in low or "token" in low or "secret" in low:
         text = _mask_pairs(_TEXT_PHRASE, text, key_like=_key_in_prose)

@@ -61,6 +61,8 @@ K = "Zq8vR2mXk4LpT9wB7nYc"
         (f'setenv("HF_TOKEN", "{K}")', 'setenv("HF_TOKEN", "***")'),
         (f'[("api_key", "{K}"), ("model", "m")]', '[("api_key", "***"), ("model", "m")]'),
         (f"HF_TOKEN\t{K}", "HF_TOKEN\t***"),
+        # A value that begins like a pair of its own (found by the long property profile).
+        ("api_key\t_KY=0000000=", "api_key\t***"),
         (f"token {K} accepted", "token *** accepted"),
         (f"{{APIKey:{K} Model:m}}", "{APIKey:*** Model:m}"),
         (f"Ocp-Apim-Subscription-Key: {K}", "Ocp-Apim-Subscription-Key: ***"),
