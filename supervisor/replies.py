@@ -181,6 +181,18 @@ class Uninspected(msgspec.Struct, kw_only=True):
     pids: list[int] = []
 
 
+class UnitOnFiles(msgspec.Struct, kw_only=True):
+    """``protocol.UnitOnFiles``: a unit started on the files, still running."""
+
+    launch_id: str
+    config_id: str = ""
+    config_path: str = ""
+    run: str = ""
+    main_pid: int | None = None
+    members: list[int] = []
+    path: str = ""
+
+
 class FileHolders(msgspec.Struct, kw_only=True):
     """``protocol.FileHoldersResult``: who holds a run's data files or locks."""
 
@@ -188,6 +200,7 @@ class FileHolders(msgspec.Struct, kw_only=True):
     holders: list[FileHolder] = []
     uninspected: list[Uninspected] = []
     detail: str = ""
+    units: list[UnitOnFiles] = []
 
 
 class ScriptOption(msgspec.Struct, kw_only=True):

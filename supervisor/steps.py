@@ -49,7 +49,7 @@ from supervisor.kill import identity_params
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import Identity
 from supervisor.plan import ActionResult, OnStep, Plan, Step, StepFailed, StepState
-from supervisor.replies import LockHolder, SnapshotTake
+from supervisor.replies import LockHolder, SnapshotTake, UnitOnFiles
 
 if TYPE_CHECKING:
     from supervisor.config import Config
@@ -627,6 +627,23 @@ class _Runner:
             workdir=plan.layout.workdir,
         )
         ours = {plan.old.identity.pid, *plan.old.children} if plan.old is not None else set()
+        # A unit of any run started on these files writes them whatever its members hold open
+        # (a run renamed in the config, a second config naming the same files).
+        units = [u for u in found.units if not ours & {u.main_pid, *u.members}]
+        if units:
+            who = "; ".join(
+                f"unit {u.launch_id} of run {u.run!r} ("
+                + (u.config_path or f"config {u.config_id}")
+                + f") was started on {u.path} and still runs (pids "
+                + (", ".join(str(p) for p in u.members) or "none listed")
+                + ")"
+                for u in units
+            )
+            stop = "; ".join(f"`{self._stop_unit(u)}`" for u in units)
+            raise StepFailed(
+                f"one writer per data file: {who}; nothing was stopped",
+                f"stop it first ({stop}), or launch under its run's name to restart it",
+            )
         others = [h for h in found.holders if h.pid not in ours]
         step.data["holders"] = [msgspec.to_builtins(h) for h in found.holders]
         blind = "; ".join(
@@ -663,6 +680,17 @@ class _Runner:
         if found.holders and plan.old is not None:
             held = f"only the run itself (pid {plan.old.identity.pid})"
         step.detail = f"writers of the data files: {held}" + (f"; {blind}" if blind else "")
+
+    def _stop_unit(self, u: UnitOnFiles) -> str:
+        """The command that stops unit ``u``: by its run's name in the config that launched it
+        when that config still has the run, else by its main pid."""
+        config = self.engine.config
+        if u.config_id == config.key and u.run in {r.name for r in config.runs}:
+            return f"{command_prefix(config)} kill {shlex.quote(u.run)}"
+        if u.config_id != config.key and u.config_path:
+            return f"runwatch -c {shlex.quote(u.config_path)} kill {shlex.quote(u.run)}"
+        host = f" --host {shlex.quote(self.plan.host)}" if len(config.hosts) > 1 else ""
+        return f"{command_prefix(config)} kill --pid {u.main_pid}{host}"
 
     async def observe(self, step: Step) -> None:
         await quiet.check(self, step)

@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import stat
-from typing import Any
+from typing import Any, cast
 
 from supervisor.agent import proc as _procs
 from supervisor.agent import safefs
@@ -34,6 +34,7 @@ from supervisor.agent.protocol import (
     RepairTailResult,
     TailLogResult,
     TailRecordsResult,
+    UnitOnFiles,
     param_number,
     param_str,
 )
@@ -142,7 +143,8 @@ def file_holders(paths: list[str], locks: list[str] | None = None) -> dict[str, 
 
 def holders_op(params: dict[str, Any]) -> FileHoldersResult:
     """The ``file_holders`` op: :func:`file_holders` of ``paths`` (and ``locks``), resolved
-    against ``workdir`` on this host (``~`` expanded here)."""
+    against ``workdir`` on this host (``~`` expanded here), and the units of any run started on
+    ``paths`` that still run (``unit.units_on``)."""
     base = params.get("workdir")
     if base is not None and not isinstance(base, str):
         raise AgentOpError("parameter 'workdir': expected a path", "bad-params")
@@ -153,11 +155,14 @@ def holders_op(params: dict[str, Any]) -> FileHoldersResult:
             raise AgentOpError(f"parameter {key!r}: expected a list of paths", "bad-params")
         lists.append([resolve(p, base) for p in raw])
     found = file_holders(lists[0], lists[1])
+    from supervisor.agent import unit
+
     return {
         "pids": found["pids"],
         "holders": found["holders"],
         "uninspected": found["uninspected"],
         "detail": found["detail"],
+        "units": cast("list[UnitOnFiles]", unit.units_on(lists[0])),
     }
 
 

@@ -286,6 +286,17 @@ def launch(params: dict[str, Any]) -> LaunchResult:
                 "holder": None,
                 "lock_path": lock_path,
             }
+        # A unit of any run started on these files (a run renamed in the config, another
+        # config naming them) writes them whatever its members did with their descriptors.
+        others = unit.units_on(data_files)
+        if others:
+            return {
+                "started": False,
+                "reason": "already-running",
+                "detail": "already running: " + unit.writers_text(others),
+                "holder": None,
+                "lock_path": lock_path,
+            }
         users = file_holders(data_files)
         if users["pids"]:
             return {
@@ -332,6 +343,7 @@ def launch(params: dict[str, Any]) -> LaunchResult:
                 str(params.get("run") or ""),
                 secrets,
                 owner["config_path"],
+                data_files,
             )
         except OSError as e:
             write_all({"state": "failed", "time": time.time()})

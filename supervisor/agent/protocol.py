@@ -603,12 +603,27 @@ class FileHoldersParams(_FileHoldersRequired, total=False):
     workdir: str
 
 
+class UnitOnFiles(TypedDict):
+    """A unit that still runs and was started on one of the files (``unit.units_on``)."""
+
+    launch_id: str
+    config_id: str
+    config_path: str
+    run: str
+    main_pid: int | None
+    members: list[int]
+    path: str
+
+
 class FileHoldersResult(TypedDict):
     pids: list[int]
     holders: list[FileHolder]
     uninspected: list[Uninspected]
     detail: str
     """Who holds them, and which users' processes could not be inspected ('' when neither)."""
+    units: list[UnitOnFiles]
+    """The units of any run and config started on the files that still run, whatever their
+    members hold open."""
 
 
 class _LaunchResultRequired(TypedDict):

@@ -211,8 +211,12 @@ def start(
     run: str,
     secrets: Sequence[str],
     config_path: str = "",
+    data_files: Sequence[str] = (),
 ) -> tuple[int, dict[str, Any]]:
     """Start ``argv`` in a new unit; returns the client's pid and the unit's record data.
+    ``data_files`` (paths of this host) are recorded by identity (:func:`file_keys`): whatever
+    the unit's members do with their descriptors, a launch of any run on those files is refused
+    while the unit runs (:func:`units_on`).
 
     Raises OSError (as ``Popen`` would) when the client cannot be executed."""
     from supervisor.agent.waiter import BOOT
@@ -243,6 +247,7 @@ def start(
         "boot_id": procs.boot_id(),
         "uid": os.getuid(),
         "launched_at": time.time(),
+        "files": [{"path": p, "keys": [list(k) for k in sorted(file_keys(p))]} for p in data_files],
     }
     spec = {
         "argv": list(argv),
@@ -551,6 +556,79 @@ def live_unit(config_id: str, run: str) -> dict[str, Any] | None:
         ):
             return rec
     return None
+
+
+def file_keys(path: str) -> set[tuple[Any, ...]]:
+    """A data file's identities: ``("f", dev, ino)`` of the file when it exists and
+    ``("d", dev, ino, name)`` of its directory and name (a file not made yet, or made again by a
+    move-aside, is still the same place); a bind mount, a link or another spelling of the path
+    has the same ones."""
+    keys: set[tuple[Any, ...]] = set()
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        keys.add(("f", st.st_dev, st.st_ino))
+    with contextlib.suppress(OSError):
+        d = os.stat(os.path.dirname(path) or ".")
+        keys.add(("d", d.st_dev, d.st_ino, os.path.basename(path)))
+    return keys
+
+
+def _keys_of_record(entry: dict[str, Any]) -> set[tuple[Any, ...]]:
+    """A recorded data file's identities: those it had at the launch, and those of its path now
+    (a file the client made after the launch, in a directory made after it)."""
+    keys = {tuple(k) for k in entry.get("keys") or [] if isinstance(k, list)}
+    path = entry.get("path")
+    return keys | file_keys(path) if isinstance(path, str) and path else keys
+
+
+def units_on(paths: Sequence[str]) -> list[dict[str, Any]]:
+    """The units of this user on this boot, of any config and any run, that still run and were
+    started on one of ``paths`` (by identity, :func:`file_keys`): ``{"launch_id", "config_id",
+    "config_path", "run", "main_pid", "members", "path"}`` each (``path``: the one they share)."""
+    if not paths or not os.path.isdir(units_dir()):
+        return []
+    wanted = {k: p for p in paths for k in file_keys(p)}
+    here = procs.boot_id()
+    out: list[dict[str, Any]] = []
+    for rec in _records():
+        if rec.get("state") == "ended" or rec.get("boot_id") != here:
+            continue
+        shared = [
+            wanted[key]
+            for f in rec.get("files") or []
+            if isinstance(f, dict)
+            for key in _keys_of_record(f)
+            if key in wanted
+        ]
+        if not shared:
+            continue
+        unit = describe(rec, token_holders([str(rec.get("token") or "")]))
+        if unit["state"] != "running":
+            continue
+        out.append(
+            {
+                "launch_id": unit["launch_id"],
+                "config_id": unit["config_id"],
+                "config_path": unit["config_path"] or "",
+                "run": unit["run"],
+                "main_pid": unit["main_pid"],
+                "members": unit["members"],
+                "path": shared[0],
+            }
+        )
+    return out
+
+
+def writers_text(units: Sequence[dict[str, Any]]) -> str:
+    """One line naming each unit of :func:`units_on`: which run, which config, which file."""
+    return "; ".join(
+        f"unit {u['launch_id']} of run {u['run']!r} ("
+        + (u["config_path"] or f"config {u['config_id']}")
+        + f") was started on {u['path']} and still has processes ("
+        + (", ".join(str(p) for p in u["members"]) or "none listed")
+        + ")"
+        for u in units
+    )
 
 
 def unit_of(pid: int, start_time: int) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 from supervisor.engine import Engine
 from supervisor.events import EventTracker
 from tests import fixtures_actions as actions
-from tests.fixtures_actions import why
+from tests.fixtures_actions import launch, sha256_of, why
 from tests.fixtures_config import write_local_config
 from tests.fixtures_procs import FakeRuns
 from tests.fixtures_users import OtherUser
@@ -803,3 +804,67 @@ def _cwd(p: Path) -> str:
 def _tags(data: Path) -> set[str]:
     """The writer tags of the records (``daemon``... ``main``: see ``WRITE``)."""
     return {json.loads(line)["sample_id"].split("-")[0] for line in data.read_text().splitlines()}
+
+
+# Issue 34, "a unit under another name": a run renamed in the config (``a`` -> ``a2``, same argv
+# and workdir) whose client closed its inherited descriptors (the run's locks with them) and
+# appends only now and then. The unit is recorded with its data files' identities, so a launch of
+# any run on those files is refused while it runs, before anything stops, naming the unit and a
+# command that stops it; and the agent refuses it again under the locks.
+QUIET = r"""
+os.closerange(3, 1024)  # the run's locks with the rest
+rec = {"sample_id": "q-%d" % os.getpid(), "output_ids": [1, 2], "prompt_tokens": 3,
+       "completion_tokens": 2, "finish_reason": "stop"}
+with open(OUT, "a") as f:
+    f.write(json.dumps(rec) + "\n")
+while True:  # the next record in 40 s: no descriptor to find meanwhile
+    time.sleep(40)
+    with open(OUT, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+"""
+
+
+async def test_o26_a_run_renamed_under_its_live_unit_is_refused_naming_the_unit(
+    tmp_path: Path, held_by: str, stop_units: list[str]
+) -> None:
+    from supervisor.config import load_config
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "run_inference.py").write_text(WRITE + QUIET)
+    data = work / "out" / "B1" / "raw_responses.jsonl"
+    path = tmp_path / "rw.toml"
+    write_local_config(path, run_toml("a", work), python=True)
+    async with Engine(load_config(path)) as engine:
+        rv = await launched(engine, "a", stop_units)
+        lid = rv.last_unit.launch_id
+        await asyncio.to_thread(wait_until, lambda: data.exists() and data.stat().st_size, 30)
+    before = sha256_of(data)
+    members = token_holders(lid)
+    assert members
+
+    # The same run under a new name: the config no longer has `a`.
+    write_local_config(path, run_toml("a2", work), python=True)
+    async with Engine(load_config(path)) as engine:
+        result = await launch(engine, "a2")
+        assert not result.ok
+        text = why(result)
+        assert f"unit {lid} of run 'a'" in text and str(data) in text
+        assert "nothing was stopped" in text
+        assert token_holders(lid) == members and sha256_of(data) == before
+        # The command the refusal names stops the unit (the config has no run `a` any more).
+        (fix,) = [c for c in text.split("`") if " kill --pid " in c]
+        argv = shlex.split(fix)
+        assert argv[0] == "runwatch"
+        out = subprocess.run(
+            [sys.executable, "-m", "supervisor.cli", *argv[1:], "--yes"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert token_holders(lid) == []
+        again = await launch(engine, "a2")
+        assert again.ok, why(again)
+        rv2 = await engine.refresh()
+        run = next(r for h in rv2.hosts for r in h.runs if r.name == "a2")
+        assert run.last_unit is not None
+        stop_units.append(run.last_unit.launch_id)
