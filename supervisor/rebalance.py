@@ -1109,26 +1109,34 @@ def progress(config: Config, snapshot: Snapshot, comparison: Comparison) -> Plan
             f"({off:+.0f} %)" + ("; the deadline was missed" if out.will_miss else "")
         )
         return out
-    # By today's rates: each run's datasets one after another on its endpoint.
+    # By today's rates: each running run's datasets one after another on its endpoint (a
+    # stopped run makes nothing, whatever its command line names).
     per_run: dict[str, float] = {}
+    written: set[str] = set()
     for h in snapshot.hosts:
         for r in h.runs:
-            if not r.configured:
+            if not r.configured or r.state != "running":
                 continue
             ep = next((c.endpoint for c in config.runs if c.name == r.name), None)
             for d in r.datasets:
                 dc = left.get(d.name)
-                e = next((e for e in dc.estimates if e.endpoint == ep), None) if dc else None
+                if dc is None or d.name in written:
+                    continue
+                written.add(d.name)
+                e = next((e for e in dc.estimates if e.endpoint == ep), None)
                 if e is not None and e.seconds is not None:
                     per_run[r.name] = per_run.get(r.name, 0.0) + e.seconds
-    if per_run:
+    out.unwritten = sorted(set(left) - written, key=_natural)
+    if per_run and not out.unwritten:
         out.expected_end = now + max(per_run.values())
-    out.will_miss = (
-        out.deadline_at is not None
-        and out.expected_end is not None
-        and out.expected_end > out.deadline_at
+    out.will_miss = out.deadline_at is not None and (
+        bool(out.unwritten) or (out.expected_end is not None and out.expected_end > out.deadline_at)
     )
-    expected = "unknown yet" if out.expected_end is None else _clock(out.expected_end)
+    expected = (
+        f"never ({', '.join(out.unwritten)}: no running run writes it)"
+        if out.unwritten
+        else ("unknown yet" if out.expected_end is None else _clock(out.expected_end))
+    )
     out.text = (
         f"plan of {stamp}: {len(left)} of {len(applied.datasets)} datasets left; projected "
         f"end {projected}, now {expected}"

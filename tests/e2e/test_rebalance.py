@@ -779,3 +779,33 @@ def test_apply_whose_launch_fails_rolls_back_the_runs_as_they_were_and_exits_1(
     assert by_run[("local", "launch")]["ok"] and by_run[("local", "launch")]["rolled_back"], out
     assert not by_run[("cloud", "launch")]["ok"], out
     assert _pids(cfg) == {"local": None, "cloud": None}
+
+
+def test_status_says_a_plan_dataset_no_running_run_writes_never_finishes(
+    tmp_path: Path, state_home: Path, mock_server: Any, kill_runs_in: list[Path]
+) -> None:
+    """The plan applied (both runs launched, within 2 h: on track); then the API run is
+    stopped. Its B4 is left to no running run: status says the plan now ends never and will
+    miss its deadline (not an end at the stopped run's last rate)."""
+    from tests.fixtures_actions import API_KEY, runwatch
+
+    local = mock_server(capacity_tps=200.0, mean_tokens=100, length_sigma=0.2, seed=1)
+    api = mock_server(
+        capacity_tps=100.0, mean_tokens=100, length_sigma=0.2, seed=2, api_key=API_KEY,
+        price_in=0.0, price_out=PRICE_OUT,
+    )  # fmt: skip
+    cfg = _two_run_config(tmp_path, local.url, api.url, flags={"cloud": ["--model", "other-model"]})
+    kill_runs_in.append(tmp_path / "work")
+    _bench(cfg, "gpu", "B1")
+    _bench(cfg, "api", "B4")
+    code, out = _apply(cfg, "--by", "2h")
+    assert code == 0 and out.get("ok") is True, out
+    plan_now = _status(cfg)["plan"]
+    assert plan_now["unwritten"] == [] and plan_now["will_miss"] is False, plan_now
+    p = runwatch("-c", str(cfg), "kill", "cloud", "--yes")
+    assert p.returncode == 0, p.stdout + p.stderr
+    plan_now = _status(cfg)["plan"]
+    assert plan_now["unwritten"] == ["B4"] and plan_now["expected_end"] is None, plan_now
+    assert plan_now["will_miss"] is True, plan_now
+    assert "never (B4: no running run writes it)" in plan_now["text"], plan_now
+    assert "WILL MISS the deadline" in plan_now["text"], plan_now
