@@ -506,6 +506,8 @@ class PlanProgress(msgspec.Struct, kw_only=True):
     """When the last of them was written (once all are done)."""
     will_miss: bool = False
     """The deadline will pass (or passed) before the plan's datasets are done."""
+    unwritten: list[str] = []
+    """The plan's datasets left that no running run writes: they never finish as things are."""
     text: str = ""
     """One line for the front ends."""
 

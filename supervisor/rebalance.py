@@ -90,6 +90,9 @@ class Option(msgspec.Struct, kw_only=True):
     moves: int = 0
     possible: bool = True
     """False for an alternative that would move a dataset that must stay where it is."""
+    never: list[str] = []
+    """The runs that hold datasets with work left and are not running: this option (``as
+    now``) never finishes them (its ``seconds`` is infinite, null in JSON)."""
 
 
 class Move(msgspec.Struct, kw_only=True):
@@ -171,8 +174,8 @@ def _option(
     shares = [_share(s, ds, est) for s, ds in zip(slots, by_slot, strict=True)]
     for slot, sh in zip(slots, shares, strict=True):
         mine = {d for d in datasets if d in slot.datasets}
-        if sh.datasets and set(sh.datasets) != mine:
-            sh.seconds += RESTART_S  # its restart: stop, quiet window, start
+        if sh.datasets and (set(sh.datasets) != mine or not slot.running):
+            sh.seconds += RESTART_S  # its restart or its launch: stop, quiet window, start
     busy = [sh for sh in shares if sh.datasets]
     slowest = max(busy, key=lambda sh: sh.seconds) if busy else None
     costs = [sh.cost_usd for sh in shares]
@@ -258,7 +261,17 @@ def plan(
     if not datasets:
         out.refused = "nothing left to split: every dataset is done or has no budget"
         return out
-    home = [next(i for i, s in enumerate(slots) if d in s.datasets) for d in datasets]
+    # A dataset's home is the run that writes it now: a running run that names it before a
+    # stopped one whose command line still names it too.
+    home = [
+        min((i for i, s in enumerate(slots) if d in s.datasets), key=lambda i: not slots[i].running)
+        for d in datasets
+    ]
+    # What each run takes to finish what it has at its rate, left as it is.
+    own = [
+        _share(s, [d for d, h in zip(datasets, home, strict=True) if h == i], est).seconds
+        for i, s in enumerate(slots)
+    ]
     pinned = pinned or {}
     fixed = [j for j, d in enumerate(datasets) if d in pinned]
     no_go = refused_moves or {}
@@ -269,7 +282,8 @@ def plan(
         return (
             not any(choice[j] != home[j] for j in fixed)
             and not any(
-                i != home[j] and (datasets[j], slots[i].run) in no_go for j, i in enumerate(choice)
+                (i != home[j] or not slots[i].running) and (datasets[j], slots[i].run) in no_go
+                for j, i in enumerate(choice)
             )
             and not any(slots[i].frozen and i != home[j] for j, i in enumerate(choice))
             and (
@@ -286,7 +300,15 @@ def plan(
                 "move datasets between models)"
             )
 
-    as_now = _option("as now", slots, home, datasets, est, deadline_s, max_usd)
+    def hands_to_slower(opt: Option, choice: Sequence[int]) -> bool:
+        """Does ``opt`` take work from a running run to a run that ends later than the
+        giver would finish everything it has?"""
+        return any(
+            i != home[j] and slots[home[j]].running and opt.shares[i].seconds >= own[home[j]]
+            for j, i in enumerate(choice)
+        )
+
+    as_now = _as_now(slots, home, datasets, est, deadline_s, max_usd)
     out.alternatives = [as_now]
     for i, s in enumerate(slots):
         if any(t.endpoint == s.endpoint for t in slots[:i]):
@@ -305,6 +327,8 @@ def plan(
         if not allowed(choice):
             continue
         opt = _option("plan", slots, choice, datasets, est, deadline_s, max_usd)
+        if hands_to_slower(opt, choice):
+            continue
         if opt.cost_usd is not None and (cheapest is None or opt.cost_usd < cheapest):
             cheapest = opt.cost_usd
         if opt.within_cap is False:
@@ -313,6 +337,9 @@ def plan(
             fastest = opt
         if best is None or _better(opt, best, deadline_s is not None):
             best = opt
+    if best is None and cheapest is None and no_go:
+        out.refused = "no split passes the start checks: " + "; ".join(sorted(set(no_go.values())))
+        return out
     if best is None:
         out.refused = f"no split costs at most {_usd(max_usd)}" + (
             f"; the cheapest that can be made costs {_usd(cheapest)}"
@@ -324,6 +351,26 @@ def plan(
     finished = [d for d, why in comparison.skipped.items() if why.endswith("reached")]
     out.moves, out.steps = _moves_and_steps(slots, best, finished)
     out.verdict = _verdict(best, deadline_s, max_usd)
+    return out
+
+
+def _as_now(
+    slots: Sequence[Slot],
+    home: Sequence[int],
+    datasets: Sequence[str],
+    est: dict[tuple[str, str], Estimate],
+    deadline_s: float | None,
+    max_usd: float | None,
+) -> Option:
+    """The runs left as they are: a stopped run makes nothing, so its datasets never finish
+    (``never`` names it; ``seconds`` is then infinite)."""
+    out = _option("as now", slots, home, datasets, est, deadline_s, max_usd)
+    out.never = [
+        s.run for s, sh in zip(slots, out.shares, strict=True) if sh.datasets and not s.running
+    ]
+    if out.never:
+        out.seconds, out.seconds_err = math.inf, None
+        out.meets_deadline = None if deadline_s is None else False
     return out
 
 
@@ -378,22 +425,27 @@ def _moves_and_steps(
             set(sh.datasets) | {d for d in now if d not in planned and d not in finished},
             key=_natural,
         )
-        if set(after) == set(now) - finished:
-            continue
         gives = set(now) - finished - set(after)
         takes = set(after) - set(now)
+        if not slot.running:
+            # A stopped run makes nothing: it is launched when the plan gives it datasets,
+            # whether or not its command line names them already, else left stopped.
+            if sh.datasets:
+                takers.append(Step(run=slot.run, action="launch", datasets=after, previous=now))
+            continue
+        if set(after) == set(now) - finished:
+            continue
         if not after:
             givers.append(Step(run=slot.run, action="stop", previous=now))
         elif not takes:
             givers.append(Step(run=slot.run, action="restart", datasets=after, previous=now))
-        elif gives and slot.running:
+        elif gives:
             # It gives and takes (a swap): it stops first, with the other givers, and starts
             # with its new datasets once every giver has stopped writing them.
             givers.append(Step(run=slot.run, action="stop", previous=now))
             takers.append(Step(run=slot.run, action="launch", datasets=after, previous=[]))
         else:
-            action = "restart" if slot.running else "launch"
-            takers.append(Step(run=slot.run, action=action, datasets=after, previous=now))
+            takers.append(Step(run=slot.run, action="restart", datasets=after, previous=now))
     return moves, givers + takers
 
 
@@ -548,8 +600,13 @@ def describe(result: Rebalance) -> list[str]:
         head += f", at most {_usd(result.max_usd)}"
     lines.append(f"{head}: {result.verdict}")
     for opt in [result.plan, *result.alternatives]:
+        ends = (
+            f"never ({', '.join(opt.never)} not running)"
+            if opt.never
+            else f"in {display.duration_pm(opt.seconds, opt.seconds_err)}"
+        )
         lines.append(
-            f"  {opt.name:<24} ends in {display.duration_pm(opt.seconds, opt.seconds_err):<18} "
+            f"  {opt.name:<24} ends {ends:<21} "
             f"costs {_usd(opt.cost_usd)}"
             + (f" ± {_usd(opt.cost_err)}" if opt.cost_err else "")
             + ("" if opt.meets_deadline is not False else "  (misses the deadline)")
@@ -654,7 +711,14 @@ async def apply(
             failed = out
             break
         done.append((st, out))
-    # 3. Undo what was done, last first: each run back to the command line it ran (its own
+    # 3. The plan's runs, confirmed: each run the plan gives datasets with work left to is
+    # running once the steps are done, else the plan failed.
+    if failed is None and result.plan is not None:
+        for run, why in await _not_running(engine, result.plan):
+            failed = StepOutcome(run=run, action="confirm", ok=False, detail=why, at=time.time())
+            outcomes.append(failed)
+            say(f"confirm {run}: FAILED: {why}")
+    # 4. Undo what was done, last first: each run back to the command line it ran (its own
     # budget checks do not stop that; the guard still applies its policy).
     if failed is not None:
         for st, out in reversed(done):
@@ -790,6 +854,25 @@ async def _carry_out(
     return StepOutcome(run=run, action=action, ok=res.ok, detail=detail)
 
 
+async def _not_running(engine: Any, best: Option) -> list[tuple[str, str]]:
+    """The runs of ``best`` given datasets that still have work left (by a fresh snapshot)
+    which are not running, and what they are instead."""
+    from supervisor.bench.history import load_history
+    from supervisor.compare import comparison_from
+
+    snap = await engine.refresh()
+    left = {dc.work.dataset for dc in comparison_from(engine.config, snap, load_history()).datasets}
+    views = {r.name: r for h in snap.hosts for r in h.runs if r.configured}
+    out: list[tuple[str, str]] = []
+    for sh in best.shares:
+        todo = [d for d in sh.datasets if d in left]
+        view = views.get(sh.run)
+        if todo and (view is None or view.state != "running"):
+            state = view.state if view is not None else "not seen"
+            out.append((sh.run, f"{state}, not running, with {', '.join(todo)} left to write"))
+    return out
+
+
 async def _stop(engine: Any, run: str) -> StepOutcome:
     snap = await engine.refresh()
     view = next((r for h in snap.hosts for r in h.runs if r.name == run), None)
@@ -876,6 +959,14 @@ async def checked_plan(
         for st, problem in problems:
             # The moves that make this start: those into the run, else those out of it.
             into = [m for m in result.moves if m.to_run == st.run]
+            if not into and st.action == "launch" and result.plan is not None:
+                # A stopped run launched with what its command line names: the plan is made
+                # again without it writing those datasets.
+                share = next((sh for sh in result.plan.shares if sh.run == st.run), None)
+                into = [
+                    Move(dataset=d, from_run=None, to_run=st.run)
+                    for d in (share.datasets if share is not None else [])
+                ]
             for m in into or [m for m in result.moves if m.from_run == st.run]:
                 if (m.dataset, m.to_run) not in refused_moves:
                     refused_moves[(m.dataset, m.to_run)] = problem
@@ -1018,26 +1109,34 @@ def progress(config: Config, snapshot: Snapshot, comparison: Comparison) -> Plan
             f"({off:+.0f} %)" + ("; the deadline was missed" if out.will_miss else "")
         )
         return out
-    # By today's rates: each run's datasets one after another on its endpoint.
+    # By today's rates: each running run's datasets one after another on its endpoint (a
+    # stopped run makes nothing, whatever its command line names).
     per_run: dict[str, float] = {}
+    written: set[str] = set()
     for h in snapshot.hosts:
         for r in h.runs:
-            if not r.configured:
+            if not r.configured or r.state != "running":
                 continue
             ep = next((c.endpoint for c in config.runs if c.name == r.name), None)
             for d in r.datasets:
                 dc = left.get(d.name)
-                e = next((e for e in dc.estimates if e.endpoint == ep), None) if dc else None
+                if dc is None or d.name in written:
+                    continue
+                written.add(d.name)
+                e = next((e for e in dc.estimates if e.endpoint == ep), None)
                 if e is not None and e.seconds is not None:
                     per_run[r.name] = per_run.get(r.name, 0.0) + e.seconds
-    if per_run:
+    out.unwritten = sorted(set(left) - written, key=_natural)
+    if per_run and not out.unwritten:
         out.expected_end = now + max(per_run.values())
-    out.will_miss = (
-        out.deadline_at is not None
-        and out.expected_end is not None
-        and out.expected_end > out.deadline_at
+    out.will_miss = out.deadline_at is not None and (
+        bool(out.unwritten) or (out.expected_end is not None and out.expected_end > out.deadline_at)
     )
-    expected = "unknown yet" if out.expected_end is None else _clock(out.expected_end)
+    expected = (
+        f"never ({', '.join(out.unwritten)}: no running run writes it)"
+        if out.unwritten
+        else ("unknown yet" if out.expected_end is None else _clock(out.expected_end))
+    )
     out.text = (
         f"plan of {stamp}: {len(left)} of {len(applied.datasets)} datasets left; projected "
         f"end {projected}, now {expected}"

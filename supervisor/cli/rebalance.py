@@ -136,7 +136,7 @@ def rebalance(
 
 def _closing(outcomes: list[Any], ok: bool) -> str:
     if ok:
-        return "plan applied"
+        return "plan applied: every run it gives datasets to is confirmed running"
     acted = [o for o in outcomes if o.ok]
     if not acted:
         return "plan NOT applied: nothing was changed"

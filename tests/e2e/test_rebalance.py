@@ -205,10 +205,16 @@ PRICE_OUT = 20.0  # USD per million output tokens of the "API"
 
 
 def _two_run_config(
-    root: Path, local_url: str, api_url: str, flags: dict[str, list[str]] | None = None
+    root: Path,
+    local_url: str,
+    api_url: str,
+    flags: dict[str, list[str]] | None = None,
+    *,
+    datasets: tuple[str, str] = ("B1,B2,B3", "B4"),
+    gpu_cost: float = 36.0,
 ) -> Path:
     """Runs ``local`` (B1-B3 on the GPU) and ``cloud`` (B4 on the API), each with its ``flags``
-    added."""
+    added (and the ``datasets`` their command lines name, the GPU's cost an hour)."""
     from tests.fixtures_actions import KEY_ENV, RUN_INFERENCE
 
     work = root / "work"
@@ -228,14 +234,14 @@ def _two_run_config(
         )
 
     body = (
-        run("local", "B1,B2,B3", local_url, "gpu", 16)
-        + run("cloud", "B4", api_url, "api", 16)
+        run("local", datasets[0], local_url, "gpu", 16)
+        + run("cloud", datasets[1], api_url, "api", 16)
         + "".join(
             f'[datasets.{d}]\nmax_samples = {SAMPLES}\nprompts = "prompts/{d}.jsonl"\n'
             for d in DATASETS
         )
         + f'[[endpoints]]\nname = "gpu"\nkind = "local"\nbase_url = "{local_url}"\n'
-        "gpu_cost_per_hour = 36.0\n"
+        f"gpu_cost_per_hour = {gpu_cost}\n"
         f'[[endpoints]]\nname = "api"\nkind = "api"\nbase_url = "{api_url}"\n'
         f'api_key_env = "{KEY_ENV}"\nprice_in_per_m = 0.0\nprice_out_per_m = {PRICE_OUT}\n'
     )
@@ -643,3 +649,163 @@ def test_a_move_the_start_checks_refuse_is_shown_refused_with_their_reason_never
     assert {m.dataset for m in bad.gate_refused} >= to_cloud, bad.gate_refused
     for m in bad.gate_refused:
         assert m.reason.startswith("preflight: ") and "--concurrency" in m.reason, m
+
+
+def _bench(cfg: Path, endpoint: str, dataset: str) -> None:
+    from tests.fixtures_actions import runwatch
+
+    p = runwatch(
+        "-c", str(cfg), "bench", endpoint, "--prompts", dataset, "--requests", "16",
+        "--concurrency", "16", "--json",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def _pids(cfg: Path) -> dict[str, int | None]:
+    return {
+        r["name"]: (r["process"] or {}).get("identity", {}).get("pid")
+        for h in _status(cfg)["hosts"]
+        for r in h["runs"]
+        if r.get("configured", True)
+    }
+
+
+def _apply(cfg: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    """``rebalance --apply --yes --json`` once the running runs have rates (until then the
+    plan is refused, nothing changed): its exit status and its output."""
+    from tests.fixtures_actions import runwatch
+
+    last: list[str] = []
+
+    def applied_once() -> tuple[int, dict[str, Any]] | None:
+        p = runwatch("-c", str(cfg), "rebalance", *args, "--apply", "--yes", "--json")
+        last[:] = [p.stdout + p.stderr]
+        out = json.loads(p.stdout) if p.stdout.strip() else {}
+        if "no throughput measured" in str(out.get("refused")):
+            return None
+        return p.returncode, dict(out)
+
+    try:
+        return wait_until(applied_once, timeout=240, interval=0.5)
+    except AssertionError:
+        raise AssertionError(f"never applied: {last}") from None
+
+
+def test_apply_launches_a_stopped_run_whose_command_line_names_its_datasets_already(
+    tmp_path: Path, state_home: Path, mock_server: Any, kill_runs_in: list[Path]
+) -> None:
+    """Both runs stopped, each of its own model (no dataset may move), their command lines
+    naming the datasets the plan gives them: "as now" never finishes (a stopped run makes
+    nothing), and --apply launches both and ends with both confirmed running, exit 0."""
+    from tests.fixtures_actions import API_KEY
+
+    local = mock_server(capacity_tps=200.0, mean_tokens=100, length_sigma=0.2, seed=1)
+    api = mock_server(
+        capacity_tps=300.0, mean_tokens=100, length_sigma=0.2, seed=2, api_key=API_KEY,
+        price_in=0.0, price_out=PRICE_OUT,
+    )  # fmt: skip
+    cfg = _two_run_config(tmp_path, local.url, api.url, flags={"cloud": ["--model", "other-model"]})
+    kill_runs_in.append(tmp_path / "work")
+    _bench(cfg, "gpu", "B1")
+    _bench(cfg, "api", "B4")
+    assert _pids(cfg) == {"local": None, "cloud": None}
+    code, out = _apply(cfg)
+    assert code == 0 and out.get("ok") is True, out
+    result = out["plan"]
+    as_now = next(a for a in result["alternatives"] if a["name"] == "as now")
+    assert as_now["never"] == ["local", "cloud"] and as_now["seconds"] is None, as_now
+    assert result["moves"] == []
+    assert {(st["run"], st["action"]) for st in result["steps"]} == {
+        ("local", "launch"),
+        ("cloud", "launch"),
+    }, result["steps"]
+    pids = _pids(cfg)
+    assert pids["local"] is not None and pids["cloud"] is not None, pids
+
+
+def test_a_run_finishing_what_it_has_is_never_stopped_to_hand_it_to_a_slower_run(
+    tmp_path: Path, state_home: Path, mock_server: Any, kill_runs_in: list[Path]
+) -> None:
+    """The switch in progress: the API run writes B2, the stopped GPU run's command line still
+    names B1-B3, and the free GPU is slower. The cheapest plan within 2 h would give B2 back
+    to the GPU; the API run finishes B2 sooner than the GPU would, so it keeps it and is never
+    stopped: the GPU run is launched with B1 and B3 only, and both end confirmed running."""
+    from tests.fixtures_actions import API_KEY, runwatch
+
+    local = mock_server(capacity_tps=100.0, mean_tokens=100, length_sigma=0.2, seed=1)
+    api = mock_server(
+        capacity_tps=200.0, mean_tokens=100, length_sigma=0.2, seed=2, api_key=API_KEY,
+        price_in=0.0, price_out=PRICE_OUT,
+    )  # fmt: skip
+    cfg = _two_run_config(tmp_path, local.url, api.url, datasets=("B1,B2,B3", "B2"), gpu_cost=0.0)
+    kill_runs_in.append(tmp_path / "work")
+    _bench(cfg, "gpu", "B1")
+    p = runwatch("-c", str(cfg), "launch", "cloud", "--yes")
+    assert p.returncode == 0, p.stdout + p.stderr
+    cloud = _pids(cfg)["cloud"]
+    assert cloud is not None
+    code, out = _apply(cfg, "--by", "2h")
+    result = out["plan"]
+    assert not any(m["from_run"] == "cloud" for m in result["moves"]), result["moves"]
+    assert [(st["run"], st["action"], st["datasets"]) for st in result["steps"]] == [
+        ("local", "launch", ["B1", "B3"])
+    ], result["steps"]
+    assert code == 0 and out.get("ok") is True, out
+    pids = _pids(cfg)
+    assert pids["cloud"] == cloud and pids["local"] is not None, (cloud, pids)
+
+
+def test_apply_whose_launch_fails_rolls_back_the_runs_as_they_were_and_exits_1(
+    tmp_path: Path, state_home: Path, mock_server: Any, kill_runs_in: list[Path]
+) -> None:
+    """As above, but the API run's client exits at its start (its prompts dir does not exist):
+    the plan's runs cannot all be running, so the apply fails, the local run it launched first
+    is stopped again (the runs as they were: both stopped) and the exit status is 1."""
+    from tests.fixtures_actions import API_KEY
+
+    local = mock_server(capacity_tps=200.0, mean_tokens=100, length_sigma=0.2, seed=1)
+    api = mock_server(
+        capacity_tps=300.0, mean_tokens=100, length_sigma=0.2, seed=2, api_key=API_KEY,
+        price_in=0.0, price_out=PRICE_OUT,
+    )  # fmt: skip
+    broken = ["--model", "other-model", "--prompts-dir", "no-such-dir"]
+    cfg = _two_run_config(tmp_path, local.url, api.url, flags={"cloud": broken})
+    kill_runs_in.append(tmp_path / "work")
+    _bench(cfg, "gpu", "B1")
+    _bench(cfg, "api", "B4")
+    code, out = _apply(cfg)
+    assert code == 1 and out.get("ok") is False, out
+    by_run = {(o["run"], o["action"]): o for o in out["steps"]}
+    assert by_run[("local", "launch")]["ok"] and by_run[("local", "launch")]["rolled_back"], out
+    assert not by_run[("cloud", "launch")]["ok"], out
+    assert _pids(cfg) == {"local": None, "cloud": None}
+
+
+def test_status_says_a_plan_dataset_no_running_run_writes_never_finishes(
+    tmp_path: Path, state_home: Path, mock_server: Any, kill_runs_in: list[Path]
+) -> None:
+    """The plan applied (both runs launched, within 2 h: on track); then the API run is
+    stopped. Its B4 is left to no running run: status says the plan now ends never and will
+    miss its deadline (not an end at the stopped run's last rate)."""
+    from tests.fixtures_actions import API_KEY, runwatch
+
+    local = mock_server(capacity_tps=200.0, mean_tokens=100, length_sigma=0.2, seed=1)
+    api = mock_server(
+        capacity_tps=100.0, mean_tokens=100, length_sigma=0.2, seed=2, api_key=API_KEY,
+        price_in=0.0, price_out=PRICE_OUT,
+    )  # fmt: skip
+    cfg = _two_run_config(tmp_path, local.url, api.url, flags={"cloud": ["--model", "other-model"]})
+    kill_runs_in.append(tmp_path / "work")
+    _bench(cfg, "gpu", "B1")
+    _bench(cfg, "api", "B4")
+    code, out = _apply(cfg, "--by", "2h")
+    assert code == 0 and out.get("ok") is True, out
+    plan_now = _status(cfg)["plan"]
+    assert plan_now["unwritten"] == [] and plan_now["will_miss"] is False, plan_now
+    p = runwatch("-c", str(cfg), "kill", "cloud", "--yes")
+    assert p.returncode == 0, p.stdout + p.stderr
+    plan_now = _status(cfg)["plan"]
+    assert plan_now["unwritten"] == ["B4"] and plan_now["expected_end"] is None, plan_now
+    assert plan_now["will_miss"] is True, plan_now
+    assert "never (B4: no running run writes it)" in plan_now["text"], plan_now
+    assert "WILL MISS the deadline" in plan_now["text"], plan_now
