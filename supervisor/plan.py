@@ -6,12 +6,13 @@ from the *effective* argv (the config's argv, the run's launch spec and this pla
 ``--unset``) through ``supervisor.layout.layout_of``: the files checked, locked and fingerprinted
 are the files the new command line will write.
 
-0. ``preflight`` - every flag the plan sets or removes must be one the client accepts: its
-   profile's known flags, or the options its argparse source declares, read statically on the
-   host (``script_flags``; the client is never run), with a "did you mean" for a typo; a flag
-   neither confirms needs ``force``. Every value set must be of its type: the profile's
-   ``value_types`` (int, float, str, path, choices), else the int or float type and the literal
-   choices the source declares (``supervisor.flagcheck``).
+0. ``preflight`` - every flag the plan sets or removes must be one the client accepts: the
+   options its argparse source declares, read statically on the host (``script_flags``; the
+   client is never run), or, only when they cannot all be read, its profile's known flags, with
+   a "did you mean" for a typo; a flag the installed script does not declare is refused (the fix:
+   a newer script), one neither source confirms needs ``force``. Every value set must be of
+   its type: the profile's ``value_types`` (int, float, str, path, choices), else the int or
+   float type and the literal choices the source declares (``supervisor.flagcheck``).
 1. ``format-check`` - every dataset file of the run is scanned with full validation (complete
    lines only) against the format the run writes; ``legacy``, ``mixed``, ``unknown`` or
    ``corrupt`` blocks, naming file, line and keys. With ``move_aside`` those files are moved
