@@ -719,7 +719,11 @@ class _Runner:
                 continue
             sources.add(source)
             b, a = compare_fingerprints(
-                stored, new, {ds: hashes[ds]} if ds in hashes else {}, plan.allow_change
+                stored,
+                new,
+                {ds: hashes[ds]} if ds in hashes else {},
+                plan.allow_change,
+                config.aliases,
             )
             for text in b:
                 blocking.setdefault(text, []).append(ds)
@@ -736,6 +740,12 @@ class _Runner:
                 "data generated with different settings would be mixed in one dataset; "
                 "pass --allow-change KEY (model, sampling, temperature..., prompts, format) "
                 "if that is intended"
+                + (
+                    "; if both names are one model, list them in one group of the config's "
+                    'aliases (aliases = [["NAME", "OTHER NAME"]])'
+                    if any(t.startswith("model ") for t in blocking)
+                    else ""
+                )
                 + (
                     f", or give {plan.run.name} an output dir of its own (the data there is "
                     + "; ".join(f"{o}'s: {', '.join(d)}" for o, d in others.items())
