@@ -403,7 +403,8 @@ def _named_process(hv: HostView, rv: RunView | None, run: str, pid: int | None) 
         raise LaunchError(
             f"{run} is ambiguous on {hv.name}: pids {', '.join(map(str, cands))} could each be "
             "it; nothing was stopped",
-            f"name the one to stop: --pid PID (see `runwatch ps --host {hv.name}`)",
+            f"name the one to stop: `runwatch restart {run} --pid PID` (see `runwatch ps --host "
+            f"{hv.name}`)",
         )
     found = next((p for p in hv.processes if p.identity.pid == pid and pid in cands), None)
     if found is None:
