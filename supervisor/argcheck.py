@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor import clients, display
+from supervisor import clients, display, flagcheck
 from supervisor.agent import argflags, match
 from supervisor.agentclient import AgentClient
 from supervisor.layout import RunLayout
@@ -91,12 +91,24 @@ def check(layout: RunLayout, reply: ResolvedArgs | None) -> Reading:
             f"{script} would refuse this command line: {reply.error}",
             f"fix the command line: the installed {script} declares {_declared(reply)}",
         )
+        missing = _unrecognized(reply.error)
+        if missing:
+            out.hints.append(flagcheck.newer_script(script, reply.path, "the run's host", missing))
         return out
     for role in clients.ROLES:
         spellings = list(getattr(layout.profile.flags, role))
         if spellings:
             _compare(out, layout, reply, role, spellings, script)
     return out
+
+
+def _unrecognized(error: str) -> list[str]:
+    """The options of argparse's "unrecognized arguments: ..." message (none for another
+    error)."""
+    _, sep, rest = error.partition("unrecognized arguments:")
+    if not sep:
+        return []
+    return list(dict.fromkeys(a.partition("=")[0] for a in rest.split() if argflags.is_option(a)))
 
 
 def canonical(layout: RunLayout) -> Reading:

@@ -374,7 +374,27 @@ def _join(key: str, name: str) -> str:
     return f"{key}.{name}" if key else name
 
 
+def _check_aliases(config: Config) -> None:
+    seen: dict[str, int] = {}
+    for i, group in enumerate(config.aliases):
+        names = {n.strip().casefold() for n in group}
+        if len(group) < 2 or "" in names:
+            raise ConfigError(
+                f"{config.path}: aliases[{i}]: a group names one model by two names or more, "
+                f"none empty (found {group!r})",
+                'write it as ["name-a", "name-b"]',
+            )
+        for name in sorted(names):
+            if name in seen and seen[name] != i:
+                raise ConfigError(
+                    f"{config.path}: aliases[{i}]: {name!r} is in aliases[{seen[name]}] too",
+                    "merge the two groups: a name is of one model only",
+                )
+            seen[name] = i
+
+
 def _check_references(config: Config) -> None:
+    _check_aliases(config)
     shown = config.path
     named: dict[str, list[str]] = {
         "hosts": [h.name for h in config.hosts],

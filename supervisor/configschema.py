@@ -408,6 +408,10 @@ class Config(_Section):
     ``runwatch restore RUN`` lists them and puts one back."""
     clients: dict[str, ClientProfile] = {}
     """User client profiles (``runwatch clients`` lists them with the built-in ones)."""
+    aliases: list[list[str]] = []
+    """Groups of names of one model (``[["moonshotai/Kimi-K2.5", "kimi-k2.5"]]``): a start
+    over data made under one name of a group continues it under another. Names are compared
+    case-insensitively anyway; a name is in at most one group."""
 
     alerts: AlertsConfig = msgspec.field(default_factory=AlertsConfig)
     exporter: ExporterConfig = msgspec.field(default_factory=ExporterConfig)

@@ -67,12 +67,31 @@ def run_model(run: RunConfig, argv: Sequence[str], config: Config) -> str | None
     return model_of(argv, endpoint, profile.flags.model)
 
 
-def model_changed(old: str | None, new: str | None) -> bool:
+def same_model(
+    old: str | None, new: str | None, aliases: Sequence[Sequence[str]] = ()
+) -> str | None:
+    """Why ``old`` and ``new`` name one model ("" when written alike), None when they do not:
+    model ids are compared case-insensitively (``moonshotai/Kimi-K2.5`` is
+    ``moonshotai/kimi-k2.5``) and through the config's ``aliases`` groups. An unknown model
+    (None) is one only with itself."""
+    if old == new:
+        return ""
+    if old is None or new is None:
+        return None
+    if old.casefold() == new.casefold():
+        return "model ids differ only in case"
+    for group in aliases:
+        names = {n.strip().casefold() for n in group}
+        if old.casefold() in names and new.casefold() in names:
+            return "aliases " + " = ".join(repr(n) for n in group)
+    return None
+
+
+def model_changed(old: str | None, new: str | None, aliases: Sequence[Sequence[str]] = ()) -> bool:
     """Data made with model ``old`` may not be continued with model ``new`` (unless the model
-    change is allowed): the one rule of the start's fingerprint check and of rebalance. An
-    unknown model (None) is a model like any other: data of an unknown model does not continue
-    with a named one, nor the other way round."""
-    return old != new
+    change is allowed): the one rule of the start's fingerprint check and of rebalance
+    (:func:`same_model`)."""
+    return same_model(old, new, aliases) is None
 
 
 def fingerprint_of(run: RunConfig, argv: Sequence[str], config: Config) -> dict[str, Any]:
@@ -127,18 +146,25 @@ def compare_fingerprints(
     new: dict[str, Any],
     hashes: dict[str, Any],
     allow: Iterable[str] = (),
+    aliases: Sequence[Sequence[str]] = (),
 ) -> tuple[list[str], list[str]]:
-    """(blocking changes, allowed changes) between the stored fingerprint and the new launch.
+    """(blocking changes, allowed changes) between the stored fingerprint and the new launch;
+    a model written otherwise but the same (case, ``aliases``) is among the allowed, saying why.
 
     Keys: ``model``, ``format``, ``sampling`` (or one parameter: ``temperature``...), ``prompts``
     (or ``prompts:B1``). ``hashes`` are the prompt files' hashes now (``read_fingerprint``).
     """
     allowed = {a.strip().lstrip("-") for a in allow}
     changes: list[tuple[set[str], str]] = []
+    same: list[str] = []
     if stored is None:
         return [], []
-    if model_changed(stored.get("model"), new.get("model")):
-        changes.append(({"model"}, f"model {stored.get('model')!r} -> {new.get('model')!r}"))
+    one = same_model(stored.get("model"), new.get("model"), aliases)
+    moved = f"model {stored.get('model')!r} -> {new.get('model')!r}"
+    if one is None:
+        changes.append(({"model"}, f"{moved} (not one model by case or the config's aliases)"))
+    elif one:
+        same.append(f"{moved}: the same model ({one})")
     if stored.get("format") is not None and stored.get("format") != new.get("format"):
         changes.append(({"format"}, f"format {stored.get('format')} -> {new.get('format')}"))
     old_s = stored.get("sampling") or {}
@@ -164,7 +190,7 @@ def compare_fingerprints(
                 )
             )
     blocking = [text for keys, text in changes if not keys & allowed]
-    allowed_changes = [text for keys, text in changes if keys & allowed]
+    allowed_changes = same + [text for keys, text in changes if keys & allowed]
     return blocking, allowed_changes
 
 

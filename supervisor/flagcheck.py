@@ -6,9 +6,14 @@ its argparse source declares, read statically on the host (``agent/argspec.py``,
 ``script_flags``). A script that parses its argv by hand would do its work whatever it is given,
 ``--help`` included.
 
-- A flag is confirmed when the profile lists it or the script declares it. A flag neither
-  confirms is refused unless ``--force``; the message says whether the script was read and does
-  not declare it, or could not be read (and why).
+- When the script's options were read (every ``add_argument`` written literally), the script
+  decides: a flag it does not declare is refused, ``--force`` or not, whatever the profile lists
+  (the profile describes every version of a client; the installed one may be older), and the
+  fix named is a script that declares it, copied to the host, then the same command again.
+  Only when the script could not be read, or names options not written literally, does the
+  profile fill in, and the verdict says so. A flag neither confirms is refused unless
+  ``--force``; the message says whether the script was read and does not declare it, or could
+  not be read (and why).
 - An abbreviation argparse would expand (``--output-file`` for ``--output-file-path``) is refused,
   ``--force`` or not: runwatch reads flags by their full names, so the files the gate checks
   would not be those the client writes. The fix is the full name.
@@ -114,6 +119,22 @@ class ScriptRead:
     def why_unread(self) -> str:
         return f"could not read {self.script}'s flags statically: {self.reason}"
 
+    @property
+    def decides(self) -> bool:
+        """Every option of the script was read: the script, not the profile, says which flags
+        exist."""
+        return self.reply is not None and self.reply.found and not self.reply.dynamic
+
+    @property
+    def partly(self) -> str:
+        """Why the profile fills in for the script, for messages."""
+        if self.reply is None or not self.reply.found:
+            return self.why_unread
+        return (
+            f"{self.reply.dynamic} of {self.script}'s add_argument calls name options not "
+            "written literally"
+        )
+
 
 @dataclass
 class Outcome:
@@ -131,17 +152,10 @@ class Outcome:
     """Values the script's declared type or choices reject: refused unless ``--force``."""
     typed: int = 0
     """Values found of their expected type."""
+    missing: list[str] = field(default_factory=list)
+    """Flags the script, wholly read, does not declare (a newer version may)."""
     sources: list[str] = field(default_factory=list)
     """What confirmed the flags (the profile, the static read)."""
-
-
-def needs_read(
-    flags: Sequence[str], sets: Sequence[tuple[str, str | None]], profile: ProfileFlags
-) -> bool:
-    """True when the profile alone cannot confirm every flag or type every value."""
-    if profile.known is None or any(f not in profile.known for f in flags):
-        return True
-    return any(v is not None and f not in profile.types for f, v in sets)
 
 
 def check(
@@ -157,24 +171,30 @@ def check(
     value)``: the value as a message may show it (secrets are not)."""
     out = Outcome()
     script = declared(read.reply) if read is not None and read.reply is not None else {}
+    decides = read is not None and read.decides
+    listed = profile.known if profile.known is not None else frozenset()
+    given = {f for f, _ in sets}
     by_profile = by_script = False
     for f in flags:
-        if profile.known is not None and f in profile.known:
-            by_profile = True
-        elif f in script:
+        if f in script:
             by_script = True
+        elif not decides and f in listed:
+            by_profile = True
+        elif decides and f in listed and f not in given:
+            pass  # removing a flag of another version the installed script lacks: what it needs
         else:
             _refuse_flag(out, f, profile, read, script)
             continue
         out.confirmed.append(f)
-    if by_profile:
-        out.sources.append(f"the client profile {profile.name!r}")
     if by_script and read is not None:
         out.sources.append(read.source)
+    if by_profile:
+        why = read.partly if read is not None else "the client's script is not known"
+        out.sources.append(f"the client profile {profile.name!r}, as {why}")
     for f, value in sets:
         in_profile = profile.known is not None and f in profile.known
-        if not in_profile and f not in script:
-            continue
+        if f not in script and (decides or not in_profile):
+            continue  # refused above
         takes = (f not in profile.switches) if in_profile else script[f].takes_value
         if value is None and takes:
             out.problems.append(f"{f}: needs a value (--set {f.lstrip('-')}=VALUE)")
@@ -202,7 +222,7 @@ def _refuse_flag(
     read: ScriptRead | None,
     script: dict[str, Declared],
 ) -> None:
-    names = sorted({*script, *(profile.known or ())})
+    names = sorted({*script, *(() if read is not None and read.decides else profile.known or ())})
     close = difflib.get_close_matches(flag, names, n=1, cutoff=0.6)
     # "FLAG: ..." - a word right after a flag name would read as its value (and be masked).
     guess = f" (did you mean {close[0]}?)" if close else ""
@@ -216,6 +236,18 @@ def _refuse_flag(
             )
             return
         notes = [f"read statically on {read.host}"]
+        if read.decides and not read.reply.known_args:
+            if profile.known is not None and flag in profile.known:
+                notes.append(
+                    f"the client profile {profile.name!r} lists it, but the installed script "
+                    "decides"
+                )
+            out.missing.append(flag)
+            out.problems.append(
+                f"{flag}: not a flag of the client{guess}: the installed {read.script} does not "
+                f"declare it ({'; '.join(notes)})"
+            )
+            return
         if profile.known is not None:
             notes.append(f"nor does the client profile {profile.name!r} list it")
         if read.reply.dynamic:
@@ -236,6 +268,15 @@ def _refuse_flag(
         )
     else:
         out.unconfirmed.append(f"{flag}: cannot be confirmed: {why}")
+
+
+def newer_script(script: str, path: str, host: str, flags: Sequence[str]) -> str:
+    """The fix when the installed script lacks ``flags``: a version that declares them, copied
+    over it, then the same command."""
+    return (
+        f"if a newer {script} declares {', '.join(flags)}, copy it to {path} on {host} (keep "
+        "the old one beside it), then run the same command again"
+    )
 
 
 def hidden_abbreviations(

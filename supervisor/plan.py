@@ -6,12 +6,13 @@ from the *effective* argv (the config's argv, the run's launch spec and this pla
 ``--unset``) through ``supervisor.layout.layout_of``: the files checked, locked and fingerprinted
 are the files the new command line will write.
 
-0. ``preflight`` - every flag the plan sets or removes must be one the client accepts: its
-   profile's known flags, or the options its argparse source declares, read statically on the
-   host (``script_flags``; the client is never run), with a "did you mean" for a typo; a flag
-   neither confirms needs ``force``. Every value set must be of its type: the profile's
-   ``value_types`` (int, float, str, path, choices), else the int or float type and the literal
-   choices the source declares (``supervisor.flagcheck``).
+0. ``preflight`` - every flag the plan sets or removes must be one the client accepts: the
+   options its argparse source declares, read statically on the host (``script_flags``; the
+   client is never run), or, only when they cannot all be read, its profile's known flags, with
+   a "did you mean" for a typo; a flag the installed script does not declare is refused (the fix:
+   a newer script), one neither source confirms needs ``force``. Every value set must be of
+   its type: the profile's ``value_types`` (int, float, str, path, choices), else the int or
+   float type and the literal choices the source declares (``supervisor.flagcheck``).
 1. ``format-check`` - every dataset file of the run is scanned with full validation (complete
    lines only) against the format the run writes; ``legacy``, ``mixed``, ``unknown`` or
    ``corrupt`` blocks, naming file, line and keys. With ``move_aside`` those files are moved
@@ -402,7 +403,8 @@ def _named_process(hv: HostView, rv: RunView | None, run: str, pid: int | None) 
         raise LaunchError(
             f"{run} is ambiguous on {hv.name}: pids {', '.join(map(str, cands))} could each be "
             "it; nothing was stopped",
-            f"name the one to stop: --pid PID (see `runwatch ps --host {hv.name}`)",
+            f"name the one to stop: `runwatch restart {run} --pid PID` (see `runwatch ps --host "
+            f"{hv.name}`)",
         )
     found = next((p for p in hv.processes if p.identity.pid == pid and pid in cands), None)
     if found is None:

@@ -280,9 +280,9 @@ class _Runner:
             ranges=dict(layout.profile.value_ranges) if layout.profiled else {},
             type_source=type_source,
         )
-        read = None
-        if flagcheck.needs_read(flags, plan.spec.sets, profile):
-            read = await self._script_flags(step)
+        # Always read: the installed script says which flags exist, the profile only fills in
+        # when it cannot be read.
+        read = await self._script_flags(step)
         given = {f for f, _ in plan.overrides}
         out = flagcheck.check(
             flags, plan.spec.sets, lambda f: f not in given, profile, read, self._shown
@@ -290,9 +290,16 @@ class _Runner:
         flagcheck.hidden_abbreviations(out, plan.argv, flags, profile, read)
         forcible = out.unconfirmed + out.unsure
         if out.problems or (forcible and not plan.force):
+            path = read.reply.path if read.reply is not None else plan.argv[0]
+            newer = (
+                "; " + flagcheck.newer_script(read.script, path, plan.host, out.missing)
+                if out.missing
+                else ""
+            )
             raise StepFailed(
                 "the new command line would not start: " + "; ".join(out.problems + forcible),
                 "nothing was stopped or launched; fix the --set / --unset flags"
+                + newer
                 + ("; `runwatch clients` shows each flag's type" if out.profile_types else "")
                 + (
                     "; if the client does take them, pass --force to launch anyway"
@@ -740,7 +747,11 @@ class _Runner:
                 continue
             sources.add(source)
             b, a = compare_fingerprints(
-                stored, new, {ds: hashes[ds]} if ds in hashes else {}, plan.allow_change
+                stored,
+                new,
+                {ds: hashes[ds]} if ds in hashes else {},
+                plan.allow_change,
+                config.aliases,
             )
             for text in b:
                 blocking.setdefault(text, []).append(ds)
@@ -757,6 +768,12 @@ class _Runner:
                 "data generated with different settings would be mixed in one dataset; "
                 "pass --allow-change KEY (model, sampling, temperature..., prompts, format) "
                 "if that is intended"
+                + (
+                    "; if both names are one model, list them in one group of the config's "
+                    'aliases (aliases = [["NAME", "OTHER NAME"]])'
+                    if any(t.startswith("model ") for t in blocking)
+                    else ""
+                )
                 + (
                     f", or give {plan.run.name} an output dir of its own (the data there is "
                     + "; ".join(f"{o}'s: {', '.join(d)}" for o, d in others.items())

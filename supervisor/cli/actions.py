@@ -163,6 +163,19 @@ _force_option = click.option(
     "never run) confirms, or with a --set value outside the type or choices that source "
     "declares (a client profile's value types are never overridden).",
 )
+_move_aside_option = click.option(
+    "--move-aside",
+    is_flag=True,
+    help="Rename data files in another format to <file>.<format>-<timestamp> (nothing deleted).",
+)
+_allow_change_option = click.option(
+    "--allow-change",
+    "allow_change",
+    multiple=True,
+    metavar="KEY",
+    help="Allow a change of model, sampling (or one parameter: temperature...), prompts or "
+    "format since the last launch. Repeatable.",
+)
 _dry_option = click.option(
     "--dry-run", is_flag=True, help="Show the plan and run the checks; change nothing."
 )
@@ -175,6 +188,8 @@ _yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask for con
 @_unset_option
 @_reset_option
 @_force_option
+@_move_aside_option
+@_allow_change_option
 @_dry_option
 @_yes_option
 @json_option
@@ -185,6 +200,8 @@ def launch(
     unsets: tuple[str, ...],
     reset: bool,
     force: bool,
+    move_aside: bool,
+    allow_change: tuple[str, ...],
     dry_run: bool,
     yes: bool,
     as_json: bool,
@@ -202,6 +219,8 @@ def launch(
         dry_run,
         yes,
         as_json,
+        move_aside=move_aside,
+        allow_change=allow_change,
         unsets=unsets,
         reset=reset,
         force=force,
@@ -214,19 +233,8 @@ def launch(
 @_unset_option
 @_reset_option
 @_force_option
-@click.option(
-    "--move-aside",
-    is_flag=True,
-    help="Rename data files in another format to <file>.<format>-<timestamp> (nothing deleted).",
-)
-@click.option(
-    "--allow-change",
-    "allow_change",
-    multiple=True,
-    metavar="KEY",
-    help="Allow a change of model, sampling (or one parameter: temperature...), prompts or "
-    "format since the last launch. Repeatable.",
-)
+@_move_aside_option
+@_allow_change_option
 @click.option(
     "--pid", type=int, default=None, help="Which process RUN is, when several could be it."
 )

@@ -362,7 +362,8 @@ def test_a1_specforge_flags_the_installed_version_lacks_are_refused_before_the_s
 ) -> None:
     """The SpecForge profile accepts every version's flags; the installed script (the stand-in,
     like HEAD) has no ``--is-reasoning-model``. A restart that adds it is refused by the
-    script's own argparse before the stop: the live job keeps running and its output grows."""
+    installed script's declared options before the stop (the script decides, not the profile):
+    the live job keeps running and its output grows."""
     from tests.fixtures_clients import ClientRun
 
     run = ClientRun(tmp_path, "specforge", client_server.url, demo_tokenizer, settle=0.05)
@@ -378,7 +379,9 @@ def test_a1_specforge_flags_the_installed_version_lacks_are_refused_before_the_s
     try:
         launched, result = asyncio.run(go())
         detail = _specforge_refusal(result)
-        assert "unrecognized arguments: --is-reasoning-model" in detail, detail
+        assert "--is-reasoning-model: not a flag of the client" in detail, detail
+        assert "the installed regenerate_train_data.py does not declare it" in detail, detail
+        assert "the client profile 'specforge' lists it" in detail, detail
         assert pid_alive(int(launched.identity["pid"]))
         grown = len(run.lines())
         wait_until(lambda: len(run.lines()) > grown, timeout=60)
@@ -423,6 +426,7 @@ def test_a1_a_specforge_version_without_resume_gets_no_resume_hint(
 
     detail = _specforge_refusal(asyncio.run(go(())))
     assert "unrecognized arguments: --resume" in detail, detail
+    assert "if a newer regenerate_train_data.py declares --resume, copy it to" in detail, detail
     result = asyncio.run(go(["resume"]))
     assert not result.ok, why(result)
     text = why(result)

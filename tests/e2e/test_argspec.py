@@ -313,7 +313,12 @@ def test_o6_the_verdict_says_which_source_confirms_or_denies(tmp_path: Path) -> 
     )
     out = check([("--retries", "3"), ("--top-p", "0.7"), ("--tpo-p", "1")], profile)
     assert out.confirmed == ["--retries", "--top-p"] and out.unsure == [] and out.typed == 1
-    assert out.sources == ["the client profile 'mine'"]
+    # GROUPS names options not written literally: the profile fills in, and says why
+    assert out.sources == [
+        "gen.py, read statically on h",
+        "the client profile 'mine', as 1 of gen.py's add_argument calls name options not "
+        "written literally",
+    ]
     assert out.unconfirmed[0].startswith(
         "--tpo-p: not a flag of the client (did you mean --top-p?): gen.py does not declare it"
     )
@@ -326,6 +331,36 @@ def test_o6_the_verdict_says_which_source_confirms_or_denies(tmp_path: Path) -> 
         "--x: not a flag of the client profile 'mine', and could not read gen.py's flags "
         "statically: gone"
     ]
+    out = flagcheck.check(
+        ["--retries"], [("--retries", "3")], lambda f: True, profile, unread, lambda f, v: repr(v)
+    )
+    assert out.confirmed == ["--retries"] and out.problems == out.unconfirmed == []
+    assert out.sources == [
+        "the client profile 'mine', as could not read gen.py's flags statically: gone"
+    ]
+    # A script read whole decides: a flag the profile lists but it lacks is refused, --force or
+    # not; removing such a flag is what it needs.
+    old = tmp_path / "old"
+    old.mkdir()
+    whole = flagcheck.ScriptRead(
+        script="gen.py",
+        host="h",
+        reply=msgspec.convert(
+            _read(old, "import argparse\np = argparse.ArgumentParser()\n"
+                  "p.add_argument('--out')\np.parse_args()\n"),
+            ScriptFlags,
+        ),
+    )  # fmt: skip
+    out = flagcheck.check(
+        ["--retries"], [("--retries", "3")], lambda f: False, profile, whole, lambda f, v: repr(v)
+    )
+    assert out.confirmed == [] and out.unconfirmed == [] and out.missing == ["--retries"]
+    assert out.problems == [
+        "--retries: not a flag of the client: the installed gen.py does not declare it (read "
+        "statically on h; the client profile 'mine' lists it, but the installed script decides)"
+    ]
+    out = flagcheck.check(["--retries"], [], lambda f: False, profile, whole, lambda f, v: repr(v))
+    assert out.confirmed == ["--retries"] and out.problems == out.unconfirmed == []
 
 
 def test_o6_what_cannot_be_read_says_why(tmp_path: Path) -> None:
