@@ -637,6 +637,15 @@ class _Runner:
         # A unit of any run started on these files writes them whatever its members hold open
         # (a run renamed in the config, a second config naming the same files).
         units = [u for u in found.units if not ours & {u.main_pid, *u.members}]
+        config = self.engine.config
+        same = [u for u in units if u.config_id == config.key and u.run == plan.run.name]
+        if same:  # started since this plan looked (another runwatch's launch of this run)
+            pids = ", ".join(str(p) for p in same[0].members) or "none listed"
+            raise StepFailed(
+                f"already running: unit {same[0].launch_id} of this run still has processes "
+                f"({pids}); nothing was stopped",
+                "another runwatch started it meanwhile; refresh to see the process that runs now",
+            )
         if units:
             who = "; ".join(
                 f"unit {u.launch_id} of run {u.run!r} ("

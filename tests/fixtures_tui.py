@@ -251,6 +251,14 @@ class FixedHost:
                 "exact": False,
                 "reason": "the fixed host holds no script",
             }
+        if op == "script_flags":
+            # No script on this host to read: the client's profile fills in.
+            argv = params.get("argv") or [""]
+            return {
+                "path": argv[-1], "readable": False, "found": False,
+                "reason": "the fixed host holds no script", "options": [],
+                "allow_abbrev": True, "dynamic": 0, "known_args": False,
+            }  # fmt: skip
         if op == "snapshot_check":
             # Every data file could be kept by reflink.
             files = [{"path": p, "size": 0, "method": "reflink"} for p in params["paths"]]
