@@ -52,7 +52,9 @@ def test_w31_a_kill_during_the_backoff_cancels_the_restart_in_this_watcher_and_t
     os.kill(pid, signal.SIGKILL)
     wait_until(intent_file(demo).exists, 60, what="the restart intent before the backoff")
     due = json.loads(intent_file(demo).read_text())["not_before"]
-    # A signalled death says its signal, by number and name.
+    # A signalled death says its signal, by number and name (the intent is written inside the
+    # tick, its event printed when the tick ends).
+    wait_until(lambda: "Run stopped" in text(out), 30, what="the death's event")
     line = next(li for li in text(out).splitlines() if "Run stopped" in li)
     assert "died (signal 9, SIGKILL)" in line, line
 
