@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 from supervisor import audit, clients, display, flagcheck, gate, launchspec, quiet, snapshots
-from supervisor.agent import match
+from supervisor.agent import match, unit
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import AGENT_LOADER, MASK, FileSpec, LaunchParams
 from supervisor.agentclient import AgentClient, as_data
@@ -647,14 +647,7 @@ class _Runner:
                 "another runwatch started it meanwhile; refresh to see the process that runs now",
             )
         if units:
-            who = "; ".join(
-                f"unit {u.launch_id} of run {u.run!r} ("
-                + (u.config_path or f"config {u.config_id}")
-                + f") was started on {u.path} and still runs (pids "
-                + (", ".join(str(p) for p in u.members) or "none listed")
-                + ")"
-                for u in units
-            )
+            who = unit.writers_text([msgspec.to_builtins(u) for u in units])
             stop = "; ".join(f"`{self._stop_unit(u)}`" for u in units)
             raise StepFailed(
                 f"one writer per data file: {who}; nothing was stopped",
