@@ -152,7 +152,7 @@ async def check(runner: _Runner, step: Step) -> None:
         ],
     }
     if seen.window_s > window:
-        rule = f"lengthened from {_seconds(window)}: {since}"
+        rule = f"lengthened from {_seconds(window)}, {rule}: {since}"
     changed = [f for f in seen.files if f.change]
     if not changed:
         step.detail = (

@@ -29,7 +29,7 @@ from supervisor.cli import cli
 from supervisor.engine import Engine
 from tests.fixtures_actions import pid_alive
 from tests.fixtures_clients import ClientRun
-from tests.waiting import wait_for, wait_until
+from tests.waiting import SCALE, wait_for, wait_until
 
 pytestmark = pytest.mark.usefixtures("state_home")
 
@@ -66,7 +66,10 @@ def careless(
     tmp_path: Path, url: str, tokenizer: Path, clients: list[ClientRun], **kw: Any
 ) -> ClientRun:
     top = kw.pop("top", "") + "\n" + CARELESS  # top-level keys before the tables
-    run = ClientRun(tmp_path, "specforge", url, tokenizer, rows=400, settle=2.0, top=top, **kw)
+    # A relaunch at a dead server must die inside the settle time to be reported failed: the
+    # client's start (an interpreter and its imports) is slower on a loaded machine.
+    settle = 2.0 * SCALE
+    run = ClientRun(tmp_path, "specforge", url, tokenizer, rows=400, settle=settle, top=top, **kw)
     clients.append(run)
     return run
 

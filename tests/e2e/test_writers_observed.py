@@ -318,9 +318,8 @@ async def test_o4_a_quiet_file_passes_and_the_launch_goes_ahead(
     # The step says the window the host watched, and why.
     observed = step.data["observed"]
     if observed["window_s"] > observed["asked_s"]:
-        assert "(lengthened from 2.0 s: 3 x the time since a file last changed, at most 30 s)" in (
-            step.detail
-        ), step.detail
+        lengthened = "(lengthened from 2.0 s, no record rate known yet, 2 to 30 s: 3 x the time "
+        assert lengthened + "since a file last changed, at most 30 s)" in step.detail, step.detail
     else:
         assert "(no record rate known yet, 2 to 30 s)" in step.detail, step.detail
     assert run_pids(demo.workdir) == [int(result.identity["pid"])]
@@ -344,7 +343,9 @@ async def test_o4_the_window_follows_the_pace_the_history_recorded(
         result = await launch(engine, "demo")
         assert result.ok, why(result)
     step = next(s for s in result.steps if s.name == "quiet")
-    assert "(3 x the run's median record interval of 1.2 s, 2 to 30 s)" in step.detail
+    # The rule is said whether or not the host lengthened the window after a recent change (how
+    # recent the fixture's writes are is the machine's pace, not the test's).
+    assert "3 x the run's median record interval of 1.2 s, 2 to 30 s" in step.detail, step.detail
     assert step.data["observed"]["asked_s"] == pytest.approx(3.6)
     assert step.data["observed"]["window_s"] >= step.data["observed"]["asked_s"]
 
