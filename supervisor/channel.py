@@ -242,6 +242,13 @@ class AgentChannel:
             raise HostError(f"{self.name}: could not send {op}: {e}") from None
         try:
             msg = await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.CancelledError:
+            # The caller is gone (a front end stopping cancels its refresh): forget the request,
+            # so that closing the channel sets no error on a future nobody will ever await (it
+            # was printed as "Future exception was never retrieved" after `watch` stopped).
+            self._pending.pop(rid, None)
+            self._listeners.pop(rid, None)
+            raise
         except asyncio.TimeoutError:
             self._pending.pop(rid, None)
             self._listeners.pop(rid, None)

@@ -3,7 +3,8 @@
 It starts a slow, capacity-limited, free mock "local GPU" server and a fast, priced mock "API"
 server (each ``python -m supervisor.demo.server`` on a free port), writes the demo prompts, seeds
 dataset B1 as finished, B2 just under its token budget and B3 with a few lines in the older (legacy)
-text format, then launches the three runs of ``configs/demo.toml`` exactly as configured: the local
+text format, then launches the three runs of its config ``demo.toml`` (beside this module, shipped
+in the wheel; ``configs/demo.toml`` links to it) exactly as configured: the local
 one with ``--max-samples`` and no ``--token-budget`` (so B2 goes over its budget within the first
 minute and keeps going), the API one with ``--token-budget``, and a SpecForge-style
 ``regenerate_train_data.py`` (the stand-in, copied in under its real name) writing ONE output file
@@ -35,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -43,9 +45,18 @@ from supervisor.agent import safefs
 from supervisor.config import Config, load_config
 from supervisor.errors import RunwatchError
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
-CLIENT = Path(__file__).resolve().with_name("run_inference.py")
-SPECFORGE = Path(__file__).resolve().with_name("specforge_regenerate.py")
+
+def _shipped(name: str) -> Path:
+    """A file of this package, found by ``importlib.resources``: the wheel carries it, so the demo
+    works installed as a tool (pipx, uv tool) as from a checkout. The demo starts these files as
+    scripts, so the package is a directory on disk."""
+    return Path(str(files("supervisor.demo").joinpath(name))).resolve()
+
+
+TEMPLATE = _shipped("demo.toml")
+"""The demo's config, with ``${RUNWATCH_DEMO_*}`` variables; ``configs/demo.toml`` links here."""
+CLIENT = _shipped("run_inference.py")
+SPECFORGE = _shipped("specforge_regenerate.py")
 """The SpecForge stand-in, copied into the demo dir as ``scripts/regenerate_train_data.py``."""
 SPECFORGE_SCRIPT = Path("scripts") / "regenerate_train_data.py"
 REGEN_INPUT = Path("sharegpt") / "regen-input.jsonl"
@@ -253,7 +264,7 @@ _ENV_REF = re.compile(r"\$\{(RUNWATCH_DEMO_[A-Z_]+)\}")
 
 
 def demo_env(demo_dir: Path, tokenizer: Path, local_url: str, api_url: str) -> dict[str, str]:
-    """The ``${RUNWATCH_DEMO_*}`` values that ``configs/demo.toml`` refers to."""
+    """The ``${RUNWATCH_DEMO_*}`` values that the demo's config (``TEMPLATE``) refers to."""
     return {
         "RUNWATCH_DEMO_DIR": str(demo_dir),
         "RUNWATCH_DEMO_LOCAL_URL": local_url,
@@ -278,12 +289,13 @@ def _template() -> str:
     except OSError as e:
         raise RunwatchError(
             f"the demo's config {TEMPLATE} cannot be read: {e.strerror}",
-            "run the demo from a checkout of runwatch (make demo)",
+            "reinstall runwatch (pipx reinstall runwatch), or run the demo from a checkout "
+            "(make demo)",
         ) from None
 
 
 def write_resolved_config(env: Mapping[str, str], path: Path, slurm: bool = False) -> Config:
-    """Write ``configs/demo.toml`` with ``${RUNWATCH_DEMO_*}`` filled in to ``path``; load it.
+    """Write ``TEMPLATE`` with ``${RUNWATCH_DEMO_*}`` filled in to ``path``; load it.
 
     With ``slurm``, the host is a Slurm login node (``kind = "slurm"``): its runs are jobs."""
 

@@ -6,16 +6,19 @@ real-sshd drops are in tests/e2e/test_ssh_agent.py."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from typing import Any
 
 import asyncssh
 import pytest
 
+from supervisor.agentclient import AgentClient
 from supervisor.channel import AgentChannel, LineReader, LineWriter
 from supervisor.errors import HostError, OutcomeUnknown
-from supervisor.hosts import AgentHost
+from supervisor.hosts import AgentHost, LocalHost
 from tests.fixtures_procs import local_host_config
+from tests.waiting import wait_for
 
 HELLO = json.dumps({"id": 0, "ok": True, "result": {"hello": "runwatch-agent"}}) + "\n"
 
@@ -173,3 +176,29 @@ async def test_engine_kill_whose_reply_was_lost_is_audited_unknown_then_reconcil
         assert second["outcome"] == "unknown" and second["ok"] is False
     else:
         assert second["ok"] is True and "already-gone" in second["steps"][0]["detail"]
+
+
+async def test_a_cancelled_request_leaves_no_unretrieved_error_at_close(tmp_path: Any) -> None:
+    """A request cancelled while the real agent works on it (a front end stopping cancels its
+    refresh), then the host closed: nothing reports "Future exception was never retrieved"
+    (W35; issue 38: `runwatch watch` printed it after "stopped")."""
+    reported: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    data = tmp_path / "data.jsonl"
+    data.write_text("")
+    host = LocalHost(local_host_config(command_timeout=60.0))
+    await host.connect()
+    try:
+        asking = asyncio.ensure_future(
+            AgentClient(host).observe_files(paths=[str(data)], window_s=30.0, interval_s=0.5)
+        )
+        await wait_for(lambda: host._channel is not None and host._channel._pending, 20)
+        asking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asking
+    finally:
+        await host.close()
+    del asking
+    gc.collect()  # a done future's unretrieved error is reported as it is collected
+    assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported

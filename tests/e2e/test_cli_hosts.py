@@ -215,3 +215,23 @@ def test_ps_names_an_unreachable_host_once(tmp_path: Path) -> None:
     out = runwatch("ps", "-c", str(config))
     assert out.returncode == 1
     assert out.stdout == f"gone: unreachable: connection refused by 127.0.0.1:{port}\n"
+
+
+def test_ps_and_status_name_a_run_not_in_the_config_alike(
+    fake_runs: FakeRuns, tmp_path: Path
+) -> None:
+    """A matching process the config does not name reads "(not in config)" in ps and in status
+    alike (issue 38: ps said "(unconfigured)")."""
+    run = start_run(fake_runs)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    config = write_config(tmp_path / "rw.toml", str(elsewhere))
+    ps = runwatch("ps", "-c", str(config))
+    assert ps.returncode == 0, ps.stderr
+    (line,) = [ln for ln in ps.stdout.splitlines() if f"pid {run.pid} " in ln]
+    assert "(not in config)" in line, ps.stdout
+    status = runwatch("status", "-c", str(config))
+    assert status.returncode == 0, status.stderr
+    (head,) = [ln for ln in status.stdout.splitlines() if f"pid {run.pid})" in ln]
+    assert "(not in config)" in head, status.stdout
+    assert "unconfigured" not in ps.stdout + status.stdout

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import shlex
+import socket
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.fixtures_actions import (
     API_KEY,
@@ -127,3 +130,26 @@ def test_the_story_from_the_cli(
     lines = human.stdout.strip().splitlines()
     assert len(lines) == 2 and "restart" in lines[-1] and "local/demo" in lines[-1]
     assert "move-aside" in lines[0]
+
+
+def test_no_terminal_refuses_before_any_host_is_contacted(tmp_path: Path) -> None:
+    """kill, launch and restart without a terminal and without --yes refuse before they connect
+    (issue 38: they used to connect first, 11-15 s, then say "pass --yes"). The host is a real
+    TCP listener that never speaks: a command that connected would be seen there."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    config = tmp_path / "runwatch.toml"
+    config.write_text(
+        f'[[hosts]]\nname = "far"\naddress = "127.0.0.1"\nport = {port}\n\n'
+        f'[[runs]]\nname = "r"\nhost = "far"\nworkdir = "{tmp_path}"\n'
+        'argv = ["python3", "run_inference.py", "--datasets", "B1", "--output-dir", "out"]\n'
+    )
+    config.chmod(0o600)
+    with listener:
+        for cmd in (["kill", "r"], ["kill", "--pid", "1"], ["launch", "r"], ["restart", "r"]):
+            out = runwatch(*cmd, "-c", str(config))
+            assert out.returncode == 2, (cmd, out.stdout, out.stderr)
+            assert "--yes" in out.stderr, (cmd, out.stderr)
+            with pytest.raises(BlockingIOError):
+                listener.accept()  # nobody connected
