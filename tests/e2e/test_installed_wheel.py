@@ -2,7 +2,8 @@
 outside the repo, runs ``runwatch --version`` and ``runwatch demo`` from a directory outside it
 (issue 38: the demo's config was not in the wheel, so an installed ``runwatch demo`` failed).
 
-The venv gets the wheel alone (``--no-deps``, so nothing is downloaded); its dependencies come
+The wheel is built with this venv's build backend and the venv gets the wheel alone
+(``--no-build-isolation``, ``--no-deps``: nothing is downloaded); its dependencies come
 from this interpreter's site-packages through a ``.pth`` file written after the install, so pip
 never sees this checkout's own editable install, and the ``supervisor`` it imports is the wheel's.
 """
@@ -40,6 +41,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "pip",
             "wheel",
             "--no-deps",
+            "--no-build-isolation",  # the build backend of this venv: nothing downloaded
             "-q",
             "-w",
             str(root / "dist"),
