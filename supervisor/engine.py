@@ -934,7 +934,7 @@ class Engine:
                 with contextlib.suppress(asyncio.CancelledError, RunwatchError):
                     await state.asking
         await asyncio.gather(*(self._close(h) for h in self._hosts.values()))
-        self._live.save()
+        self._live.close()
 
     async def reconfigure(self, config: Config) -> None:
         """Go on with ``config`` in place of the engine's (``supervisor.reload``: the watcher's

@@ -7,29 +7,40 @@ A ring holds points ``(t, v1, v2, ...)`` at least ``STEP_S`` apart, at most ``MA
 the previous newest while that one is less than ``STEP_S`` after the one before it). Rings whose
 newest point is older than ``MAX_AGE_S`` are dropped.
 
-On disk: ``$XDG_STATE_HOME/runwatch/configs/<config key>/history.json`` (``Config.key``), one
-compact JSON object ``{"version": 1, "rings": {key: [[t, v...], ...]}}``, written atomically (a
-temporary file in the same directory, fsynced, then renamed over the old one), mode 0600. The
-``history/<id>.json`` files of an older runwatch are not read. A file that cannot be read is
-ignored (history is a convenience, never a source of truth) and replaced on the next save.
+On disk: ``$XDG_STATE_HOME/runwatch/configs/<config key>/history.db`` (``Config.key``), a SQLite
+database (standard library) in WAL mode, mode 0600, one row per point keyed by (ring, time).
+A save writes only what changed since the last one (the points appended, the newest replaced,
+the points a full ring let go), so its cost follows the refresh, not how long the fleet has been
+watched; a ring is read from disk when it is first asked for, so a one-shot ``status`` reads the
+rings it shows and no others. Several processes of one config (a watcher, a dashboard, a
+``status``) share the file: SQLite serialises their writes, and a point two of them wrote is one
+row. A file that cannot be read is ignored (history is a convenience, never a source of truth)
+and replaced on the next save; the ``history.json`` of an older runwatch is not read.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
+import os
+import sqlite3
 import sys
+import time
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
 from supervisor.errors import RunwatchError
-from supervisor.paths import config_state, read_private, write_private_chunks
+from supervisor.paths import config_state, open_private
 
 STEP_S = 10.0
 MAX_POINTS = 1080
 MAX_AGE_S = 24 * 3600.0
-VERSION = 1
+TRIM_EVERY = 64
+"""A full ring's rows older than its oldest point are deleted once this many are."""
+PRUNE_EVERY_S = 3600.0
+"""How often a process drops the rings of the file that are older than ``MAX_AGE_S`` (a scan of
+the whole file, done at the first save and then at most this often)."""
 
 Point = tuple[float, ...]
 
@@ -105,24 +116,56 @@ class Ring:
 
 def history_path(key: str) -> Path:
     """Where the history of the config ``key`` (``Config.key``) is kept."""
-    return config_state(key) / "history.json"
+    return config_state(key) / "history.db"
+
+
+def saved_at(path: Path) -> int:
+    """When the history at ``path`` was last written to (ns; 0: never): a save lands in the
+    database's write-ahead log first."""
+    stamps = [0]
+    for name in (f"{path}-wal", str(path)):
+        with contextlib.suppress(FileNotFoundError):
+            stamps.append(os.stat(name).st_mtime_ns)
+    return max(stamps)
 
 
 class History:
-    """The rings of one config, loaded from and saved to ``path`` (None: memory only)."""
+    """The rings of one config, read lazily from and saved to the database ``path`` (None:
+    memory only)."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
         self._rings: dict[str, Ring] = {}
-        self.dirty = False
+        self._fetched: set[str] = set()
+        """Keys whose ring was read from disk (or found absent there) already."""
+        self._changed: set[str] = set()
+        """Keys whose ring changed since the last save (dropped ones included)."""
+        self._saved: dict[str, float] = {}
+        """Key -> the time of its newest point on disk, as this process last wrote or read it."""
+        self._let_go: dict[str, int] = {}
+        """Key -> points its full ring let go since their rows were last deleted."""
+        self._db: sqlite3.Connection | None = None
+        self._broken = False
+        self._pruned_at: float | None = None
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._changed)
 
     # ------------------------------------------------------------------ points
+
+    def _ring(self, key: str) -> Ring | None:
+        if key not in self._fetched:
+            self._fetched.add(key)
+            if key not in self._rings:
+                self._read(key)
+        return self._rings.get(key)
 
     def add(self, key: str, t: float, *values: float, keep_newest: bool = False) -> None:
         """``keep_newest``: append even when the newest point is recent (it records a change of
         state that replacing it would hide)."""
         point = (round(t, 2), *(round(v, 4) for v in values))
-        ring = self._rings.get(key)
+        ring = self._ring(key)
         if ring is None:
             ring = self._rings[key] = Ring(len(point))
         if ring and t <= ring[-1][0]:
@@ -131,21 +174,21 @@ class History:
             ring[-1] = point
         else:
             ring.append(point)
-        self.dirty = True
+        self._changed.add(key)
 
     def newest(self, key: str) -> Point | None:
-        ring = self._rings.get(key)
+        ring = self._ring(key)
         return ring[-1] if ring else None
 
     def points(self, key: str, since: float | None = None) -> list[Point]:
-        ring = self._rings.get(key)
+        ring = self._ring(key)
         if not ring:
             return []
         return [p for p in ring if since is None or p[0] >= since]
 
     def values(self, key: str, column: int = 1, limit: int = 120) -> list[float]:
         """One column of a ring, oldest first (the last ``limit`` points; only those are read)."""
-        ring = self._rings.get(key)
+        ring = self._ring(key)
         if not ring:
             return []
         n = len(ring)
@@ -158,7 +201,7 @@ class History:
         out, and so is the newest one while it is shorter than ``STEP_S`` (a second or two says
         nothing of a rate). Read from the newest point back, as far as ``limit`` needs: every
         refresh asks this of every ring, and a full ring holds 3 hours."""
-        ring = self._rings.get(key)
+        ring = self._ring(key)
         if not ring:
             return []
         newest = reversed(ring)
@@ -177,57 +220,163 @@ class History:
         return out[-limit:]
 
     def keys(self) -> list[str]:
-        return list(self._rings)
+        """Every ring's key, in memory or on disk."""
+        keys = dict.fromkeys(self._rings)
+        db = self._connect()
+        if db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                keys.update(dict.fromkeys(k for (k,) in db.execute(_KEYS)))
+        return [k for k in keys if k in self._rings or k not in self._fetched]
 
     def drop(self, key: str) -> None:
         """Forget the ring of ``key`` (it is gone from the file at the next save)."""
-        if self._rings.pop(key, None) is not None:
-            self.dirty = True
+        self._fetched.add(key)
+        if self._rings.pop(key, None) is not None or key in self._saved:
+            self._changed.add(key)
 
     # ------------------------------------------------------------------ disk
 
     def load(self) -> None:
-        """Read the file (a missing or unreadable one leaves the history empty)."""
-        if self.path is None:
+        """Open the file (rings are read from it as they are asked for; a missing or unreadable
+        file leaves the history empty)."""
+        self._connect()
+
+    def _connect(self) -> sqlite3.Connection | None:
+        if self.path is None or self._broken:
+            return None
+        if self._db is None:
+            try:
+                self._db = _open(self.path)
+            except (OSError, sqlite3.Error, RunwatchError):
+                self._broken = True  # replaced at the next save
+        return self._db
+
+    def _read(self, key: str) -> None:
+        db = self._connect()
+        if db is None:
             return
         try:
-            data = json.loads(read_private(self.path))
-        except (OSError, ValueError, RunwatchError):
+            rows = db.execute(_READ, (key, MAX_POINTS)).fetchall()
+        except sqlite3.Error:
             return
-        if not isinstance(data, dict) or data.get("version") != VERSION:
+        if not rows:
             return
-        rings = data.get("rings")
-        if not isinstance(rings, dict):
-            return
-        for key, pts in rings.items():
-            if not isinstance(key, str) or not isinstance(pts, list):
-                continue
-            good = [
-                tuple(float(v) for v in p)
-                for p in pts
-                if isinstance(p, list)
-                and p
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
-            ]
-            if good:
-                ring = self._rings[key] = Ring(max(len(p) for p in good))
-                for point in good:
-                    ring.append(point)
+        points = [(t, *array("d", v)) for t, v in reversed(rows)]
+        ring = self._rings[key] = Ring(max(len(p) for p in points))
+        for point in points:
+            ring.append(point)
+        self._saved[key] = points[-1][0]
 
     def save(self, now: float) -> None:
-        """Write the file atomically, dropping rings older than ``MAX_AGE_S``."""
+        """Write what changed since the last save, dropping rings older than ``MAX_AGE_S``."""
         for key in [k for k, r in self._rings.items() if not r or r[-1][0] < now - MAX_AGE_S]:
             del self._rings[key]
-        self.dirty = False
+            self._changed.add(key)
+        changed, self._changed = self._changed, set()
         if self.path is None:
             return
-        write_private_chunks(self.path, self._body())
+        if self._broken:
+            self._replace()
+        db = self._connect()
+        if db is None:
+            return
+        rows: list[tuple[str, float, bytes]] = []
+        deletes: list[tuple[str, float]] = []
+        trims: list[tuple[str, float]] = []
+        drops: list[tuple[str]] = []
+        before = {k: self._saved[k] for k in changed if k in self._saved}
+        for key in changed:
+            self._changes(key, rows, deletes, trims, drops)
+        try:
+            with db:
+                db.executemany(_DROP, drops)
+                db.executemany(_DELETE, deletes)
+                db.executemany(_WRITE, rows)
+                db.executemany(_TRIM, trims)
+                if self._pruned_at is None or time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:
+                    db.execute(_PRUNE, (now - MAX_AGE_S,))
+                    self._pruned_at = time.monotonic()
+        except sqlite3.Error:
+            self._changed |= changed  # tried again at the next save
+            for key in changed:
+                self._saved.pop(key, None)
+            self._saved.update(before)
+            raise OSError(f"{self.path}: history not saved") from None
 
-    def _body(self) -> Iterator[bytes]:
-        """The file, a ring at a time: 3 hours of every ring as one string would take a
-        watcher's memory up by megabytes every save."""
-        yield b'{"version":%d,"rings":{' % VERSION
-        for n, (key, ring) in enumerate(self._rings.items()):
-            points = json.dumps([list(p) for p in ring], separators=(",", ":"))
-            yield f"{',' if n else ''}{json.dumps(key)}:{points}".encode()
-        yield b"}}"
+    def _changes(
+        self,
+        key: str,
+        rows: list[tuple[str, float, bytes]],
+        deletes: list[tuple[str, float]],
+        trims: list[tuple[str, float]],
+        drops: list[tuple[str]],
+    ) -> None:
+        """What a save writes of the ring ``key``: the points newer than the newest saved, the
+        newest saved when it was replaced, the points a full ring let go; or the ring's drop."""
+        ring = self._rings.get(key)
+        last = self._saved.pop(key, None)
+        if ring is None:
+            drops.append((key,))
+            return
+        kept = None
+        written = len(rows)
+        for p in reversed(ring):
+            if last is not None and p[0] <= last:
+                kept = p[0]
+                break
+            rows.append((key, p[0], array("d", p[1:]).tobytes()))
+        if last is not None and kept != last:
+            deletes.append((key, last))  # the newest saved was replaced
+        if len(ring) == MAX_POINTS:
+            # What a full ring let go, once TRIM_EVERY points are: a row deleted per point
+            # would double what a save writes (a read takes the newest MAX_POINTS rows).
+            self._let_go[key] = self._let_go.get(key, 0) + len(rows) - written
+            if self._let_go[key] >= TRIM_EVERY:
+                trims.append((key, ring[0][0]))
+                self._let_go[key] = 0
+        self._saved[key] = ring[-1][0]
+
+    def _replace(self) -> None:
+        """Start a new file in place of one that could not be read."""
+        self.close()
+        assert self.path is not None
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{self.path}{suffix}")
+        self._broken = False
+        self._saved.clear()
+        self._changed = set(self._rings)
+
+    def close(self) -> None:
+        if self._db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+            self._db = None
+
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS points (key TEXT NOT NULL, t REAL NOT NULL, v BLOB NOT NULL, "
+    "PRIMARY KEY (key, t)) WITHOUT ROWID"
+)
+_KEYS = "SELECT DISTINCT key FROM points"
+_READ = "SELECT t, v FROM points WHERE key = ? ORDER BY t DESC LIMIT ?"
+_WRITE = "INSERT OR REPLACE INTO points (key, t, v) VALUES (?, ?, ?)"
+_DELETE = "DELETE FROM points WHERE key = ? AND t = ?"
+_TRIM = "DELETE FROM points WHERE key = ? AND t < ?"
+_DROP = "DELETE FROM points WHERE key = ?"
+_PRUNE = "DELETE FROM points WHERE key IN (SELECT key FROM points GROUP BY key HAVING max(t) < ?)"
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """The database at ``path``, made a private file (0600, never through a link) before SQLite
+    opens it; its journal files take the same mode."""
+    os.close(open_private(path, os.O_RDWR | os.O_CREAT))
+    db = sqlite3.connect(str(path), timeout=10.0, isolation_level=None, check_same_thread=False)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(_SCHEMA)
+    except sqlite3.Error:
+        db.close()
+        raise
+    return db

@@ -333,3 +333,8 @@ class Live:
         # History is a convenience: a full disk must not stop the refreshes.
         with contextlib.suppress(OSError):
             self.history.save(time.time())
+
+    def close(self) -> None:
+        """Save the history and close its file."""
+        self.save()
+        self.history.close()

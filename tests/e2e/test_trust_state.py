@@ -221,7 +221,7 @@ async def test_t13_under_umask_000_every_path_runwatch_creates_is_private(
         walked.update(_modes(root))
     assert str(state_home / "audit.jsonl") in walked
     assert any("/units/" in p for p in walked) and any("launch-spec" in p for p in walked)
-    assert any(p.endswith("history.json") for p in walked)
+    assert any(p.endswith("history.db") for p in walked)
     assert any(p.endswith(".lock") for p in walked) and any(p.endswith("run.log") for p in walked)
     bad = {p: m for p, m in walked.items() if m not in ("dir 0700", "file 0600")}
     assert bad == {}

@@ -42,7 +42,7 @@ from bench_watch import fill_history, wait_for
 from livefleet import PER_RUN, RUNS, end_on_sigterm, make_fleet, usage
 
 from supervisor import history
-from supervisor.config import Config
+from supervisor.config import Config, load_config
 
 BURST = 200
 """Scrapes back to back after the window, for the CPU of one scrape and the latency spread."""
@@ -106,11 +106,11 @@ def main() -> int:
                     start_new_session=True,
                 )
             )
-        saved = [history.history_path(str(p)) for p in (config, other)]
-        stamps = [p.stat().st_mtime_ns for p in saved]
+        saved = [history.history_path(load_config(str(p)).key) for p in (config, other)]
+        stamps = [history.saved_at(p) for p in saved]
 
         def both_saved() -> bool:
-            return all(p.stat().st_mtime_ns != s for p, s in zip(saved, stamps, strict=True))
+            return all(history.saved_at(p) != s for p, s in zip(saved, stamps, strict=True))
 
         wait_for("both watchers' first history save", both_saved, 90)
 

@@ -127,9 +127,12 @@ def fill_history(config: Path, host: str, hours: float, now: float) -> int:
                 ]
                 for i in range(1, steps + 1)
             ]
-    path = history.history_path(cfg.key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"version": history.VERSION, "rings": rings}))
+    saved = history.History(history.history_path(cfg.key))
+    for key, points in rings.items():
+        for t, *values in points:
+            saved.add(key, t, *values, keep_newest=True)
+    saved.save(now)
+    saved.close()
     return sum(len(r) for r in rings.values())
 
 
@@ -211,10 +214,10 @@ def main() -> int:
             )
         )
         saved = history.history_path(load_config(str(config)).key)
-        before = saved.stat().st_mtime_ns if saved.exists() else 0
+        before = history.saved_at(saved)
 
         def history_saved() -> bool:
-            return saved.exists() and saved.stat().st_mtime_ns != before
+            return history.saved_at(saved) != before
 
         wait_for("the watcher's first history save", history_saved, 60)
         me, bare = usage([psutil.Process(p.pid) for p in procs], watch_s, args.samples)

@@ -4,15 +4,18 @@ counted once), a done dataset at 0, uncertainties, and the history that makes a 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import random
+import sqlite3
+from array import array
 from pathlib import Path
 
 import pytest
 
-from supervisor import rates
+from supervisor import history, rates
 from supervisor.compare import compare, endpoint_rates, format_lines, works_from_snapshot
 from supervisor.config import Config, load_config
 from supervisor.engine import Engine
@@ -122,28 +125,62 @@ def test_a_rate_is_shown_only_when_its_window_holds_enough_responses() -> None:
     assert shown.tok_per_s == 100.0 and shown.tok_per_s_err == pytest.approx(50.0)
 
 
-def test_history_is_bounded_atomic_and_reloaded(tmp_path: Path) -> None:
-    path = tmp_path / "h.json"
+def test_history_is_bounded_saved_as_it_changes_and_reloaded(tmp_path: Path) -> None:
+    path = tmp_path / "h.db"
     h = History(path)
     for i in range(3000):
         h.add("k", 1000.0 + i * 5.0, float(i))
+        if i % 97 == 0:  # saves along the way: each writes what changed since the last
+            h.save(now=1000.0 + i * 5.0)
     assert len(h.points("k")) <= 1080
     # Points are 10 s apart except the newest, which is always the latest observation.
     pts = h.points("k")
     assert pts[-1] == (1000.0 + 2999 * 5.0, 2999.0)
     assert all(b[0] - a[0] >= 10.0 for a, b in itertools.pairwise(pts[:-1]))
     h.save(now=pts[-1][0])
-    assert [p.name for p in tmp_path.iterdir()] == ["h.json"]  # no temporary file left
+    h.close()
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
     again = History(path)
     again.load()
+    # The file holds the ring as it is: what a full ring let go and the newest points
+    # replaced are gone from it too.
     assert again.points("k") == pts
-    # Rings not updated for a day are dropped; a corrupt file is ignored.
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        # What a full ring let go is deleted from the file every TRIM_EVERY saves.
+        (rows,) = db.execute("SELECT count(*) FROM points").fetchone()
+        assert len(pts) <= rows <= len(pts) + history.TRIM_EVERY
+    # Rings not updated for a day are dropped; a corrupt file is ignored, then replaced.
     again.save(now=pts[-1][0] + 2 * 86400)
-    assert json.loads(path.read_text())["rings"] == {}
-    path.write_text("{not json")
+    again.close()
+    assert History(path).keys() == []
+    path.write_bytes(b"not a database" * 100)
     broken = History(path)
     broken.load()
-    assert broken.keys() == []
+    assert broken.keys() == [] and broken.points("k") == []
+    broken.add("k2", 5.0, 1.0)
+    broken.save(now=5.0)
+    broken.close()
+    assert History(path).points("k2") == [(5.0, 1.0)]
+
+
+def test_history_saves_only_what_changed_and_shares_the_file(tmp_path: Path) -> None:
+    """Two processes' histories of one config (a watcher and a dashboard) on one file: each
+    save writes its new points, the other reads them when it first asks for the ring."""
+    path = tmp_path / "h.db"
+    a, b = History(path), History(path)
+    for i in range(50):
+        a.add("run|h|x", 100.0 + 10 * i, float(i))
+    a.save(now=600.0)
+    assert b.points("run|h|x") == a.points("run|h|x")
+    statements: list[str] = []
+    a._connect().set_trace_callback(statements.append)  # type: ignore[union-attr]
+    a.add("run|h|x", 600.0, 50.0)
+    a.save(now=600.0)
+    writes = [s for s in statements if s.startswith(("INSERT", "DELETE", "UPDATE"))]
+    # One new point, one row: a save's cost is what changed, not the history's length.
+    assert len(writes) == 1 and "600.0" in writes[0], writes
+    a.close()
+    b.close()
 
 
 def _every_rate(pts: list[tuple[float, ...]], column: int, limit: int) -> list[float]:
@@ -170,8 +207,15 @@ def test_history_rates_read_from_the_newest_point_are_every_rates_last(tmp_path:
             count = rng.randint(0, 50) if rng.random() < 0.05 else count + rng.randint(0, 900)
             pts.append([t, count, count * 3] if rng.random() > 0.02 else [t])
         rings[f"k{k}"] = pts
-    path = tmp_path / "h.json"
-    path.write_text(json.dumps({"version": 1, "rings": rings}))
+    # As another process left them on disk: one row per (ring, time).
+    path = tmp_path / "h.db"
+    with contextlib.closing(History(path)) as writer:
+        writer.load()
+        db = writer._connect()
+        assert db is not None
+        for key, pts in rings.items():
+            rows = {p[0]: array("d", p[1:]).tobytes() for p in pts}
+            db.executemany("INSERT INTO points VALUES (?, ?, ?)", [(key, *r) for r in rows.items()])
     h = History(path)
     h.load()
     assert sorted(h.keys()) == sorted(rings)
@@ -218,11 +262,8 @@ argv = ["python3", "run_inference.py", "--datasets", "B1"]
         first = await engine.refresh()
     assert first.hosts[0].runs[0].datasets[0].rates.tok_per_s_all is None  # one look: no rate
     saved = history_path(config.key)
-    body = json.loads(saved.read_text())
-    for pts in body["rings"].values():
-        for p in pts:
-            p[0] -= 60.0
-    saved.write_text(json.dumps(body))
+    with contextlib.closing(sqlite3.connect(saved)) as db, db:
+        db.execute("UPDATE points SET t = t - 60.0")
     write(12)
     async with Engine(config) as engine:
         snap = await engine.refresh()
