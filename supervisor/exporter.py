@@ -31,7 +31,7 @@ from supervisor.config import Config
 from supervisor.display import escape_control
 from supervisor.errors import ConfigError, RunwatchError
 from supervisor.events import EVENT_KINDS, Event
-from supervisor.model import RunState, Snapshot
+from supervisor.model import HostView, RunState, Snapshot
 from supervisor.secrets import known_secrets, mask_known
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ class FleetCollector(Collector):
     # ------------------------------------------------------------------ families
 
     def _hosts(self, snap: Snapshot, labels: _Labels) -> Iterator[Metric]:
-        up = _gauge("runwatch_host_up", "1 when the host answered the last refresh.", HOST)
+        up = _gauge("runwatch_host_up", "1 when the host answered the last refresh in time.", HOST)
         rtt = _gauge(
             "runwatch_host_refresh_seconds",
             "Round trip of the host's last refresh request (seconds).",
@@ -197,19 +197,30 @@ class FleetCollector(Collector):
             "Unix time of the host's last successful refresh.",
             HOST,
         )
+        age = _gauge(
+            "runwatch_host_staleness_seconds",
+            "Seconds between the host's last successful refresh and the snapshot (0: fresh).",
+            HOST,
+        )
         for h in snap.hosts:
             key = labels(self.label, h.name)
-            up.add_metric(key, 1.0 if h.connected else 0.0)
+            up.add_metric(key, 1.0 if answered(h) else 0.0)
             if h.rtt_ms is not None:
                 rtt.add_metric(key, h.rtt_ms / 1000.0)
             if h.last_ok is not None:
                 last.add_metric(key, h.last_ok)
-        yield from (up, rtt, last)
+                age.add_metric(key, 0.0 if answered(h) else max(0.0, snap.time - h.last_ok))
+        yield from (up, rtt, last, age)
 
     def _runs(
         self, snap: Snapshot, labels: _Labels, restarts: dict[tuple[str, str], int]
     ) -> Iterator[Metric]:
-        up = _gauge("runwatch_run_up", "1 while the run's process (or job) is running.", RUN)
+        up = _gauge(
+            "runwatch_run_up",
+            "1 while the run's process (or job) is running; absent while its host does not "
+            "answer (unknown, not down: runwatch_host_up says so).",
+            RUN,
+        )
         state = _gauge(
             "runwatch_run_state", "1 for the run's state, 0 for the others.", (*RUN, "state")
         )
@@ -224,12 +235,17 @@ class FleetCollector(Collector):
             labels=list(RUN),
         )
         for h in snap.hosts:
+            known = answered(h)
             for r in h.runs:
                 key = labels(self.label, h.name, r.name)
-                up.add_metric(key, 1.0 if r.state == "running" else 0.0)
+                # A host that does not answer says nothing of its runs: their state is unknown
+                # (never "down"), and a last value would be a guess.
+                shown = r.state if known else "unknown"
+                if known:
+                    up.add_metric(key, 1.0 if r.state == "running" else 0.0)
                 for s in RUN_STATES:
-                    state.add_metric([*key, s], 1.0 if r.state == s else 0.0)
-                if r.rates.tok_per_s is not None:
+                    state.add_metric([*key, s], 1.0 if shown == s else 0.0)
+                if known and r.rates.tok_per_s is not None:
                     rate.add_metric(key, r.rates.tok_per_s)
                 count.add_metric(key, restarts.get((h.name, r.name), 0))
         yield from (up, state, rate, count)
@@ -377,6 +393,11 @@ class FleetCollector(Collector):
                 if g.memory_total_mb is not None:
                     total.add_metric(key, g.memory_total_mb * MIB)
         yield from (util, used, total)
+
+
+def answered(host: HostView) -> bool:
+    """The host answered the snapshot's refresh: its figures are of now, not its last ones."""
+    return host.connected and not host.stale
 
 
 def _gauge(name: str, documentation: str, label_names: Sequence[str]) -> GaugeMetricFamily:
