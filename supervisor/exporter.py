@@ -1,12 +1,13 @@
 """The Prometheus exporter of ``runwatch watch``: ``/metrics`` from the watcher's latest snapshot.
 
 :class:`FleetCollector` is a custom ``prometheus_client`` collector. The watcher hands it each
-tick's snapshot, events and alert deliveries (:meth:`FleetCollector.publish`, one of
+tick's snapshot, events and failed alert delivery attempts (:meth:`FleetCollector.publish`, one of
 ``Watcher.observers``); a scrape turns the latest snapshot into metric families and does nothing
 else: no refresh of its own, no host asked, no file read. The metric names and labels are a
 contract (the README's table lists them with their units): per dataset (``config``, ``host``,
 ``run``, ``dataset``), per run, per host, per endpoint, per GPU (labelled with the runs that hold
-it), and the watcher's counters (events by kind, failed alert deliveries, restarts per run).
+it), and the watcher's counters (events by kind, failed alert delivery attempts with every retry
+counted, restarts per run).
 
 Every label value passes through the same masking as everything else runwatch writes
 (``secrets.mask_known``); values are numbers only. :func:`serve` starts prometheus_client's own
@@ -36,8 +37,6 @@ from supervisor.secrets import known_secrets, mask_known
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
-
-    from supervisor.alerts import Delivery
 
 _Labels = Callable[..., list[str]]
 """Label values, masked (``labels`` in :meth:`FleetCollector.collect`)."""
@@ -123,10 +122,10 @@ class FleetCollector(Collector):
         self._failed_deliveries = 0
         self._restarts: dict[tuple[str, str], int] = {}
 
-    def publish(
-        self, snapshot: Snapshot, events: Sequence[Event], deliveries: Sequence[Delivery]
-    ) -> None:
-        """The watcher's hook: one tick's snapshot, its events and its alert deliveries."""
+    def publish(self, snapshot: Snapshot, events: Sequence[Event], failed_deliveries: int) -> None:
+        """The watcher's hook: one tick's snapshot, its events and the failed alert delivery
+        attempts so far (``Alerter.failed_attempts``: a counter counts every failed attempt,
+        not the messages that failed)."""
         with self._lock:
             self._snapshot = snapshot
             for ev in events:
@@ -134,7 +133,7 @@ class FleetCollector(Collector):
                 if ev.kind == "restart-done" and ev.run is not None:
                     key = (ev.host, ev.run)
                     self._restarts[key] = self._restarts.get(key, 0) + 1
-            self._failed_deliveries += sum(1 for d in deliveries if not d.ok)
+            self._failed_deliveries = failed_deliveries
 
     def describe(self) -> Iterable[Metric]:
         return []  # the families depend on the fleet: registering must not collect
@@ -163,7 +162,7 @@ class FleetCollector(Collector):
         yield ev
         fails = CounterMetricFamily(
             "runwatch_alert_deliveries_failed",
-            "Alert messages that could not be delivered.",
+            "Alert delivery attempts that failed (every retry counted).",
             labels=["config"],
         )
         fails.add_metric(labels(c), failed)

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.engine import Engine
 from supervisor.exporter import FleetCollector
-from tests.e2e.test_exporter import collected, value
+from tests.e2e.test_exporter import collected, fetch, start_watcher, value
+from tests.fixtures_actions import DemoRun, raw_record
+from tests.fixtures_alerts import Receiver
 from tests.fixtures_procs import FakeRuns
+from tests.waiting import wait_until
 
 ARGV = ["python3", "run_inference.py", "--datasets", "B1", "--max-samples", "70"]
 
@@ -33,7 +38,7 @@ async def test_x5_a_running_run_on_a_host_that_does_not_answer_is_unknown_not_do
     collector = FleetCollector(config)
     async with Engine(config) as engine:
         snap = await engine.refresh()
-        collector.publish(snap, [], [])
+        collector.publish(snap, [], 0)
         body = collected(collector)
         assert value(body, "runwatch_host_up", host="there") == 1
         assert value(body, "runwatch_run_up", run="gen") == 1, proc.pid
@@ -45,7 +50,7 @@ async def test_x5_a_running_run_on_a_host_that_does_not_answer_is_unknown_not_do
             frozen = await engine.refresh(wait=1.0)
         finally:
             os.kill(int(hello["pid"]), signal.SIGCONT)
-    collector.publish(frozen, [], [])
+    collector.publish(frozen, [], 0)
     body = collected(collector)
     assert value(body, "runwatch_host_up", host="there") == 0
     assert value(body, "runwatch_run_up", run="gen") is None
@@ -53,3 +58,33 @@ async def test_x5_a_running_run_on_a_host_that_does_not_answer_is_unknown_not_do
     assert value(body, "runwatch_run_state", run="gen", state="running") == 0
     staleness = value(body, "runwatch_host_staleness_seconds", host="there")
     assert fresh == 0 and staleness is not None and staleness > 0
+
+
+def test_x6_every_failed_delivery_attempt_counts(
+    tmp_path: Path, state_home: Path, spawn: Callable[..., Any]
+) -> None:
+    """A real watcher whose alerts go to a receiver that answers 500 to every POST: each retry
+    of the message is one more failed delivery, and the exported counter follows the receiver's
+    count of POSTs (not the one message that failed)."""
+    refusing = Receiver(status=500)
+    try:
+        demo = DemoRun(tmp_path, "http://127.0.0.1:9/v1")  # never launched: files written here
+        b1 = demo.data_file("B1")
+        b1.parent.mkdir(parents=True)
+        b1.write_bytes(raw_record("B1-1", 7) + raw_record("B1-1", 9))  # a duplicate: an alert
+        text = demo.config_path.read_text()
+        text += f'\n[alerts]\nurls = ["{refusing.url()}"]\n'
+        text += '\n[exporter]\nlisten = "127.0.0.1:0"\n'
+        demo.config_path.write_text(text)
+        url = start_watcher(spawn, demo.config_path, tmp_path / "watch.out")
+
+        def counted_every_post() -> float | None:
+            posts = len(refusing.bodies)
+            failed = value(fetch(url), "runwatch_alert_deliveries_failed_total")
+            return failed if posts >= 3 and failed == posts else None
+
+        # Retries come 2, 4, 8 s apart: three POSTs within 14 s, each counted by the next tick.
+        failed = wait_until(counted_every_post, 90, what="the counter at every failed POST")
+        assert failed >= 3
+    finally:
+        refusing.close()
