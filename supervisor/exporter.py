@@ -5,7 +5,8 @@ tick's snapshot, events and failed alert delivery attempts (:meth:`FleetCollecto
 ``Watcher.observers``); a scrape turns the latest snapshot into metric families and does nothing
 else: no refresh of its own, no host asked, no file read. The metric names and labels are a
 contract (the README's table lists them with their units): per dataset (``config``, ``host``,
-``run``, ``dataset``), per run, per host, per endpoint, per GPU (labelled with the runs that hold
+``run``, ``dataset``), per run (the config's runs only: a process outside the config is counted
+per host, ``runwatch_strangers``), per host, per endpoint, per GPU (labelled with the runs that hold
 it), and the watcher's counters (events by kind, failed alert delivery attempts with every retry
 counted, restarts per run).
 
@@ -32,7 +33,7 @@ from supervisor.config import Config
 from supervisor.display import escape_control
 from supervisor.errors import ConfigError, RunwatchError
 from supervisor.events import EVENT_KINDS, Event
-from supervisor.model import HostView, RunState, Snapshot
+from supervisor.model import HostView, RunState, RunView, Snapshot
 from supervisor.secrets import known_secrets, mask_known
 
 if TYPE_CHECKING:
@@ -233,9 +234,17 @@ class FleetCollector(Collector):
             "Restarts of the run (automatic, or through runwatch) this watcher saw.",
             labels=list(RUN),
         )
+        strangers = _gauge(
+            "runwatch_strangers",
+            "Runs on the host that are not in the config (counted, never exported one by one).",
+            HOST,
+        )
         for h in snap.hosts:
             known = answered(h)
-            for r in h.runs:
+            strangers.add_metric(
+                labels(self.label, h.name), sum(1 for r in h.runs if not r.configured)
+            )
+            for r in configured(h):
                 key = labels(self.label, h.name, r.name)
                 # A host that does not answer says nothing of its runs: their state is unknown
                 # (never "down"), and a last value would be a guess.
@@ -247,7 +256,7 @@ class FleetCollector(Collector):
                 if known and r.rates.tok_per_s is not None:
                     rate.add_metric(key, r.rates.tok_per_s)
                 count.add_metric(key, restarts.get((h.name, r.name), 0))
-        yield from (up, state, rate, count)
+        yield from (up, state, rate, count, strangers)
 
     def _datasets(self, snap: Snapshot, labels: _Labels) -> Iterator[Metric]:
         records = _gauge("runwatch_dataset_records", "Records (responses) in the data file.", DS)
@@ -290,7 +299,7 @@ class FleetCollector(Collector):
         )
         bad = _gauge("runwatch_dataset_bad_lines", "Lines that are not records.", DS)
         for h in snap.hosts:
-            for r in h.runs:
+            for r in configured(h):
                 for ds in r.datasets:
                     if ds.provisional:
                         continue  # line counts of a first scan, not records yet
@@ -380,11 +389,12 @@ class FleetCollector(Collector):
         used = _gauge("runwatch_gpu_memory_used_bytes", "GPU memory in use.", GPU)
         total = _gauge("runwatch_gpu_memory_total_bytes", "GPU memory in all.", GPU)
         for h in snap.hosts:
+            ours = {r.name for r in configured(h)}
             for i, g in enumerate(h.gpus):
                 index = g.index if g.index is not None else i
-                key = labels(
-                    self.label, h.name, index, g.uuid or "", g.name or "", ",".join(sorted(g.runs))
-                )
+                # The configured runs only: another process's name carries its pid.
+                held = ",".join(sorted(set(g.runs) & ours))
+                key = labels(self.label, h.name, index, g.uuid or "", g.name or "", held)
                 if g.utilization_pct is not None:
                     util.add_metric(key, g.utilization_pct / 100.0)
                 if g.memory_used_mb is not None:
@@ -397,6 +407,13 @@ class FleetCollector(Collector):
 def answered(host: HostView) -> bool:
     """The host answered the snapshot's refresh: its figures are of now, not its last ones."""
     return host.connected and not host.stale
+
+
+def configured(host: HostView) -> list[RunView]:
+    """The host's runs of the config: a process outside it is only counted
+    (``runwatch_strangers``), so that another user's thousand datasets make no series and no pid
+    becomes a label."""
+    return [r for r in host.runs if r.configured]
 
 
 def _gauge(name: str, documentation: str, label_names: Sequence[str]) -> GaugeMetricFamily:

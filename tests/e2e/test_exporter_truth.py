@@ -13,7 +13,7 @@ from typing import Any
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.engine import Engine
 from supervisor.exporter import FleetCollector
-from tests.e2e.test_exporter import collected, fetch, start_watcher, value
+from tests.e2e.test_exporter import collected, fetch, series, start_watcher, value
 from tests.fixtures_actions import DemoRun, raw_record
 from tests.fixtures_alerts import Receiver
 from tests.fixtures_procs import FakeRuns
@@ -88,3 +88,48 @@ def test_x6_every_failed_delivery_attempt_counts(
         assert failed >= 3
     finally:
         refusing.close()
+
+
+async def test_x7_a_stranger_with_many_datasets_is_one_count_and_no_pid_is_a_label(
+    tmp_path: Path, fake_runs: FakeRuns
+) -> None:
+    """A process outside the config (another client with 40 datasets, each with a file) beside
+    a configured run: only the configured run's series are exported, the stranger is one
+    ``runwatch_strangers`` count on its host, and no label value holds a pid."""
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    (work / "out" / "B1").mkdir(parents=True)
+    names = [f"S{i}" for i in range(40)]
+    for name in names:
+        (elsewhere / "out" / name).mkdir(parents=True)
+        (elsewhere / "out" / name / "raw_responses.jsonl").write_bytes(raw_record(f"{name}-1"))
+    ours = fake_runs.start(*ARGV[2:], cwd=work)
+    stranger = fake_runs.start("--datasets", ",".join(names), "--output-dir", "out", cwd=elsewhere)
+    config = Config(
+        hosts=[HostConfig(name="here", local=True, command_timeout=60.0)],
+        runs=[RunConfig(name="gen", host="here", workdir=str(work), argv=list(ARGV))],
+    )
+    collector = FleetCollector(config)
+    async with Engine(config) as engine:
+        snap = await engine.refresh()
+    (host,) = snap.hosts
+    assert any(not r.configured and r.datasets for r in host.runs), "the stranger is seen"
+    collector.publish(snap, [], 0)
+    body = collected(collector)
+    assert value(body, "runwatch_run_up", run="gen") == 1, ours.pid
+    by_name = series(body)
+    runs = {
+        labels["run"] for samples in by_name.values() for labels, _ in samples if "run" in labels
+    }
+    assert runs == {"gen"}
+    datasets = {labels["dataset"] for labels, _ in by_name["runwatch_dataset_records"]}
+    assert datasets == {"B1"}
+    pids = [
+        (name, labels)
+        for name, samples in by_name.items()
+        for labels, _ in samples
+        if any(str(stranger.pid) in v or "(pid " in v for v in labels.values())
+    ]
+    assert pids == []
+    # Other clients on this machine are strangers too: the count is the host's, one each.
+    strangers = sum(1 for r in host.runs if not r.configured)
+    assert strangers >= 1 and value(body, "runwatch_strangers", host="here") == strangers
