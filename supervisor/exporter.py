@@ -11,19 +11,21 @@ it), and the watcher's counters (events by kind, failed alert delivery attempts 
 counted, restarts per run).
 
 Every label value passes through the same masking as everything else runwatch writes
-(``secrets.mask_known``); values are numbers only. :func:`serve` starts prometheus_client's own
-HTTP server on a thread: loopback unless another address is written out (``parse_listen``), TLS
-(and client certificates) through prometheus_client's own support.
+(``secrets.mask_known``); values are numbers only. :func:`serve` starts a
+``supervisor.metricsserver`` server on a thread (a bounded pool; an idle connection holds no
+thread): loopback unless another address is written out (``parse_listen``), TLS and client
+certificates through ``ssl``.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import ssl
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
+from typing import get_args
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -33,11 +35,9 @@ from supervisor.config import Config
 from supervisor.display import escape_control
 from supervisor.errors import ConfigError, RunwatchError
 from supervisor.events import EVENT_KINDS, Event
+from supervisor.metricsserver import MetricsServer
 from supervisor.model import HostView, RunState, RunView, Snapshot
 from supervisor.secrets import known_secrets, mask_known
-
-if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
 
 _Labels = Callable[..., list[str]]
 """Label values, masked (``labels`` in :meth:`FleetCollector.collect`)."""
@@ -425,7 +425,7 @@ class Exporter:
     """A serving exporter: its collector, its HTTP server and the URL it answers on."""
 
     collector: FleetCollector
-    server: WSGIServer
+    server: MetricsServer
     thread: threading.Thread
     url: str
 
@@ -437,9 +437,9 @@ class Exporter:
 
 def serve(config: Config, listen: str | None = None) -> Exporter:
     """Serve ``/metrics`` of a new :class:`FleetCollector` on ``listen`` (default: ``[exporter]
-    listen``), on a thread of prometheus_client's own HTTP server (TLS when the config gives a
-    certificate)."""
-    from prometheus_client.exposition import start_http_server
+    listen``) with a :class:`~supervisor.metricsserver.MetricsServer` on a thread (a bounded
+    pool, idle connections holding no thread; TLS when the config gives a certificate)."""
+    from prometheus_client.exposition import make_wsgi_app
 
     ex = config.exporter
     where = "--metrics-listen" if listen else f"{config.path}: [exporter].listen"
@@ -460,21 +460,22 @@ def serve(config: Config, listen: str | None = None) -> Exporter:
     collector = FleetCollector(config)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
+    context = None
+    if ex.cert_file is not None and ex.key_file is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(ex.cert_file, ex.key_file)
+        if ex.client_ca_file is not None:
+            context.load_verify_locations(cafile=ex.client_ca_file)
+            context.verify_mode = ssl.CERT_REQUIRED
     try:
-        server, thread = start_http_server(
-            addr.port,
-            addr=addr.host,
-            registry=registry,
-            certfile=ex.cert_file,
-            keyfile=ex.key_file,
-            client_cafile=ex.client_ca_file,
-            client_auth_required=ex.client_ca_file is not None,
-        )
+        server = MetricsServer(addr.host, addr.port, make_wsgi_app(registry), context)
     except OSError as e:
         raise RunwatchError(
             f"cannot serve metrics on {addr.host}:{addr.port}: {e.strerror or e}",
             "choose another port with --metrics-listen HOST:PORT",
         ) from None
+    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+    thread.start()
     url = addr.url(port=server.server_port, tls=ex.cert_file is not None)
     return Exporter(collector=collector, server=server, thread=thread, url=url)
 

@@ -6,14 +6,23 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.engine import Engine
-from supervisor.exporter import FleetCollector
-from tests.e2e.test_exporter import collected, fetch, series, start_watcher, value
+from supervisor.exporter import FleetCollector, serve
+from supervisor.metricsserver import WORKERS
+from tests.e2e.test_exporter import (
+    collected,
+    fetch,
+    full_config,
+    series,
+    start_watcher,
+    value,
+)
 from tests.fixtures_actions import DemoRun, raw_record
 from tests.fixtures_alerts import Receiver
 from tests.fixtures_procs import FakeRuns
@@ -133,3 +142,39 @@ async def test_x7_a_stranger_with_many_datasets_is_one_count_and_no_pid_is_a_lab
     # Other clients on this machine are strangers too: the count is the host's, one each.
     strangers = sum(1 for r in host.runs if not r.configured)
     assert strangers >= 1 and value(body, "runwatch_strangers", host="here") == strangers
+
+
+def test_x8_two_hundred_idle_connections_hold_no_thread_and_a_scrape_answers(
+    tmp_path: Path,
+) -> None:
+    """200 connections to the real exporter that send nothing: the process's thread count stays
+    within the accepting thread and the pool, a scrape is answered meanwhile, and each idle
+    connection is closed by the server after its idle timeout."""
+    config = full_config(tmp_path)
+    before = threads()
+    exporter = serve(config, "127.0.0.1:0")
+    port = int(exporter.url.rsplit(":", 1)[1].split("/")[0])
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(200):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        body = fetch(exporter.url)  # accepted after the 200: they were all accepted before it
+        assert "runwatch_events_total" in body
+        assert threads() <= before + 1 + WORKERS, threads()
+
+        def closed_by_server(sock: socket.socket) -> bool:
+            sock.settimeout(60)
+            return sock.recv(1) == b""  # EOF: the server closed it
+
+        # Each recv blocks until the server closes that connection (its idle timeout).
+        assert all(closed_by_server(s) for s in idle)
+        assert "runwatch_events_total" in fetch(exporter.url)
+    finally:
+        for sock in idle:
+            sock.close()
+        exporter.close()
+
+
+def threads() -> int:
+    """Threads of this process, as the kernel counts them."""
+    return len(os.listdir("/proc/self/task"))
