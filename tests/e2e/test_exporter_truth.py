@@ -4,12 +4,16 @@ processes outside the config, the key file)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from supervisor.config import Config, HostConfig, RunConfig
 from supervisor.engine import Engine
@@ -26,7 +30,7 @@ from tests.e2e.test_exporter import (
 from tests.fixtures_actions import DemoRun, raw_record
 from tests.fixtures_alerts import Receiver
 from tests.fixtures_procs import FakeRuns
-from tests.waiting import wait_until
+from tests.waiting import SCALE, wait_until
 
 ARGV = ["python3", "run_inference.py", "--datasets", "B1", "--max-samples", "70"]
 
@@ -178,3 +182,50 @@ def test_x8_two_hundred_idle_connections_hold_no_thread_and_a_scrape_answers(
 def threads() -> int:
     """Threads of this process, as the kernel counts them."""
     return len(os.listdir("/proc/self/task"))
+
+
+async def test_x9_a_wall_clock_step_forward_leaves_the_exported_rates_as_they_were(
+    tmp_path: Path, fake_runs: FakeRuns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's file grows while the engine refreshes; then the wall clock steps an hour forward
+    and the file grows on at the same pace: the exported rate is still there and still of that
+    pace (rates are timed by the monotonic clock), not an hour's worth of nothing.
+
+    The step is injected at ``time.time`` of this process: a real step of the system clock needs
+    CAP_SYS_TIME and would move every process on the machine, the host agent and other tests
+    included. ``time.time`` is the wall clock every module of the engine reads; the agent, in a
+    process of its own, keeps the real clock, as a remote host does when the laptop's steps."""
+    work = tmp_path / "work"
+    data = work / "out" / "B1" / "raw_responses.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_bytes(b"")
+    argv = [*ARGV[:-1], "100000"]  # --max-samples far beyond what the test writes
+    fake_runs.start(*argv[2:], cwd=work)
+    config = Config(
+        hosts=[HostConfig(name="here", local=True, command_timeout=60.0)],
+        runs=[RunConfig(name="gen", host="here", workdir=str(work), argv=argv)],
+    )
+    collector = FleetCollector(config)
+    written = 0
+
+    async with Engine(config) as engine:
+
+        async def rate_after_one_more() -> float | None:
+            nonlocal written
+            with data.open("ab") as f:
+                f.write(raw_record(f"B1-{written}", 10))
+            written += 1
+            collector.publish(await engine.refresh(), [], 0)
+            return value(
+                collected(collector), "runwatch_dataset_output_tokens_per_second", dataset="B1"
+            )
+
+        deadline = time.monotonic() + 60 * SCALE
+        while (before := await rate_after_one_more()) is None:
+            assert time.monotonic() < deadline, "no rate within 60 s"
+            await asyncio.sleep(0.05)  # the writer's pace (a record every refresh and 50 ms)
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + 3600.0)
+        after = await rate_after_one_more()
+    assert after is not None, "the rate vanished with the clock step"
+    assert before / 2 < after < before * 2, (before, after)
