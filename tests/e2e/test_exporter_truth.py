@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from supervisor.config import Config, HostConfig, RunConfig
+from supervisor.config import Config, HostConfig, RunConfig, load_config
 from supervisor.engine import Engine
+from supervisor.errors import ConfigError
 from supervisor.exporter import FleetCollector, serve
 from supervisor.metricsserver import WORKERS
 from tests.e2e.test_exporter import (
@@ -27,7 +30,7 @@ from tests.e2e.test_exporter import (
     start_watcher,
     value,
 )
-from tests.fixtures_actions import DemoRun, raw_record
+from tests.fixtures_actions import DemoRun, raw_record, runwatch
 from tests.fixtures_alerts import Receiver
 from tests.fixtures_procs import FakeRuns
 from tests.waiting import SCALE, wait_until
@@ -229,3 +232,36 @@ async def test_x9_a_wall_clock_step_forward_leaves_the_exported_rates_as_they_we
         after = await rate_after_one_more()
     assert after is not None, "the rate vanished with the clock step"
     assert before / 2 < after < before * 2, (before, after)
+
+
+def test_x10_a_key_file_others_can_read_is_refused_naming_the_file_and_chmod_600(
+    tmp_path: Path, state_home: Path
+) -> None:
+    """``[exporter] key_file`` a private key that others may read (0644, openssl's key beside a
+    world-readable certificate): the config is refused at load, by ``runwatch watch`` too (exit
+    2, no traceback), naming the file and the command that fixes it; once run, it loads."""
+    key = tmp_path / "exporter key.pem"  # a space: the fix must still be a command that works
+    made = subprocess.run(
+        ["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
+        capture_output=True,
+    )
+    assert made.returncode == 0, made.stderr
+    key.write_bytes(made.stdout)
+    key.chmod(0o644)
+    demo = DemoRun(tmp_path, "http://127.0.0.1:9/v1")
+    text = demo.config_path.read_text()
+    text += f'\n[exporter]\ncert_file = "{tmp_path / "cert.pem"}"\nkey_file = "{key}"\n'
+    demo.config_path.write_text(text)
+
+    with pytest.raises(ConfigError) as refused:
+        load_config(demo.config_path)
+    assert str(key) in refused.value.message and "readable" in refused.value.message
+    fix = refused.value.hint
+    assert fix == f"chmod 600 {shlex.quote(str(key))}"
+    watched = runwatch("-c", str(demo.config_path), "watch", "--metrics-listen", "127.0.0.1:0")
+    assert watched.returncode == 2, watched.stdout + watched.stderr
+    assert str(key) in watched.stderr and "chmod 600" in watched.stderr
+    assert "Traceback" not in watched.stderr
+
+    assert subprocess.run(shlex.split(fix or "")).returncode == 0
+    assert load_config(demo.config_path).exporter.key_file == str(key)
