@@ -261,6 +261,11 @@ class Alerter:
         """Messages not delivered yet, over every URL."""
         return sum(box.waiting for box in self._outboxes or [])
 
+    @property
+    def failed_attempts(self) -> int:
+        """Delivery attempts that failed so far, over every URL, each retry counted."""
+        return sum(box.failed for box in self._outboxes or [])
+
     async def drain(self, timeout: float) -> list[Delivery]:
         """Wait until every outbox is empty or ``timeout`` passes; the results since the last
         call (for a one-shot sender and for tests)."""

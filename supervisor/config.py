@@ -18,6 +18,7 @@ import functools
 import math
 import os
 import re
+import shlex
 import sys
 import typing
 from dataclasses import dataclass, replace
@@ -393,8 +394,29 @@ def _check_aliases(config: Config) -> None:
             seen[name] = i
 
 
+def _check_key_file(config: Config) -> None:
+    """The exporter's TLS private key must be its owner's alone (as OpenSSH asks of a private
+    key): one that others may read is no secret, and serving with it would say otherwise."""
+    key = config.exporter.key_file
+    if key is None:
+        return
+    where = f"{config.path}: [exporter].key_file {key}"
+    try:
+        mode = os.stat(key).st_mode & 0o777
+    except OSError as e:
+        raise ConfigError(
+            f"{where}: {e.strerror}", "give the path of the PEM private key"
+        ) from None
+    if mode & 0o077:
+        raise ConfigError(
+            f"{where}: the private key is readable or writable by others (mode {mode:04o})",
+            f"chmod 600 {shlex.quote(key)}",
+        )
+
+
 def _check_references(config: Config) -> None:
     _check_aliases(config)
+    _check_key_file(config)
     shown = config.path
     named: dict[str, list[str]] = {
         "hosts": [h.name for h in config.hosts],

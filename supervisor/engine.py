@@ -221,9 +221,9 @@ class _HostState:
     asked_at: float = 0.0
 
 
-def started_at(proc: ProcessInfo | None) -> float | None:
-    """When ``proc`` started, on this machine's wall clock (from its age on its host)."""
-    return time.time() - proc.uptime_s if proc is not None else None
+def started_at(proc: ProcessInfo | None, now: float) -> float | None:
+    """When ``proc`` started, on the clock of ``now`` (from its age on its host)."""
+    return now - proc.uptime_s if proc is not None else None
 
 
 class Engine:
@@ -254,6 +254,8 @@ class Engine:
             for hc in config.hosts
         }
         self._trackers = rates.Trackers()
+        self._now = rates.SteadyClock()
+        """The time of every rate, ETA and rate window (a wall-clock step never moves it)."""
         self._dataloss = DataLossWatch(config.key)
         self._tokenizer: Any = None
         self.last: Snapshot | None = None
@@ -1279,8 +1281,9 @@ class Engine:
                 samples_flag=profile.flags.samples[0] if profile.flags.samples else None,
             )
             alive = state == "running"
-            self._live.moved_on(hc.name, rv, self._trackers, alive, time.time())
-            self._live.run_rates(hc.name, rv, alive, time.time(), started_at(proc))
+            now = self._now()
+            self._live.moved_on(hc.name, rv, self._trackers, alive, now)
+            self._live.run_rates(hc.name, rv, alive, now, started_at(proc, now))
             run_views.append(rv)
         discovered: dict[str, dict[str, Any]] = {}
         for proc in procs:
@@ -1315,7 +1318,7 @@ class Engine:
                 )
             )
         self._state[hc.name].discovered = discovered
-        gpus, gpu_error = self._live.gpus(hc.name, result.get("gpu"), run_views, time.time())
+        gpus, gpu_error = self._live.gpus(hc.name, result.get("gpu"), run_views, self._now())
         return HostView(
             name=hc.name,
             connected=True,
@@ -1326,7 +1329,7 @@ class Engine:
             has_gpu=result.get("gpu") is not None,
             runs=run_views,
             processes=procs,
-            endpoints=self._live.endpoints(hc.name, result.get("metrics"), time.time(), run_views),
+            endpoints=self._live.endpoints(hc.name, result.get("metrics"), self._now(), run_views),
             gpus=gpus,
             gpu_error=gpu_error,
             notes=list(result.get("notes") or []),
@@ -1355,6 +1358,7 @@ class Engine:
         own flags (``--token-budget``, ``--max-samples``)."""
         endpoint = self.config.endpoint(run.endpoint) if run.endpoint is not None else None
         tracker = self._live.dataset_tracker(self._trackers, host, str(scan.get("path") or dataset))
+        now = self._now()
         counter = self._count_texts if scan.get("texts") else None
         problem = None
         if counter is not None:
@@ -1369,14 +1373,14 @@ class Engine:
             tracker,
             rates.CostInfo.from_endpoint(endpoint),
             alive if alive is not None else proc is not None and not proc.state.startswith("Z"),
-            time.time(),
+            now,
             name=dataset,
             stall_seconds=run.stall_seconds,
             prompts=prompts,
             count_texts=counter,
             budget_flag=engine_budget_flag(self.config, flags.client),
             writer=(proc.identity.pid, proc.identity.start_time) if proc is not None else None,
-            writer_since=started_at(proc),
+            writer_since=started_at(proc, now),
         )
         with_client_parts(view, scan)
         alive = proc is not None and not proc.state.startswith("Z")

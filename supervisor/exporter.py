@@ -1,27 +1,31 @@
 """The Prometheus exporter of ``runwatch watch``: ``/metrics`` from the watcher's latest snapshot.
 
 :class:`FleetCollector` is a custom ``prometheus_client`` collector. The watcher hands it each
-tick's snapshot, events and alert deliveries (:meth:`FleetCollector.publish`, one of
+tick's snapshot, events and failed alert delivery attempts (:meth:`FleetCollector.publish`, one of
 ``Watcher.observers``); a scrape turns the latest snapshot into metric families and does nothing
 else: no refresh of its own, no host asked, no file read. The metric names and labels are a
 contract (the README's table lists them with their units): per dataset (``config``, ``host``,
-``run``, ``dataset``), per run, per host, per endpoint, per GPU (labelled with the runs that hold
-it), and the watcher's counters (events by kind, failed alert deliveries, restarts per run).
+``run``, ``dataset``), per run (the config's runs only: a process outside the config is counted
+per host, ``runwatch_strangers``), per host, per endpoint, per GPU (labelled with the runs that hold
+it), and the watcher's counters (events by kind, failed alert delivery attempts with every retry
+counted, restarts per run).
 
 Every label value passes through the same masking as everything else runwatch writes
-(``secrets.mask_known``); values are numbers only. :func:`serve` starts prometheus_client's own
-HTTP server on a thread: loopback unless another address is written out (``parse_listen``), TLS
-(and client certificates) through prometheus_client's own support.
+(``secrets.mask_known``); values are numbers only. :func:`serve` starts a
+``supervisor.metricsserver`` server on a thread (a bounded pool; an idle connection holds no
+thread): loopback unless another address is written out (``parse_listen``), TLS and client
+certificates through ``ssl``.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import ssl
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
+from typing import get_args
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -31,13 +35,9 @@ from supervisor.config import Config
 from supervisor.display import escape_control
 from supervisor.errors import ConfigError, RunwatchError
 from supervisor.events import EVENT_KINDS, Event
-from supervisor.model import RunState, Snapshot
+from supervisor.metricsserver import MetricsServer
+from supervisor.model import HostView, RunState, RunView, Snapshot
 from supervisor.secrets import known_secrets, mask_known
-
-if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
-
-    from supervisor.alerts import Delivery
 
 _Labels = Callable[..., list[str]]
 """Label values, masked (``labels`` in :meth:`FleetCollector.collect`)."""
@@ -123,10 +123,10 @@ class FleetCollector(Collector):
         self._failed_deliveries = 0
         self._restarts: dict[tuple[str, str], int] = {}
 
-    def publish(
-        self, snapshot: Snapshot, events: Sequence[Event], deliveries: Sequence[Delivery]
-    ) -> None:
-        """The watcher's hook: one tick's snapshot, its events and its alert deliveries."""
+    def publish(self, snapshot: Snapshot, events: Sequence[Event], failed_deliveries: int) -> None:
+        """The watcher's hook: one tick's snapshot, its events and the failed alert delivery
+        attempts so far (``Alerter.failed_attempts``: a counter counts every failed attempt,
+        not the messages that failed)."""
         with self._lock:
             self._snapshot = snapshot
             for ev in events:
@@ -134,7 +134,7 @@ class FleetCollector(Collector):
                 if ev.kind == "restart-done" and ev.run is not None:
                     key = (ev.host, ev.run)
                     self._restarts[key] = self._restarts.get(key, 0) + 1
-            self._failed_deliveries += sum(1 for d in deliveries if not d.ok)
+            self._failed_deliveries = failed_deliveries
 
     def describe(self) -> Iterable[Metric]:
         return []  # the families depend on the fleet: registering must not collect
@@ -163,7 +163,7 @@ class FleetCollector(Collector):
         yield ev
         fails = CounterMetricFamily(
             "runwatch_alert_deliveries_failed",
-            "Alert messages that could not be delivered.",
+            "Alert delivery attempts that failed (every retry counted).",
             labels=["config"],
         )
         fails.add_metric(labels(c), failed)
@@ -186,7 +186,7 @@ class FleetCollector(Collector):
     # ------------------------------------------------------------------ families
 
     def _hosts(self, snap: Snapshot, labels: _Labels) -> Iterator[Metric]:
-        up = _gauge("runwatch_host_up", "1 when the host answered the last refresh.", HOST)
+        up = _gauge("runwatch_host_up", "1 when the host answered the last refresh in time.", HOST)
         rtt = _gauge(
             "runwatch_host_refresh_seconds",
             "Round trip of the host's last refresh request (seconds).",
@@ -197,19 +197,30 @@ class FleetCollector(Collector):
             "Unix time of the host's last successful refresh.",
             HOST,
         )
+        age = _gauge(
+            "runwatch_host_staleness_seconds",
+            "Seconds between the host's last successful refresh and the snapshot (0: fresh).",
+            HOST,
+        )
         for h in snap.hosts:
             key = labels(self.label, h.name)
-            up.add_metric(key, 1.0 if h.connected else 0.0)
+            up.add_metric(key, 1.0 if answered(h) else 0.0)
             if h.rtt_ms is not None:
                 rtt.add_metric(key, h.rtt_ms / 1000.0)
             if h.last_ok is not None:
                 last.add_metric(key, h.last_ok)
-        yield from (up, rtt, last)
+                age.add_metric(key, 0.0 if answered(h) else max(0.0, snap.time - h.last_ok))
+        yield from (up, rtt, last, age)
 
     def _runs(
         self, snap: Snapshot, labels: _Labels, restarts: dict[tuple[str, str], int]
     ) -> Iterator[Metric]:
-        up = _gauge("runwatch_run_up", "1 while the run's process (or job) is running.", RUN)
+        up = _gauge(
+            "runwatch_run_up",
+            "1 while the run's process (or job) is running; absent while its host does not "
+            "answer (unknown, not down: runwatch_host_up says so).",
+            RUN,
+        )
         state = _gauge(
             "runwatch_run_state", "1 for the run's state, 0 for the others.", (*RUN, "state")
         )
@@ -223,16 +234,29 @@ class FleetCollector(Collector):
             "Restarts of the run (automatic, or through runwatch) this watcher saw.",
             labels=list(RUN),
         )
+        strangers = _gauge(
+            "runwatch_strangers",
+            "Runs on the host that are not in the config (counted, never exported one by one).",
+            HOST,
+        )
         for h in snap.hosts:
-            for r in h.runs:
+            known = answered(h)
+            strangers.add_metric(
+                labels(self.label, h.name), sum(1 for r in h.runs if not r.configured)
+            )
+            for r in configured(h):
                 key = labels(self.label, h.name, r.name)
-                up.add_metric(key, 1.0 if r.state == "running" else 0.0)
+                # A host that does not answer says nothing of its runs: their state is unknown
+                # (never "down"), and a last value would be a guess.
+                shown = r.state if known else "unknown"
+                if known:
+                    up.add_metric(key, 1.0 if r.state == "running" else 0.0)
                 for s in RUN_STATES:
-                    state.add_metric([*key, s], 1.0 if r.state == s else 0.0)
-                if r.rates.tok_per_s is not None:
+                    state.add_metric([*key, s], 1.0 if shown == s else 0.0)
+                if known and r.rates.tok_per_s is not None:
                     rate.add_metric(key, r.rates.tok_per_s)
                 count.add_metric(key, restarts.get((h.name, r.name), 0))
-        yield from (up, state, rate, count)
+        yield from (up, state, rate, count, strangers)
 
     def _datasets(self, snap: Snapshot, labels: _Labels) -> Iterator[Metric]:
         records = _gauge("runwatch_dataset_records", "Records (responses) in the data file.", DS)
@@ -275,7 +299,7 @@ class FleetCollector(Collector):
         )
         bad = _gauge("runwatch_dataset_bad_lines", "Lines that are not records.", DS)
         for h in snap.hosts:
-            for r in h.runs:
+            for r in configured(h):
                 for ds in r.datasets:
                     if ds.provisional:
                         continue  # line counts of a first scan, not records yet
@@ -365,11 +389,12 @@ class FleetCollector(Collector):
         used = _gauge("runwatch_gpu_memory_used_bytes", "GPU memory in use.", GPU)
         total = _gauge("runwatch_gpu_memory_total_bytes", "GPU memory in all.", GPU)
         for h in snap.hosts:
+            ours = {r.name for r in configured(h)}
             for i, g in enumerate(h.gpus):
                 index = g.index if g.index is not None else i
-                key = labels(
-                    self.label, h.name, index, g.uuid or "", g.name or "", ",".join(sorted(g.runs))
-                )
+                # The configured runs only: another process's name carries its pid.
+                held = ",".join(sorted(set(g.runs) & ours))
+                key = labels(self.label, h.name, index, g.uuid or "", g.name or "", held)
                 if g.utilization_pct is not None:
                     util.add_metric(key, g.utilization_pct / 100.0)
                 if g.memory_used_mb is not None:
@@ -377,6 +402,18 @@ class FleetCollector(Collector):
                 if g.memory_total_mb is not None:
                     total.add_metric(key, g.memory_total_mb * MIB)
         yield from (util, used, total)
+
+
+def answered(host: HostView) -> bool:
+    """The host answered the snapshot's refresh: its figures are of now, not its last ones."""
+    return host.connected and not host.stale
+
+
+def configured(host: HostView) -> list[RunView]:
+    """The host's runs of the config: a process outside it is only counted
+    (``runwatch_strangers``), so that another user's thousand datasets make no series and no pid
+    becomes a label."""
+    return [r for r in host.runs if r.configured]
 
 
 def _gauge(name: str, documentation: str, label_names: Sequence[str]) -> GaugeMetricFamily:
@@ -388,7 +425,7 @@ class Exporter:
     """A serving exporter: its collector, its HTTP server and the URL it answers on."""
 
     collector: FleetCollector
-    server: WSGIServer
+    server: MetricsServer
     thread: threading.Thread
     url: str
 
@@ -400,9 +437,9 @@ class Exporter:
 
 def serve(config: Config, listen: str | None = None) -> Exporter:
     """Serve ``/metrics`` of a new :class:`FleetCollector` on ``listen`` (default: ``[exporter]
-    listen``), on a thread of prometheus_client's own HTTP server (TLS when the config gives a
-    certificate)."""
-    from prometheus_client.exposition import start_http_server
+    listen``) with a :class:`~supervisor.metricsserver.MetricsServer` on a thread (a bounded
+    pool, idle connections holding no thread; TLS when the config gives a certificate)."""
+    from prometheus_client.exposition import make_wsgi_app
 
     ex = config.exporter
     where = "--metrics-listen" if listen else f"{config.path}: [exporter].listen"
@@ -423,21 +460,22 @@ def serve(config: Config, listen: str | None = None) -> Exporter:
     collector = FleetCollector(config)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
+    context = None
+    if ex.cert_file is not None and ex.key_file is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(ex.cert_file, ex.key_file)
+        if ex.client_ca_file is not None:
+            context.load_verify_locations(cafile=ex.client_ca_file)
+            context.verify_mode = ssl.CERT_REQUIRED
     try:
-        server, thread = start_http_server(
-            addr.port,
-            addr=addr.host,
-            registry=registry,
-            certfile=ex.cert_file,
-            keyfile=ex.key_file,
-            client_cafile=ex.client_ca_file,
-            client_auth_required=ex.client_ca_file is not None,
-        )
+        server = MetricsServer(addr.host, addr.port, make_wsgi_app(registry), context)
     except OSError as e:
         raise RunwatchError(
             f"cannot serve metrics on {addr.host}:{addr.port}: {e.strerror or e}",
             "choose another port with --metrics-listen HOST:PORT",
         ) from None
+    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+    thread.start()
     url = addr.url(port=server.server_port, tls=ex.cert_file is not None)
     return Exporter(collector=collector, server=server, thread=thread, url=url)
 

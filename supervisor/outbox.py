@@ -94,6 +94,8 @@ class Outbox:
     spool_error_said: bool = False
     attempts: int = 0
     """Tries made so far (a wait for a hung one included)."""
+    failed: int = 0
+    """Tries that did not deliver, so far (every retry counts: the exporter's counter)."""
     _hung: tuple[threading.Thread, list[tuple[bool, str | None]], Message, float] | None = None
     """The try still under way after its deadline: its thread, outcome, message, start."""
     _queue: deque[tuple[Path | None, Message, int]] = field(default_factory=deque)
@@ -224,6 +226,7 @@ class Outbox:
                     self.failing_reported = False
                     self.last_error = None
                 else:
+                    self.failed += 1
                     if self.failing_since is None:
                         self.failing_since = now
                     self.last_error = error

@@ -101,6 +101,22 @@ class CostInfo(msgspec.Struct, kw_only=True, frozen=True):
         )
 
 
+class SteadyClock:
+    """The time of rates: Unix time as it was when the clock was made, moved on by the monotonic
+    clock since. A step of the wall clock (NTP, a VM resumed, by hand) never moves it, so the
+    spans of a rate window stay the time that really passed (a step forward would put every
+    observation outside the window and collapse the rates)."""
+
+    def __init__(
+        self, wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._mono = mono
+        self._offset = wall() - mono()
+
+    def __call__(self) -> float:
+        return self._offset + self._mono()
+
+
 class _Sample(msgspec.Struct, frozen=True):
     t: float
     records: int

@@ -164,9 +164,10 @@ class Watcher:
         self.events: list[Event] = []
         """The events so far, oldest first (the newest ``EVENTS_KEPT``)."""
         self.deliveries: list[Delivery] = []
-        self.observers: list[Callable[[Snapshot, list[Event], list[Delivery]], None]] = []
-        """Called at the end of every tick with its snapshot, events and alert deliveries (the
-        Prometheus exporter, ``supervisor.exporter``)."""
+        self.observers: list[Callable[[Snapshot, list[Event], int], None]] = []
+        """Called at the end of every tick with its snapshot, its events and the failed alert
+        delivery attempts so far, every retry counted (the Prometheus exporter,
+        ``supervisor.exporter``)."""
         self.ticks = 0
         self.doing = ""
         """What the refresh under way is doing (for the notes of a long one)."""
@@ -287,7 +288,7 @@ class Watcher:
         deliveries = await self.alerter.submit(events)
         self._report(deliveries)
         for observe in self.observers:
-            observe(snap, events, deliveries)
+            observe(snap, events, self.alerter.failed_attempts)
         self.ticks += 1
         self._tick_line(snap)
         return events

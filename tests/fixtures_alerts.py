@@ -3,7 +3,8 @@
 - ``receiver``: a ``http.server`` in a thread on 127.0.0.1 (free port) that records every POST
   body (parsed JSON) and answers 200; ``receiver.url(path)`` is the apprise URL
   (``json://127.0.0.1:PORT/path``), ``receiver.bodies`` what came (``receiver.times`` when),
-  ``receiver.wait(n)`` waits until ``n`` bodies came. ``Receiver(port)`` listens on that port.
+  ``receiver.wait(n)`` waits until ``n`` bodies came. ``Receiver(port)`` listens on that port;
+  ``Receiver(status=500)`` records every POST and refuses it (a receiver that fails each time).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tests.waiting import wait_until
 class Receiver:
     """The recording webhook server."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, status: int = 200) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.times: list[float] = []
         """When each body came (Unix time)."""
@@ -39,7 +40,7 @@ class Receiver:
                     receiver.bodies.append(json.loads(raw))
                     receiver.times.append(time.time())
                     receiver.paths.append(self.path)
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 

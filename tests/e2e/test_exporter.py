@@ -270,12 +270,12 @@ def test_x4_every_contract_name_is_served_and_the_rules_and_dashboard_use_only_s
 ) -> None:
     collector = FleetCollector(full_config(tmp_path))
     assert "runwatch_dataset_tokens" not in collected(collector)  # nothing published yet
-    collector.publish(full_snapshot(), [], [])
+    collector.publish(full_snapshot(), [], 0)
     body = collected(collector)
     served = set(series(body))
     assert served >= CONTRACT, sorted(CONTRACT - served)
 
-    gpu = {"host": "gpu-box", "gpu": "0", "runs": "another,eagle3"}
+    gpu = {"host": "gpu-box", "gpu": "0", "runs": "eagle3"}  # "another" is not in the config
     assert value(body, "runwatch_gpu_utilization_ratio", **gpu) == pytest.approx(0.87)
     assert value(body, "runwatch_gpu_memory_used_bytes", **gpu) == 1024 * 1024 * 1024
     assert value(body, "runwatch_dataset_tokens", kind="reasoning") == 10_000
@@ -296,7 +296,6 @@ def test_x4_every_contract_name_is_served_and_the_rules_and_dashboard_use_only_s
 
 
 def test_x1_the_watchers_counters_add_up_over_ticks(tmp_path: Path) -> None:
-    from supervisor.alerts import Delivery
     from supervisor.events import Event
 
     def event(kind: Any, run: str | None = "eagle3") -> Event:
@@ -313,9 +312,9 @@ def test_x1_the_watchers_counters_add_up_over_ticks(tmp_path: Path) -> None:
 
     collector = FleetCollector(full_config(tmp_path))
     snap = full_snapshot()
-    collector.publish(snap, [event("restart-done"), event("run-died")], [Delivery(False, "t", [])])
-    collector.publish(snap, [event("restart-done"), event("host-lost", None)], [])
-    collector.publish(snap, [], [Delivery(True, "t", []), Delivery(False, "t", [])])
+    collector.publish(snap, [event("restart-done"), event("run-died")], 1)
+    collector.publish(snap, [event("restart-done"), event("host-lost", None)], 1)
+    collector.publish(snap, [], 2)
     body = collected(collector)
     assert value(body, "runwatch_run_restarts_total", run="eagle3") == 2
     assert value(body, "runwatch_events_total", kind="restart-done") == 2
