@@ -715,12 +715,14 @@ class Engine:
         allow_change: Iterable[str] = (),
         environ: dict[str, str] | None = None,
         pid: int | None = None,
+        script: str | None = None,
     ) -> Plan:
         """Look at ``run`` as it is now and build its launch or restart plan (changes nothing;
         see ``supervisor.plan``). ``overrides``: ``KEY=VALUE`` strings or ``(--flag, value)``;
         ``unsets``: flags to drop; ``reset``: forget the stored launch spec; ``force``: launch
         over a budget, or with flags or values that cannot be confirmed; ``pid``: which process
-        is the run when several could be (an ambiguous run)."""
+        is the run when several could be (an ambiguous run); ``script``: a local file that
+        replaces the run's script on the host once the old run is stopped."""
         from supervisor.plan import make_plan
 
         return await make_plan(
@@ -735,6 +737,7 @@ class Engine:
             allow_change=allow_change,
             environ=environ,
             pid=pid,
+            script=script,
         )
 
     async def execute(
