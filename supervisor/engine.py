@@ -1280,6 +1280,7 @@ class Engine:
                 client=profile.name,
                 budget_flag=profile.flags.budget[0] if profile.flags.budget else None,
                 samples_flag=profile.flags.samples[0] if profile.flags.samples else None,
+                script_sha256=self._launched_script(run),
             )
             alive = state == "running"
             self._live.moved_on(hc.name, rv, self._trackers, alive, time.time())
@@ -1390,6 +1391,13 @@ class Engine:
             view.error = f"tokens not counted: {problem}"
         self._live.record_dataset(host, view, tracker, ours=ours)
         return view
+
+    def _launched_script(self, run: RunConfig) -> str | None:
+        """sha256 of the script of ``run``'s last confirmed launch (its launch spec), or None."""
+        try:
+            return launchspec.load(self.config.key, run.name).script_sha256
+        except RunwatchError:
+            return None
 
     def _started_records(
         self, run: RunConfig, proc: ProcessInfo | None, scan: dict[str, Any]

@@ -144,6 +144,8 @@ class _Runner:
         """With ``--script``: the host's script as the preflight read it (its path and hash)."""
         self.script_installed: ScriptInstalled | None = None
         """With ``--script``: the copy done (a rollback puts the old script back)."""
+        self.script_sha256: str | None = None
+        """sha256 of the run's script as last read on the host (None: not read yet)."""
 
     async def emit(self, step: Step) -> None:
         if self.on_step is None:
@@ -204,6 +206,7 @@ class _Runner:
         if confirmed and not self.dry_run:
             spec = plan.spec
             spec.last_argv = mask_argv(plan.argv, plan.secrets)
+            spec.script_sha256 = self.script_sha256 or None
             if self.identity is not None and "pid" in self.identity:
                 spec.started = launchspec.Invocation(
                     pid=int(self.identity["pid"]),
@@ -406,6 +409,7 @@ class _Runner:
                 f"{plan.host} yourself, then run the same command without --script",
             )
         self.host_script = reply
+        self.script_sha256 = reply.sha256
         step.data["host_script"] = {"path": reply.path, "sha256": reply.sha256}
 
     async def _script_flags(self, step: Step) -> flagcheck.ScriptRead:
@@ -446,6 +450,7 @@ class _Runner:
             "reason": reply.reason,
             "options": len(reply.options),
         }
+        self.script_sha256 = reply.sha256
         return flagcheck.ScriptRead(
             script=posixpath.basename(plan.argv[idx]),
             host=plan.host,
@@ -773,6 +778,22 @@ class _Runner:
             held = f"only the run itself (pid {plan.old.identity.pid})"
         step.detail = f"writers of the data files: {held}" + (f"; {blind}" if blind else "")
 
+    async def host_script_sha(self, fresh: bool = False) -> str:
+        """sha256 of the run's script as read on the host ("" when it cannot be read or the
+        command line names no configured script); read again with ``fresh``."""
+        plan = self.plan
+        idx = plan.layout.script_index
+        if idx is None:
+            return ""
+        if self.script_sha256 is None or fresh:
+            reply = await self.agent.script_flags(
+                workdir=plan.paths["workdir"],
+                argv=plan.argv[: idx + 1],
+                search_path=plan.env.get("PATH"),
+            )
+            self.script_sha256 = reply.sha256
+        return self.script_sha256
+
     def _stop_unit(self, u: UnitOnFiles) -> str:
         """The command that stops unit ``u``: by its run's name in the config that launched it
         when that config still has the run, else by its main pid."""
@@ -791,6 +812,10 @@ class _Runner:
         plan = self.plan
         config = self.engine.config
         new = fingerprint_of(plan.run, plan.argv, config)
+        # The script the launch will run: the one given with --script, else the host's.
+        script = plan.script.sha256 if plan.script is not None else await self.host_script_sha()
+        if script:
+            new["script_sha256"] = script
         reply = await self.agent.read_fingerprint(
             paths=plan.fingerprints, workdir=plan.paths["workdir"], hash_files=plan.prompt_files
         )
@@ -1093,6 +1118,7 @@ class _Runner:
             argv=plan.argv[: idx + 1],
             search_path=plan.env.get("PATH"),
         )
+        self.script_sha256 = again.sha256
         if again.sha256 != new.sha256:
             raise StepFailed(
                 f"{again.path} on {plan.host} is not the new script once copied (sha256 "
@@ -1199,6 +1225,7 @@ class _Runner:
                         fingerprint_of(plan.run, argv, self.engine.config),
                         dataset=ds,
                         **written_by(self.engine.config),
+                        **({"script_sha256": self.script_sha256} if self.script_sha256 else {}),
                     ),
                     "hash_files": (
                         {ds: layout.prompt_files[ds]} if ds in layout.prompt_files else {}
@@ -1237,6 +1264,8 @@ class _Runner:
         # After runwatch's own moves and repairs: from here the files may only grow.
         self.sizes = verdict.sizes
         self.records_at_start = verdict.records
+        if self.script_installed is None:  # the script step read it back just now
+            await self.host_script_sha(fresh=True)
         params = self.launch_params(plan.layout)
         started = time.time()
         timeout = plan.run.settle_seconds + 3.0 + self.hc.command_timeout

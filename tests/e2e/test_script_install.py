@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,9 @@ def test_a15_restart_with_a_newer_script_installs_it_and_relaunches_with_the_fla
     """The incident's command is refused on the old script; with ``--script NEW`` (the dry run
     shows the copy) it succeeds: the host's script is the new bytes with the old one's mode, the
     old one kept beside it, the run relaunched with the flag, the data written before the
-    relaunch byte-identical, the audit log holding both hashes."""
+    relaunch byte-identical, the audit log holding both hashes. The launch fingerprint and
+    ``status --json`` hold the new script's sha256, and a later start on a script edited on the
+    host lists "script changed" among the allowed changes."""
     demo, old, script, pid = _old_run(tmp_path, slow_endpoint.url, ssh_host_cfg, kill_after)
     cmd = ("-c", str(demo.config_path), "restart", "demo", "--set", "token-budget=10000000")
     refused = runwatch(*cmd, "--yes")
@@ -98,6 +101,19 @@ def test_a15_restart_with_a_newer_script_installs_it_and_relaunches_with_the_fla
     assert len(copied) == 1 and copied[0]["ok"], copied
     assert copied[0]["old_sha256"] == _sha(old) and copied[0]["new_sha256"] == _sha(new)
     assert copied[0]["kept"] == str(kept)
+    # The launch fingerprint holds the script as read on the host; a later start on another
+    # script lists the change among the allowed ones (never blocking).
+    record = json.loads((demo.workdir / "data" / ".runwatch" / "B1.launch.json").read_text())
+    assert record["script_sha256"] == _sha(new), record
+    status = runwatch("-c", str(demo.config_path), "status", "--json")
+    runs = [r for h in json.loads(status.stdout)["hosts"] for r in h["runs"]]
+    assert [r["script_sha256"] for r in runs if r["name"] == "demo"] == [_sha(new)], runs
+    other = new + b"# a later edit on the host\n"
+    script.write_bytes(other)
+    again = runwatch("-c", str(demo.config_path), "restart", "demo", "--dry-run")
+    assert again.returncode == 0, again.stdout + again.stderr
+    changed = f"script changed ({_sha(new)[:12]} -> {_sha(other)[:12]})"
+    assert "allowed changes: " + changed in again.stdout, again.stdout
 
 
 def test_a16_a_new_script_without_the_flag_is_refused_before_the_stop(
