@@ -203,6 +203,13 @@ class _Runner:
         down = self.stopped and not self.taken_over and not self.keep_stopped
         if not ok and not self.dry_run and down:
             self.rollback_outcome = await self.roll_back()
+        elif not ok and not self.dry_run and self.script_installed is not None:
+            # Nothing to relaunch (a launch, or a run another launcher took over): the host's
+            # script is still put back as it was before this plan.
+            not_back = await self.put_script_back()
+            failed = next((s for s in plan.steps if s.state == "failed"), None)
+            if not_back is not None and failed is not None:
+                failed.detail += f"; {not_back}"
         if confirmed and not self.dry_run:
             spec = plan.spec
             spec.last_argv = mask_argv(plan.argv, plan.secrets)

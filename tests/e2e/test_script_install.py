@@ -180,3 +180,36 @@ def test_a17_a_launch_failing_after_the_copy_puts_the_old_script_back(
     assert actions[-4:] == ["script-install", "script-restore", "rollback", "restart"], actions
     restored = next(e for e in audit.read() if e["action"] == "script-restore")
     assert restored["ok"] and restored["new_sha256"] == _sha(old), restored
+
+
+def test_a17_a_failed_launch_with_a_new_script_leaves_the_old_one(
+    tmp_path: Path, slow_endpoint: Any, ssh_host_cfg: Any
+) -> None:
+    """``launch RUN --script NEW`` of a stopped run whose new script exits at once: nothing to
+    roll back, and the host's script is still put back as it was (audited)."""
+    demo = DemoRun(
+        tmp_path,
+        slow_endpoint.url,
+        datasets=("B1",),
+        host_toml=host_toml(ssh_host_cfg),
+        host_name=ssh_host_cfg.name,
+    )
+    old = old_script(demo).encode()
+    script = demo.workdir / "run_inference.py"
+    source = RUN_INFERENCE.read_text()
+    parse = "    args = parse_args(argv)\n"
+    broken = tmp_path / "broken.py"
+    broken.write_text(source.replace(parse, parse + "    raise SystemExit(3)\n"))
+
+    async def go() -> Any:
+        async with Engine(demo.config) as engine:
+            plan = await engine.plan(
+                "demo", action="launch", overrides=["token-budget=100"], script=str(broken)
+            )
+            return await engine.execute(plan)
+
+    result = asyncio.run(go())
+    assert not result.ok and result.rollback is None, why(result)
+    assert script.read_bytes() == old
+    restored = [e for e in audit.read() if e["action"] == "script-restore"]
+    assert len(restored) == 1 and restored[0]["ok"], restored
