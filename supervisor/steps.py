@@ -438,6 +438,7 @@ class _Runner:
                 host="this machine (--script)",
                 reply=new,
                 reason=new.reason,
+                which="the new",
             )
         if idx is None:
             return flagcheck.ScriptRead(
@@ -1164,7 +1165,7 @@ class _Runner:
             ok=ok,
             detail=detail,
             path=read.path if read is not None else None,
-            old_sha256=done.old_sha256 if done is not None else (read and read.sha256),
+            old_sha256=done.old_sha256 if done is not None else read.sha256 if read else None,
             new_sha256=done.new_sha256 if done is not None else None,
             kept=done.kept if done is not None else None,
             source=plan.script.path if plan.script is not None else None,

@@ -139,6 +139,7 @@ def test_a16_a_new_script_without_the_flag_is_refused_before_the_stop(
     assert out.returncode != 0, text
     assert "[FAILED] preflight" in text and "nothing was stopped" in text, text
     assert f"the script given with --script ({lacking}) does not declare --token-budget" in text
+    assert "the new run_inference.py does not declare it" in text, text
     assert pid_alive(pid)
     assert script.read_bytes() == old
     assert sorted(p.name for p in script.parent.iterdir() if ".runwatch-" in p.name) == []
