@@ -225,6 +225,27 @@ class AgentClient:
         params = _params(workdir=workdir, argv=argv, args=args, search_path=search_path)
         return await self._decoded("resolve_args", params, timeout, replies.ResolvedArgs)
 
+    async def script_install(
+        self,
+        *,
+        path: str,
+        expect_sha256: str,
+        source_b64: str | None = None,
+        from_path: str | None = None,
+        from_sha256: str | None = None,
+        keep: bool | None = None,
+        timeout: float | None = None,
+    ) -> replies.ScriptInstalled:
+        params = _params(
+            path=path,
+            expect_sha256=expect_sha256,
+            source_b64=source_b64,
+            from_path=from_path,
+            from_sha256=from_sha256,
+            keep=keep,
+        )
+        return await self._decoded("script_install", params, timeout, replies.ScriptInstalled)
+
     # ------------------------------------------------------------ processes and units
 
     async def kill(

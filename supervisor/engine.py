@@ -717,12 +717,14 @@ class Engine:
         allow_change: Iterable[str] = (),
         environ: dict[str, str] | None = None,
         pid: int | None = None,
+        script: str | None = None,
     ) -> Plan:
         """Look at ``run`` as it is now and build its launch or restart plan (changes nothing;
         see ``supervisor.plan``). ``overrides``: ``KEY=VALUE`` strings or ``(--flag, value)``;
         ``unsets``: flags to drop; ``reset``: forget the stored launch spec; ``force``: launch
         over a budget, or with flags or values that cannot be confirmed; ``pid``: which process
-        is the run when several could be (an ambiguous run)."""
+        is the run when several could be (an ambiguous run); ``script``: a local file that
+        replaces the run's script on the host once the old run is stopped."""
         from supervisor.plan import make_plan
 
         return await make_plan(
@@ -737,6 +739,7 @@ class Engine:
             allow_change=allow_change,
             environ=environ,
             pid=pid,
+            script=script,
         )
 
     async def execute(
@@ -1279,6 +1282,7 @@ class Engine:
                 client=profile.name,
                 budget_flag=profile.flags.budget[0] if profile.flags.budget else None,
                 samples_flag=profile.flags.samples[0] if profile.flags.samples else None,
+                script_sha256=self._launched_script(run),
             )
             alive = state == "running"
             now = self._now()
@@ -1391,6 +1395,13 @@ class Engine:
             view.error = f"tokens not counted: {problem}"
         self._live.record_dataset(host, view, tracker, ours=ours)
         return view
+
+    def _launched_script(self, run: RunConfig) -> str | None:
+        """sha256 of the script of ``run``'s last confirmed launch (its launch spec), or None."""
+        try:
+            return launchspec.load(self.config.key, run.name).script_sha256
+        except RunwatchError:
+            return None
 
     def _started_records(
         self, run: RunConfig, proc: ProcessInfo | None, scan: dict[str, Any]

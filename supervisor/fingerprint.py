@@ -2,8 +2,9 @@
 
 It is stored at the last launch of each dataset (``.runwatch/<dataset>.launch.json`` in the
 output dir: argv, model, sampling parameters, every flag but the client profile's volatile ones,
-prompt-file hash, format) and compared with a new launch; a change of model, of a flag or of the
-prompts blocks the launch unless allowed.
+prompt-file hash, format, the sha256 of the script as read on the host) and compared with a new
+launch; a change of model, of a flag or of the prompts blocks the launch unless allowed; a
+changed script is listed among the allowed changes.
 
 Each record says who wrote it (:func:`written_by`: the config's key and path, the run; the host
 adds the process and its unit's launch id). Two configs may share an output dir: a record of
@@ -178,6 +179,10 @@ def compare_fingerprints(
         if old_s.get(k) != new_s.get(k):
             text = f"{k} {show_value(old_s.get(k))} -> {show_value(new_s.get(k))}"
             changes.append(({"sampling", k}, text))
+    old_script, new_script = stored.get("script_sha256"), new.get("script_sha256")
+    if old_script and new_script and old_script != new_script:
+        # A newer script is how a run gets a flag: never blocking, always said.
+        same.append(f"script changed ({_short(old_script)} -> {_short(new_script)})")
     old_p = stored.get("prompts") or {}
     for ds in sorted(set(old_p) | set(hashes)):
         before = (old_p.get(ds) or {}).get("sha256")

@@ -106,6 +106,9 @@ class ScriptRead:
     reply: ScriptFlags | None
     reason: str = ""
     """Why ``reply`` is None, or why it found no argparse options."""
+    which: str = "the installed"
+    """Which copy of the script was read, for messages (``the installed``, or ``the new``
+    for the one given with ``--script``)."""
 
     @property
     def found(self) -> bool:
@@ -239,12 +242,11 @@ def _refuse_flag(
         if read.decides and not read.reply.known_args:
             if profile.known is not None and flag in profile.known:
                 notes.append(
-                    f"the client profile {profile.name!r} lists it, but the installed script "
-                    "decides"
+                    f"the client profile {profile.name!r} lists it, but {read.which} script decides"
                 )
             out.missing.append(flag)
             out.problems.append(
-                f"{flag}: not a flag of the client{guess}: the installed {read.script} does not "
+                f"{flag}: not a flag of the client{guess}: {read.which} {read.script} does not "
                 f"declare it ({'; '.join(notes)})"
             )
             return

@@ -62,6 +62,8 @@ class LaunchSpec(msgspec.Struct, kw_only=True):
     """The argv of the last confirmed launch (masked), or None."""
     started: Invocation | None = None
     """The process of the last confirmed launch and the records its data files held then."""
+    script_sha256: str | None = None
+    """sha256 of the script of the last confirmed launch, as read on the host (None: not read)."""
     time: float = 0.0
 
     @property
@@ -87,6 +89,7 @@ class LaunchSpec(msgspec.Struct, kw_only=True):
             unsets=kept_unsets + [f for f in new_unsets if f not in kept_unsets],
             last_argv=self.last_argv,
             started=self.started,
+            script_sha256=self.script_sha256,
             time=self.time,
         )
 

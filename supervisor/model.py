@@ -370,6 +370,9 @@ class RunView(msgspec.Struct, kw_only=True):
     process it found and adopted by evidence (``adopted``); None when it is not running."""
     last_unit: UnitInfo | None = None
     """The newest unit this config launched for the run (running or ended)."""
+    script_sha256: str | None = None
+    """sha256 of the script of the run's last confirmed launch, as read on the host (from its
+    launch spec; None: no launch recorded it)."""
 
     @property
     def ending(self) -> Literal["finished", "died", "stopped", "lost"] | None:

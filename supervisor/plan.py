@@ -30,6 +30,10 @@ are the files the new command line will write.
    after a stop, the run stays stopped.
 6. ``data-repair`` - the tails are checked again now that no writer is alive: blocking files are
    moved aside (``move_aside``), a torn last line is repaired (``.broken`` backup, truncate, fsync).
+   ``script`` - only with ``--script PATH``: the local file (read, never run, by the preflight
+   instead of the host's script) replaces the host's script once no writer is alive, when the
+   host's is still the one the preflight read (sha256); the old one is kept beside it
+   (``<script>.runwatch-<sha12>``), the new one read again on the host, audited with both hashes.
 7. ``launch`` - the gate again (``supervisor.gate``: the resume rule, the locks) on the files as
    they are now that no writer is alive; then detached, holding one lock per dataset
    (``.runwatch/<dataset>.lock``) for its lifetime, with the API key in the environment;
@@ -40,6 +44,7 @@ are the files the new command line will write.
 If anything fails after the old run was stopped, the previous command line is launched again and
 confirmed ("rolled back", audited) once the gate lets it: a rollback that would overwrite the
 run's output is refused and the run stays stopped; a rollback that fails too is reported as such.
+A script copied by ``script`` is put back first (the run stays stopped when it cannot be).
 A refusal of ``quiet`` is the exception: another writer appends, so the run stays stopped.
 
 A launch is the same plan without steps 3 and 4 (it refuses when the run is already running).
@@ -54,15 +59,16 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from supervisor import display, launchspec
+from supervisor import display, launchspec, newscript
 from supervisor.agent.masking import mask_argv
 from supervisor.argv import argv_diff, parse_sets, parse_unsets, show_value
 from supervisor.config import Config, RunConfig
-from supervisor.errors import HostError, LaunchError
+from supervisor.errors import HostError, LaunchError, UsageError
 from supervisor.errors import StepFailed as StepFailed  # where the steps take it from
 from supervisor.launchspec import LaunchSpec
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import HostView, JobView, ProcessInfo, RunView, Snapshot
+from supervisor.newscript import NewScript
 from supervisor.runenv import launch_env
 from supervisor.secrets import note_overrides
 
@@ -78,6 +84,7 @@ STEP_TITLES = {
     "gpu-release": "wait until no process of the run holds GPU memory",
     "quiet": "watch the data files: nothing else may be appending to them",
     "data-repair": "re-check tails with no writer alive; move aside / repair",
+    "script": "copy the new script to the host (the old one kept beside it), check its flags",
     "launch": "launch detached, holding the run's dataset locks, and confirm",
 }
 
@@ -90,7 +97,7 @@ class Step:
 
     name: str
     """``preflight``, ``format-check``, ``fingerprint``, ``writers``, ``stop``, ``gpu-release``,
-    ``quiet``, ``data-repair``, ``launch``."""
+    ``quiet``, ``data-repair``, ``script``, ``launch``."""
     title: str
     state: StepState = "pending"
     detail: str = ""
@@ -147,6 +154,9 @@ class Plan:
     """The run's queued or running Slurm job (``kind = "slurm"`` hosts; ``old`` is then None)."""
     notes: list[str] = field(default_factory=list)
     """What the user should know that changes nothing (an older runwatch's launch spec)."""
+    script: NewScript | None = None
+    """``--script``: the local file that replaces the run's script on the host (step
+    ``script``, right before the launch); the preflight reads it instead of the host's."""
 
     @property
     def paths(self) -> dict[str, str]:
@@ -202,6 +212,11 @@ class Plan:
             )
         lines.append("  new argv: " + display.command_line(mask_argv(self.argv, self.secrets)))
         lines.extend(f"  note: {n}" for n in self.notes)
+        if self.script is not None:
+            lines.append(
+                f"  new script: {self.script.path} (sha256 {self.script.short}) replaces the "
+                "host's script once the old run is stopped; the old one is kept beside it"
+            )
         for d in self.argv_diff():
             lines.append(f"    {d['flag']}: {show_value(d['old'])} -> {show_value(d['new'])}")
         last = self.last_launch_diff()
@@ -315,16 +330,25 @@ async def make_plan(
     allow_change: Iterable[str] = (),
     environ: dict[str, str] | None = None,
     pid: int | None = None,
+    script: str | None = None,
 ) -> Plan:
     """Look at the run as it is now and build the plan (changes nothing).
 
     The new argv is the config's argv with the run's launch spec (``supervisor.launchspec``;
     dropped with ``reset``) and then ``overrides`` / ``unsets`` applied. Raises ConfigError for an
     unknown run or one whose data files cannot be determined, HostError when its host cannot be
-    reached, LaunchError for a launch of a run that is already running (restart it instead).
+    reached, LaunchError for a launch of a run that is already running (restart it instead),
+    UsageError for a ``script`` that cannot be read or a run on a Slurm host.
     """
     config = engine.config
     run = config.run(run_name)
+    new_script = newscript.load(script) if script is not None else None
+    if new_script is not None and config.host(run.host).kind == "slurm":
+        raise UsageError(
+            f"--script: {run.name} runs on the Slurm host {run.host}, whose script runwatch "
+            "does not install",
+            f"copy the script to {run.host} yourself, then run the same command without --script",
+        )
     pairs = _as_pairs(overrides)
     note_overrides(pairs, [f for c in config.clients.values() for f in c.secret_flags])
     removed = parse_unsets(unsets)
@@ -367,7 +391,9 @@ async def make_plan(
     names = ["preflight", "format-check", "fingerprint", "writers"]
     if action == "restart":
         names += ["stop", "gpu-release"]
-    names += ["quiet", "data-repair", "launch"]
+    names += ["quiet", "data-repair"]
+    names += ["script"] if new_script is not None else []
+    names += ["launch"]
     return Plan(
         action=action,
         run=run,
@@ -387,6 +413,7 @@ async def make_plan(
         env=env,
         secret_env=secret_env,
         job=job,
+        script=new_script,
     )
 
 

@@ -258,6 +258,17 @@ class ScriptFlags(msgspec.Struct, kw_only=True):
     allow_abbrev: bool
     dynamic: int
     known_args: bool
+    sha256: str = ""
+
+
+class ScriptInstalled(msgspec.Struct, kw_only=True):
+    """``protocol.ScriptInstallResult``: a run's script replaced on the host."""
+
+    path: str
+    old_sha256: str
+    new_sha256: str
+    kept: str
+    mode: int
 
 
 class ResolvedArgs(msgspec.Struct, kw_only=True):

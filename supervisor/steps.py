@@ -30,7 +30,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from supervisor import audit, clients, display, flagcheck, gate, launchspec, quiet, snapshots
+from supervisor import (
+    argcheck,
+    audit,
+    clients,
+    display,
+    flagcheck,
+    gate,
+    launchspec,
+    quiet,
+    snapshots,
+)
 from supervisor.agent import match, unit
 from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import AGENT_LOADER, MASK, FileSpec, LaunchParams
@@ -49,7 +59,13 @@ from supervisor.kill import identity_params
 from supervisor.layout import RunLayout, layout_of
 from supervisor.model import Identity
 from supervisor.plan import ActionResult, OnStep, Plan, Step, StepFailed, StepState
-from supervisor.replies import LockHolder, SnapshotTake, UnitOnFiles
+from supervisor.replies import (
+    LockHolder,
+    ScriptFlags,
+    ScriptInstalled,
+    SnapshotTake,
+    UnitOnFiles,
+)
 
 if TYPE_CHECKING:
     from supervisor.config import Config
@@ -124,6 +140,12 @@ class _Runner:
         """The snapshot taken before the launch (for the plan's audit record)."""
         self.snapshot_note = ""
         """How the data files will be kept before the start (the format check's dry check)."""
+        self.host_script: ScriptFlags | None = None
+        """With ``--script``: the host's script as the preflight read it (its path and hash)."""
+        self.script_installed: ScriptInstalled | None = None
+        """With ``--script``: the copy done (a rollback puts the old script back)."""
+        self.script_sha256: str | None = None
+        """sha256 of the run's script as last read on the host (None: not read yet)."""
 
     async def emit(self, step: Step) -> None:
         if self.on_step is None:
@@ -149,6 +171,7 @@ class _Runner:
             "stop": self.stop,
             "gpu-release": self.gpu_release,
             "data-repair": self.data_repair,
+            "script": self.install_script,
             "launch": self.launch,
         }
         if self.hc.kind == "slurm":
@@ -159,7 +182,7 @@ class _Runner:
         for s in plan.steps:
             if not ok:
                 break
-            acting = s.name in ("stop", "gpu-release", "data-repair", "launch")
+            acting = s.name in ("stop", "gpu-release", "data-repair", "script", "launch")
             if self.dry_run and acting:
                 await self.set(s, "skipped", "dry run: " + self.would(s.name))
                 continue
@@ -180,9 +203,17 @@ class _Runner:
         down = self.stopped and not self.taken_over and not self.keep_stopped
         if not ok and not self.dry_run and down:
             self.rollback_outcome = await self.roll_back()
+        elif not ok and not self.dry_run and self.script_installed is not None:
+            # Nothing to relaunch (a launch, or a run another launcher took over): the host's
+            # script is still put back as it was before this plan.
+            not_back = await self.put_script_back()
+            failed = next((s for s in plan.steps if s.state == "failed"), None)
+            if not_back is not None and failed is not None:
+                failed.detail += f"; {not_back}"
         if confirmed and not self.dry_run:
             spec = plan.spec
             spec.last_argv = mask_argv(plan.argv, plan.secrets)
+            spec.script_sha256 = self.script_sha256 or None
             if self.identity is not None and "pid" in self.identity:
                 spec.started = launchspec.Invocation(
                     pid=int(self.identity["pid"]),
@@ -242,6 +273,12 @@ class _Runner:
             return f"would stop pid {p.old.identity.pid} by identity and confirm its exit"
         if name == "gpu-release":
             return "would wait for the GPU memory of the stopped run to be released"
+        if name == "script" and p.script is not None:
+            where = self.host_script.path if self.host_script is not None else "the run's script"
+            return (
+                f"would copy {p.script.path} (sha256 {p.script.short}) over {where} on "
+                f"{p.host}, keeping the old one beside it, and check the flags it declares"
+            )
         if name == "data-repair":
             moves = [b["path"] for b in self.blocking]
             text = "would repair a torn last line if one is left"
@@ -254,6 +291,8 @@ class _Runner:
 
     async def preflight(self, step: Step) -> None:
         plan = self.plan
+        if plan.script is not None:
+            await self.read_host_script(step)
         flags = plan.spec.flags()
         if not flags:
             how = await self.read_args(step)
@@ -280,8 +319,8 @@ class _Runner:
             ranges=dict(layout.profile.value_ranges) if layout.profiled else {},
             type_source=type_source,
         )
-        # Always read: the installed script says which flags exist, the profile only fills in
-        # when it cannot be read.
+        # Always read: the installed script (or the one given with --script) says which flags
+        # exist, the profile only fills in when it cannot be read.
         read = await self._script_flags(step)
         given = {f for f, _ in plan.overrides}
         out = flagcheck.check(
@@ -293,9 +332,14 @@ class _Runner:
             path = read.reply.path if read.reply is not None else plan.argv[0]
             newer = (
                 "; " + flagcheck.newer_script(read.script, path, plan.host, out.missing)
-                if out.missing
+                if out.missing and plan.script is None
                 else ""
             )
+            if out.missing and plan.script is not None:
+                newer = (
+                    f"; the script given with --script ({plan.script.path}) does not declare "
+                    f"{', '.join(out.missing)}: give a version that does"
+                )
             raise StepFailed(
                 "the new command line would not start: " + "; ".join(out.problems + forcible),
                 "nothing was stopped or launched; fix the --set / --unset flags"
@@ -320,8 +364,18 @@ class _Runner:
 
     async def read_args(self, step: Step) -> str:
         """The client's own reading of the new command line (``argcheck``), before anything
-        stops: a refusal fails the step; else how it was read."""
-        reading = await self.start_gate().read_args(self.plan.layout)
+        stops: a refusal fails the step; else how it was read. With ``--script`` the reading
+        is the new script's parser, read on this machine."""
+        plan = self.plan
+        idx = plan.layout.script_index
+        if plan.script is not None and self.host_script is not None and idx is not None:
+            reply = plan.script.resolve(
+                self.host_script.path, plan.layout.workdir, list(plan.layout.argv[idx + 1 :])
+            )
+            reading = argcheck.check(plan.layout, reply)
+            reading.how += "; the script given with --script, read on this machine"
+        else:
+            reading = await self.start_gate().read_args(plan.layout)
         step.data["argument_reading"] = reading.how
         if not reading.ok:
             raise StepFailed(
@@ -340,11 +394,52 @@ class _Runner:
             return "the value given (not shown: it is a secret)"
         return repr(value)
 
-    async def _script_flags(self, step: Step) -> flagcheck.ScriptRead:
-        """The options the client's source declares, read statically on the host (the script is
-        read, never run), or why they cannot be."""
+    async def read_host_script(self, step: Step) -> None:
+        """With ``--script``: the host's script as it is now (its path and sha256, compared again
+        when it is replaced); refused when there is none to replace."""
         plan = self.plan
         idx = plan.layout.script_index
+        if idx is None:
+            raise StepFailed(
+                "--script: the command line names no configured script to replace",
+                "nothing was stopped or launched; run the command without --script",
+            )
+        reply = await self.agent.script_flags(
+            workdir=plan.paths["workdir"],
+            argv=plan.argv[: idx + 1],
+            search_path=plan.env.get("PATH"),
+        )
+        if not reply.readable or not reply.sha256:
+            raise StepFailed(
+                f"--script: the run's script on {plan.host} cannot be read: {reply.reason}",
+                f"nothing was stopped or launched; copy the script to {reply.path} on "
+                f"{plan.host} yourself, then run the same command without --script",
+            )
+        self.host_script = reply
+        self.script_sha256 = reply.sha256
+        step.data["host_script"] = {"path": reply.path, "sha256": reply.sha256}
+
+    async def _script_flags(self, step: Step) -> flagcheck.ScriptRead:
+        """The options the client's source declares, read statically on the host (the script is
+        read, never run), or why they cannot be; with ``--script`` those of the new script,
+        read on this machine."""
+        plan = self.plan
+        idx = plan.layout.script_index
+        if plan.script is not None and self.host_script is not None and idx is not None:
+            new = plan.script.flags(self.host_script.path)
+            step.data["script_flags"] = {
+                "path": plan.script.path,
+                "found": new.found,
+                "reason": new.reason,
+                "options": len(new.options),
+            }
+            return flagcheck.ScriptRead(
+                script=posixpath.basename(plan.argv[idx]),
+                host="this machine (--script)",
+                reply=new,
+                reason=new.reason,
+                which="the new",
+            )
         if idx is None:
             return flagcheck.ScriptRead(
                 script="the client",
@@ -363,6 +458,7 @@ class _Runner:
             "reason": reply.reason,
             "options": len(reply.options),
         }
+        self.script_sha256 = reply.sha256
         return flagcheck.ScriptRead(
             script=posixpath.basename(plan.argv[idx]),
             host=plan.host,
@@ -690,6 +786,22 @@ class _Runner:
             held = f"only the run itself (pid {plan.old.identity.pid})"
         step.detail = f"writers of the data files: {held}" + (f"; {blind}" if blind else "")
 
+    async def host_script_sha(self, fresh: bool = False) -> str:
+        """sha256 of the run's script as read on the host ("" when it cannot be read or the
+        command line names no configured script); read again with ``fresh``."""
+        plan = self.plan
+        idx = plan.layout.script_index
+        if idx is None:
+            return ""
+        if self.script_sha256 is None or fresh:
+            reply = await self.agent.script_flags(
+                workdir=plan.paths["workdir"],
+                argv=plan.argv[: idx + 1],
+                search_path=plan.env.get("PATH"),
+            )
+            self.script_sha256 = reply.sha256
+        return self.script_sha256
+
     def _stop_unit(self, u: UnitOnFiles) -> str:
         """The command that stops unit ``u``: by its run's name in the config that launched it
         when that config still has the run, else by its main pid."""
@@ -708,6 +820,10 @@ class _Runner:
         plan = self.plan
         config = self.engine.config
         new = fingerprint_of(plan.run, plan.argv, config)
+        # The script the launch will run: the one given with --script, else the host's.
+        script = plan.script.sha256 if plan.script is not None else await self.host_script_sha()
+        if script:
+            new["script_sha256"] = script
         reply = await self.agent.read_fingerprint(
             paths=plan.fingerprints, workdir=plan.paths["workdir"], hash_files=plan.prompt_files
         )
@@ -973,6 +1089,120 @@ class _Runner:
         step.data["actions"] = notes
         step.detail = "; ".join(notes) if notes else "every tail ends with a complete line"
 
+    # ------------------------------------------------------------ the new script
+
+    async def install_script(self, step: Step) -> None:
+        """``--script``: the old run is gone; the new script replaces the host's (only when
+        the host's is still the one the preflight read), the old one kept beside it; the one
+        installed is read again on the host and must be the new bytes and declare every flag
+        set. Audited with both hashes."""
+        plan = self.plan
+        new, read = plan.script, self.host_script
+        assert new is not None and read is not None  # the preflight read both
+        try:
+            done = await self.agent.script_install(
+                path=read.path,
+                expect_sha256=read.sha256,
+                source_b64=new.source_b64,
+                timeout=self.hc.command_timeout,
+            )
+        except RunwatchError as e:
+            self.side_records.append(self._script_record("script-install", False, str(e)))
+            raise StepFailed(
+                f"the new script was not copied: {e}",
+                f"the host's script is as it was; look at {read.path} on {plan.host}",
+            ) from None
+        self.script_installed = done
+        detail = (
+            f"{read.path}: sha256 {done.old_sha256[:12]} -> {done.new_sha256[:12]}, the old one "
+            f"kept as {done.kept}"
+        )
+        self.side_records.append(self._script_record("script-install", True, detail))
+        step.data["script"] = msgspec.to_builtins(done)
+        idx = plan.layout.script_index
+        assert idx is not None
+        again = await self.agent.script_flags(
+            workdir=plan.paths["workdir"],
+            argv=plan.argv[: idx + 1],
+            search_path=plan.env.get("PATH"),
+        )
+        self.script_sha256 = again.sha256
+        if again.sha256 != new.sha256:
+            raise StepFailed(
+                f"{again.path} on {plan.host} is not the new script once copied (sha256 "
+                f"{again.sha256[:12] or 'unreadable'}, expected {new.short})",
+                "the old script is put back and the old command line relaunched",
+            )
+        declared = {f for o in again.options for f in o.flags}
+        missing = [f for f, _ in plan.spec.sets if again.found and f not in declared]
+        if missing:
+            raise StepFailed(
+                f"the script installed on {plan.host} does not declare {', '.join(missing)}",
+                "the old script is put back and the old command line relaunched",
+            )
+        step.detail = (
+            detail
+            + "; read again on the host: "
+            + (
+                f"declares {', '.join(f for f, _ in plan.spec.sets)}"
+                if plan.spec.sets and again.found
+                else "the new bytes"
+            )
+        )
+
+    def _script_record(
+        self, action: str, ok: bool, detail: str, done: ScriptInstalled | None = None
+    ) -> dict[str, Any]:
+        """The audit record of a copy of the run's script (or of putting the old one back)."""
+        plan = self.plan
+        done = done or self.script_installed
+        read = self.host_script
+        return audit.record(
+            action,
+            config=self.engine.config.key,
+            host=plan.host,
+            run=plan.run.name,
+            ok=ok,
+            detail=detail,
+            path=read.path if read is not None else None,
+            old_sha256=done.old_sha256 if done is not None else read.sha256 if read else None,
+            new_sha256=done.new_sha256 if done is not None else None,
+            kept=done.kept if done is not None else None,
+            source=plan.script.path if plan.script is not None else None,
+        )
+
+    async def put_script_back(self) -> str | None:
+        """Before a rollback: the old script back in place of the new one (None when done or
+        nothing was copied; else why not, and the run is left stopped)."""
+        done = self.script_installed
+        if done is None:
+            return None
+        try:
+            back = await self.agent.script_install(
+                path=done.path,
+                expect_sha256=done.new_sha256,
+                from_path=done.kept,
+                from_sha256=done.old_sha256,
+                keep=False,
+                timeout=self.hc.command_timeout,
+            )
+        except RunwatchError as e:
+            why = (
+                f"the old script could not be put back ({e}); restore it with "
+                f"`cp -p {shlex.quote(done.kept)} {shlex.quote(done.path)}` on {self.plan.host}"
+            )
+            self._script_record("script-restore", False, why)
+            return why
+        self.script_installed = None
+        self._script_record(
+            "script-restore",
+            True,
+            f"{done.path}: sha256 {back.old_sha256[:12]} -> {back.new_sha256[:12]} (the old "
+            f"script back, from {done.kept})",
+            back,
+        )
+        return None
+
     # ------------------------------------------------------------ 6. launch
 
     def launch_params(self, layout: RunLayout, fingerprints: bool = True) -> LaunchParams:
@@ -1003,6 +1233,7 @@ class _Runner:
                         fingerprint_of(plan.run, argv, self.engine.config),
                         dataset=ds,
                         **written_by(self.engine.config),
+                        **({"script_sha256": self.script_sha256} if self.script_sha256 else {}),
                     ),
                     "hash_files": (
                         {ds: layout.prompt_files[ds]} if ds in layout.prompt_files else {}
@@ -1041,6 +1272,8 @@ class _Runner:
         # After runwatch's own moves and repairs: from here the files may only grow.
         self.sizes = verdict.sizes
         self.records_at_start = verdict.records
+        if self.script_installed is None:  # the script step read it back just now
+            await self.host_script_sha(fresh=True)
         params = self.launch_params(plan.layout)
         started = time.time()
         timeout = plan.run.settle_seconds + 3.0 + self.hc.command_timeout
@@ -1172,6 +1405,9 @@ class _Runner:
         argv, source = self.previous_argv()
         outcome: dict[str, Any] = {"ok": False, "identity": None, "source": source}
         try:
+            not_back = await self.put_script_back()
+            if not_back is not None:
+                raise StepFailed(f"not relaunched: {not_back}")
             layout = layout_of(self.engine.config, plan.run, argv)
             layout.require_files()
             verdict = await self.start_gate().check(plan.run, layout, force=plan.force)

@@ -227,6 +227,34 @@ class DemoRun:
             return ""
 
 
+# --------------------------------------------------------------------------- an old script
+
+BUDGET_LINE = (
+    '    p.add_argument("--token-budget", type=int, default=None, '
+    'help="completion tokens per dataset")\n'
+)
+
+
+EXACT_TYPE = 'p.add_argument("--concurrency", type=int,'
+INEXACT_TYPE = 'p.add_argument("--concurrency", type=lambda text: int(text),'
+
+
+def old_script(demo: DemoRun, *, exact: bool = True) -> str:
+    """The run's script becomes a copy of the demo client from before ``--token-budget``: the
+    option removed from its parser, its uses read as "no budget". ``exact=False``: its
+    ``--concurrency`` has a type of its own, so its parser cannot be read exactly (only its
+    options are). Returns the old script's source."""
+    source = RUN_INFERENCE.read_text()
+    assert BUDGET_LINE in source and EXACT_TYPE in source
+    old = source.replace(BUDGET_LINE, "").replace("args.token_budget", "None")
+    if not exact:
+        old = old.replace(EXACT_TYPE, INEXACT_TYPE)
+    (demo.workdir / "run_inference.py").write_text(old)
+    text = demo.config_path.read_text()
+    demo.config_path.write_text(text.replace(str(RUN_INFERENCE), "run_inference.py"))
+    return old
+
+
 async def launch(
     engine: Any, run: str, overrides: Iterable[str] = (), *, dry_run: bool = False
 ) -> Any:

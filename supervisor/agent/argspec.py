@@ -17,6 +17,7 @@ answers ``found: false`` with the reason.
 from __future__ import annotations
 
 import ast
+import hashlib
 import io
 import os
 import stat
@@ -419,6 +420,7 @@ def read_options(source: bytes, path: str) -> ScriptFlagsResult:
         "dynamic": 0,
         "positionals": 0,
         "known_args": False,
+        "sha256": hashlib.sha256(source).hexdigest(),
     }
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     reader = _Reader()
@@ -488,5 +490,6 @@ def script_flags(params: dict[str, Any]) -> ScriptFlagsResult:
             "dynamic": 0,
             "positionals": 0,
             "known_args": False,
+            "sha256": "",
         }
     return read_options(source, path)

@@ -1206,6 +1206,36 @@ class ScriptFlagsResult(TypedDict):
     positionals: int
     known_args: bool
     """The script calls ``parse_known_args``: it may pass undeclared flags on."""
+    sha256: str
+    """sha256 of the bytes read (empty when none could be)."""
+
+
+class _ScriptInstallParamsRequired(TypedDict):
+    path: str
+    """The script on the host (absolute), as ``script_flags`` found it."""
+    expect_sha256: str
+    """Its sha256 when the laptop read it: another is refused (``changed``), nothing replaced."""
+
+
+class ScriptInstallParams(_ScriptInstallParamsRequired, total=False):
+    source_b64: str
+    """The new script's bytes, base64."""
+    from_path: str
+    """Instead of ``source_b64``: a copy kept on the host (a rollback puts it back)."""
+    from_sha256: str
+    """The sha256 ``from_path`` must have."""
+    keep: bool
+    """Keep the old script as ``<path>.runwatch-<sha12>`` first (default true)."""
+
+
+class ScriptInstallResult(TypedDict):
+    path: str
+    old_sha256: str
+    new_sha256: str
+    """Read back from the file installed."""
+    kept: str
+    """Where the old script was kept (empty without ``keep``)."""
+    mode: int
 
 
 class _ResolveArgsParamsRequired(TypedDict):
@@ -1273,5 +1303,6 @@ OP_SHAPES: dict[str, tuple[type, type]] = {
     "slurm_cancel": (SlurmCancelParams, SlurmCancelResult),
     "script_flags": (ScriptFlagsParams, ScriptFlagsResult),
     "resolve_args": (ResolveArgsParams, ResolveArgsResult),
+    "script_install": (ScriptInstallParams, ScriptInstallResult),
 }
 """Op name -> (params shape, result shape)."""

@@ -60,6 +60,7 @@ _DEFERRED_OPS = {
     "unit_stop": "unit:stop",
     "script_flags": "argspec:script_flags",
     "resolve_args": "argresolve:resolve_args",
+    "script_install": "scriptcopy:script_install",
     "repair_tail": "datafiles:repair_tail",
     "move_aside": "datafiles:move_aside",
     "snapshot_check": "snapshots:snapshot_check",

@@ -68,6 +68,7 @@ def _run_action(
     reset: bool = False,
     force: bool = False,
     pid: int | None = None,
+    script: str | None = None,
 ) -> None:
     import asyncio
 
@@ -90,6 +91,7 @@ def _run_action(
                 move_aside=move_aside,
                 allow_change=allow_change,
                 pid=pid,
+                script=script,
             )
             if not as_json:
                 click.echo("\n".join(plan.describe()))
@@ -176,6 +178,15 @@ _allow_change_option = click.option(
     help="Allow a change of model, sampling (or one parameter: temperature...), prompts or "
     "format since the last launch. Repeatable.",
 )
+_script_option = click.option(
+    "--script",
+    "script",
+    default=None,
+    metavar="PATH",
+    help="A newer version of the run's script (a local file): its options are checked before "
+    "anything stops, then it replaces the host's script (the old one kept beside it as "
+    "<script>.runwatch-<sha12>) right before the launch; put back if the launch fails.",
+)
 _dry_option = click.option(
     "--dry-run", is_flag=True, help="Show the plan and run the checks; change nothing."
 )
@@ -190,6 +201,7 @@ _yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask for con
 @_force_option
 @_move_aside_option
 @_allow_change_option
+@_script_option
 @_dry_option
 @_yes_option
 @json_option
@@ -202,6 +214,7 @@ def launch(
     force: bool,
     move_aside: bool,
     allow_change: tuple[str, ...],
+    script: str | None,
     dry_run: bool,
     yes: bool,
     as_json: bool,
@@ -224,6 +237,7 @@ def launch(
         unsets=unsets,
         reset=reset,
         force=force,
+        script=script,
     )
 
 
@@ -238,6 +252,7 @@ def launch(
 @click.option(
     "--pid", type=int, default=None, help="Which process RUN is, when several could be it."
 )
+@_script_option
 @_dry_option
 @_yes_option
 @json_option
@@ -251,6 +266,7 @@ def restart(
     move_aside: bool,
     allow_change: tuple[str, ...],
     pid: int | None,
+    script: str | None,
     dry_run: bool,
     yes: bool,
     as_json: bool,
@@ -278,6 +294,7 @@ def restart(
         reset=reset,
         force=force,
         pid=pid,
+        script=script,
     )
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from supervisor.engine import Engine
 from tests.fixtures_actions import (
-    RUN_INFERENCE,
     DemoRun,
     launch,
+    old_script,
     pid_alive,
     runwatch,
     why,
@@ -23,30 +23,6 @@ from tests.fixtures_actions import (
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("state_home")
-
-BUDGET_LINE = (
-    '    p.add_argument("--token-budget", type=int, default=None, '
-    'help="completion tokens per dataset")\n'
-)
-
-
-EXACT_TYPE = 'p.add_argument("--concurrency", type=int,'
-INEXACT_TYPE = 'p.add_argument("--concurrency", type=lambda text: int(text),'
-
-
-def _old_script(demo: DemoRun, *, exact: bool) -> None:
-    """The run's script becomes a copy of the demo client from before ``--token-budget``: the
-    option removed from its parser, its uses read as "no budget". ``exact=False``: its
-    ``--concurrency`` has a type of its own, so its parser cannot be read exactly (only its
-    options are)."""
-    source = RUN_INFERENCE.read_text()
-    assert BUDGET_LINE in source and EXACT_TYPE in source
-    old = source.replace(BUDGET_LINE, "").replace("args.token_budget", "None")
-    if not exact:
-        old = old.replace(EXACT_TYPE, INEXACT_TYPE)
-    (demo.workdir / "run_inference.py").write_text(old)
-    text = demo.config_path.read_text()
-    demo.config_path.write_text(text.replace(str(RUN_INFERENCE), "run_inference.py"))
 
 
 @pytest.mark.parametrize("exact", [True, False], ids=["parser-read-exactly", "options-read-only"])
@@ -57,7 +33,7 @@ def test_a12_a_flag_the_installed_script_lacks_is_refused_before_the_stop(
     command (confirmed: ``--yes``) is refused before the stop, exit non-zero, naming the fix;
     the run keeps running under the same pid, the bytes it had written untouched."""
     demo = DemoRun(tmp_path, slow_endpoint.url, datasets=("B1",), max_samples=300)
-    _old_script(demo, exact=exact)
+    old_script(demo, exact=exact)
 
     async def go() -> Any:
         async with Engine(demo.config) as engine:

@@ -1,0 +1,117 @@
+"""A run's script replaced on the host: the ``script_install`` op.
+
+Standard library only, Python >= 3.8. The new script's bytes come in the request (base64),
+never as shell text. The file is replaced only when it is still the one the laptop read (its
+sha256): the old one is kept beside it as ``<script>.runwatch-<sha12>``, the new one written
+to a file in the same directory and renamed over it (``safefs.write_atomic``), with the old
+one's mode. With ``from_path`` (a rollback) the bytes are those of a kept copy on the host,
+checked against ``from_sha256``. The reply carries both hashes, the new one read back from
+the file now installed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import stat
+from typing import Any
+
+from . import safefs
+from .argspec import MAX_SOURCE_BYTES
+from .protocol import AgentOpError, ScriptInstallResult, param_str
+
+KEPT_INFIX = ".runwatch-"
+"""The old script is kept as ``<script>.runwatch-<first 12 hex digits of its sha256>``."""
+
+
+def _read(path: str) -> tuple[bytes, int]:
+    """The bytes of ``path`` (a regular file of at most ``MAX_SOURCE_BYTES``) and its mode."""
+    try:
+        fd = safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise AgentOpError(f"{path}: no such file", "missing") from None
+    except (OSError, safefs.UnsafePath) as e:
+        raise AgentOpError(f"cannot open {path}: {e}", "unreadable") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise AgentOpError(f"{path} is not a regular file", "unreadable")
+        chunks = []
+        left = MAX_SOURCE_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > MAX_SOURCE_BYTES:
+        raise AgentOpError(f"{path} is larger than {MAX_SOURCE_BYTES} bytes", "unreadable")
+    return data, stat.S_IMODE(st.st_mode)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _new_bytes(params: dict[str, Any]) -> bytes:
+    """The bytes to install: ``source_b64``, or the kept copy ``from_path`` (its hash checked)."""
+    if "from_path" in params:
+        kept, _ = _read(param_str(params, "from_path"))
+        want = param_str(params, "from_sha256")
+        if _sha(kept) != want:
+            raise AgentOpError(
+                f"{params['from_path']} is not the script kept before (sha256 {_sha(kept)[:12]}, "
+                f"expected {want[:12]})",
+                "changed",
+            )
+        return kept
+    try:
+        data = base64.b64decode(param_str(params, "source_b64"), validate=True)
+    except (binascii.Error, ValueError):
+        raise AgentOpError("parameter 'source_b64': not base64", "bad-params") from None
+    if len(data) > MAX_SOURCE_BYTES:
+        raise AgentOpError(f"the new script is larger than {MAX_SOURCE_BYTES} bytes", "bad-params")
+    return data
+
+
+def script_install(params: dict[str, Any]) -> ScriptInstallResult:
+    """``{path, expect_sha256, source_b64 | from_path + from_sha256, keep?}``: replace the script
+    at ``path`` (absolute) when its sha256 is still ``expect_sha256``; with ``keep`` (default
+    true) the old one is kept beside it first."""
+    path = param_str(params, "path")
+    if not os.path.isabs(path):
+        raise AgentOpError(f"parameter 'path': not an absolute path: {path!r}", "bad-params")
+    expect = param_str(params, "expect_sha256")
+    keep = params.get("keep", True)
+    if not isinstance(keep, bool):
+        raise AgentOpError("parameter 'keep': expected a boolean", "bad-params")
+    new = _new_bytes(params)
+    old, mode = _read(path)
+    old_sha = _sha(old)
+    if old_sha != expect:
+        raise AgentOpError(
+            f"{path} changed since runwatch read it (sha256 {old_sha[:12]} now, "
+            f"{expect[:12]} then); nothing was replaced",
+            "changed",
+        )
+    kept = ""
+    try:
+        if keep:
+            kept = path + KEPT_INFIX + old_sha[:12]
+            safefs.write_atomic(kept, old, mode)
+        safefs.write_atomic(path, new, mode)
+    except (OSError, safefs.UnsafePath) as e:
+        raise AgentOpError(f"cannot replace {path}: {e}", "io") from None
+    installed, now_mode = _read(path)
+    return {
+        "path": path,
+        "old_sha256": old_sha,
+        "new_sha256": _sha(installed),
+        "kept": kept,
+        "mode": now_mode,
+    }

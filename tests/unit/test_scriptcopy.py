@@ -1,0 +1,77 @@
+"""The ``script_install`` op on real files (rows A15, A17 of ``docs/reliability.md``): the
+host's script is replaced only when it is still the one read, keeping its mode and the old one
+beside it; a kept copy is put back only when it is the one kept."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from supervisor.agent.protocol import AgentOpError
+from supervisor.agent.scriptcopy import script_install
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def test_a15_the_script_is_replaced_keeping_its_mode_and_the_old_one(tmp_path: Path) -> None:
+    script = tmp_path / "gen.py"
+    script.write_bytes(b"old\n")
+    script.chmod(0o751)
+    done = script_install(
+        {"path": str(script), "expect_sha256": _sha(b"old\n"), "source_b64": _b64(b"new\n")}
+    )
+    assert script.read_bytes() == b"new\n" and os.stat(script).st_mode & 0o777 == 0o751
+    old_sha = _sha(b"old\n")
+    kept = tmp_path / f"gen.py.runwatch-{old_sha[:12]}"
+    assert done["kept"] == str(kept) and kept.read_bytes() == b"old\n"
+    assert (done["old_sha256"], done["new_sha256"]) == (_sha(b"old\n"), _sha(b"new\n"))
+    back = script_install(
+        {
+            "path": str(script),
+            "expect_sha256": _sha(b"new\n"),
+            "from_path": str(kept),
+            "from_sha256": _sha(b"old\n"),
+            "keep": False,
+        }
+    )
+    assert script.read_bytes() == b"old\n" and back["new_sha256"] == _sha(b"old\n")
+    assert os.stat(script).st_mode & 0o777 == 0o751
+
+
+def test_a15_a_script_changed_since_it_was_read_is_not_replaced(tmp_path: Path) -> None:
+    script = tmp_path / "gen.py"
+    script.write_bytes(b"edited on the host\n")
+    with pytest.raises(AgentOpError, match="changed since runwatch read it") as e:
+        script_install(
+            {"path": str(script), "expect_sha256": _sha(b"old\n"), "source_b64": _b64(b"new\n")}
+        )
+    assert e.value.kind == "changed"
+    assert script.read_bytes() == b"edited on the host\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen.py"]
+
+
+def test_a17_a_kept_copy_that_is_not_the_one_kept_is_not_put_back(tmp_path: Path) -> None:
+    script, kept = tmp_path / "gen.py", tmp_path / "gen.py.runwatch-0123456789ab"
+    script.write_bytes(b"new\n")
+    kept.write_bytes(b"something else\n")
+    with pytest.raises(AgentOpError, match="is not the script kept before"):
+        script_install(
+            {
+                "path": str(script),
+                "expect_sha256": _sha(b"new\n"),
+                "from_path": str(kept),
+                "from_sha256": _sha(b"old\n"),
+                "keep": False,
+            }
+        )
+    assert script.read_bytes() == b"new\n"
