@@ -873,6 +873,24 @@ def _apply_process(cfg: Path) -> Any:
     )
 
 
+def _watch_once(cfg: Path) -> list[str]:
+    """The lines of one tick of the watcher over ``cfg``."""
+    import asyncio
+
+    from supervisor.config import load_config
+    from supervisor.engine import Engine
+    from supervisor.watch import Watcher
+
+    lines: list[str] = []
+
+    async def once() -> None:
+        async with Engine(load_config(cfg)) as engine:
+            await Watcher(engine, emit=lines.append).tick()
+
+    asyncio.run(once())
+    return lines
+
+
 def _states(cfg: Path) -> dict[str, str]:
     return {
         r["name"]: r["state"]
@@ -907,6 +925,9 @@ def test_an_apply_killed_after_its_stop_leaves_its_plan_and_resume_rolls_it_back
     assert "half-applied" in text and "rebalance --apply --resume --yes" in text, text
     plan_now = _status(cfg)["plan"]
     assert plan_now["half_applied"] is True and "local" in plan_now["runs"], plan_now
+    # The watcher says and audits the plan half-applied, naming the fix.
+    said = "\n".join(_watch_once(cfg))
+    assert "half-applied" in said and "--resume" in said, said
     # A new apply refuses while the plan is half-applied, naming the fix.
     p = runwatch("-c", str(cfg), "rebalance", "--apply", "--yes")
     assert p.returncode != 0 and "--resume" in p.stderr, p.stdout + p.stderr
@@ -919,6 +940,8 @@ def test_an_apply_killed_after_its_stop_leaves_its_plan_and_resume_rolls_it_back
     assert states["local"] == "running" and states["cloud"] != "running", states
     assert _status(cfg)["plan"] is None or not _status(cfg)["plan"]["half_applied"]
     records = [json.loads(line) for line in audit_path().read_text().splitlines()]
+    seen = [r for r in records if r["action"] == "rebalance-half-applied"]
+    assert len(seen) == 1 and "local" in seen[0]["runs"], seen
     resumed = [r for r in records if r["action"] == "rebalance-resume"]
     assert len(resumed) == 1 and resumed[0]["ok"] is True, resumed
     assert resumed[0]["intent"]["steps"][0]["run"] == "local", resumed
