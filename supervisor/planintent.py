@@ -70,10 +70,13 @@ def intent_path(config: Config) -> Path:
 
 
 @contextlib.contextmanager
-def hold(config: Config, what: str) -> Iterator[None]:
+def hold(config: Config, what: str, *, resuming: bool = False) -> Iterator[None]:
     """Hold the config's plan lock while the block runs, or raise :class:`PlanBusy` at once
-    naming its holder (its pid, who, since when)."""
+    naming its holder (its pid, who, since when). Unless ``resuming``, a plan half-applied
+    (an intent left by an apply that was killed) refuses too, naming the command that rolls it
+    back."""
     from supervisor.audit import actor
+    from supervisor.events import command_prefix
 
     path = lock_path(config)
     private_dir(path.parent)
@@ -94,6 +97,12 @@ def hold(config: Config, what: str) -> Iterator[None]:
                 f"wait for pid {info.get('pid', '?')} to end (its steps are audited: "
                 "`runwatch audit`), then plan again",
             ) from None
+        left = None if resuming else read(config)
+        if left is not None:
+            raise PlanBusy(
+                f"a rebalance plan is half-applied (written by {left.by}): nothing done",
+                f"roll it back first: {command_prefix(config)} rebalance --apply --resume --yes",
+            )
         info = {"action": what, "by": actor(), "pid": os.getpid(), "since": time.time()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)

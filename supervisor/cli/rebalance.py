@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Iterator
@@ -103,7 +104,6 @@ def rebalance(
         gather_rebalance,
         hold_plan_lock,
         parse_deadline,
-        pending_plan,
     )
 
     deadline = parse_deadline(by) if by is not None else None
@@ -123,11 +123,6 @@ def rebalance(
         async with Engine(config) as engine:
             if resume:
                 return await _resume(engine, as_json)
-            if do_apply and (left := pending_plan(config)) is not None:
-                raise UsageError(
-                    f"a rebalance plan is half-applied (written by {left.by}): nothing done",
-                    f"roll it back first: {_resume_command(config)}",
-                )
             result = await gather_rebalance(
                 config,
                 engine,
@@ -164,7 +159,8 @@ def rebalance(
 
     if not do_apply:
         sys.exit(asyncio.run(main()))
-    with hold_plan_lock(config, "rebalance --apply" + (" --resume" if resume else "")):
+    what = "rebalance --apply" + (" --resume" if resume else "")
+    with hold_plan_lock(config, what, resuming=resume):
         sys.exit(asyncio.run(main()))
 
 
@@ -193,8 +189,6 @@ async def _resume(engine: Any, as_json: bool) -> int:
 
 
 def _resume_command(config: Any) -> str:
-    import shlex
-
     where = f" -c {shlex.quote(os.path.abspath(config.path))}" if config.path else ""
     return f"runwatch{where} rebalance --apply --resume --yes"
 
