@@ -123,11 +123,15 @@ if TYPE_CHECKING:
     )
     from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
     from supervisor.plan import Action, ActionResult, OnStep, Plan, Step
+    from supervisor.planintent import PlanBusy
+    from supervisor.planintent import hold as hold_plan_lock
+    from supervisor.planintent import read as pending_plan
     from supervisor.rebalance import Rebalance, parse_deadline
     from supervisor.rebalance import apply as apply_rebalance
     from supervisor.rebalance import checked_plan as plan_rebalance
     from supervisor.rebalance import describe as describe_rebalance
     from supervisor.rebalance import gather as gather_rebalance
+    from supervisor.rebalance import resume as resume_rebalance
     from supervisor.samples import LatestSamples, SamplePreview
     from supervisor.slurm import describe as describe_job
     from supervisor.supervision import Supervision, Tick
@@ -169,6 +173,10 @@ _LAZY: dict[str, str] = {
     "apply_rebalance": "supervisor.rebalance:apply",
     "describe_rebalance": "supervisor.rebalance:describe",
     "gather_rebalance": "supervisor.rebalance:gather",
+    "resume_rebalance": "supervisor.rebalance:resume",
+    "PlanBusy": "supervisor.planintent",
+    "hold_plan_lock": "supervisor.planintent:hold",
+    "pending_plan": "supervisor.planintent:read",
     "plan_rebalance": "supervisor.rebalance:checked_plan",
     "LatestSamples": "supervisor.samples",
     "SamplePreview": "supervisor.samples",
@@ -349,6 +357,9 @@ class Engine:
         """The applied rebalance plan against this snapshot (None when there is none)."""
         from supervisor import rebalance
 
+        half = rebalance.half_applied(self.config)
+        if half is not None:
+            return half
         if not rebalance.plan_path(self.config).exists():
             return None
         from supervisor.bench.history import load_history
@@ -1732,6 +1743,7 @@ __all__ = [
     "LogTail",
     "OnStep",
     "Plan",
+    "PlanBusy",
     "Rebalance",
     "SamplePreview",
     "ScanProgress",
@@ -1753,6 +1765,7 @@ __all__ = [
     "format_lines",
     "gather_comparison",
     "gather_rebalance",
+    "hold_plan_lock",
     "is_url",
     "load_history",
     "load_tokenizer",
@@ -1762,8 +1775,10 @@ __all__ = [
     "parse_deadline",
     "parse_sets",
     "parse_unsets",
+    "pending_plan",
     "plan_rebalance",
     "refuse_foreign",
+    "resume_rebalance",
     "run_files",
     "run_once",
     "run_sync",

@@ -511,6 +511,11 @@ class PlanProgress(msgspec.Struct, kw_only=True):
     """The deadline will pass (or passed) before the plan's datasets are done."""
     unwritten: list[str] = []
     """The plan's datasets left that no running run writes: they never finish as things are."""
+    half_applied: bool = False
+    """An apply of the plan was killed half-way (its intent is left, no apply holds the plan
+    lock): its runs are not as the plan or as before until ``rebalance --apply --resume``."""
+    runs: list[str] = []
+    """The runs a half-applied plan began to change (the watcher restarts none of them)."""
     text: str = ""
     """One line for the front ends."""
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -666,13 +667,16 @@ async def apply(
     result: Rebalance,
     *,
     on_step: Callable[[str], None] | None = None,
+    interrupted: Callable[[], bool] | None = None,
 ) -> list[StepOutcome]:
     """Carry the plan's steps out in order through the one gate (``engine.plan`` and
     ``engine.execute``: writers, format, quiet window), runs that give datasets away first, so a
     dataset never has two writers. The first step that fails stops the plan, and the steps done
-    before it are undone in reverse order (each run restarted with the datasets it had). Every
-    step and the whole plan are audited."""
-    from supervisor import audit
+    before it are undone in reverse order (each run restarted with the datasets it had); so does
+    ``interrupted()`` turning true (Ctrl-C), checked once the step under way has ended. The plan
+    is kept as an intent (:mod:`supervisor.planintent`) from before its first step until it is
+    applied or rolled back. Every step and the whole plan are audited."""
+    from supervisor import audit, planintent
 
     say = on_step or (lambda _line: None)
     if result.plan is not None and result.plan.meets_deadline is False:
@@ -691,8 +695,31 @@ async def apply(
     # The projection counts from here: planning and checking took what they took (a plan made
     # on the compare screen may be applied long after).
     started_at = time.time()
-    # 2. The steps, in order (givers first); the first failure stops the plan.
-    for st in result.steps if failed is None else []:
+    intent = planintent.PlanIntent(
+        written=started_at,
+        by=audit.actor(),
+        pid=os.getpid(),
+        steps=[
+            planintent.StepState(
+                run=st.run, action=st.action, datasets=st.datasets, previous=st.previous
+            )
+            for st in result.steps
+        ],
+        move_aside=result.move_aside,
+        allow_model_change=result.allow_model_change,
+    )
+    # 2. The steps, in order (givers first); the first failure stops the plan. The intent is
+    # on disk before anything stops, and says where the plan got to after each step.
+    for i, st in enumerate(result.steps if failed is None else []):
+        if interrupted is not None and interrupted():
+            failed = StepOutcome(
+                run="-", action="interrupt", ok=False, detail="interrupted", at=time.time()
+            )
+            outcomes.append(failed)
+            say("interrupted: rolling back the steps done")
+            break
+        intent.steps[i].state = "begun"
+        planintent.write(engine.config, intent)
         say(
             f"{st.action} {st.run}" + (f": datasets {','.join(st.datasets)}" if st.datasets else "")
         )
@@ -706,11 +733,17 @@ async def apply(
         )
         out.at = time.time()
         outcomes.append(out)
+        intent.steps[i].state = "done" if out.ok else "failed"
+        planintent.write(engine.config, intent)
         say(f"  {'ok' if out.ok else 'FAILED'}: {out.detail}")
         if not out.ok:
             failed = out
             break
         done.append((st, out))
+    if failed is None and result.steps and interrupted is not None and interrupted():
+        failed = StepOutcome(run="-", action="interrupt", ok=False, detail="interrupted")
+        outcomes.append(failed)
+        say("interrupted: rolling back the steps done")
     # 3. The plan's runs, confirmed: each run the plan gives datasets with work left to is
     # running once the steps are done, else the plan failed.
     if failed is None and result.plan is not None:
@@ -737,9 +770,14 @@ async def apply(
                 allow_model_change=result.allow_model_change,
             )
             out.rolled_back = undo.ok
+            if undo.ok:
+                intent.steps[result.steps.index(st)].state = "rolled back"
+                planintent.write(engine.config, intent)
             say(f"  {'ok' if undo.ok else 'FAILED'}: {undo.detail}")
     if failed is None:
         save_applied(engine.config, result, started_at)
+    if failed is None or all(out.rolled_back for _st, out in done):
+        planintent.remove(engine.config)  # applied, or undone: nothing is left half-way
     audit.record(
         "rebalance",
         config=engine.config.key,
@@ -750,6 +788,72 @@ async def apply(
         plan=msgspec.to_builtins(result.plan),
         deadline_s=result.deadline_s,
         max_usd=result.max_usd,
+        secrets=engine.secret_values(),
+    )
+    return outcomes
+
+
+async def resume(
+    engine: Any, *, on_step: Callable[[str], None] | None = None
+) -> list[StepOutcome] | None:
+    """Take up the plan an apply left half-applied (its intent; None when there is none): every
+    step it began or did, last first, is undone from what the runs are now (a run that ran before
+    the plan runs again with the datasets it had, one that did not is stopped). Audited as
+    ``rebalance-resume``; the intent is removed once every run is back as it was."""
+    from supervisor import audit, planintent
+
+    say = on_step or (lambda _line: None)
+    intent = planintent.read(engine.config)
+    if intent is None:
+        return None
+    outcomes: list[StepOutcome] = []
+    for st in reversed(intent.steps):
+        if st.state in ("pending", "rolled back"):
+            continue
+        ran_before = st.action in ("stop", "restart")
+        snap = await engine.refresh()
+        view = next((r for h in snap.hosts for r in h.runs if r.name == st.run), None)
+        running = view is not None and view.process is not None
+        if not ran_before:
+            say(f"rolling back {st.action} {st.run} ({st.state}): stop {st.run}")
+            out = (
+                await _stop(engine, st.run)
+                if running
+                else StepOutcome(run=st.run, action="stop", ok=True, detail="not running")
+            )
+        else:
+            back = "restart" if running else "launch"
+            say(
+                f"rolling back {st.action} {st.run} ({st.state}): {back} {st.run}: datasets "
+                f"{','.join(st.previous)}"
+            )
+            out = await _carry_out(
+                engine,
+                st.run,
+                back,
+                st.previous,
+                intent.move_aside,
+                force=True,
+                allow_model_change=intent.allow_model_change,
+            )
+        out.at = time.time()
+        out.rolled_back = out.ok
+        outcomes.append(out)
+        say(f"  {'ok' if out.ok else 'FAILED'}: {out.detail}")
+        if out.ok:
+            st.state = "rolled back"
+            planintent.write(engine.config, intent)
+    ok = all(o.ok for o in outcomes)
+    if ok:
+        planintent.remove(engine.config)
+    audit.record(
+        "rebalance-resume",
+        config=engine.config.key,
+        host="-",
+        run=None,
+        ok=ok,
+        steps=[msgspec.to_builtins(o) for o in outcomes],
+        intent=msgspec.to_builtins(intent),
         secrets=engine.secret_values(),
     )
     return outcomes
@@ -1147,6 +1251,33 @@ def progress(config: Config, snapshot: Snapshot, comparison: Comparison) -> Plan
         )
     )
     return out
+
+
+def half_applied(config: Config) -> PlanProgress | None:
+    """A plan an apply left half-applied (its intent, and no apply holds the plan lock), as the
+    front ends show it: what it did and the command that rolls it back; None when there is none
+    (or it cannot be read: ``rebalance --apply --resume`` says why)."""
+    from supervisor import planintent
+    from supervisor.events import command_prefix
+    from supervisor.model import PlanProgress
+
+    try:
+        intent = planintent.read(config)
+    except (OSError, RunwatchError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if intent is None or planintent.applying(config):
+        return None
+    resume = f"{command_prefix(config)} rebalance --apply --resume --yes"
+    return PlanProgress(
+        applied_at=intent.written,
+        started_at=intent.written,
+        datasets=sorted({d for s in intent.steps for d in s.datasets}, key=_natural),
+        projected_end=intent.written,
+        will_miss=True,
+        half_applied=True,
+        runs=planintent.runs_of(intent),
+        text=planintent.describe(intent, resume),
+    )
 
 
 def _clock(t: float) -> str:

@@ -173,6 +173,8 @@ class Watcher:
         """What the refresh under way is doing (for the notes of a long one)."""
         self.started = self.supervision.stops.started
         self._audit_error: str | None = None
+        self._half_seen: float | None = None
+        """The half-applied plan said and audited (its intent's time), if any."""
 
     @property
     def stops(self) -> StopLedger:
@@ -269,8 +271,9 @@ class Watcher:
         events[:0] = reloaded
         self.doing = "restarts on failure"
         # What the refresh saw is shown and alerted whatever the restarts meet (W22).
+        held = self._half_applied(snap)
         try:
-            events += self.restarts.observe(events)
+            events += self.restarts.observe(e for e in events if e.run not in held)
             # A kill from any runwatch process cancels a pending restart (in memory too).
             self.restarts.cancelled(self.stops.take_cancels())
             # Started off this loop; the events of the ones that ended since the last refresh.
@@ -292,6 +295,30 @@ class Watcher:
         self.ticks += 1
         self._tick_line(snap)
         return events
+
+    def _half_applied(self, snap: Snapshot) -> set[str]:
+        """The runs of a rebalance plan an apply left half-applied: said and audited once per
+        plan; no restart on failure of them is made against it (``rebalance --apply --resume``
+        puts them back as they were)."""
+        from supervisor import audit
+
+        plan = snap.plan
+        if plan is None or not plan.half_applied:
+            self._half_seen = None
+            return set()
+        if plan.applied_at != self._half_seen:
+            self._half_seen = plan.applied_at
+            self.note(f"{plan.text}; no restart on failure of {', '.join(plan.runs)} until then")
+            audit.record(
+                "rebalance-half-applied",
+                config=self.engine.config.key,
+                host="-",
+                run=None,
+                ok=False,
+                runs=plan.runs,
+                detail=plan.text,
+            )
+        return set(plan.runs)
 
     async def _reload(self) -> list[Event]:
         """The config file read again when it changed (``supervisor.reload``): taken, with what

@@ -4,7 +4,12 @@ a deadline under a cost cap, and carry the split out through the gate."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import shlex
+import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -56,6 +61,12 @@ from supervisor.errors import UsageError
     help="Carry the plan out: restart or launch each run with the datasets it keeps or takes "
     "(runs that give datasets away first); a failed step rolls back the steps before it.",
 )
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="With --apply: take up the plan an apply left half-applied (it was killed) and roll "
+    "back what it began, each run as it was before the plan.",
+)
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation (with --apply).")
 @json_option
 def rebalance(
@@ -66,6 +77,7 @@ def rebalance(
     move_aside: bool,
     allow_change: tuple[str, ...],
     do_apply: bool,
+    resume: bool,
     yes: bool,
     as_json: bool,
 ) -> None:
@@ -80,12 +92,17 @@ def rebalance(
     client's dataset flag, and a dataset resumes from its records in the run that takes it.
     Every start of the plan passes the gate's checks (dry) before the plan is shown: a move they
     refuse is listed with their reason, never proposed.
+
+    One apply at a time per config. An apply keeps its plan on disk while it runs: one that was
+    killed leaves it half-applied, and `--apply --resume` rolls it back. Ctrl-C during an apply
+    rolls back the steps done (exit status 130).
     """
     from supervisor.engine import (
         Engine,
         apply_rebalance,
         describe_rebalance,
         gather_rebalance,
+        hold_plan_lock,
         parse_deadline,
     )
 
@@ -97,10 +114,15 @@ def rebalance(
             "refusing to apply without confirmation: no terminal to ask on",
             "pass --yes to confirm, or leave out --apply to see the plan",
         )
+    if resume and not do_apply:
+        raise UsageError("--resume goes with --apply", "runwatch rebalance --apply --resume --yes")
     config = get_config(config_path, need="runs", act=do_apply)
+    stop = _Interrupt()
 
     async def main() -> int:
         async with Engine(config) as engine:
+            if resume:
+                return await _resume(engine, as_json)
             result = await gather_rebalance(
                 config,
                 engine,
@@ -121,17 +143,81 @@ def rebalance(
             if not yes and not click.confirm("apply these steps?", default=False):
                 click.echo("nothing done", err=True)
                 return 1
-            outcomes = await apply_rebalance(
-                engine, result, on_step=None if as_json else click.echo
-            )
+            with stop.caught(asyncio.get_running_loop()):
+                outcomes = await apply_rebalance(
+                    engine,
+                    result,
+                    on_step=None if as_json else click.echo,
+                    interrupted=lambda: stop.seen,
+                )
             ok = all(o.ok for o in outcomes)
             if as_json:
                 print_json({"plan": result, "steps": outcomes, "ok": ok})
             else:
                 click.echo(_closing(outcomes, ok))
-            return 0 if ok else 1
+            return 130 if stop.seen else (0 if ok else 1)
 
-    sys.exit(asyncio.run(main()))
+    if not do_apply:
+        sys.exit(asyncio.run(main()))
+    what = "rebalance --apply" + (" --resume" if resume else "")
+    with hold_plan_lock(config, what, resuming=resume):
+        sys.exit(asyncio.run(main()))
+
+
+async def _resume(engine: Any, as_json: bool) -> int:
+    from supervisor.engine import resume_rebalance
+
+    outcomes = await resume_rebalance(engine, on_step=None if as_json else click.echo)
+    if outcomes is None:
+        if as_json:
+            print_json({"resumed": False, "steps": [], "ok": True})
+        else:
+            click.echo("no rebalance plan is half-applied: nothing to resume")
+        return 0
+    ok = all(o.ok for o in outcomes)
+    if as_json:
+        print_json({"resumed": True, "steps": outcomes, "ok": ok})
+    else:
+        click.echo(
+            "plan rolled back: every run it began to change is as it was"
+            if ok
+            else "the rollback FAILED for "
+            + ", ".join(o.run for o in outcomes if not o.ok)
+            + f": see above; try again with {_resume_command(engine.config)}"
+        )
+    return 0 if ok else 1
+
+
+def _resume_command(config: Any) -> str:
+    where = f" -c {shlex.quote(os.path.abspath(config.path))}" if config.path else ""
+    return f"runwatch{where} rebalance --apply --resume --yes"
+
+
+class _Interrupt:
+    """Ctrl-C (SIGINT) or SIGTERM during an apply: noted, and the apply rolls back once the step
+    under way has ended; a second one is told to wait for that."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def _note(self) -> None:
+        if self.seen:
+            click.echo("still rolling back: the runs are put back as they were", err=True)
+            return
+        self.seen = True
+        click.echo(
+            "interrupted: the step under way ends, then the steps done are rolled back", err=True
+        )
+
+    @contextlib.contextmanager
+    def caught(self, loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._note)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
 
 
 def _closing(outcomes: list[Any], ok: bool) -> str:

@@ -812,3 +812,187 @@ def test_status_says_a_plan_dataset_no_running_run_writes_never_finishes(
     assert plan_now["will_miss"] is True, plan_now
     assert "never (B4: no running run writes it)" in plan_now["text"], plan_now
     assert "WILL MISS the deadline" in plan_now["text"], plan_now
+
+
+# --------------------------------------------------------------------------- a plan half-applied
+
+
+def _stopping_plan(tmp_path: Path, mock_server: Any, kill_runs_in: list[Path]) -> Path:
+    """The GPU run running (B1-B3), the API run stopped (B4) and much faster, both of one
+    model: the fastest plan stops the GPU run first and launches the API run with everything.
+    Returns the config once a plan (not yet applied) is made."""
+    from tests.fixtures_actions import API_KEY, runwatch
+
+    local = mock_server(capacity_tps=100.0, mean_tokens=100, length_sigma=0.2, seed=1)
+    api = mock_server(
+        capacity_tps=1000.0, mean_tokens=100, length_sigma=0.2, seed=2, api_key=API_KEY,
+        price_in=0.0, price_out=PRICE_OUT,
+    )  # fmt: skip
+    cfg = _two_run_config(tmp_path, local.url, api.url)
+    kill_runs_in.append(tmp_path / "work")
+    p = runwatch("-c", str(cfg), "launch", "local", "--yes")
+    assert p.returncode == 0, p.stdout + p.stderr
+    _bench(cfg, "gpu", "B1")
+    _bench(cfg, "api", "B4")
+
+    def planned() -> dict[str, Any] | None:
+        out = json.loads(runwatch("-c", str(cfg), "rebalance", "--json").stdout or "{}")
+        return None if "no throughput measured" in str(out.get("refused")) else dict(out)
+
+    result = wait_until(planned, timeout=240, interval=0.5)
+    assert result["steps"] and result["steps"][0]["run"] == "local", result
+    assert result["steps"][0]["action"] in ("stop", "restart"), result["steps"]
+    return cfg
+
+
+def _intent(cfg: Path) -> dict[str, Any] | None:
+    from supervisor.config import load_config
+    from supervisor.paths import config_state
+
+    path = config_state(load_config(cfg).key) / "rebalance-intent.json"
+    try:
+        return dict(json.loads(path.read_text()))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _first_step_done(cfg: Path) -> dict[str, Any] | None:
+    intent = _intent(cfg)
+    return intent if intent is not None and intent["steps"][0]["state"] == "done" else None
+
+
+def _apply_process(cfg: Path) -> Any:
+    import subprocess
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "supervisor.cli", "-c", str(cfg), "rebalance", "--apply", "--yes"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _watch_once(cfg: Path) -> list[str]:
+    """The lines of one tick of the watcher over ``cfg``."""
+    import asyncio
+
+    from supervisor.config import load_config
+    from supervisor.engine import Engine
+    from supervisor.watch import Watcher
+
+    lines: list[str] = []
+
+    async def once() -> None:
+        async with Engine(load_config(cfg)) as engine:
+            await Watcher(engine, emit=lines.append).tick()
+
+    asyncio.run(once())
+    return lines
+
+
+def _states(cfg: Path) -> dict[str, str]:
+    return {
+        r["name"]: r["state"]
+        for h in _status(cfg)["hosts"]
+        for r in h["runs"]
+        if r.get("configured", True)
+    }
+
+
+def test_an_apply_killed_after_its_stop_leaves_its_plan_and_resume_rolls_it_back(
+    tmp_path: Path, state_home: Path, mock_server: Any, kill_runs_in: list[Path]
+) -> None:
+    """``rebalance --apply`` SIGKILLed right after its first step stopped the GPU run: the plan
+    is left on disk, status says it is half-applied with the command that takes it up, and
+    ``--apply --resume`` puts the runs back as they were (the GPU run running, the API run
+    stopped), audited; the intent is then gone."""
+    from supervisor.audit import audit_path
+    from tests.fixtures_actions import runwatch
+
+    cfg = _stopping_plan(tmp_path, mock_server, kill_runs_in)
+    before = _pids(cfg)
+    assert before["local"] is not None and before["cloud"] is None, before
+    proc = _apply_process(cfg)
+    try:
+        wait_until(lambda: _first_step_done(cfg), timeout=240, interval=0.05)
+    finally:
+        proc.kill()
+        proc.communicate()
+    intent = _intent(cfg)
+    assert intent is not None and intent["steps"][0]["state"] == "done", intent
+    text = runwatch("-c", str(cfg), "status").stdout
+    assert "half-applied" in text and "rebalance --apply --resume --yes" in text, text
+    plan_now = _status(cfg)["plan"]
+    assert plan_now["half_applied"] is True and "local" in plan_now["runs"], plan_now
+    # The watcher says and audits the plan half-applied, naming the fix.
+    said = "\n".join(_watch_once(cfg))
+    assert "half-applied" in said and "--resume" in said, said
+    # A new apply refuses while the plan is half-applied, naming the fix.
+    p = runwatch("-c", str(cfg), "rebalance", "--apply", "--yes")
+    assert p.returncode != 0 and "--resume" in p.stderr, p.stdout + p.stderr
+    p = runwatch("-c", str(cfg), "rebalance", "--apply", "--resume", "--yes", "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = json.loads(p.stdout)
+    assert out["resumed"] is True and out["ok"] is True, out
+    assert _intent(cfg) is None
+    states = _states(cfg)
+    assert states["local"] == "running" and states["cloud"] != "running", states
+    assert _status(cfg)["plan"] is None or not _status(cfg)["plan"]["half_applied"]
+    records = [json.loads(line) for line in audit_path().read_text().splitlines()]
+    seen = [r for r in records if r["action"] == "rebalance-half-applied"]
+    assert len(seen) == 1 and "local" in seen[0]["runs"], seen
+    resumed = [r for r in records if r["action"] == "rebalance-resume"]
+    assert len(resumed) == 1 and resumed[0]["ok"] is True, resumed
+    assert resumed[0]["intent"]["steps"][0]["run"] == "local", resumed
+
+
+def test_ctrl_c_during_apply_rolls_back_and_exits_130_without_a_traceback(
+    tmp_path: Path, state_home: Path, mock_server: Any, kill_runs_in: list[Path]
+) -> None:
+    """SIGINT once the first step stopped the GPU run: the step under way ends, the steps done
+    are rolled back (the GPU run running again, the API run stopped), the output says so, the
+    exit status is 130, stderr holds no traceback and no plan is left half-applied."""
+    import signal
+
+    cfg = _stopping_plan(tmp_path, mock_server, kill_runs_in)
+    proc = _apply_process(cfg)
+    try:
+        wait_until(lambda: _first_step_done(cfg), timeout=240, interval=0.05)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (proc.returncode, stdout, stderr)
+    assert "Traceback" not in stderr, stderr
+    assert "interrupted" in stderr and "rolling back" in stdout, (stdout, stderr)
+    assert "every step done was rolled back" in stdout, stdout
+    assert _intent(cfg) is None
+    states = _states(cfg)
+    assert states["local"] == "running" and states["cloud"] != "running", states
+
+
+def test_a_second_apply_at_once_is_refused_naming_the_first_and_touches_nothing(
+    tmp_path: Path, state_home: Path, mock_server: Any, kill_runs_in: list[Path]
+) -> None:
+    """While one apply carries its plan out, a second apply of the config refuses at once,
+    naming the first's pid; the first's plan completes untouched (exit 0: the API run running
+    with every dataset, the GPU run stopped)."""
+    from tests.fixtures_actions import runwatch
+
+    cfg = _stopping_plan(tmp_path, mock_server, kill_runs_in)
+    first = _apply_process(cfg)
+    try:
+        wait_until(lambda: _intent(cfg), timeout=240, interval=0.05)
+        second = runwatch("-c", str(cfg), "rebalance", "--apply", "--yes")
+        stdout, stderr = first.communicate(timeout=240)
+    finally:
+        first.kill()
+    assert second.returncode != 0, second.stdout + second.stderr
+    assert f"pid {first.pid}" in second.stderr, second.stderr
+    assert "another rebalance is being applied" in second.stderr, second.stderr
+    assert first.returncode == 0, (stdout, stderr)
+    assert "plan applied" in stdout and "rolling back" not in stdout, stdout
+    assert _intent(cfg) is None
+    states = _states(cfg)
+    assert states["cloud"] == "running", states

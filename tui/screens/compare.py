@@ -365,11 +365,13 @@ class CompareScreen(Screen[None]):
 
     @work(exclusive=True, group="rebalance", exit_on_error=False)
     async def _apply(self, result: Rebalance) -> None:
-        from supervisor.engine import apply_rebalance
+        from supervisor.engine import apply_rebalance, hold_plan_lock
 
         lines: list[str] = []
         try:
-            outcomes = await apply_rebalance(self.rw.engine, result, on_step=lines.append)
+            # One apply at a time per config, from any front end (a second one refuses).
+            with hold_plan_lock(self.rw.config, "rebalance --apply (dashboard)"):
+                outcomes = await apply_rebalance(self.rw.engine, result, on_step=lines.append)
         except Exception as e:  # shown on the screen, never lost
             lines.append(f"FAILED: {error_text(e)}")
             outcomes = []
