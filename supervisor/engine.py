@@ -580,7 +580,7 @@ class Engine:
             if found is not None
             else f"an unreadable intent ({intents.path_of(self.config, run)})"
         )
-        text = f"pending restart on failure cancelled by {why}: {what}"
+        text = f"cancelled the pending restart of {run} ({why}): {what}"
         audit.record(
             "restart-cancelled",
             config=self.config.key,

@@ -1,5 +1,6 @@
 """A kill cancels the watcher's intents (W31), a restart begun by a watcher SIGKILLed at that
-instant is audited by the next one (W32), and a signalled death says its signal.
+instant is audited by the next one (W32), a signalled death says its signal (W33), and a kill
+that waits for a restart under way stops the run it started (W35).
 
 Real watchers (``runwatch watch`` processes), real demo runs, the real ``runwatch kill`` CLI and
 the audit log."""
@@ -61,7 +62,7 @@ def test_w31_a_kill_during_the_backoff_cancels_the_restart_in_this_watcher_and_t
     killed = runwatch(demo, "kill", "demo", "--yes")
     assert killed.returncode == 0, killed.stdout + killed.stderr
     assert "is not running" in killed.stderr
-    assert "pending restart on failure cancelled by kill: restart 1 (run-died:" in killed.stderr
+    assert "cancelled the pending restart of demo (kill): restart 1 (run-died:" in killed.stderr
     assert not intent_file(demo).exists()
     cancelled = [r for r in audit.read() if r["action"] == "restart-cancelled"]
     assert len(cancelled) == 1 and cancelled[0]["run"] == "demo" and cancelled[0]["ok"] is True
@@ -172,3 +173,73 @@ def test_w32_a_restart_begun_by_a_watcher_killed_at_that_instant_is_audited_by_t
     second.send_signal(signal.SIGTERM)
     assert second.wait(30) == 0
     assert "Traceback" not in text(first_out) + text(second_out)
+
+
+def test_w35_a_kill_that_waits_for_a_restart_under_way_stops_the_run_it_started(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    spawn: Callable[..., Any],
+) -> None:
+    """A restart on failure under way (begun, in its quiet window: the run not up yet, its lock
+    held) when ``runwatch kill`` lists the host: the kill waits for the lock, then stops the run
+    the restart started, instead of saying "not running" and leaving it up."""
+    import asyncio
+    import threading
+
+    from supervisor import intents, runlock
+    from supervisor.config import load_config
+    from supervisor.engine import Engine
+    from supervisor.steps import execute as execute_plan
+
+    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300, run_toml=BACKOFF.format(backoff=6))
+    kill_runs_in.append(demo.workdir)
+    config = load_config(demo.config_path)
+    now = time.time()
+    intents.write(
+        config,
+        intents.Intent(
+            run="demo", host="local", attempt=1, not_before=now, reason="run-died: earlier",
+            written=now - 6, by="a watcher", started=now, started_by="a watcher",
+        ),
+    )  # fmt: skip
+    held, go = threading.Event(), threading.Event()
+    launched: list[Any] = []
+
+    async def restart_under_way() -> None:
+        # What Engine.execute does for a restart: the run's lock, then the plan's steps.
+        engine = Engine(config)
+        try:
+            async with runlock.hold(config, "demo", 60, "launch"):
+                held.set()
+                while not go.is_set():
+                    await asyncio.sleep(0.02)
+                plan = await engine.plan("demo", action="launch")
+                launched.append(await execute_plan(engine, plan))
+        finally:
+            await engine.aclose()
+
+    restart = threading.Thread(target=asyncio.run, args=(restart_under_way(),))
+    restart.start()
+    try:
+        held.wait(30)
+        err = tmp_path / "kill.err"
+        kill = spawn(
+            [sys.executable, "-m", "supervisor.cli", "-c", str(demo.config_path),
+             "kill", "demo", "--yes"],
+            stdout=subprocess.DEVNULL, stderr=err.open("wb"),
+        )  # fmt: skip
+        wait_until(lambda: "waiting for another runwatch action" in text(err), 60, what="a wait")
+        assert run_pids(demo.workdir) == []
+    finally:
+        go.set()
+        restart.join(180)
+    assert launched and launched[0].ok, launched
+    assert kill.wait(180) == 0, text(err)
+    assert run_pids(demo.workdir) == [], text(err)
+    assert "started by another runwatch action while this kill waited" in text(err)
+    assert "cancelled the pending restart of demo (kill): restart 1" in text(err)
+    kills = [r for r in audit.read() if r["action"] == "kill"]
+    assert [(r["run"], r["ok"]) for r in kills] == [("demo", True)], kills
+    assert not intent_file(demo).exists()
