@@ -243,3 +243,48 @@ def test_w35_a_kill_that_waits_for_a_restart_under_way_stops_the_run_it_started(
     kills = [r for r in audit.read() if r["action"] == "kill"]
     assert [(r["run"], r["ok"]) for r in kills] == [("demo", True)], kills
     assert not intent_file(demo).exists()
+
+
+def test_w33_a_death_of_a_run_started_by_hand_says_its_end_is_unknown_not_the_last_launchs(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    spawn: Callable[..., Any],
+) -> None:
+    """Launched by runwatch and killed (its waiter recorded SIGKILL), then started again by hand
+    and killed by SIGSEGV: no waiter recorded that end, so the death says it is unknown, never
+    the earlier launch's signal. A launched run's SIGSEGV is named as such."""
+    from tests.fixtures_actions import API_KEY, KEY_ENV
+
+    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300)
+    kill_runs_in.append(demo.workdir)
+    os.kill(launch(demo), signal.SIGKILL)
+    wait_until(lambda: run_pids(demo.workdir) == [], 30, what="the launched run gone")
+    by_hand = spawn(
+        demo.argv, cwd=demo.workdir, env={**os.environ, KEY_ENV: API_KEY},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    wait_until(lambda: run_pids(demo.workdir) == [by_hand.pid], 30, what="the run by hand")
+    out = tmp_path / "watch.out"
+    watcher = start(spawn, demo.config_path, out)
+    wait_until(lambda: "first refresh: running demo" in text(out), 60, what="a refresh")
+    by_hand.send_signal(signal.SIGSEGV)
+    wait_until(lambda: "Run stopped" in text(out), 30, what="the death's event")
+    line = next(li for li in text(out).splitlines() if "Run stopped" in li)
+    assert "how it ended unknown (runwatch did not start it" in line, line
+    assert "SIGKILL" not in line and "signal" not in line, line
+
+    # Launched by runwatch: its waiter recorded the signal, named in the event.
+    pid = launch(demo)
+    wait_until(
+        lambda: "1 run(s) running" in text(out).split("Run stopped", 1)[1],
+        60,
+        what="the launch seen",
+    )
+    os.kill(pid, signal.SIGSEGV)
+    wait_until(lambda: text(out).count("Run stopped") >= 2, 30, what="the second death")
+    second = [li for li in text(out).splitlines() if "Run stopped" in li][1]
+    assert "died (signal 11, SIGSEGV)" in second, second
+    watcher.send_signal(signal.SIGTERM)
+    assert watcher.wait(30) == 0
