@@ -317,11 +317,7 @@ class AutoRestart:
         """The audit record of a restart a previous watcher began and never recorded."""
         it, st.begun = st.begun, None
         assert it is not None
-        how = (
-            "the run is running: the restart was made"
-            if running
-            else "the run is not running: the restart was interrupted and is made again"
-        )
+        again = "" if running else " and is made again"
         self._audit(
             name,
             config=self.engine.config.key,
@@ -329,7 +325,7 @@ class AutoRestart:
             run=name,
             ok=running,
             reconciled=True,
-            detail=f"{intents.describe(it)}, by a watcher that ended before recording it; {how}",
+            detail=intents.begun_outcome(it, running) + again,
         )
 
     def _ended(self) -> list[Event]:

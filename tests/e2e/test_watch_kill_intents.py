@@ -201,7 +201,7 @@ def test_w35_a_kill_that_waits_for_a_restart_under_way_stops_the_run_it_started(
         config,
         intents.Intent(
             run="demo", host="local", attempt=1, not_before=now, reason="run-died: earlier",
-            written=now - 6, by="a watcher", started=now, started_by="a watcher",
+            written=now - 6, by="a watcher", started=now, started_by=audit.actor(),
         ),
     )  # fmt: skip
     held, go = threading.Event(), threading.Event()
@@ -239,10 +239,13 @@ def test_w35_a_kill_that_waits_for_a_restart_under_way_stops_the_run_it_started(
     assert kill.wait(180) == 0, text(err)
     assert run_pids(demo.workdir) == [], text(err)
     assert "started by another runwatch action while this kill waited" in text(err)
-    assert "cancelled the pending restart of demo (kill): restart 1" in text(err)
     kills = [r for r in audit.read() if r["action"] == "kill"]
     assert [(r["run"], r["ok"]) for r in kills] == [("demo", True)], kills
     assert not intent_file(demo).exists()
+    # The restart was made by a live process (this one, as a watcher would be): it audits its
+    # own outcome; the kill records no outcome of it and cancelled nothing.
+    others = [r for r in audit.read() if r["action"] not in ("kill", "launch")]
+    assert not others and not [r for r in audit.read() if r.get("reconciled")], others
 
 
 def test_w33_a_death_of_a_run_started_by_hand_says_its_end_is_unknown_not_the_last_launchs(
@@ -288,3 +291,55 @@ def test_w33_a_death_of_a_run_started_by_hand_says_its_end_is_unknown_not_the_la
     assert "died (signal 11, SIGSEGV)" in second, second
     watcher.send_signal(signal.SIGTERM)
     assert watcher.wait(30) == 0
+
+
+def test_w32_a_kill_before_the_next_watcher_audits_the_begun_restart_by_what_it_finds(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    spawn: Callable[..., Any],
+) -> None:
+    """The watcher SIGKILLed at the instant its restart begins, then `runwatch kill` before any
+    next watcher: the kill audits the begun restart by what it finds (made: the run was running
+    and is stopped; interrupted: it was not), once, and no later watcher audits or makes it."""
+    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300, run_toml=BACKOFF.format(backoff=2))
+    kill_runs_in.append(demo.workdir)
+    pid = launch(demo)
+    first_out = tmp_path / "first.out"
+    first = start(spawn, demo.config_path, first_out)
+    wait_until(lambda: "first refresh: running demo" in text(first_out), 60, what="a refresh")
+    os.kill(pid, signal.SIGKILL)
+
+    def begun() -> dict[str, Any] | None:
+        try:
+            it = json.loads(intent_file(demo).read_text())
+        except (OSError, ValueError):
+            return None
+        return it if it.get("started") is not None else None
+
+    wait_until(begun, 90, what="the intent marked started", interval=0.002)
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+
+    killed = runwatch(demo, "kill", "demo", "--yes")
+    stopped = [r for r in audit.read() if r["action"] == "kill" and r["ok"]]
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    (rec,) = [r for r in audit.read() if r["action"] == "auto-restart"]
+    assert rec.get("reconciled") is True and rec["ok"] is bool(stopped), rec
+    assert "restart 1 (run-died:" in rec["detail"]
+    assert "by a watcher that ended before recording it" in rec["detail"]
+    made = "the run is running: the restart was made"
+    assert (made if stopped else "the restart was interrupted") in rec["detail"], rec
+    cancels = [r for r in audit.read() if r["action"] == "restart-cancelled"]
+    assert len(cancels) == (0 if stopped else 1), cancels
+    assert not intent_file(demo).exists() and run_pids(demo.workdir) == []
+
+    second_out = tmp_path / "second.out"
+    second = start(spawn, demo.config_path, second_out)
+    wait_until(lambda: "refresh 3:" in text(second_out), 60, what="the second watcher's refreshes")
+    assert "begun by a watcher" not in text(second_out) and "took over" not in text(second_out)
+    assert len([r for r in audit.read() if r["action"] == "auto-restart"]) == 1
+    assert run_pids(demo.workdir) == []
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(30) == 0
