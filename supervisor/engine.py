@@ -559,6 +559,24 @@ class Engine:
         async with runlock.hold(self.config, run, wait, why, on_wait):
             return self._cancel_restarts(run, why, running=False)
 
+    def record_stopped(self, run: str, why: str = "kill") -> str:
+        """A kill of ``run`` found it not running and nothing pending: recorded all the same
+        (``restart-cancelled``), so that a watcher that has yet to see it gone does not
+        restart it (``AutoRestart.cancelled``). Returns what the user is told."""
+        text = (
+            f"no restart of {run} pending; recorded as stopped by {why}: a watcher that has yet "
+            "to see it gone does not restart it"
+        )
+        audit.record(
+            "restart-cancelled",
+            config=self.config.key,
+            host=self.config.run(run).host,
+            run=run,
+            ok=True,
+            detail=text,
+        )
+        return text
+
     def _cancel_restarts_before_kill(self, run: str) -> None:
         """A kill cancels the run's pending restart; a state dir that refuses it (its intent
         or its audit record) never keeps the kill from being sent."""

@@ -388,6 +388,9 @@ class FixedEngine:
     ) -> str | None:
         return None  # no watcher intends anything for the fixed runs
 
+    def record_stopped(self, run: str, why: str = "kill") -> str:
+        return f"no restart of {run} pending"
+
     async def check_run(
         self, run: str, argv: list[str] | None = None, *, tokens: bool = False
     ) -> list[dict[str, Any]]:

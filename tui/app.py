@@ -320,7 +320,8 @@ class RunwatchApp(App[None]):
             self.notify(f"{name}: the pending restart not cancelled: {e}", severity="error")
             return
         if cancelled is None:
-            self.notify(f"{name} is not running: nothing to kill.", severity="warning")
+            note = f" ({self.engine.record_stopped(name)})" if configured else ""
+            self.notify(f"{name} is not running: nothing to kill{note}.", severity="warning")
         else:
             self.notify(f"{name} is not running; {cancelled}.", severity="information")
 

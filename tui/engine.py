@@ -55,6 +55,11 @@ class EngineLike(Protocol):
         audited; what was cancelled, or None when nothing was pending."""
         ...
 
+    def record_stopped(self, run: str, why: str = "kill") -> str:
+        """A kill of a run found not running with nothing pending, recorded (audited) so that a
+        watcher yet to see it gone does not restart it; what the user is told."""
+        ...
+
     async def check_run(
         self, run: str, argv: list[str] | None = None, *, tokens: bool = False
     ) -> list[dict[str, Any]]:

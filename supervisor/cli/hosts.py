@@ -306,6 +306,7 @@ async def _kill(
                 raise
             except RunwatchError:
                 if cancelled is None:
+                    click.echo(f"{engine.record_stopped(run)}", err=True)
                     raise e from None
                 return []
             click.echo(

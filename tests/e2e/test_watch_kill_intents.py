@@ -343,3 +343,47 @@ def test_w32_a_kill_before_the_next_watcher_audits_the_begun_restart_by_what_it_
     assert run_pids(demo.workdir) == []
     second.send_signal(signal.SIGTERM)
     assert second.wait(30) == 0
+
+
+def test_w31_a_kill_of_a_dead_run_before_the_watcher_saw_it_gone_is_not_restarted(
+    tmp_path: Path,
+    state_home: Path,
+    slow_endpoint: Any,
+    kill_runs_in: list[Path],
+    spawn: Callable[..., Any],
+) -> None:
+    """The run dies while the watcher is held up (SIGSTOP: a laptop's suspended process, a
+    refresh stuck behind a host), and `runwatch kill` finds it not running with nothing
+    pending: the kill is recorded, and the watcher, seeing the death afterwards, alerts it but
+    does not restart what the user stopped."""
+    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300, run_toml=BACKOFF.format(backoff=1))
+    kill_runs_in.append(demo.workdir)
+    pid = launch(demo)
+    out = tmp_path / "watch.out"
+    watcher = start(spawn, demo.config_path, out)
+    wait_until(lambda: "first refresh: running demo" in text(out), 60, what="a refresh")
+    watcher.send_signal(signal.SIGSTOP)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: run_pids(demo.workdir) == [], 30, what="the run gone")
+        killed = runwatch(demo, "kill", "demo", "--yes")
+        assert "is not running" in killed.stderr, killed.stderr
+        assert "recorded as stopped by kill" in killed.stderr, killed.stderr
+        assert not intent_file(demo).exists()
+    finally:
+        watcher.send_signal(signal.SIGCONT)
+    wait_until(lambda: "Run stopped" in text(out), 60, what="the death seen")
+    wait_until(
+        lambda: "demo: not restarted: stopped by" in text(out),
+        60,
+        what="the watcher not restarting that death",
+    )
+    # Well past its 1 s backoff (ten refreshes of 0.3 s): nothing was started, nothing is left.
+    ticks = text(out).count("refresh ")
+    wait_until(lambda: text(out).count("refresh ") >= ticks + 10, 60, what="ten more refreshes")
+    assert run_pids(demo.workdir) == [] and not intent_file(demo).exists()
+    assert not [r for r in audit.read() if r["action"] == "auto-restart"]
+    assert len([r for r in audit.read() if r["action"] == "launch"]) == 1, "a restart was made"
+    watcher.send_signal(signal.SIGTERM)
+    assert watcher.wait(30) == 0
+    assert "Traceback" not in text(out)
