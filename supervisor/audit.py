@@ -88,6 +88,22 @@ def by_this_process(entry: dict[str, Any]) -> bool:
     )
 
 
+def actor_alive(by: str) -> bool:
+    """Whether the process an ``actor()`` text names is alive on this machine (False for one
+    that ended, or of another machine: what it did is all its records say)."""
+    parts = by.split(", ")
+    if len(parts) < 2 or not parts[0].endswith(f"@{socket.gethostname()}"):
+        return False
+    try:
+        pid = int(parts[1].removeprefix("pid "))
+        os.kill(pid, 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def record(
     action: str,
     *,

@@ -31,9 +31,12 @@ gives up on keeps its intent for the next watcher.
 
 A kill of the run cancels its intent (``Engine.cancel_restarts``): the restart checks under the
 run's lock that its intent is still on disk (``Engine.execute(intent=...)``) and is dropped when
-it is not, in this watcher and the next. A restart is marked ``started`` in its intent under the
-same lock, before anything starts: a watcher killed from that instant leaves it for the next
-one, which audits it (made: the run is found running; interrupted: it is made again).
+it is not, in this watcher and the next. A kill of a run whose death this watcher has not seen
+yet (nothing pending) is recorded too (``Engine.record_stopped``): that death is not restarted,
+unless a process of the run started after the kill is seen first. A restart is marked
+``started`` in its intent under the same lock, before anything starts: a watcher killed from
+that instant leaves it for the next one, which audits it (made: the run is found running;
+interrupted: it is made again).
 """
 
 from __future__ import annotations
@@ -81,10 +84,11 @@ class _Restarts:
     reason: str = ""
     written: float | None = None
     """The ``written`` time of its intent on disk (None: kept in memory only)."""
-    intended: float = 0.0
-    """Unix seconds: when its pending restart was intended (a cancel recorded since drops it)."""
     begun: intents.Intent | None = None
     """A taken-over intent whose restart a previous watcher had begun (to be audited)."""
+    seen_running: float = 0.0
+    """Unix seconds: when the newest process this watcher saw running as the run started (a
+    kill since is of its death, even one made before the death was seen)."""
 
 
 class AutoRestart:
@@ -96,6 +100,9 @@ class AutoRestart:
         self._runs: dict[str, _Restarts] = {}
         self._tasks: dict[str, asyncio.Task[list[Event]]] = {}
         """Restarts under way, by run."""
+        self._killed: dict[str, dict[str, Any]] = {}
+        """Runs a kill recorded as stopped while nothing was pending (``restart-cancelled``), by
+        run: a death seen afterwards is not restarted; forgotten once the run is seen running."""
         self.notes: list[str] = []
         """What the user should be told about the state dir (a write refused), for the watcher
         to print and clear; each said once."""
@@ -137,6 +144,13 @@ class AutoRestart:
         for ev in events:
             if ev.kind != "run-died" or ev.run is None or not self.wants(ev.run):
                 continue
+            killed = self._killed.pop(ev.run, None)
+            if killed is not None:
+                self.notes.append(
+                    f"{ev.run}: not restarted: stopped by {killed.get('by')} before its death "
+                    f"was seen ({killed.get('detail')})"
+                )
+                continue
             rc = self.engine.config.run(ev.run)
             st = self._runs.setdefault(ev.run, _Restarts(host=ev.host))
             while st.times and now - st.times[0] > rc.restart_window_seconds:
@@ -166,7 +180,7 @@ class AutoRestart:
             written=now,
             by=audit.actor(),
         )
-        st.written, st.intended = None, now
+        st.written = None
         try:
             intents.write(self.engine.config, intent)
             st.written = intent.written
@@ -240,7 +254,7 @@ class AutoRestart:
             st.due = mono + wait
             st.gave_up = False
             st.reason = it.reason
-            st.written, st.intended = it.written, it.written
+            st.written = it.written
             if it.started is not None:  # its watcher ended while it was being made
                 st.begun = it
                 st.times.append(mono)
@@ -259,18 +273,28 @@ class AutoRestart:
     def cancelled(self, records: Iterable[dict[str, Any]]) -> None:
         """Drop the pending restarts that a kill cancelled (its ``restart-cancelled`` audit
         records, from any runwatch process, ``supervisor.stops``): the one this watcher holds
-        is dropped at once, not when its backoff ends. A restart under way checks its intent
+        is dropped at once, not when its backoff ends; a kill of the run made after it was last
+        seen running and before its death was seen (``Engine.record_stopped``) drops the restart
+        of that death. A restart under way checks its intent
         under the run's lock (``Engine.execute(intent=...)``)."""
         for rec in records:
             name = str(rec.get("run"))
             st = self._runs.get(name)
-            if st is None or name in self._tasks or (st.due is None and st.begun is None):
+            if name in self._tasks:
                 continue
-            if float(rec.get("time") or 0) < st.intended:
-                continue  # a cancel of an earlier intent
+            if st is None or (st.due is None and st.begun is None):
+                # Nothing pending: a kill of a run whose death is not seen yet (or of one not
+                # running at all); honoured by :meth:`observe` until the run is seen running.
+                self._killed[name] = rec
+                continue
+            if float(rec.get("time") or 0) < st.seen_running:
+                continue  # a kill of an earlier death: the run was seen running since
             if st.begun is not None and st.times:
                 st.times.pop()  # counted when taken over; a waiting one is counted as it starts
             st.due, st.written, st.begun = None, None, None
+            # The kill may have come before this death was seen (nothing pending then): the
+            # intent written for it since is removed too.
+            self._forget(name)
             self.notes.append(
                 f"{name}: its pending restart on failure was cancelled by {rec.get('by')} "
                 f"({rec.get('detail')}); nothing will be started"
@@ -289,6 +313,16 @@ class AutoRestart:
         running = {
             r.name for h in snapshot.hosts for r in h.runs if r.state == "running" and r.configured
         }
+        # When the process seen running started (a stale answer still shows the one that died).
+        since = {
+            r.name: snapshot.time - r.process.uptime_s
+            for h in snapshot.hosts
+            for r in h.runs
+            if r.name in running and r.process is not None
+        }
+        for name, rec in list(self._killed.items()):
+            if since.get(name, 0.0) > float(rec.get("time") or 0):
+                del self._killed[name]  # running a process started since: that kill is history
         for name, st in self._runs.items():
             if name in self._tasks:
                 continue  # its restart is under way
@@ -296,6 +330,7 @@ class AutoRestart:
             if st.begun is not None:
                 self._audit_begun(name, st, name in running)
             if name in running:
+                st.seen_running = max(st.seen_running, since.get(name, 0.0))
                 # Back: by the restart just made (its count stays), or by hand after a give-up
                 # (a later death starts a new count).
                 if st.gave_up:
@@ -317,11 +352,7 @@ class AutoRestart:
         """The audit record of a restart a previous watcher began and never recorded."""
         it, st.begun = st.begun, None
         assert it is not None
-        how = (
-            "the run is running: the restart was made"
-            if running
-            else "the run is not running: the restart was interrupted and is made again"
-        )
+        again = "" if running else " and is made again"
         self._audit(
             name,
             config=self.engine.config.key,
@@ -329,7 +360,7 @@ class AutoRestart:
             run=name,
             ok=running,
             reconciled=True,
-            detail=f"{intents.describe(it)}, by a watcher that ended before recording it; {how}",
+            detail=intents.begun_outcome(it, running) + again,
         )
 
     def _ended(self) -> list[Event]:

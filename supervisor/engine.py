@@ -570,16 +570,37 @@ class Engine:
         rc = self.config.run(run)
         wait = rc.stop_grace_seconds + 2 * self.config.host(rc.host).command_timeout
         async with runlock.hold(self.config, run, wait, why, on_wait):
-            return self._cancel_restarts(run, why)
+            return self._cancel_restarts(run, why, running=False)
+
+    def record_stopped(self, run: str, why: str = "kill") -> str:
+        """A kill of ``run`` found it not running and nothing pending: recorded all the same
+        (``restart-cancelled``), so that a watcher that has yet to see it gone does not
+        restart it (``AutoRestart.cancelled``). Returns what the user is told."""
+        text = (
+            f"no restart of {run} pending; recorded as stopped by {why}: a watcher that has yet "
+            "to see it gone does not restart it"
+        )
+        audit.record(
+            "restart-cancelled",
+            config=self.config.key,
+            host=self.config.run(run).host,
+            run=run,
+            ok=True,
+            detail=text,
+        )
+        return text
 
     def _cancel_restarts_before_kill(self, run: str) -> None:
         """A kill cancels the run's pending restart; a state dir that refuses it (its intent
         or its audit record) never keeps the kill from being sent."""
         with contextlib.suppress(OSError, RunwatchError):
-            self._cancel_restarts(run, "kill")
+            self._cancel_restarts(run, "kill", running=True)
 
-    def _cancel_restarts(self, run: str, why: str) -> str | None:
-        """:meth:`cancel_restarts` with the run's lock held by the caller."""
+    def _cancel_restarts(self, run: str, why: str, *, running: bool) -> str | None:
+        """:meth:`cancel_restarts` with the run's lock held by the caller. ``running``: the
+        run is being killed as running. A restart its watcher began and never recorded (that
+        watcher ended) is audited first with its outcome (``auto-restart``, ``reconciled``):
+        made, when the run is running; else interrupted, and cancelled."""
         try:
             found = intents.read(self.config, run)
         except (OSError, msgspec.DecodeError, RunwatchError):
@@ -588,12 +609,26 @@ class Engine:
         if not exists:
             return None
         intents.remove(self.config, run)
+        if found is not None and found.started is not None:
+            if audit.actor_alive(found.started_by or ""):
+                return None  # a live watcher's restart, just made under this lock: it audits it
+            audit.record(
+                "auto-restart",
+                config=self.config.key,
+                host=found.host,
+                run=run,
+                ok=running,
+                reconciled=True,
+                detail=intents.begun_outcome(found, running),
+            )
+            if running:
+                return None  # made, not pending: nothing was cancelled
         what = (
             intents.describe(found)
             if found is not None
             else f"an unreadable intent ({intents.path_of(self.config, run)})"
         )
-        text = f"pending restart on failure cancelled by {why}: {what}"
+        text = f"cancelled the pending restart of {run} ({why}): {what}"
         audit.record(
             "restart-cancelled",
             config=self.config.key,

@@ -507,9 +507,20 @@ class EventTracker:
             )
 
     def _died(self, host: str, run: RunView, was: ProcessInfo, now: float) -> Event:
-        state = "a zombie (exit not collected)" if run.state == "zombie" else "gone"
-        if run.ending == "died" and run.state_detail:
-            state = run.state_detail  # "died (exit 3)", "died (signal 9)": recorded by its waiter
+        unit = run.last_unit
+        ours = unit is not None and was.unit is not None and was.unit.launch_id == unit.launch_id
+        if run.state == "zombie":
+            state = "a zombie (exit not collected)"
+        elif ours and run.ending in ("died", "lost") and run.state_detail:
+            # "died (signal 9, SIGKILL)", "exit unknown (its waiter ended first)": as the waiter
+            # of this very launch recorded it.
+            state = run.state_detail
+        elif ours:
+            state = "gone, how it ended unknown (its waiter's record not read yet)"
+        else:
+            # Not a process runwatch started (the run's last unit, if any, is an earlier
+            # launch's): nothing recorded how it ended, and it is not guessed.
+            state = "gone, how it ended unknown (runwatch did not start it: no exit recorded)"
         return Event(
             kind="run-died",
             severity="critical",

@@ -109,6 +109,17 @@ def describe(intent: Intent, now: float | None = None) -> str:
     return f"restart {intent.attempt} ({intent.reason}; {when}, {age_text(intent, now)})"
 
 
+def begun_outcome(intent: Intent, running: bool, now: float | None = None) -> str:
+    """The audit detail of a restart its watcher began and never recorded (it ended first), by
+    what is found now: the run running (the restart was made) or not (it was interrupted)."""
+    how = (
+        "the run is running: the restart was made"
+        if running
+        else "the run is not running: the restart was interrupted"
+    )
+    return f"{describe(intent, now)}, by a watcher that ended before recording it; {how}"
+
+
 def pending(config: Config) -> tuple[list[Intent], list[tuple[Path, str]]]:
     """The intents kept for ``config``, and the files that could not be read (with why)."""
     found: list[Intent] = []

@@ -383,6 +383,14 @@ class FixedEngine:
             refresh, stopping=self.stopping, on_snapshot=on_snapshot, events=events
         )
 
+    async def cancel_restarts(
+        self, run: str, why: str = "kill", on_wait: Callable[[str], None] | None = None
+    ) -> str | None:
+        return None  # no watcher intends anything for the fixed runs
+
+    def record_stopped(self, run: str, why: str = "kill") -> str:
+        return f"no restart of {run} pending"
+
     async def check_run(
         self, run: str, argv: list[str] | None = None, *, tokens: bool = False
     ) -> list[dict[str, Any]]:

@@ -300,7 +300,9 @@ class RunwatchApp(App[None]):
             )
             return
         if run.process is None or run.state != "running":
-            self.notify(f"{run.name} is not running: nothing to kill.", severity="warning")
+            # It may wait for a watcher's restart on failure: the kill cancels it, as
+            # `runwatch kill` does (``Engine.cancel_restarts``, audited).
+            self.cancel_restarts(run.name, configured=run.configured)
             return
         if not run.process.killable:
             self.notify(
@@ -308,6 +310,20 @@ class RunwatchApp(App[None]):
             )
             return
         self.push_screen(KillScreen(host.name, run))
+
+    @work(group="cancel", exit_on_error=False)
+    async def cancel_restarts(self, name: str, configured: bool) -> None:
+        """The kill of a run that is not running: its pending restart cancelled, if any."""
+        try:
+            cancelled = await self.engine.cancel_restarts(name) if configured else None
+        except Exception as e:  # the run's lock held too long, a state dir refusing the cancel
+            self.notify(f"{name}: the pending restart not cancelled: {e}", severity="error")
+            return
+        if cancelled is None:
+            note = f" ({self.engine.record_stopped(name)})" if configured else ""
+            self.notify(f"{name} is not running: nothing to kill{note}.", severity="warning")
+        else:
+            self.notify(f"{name} is not running; {cancelled}.", severity="information")
 
     def expect_moved(self, path: str) -> None:
         """``path`` was moved aside by a restart: the new file there is no data loss."""

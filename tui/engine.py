@@ -48,6 +48,18 @@ class EngineLike(Protocol):
         """Stop the process named by ``identity`` on ``host``, audited; per-pid results."""
         ...
 
+    async def cancel_restarts(
+        self, run: str, why: str = "kill", on_wait: Callable[[str], None] | None = None
+    ) -> str | None:
+        """Cancel the run's pending restart on failure (a kill of a run that is not running),
+        audited; what was cancelled, or None when nothing was pending."""
+        ...
+
+    def record_stopped(self, run: str, why: str = "kill") -> str:
+        """A kill of a run found not running with nothing pending, recorded (audited) so that a
+        watcher yet to see it gone does not restart it; what the user is told."""
+        ...
+
     async def check_run(
         self, run: str, argv: list[str] | None = None, *, tokens: bool = False
     ) -> list[dict[str, Any]]:

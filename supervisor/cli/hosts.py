@@ -295,10 +295,25 @@ async def _kill(
             if run is None or run not in {r.name for r in config.runs}:
                 raise
             cancelled = await engine.cancel_restarts(run, on_wait=waiting)
-            if cancelled is None:
+            if cancelled is not None:
+                click.echo(f"{e.message}; {cancelled}", err=True)
+            # The run's lock was waited for: a restart or launch under way meanwhile (its quiet
+            # window) may have started it since it was listed; that one is stopped too.
+            procs = await engine.list_processes(cfg.name, named)
+            try:
+                targets = _targets(config, procs, run, pid, cfg.name)
+            except KillRefused:
                 raise
-            click.echo(f"{e.message}; its {cancelled}", err=True)
-            return []
+            except RunwatchError:
+                if cancelled is None:
+                    click.echo(f"{engine.record_stopped(run)}", err=True)
+                    raise e from None
+                return []
+            click.echo(
+                f"run {run} was started by another runwatch action while this kill waited for "
+                "it: stopping it",
+                err=True,
+            )
         for p in targets:
             if not p.killable:
                 raise KillRefused(

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -441,3 +442,46 @@ async def test_the_kill_dialog_shows_the_children_of_a_long_command_line_at_80x2
         assert whole.startswith(cut) and len(cut) < len(whole)
         await pilot.press("escape")
         assert local.poll() is None
+
+
+async def test_w31_the_dashboards_kill_of_a_run_waiting_for_its_restart_cancels_it(
+    tui_demo: Any,
+) -> None:
+    """k on a run that died and waits for a watcher's restart on failure (its intent on disk):
+    the restart is cancelled through the same code path as `runwatch kill` (audited, the intent
+    removed), not "nothing to kill" with the restart left to come."""
+    from supervisor import audit, intents
+
+    local = demo_process(tui_demo, "local-gpu").proc
+    app = _app(tui_demo)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _loaded(app, pilot)
+        os.killpg(local.pid, signal.SIGKILL)
+        local.wait(timeout=10)
+        await wait_for(
+            lambda: (f := app.find_run("laptop/local-gpu")) is not None and f[1].state != "running",
+            timeout=15,
+            what="the dashboard to show the run gone",
+        )
+        now = time.time()
+        intents.write(
+            tui_demo.config,
+            intents.Intent(
+                run="local-gpu", host="laptop", attempt=1, not_before=now + 60,
+                reason="run-died: died (signal 9, SIGKILL)", written=now, by="a watcher",
+            ),
+        )  # fmt: skip
+        await _select_run(app, pilot, "laptop/local-gpu")
+        await pilot.press("k")
+        path = intents.path_of(tui_demo.config, "local-gpu")
+        await wait_for(lambda: not path.exists(), timeout=30, what="the intent cancelled")
+        (rec,) = [r for r in audit.read() if r["action"] == "restart-cancelled"]
+        assert rec["run"] == "local-gpu" and "restart 1 (run-died:" in rec["detail"]
+        await wait_for(
+            lambda: any(
+                "cancelled the pending restart of local-gpu" in str(n.message)
+                for n in app._notifications
+            ),
+            what="the notification",
+        )
+        assert not isinstance(app.screen, KillScreen)
