@@ -622,8 +622,10 @@ def slurm_submit(params: dict[str, Any]) -> dict[str, Any]:
             # cannot be opened fails at once, with nothing written.
             where = options.get(key)
             if isinstance(where, str) and "%" not in os.path.dirname(where):
+                folder = os.path.join(workdir, os.path.dirname(where))
                 try:  # never through another user's link (modes as the umask says)
-                    safefs.make_shared(os.path.join(workdir, os.path.dirname(where)))
+                    safefs.make_shared(folder)
+                    safefs.stat_file(folder)  # slurmstepd opens the output through it
                 except safefs.UnsafePath as e:
                     raise AgentOpError(f"{e}; nothing was submitted", "unsafe-path") from None
         safefs.write_atomic(script_path, text.encode(), mode=0o700)

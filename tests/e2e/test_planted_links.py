@@ -24,12 +24,15 @@ from typing import Any
 
 import pytest
 
+from supervisor.agent import slurm as slurmops
+from supervisor.agent.protocol import AgentOpError
 from supervisor.config import HostConfig
 from supervisor.errors import AgentError, UnsafeState
 from supervisor.hosts import LocalHost
 from supervisor.paths import private_dir, state_dir
 from tests.fixtures_data import make_raw
 from tests.fixtures_procs import shared_temp_base
+from tests.fixtures_slurm import SlurmCluster
 from tests.fixtures_users import OtherUser
 from tests.waiting import wait_until
 
@@ -474,3 +477,29 @@ async def test_t49_a_launch_in_a_workdir_that_is_another_users_link_starts_nothi
     refused(err, link, link, second_user)
     assert "nothing was started" in str(err.value)
     assert os.listdir(root_dir) == []
+
+
+def test_t49_a_slurm_job_whose_output_is_under_another_users_link_is_not_submitted(
+    shared: Path, second_user: OtherUser, slurm_env: SlurmCluster, tmp_path: Path
+) -> None:
+    """The job's ``--output`` lies under the other user's link to a directory of root's: its
+    directory would be made there and slurmstepd would write the log through the link."""
+    root_dir = tmp_path / "rootdir"
+    root_dir.mkdir(mode=0o700)
+    link = shared / "logs"
+    as_user(second_user, "ln", "-s", str(root_dir), str(link))
+    tag = "runwatch:planted"
+    for output in (link / "job-%j.log", link / "sub" / "job-%j.log"):
+        with pytest.raises(AgentOpError) as err:
+            slurmops.slurm_submit(
+                {
+                    "workdir": str(tmp_path), "argv": ["/bin/true"], "tag": tag, "name": "rw-p",
+                    "script_path": "job.sh", "lock_path": "submit.lock",
+                    "options": {"output": str(output)}, "settle_s": 1.0,
+                }
+            )  # fmt: skip
+        named(str(err.value), output.parent, link, second_user)
+        assert "nothing was submitted" in str(err.value)
+    assert os.listdir(root_dir) == []
+    jobs = slurmops.slurm_jobs({"all_states": True})["jobs"]
+    assert not [j for j in jobs if j.get("comment") == tag], jobs
