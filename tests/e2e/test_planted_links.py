@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from supervisor import secrets
 from supervisor.agent import slurm as slurmops
 from supervisor.agent.protocol import AgentOpError
 from supervisor.config import HostConfig
@@ -381,6 +382,24 @@ def test_t48_the_state_dir_through_another_users_link_is_refused(
         private_dir(state_dir() / "configs" / "k")
     assert str(link) in str(err.value) and f"owned by uid {second_user.uid}" in str(err.value)
     assert list(theirs.iterdir()) == []
+
+
+def test_t49_the_secret_digests_never_go_through_another_users_link(
+    shared: Path, second_user: OtherUser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The salted digests of secret values (``secret-digests`` in the state dir) reached through
+    the other user's link in a world-writable parent: neither the salt nor a digest is written
+    where that user reads them."""
+    theirs = shared / "theirs"
+    as_user(second_user, "mkdir", "-m", "777", str(theirs))
+    link = shared / "state"
+    as_user(second_user, "ln", "-s", str(theirs), str(link))
+    monkeypatch.setenv("XDG_STATE_HOME", str(link / "xdg"))
+    for name in ("_salt", "_seen", "_checked"):  # this process's copy, put back after
+        monkeypatch.setattr(secrets, name, getattr(secrets, name))
+    monkeypatch.setattr(secrets, "_digests", {n: set(d) for n, d in secrets._digests.items()})
+    secrets.remember(["sk-planted-0123456789abcdefghij"])
+    assert [p for p in theirs.rglob("*")] == []
 
 
 def linked_records(shared: Path, user: OtherUser, tmp_path: Path) -> tuple[Path, Path, Path]:
