@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -522,3 +523,28 @@ def test_t49_a_slurm_job_whose_output_is_under_another_users_link_is_not_submitt
     assert os.listdir(root_dir) == []
     jobs = slurmops.slurm_jobs({"all_states": True})["jobs"]
     assert not [j for j in jobs if j.get("comment") == tag], jobs
+
+
+async def test_t49_a_unit_record_forged_behind_another_users_link_is_no_unit(
+    shared: Path, second_user: OtherUser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's state dir reached through the other user's link in a world-writable parent,
+    where that user wrote a unit record of its own: the agent lists no such unit."""
+    theirs = shared / "theirs"
+    as_user(second_user, "mkdir", "-m", "777", str(theirs))
+    units = theirs / "runwatch" / "units"
+    as_user(second_user, "mkdir", "-p", str(units))
+    forged = {"launch_id": "forged-1", "config_id": "cfg", "run": "B1", "state": "ended",
+              "launched_at": time.time(), "ended_at": time.time(), "exit": {"code": 0}}  # fmt: skip
+    script = f"import json,sys; open(sys.argv[1], 'w').write(json.dumps({forged!r}))"
+    as_user(second_user, second_user.python, "-c", script, str(units / "forged-1.json"))
+    link = shared / "state"
+    as_user(second_user, "ln", "-s", str(theirs), str(link))
+    monkeypatch.setenv("XDG_STATE_HOME", str(link))
+    host = LocalHost(HostConfig(name="local", local=True))
+    await host.connect()
+    try:
+        listed = await host.request("units", {"config_id": "cfg"})
+    finally:
+        await host.close()
+    assert listed["units"] == [], listed
