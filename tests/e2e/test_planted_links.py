@@ -33,11 +33,15 @@ from supervisor.errors import AgentError, UnsafeState
 from supervisor.hosts import LocalHost
 from supervisor.paths import private_dir, state_dir
 from tests.fixtures_data import make_raw
-from tests.fixtures_procs import shared_temp_base
+from tests.fixtures_procs import FakeRuns, shared_temp_base
 from tests.fixtures_slurm import SlurmCluster
 from tests.fixtures_users import OtherUser
 from tests.waiting import wait_until
 
+HOLDER = (
+    "import sys, time\nf = open(sys.argv[1], 'a')\nprint('holding', flush=True)\ntime.sleep(600)\n"
+)
+"""A process of root's that holds a file open for writing (a daemon's log), until killed."""
 ROOT_CONFIG = b"secret_setting = 4 X"
 """A root config of 20 bytes without a final newline: a 'torn tail' to a naive repair."""
 
@@ -548,3 +552,28 @@ async def test_t49_a_unit_record_forged_behind_another_users_link_is_no_unit(
     finally:
         await host.close()
     assert listed["units"] == [], listed
+
+
+async def test_t49_a_kill_never_sweeps_the_holders_of_what_another_users_link_reaches(
+    shared: Path, victim: Path, second_user: OtherUser, agent: LocalHost, fake_runs: FakeRuns
+) -> None:
+    """The run's data file is the other user's link to a file a process of root's (not the
+    run) holds open for writing: the kill of the run stops the run, never that process."""
+    data, _ = dataset(shared, second_user, victim)
+    bystander = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(victim)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert bystander.stdout is not None and bystander.stdout.readline() == "holding\n"
+        run = fake_runs.start("--datasets", "B1")
+        ps = await agent.request("ps", {"scripts": ["run_inference.py"]})
+        [ident] = [p["identity"] for p in ps["processes"] if p["identity"]["pid"] == run.pid]
+        killed = await agent.request(
+            "kill", {"identity": ident, "grace": 5.0, "files": [str(data)]}, timeout=60
+        )
+        assert {t["pid"] for t in killed["results"]} == {run.pid}, killed
+        assert bystander.poll() is None, "the holder of the link's target was stopped"
+    finally:
+        bystander.kill()
+        bystander.wait(timeout=30)
+    untouched(victim)
