@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from supervisor.agent import masking
+from supervisor.agent import masking, safefs
 from supervisor.agent.masking import (
     MIN_SECRET_LEN,
     argv_secret_values,
@@ -41,7 +41,8 @@ from supervisor.agent.masking import (
 )
 from supervisor.agent.protocol import MASK
 from supervisor.config import Config
-from supervisor.paths import state_dir
+from supervisor.errors import UnsafeState
+from supervisor.paths import open_private, private_dir, read_private, state_dir
 
 __all__ = [
     "known_secrets",
@@ -194,15 +195,15 @@ def _load(force: bool = False) -> None:
         return
     _checked = now
     path = _digests_path()
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except OSError:
+    try:  # never through another user's link (a world-writable parent of the state dir)
+        st = safefs.lstat(str(path))
+    except (OSError, safefs.UnsafePath):
         return
     if (st.st_size, st.st_mtime_ns) == _seen:
         return
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError):
+        text = read_private(path).decode()
+    except (OSError, UnsafeState, UnicodeDecodeError):
         return
     _seen = (st.st_size, st.st_mtime_ns)
     lines = text.splitlines()
@@ -217,20 +218,27 @@ def _load(force: bool = False) -> None:
 
 
 def _ensure_file(path: Path) -> None:
-    """The digests file, created whole (its salt line) or not at all."""
-    if path.exists():
-        return
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    """The digests file, created whole (its salt line) or not at all, in the private state dir
+    (:func:`private_dir`: never made or written through another user's link)."""
+    private_dir(path.parent)
+    dfd, name = safefs.walk(str(path), follow_last=False)
     try:
-        os.write(fd, f"salt {os.urandom(16).hex()}\n".encode())
-        os.fsync(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            return
+        tmp = f".{name}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     0o600, dir_fd=dfd)  # fmt: skip
+        try:
+            os.write(fd, f"salt {os.urandom(16).hex()}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(FileExistsError):  # never replaces one made meanwhile
+            os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+        os.unlink(tmp, dir_fd=dfd)
     finally:
-        os.close(fd)
-    with contextlib.suppress(FileExistsError):
-        os.link(tmp, path)  # never replaces a file another process made meanwhile
-    os.unlink(tmp)
+        os.close(dfd)
 
 
 def word_forms(value: str) -> list[str]:
@@ -258,13 +266,13 @@ def remember(values: Iterable[str]) -> None:
         if not new:
             return
         lines = "".join(f"{len(v)} {_digest(v)}\n" for v in new)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = open_private(path, os.O_WRONLY | os.O_APPEND)
         try:
             os.write(fd, lines.encode())
         finally:
             os.close(fd)
         _load(force=True)
-    except OSError:
+    except (OSError, UnsafeState, safefs.UnsafePath):
         pass  # the value is still registered in this process; only later ones miss it
 
 

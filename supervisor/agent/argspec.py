@@ -25,6 +25,7 @@ import sys
 import tokenize
 from typing import Any
 
+from supervisor.agent import safefs
 from supervisor.agent.datafiles import resolve
 from supervisor.agent.masking import mask_argv
 from supervisor.agent.protocol import (
@@ -81,7 +82,9 @@ def read_source(path: str) -> tuple[bytes | None, str]:
     """``(source, "")``, or ``(None, why it cannot be read)``. Opened without blocking (a FIFO
     named as a script must not hang the agent) and read only when it is a regular file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK)  # never another user's link
+    except safefs.UnsafePath as e:
+        return None, str(e)
     except OSError as e:
         return None, f"cannot open {path}: {e.strerror}"
     try:

@@ -16,6 +16,8 @@ import stat
 from collections import Counter
 from typing import Any
 
+from supervisor.agent import safefs
+
 
 def remembered_id(value: Any) -> Any:
     """What an id is remembered as (the scanner's rule): an int, the UTF-8 bytes of a string,
@@ -78,12 +80,13 @@ class Companions:
     def sidecar(self, path: str, id_key: str | None) -> dict[str, Any]:
         """Lines of a file of failed or skipped prompts, by reason (its rows' ``error``), and the
         ids of their rows (key ``id_key``), read incrementally like a data file."""
-        try:
-            f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below
-        except OSError as e:
-            state = "missing" if e.errno == errno.ENOENT else "unreadable"
+        try:  # never through another user's link
+            f = os.fdopen(safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK), "rb", 0)
+        except (OSError, safefs.UnsafePath) as e:
+            missing = isinstance(e, OSError) and e.errno == errno.ENOENT
             self.sidecars.pop(path, None)
-            return {"path": path, "state": state, "lines": 0, "reasons": {}}
+            return {"path": path, "state": "missing" if missing else "unreadable", "lines": 0,
+                    "reasons": {}}  # fmt: skip
         with f:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode):
@@ -115,7 +118,9 @@ class Companions:
         """The id of every row of an input file, in order (cached while the file is unchanged),
         or an error saying why they cannot be read."""
         try:
-            st = os.stat(path)
+            st = safefs.stat_file(path)
+        except safefs.UnsafePath as e:
+            return [], f"input {e}"
         except OSError as e:
             return [], f"input {path}: {e.strerror or e}"
         sig = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, id_key)
@@ -125,7 +130,7 @@ class Companions:
         keys: list[Any] = []
         error = None
         try:
-            with open(path, "rb") as f:
+            with os.fdopen(safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
                 head = f.read(4096).lstrip()
                 f.seek(0)
                 if head.startswith(b"["):
@@ -145,6 +150,8 @@ class Companions:
                         error = f"input line {n + 1} has no {id_key!r}"
                         break
                     keys.append(remembered_id(row[id_key]))
+        except safefs.UnsafePath as e:
+            return [], f"input {e}"
         except OSError as e:
             return [], f"input {path}: {e.strerror or e}"
         self._inputs[path] = (sig, keys, error)

@@ -31,6 +31,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from supervisor.agent import safefs
+
 if TYPE_CHECKING:  # annotations only: subscripting collections.abc fails on Python 3.8
     from collections.abc import Callable
 
@@ -151,9 +153,9 @@ class Counting:
         for path in paths:
             if path in self._fds:
                 continue
-            try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-            except OSError:
+            try:  # another user's link: never counted (the scan says why)
+                fd = safefs.open_file(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            except (OSError, safefs.UnsafePath):
                 continue
             self._fds[path] = fd
             try:

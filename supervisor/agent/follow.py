@@ -32,6 +32,8 @@ import os
 import stat
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from supervisor.agent import safefs
+
 HEAD_BYTES = 4096
 """Bytes of the head of a file that fingerprint it."""
 TAIL_BYTES = 4096
@@ -101,8 +103,11 @@ class Follower(Generic[P]):
         Raises :class:`Unfollowable` (and forgets the path) when it is missing, unreadable or not
         a regular file. Opening never blocks, even on a FIFO.
         """
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:  # never through another user's link: its target is not this run's data
+            fd = safefs.open_file(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except safefs.UnsafePath as e:
+            self.drop(path)
+            raise Unfollowable("unreadable", str(e)) from None
         except OSError as e:
             self.drop(path)
             raise unfollowable(e) from None
@@ -196,7 +201,7 @@ class Follower(Generic[P]):
     def count_lines(self, path: str) -> int | None:
         """Newlines in a file, counting only appended bytes since the last call."""
         try:
-            with open(path, "rb", buffering=0) as f:
+            with os.fdopen(safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK), "rb", 0) as f:
                 st = os.fstat(f.fileno())
                 if not stat.S_ISREG(st.st_mode):
                     return None
@@ -212,7 +217,7 @@ class Follower(Generic[P]):
                     offset += len(data)
                 self._line_counts[path] = (st.st_dev, st.st_ino, offset, lines)
                 return lines
-        except OSError:
+        except (OSError, safefs.UnsafePath):
             return None
 
 

@@ -227,6 +227,12 @@ def launch(params: dict[str, Any]) -> LaunchResult:
     settle_s = max(param_number(params, "settle_s", 2.0), MIN_SETTLE_S)
     lock_wait_s = param_number(params, "lock_wait_s", 3.0)
     tail_lines = int(param_number(params, "tail_lines", 30))
+    try:  # the client's relative paths would be another user's choice
+        safefs.stat_file(workdir)
+    except safefs.UnsafePath as e:
+        raise AgentOpError(f"{e}; nothing was started", "unsafe-path") from None
+    except OSError:
+        pass  # missing: said just below
     if not os.path.isdir(workdir):
         raise AgentOpError(f"workdir {workdir} is not a directory", "bad-params")
     fds: dict[str, int] = {}

@@ -21,6 +21,7 @@ import stat
 import time
 from typing import Any
 
+from supervisor.agent import safefs
 from supervisor.agent.datafiles import resolve
 from supervisor.agent.protocol import (
     AgentOpError,
@@ -37,17 +38,21 @@ MIN_INTERVAL_S = 0.05
 
 def sample(path: str) -> FileSample | None:
     """``path``'s size, mtime, device and inode now; None when it does not exist."""
-    try:
-        st = os.stat(path)
+    try:  # never through another user's link: its target is not the run's file
+        st = safefs.stat_file(path)
     except FileNotFoundError:
         return None
+    except safefs.UnsafePath as e:
+        raise AgentOpError(str(e), "unsafe-path") from None
     except OSError as e:
         raise AgentOpError(f"{path}: cannot stat: {e.strerror}", "unreadable") from None
     if stat.S_ISREG(st.st_mode):
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+            fd = safefs.open_file(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
+        except safefs.UnsafePath as e:
+            raise AgentOpError(str(e), "unsafe-path") from None
         except OSError:
             pass  # not readable by this user: the stat above is what can be known
         else:

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from supervisor.agent import safefs
 from supervisor.agent.argflags import DEFAULT_SCRIPTS
 from supervisor.agent.masking import argv_secret_values, env_secret_values, mask_argv, register
 from supervisor.agent.match import (
@@ -370,11 +371,12 @@ def file_users(
 
 
 def inodes_of(paths: Iterable[str]) -> set[tuple[int, int]]:
-    """``(dev, inode)`` of each of ``paths`` that exists."""
+    """``(dev, inode)`` of each of ``paths`` that exists, never reached through another
+    user's link (its target is not the run's file: its holders are no writers of the run)."""
     out: set[tuple[int, int]] = set()
     for path in paths:
-        with contextlib.suppress(OSError):
-            st = os.stat(path)
+        with contextlib.suppress(OSError, safefs.UnsafePath):
+            st = safefs.stat_file(path)
             out.add((st.st_dev, st.st_ino))
     return out
 

@@ -11,14 +11,14 @@ swap them. OpenSSH's ``StrictModes`` is the model.
   that is merely readable by others (an older runwatch under a loose umask) is made 0600.
 
 Links on the way (:func:`walk`): every path runwatch opens, creates, truncates, renames, links,
-chmods or copies on a host -- run data, logs, locks, its own state -- is reached one directory
-descriptor at a time from ``/`` (``openat`` with ``O_NOFOLLOW``, ``O_PATH`` where the kernel has
-it), and a symbolic link on the way is followed only when it is the invoking user's or root's:
-the owner of a link chose its target, so another user's link in a shared (0777) dataset
-directory or in a world-writable parent of the state dir is refused (:class:`UnsafePath`,
-naming the path, the link and its target), never followed. The last name is then opened,
-linked, renamed or removed relative to that descriptor, so it cannot be swapped for a link
-between the check and the use.
+chmods, copies or reads to report on a host -- run data, logs, locks, its own state, the files a
+scan counts, a run's workdir -- is reached one directory descriptor at a time from ``/``
+(``openat`` with ``O_NOFOLLOW``, ``O_PATH`` where the kernel has it), and a symbolic link on
+the way is followed only when it is the invoking user's or root's: the owner of a link chose its
+target, so another user's link in a shared (0777) dataset directory or in a world-writable
+parent of the state dir is refused (:class:`UnsafePath`, naming the path, the link and its
+target), never followed. The last name is then opened, linked, renamed or removed relative to
+that descriptor, so it cannot be swapped for a link between the check and the use.
 
 Standard library only: the host agent uses it for the run logs and ``<out>/.runwatch``.
 """
@@ -280,7 +280,7 @@ def make_dirs(path: str, top: str | None = None, private_parents: bool = True) -
         if private_parents:
             make_dirs(parent)
         else:
-            _make_shared(parent)
+            make_shared(parent)
     for level in reversed(levels):
         made = False
         dfd, name = walk(level, follow_last=False)
@@ -318,14 +318,14 @@ def _lexists(path: str) -> bool:
     return True
 
 
-def _make_shared(path: str) -> None:
+def make_shared(path: str) -> None:
     """``os.makedirs(path, exist_ok=True)`` (modes as the umask says) without following another
     user's link on the way (:func:`walk`)."""
     if _lexists(path):
         return
     parent = os.path.dirname(path)
     if parent != path:
-        _make_shared(parent)
+        make_shared(parent)
     dfd, name = walk(path, follow_last=False)
     try:
         os.mkdir(name, 0o777, dir_fd=dfd)

@@ -585,6 +585,12 @@ def slurm_submit(params: dict[str, Any]) -> dict[str, Any]:
     ):
         raise AgentOpError("parameter 'env': expected a table of strings", "bad-params")
     settle_s = float(params.get("settle_s", 5.0))
+    try:  # the client's relative paths would be another user's choice
+        safefs.stat_file(workdir)
+    except safefs.UnsafePath as e:
+        raise AgentOpError(f"{e}; nothing was submitted", "unsafe-path") from None
+    except OSError:
+        pass  # missing: said just below
     if not os.path.isdir(workdir):
         raise AgentOpError(f"workdir {workdir} is not a directory", "bad-params")
     script_path = os.path.join(workdir, os.path.expanduser(param_str(params, "script_path")))
@@ -616,7 +622,12 @@ def slurm_submit(params: dict[str, Any]) -> dict[str, Any]:
             # cannot be opened fails at once, with nothing written.
             where = options.get(key)
             if isinstance(where, str) and "%" not in os.path.dirname(where):
-                os.makedirs(os.path.join(workdir, os.path.dirname(where)), exist_ok=True)
+                folder = os.path.join(workdir, os.path.dirname(where))
+                try:  # never through another user's link (modes as the umask says)
+                    safefs.make_shared(folder)
+                    safefs.stat_file(folder)  # slurmstepd opens the output through it
+                except safefs.UnsafePath as e:
+                    raise AgentOpError(f"{e}; nothing was submitted", "unsafe-path") from None
         safefs.write_atomic(script_path, text.encode(), mode=0o700)
         opts = {
             "job-name": name,
@@ -679,12 +690,12 @@ def _settle(job_id: str, settle_s: float) -> dict[str, Any] | None:
 
 
 def _tail(path: str, lines: int) -> list[str]:
-    try:
-        with open(path, "rb") as f:
+    try:  # the job's output, never through another user's link
+        with os.fdopen(safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             f.seek(max(0, size - 65536))
             data = f.read()
-    except OSError:
+    except (OSError, safefs.UnsafePath):
         return []
     return _text(data).splitlines()[-lines:]
 

@@ -138,11 +138,17 @@ def record_path(launch_id: str) -> str:
     return os.path.join(units_dir(), launch_id + ".json")
 
 
+def _read_json(path: str, limit: int) -> Any:
+    """A record or marker the waiter or the agent wrote: never through a link, another user's
+    or writable by others (``safefs.open_existing``: a forged one is no record)."""
+    with os.fdopen(safefs.open_existing(path), "rb") as f:
+        return json.loads(f.read(limit).decode("utf-8"))
+
+
 def read_record(launch_id: str) -> dict[str, Any] | None:
     try:
-        with open(record_path(launch_id), "rb") as f:
-            value = json.loads(f.read(1 << 20).decode("utf-8"))
-    except (OSError, ValueError):
+        value = _read_json(record_path(launch_id), 1 << 20)
+    except (OSError, ValueError, safefs.UnsafePath):
         return None
     return value if isinstance(value, dict) else None
 
@@ -160,9 +166,8 @@ def _stop_path(launch_id: str) -> str:
 
 def _stop_marker(launch_id: str) -> dict[str, Any] | None:
     try:
-        with open(_stop_path(launch_id), "rb") as f:
-            value = json.loads(f.read(65536).decode("utf-8"))
-    except (OSError, ValueError):
+        value = _read_json(_stop_path(launch_id), 65536)
+    except (OSError, ValueError, safefs.UnsafePath):
         return None
     return value if isinstance(value, dict) else None
 

@@ -2,8 +2,10 @@
 another user replaces a data file, a lock or a whole dataset directory by a symbolic link to a
 file of root's; or the state dir is reached through another user's link in a world-writable
 parent. Nothing runwatch does on the host (repair, move aside, snapshots, tails, locks, a
-launch, its own state) ever follows such a link: each is refused with the path and the link
-named, and the file the link points at is left byte for byte as it was.
+launch, its own state) ever follows such a link, nor does what it only reads and reports (T49:
+scans, first-pass counts, sidecars, input files, the quiet window, a client's options, a run's
+workdir): each is refused with the path and the link named, and the file the link points at is
+left byte for byte as it was.
 
 Real parts: the agent as a process (``LocalHost``, run as root), a second Unix user
 (``second_user``) that plants the links with ``ln``/``os.rename`` in its own processes, real
@@ -16,20 +18,30 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from supervisor import secrets
+from supervisor.agent import slurm as slurmops
+from supervisor.agent.protocol import AgentOpError
 from supervisor.config import HostConfig
 from supervisor.errors import AgentError, UnsafeState
 from supervisor.hosts import LocalHost
 from supervisor.paths import private_dir, state_dir
-from tests.fixtures_procs import shared_temp_base
+from tests.fixtures_data import make_raw
+from tests.fixtures_procs import FakeRuns, shared_temp_base
+from tests.fixtures_slurm import SlurmCluster
 from tests.fixtures_users import OtherUser
 from tests.waiting import wait_until
 
+HOLDER = (
+    "import sys, time\nf = open(sys.argv[1], 'a')\nprint('holding', flush=True)\ntime.sleep(600)\n"
+)
+"""A process of root's that holds a file open for writing (a daemon's log), until killed."""
 ROOT_CONFIG = b"secret_setting = 4 X"
 """A root config of 20 bytes without a final newline: a 'torn tail' to a naive repair."""
 
@@ -375,3 +387,193 @@ def test_t48_the_state_dir_through_another_users_link_is_refused(
         private_dir(state_dir() / "configs" / "k")
     assert str(link) in str(err.value) and f"owned by uid {second_user.uid}" in str(err.value)
     assert list(theirs.iterdir()) == []
+
+
+def test_t49_the_secret_digests_never_go_through_another_users_link(
+    shared: Path, second_user: OtherUser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The salted digests of secret values (``secret-digests`` in the state dir) reached through
+    the other user's link in a world-writable parent: neither the salt nor a digest is written
+    where that user reads them."""
+    theirs = shared / "theirs"
+    as_user(second_user, "mkdir", "-m", "777", str(theirs))
+    link = shared / "state"
+    as_user(second_user, "ln", "-s", str(theirs), str(link))
+    monkeypatch.setenv("XDG_STATE_HOME", str(link / "xdg"))
+    for name in ("_salt", "_seen", "_checked"):  # this process's copy, put back after
+        monkeypatch.setattr(secrets, name, getattr(secrets, name))
+    monkeypatch.setattr(secrets, "_digests", {n: set(d) for n, d in secrets._digests.items()})
+    secrets.remember(["sk-planted-0123456789abcdefghij"])
+    assert [p for p in theirs.rglob("*")] == []
+
+
+def linked_records(shared: Path, user: OtherUser, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """``<shared>/out/B1`` (0777) where the other user put links named like a run's data file,
+    failed-prompts sidecar and input file, each to a file of root's (0600) holding 3 records.
+    Returns (root's file, the data file, the dataset directory)."""
+    secret = tmp_path / "root.jsonl"
+    make_raw(secret, 3)
+    secret.chmod(0o600)
+    b1 = shared / "out" / "B1"
+    b1.mkdir(parents=True)
+    for d in (b1.parent, b1):
+        d.chmod(0o777)
+    for name in ("raw_responses.jsonl", "failed_prompts.jsonl", "input.jsonl"):
+        as_user(user, "ln", "-s", str(secret), str(b1 / name))
+    return secret, b1 / "raw_responses.jsonl", b1
+
+
+async def test_t49_a_scan_never_counts_nor_reports_what_another_users_link_reaches(
+    shared: Path, second_user: OtherUser, agent: LocalHost, tmp_path: Path
+) -> None:
+    """The refresh (its first-pass line counts included), the scan's sidecars and the input
+    file of completeness: root's file behind the other user's links is neither counted nor
+    reported; the data file's state names the link."""
+    secret, data, b1 = linked_records(shared, second_user, tmp_path)
+    before = secret.read_bytes()
+    spec = {
+        "path": str(data),
+        "format": "raw",
+        "sidecars": {"failed": str(b1 / "failed_prompts.jsonl")},
+        "input": {"path": str(b1 / "input.jsonl"), "id": "sample_id"},
+    }
+    progress: list[dict[str, Any]] = []
+    reply = await agent.request(
+        "refresh", {"files": [spec], "progress": True, "gpu": False}, on_progress=progress.append
+    )
+    counted = [p.get("files") or {} for p in progress]
+    assert progress and all(str(data) not in files for files in counted), progress
+    scanned = reply["files"][str(data)]
+    assert scanned["records"] == 0 and scanned["state"] == "unreadable", scanned
+    named(scanned["error"], data, data, second_user)
+    assert scanned["sidecars"]["failed"]["state"] == "unreadable", scanned["sidecars"]
+    assert scanned["sidecars"]["failed"]["lines"] == 0
+    completeness = scanned["completeness"]
+    assert completeness["input"] == 0, completeness
+    named(completeness["error"], b1 / "input.jsonl", b1 / "input.jsonl", second_user)
+    again = await agent.request("scan", {"files": [spec], "fresh": True})
+    assert again["files"][str(data)]["records"] == 0, again
+    assert secret.read_bytes() == before
+
+
+async def test_t49_observe_and_script_flags_refuse_another_users_link(
+    shared: Path, second_user: OtherUser, agent: LocalHost, tmp_path: Path
+) -> None:
+    """The quiet window's watch of a data file and the reading of a client's options: neither
+    reports the file another user's link reaches (its size and inode; the options of a script
+    of root's)."""
+    _, data, b1 = linked_records(shared, second_user, tmp_path)
+    with pytest.raises(AgentError) as err:
+        await agent.request("observe_files", {"paths": [str(data)], "window_s": 0.2})
+    refused(err, data, data, second_user)
+    script = tmp_path / "root_client.py"
+    script.write_text(
+        "import argparse\np = argparse.ArgumentParser()\np.add_argument('--root-only')\n"
+    )
+    link = b1 / "client.py"
+    as_user(second_user, "ln", "-s", str(script), str(link))
+    flags = await agent.request(
+        "script_flags", {"workdir": str(b1), "argv": [sys.executable, "client.py"]}
+    )
+    assert flags["readable"] is False and "--root-only" not in str(flags), flags
+    named(flags["reason"], link, link, second_user)
+
+
+async def test_t49_a_launch_in_a_workdir_that_is_another_users_link_starts_nothing(
+    shared: Path, second_user: OtherUser, agent: LocalHost, tmp_path: Path
+) -> None:
+    """The run's workdir is the other user's link to a directory of root's: the client's
+    relative paths would land there. Refused before anything starts."""
+    root_dir = tmp_path / "rootdir"
+    root_dir.mkdir(mode=0o700)
+    link = shared / "work"
+    as_user(second_user, "ln", "-s", str(root_dir), str(link))
+    params: dict[str, Any] = {
+        "workdir": str(link),
+        "argv": [sys.executable, "-c", "open('started', 'w').close()"],
+        "log": str(tmp_path / "logs" / "run.log"),
+        "lock_path": str(tmp_path / "locks" / "run.lock"),
+        "data_files": [],
+        "settle_s": 0.2,
+    }
+    with pytest.raises(AgentError) as err:
+        await agent.request("launch", params, timeout=30)
+    refused(err, link, link, second_user)
+    assert "nothing was started" in str(err.value)
+    assert os.listdir(root_dir) == []
+
+
+def test_t49_a_slurm_job_whose_output_is_under_another_users_link_is_not_submitted(
+    shared: Path, second_user: OtherUser, slurm_env: SlurmCluster, tmp_path: Path
+) -> None:
+    """The job's ``--output`` lies under the other user's link to a directory of root's: its
+    directory would be made there and slurmstepd would write the log through the link."""
+    root_dir = tmp_path / "rootdir"
+    root_dir.mkdir(mode=0o700)
+    link = shared / "logs"
+    as_user(second_user, "ln", "-s", str(root_dir), str(link))
+    tag = "runwatch:planted"
+    for output in (link / "job-%j.log", link / "sub" / "job-%j.log"):
+        with pytest.raises(AgentOpError) as err:
+            slurmops.slurm_submit(
+                {
+                    "workdir": str(tmp_path), "argv": ["/bin/true"], "tag": tag, "name": "rw-p",
+                    "script_path": "job.sh", "lock_path": "submit.lock",
+                    "options": {"output": str(output)}, "settle_s": 1.0,
+                }
+            )  # fmt: skip
+        named(str(err.value), output.parent, link, second_user)
+        assert "nothing was submitted" in str(err.value)
+    assert os.listdir(root_dir) == []
+    jobs = slurmops.slurm_jobs({"all_states": True})["jobs"]
+    assert not [j for j in jobs if j.get("comment") == tag], jobs
+
+
+async def test_t49_a_unit_record_forged_behind_another_users_link_is_no_unit(
+    shared: Path, second_user: OtherUser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's state dir reached through the other user's link in a world-writable parent,
+    where that user wrote a unit record of its own: the agent lists no such unit."""
+    theirs = shared / "theirs"
+    as_user(second_user, "mkdir", "-m", "777", str(theirs))
+    units = theirs / "runwatch" / "units"
+    as_user(second_user, "mkdir", "-p", str(units))
+    forged = {"launch_id": "forged-1", "config_id": "cfg", "run": "B1", "state": "ended",
+              "launched_at": time.time(), "ended_at": time.time(), "exit": {"code": 0}}  # fmt: skip
+    script = f"import json,sys; open(sys.argv[1], 'w').write(json.dumps({forged!r}))"
+    as_user(second_user, second_user.python, "-c", script, str(units / "forged-1.json"))
+    link = shared / "state"
+    as_user(second_user, "ln", "-s", str(theirs), str(link))
+    monkeypatch.setenv("XDG_STATE_HOME", str(link))
+    host = LocalHost(HostConfig(name="local", local=True))
+    await host.connect()
+    try:
+        listed = await host.request("units", {"config_id": "cfg"})
+    finally:
+        await host.close()
+    assert listed["units"] == [], listed
+
+
+async def test_t49_a_kill_never_sweeps_the_holders_of_what_another_users_link_reaches(
+    shared: Path, victim: Path, second_user: OtherUser, agent: LocalHost, fake_runs: FakeRuns
+) -> None:
+    """The run's data file is the other user's link to a file a process of root's (not the
+    run) holds open for writing: the kill of the run stops the run, never that process."""
+    data, _ = dataset(shared, second_user, victim)
+    bystander = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(victim)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert bystander.stdout is not None and bystander.stdout.readline() == "holding\n"
+        run = fake_runs.start("--datasets", "B1")
+        ps = await agent.request("ps", {"scripts": ["run_inference.py"]})
+        [ident] = [p["identity"] for p in ps["processes"] if p["identity"]["pid"] == run.pid]
+        killed = await agent.request(
+            "kill", {"identity": ident, "grace": 5.0, "files": [str(data)]}, timeout=60
+        )
+        assert {t["pid"] for t in killed["results"]} == {run.pid}, killed
+        assert bystander.poll() is None, "the holder of the link's target was stopped"
+    finally:
+        bystander.kill()
+        bystander.wait(timeout=30)
+    untouched(victim)
