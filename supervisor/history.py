@@ -36,6 +36,9 @@ from supervisor.paths import config_state, open_private
 STEP_S = 10.0
 MAX_POINTS = 1080
 MAX_AGE_S = 24 * 3600.0
+BUSY_S = 0.25
+"""How long a save waits for another process's write to the file before it leaves its points to
+the next save."""
 TRIM_EVERY = 64
 """A full ring's rows older than its oldest point are deleted once this many are."""
 PRUNE_EVERY_S = 3600.0
@@ -287,20 +290,33 @@ class History:
         before = {k: self._saved[k] for k in changed if k in self._saved}
         for key in changed:
             self._changes(key, rows, deletes, trims, drops)
-        try:
-            with db:
-                db.executemany(_DROP, drops)
-                db.executemany(_DELETE, deletes)
-                db.executemany(_WRITE, rows)
-                db.executemany(_TRIM, trims)
-                if self._pruned_at is None or time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:
-                    db.execute(_PRUNE, (now - MAX_AGE_S,))
-                    self._pruned_at = time.monotonic()
-        except sqlite3.Error:
-            self._changed |= changed  # tried again at the next save
+
+        def undo() -> None:  # tried again at the next save
+            self._changed |= changed
             for key in changed:
                 self._saved.pop(key, None)
             self._saved.update(before)
+
+        try:
+            # One transaction, its write lock taken first: another process of the config that
+            # writes now (or was stopped, Ctrl-Z, while it did) costs this save, never a wait.
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error:
+            undo()
+            return
+        try:
+            db.executemany(_DROP, drops)
+            db.executemany(_DELETE, deletes)
+            db.executemany(_WRITE, rows)
+            db.executemany(_TRIM, trims)
+            if self._pruned_at is None or time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:
+                db.execute(_PRUNE, (now - MAX_AGE_S,))
+                self._pruned_at = time.monotonic()
+            db.execute("COMMIT")
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            undo()
             raise OSError(f"{self.path}: history not saved") from None
 
     def _changes(
@@ -371,7 +387,7 @@ def _open(path: Path) -> sqlite3.Connection:
     """The database at ``path``, made a private file (0600, never through a link) before SQLite
     opens it; its journal files take the same mode."""
     os.close(open_private(path, os.O_RDWR | os.O_CREAT))
-    db = sqlite3.connect(str(path), timeout=10.0, isolation_level=None, check_same_thread=False)
+    db = sqlite3.connect(str(path), timeout=BUSY_S, isolation_level=None, check_same_thread=False)
     try:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")

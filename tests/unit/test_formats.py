@@ -16,6 +16,7 @@ import pytest
 import supervisor.agent.completeness as completeness
 import supervisor.agent.follow as follow
 import supervisor.agent.formats as formats
+import supervisor.agent.safefs as safefs
 import supervisor.agent.scan as scan
 from supervisor.agent.formats import (
     BUILTIN_FORMATS,
@@ -228,9 +229,11 @@ def test_agent_modules_import_only_the_standard_library(module: Any) -> None:
         top = name.split(".")[0]
         if top == "supervisor":
             assert name in (
+                "supervisor.agent",  # ``from supervisor.agent import safefs``
                 "supervisor.agent.formats",
                 "supervisor.agent.follow",
                 "supervisor.agent.completeness",
+                "supervisor.agent.safefs",
             ), name
         else:
             assert top in sys.stdlib_module_names or top == "__future__", name
@@ -248,7 +251,8 @@ def _python38() -> str | None:
 
 @pytest.mark.parametrize("python", ["current", "3.8"])
 def test_agent_modules_load_from_source_alone(tmp_path: Path, python: str) -> None:
-    """As the agent loader does: register the two modules from their text, nothing else; on the
+    """As the agent loader does: register the scanner's modules (and ``safefs``, through which
+    they open files) from their text, nothing else; on the
     oldest Python the agent supports too, when this machine has one."""
     import subprocess
 
@@ -272,6 +276,7 @@ def test_agent_modules_load_from_source_alone(tmp_path: Path, python: str) -> No
         [
             ["supervisor", "/dev/null"],
             ["supervisor.agent", "/dev/null"],
+            ["supervisor.agent.safefs", safefs.__file__],
             ["supervisor.agent.formats", formats.__file__],
             ["supervisor.agent.follow", follow.__file__],
             ["supervisor.agent.completeness", completeness.__file__],

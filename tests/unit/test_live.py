@@ -394,3 +394,26 @@ gpu_cost_per_hour = 36.0
     assert est.seconds == pytest.approx(300.0)
     assert est.seconds_err == pytest.approx(300.0 / math.sqrt(60))
     assert (est.cost_usd, est.cost_err) == pytest.approx((3.0, 3.0 / math.sqrt(60)))
+
+
+def test_a_save_while_another_process_writes_leaves_its_points_to_the_next(
+    tmp_path: Path,
+) -> None:
+    """Another process of the config holds the file's write lock (writing, or stopped with
+    Ctrl-Z while it did): the save gives up its turn at once and keeps its points, which the
+    next save writes."""
+    path = tmp_path / "h.db"
+    h = History(path)
+    h.add("run|h|x", 100.0, 1.0)
+    h.save(now=100.0)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    h.add("run|h|x", 110.0, 2.0)
+    h.save(now=110.0)
+    assert h.dirty
+    other.execute("ROLLBACK")
+    other.close()
+    h.save(now=110.0)
+    assert not h.dirty
+    h.close()
+    assert History(path).points("run|h|x") == [(100.0, 1.0), (110.0, 2.0)]
