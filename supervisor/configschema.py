@@ -340,8 +340,10 @@ class AlertsConfig(_Section):
     """Event kinds to send (default: every kind; see ``runwatch watch --help``)."""
     min_severity: Literal["info", "warning", "critical"] = "info"
     """Events below this severity are shown but not sent."""
-    waste_tokens: NonNegativeInt | None = None
-    """Alert ``waste`` when a dataset's projected tokens past its budget exceed this."""
+    waste_tokens: NonNegativeInt | None = 1_000_000
+    """Alert ``waste`` when a dataset's projected tokens past its budget exceed this (on by
+    default: a million tokens is hours of a GPU or dollars of an API; write a larger number to
+    hear of less)."""
     waste_usd: NonNegative | None = None
     """Alert ``waste`` when a dataset's projected cost past its budget exceeds this (USD)."""
     stall_multiple: NonNegative = 0.0

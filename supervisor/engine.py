@@ -1334,6 +1334,8 @@ class Engine:
             now = self._now()
             self._live.moved_on(hc.name, rv, self._trackers, alive, now)
             self._live.run_rates(hc.name, rv, alive, now, started_at(proc, now))
+            endpoint = self.config.endpoint(run.endpoint) if run.endpoint is not None else None
+            rv.waste = rates.run_waste(rv, rates.CostInfo.from_endpoint(endpoint))
             run_views.append(rv)
         discovered: dict[str, dict[str, Any]] = {}
         for proc in procs:

@@ -340,10 +340,12 @@ class EventTracker:
         unenforced = run.process is not None and run.process.flags.token_budget is None
         fix = self._budget_fix(run, budget)
         if writing and unenforced and ds.over_budget:
+            # The dataset's own figure, then the whole run's, with its time and cost.
+            whole = f"; {run.waste.message}" if run.waste is not None else ""
             yield event(
                 "over-budget",
                 "warning",
-                ds.projection.message or "past its token budget",
+                (ds.projection.message or "past its token budget") + whole,
                 fix,
             )
         t = self.thresholds

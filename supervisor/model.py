@@ -192,6 +192,24 @@ class Projection(msgspec.Struct, kw_only=True):
     ``prompts``), and until the config budget is passed (``budget``), where a rate is known."""
 
 
+class RunWaste(msgspec.Struct, kw_only=True):
+    """What a running run without a budget flag will make past its datasets' budgets if left
+    alone: every dataset's waste, the datasets not started included (``rates.run_waste``)."""
+
+    tokens: int = 0
+    seconds: float | None = None
+    """How long the run takes to make them, at its own rate (None: no rate yet)."""
+    cost_usd: float | None = None
+    """Their price: the endpoint's output price, else its GPU cost per hour over ``seconds``."""
+    datasets: list[str] = []
+    """The datasets past (or bound past) their budgets, in the run's order."""
+    guessed: list[str] = []
+    """Of those, the ones not started: their tokens are their samples to go times the run's
+    average tokens per response so far (a guess: their own answers may be longer or shorter)."""
+    message: str = ""
+    """One line: ``left alone: +109 M tokens past budgets in B2..B8 (7) over ~59 h, ~$870``."""
+
+
 class SidecarView(msgspec.Struct, kw_only=True):
     """A file beside a dataset holding the prompts that failed or were skipped (SpecForge)."""
 
@@ -370,6 +388,9 @@ class RunView(msgspec.Struct, kw_only=True):
     process it found and adopted by evidence (``adopted``); None when it is not running."""
     last_unit: UnitInfo | None = None
     """The newest unit this config launched for the run (running or ended)."""
+    waste: RunWaste | None = None
+    """Left alone, what the run makes past its datasets' budgets (a running run without its
+    client's budget flag, with something past a budget; else None)."""
     script_sha256: str | None = None
     """sha256 of the script of the run's last confirmed launch, as read on the host (from its
     launch spec; None: no launch recorded it)."""

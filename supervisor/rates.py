@@ -61,7 +61,7 @@ import msgspec
 
 from supervisor import display
 from supervisor.config import DatasetConfig, EndpointConfig
-from supervisor.model import DatasetView, Projection, Rates, RunFlags, Verdict
+from supervisor.model import DatasetView, Projection, Rates, RunFlags, RunView, RunWaste, Verdict
 
 WINDOW_1M = 60.0
 WINDOW_10M = 600.0
@@ -442,6 +442,58 @@ def project(
         proj, tokens, budget, run_token_budget, writer_alive, future, budget_flag, records
     )
     return proj
+
+
+def run_waste(run: RunView, cost: CostInfo | None) -> RunWaste | None:
+    """What ``run`` makes past its datasets' budgets if left alone (:class:`RunWaste`): None
+    unless it runs without its client's budget flag and something of it is past a budget.
+
+    A dataset with a figure gives its ``waste_tokens`` (and cost); a dataset not started that
+    has a budget and samples to go gives those samples times the run's average tokens per
+    response so far, past its budget, and is named a guess. The time is the whole at the run's
+    own rate (the datasets take turns or share it: the run makes tokens at that rate either
+    way)."""
+    flags = run.process.flags if run.process is not None else None
+    if run.state != "running" or flags is None or flags.token_budget is not None:
+        return None
+    made = sum(d.completion_tokens for d in run.datasets)
+    responses = sum(d.records for d in run.datasets)
+    average = made / responses if responses else None
+    out = RunWaste()
+    for d in run.datasets:
+        waste = d.projection.waste_tokens
+        if not waste and d.records == 0 and d.token_budget is not None and average is not None:
+            left = d.projection.remaining_samples
+            waste = max(0, round((left or 0) * average) - d.token_budget)
+            if waste:
+                out.guessed.append(d.name)
+        if waste:
+            out.tokens += waste
+            out.datasets.append(d.name)
+    if not out.tokens:
+        return None
+    rate = run.rates.tok_per_s or run.rates.tok_per_s_1m or run.rates.tok_per_s_all
+    out.seconds = out.tokens / rate if rate else None
+    if cost is not None and cost.price_out_per_m is not None:
+        out.cost_usd = out.tokens / 1e6 * cost.price_out_per_m
+    elif cost is not None and cost.gpu_cost_per_hour is not None and out.seconds is not None:
+        out.cost_usd = out.seconds / 3600 * cost.gpu_cost_per_hour
+    over = _names(out.datasets)
+    when = f" over ~{display.duration(out.seconds)}" if out.seconds is not None else ""
+    usd = f", ~{display.money(out.cost_usd)}" if out.cost_usd else ""
+    guess = (
+        f"; {_names(out.guessed)} not started: guessed from the run's "
+        f"{display.compact(average)} tokens per response"
+        if out.guessed and average is not None
+        else ""
+    )
+    made_past = f"+{display.compact(out.tokens)} tokens past budgets in {over}"
+    out.message = f"left alone: {made_past}{when}{usd}{guess}"
+    return out
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names) if len(names) <= 4 else f"{names[0]}..{names[-1]} ({len(names)})"
 
 
 def past_budget(tokens: int, budget: int, records: int) -> bool:

@@ -98,6 +98,8 @@ def _run_lines(r: RunView) -> list[str]:
         # The run's own window across all its datasets, with its uncertainty.
         head += "  " + display.rate_pm(r.rates.tok_per_s, r.rates.tok_per_s_err, "tok/s")
     lines = [head]
+    if r.waste is not None:  # the whole waste first: one dataset's line says only its own
+        lines.append(f"    {r.waste.message}")
     if not r.datasets:
         return lines
     # The name column fits the longest name, so that the table fits 80 columns for short ones.

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from supervisor.config import DatasetConfig, EndpointConfig
-from supervisor.model import DatasetView, RunFlags
+from supervisor.model import DatasetView, Identity, ProcessInfo, Rates, RunFlags, RunView
 from supervisor.rates import (
     IDLE_S,
     CostInfo,
@@ -16,6 +17,7 @@ from supervisor.rates import (
     Trackers,
     build_dataset_view,
     project,
+    run_waste,
 )
 
 
@@ -515,3 +517,68 @@ def test_a_seeded_history_of_an_earlier_writer_is_dropped_at_the_new_writers_sta
     assert r.window_s == pytest.approx(290.0)
     t.since(1500.0)  # the same writer again: nothing more dropped
     assert t.rates(1790.0).window_s == pytest.approx(290.0)
+
+
+def test_the_whole_waste_of_a_run_counts_the_datasets_not_started_as_a_guess() -> None:
+    """The incident's run: B1 done under its budget, B2 past it with 2,800 samples to go, B3 and
+    B4 not started; every dataset has a 10 M budget and 4,940 samples, the run no
+    --token-budget, on GPUs at $15 an hour. Left alone it makes B2's waste and, past their
+    budgets, what B3 and B4 will make at the run's average tokens per response."""
+    budget, samples = 10_000_000, 4940
+    ds = DatasetConfig(token_budget=budget, max_samples=samples)
+    flags = RunFlags(max_samples=samples)
+    cost = CostInfo(gpu_cost_per_hour=15.0)
+
+    def view(name: str, records: int, tokens: int) -> DatasetView:
+        tracker = RateTracker()
+        first = scan(records - 100, tokens - 500_000, path=f"/o/{name}/raw_responses.jsonl")
+        build_dataset_view(first, ds, flags, tracker, cost, True, 0.0)
+        now = scan(records, tokens, path=f"/o/{name}/raw_responses.jsonl")
+        return build_dataset_view(now, ds, flags, tracker, cost, True, 900.0)
+
+    b1 = view("B1", samples, 9_000_000)
+    b2 = view("B2", 2140, 10_700_000)
+    missing = [
+        build_dataset_view(
+            {"path": f"/o/{n}/raw_responses.jsonl", "state": "missing", "verdict": "missing"},
+            ds,
+            flags,
+            RateTracker(),
+            cost,
+            True,
+            900.0,
+        )
+        for n in ("B3", "B4")
+    ]
+    run = RunView(
+        name="eagle3-kimi",
+        host="gpu",
+        state="running",
+        process=_process(flags),
+        datasets=[b1, b2, *missing],
+        rates=Rates(tok_per_s=500.0),
+    )
+    waste = run_waste(run, cost)
+    assert waste is not None
+    average = (9_000_000 + 10_700_000) / (samples + 2140)
+    guessed = round(samples * average) - budget  # per dataset not started
+    assert b1.projection.waste_tokens == 0 and b2.projection.waste_tokens == 14_700_000
+    assert waste.tokens == 14_700_000 + 2 * guessed
+    assert (waste.datasets, waste.guessed) == (["B2", "B3", "B4"], ["B3", "B4"])
+    assert waste.seconds == pytest.approx(waste.tokens / 500.0)
+    assert waste.cost_usd == pytest.approx(waste.tokens / 500.0 / 3600 * 15.0)
+    assert waste.message.startswith("left alone: +")
+    assert "past budgets in B2, B3, B4 over ~" in waste.message, waste.message
+    assert "; B3, B4 not started: guessed from the run's " in waste.message, waste.message
+    # With its budget flag the run stops at each budget: nothing is waste.
+    with_flag = msgspec.structs.replace(run, process=_process(RunFlags(token_budget=budget)))
+    assert run_waste(with_flag, cost) is None
+    assert run_waste(msgspec.structs.replace(run, state="stopped"), cost) is None
+
+
+def _process(flags: RunFlags) -> ProcessInfo:
+    identity = Identity(boot_id="b", pid=42, start_time=1, uid=0, argv=("python3", "x.py"))
+    return ProcessInfo(
+        identity=identity, user="u", uptime_s=1.0, cpu_percent=0.0, rss_mb=1.0, state="S",
+        flags=flags,
+    )  # fmt: skip

@@ -89,6 +89,8 @@ def run_header(run: RunView, *, stale: bool) -> Text:
         value, _, err = display.rate_pm(run.rates.tok_per_s, run.rates.tok_per_s_err).partition(" ")
         text.append(f"  {value}", style="bold" + dim)
         text.append(f" {err} tok/s" if err else " tok/s", style=dim.strip())
+    if run.waste is not None:  # the whole waste of the run, not one dataset's
+        text.append("\n  " + run.waste.message, style="bold yellow" + dim)
     return text
 
 
