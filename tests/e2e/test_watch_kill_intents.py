@@ -373,8 +373,13 @@ def test_w31_a_kill_of_a_dead_run_before_the_watcher_saw_it_gone_is_not_restarte
     finally:
         watcher.send_signal(signal.SIGCONT)
     wait_until(lambda: "Run stopped" in text(out), 60, what="the death seen")
+    # Which the watcher reads first on a loaded machine, the death or the kill's record, says
+    # which words it uses; either way nothing is started (asserted below).
     wait_until(
-        lambda: "demo: not restarted: stopped by" in text(out),
+        lambda: (
+            "demo: not restarted: stopped by" in text(out)
+            or "demo: its pending restart on failure was cancelled by" in text(out)
+        ),
         60,
         what="the watcher not restarting that death",
     )
