@@ -317,3 +317,28 @@ async def host() -> AsyncIterator[LocalHost]:
 def runs_by_pid(result: dict[str, Any]) -> dict[int, dict[str, Any]]:
     """The processes of a ``ps``/``refresh`` reply by pid."""
     return {p["identity"]["pid"]: p for p in result["processes"]}
+
+
+def interrupted(proc: subprocess.Popen[bytes], timeout: float = 30) -> tuple[bytes, bytes]:
+    """Ctrl-C (SIGINT) to ``proc`` and its output once it ended. A process still there after
+    ``timeout`` fails the test with what tells why: its signal masks (blocked, ignored, caught)
+    and every thread's stack (SIGABRT; a child started with ``PYTHONFAULTHANDLER=1`` prints it)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            with open(f"/proc/{proc.pid}/status") as f:
+                masks = "".join(line for line in f if line.startswith(("Sig", "Shd", "State")))
+        except OSError as e:
+            masks = f"(no /proc status: {e})"
+        proc.send_signal(signal.SIGABRT)
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        text = err.decode(errors="replace")[-6000:]
+        raise AssertionError(
+            f"pid {proc.pid} still there {timeout:g} s after SIGINT\n{masks}\n{text}"
+        ) from None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ from supervisor.cli.status import CLEAR
 from supervisor.config import load_config
 from supervisor.engine import Engine
 from tests.fixtures_actions import over_budget_stop_run
-from tests.fixtures_procs import FakeRun, FakeRuns, gone
+from tests.fixtures_procs import FakeRun, FakeRuns, gone, interrupted
 from tests.waiting import wait_for, wait_until
 from tui.app import make_app
 
@@ -30,7 +29,12 @@ TOP = "refresh_seconds = 0.3"
 
 
 def _env(state: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_STATE_HOME": str(state)}
+    return {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONFAULTHANDLER": "1",
+        "XDG_STATE_HOME": str(state),
+    }
 
 
 def _status_watch(run: FakeRun, cfg: Path, state: Path) -> None:
@@ -56,8 +60,7 @@ def _status_watch(run: FakeRun, cfg: Path, state: Path) -> None:
         stopped_at = frames()
         wait_until(lambda: frames() >= stopped_at + 3, timeout=60)  # it does not act again
     finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        _, err = interrupted(proc)
         reader.join(timeout=10)
     assert proc.returncode == 0, err.decode()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from supervisor.cli import cli
 from supervisor.cli.status import CLEAR, fit_screen, render
 from supervisor.model import DatasetView, HostView, Projection, RunView, Snapshot
 from tests.fixtures_data import make_raw
-from tests.fixtures_procs import FakeRuns
+from tests.fixtures_procs import FakeRuns, interrupted
 from tests.fixtures_sshd import SshdServer, free_port
 
 ARGV = ["python3", "run_inference.py", "--datasets", "B1,B2", "--max-samples", "7000"]
@@ -174,7 +173,7 @@ def test_status_watch_redraws_until_ctrl_c(tmp_path: Path, dataset_dir: tuple[Pa
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=Path(__file__).parents[2],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"},
     )
     assert proc.stdout is not None
     seen = b""
@@ -187,8 +186,7 @@ def test_status_watch_redraws_until_ctrl_c(tmp_path: Path, dataset_dir: tuple[Pa
             seen += chunk
         assert seen.count(CLEAR.encode()) >= 3, seen.decode(errors="replace")
     finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        _, err = interrupted(proc)
     assert proc.returncode == 0, err.decode()
     assert b"Traceback" not in err
     frame = seen.decode().split(CLEAR)[-2]

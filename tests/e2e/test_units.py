@@ -413,9 +413,11 @@ settle_seconds = 0.5
 stop_grace_seconds = 1.0
 
 [datasets.x]
-token_budget = 100
+token_budget = 1000
 """,
     )
+    # 100 tokens a second: the restart comes well before the budget (a restart past it, with no
+    # budget flag, is refused, as it should be), the guard's stop some seconds after.
     async with Engine(load_config(cfg)) as engine:
         first = await launched(engine, "mine", stop_units)
         assert first.state == "running" and first.held_by == held_by

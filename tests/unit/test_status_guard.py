@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -14,7 +13,7 @@ from pathlib import Path
 
 from supervisor.cli.status import CLEAR
 from tests.fixtures_actions import over_budget_stop_run
-from tests.fixtures_procs import FakeRuns, gone
+from tests.fixtures_procs import FakeRuns, gone, interrupted
 from tests.waiting import wait_until
 
 
@@ -25,7 +24,12 @@ def test_watch_stops_an_over_budget_run_exactly_once(tmp_path: Path, fake_runs: 
         [sys.executable, "-m", "supervisor.cli", "status", "-c", str(cfg), "--watch", "0.1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "XDG_STATE_HOME": str(state)},
+        env={
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONFAULTHANDLER": "1",
+            "XDG_STATE_HOME": str(state),
+        },
     )
     assert proc.stdout is not None
     out: list[bytes] = []
@@ -44,8 +48,7 @@ def test_watch_stops_an_over_budget_run_exactly_once(tmp_path: Path, fake_runs: 
         # Three more refreshes after the stop: the guard does not act again.
         wait_until(lambda: len(frames()) >= stopped_at + 3, timeout=60)
     finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        _, err = interrupted(proc)
         reader.join(timeout=10)
     assert proc.returncode == 0, err.decode()
     frame = frames()[-2]
