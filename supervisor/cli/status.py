@@ -249,16 +249,39 @@ def fit_screen(text: str, rows: int, cols: int = 0) -> str:
 
 
 async def _watch(config: Any, seconds: float, as_json: bool) -> None:
+    """Redraw every ``seconds`` until Ctrl-C or SIGTERM. Its own handler sets a stop that each
+    turn races: a cancellation alone can be lost (``asyncio.wait_for`` of Python 3.11 returns a
+    reply that came at the instant it was cancelled), and the loop would then go on."""
     import asyncio
+    import signal
 
     from supervisor.engine import Engine
 
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    stopped = asyncio.ensure_future(stop.wait())
+
+    async def until_stop(aw: Any) -> Any:
+        """``aw``'s result, or None when a stop came first (``aw`` is then cancelled)."""
+        task = asyncio.ensure_future(aw)
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        return None
+
     acted: list[str] = []  # what the budget guard did, shown under every redraw
     async with Engine(config) as engine:
-        while True:
+        while not stop.is_set():
             started = time.monotonic()
             # Each run's budget policy (warn, stop, restart-with-budget), once per event, audited.
-            tick = await engine.tick(events=False)
+            tick = await until_stop(engine.tick(events=False))
+            if tick is None:
+                break
             snap = tick.snapshot
             done = [o for o in tick.outcomes if o.acted]
             if as_json:
@@ -274,7 +297,8 @@ async def _watch(config: Any, seconds: float, as_json: bool) -> None:
                 write_control(sys.stdout, CLEAR)
                 sys.stdout.write(text)
                 sys.stdout.flush()
-            await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
+            await until_stop(asyncio.sleep(max(0.0, seconds - (time.monotonic() - started))))
+    stopped.cancel()
 
 
 class _Progress:
