@@ -3,12 +3,22 @@ loaded here as plugins so that any test can use any fixture."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import properties
+
+# Started from a background job of a shell (`make test &`), the test processes inherit SIGINT and
+# SIGQUIT ignored, and so would every process a test starts and then interrupts, as a user's
+# Ctrl-C does: their default dispositions are put back (a handler is reset to the default in
+# the children at exec; an ignored signal stays ignored).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 pytest_plugins = sorted(f"tests.{p.stem}" for p in Path(__file__).parent.glob("fixtures_*.py"))
 
