@@ -78,6 +78,20 @@ def script_path(workdir: str, script: str, executed: bool, search_path: str | No
     return os.path.normpath(os.path.join(workdir, script))
 
 
+def read_bounded(fd: int) -> bytes:
+    """What ``fd`` holds, read up to one byte past ``MAX_SOURCE_BYTES`` (so that a caller sees a
+    file too large without reading it all)."""
+    chunks = []
+    left = MAX_SOURCE_BYTES + 1
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def read_source(path: str) -> tuple[bytes | None, str]:
     """``(source, "")``, or ``(None, why it cannot be read)``. Opened without blocking (a FIFO
     named as a script must not hang the agent) and read only when it is a regular file."""
@@ -93,19 +107,11 @@ def read_source(path: str) -> tuple[bytes | None, str]:
             return None, f"{path} is not a regular file"
         if st.st_size > MAX_SOURCE_BYTES:
             return None, f"{path} is larger than {MAX_SOURCE_BYTES // (1024 * 1024)} MiB"
-        chunks = []
-        left = MAX_SOURCE_BYTES + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
+        data = read_bounded(fd)
     except OSError as e:
         return None, f"cannot read {path}: {e.strerror}"
     finally:
         os.close(fd)
-    data = b"".join(chunks)
     if len(data) > MAX_SOURCE_BYTES:
         return None, f"{path} is larger than {MAX_SOURCE_BYTES // (1024 * 1024)} MiB"
     return data, ""

@@ -19,7 +19,7 @@ import stat
 from typing import Any
 
 from . import safefs
-from .argspec import MAX_SOURCE_BYTES
+from .argspec import MAX_SOURCE_BYTES, read_bounded
 from .protocol import AgentOpError, ScriptInstallResult, param_str
 
 KEPT_INFIX = ".runwatch-"
@@ -38,17 +38,9 @@ def _read(path: str) -> tuple[bytes, int]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise AgentOpError(f"{path} is not a regular file", "unreadable")
-        chunks = []
-        left = MAX_SOURCE_BYTES + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
+        data = read_bounded(fd)
     finally:
         os.close(fd)
-    data = b"".join(chunks)
     if len(data) > MAX_SOURCE_BYTES:
         raise AgentOpError(f"{path} is larger than {MAX_SOURCE_BYTES} bytes", "unreadable")
     return data, stat.S_IMODE(st.st_mode)
