@@ -26,6 +26,7 @@ import msgspec
 
 from supervisor.errors import RunwatchError
 from supervisor.paths import config_state, private_dir, read_private, write_private
+from supervisor.runlock import holder_written
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -75,7 +76,6 @@ def hold(config: Config, what: str, *, resuming: bool = False) -> Iterator[None]
     naming its holder (its pid, who, since when). Unless ``resuming``, a plan half-applied
     (an intent left by an apply that was killed) refuses too, naming the command that rolls it
     back."""
-    from supervisor.audit import actor
     from supervisor.events import command_prefix
 
     path = lock_path(config)
@@ -103,14 +103,8 @@ def hold(config: Config, what: str, *, resuming: bool = False) -> Iterator[None]
                 f"a rebalance plan is half-applied (written by {left.by}): nothing done",
                 f"roll it back first: {command_prefix(config)} rebalance --apply --resume --yes",
             )
-        info = {"action": what, "by": actor(), "pid": os.getpid(), "since": time.time()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
-        try:
+        with holder_written(fd, what):
             yield
-        finally:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
     finally:
         os.close(fd)
 

@@ -18,7 +18,7 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +82,22 @@ def holder(config: Config, run: str) -> dict[str, Any] | None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def holder_written(fd: int, action: str) -> Iterator[None]:
+    """The holder's record in the lock file ``fd`` that it holds (what it does, who and from
+    where, its pid, since when) while the block runs; emptied after it."""
+    from supervisor.audit import actor
+
+    info = {"action": action, "by": actor(), "pid": os.getpid(), "since": time.time()}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(info).encode(), 0)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+
+
 @contextlib.asynccontextmanager
 async def hold(
     config: Config,
@@ -92,8 +108,6 @@ async def hold(
 ) -> AsyncIterator[None]:
     """Hold the lock of ``run`` while the block runs. Waits up to ``wait_s`` for another holder
     (told to ``on_wait`` once, naming it), then raises :class:`RunBusy` naming it."""
-    from supervisor.audit import actor
-
     path = lock_path(config, run)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
@@ -115,13 +129,7 @@ async def hold(
                     on_wait(f"run {run}: waiting for another runwatch action on it ({other})")
                     told = True
                 await asyncio.sleep(POLL_S)
-        info = {"action": action, "by": actor(), "pid": os.getpid(), "since": time.time()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
-        try:
+        with holder_written(fd, action):
             yield
-        finally:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
     finally:
         os.close(fd)
