@@ -27,6 +27,7 @@ from supervisor import audit
 from supervisor.agent import snapshots as host_snapshots
 from supervisor.cli import cli
 from supervisor.engine import Engine
+from supervisor.plan import find_run_view
 from tests.fixtures_actions import pid_alive
 from tests.fixtures_clients import ClientRun
 from tests.waiting import SCALE, wait_for, wait_until
@@ -155,6 +156,19 @@ async def test_a2_a_restart_that_truncates_is_stopped_and_the_snapshot_put_back(
     assert run.output.read_bytes().startswith(at_stop["out"])
 
 
+async def _until_stopped(engine: Engine, name: str) -> None:
+    """Until the engine sees ``name`` stopped: a killed process leaves the run's unit only once
+    its parent has reaped it, and a launch over a unit that still has processes is refused."""
+    deadline = asyncio.get_running_loop().time() + 30 * SCALE
+    while True:
+        snap = await engine.refresh()
+        rv = find_run_view(snap, "local", name)
+        if rv is None or rv.state != "running":
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"{name} still running: {rv}"
+        await asyncio.sleep(0.2)  # polling interval of a condition wait
+
+
 async def test_a2_a_launch_over_existing_data_that_truncates_is_put_back(
     tmp_path: Path, client_server: Any, demo_tokenizer: Path, clients: list[ClientRun]
 ) -> None:
@@ -167,6 +181,7 @@ async def test_a2_a_launch_over_existing_data_that_truncates_is_put_back(
         for pid in run.pids():
             os.kill(pid, signal.SIGKILL)
         wait_until(lambda: not run.pids(), timeout=15)
+        await _until_stopped(engine, "sf")  # its unit empty too, once the dead are reaped
         before = run.output.read_bytes()
         result = await engine.execute(await engine.plan("sf", action="launch"))
     assert not result.ok and result.rollback is None  # nothing was stopped: nothing to roll back
