@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.widgets import TabbedContent
 
 from supervisor.config import Config, DatasetConfig, EndpointConfig, HostConfig, RunConfig
 from supervisor.engine import (
@@ -38,6 +39,7 @@ from supervisor.model import (
     RunView,
     Snapshot,
 )
+from tests.waiting import wait_for
 
 FROZEN_TIME = 1_764_460_800.0  # 2025-11-30 00:00:00 UTC
 BUDGET = 10_000_000
@@ -468,3 +470,15 @@ def tui_demo(
 def demo_process(demo: Any, run: str) -> Any:
     """The ``Started`` record of a demo run (its Popen is ``.proc``)."""
     return next(s for s in demo.started if s.label == f"run {run}")
+
+
+DETAIL_TABS = {"overview": "1", "log": "2", "samples": "3", "history": "4"}
+
+
+async def show_tab(pilot: Any, tab: str) -> None:
+    """Press the run detail screen's key for ``tab`` and wait until the tab is active: a key the
+    app has not handled yet when the test ends reaches an app with no screen left
+    (``ScreenStackError``), and a test reading the tab's widget before then reads the wrong tab."""
+    await pilot.press(DETAIL_TABS[tab])
+    contents = pilot.app.screen.query_one(TabbedContent)
+    await wait_for(lambda: contents.active == tab, what=f"the {tab} tab")

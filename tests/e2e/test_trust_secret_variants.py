@@ -33,6 +33,7 @@ from supervisor.agent import masking
 from supervisor.config import load_config
 from supervisor.engine import Engine
 from tests.fixtures_actions import pid_alive
+from tests.fixtures_tui import show_tab
 from tests.waiting import wait_for, wait_until
 from tui.app import make_app
 from tui.screens.run_detail import RunDetailScreen, process_table
@@ -658,7 +659,7 @@ async def test_t25_the_default_launch_log_is_the_clients_output_and_shown_masked
         await wait_for(lambda: app.find_run("local/prof") is not None, 30, what="the run")
         app.open_run("local/prof")
         await wait_for(lambda: isinstance(app.screen, RunDetailScreen), what="the detail")
-        await pilot.press("2")
+        await show_tab(pilot, "log")
         view = app.screen.query_one("#log-view", Log)
         await wait_for(
             lambda: any("leaky client ready" in x for x in view.lines), 30, what="the log"

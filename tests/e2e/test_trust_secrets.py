@@ -30,6 +30,7 @@ from supervisor.config import load_config
 from supervisor.engine import Engine
 from tests.fixtures_actions import pid_alive
 from tests.fixtures_alerts import Receiver
+from tests.fixtures_tui import show_tab
 from tests.waiting import wait_for, wait_until
 from tui.app import make_app
 from tui.screens.run_detail import RunDetailScreen, process_table
@@ -255,7 +256,7 @@ async def test_t1_no_secret_form_reaches_any_output_file_screen_or_alert(
             console.print(process_table(shown_run[1]))
             process_text = console.file.getvalue()  # type: ignore[attr-defined]
             shot += process_text
-            await pilot.press("2")
+            await show_tab(pilot, "log")
             view = app.screen.query_one("#log-view", Log)
             await wait_for(
                 lambda: any("max_token" in x for x in view.lines), 30, what="the log in the view"

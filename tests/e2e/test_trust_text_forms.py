@@ -36,6 +36,7 @@ from supervisor.watch import Watcher, WatchLock, watch
 from tests import fixtures_actions as actions
 from tests.fixtures_actions import host_toml
 from tests.fixtures_alerts import Receiver
+from tests.fixtures_tui import show_tab
 from tests.waiting import wait_for
 from tui.app import make_app
 from tui.screens.run_detail import RunDetailScreen
@@ -232,7 +233,7 @@ async def _log_tab(cfg: Path, key: str, last: str) -> str:
         await wait_for(lambda: app.find_run(key) is not None, 30, what="the run")
         app.open_run(key)
         await wait_for(lambda: isinstance(app.screen, RunDetailScreen), what="the detail")
-        await pilot.press("2")
+        await show_tab(pilot, "log")
         view = app.screen.query_one("#log-view", Log)
         await wait_for(lambda: any(last in x for x in view.lines), 30, what="the log")
         assert '  openai_api_key: "***"' in view.lines, view.lines

@@ -19,7 +19,7 @@ from textual.widgets import Button, DataTable, Input, Log, ProgressBar, Select, 
 
 from supervisor.cli import cli
 from supervisor.engine import Engine
-from tests.fixtures_tui import demo_process
+from tests.fixtures_tui import demo_process, show_tab
 from tests.waiting import wait_for
 from tui.app import RunwatchApp, make_app
 from tui.screens.compare import CompareScreen
@@ -275,13 +275,13 @@ async def test_detail_follows_the_log_and_decodes_samples(tui_demo: Any) -> None
         await pilot.press("enter")
         await wait_for(lambda: isinstance(app.screen, RunDetailScreen), what="the detail screen")
         screen = app.screen
-        await pilot.press("2")
+        await show_tab(pilot, "log")
         log = screen.query_one("#log-view", Log)
         await wait_for(lambda: log.line_count > 0, timeout=20, what="log lines")
         assert any("B5" in line for line in log.lines)
         # The API key given to the run never shows (argv names only the variable).
         assert not any(os.environ["RUNWATCH_DEMO_API_KEY"] in line for line in log.lines)
-        await pilot.press("3")
+        await show_tab(pilot, "samples")
         view = screen.query_one("#samples-view", Static)
         status = screen.query_one("#samples-status", Static)
         await wait_for(

@@ -12,6 +12,7 @@ from textual.widgets import Log
 from supervisor.engine import Engine
 from tests import fixtures_actions as actions
 from tests.fixtures_actions import DemoRun, why
+from tests.fixtures_tui import show_tab
 from tests.waiting import wait_for
 from tui.app import make_app
 from tui.screens.run_detail import RunDetailScreen
@@ -38,7 +39,7 @@ async def test_detail_shows_the_launch_log_of_a_run_without_log(
         await wait_for(lambda: app.find_run("local/demo") is not None, 30, what="the run")
         app.open_run("local/demo")
         await wait_for(lambda: isinstance(app.screen, RunDetailScreen), what="the detail screen")
-        await pilot.press("2")
+        await show_tab(pilot, "log")
         view = app.screen.query_one("#log-view", Log)
         await wait_for(
             lambda: client_line(list(view.lines)) is not None, 30, what="the client's log line"
