@@ -110,8 +110,14 @@ def test_submit_runs_argv_verbatim_and_lists_the_job(
         assert reply["submitted"] and job["state"] == "RUNNING", reply
         assert job["comment"] == "runwatch:verbatim" and job["name"] == "rw-verbatim"
         argv_file = tmp_path / "argv.json"
-        wait_until(argv_file.exists, timeout=15.0)
-        assert json.loads(argv_file.read_text()) == hostile
+
+        def written() -> list[str] | None:  # the job may be between its open and its write
+            try:
+                return list(json.loads(argv_file.read_text()))
+            except (FileNotFoundError, ValueError):
+                return None
+
+        assert wait_until(written, timeout=15.0) == hostile
         assert not pwned_marker.exists()
         listed = slurmops.slurm_jobs({})
         fallback = slurmops.slurm_jobs({"force_format": True})

@@ -345,8 +345,8 @@ async def test_restart_with_move_aside_relaunches_the_run(tui_demo: Any) -> None
             what="the restart",
         )
         restarted = screen.result
-        assert restarted is not None and restarted.identity is not None
-        assert restarted.ok is True, screen.steps
+        assert restarted is not None
+        assert restarted.ok is True and restarted.identity is not None, screen.steps
         # Each step was shown running, then with its result, in plan order.
         seen = screen.transitions[checked:]
         names = [s["name"] for s in screen.steps]

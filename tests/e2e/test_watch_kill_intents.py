@@ -44,7 +44,11 @@ def test_w31_a_kill_during_the_backoff_cancels_the_restart_in_this_watcher_and_t
     kill_runs_in: list[Path],
     spawn: Callable[..., Any],
 ) -> None:
-    demo = DemoRun(tmp_path, slow_endpoint.url, max_samples=300, run_toml=BACKOFF.format(backoff=6))
+    # The kill must start inside the backoff: 20 s leave room for a loaded machine's slow start
+    # of the CLI (6 s were passed once, and the kill then met the watcher's restart).
+    demo = DemoRun(
+        tmp_path, slow_endpoint.url, max_samples=300, run_toml=BACKOFF.format(backoff=20)
+    )
     kill_runs_in.append(demo.workdir)
     pid = launch(demo)
     out = tmp_path / "first.out"

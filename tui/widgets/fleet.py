@@ -152,6 +152,8 @@ class RunCard(Vertical):
         yield Static(classes="run-alerts")
 
     def on_mount(self) -> None:
+        if not self.query_children(".run-header"):
+            return  # removed (a newer view rebuilt its host) before its mount was handled
         self._ready = True
         self._apply()
         first = next(iter(self.screen.query(RunCard)), None)
@@ -214,6 +216,8 @@ class HostCard(Vertical):
             yield RunCard(self.host_name, run, stale=self._host.stale, wide=self._wide)
 
     def on_mount(self) -> None:
+        if not self.query_children(".host-header"):
+            return  # removed before its mount was handled
         self._ready = True
         self._apply()
 

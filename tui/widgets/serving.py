@@ -107,6 +107,8 @@ class FigureRow(Horizontal):
         yield Sparkline([])
 
     def on_mount(self) -> None:
+        if not self.query_children(Sparkline):
+            return  # removed before its mount was handled
         self._ready = True
         self._apply()
 
