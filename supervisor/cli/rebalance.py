@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from supervisor.cli._common import config_option, get_config, json_option, print_json
+from supervisor.cli._common import Finite, config_option, get_config, json_option, print_json
 from supervisor.errors import UsageError
 
 
@@ -29,12 +29,12 @@ from supervisor.errors import UsageError
     "Without it: the fastest split.",
 )
 @click.option(
-    "--max-usd", type=float, default=None, help="Spend at most this much on what is left."
+    "--max-usd", type=Finite(min=0), default=None, help="Spend at most this much on what is left."
 )
 @click.option(
     "--sample",
     "sample_s",
-    type=float,
+    type=Finite(min=0),
     default=10.0,
     show_default=True,
     help="Seconds at most spent refreshing when a running run has no rate yet (as compare).",
