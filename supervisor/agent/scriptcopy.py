@@ -8,7 +8,8 @@ one's mode. With ``from_path`` (a rollback) the bytes are those of a kept copy o
 checked against ``from_sha256``. The reply carries both hashes, the new one read back from
 the file now installed. With ``check`` (the preflight, before the old run is stopped) nothing
 is written: the script must still have its sha256 and its directory must take a new file (a
-read-only mount or a directory this user cannot write fails here, not after the stop).
+read-only mount or a directory this user cannot write fails here, not after the stop). A
+script that is a symbolic link is never replaced (it would become a file).
 """
 
 from __future__ import annotations
@@ -46,6 +47,23 @@ def _read(path: str) -> tuple[bytes, int]:
     if len(data) > MAX_SOURCE_BYTES:
         raise AgentOpError(f"{path} is larger than {MAX_SOURCE_BYTES} bytes", "unreadable")
     return data, stat.S_IMODE(st.st_mode)
+
+
+def _not_a_link(path: str) -> None:
+    """Refuse a script that is a symbolic link (the user's own; another user's is refused on
+    the way): replacing it would put a file where the link was, which no rollback puts back,
+    and leave the file it names, the one the run executes from then on elsewhere, as it was."""
+    try:
+        st = safefs.lstat(path)
+    except (OSError, safefs.UnsafePath):
+        return  # _read says why
+    if stat.S_ISLNK(st.st_mode):
+        target = os.path.realpath(path)
+        raise AgentOpError(
+            f"{path} is a symbolic link (to {target}): it would be replaced by a file; name "
+            f"{target} in the run's argv, or copy the new script over {target} yourself",
+            "link",
+        )
 
 
 def _sha(data: bytes) -> str:
@@ -87,6 +105,7 @@ def script_install(params: dict[str, Any]) -> ScriptInstallResult:
     if not isinstance(keep, bool) or not isinstance(check, bool):
         raise AgentOpError("parameters 'keep' and 'check': expected booleans", "bad-params")
     new = b"" if check else _new_bytes(params)
+    _not_a_link(path)
     old, mode = _read(path)
     old_sha = _sha(old)
     if old_sha != expect:

@@ -209,6 +209,42 @@ def test_a16_a_script_whose_directory_cannot_be_written_is_refused_before_the_st
     assert [e for e in audit.read() if e["action"].startswith("script-")] == []
 
 
+def test_a16_a_script_that_is_the_users_link_is_refused_before_the_stop(
+    tmp_path: Path, slow_endpoint: Any, ssh_host_cfg: Any, kill_after: list[int]
+) -> None:
+    """The run's script is the user's own link into a checkout (``run_inference.py ->
+    repo/run_inference.py``): the copy would put a file where the link was, which a failed
+    launch's rollback does not put back. Refused at the preflight naming the link's target;
+    the run keeps its pid, the link and the checkout's script untouched."""
+    demo, old, script, pid = _old_run(
+        tmp_path, slow_endpoint.url, ssh_host_cfg, kill_after, script_dir="repo"
+    )
+    link = demo.workdir / "run_inference.py"
+    link.symlink_to("repo/run_inference.py")
+    text = demo.config_path.read_text()
+    demo.config_path.write_text(text.replace('"repo/run_inference.py"', '"run_inference.py"'))
+    out = runwatch(
+        "-c",
+        str(demo.config_path),
+        "restart",
+        "demo",
+        "--set",
+        "token-budget=10000000",
+        "--script",
+        str(RUN_INFERENCE),
+        "--yes",
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    assert "[FAILED] preflight" in text and "nothing was stopped" in text, text
+    assert f"{link} is a symbolic link (to {script})" in text, text
+    assert pid_alive(pid), text
+    assert link.is_symlink() and os.readlink(link) == "repo/run_inference.py"
+    assert script.read_bytes() == old
+    assert [p.name for p in demo.workdir.glob("**/*.runwatch-*")] == []
+    assert [e for e in audit.read() if e["action"].startswith("script-")] == []
+
+
 def test_a17_a_launch_failing_after_the_copy_puts_the_old_script_back(
     tmp_path: Path, slow_endpoint: Any, ssh_host_cfg: Any, kill_after: list[int]
 ) -> None:

@@ -92,3 +92,24 @@ def test_a16_a_check_writes_nothing_and_says_whether_the_script_could_be_replace
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gen.py"]
     with pytest.raises(AgentOpError, match="changed since runwatch read it"):
         script_install({"path": str(script), "expect_sha256": _sha(b"new\n"), "check": True})
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["check", "install"])
+def test_a17_a_script_that_is_a_link_is_not_replaced_by_a_file(tmp_path: Path, check: bool) -> None:
+    """The run's script is the user's own link into a checkout: replacing it would put a file
+    where the link was (no rollback puts the link back) and leave the checkout's file as it
+    was. Refused, naming the link's target; the link and its target untouched."""
+    (tmp_path / "repo").mkdir()
+    target = tmp_path / "repo" / "gen.py"
+    target.write_bytes(b"old\n")
+    script = tmp_path / "gen.py"
+    script.symlink_to("repo/gen.py")
+    params = {"path": str(script), "expect_sha256": _sha(b"old\n"), "check": check}
+    if not check:
+        params["source_b64"] = _b64(b"new\n")
+    with pytest.raises(AgentOpError, match="is a symbolic link") as e:
+        script_install(params)
+    assert str(target) in str(e.value)
+    assert script.is_symlink() and os.readlink(script) == "repo/gen.py"
+    assert target.read_bytes() == b"old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen.py", "repo"]
