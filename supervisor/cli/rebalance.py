@@ -107,8 +107,6 @@ def rebalance(
     )
 
     deadline = parse_deadline(by) if by is not None else None
-    if max_usd is not None and max_usd < 0:
-        raise UsageError("--max-usd must be >= 0")
     if do_apply and not yes and not sys.stdin.isatty():
         raise UsageError(
             "refusing to apply without confirmation: no terminal to ask on",
