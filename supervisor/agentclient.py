@@ -234,6 +234,7 @@ class AgentClient:
         from_path: str | None = None,
         from_sha256: str | None = None,
         keep: bool | None = None,
+        check: bool | None = None,
         timeout: float | None = None,
     ) -> replies.ScriptInstalled:
         params = _params(
@@ -243,6 +244,7 @@ class AgentClient:
             from_path=from_path,
             from_sha256=from_sha256,
             keep=keep,
+            check=check,
         )
         return await self._decoded("script_install", params, timeout, replies.ScriptInstalled)
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import os
+import tokenize
 from dataclasses import dataclass
 
 import msgspec
@@ -58,4 +60,27 @@ def load(path: str) -> NewScript:
             f"--script {path}: {why}",
             "give the path of the new script on this machine (a Python file of at most 1 MiB)",
         )
+    why = undecodable(source)
+    if why:
+        raise UsageError(
+            f"--script {path}: no Python can run it: {why}",
+            "save it as UTF-8, or declare its encoding on its first line "
+            "(# -*- coding: latin-1 -*-), then run the same command again",
+        )
     return NewScript(path=full, source=source, sha256=hashlib.sha256(source).hexdigest())
+
+
+def undecodable(source: bytes) -> str:
+    """Why ``source`` is not text in the encoding it declares (PEP 263: UTF-8 unless a BOM or a
+    coding line says otherwise), or "". Every Python 3 refuses to run such a file, whereas
+    ``ast.parse`` of its bytes lets invalid bytes in a comment pass (and so the static reading
+    of its options would)."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+        source.decode(encoding)
+    except SyntaxError as e:
+        return str(e.msg)
+    except UnicodeDecodeError as e:
+        line = source[: e.start].count(b"\n") + 1
+        return f"byte 0x{source[e.start]:02x} on line {line} is not {e.encoding}"
+    return ""

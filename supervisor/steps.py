@@ -396,8 +396,11 @@ class _Runner:
 
     async def read_host_script(self, step: Step) -> None:
         """With ``--script``: the host's script as it is now (its path and sha256, compared again
-        when it is replaced); refused when there is none to replace."""
+        when it is replaced); refused when there is none to replace, or when it could not be
+        replaced (its directory read-only, or not this user's to write) once the run is
+        stopped."""
         plan = self.plan
+        assert plan.script is not None
         idx = plan.layout.script_index
         if idx is None:
             raise StepFailed(
@@ -415,6 +418,20 @@ class _Runner:
                 f"nothing was stopped or launched; copy the script to {reply.path} on "
                 f"{plan.host} yourself, then run the same command without --script",
             )
+        try:  # what the copy after the stop would meet there, met now
+            await self.agent.script_install(
+                path=reply.path,
+                expect_sha256=reply.sha256,
+                check=True,
+                timeout=self.hc.command_timeout,
+            )
+        except RunwatchError as e:
+            raise StepFailed(
+                f"--script: the run's script on {plan.host} could not be replaced: {e}",
+                f"nothing was stopped or launched; copy {plan.script.path} to {reply.path} on "
+                f"{plan.host} yourself (or make its directory writable), then run the same "
+                "command without --script",
+            ) from None
         self.host_script = reply
         self.script_sha256 = reply.sha256
         step.data["host_script"] = {"path": reply.path, "sha256": reply.sha256}

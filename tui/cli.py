@@ -14,7 +14,7 @@ import click
 
 from supervisor.cli import cli
 from supervisor.cli import main as engine_main
-from supervisor.cli._common import config_option, get_config, register_ui
+from supervisor.cli._common import Finite, config_option, get_config, register_ui
 
 
 def open_tui(config_path: str | None, refresh_seconds: float | None = None) -> None:
@@ -60,7 +60,7 @@ async def _dashboard(config: Any, refresh_seconds: float | None) -> None:
 @click.option(
     "--refresh",
     "refresh_seconds",
-    type=click.FloatRange(min=0.2),
+    type=Finite(min=0.2),
     default=None,
     help="Seconds between refreshes (default: refresh_seconds of the config).",
 )

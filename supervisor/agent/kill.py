@@ -28,6 +28,7 @@ from supervisor.agent.protocol import (
     KillResult,
     KillTarget,
     ProbeResult,
+    param_number,
 )
 
 if TYPE_CHECKING:
@@ -271,7 +272,7 @@ def kill(agent: Agent, params: dict[str, Any]) -> KillResult:
     """Stop the process named by ``identity`` and every descendant; report each with proof."""
     ident = params["identity"]
     pid = int(ident["pid"])
-    grace = float(params.get("grace", 10.0))
+    grace = param_number(params, "grace", 10.0)
     scripts = params.get("scripts") or list(DEFAULT_SCRIPTS)
     files = params.get("files") or []
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):

@@ -15,6 +15,7 @@ outcomes such as "already running" are results, not errors.
 
 from __future__ import annotations
 
+import math
 import shlex
 from typing import Any, TypedDict
 
@@ -113,8 +114,15 @@ def param_flag_table(params: dict[str, Any], key: str, kind: str) -> dict[str, l
 
 def param_number(params: dict[str, Any], key: str, default: float) -> float:
     value = params.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise AgentOpError(f"parameter {key!r}: expected a non-negative number", "bad-params")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)  # a NaN grace would never end, nor send SIGKILL
+        or value < 0
+    ):
+        raise AgentOpError(
+            f"parameter {key!r}: expected a finite non-negative number", "bad-params"
+        )
     return float(value)
 
 
@@ -1226,15 +1234,18 @@ class ScriptInstallParams(_ScriptInstallParamsRequired, total=False):
     """The sha256 ``from_path`` must have."""
     keep: bool
     """Keep the old script as ``<path>.runwatch-<sha12>`` first (default true)."""
+    check: bool
+    """Write nothing: only whether the script is still the one read and its directory takes a
+    new file (the preflight, before the stop; no ``source_b64`` then)."""
 
 
 class ScriptInstallResult(TypedDict):
     path: str
     old_sha256: str
     new_sha256: str
-    """Read back from the file installed."""
+    """Read back from the file installed (empty with ``check``)."""
     kept: str
-    """Where the old script was kept (empty without ``keep``)."""
+    """Where the old script was kept (empty without ``keep``, and with ``check``)."""
     mode: int
 
 

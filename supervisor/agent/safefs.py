@@ -402,12 +402,30 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
     write_atomic_chunks(path, (data,), mode)
 
 
+def _temp_name(name: str) -> str:
+    """The name of the new file :func:`write_atomic` makes beside ``name``."""
+    return f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+
+
+def check_replaceable(path: str) -> None:
+    """Raise what :func:`write_atomic` of ``path`` would meet in its directory (read-only,
+    not writable by this user, another user's link on the way): its new file is made there
+    and removed at once, nothing else is touched."""
+    dfd, name = walk(path, follow_last=False)
+    try:
+        tmp = _temp_name(name)
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FLAGS, 0o600, dir_fd=dfd))
+        os.unlink(tmp, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
 def write_atomic_chunks(path: str, chunks: Iterable[bytes], mode: int = 0o600) -> None:
     """:func:`write_atomic` of the concatenation of ``chunks``, written as they come (a large
     file is never held whole in memory)."""
     dfd, name = walk(path, follow_last=False)
     try:
-        tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        tmp = _temp_name(name)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FLAGS, 0o600, dir_fd=dfd)
         try:
             os.fchmod(fd, mode)

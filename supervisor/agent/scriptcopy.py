@@ -6,7 +6,10 @@ sha256): the old one is kept beside it as ``<script>.runwatch-<sha12>``, the new
 to a file in the same directory and renamed over it (``safefs.write_atomic``), with the old
 one's mode. With ``from_path`` (a rollback) the bytes are those of a kept copy on the host,
 checked against ``from_sha256``. The reply carries both hashes, the new one read back from
-the file now installed.
+the file now installed. With ``check`` (the preflight, before the old run is stopped) nothing
+is written: the script must still have its sha256 and its directory must take a new file (a
+read-only mount or a directory this user cannot write fails here, not after the stop). A
+script that is a symbolic link is never replaced (it would become a file).
 """
 
 from __future__ import annotations
@@ -46,6 +49,23 @@ def _read(path: str) -> tuple[bytes, int]:
     return data, stat.S_IMODE(st.st_mode)
 
 
+def _not_a_link(path: str) -> None:
+    """Refuse a script that is a symbolic link (the user's own; another user's is refused on
+    the way): replacing it would put a file where the link was, which no rollback puts back,
+    and leave the file it names, the one the run executes from then on elsewhere, as it was."""
+    try:
+        st = safefs.lstat(path)
+    except (OSError, safefs.UnsafePath):
+        return  # _read says why
+    if stat.S_ISLNK(st.st_mode):
+        target = os.path.realpath(path)
+        raise AgentOpError(
+            f"{path} is a symbolic link (to {target}): it would be replaced by a file; name "
+            f"{target} in the run's argv, or copy the new script over {target} yourself",
+            "link",
+        )
+
+
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -72,17 +92,20 @@ def _new_bytes(params: dict[str, Any]) -> bytes:
 
 
 def script_install(params: dict[str, Any]) -> ScriptInstallResult:
-    """``{path, expect_sha256, source_b64 | from_path + from_sha256, keep?}``: replace the script
-    at ``path`` (absolute) when its sha256 is still ``expect_sha256``; with ``keep`` (default
-    true) the old one is kept beside it first."""
+    """``{path, expect_sha256, source_b64 | from_path + from_sha256, keep?, check?}``: replace
+    the script at ``path`` (absolute) when its sha256 is still ``expect_sha256``; with ``keep``
+    (default true) the old one is kept beside it first; with ``check`` only whether it could be
+    (no bytes to install; ``new_sha256`` and ``kept`` empty)."""
     path = param_str(params, "path")
     if not os.path.isabs(path):
         raise AgentOpError(f"parameter 'path': not an absolute path: {path!r}", "bad-params")
     expect = param_str(params, "expect_sha256")
     keep = params.get("keep", True)
-    if not isinstance(keep, bool):
-        raise AgentOpError("parameter 'keep': expected a boolean", "bad-params")
-    new = _new_bytes(params)
+    check = params.get("check", False)
+    if not isinstance(keep, bool) or not isinstance(check, bool):
+        raise AgentOpError("parameters 'keep' and 'check': expected booleans", "bad-params")
+    new = b"" if check else _new_bytes(params)
+    _not_a_link(path)
     old, mode = _read(path)
     old_sha = _sha(old)
     if old_sha != expect:
@@ -93,6 +116,9 @@ def script_install(params: dict[str, Any]) -> ScriptInstallResult:
         )
     kept = ""
     try:
+        if check:
+            safefs.check_replaceable(path)
+            return {"path": path, "old_sha256": old_sha, "new_sha256": "", "kept": "", "mode": mode}
         if keep:
             kept = path + KEPT_INFIX + old_sha[:12]
             safefs.write_atomic(kept, old, mode)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from supervisor.agent import bounded, safefs
 from supervisor.agent.datafiles import writers_of
-from supervisor.agent.protocol import AgentOpError, param_str
+from supervisor.agent.protocol import AgentOpError, param_number, param_str
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -584,7 +584,7 @@ def slurm_submit(params: dict[str, Any]) -> dict[str, Any]:
         isinstance(k, str) and isinstance(v, str) for k, v in env_extra.items()
     ):
         raise AgentOpError("parameter 'env': expected a table of strings", "bad-params")
-    settle_s = float(params.get("settle_s", 5.0))
+    settle_s = param_number(params, "settle_s", 5.0)
     try:  # the client's relative paths would be another user's choice
         safefs.stat_file(workdir)
     except safefs.UnsafePath as e:
@@ -749,7 +749,7 @@ def slurm_cancel(params: dict[str, Any]) -> dict[str, Any]:
     job_id = ident["job_id"]
     if not re.match(r"^\d+$", job_id):
         raise AgentOpError(f"job id {job_id!r}: expected the number of a job", "bad-params")
-    grace = float(params.get("grace", 10.0))
+    grace = param_number(params, "grace", 10.0)
     files = params.get("files") or []
     result: dict[str, Any] = {"job_id": job_id, "signals": [], "after_s": None, "writers": {}}
     tasks = _job_tasks(job_id)

@@ -4,6 +4,7 @@ filter every line passes (secrets masked by value, control characters from hosts
 from __future__ import annotations
 
 import io
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -55,6 +56,20 @@ def config_option(f: Any) -> Any:
         metavar="PATH",
         help=f"Config file (TOML). Default: ${DEFAULT_CONFIG_ENV}, else ./runwatch.toml.",
     )(f)
+
+
+class Finite(click.FloatRange):
+    """A number within the option's bounds that is finite: ``nan`` and ``inf``, which click's
+    ``float`` and ``FloatRange`` take, would be a grace that never ends, a deadline never
+    reached or an interval never over."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 _json_wanted = False

@@ -19,6 +19,7 @@ import click
 
 from supervisor.cli._common import (
     DEFAULT_CANDIDATES,
+    Finite,
     config_option,
     get_config,
     json_option,
@@ -356,7 +357,7 @@ def audit(limit: int, show_all: bool, as_json: bool, config_path: str | None) ->
 @click.option(
     "--watch",
     "watch",
-    type=float,
+    type=Finite(min=0.1),
     default=None,
     metavar="SECONDS",
     help="Keep refreshing every SECONDS and act on new events until Ctrl-C.",

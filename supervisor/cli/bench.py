@@ -15,6 +15,7 @@ import click
 
 from supervisor import display
 from supervisor.cli._common import (
+    Finite,
     config_option,
     get_config,
     json_option,
@@ -116,7 +117,7 @@ class _ProgressLine:
 )
 @click.option(
     "--timeout",
-    type=float,
+    type=Finite(min=0, min_open=True),
     default=600.0,
     show_default=True,
     help="Seconds allowed for one request.",
@@ -273,7 +274,7 @@ def format_bench(result: BenchResult) -> str:
 @click.option(
     "--sample",
     "sample_s",
-    type=float,
+    type=Finite(min=0),
     default=10.0,
     show_default=True,
     help="Seconds at most spent refreshing when a running run has no rate yet (no history and "

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import click
 
+from supervisor.cli._common import Finite
+
 
 @click.command()
 @click.option("--headless", is_flag=True, help="No UI: print what runs, every second.")
 @click.option(
     "--seconds",
-    type=float,
+    type=Finite(min=0),
     default=None,
     help="Stop after this many seconds (default: until Ctrl-C).",
 )

@@ -11,6 +11,7 @@ import click
 
 from supervisor import display
 from supervisor.cli._common import (
+    Finite,
     config_option,
     get_config,
     json_option,
@@ -361,7 +362,7 @@ async def _kill(
     "--pid", type=int, default=None, help="PID of a run on --host, or which process RUN is."
 )
 @click.option(
-    "--grace", type=float, default=10.0, show_default=True, help="Seconds before SIGKILL."
+    "--grace", type=Finite(min=0), default=10.0, show_default=True, help="Seconds before SIGKILL."
 )
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
@@ -390,8 +391,6 @@ def kill(
             "(with --host NAME when the config has several hosts)",
             "runwatch kill --help",
         )
-    if grace < 0:
-        raise UsageError("--grace must be >= 0")
     config = get_config(config_path, need="hosts", act=True)
     if run is not None:
         run_cfg = config.run(run)

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from supervisor.cli._common import config_option, get_config, json_option, print_json
+from supervisor.cli._common import Finite, config_option, get_config, json_option, print_json
 from supervisor.errors import UsageError
 
 
@@ -29,12 +29,12 @@ from supervisor.errors import UsageError
     "Without it: the fastest split.",
 )
 @click.option(
-    "--max-usd", type=float, default=None, help="Spend at most this much on what is left."
+    "--max-usd", type=Finite(min=0), default=None, help="Spend at most this much on what is left."
 )
 @click.option(
     "--sample",
     "sample_s",
-    type=float,
+    type=Finite(min=0),
     default=10.0,
     show_default=True,
     help="Seconds at most spent refreshing when a running run has no rate yet (as compare).",
@@ -107,8 +107,6 @@ def rebalance(
     )
 
     deadline = parse_deadline(by) if by is not None else None
-    if max_usd is not None and max_usd < 0:
-        raise UsageError("--max-usd must be >= 0")
     if do_apply and not yes and not sys.stdin.isatty():
         raise UsageError(
             "refusing to apply without confirmation: no terminal to ask on",

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from supervisor import display
-from supervisor.cli._common import config_option, get_config, json_option, print_json, write_control
+from supervisor.cli._common import (
+    Finite,
+    config_option,
+    get_config,
+    json_option,
+    print_json,
+    write_control,
+)
 from supervisor.engine import describe_job
 
 if TYPE_CHECKING:
@@ -345,7 +352,7 @@ def _guard_line(outcome: Any) -> str:
 @click.option(
     "--watch",
     "watch",
-    type=click.FloatRange(min=0.1),
+    type=Finite(min=0.1),
     default=None,
     metavar="SECONDS",
     help="Refresh every SECONDS until Ctrl-C, applying each run's budget policy.",

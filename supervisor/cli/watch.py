@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import click
 
-from supervisor.cli._common import config_option, get_config, json_option
+from supervisor.cli._common import Finite, config_option, get_config, json_option
 
 
 @click.command()
@@ -27,7 +27,7 @@ from supervisor.cli._common import config_option, get_config, json_option
 )
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.1),
+    type=Finite(min=0.1),
     default=None,
     metavar="SECONDS",
     help="Seconds between refreshes (default: the config's refresh_seconds).",

@@ -6,13 +6,15 @@ import asyncio
 import os
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 
-from supervisor.errors import HostError, OutcomeUnknown
+from supervisor.errors import AgentError, HostError, OutcomeUnknown
 from supervisor.hosts import Host, LocalHost, list_processes, process_infos
-from supervisor.kill import KillReport, kill, kill_or_reconcile, reconcile
+from supervisor.kill import KillReport, identity_params, kill, kill_or_reconcile, reconcile
 from supervisor.model import Identity
+from tests.fixtures_actions import runwatch
 from tests.fixtures_procs import (
     FakeRun,
     FakeRuns,
@@ -224,6 +226,38 @@ async def test_a_kill_waiting_out_its_grace_never_blocks_a_ping(
     report = await asyncio.wait_for(task, 10)
     assert outcomes(report) == {run.pid: "terminated"}
     assert report.results[0].confirmed
+
+
+@pytest.mark.parametrize("grace", [float("nan"), float("inf")], ids=["nan", "inf"])
+async def test_p4_a_grace_that_is_not_finite_is_refused_before_any_signal(
+    host: Host, fake_runs: FakeRuns, grace: float
+) -> None:
+    """A NaN grace is a deadline no clock passes and an infinite one never comes: the SIGKILL
+    of P4 would never be sent to a run that ignores SIGTERM. The host refuses it before any
+    signal, whoever sent it."""
+    run = fake_runs.start(ignore_term=True)
+    ident = await identity_of(host, run)
+    params = {"identity": identity_params(ident), "grace": grace}
+    with pytest.raises(AgentError, match="finite"):
+        await asyncio.wait_for(host.request("kill", params, timeout=20), 30)
+    assert run.term_count() == 0
+    assert alive(run.pid, run.start_time)
+
+
+@pytest.mark.parametrize("grace", ["nan", "inf", "-inf"])
+def test_p4_runwatch_kill_refuses_a_grace_that_is_not_a_finite_number(
+    tmp_path: Path, fake_runs: FakeRuns, grace: str
+) -> None:
+    """``runwatch kill --grace nan`` (or ``inf``) is refused as a usage error naming the
+    option: the run never gets a SIGTERM it ignores with a SIGKILL that never follows."""
+    run = fake_runs.start(ignore_term=True)
+    config = tmp_path / "runwatch.toml"
+    config.write_text('[[hosts]]\nname = "local"\nlocal = true\n')
+    out = runwatch("-c", str(config), "kill", "--pid", str(run.pid), "--grace", grace, "--yes")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Invalid value for '--grace'" in out.stderr, out.stderr
+    assert run.term_count() == 0
+    assert alive(run.pid, run.start_time)
 
 
 async def test_p8_connection_dropped_mid_kill_is_reconciled_never_repeated(

@@ -7,9 +7,12 @@ puts the old one back when the launch fails. Real sshd, real clients, a real moc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +39,12 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _old_run(tmp_path: Path, url: str, ssh_host_cfg: Any, kill_after: list[int]) -> Any:
+def _old_run(
+    tmp_path: Path, url: str, ssh_host_cfg: Any, kill_after: list[int], script_dir: str = ""
+) -> Any:
     """The demo run over SSH on the old script (mode 0750), launched and writing: the demo,
-    its old source, its script's path and its pid."""
+    its old source, its script's path and its pid. ``script_dir``: the script is in that
+    directory of the workdir, not the workdir itself."""
     demo = DemoRun(
         tmp_path,
         url,
@@ -49,6 +55,13 @@ def _old_run(tmp_path: Path, url: str, ssh_host_cfg: Any, kill_after: list[int])
     )
     old = old_script(demo).encode()
     script = demo.workdir / "run_inference.py"
+    if script_dir:
+        (demo.workdir / script_dir).mkdir()
+        script = script.rename(demo.workdir / script_dir / script.name)
+        text = demo.config_path.read_text()
+        demo.config_path.write_text(
+            text.replace('"run_inference.py"', f'"{script_dir}/run_inference.py"')
+        )
     script.chmod(0o750)
 
     async def go() -> Any:
@@ -143,6 +156,92 @@ def test_a16_a_new_script_without_the_flag_is_refused_before_the_stop(
     assert pid_alive(pid)
     assert script.read_bytes() == old
     assert sorted(p.name for p in script.parent.iterdir() if ".runwatch-" in p.name) == []
+    assert [e for e in audit.read() if e["action"].startswith("script-")] == []
+
+
+@contextlib.contextmanager
+def _read_only(directory: Path) -> Iterator[None]:
+    """``directory`` bind-mounted read-only over itself (as a script in a read-only image or
+    a directory the run's user cannot write: not even root makes a file there)."""
+    mounts = (
+        ["mount", "--bind", str(directory), str(directory)],
+        ["mount", "-o", "remount,bind,ro", str(directory)],
+    )
+    try:
+        for cmd in mounts:
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                pytest.skip(f"needs a read-only bind mount: {done.stderr.strip()}")
+        yield
+    finally:
+        subprocess.run(["umount", str(directory)], capture_output=True, check=False)
+
+
+def test_a16_a_script_whose_directory_cannot_be_written_is_refused_before_the_stop(
+    tmp_path: Path, slow_endpoint: Any, ssh_host_cfg: Any, kill_after: list[int]
+) -> None:
+    """The host's script lies in a directory nothing can be written to: the copy after the
+    stop would fail (and the run be stopped for nothing), so the preflight makes the new file
+    there before anything stops and refuses, naming the copy to do by hand. The run keeps its
+    pid, the host's script untouched, nothing kept beside it."""
+    demo, old, script, pid = _old_run(
+        tmp_path, slow_endpoint.url, ssh_host_cfg, kill_after, script_dir="bin"
+    )
+    with _read_only(script.parent):
+        out = runwatch(
+            "-c",
+            str(demo.config_path),
+            "restart",
+            "demo",
+            "--set",
+            "token-budget=10000000",
+            "--script",
+            str(RUN_INFERENCE),
+            "--yes",
+        )
+        text = out.stdout + out.stderr
+        assert out.returncode != 0, text
+        assert "[FAILED] preflight" in text and "could not be replaced" in text, text
+        assert f"copy {RUN_INFERENCE} to {script}" in text, text
+        assert pid_alive(pid), text
+        assert script.read_bytes() == old
+        assert sorted(p.name for p in script.parent.iterdir()) == ["run_inference.py"]
+    assert [e for e in audit.read() if e["action"].startswith("script-")] == []
+
+
+def test_a16_a_script_that_is_the_users_link_is_refused_before_the_stop(
+    tmp_path: Path, slow_endpoint: Any, ssh_host_cfg: Any, kill_after: list[int]
+) -> None:
+    """The run's script is the user's own link into a checkout (``run_inference.py ->
+    repo/run_inference.py``): the copy would put a file where the link was, which a failed
+    launch's rollback does not put back. Refused at the preflight naming the link's target;
+    the run keeps its pid, the link and the checkout's script untouched."""
+    demo, old, script, pid = _old_run(
+        tmp_path, slow_endpoint.url, ssh_host_cfg, kill_after, script_dir="repo"
+    )
+    link = demo.workdir / "run_inference.py"
+    link.symlink_to("repo/run_inference.py")
+    text = demo.config_path.read_text()
+    demo.config_path.write_text(text.replace('"repo/run_inference.py"', '"run_inference.py"'))
+    out = runwatch(
+        "-c",
+        str(demo.config_path),
+        "restart",
+        "demo",
+        "--set",
+        "token-budget=10000000",
+        "--script",
+        str(RUN_INFERENCE),
+        "--yes",
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text
+    assert "[FAILED] preflight" in text and "nothing was stopped" in text, text
+    assert f"{link} is a symbolic link (to {script})" in text, text
+    assert pid_alive(pid), text
+    assert link.is_symlink() and os.readlink(link) == "repo/run_inference.py"
+    assert script.read_bytes() == old
+    assert [p.name for p in demo.workdir.glob("**/*.runwatch-*")] == []
     assert [e for e in audit.read() if e["action"].startswith("script-")] == []
 
 
