@@ -462,6 +462,7 @@ class AgentClient:
         job_ids: list[str] | None = None,
         force_format: bool | None = None,
         deadline_s: float | None = None,
+        in_workdir: str | None = None,
         timeout: float | None = None,
     ) -> p.SlurmJobsResult:
         """The listing as sent (the callers keep it whole); ``replies.SlurmJobs`` checks it."""
@@ -473,6 +474,7 @@ class AgentClient:
             job_ids=job_ids,
             force_format=force_format,
             deadline_s=deadline_s,
+            in_workdir=in_workdir,
         )
         return cast("p.SlurmJobsResult", await self._send("slurm_jobs", params, timeout))
 

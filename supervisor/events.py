@@ -12,7 +12,9 @@ returns the events of one refresh:
   datasets not done), unless it was stopped through runwatch (its unit says ``stopped``;
   ``expected_stops`` holds :func:`stop_key` keys of processes runwatch stopped and
   :func:`busy_key` keys of runs an action holds now); a dataset done, once per figure with its
-  final figure (see :meth:`EventTracker._done`); a data file shrank.
+  final figure (see :meth:`EventTracker._done`); a data file shrank; a run's Slurm job requeued
+  (the same job id and nonce listed with another submit time: ``job-requeued``, once per
+  requeue).
 
 Stops through runwatch from any front end are ``stopped`` events made from their audit records
 (:func:`audited_stop_event`: who and from where); a restart a previous watcher intended and this
@@ -40,9 +42,10 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import msgspec
 
+from supervisor.agent.slurm import split_tag
 from supervisor.config import AlertsConfig, Config
 from supervisor.errors import RunwatchError
-from supervisor.model import DatasetView, HostView, ProcessInfo, RunView, Snapshot
+from supervisor.model import DatasetView, HostView, JobView, ProcessInfo, RunView, Snapshot
 from supervisor.secrets import mask_text
 
 if TYPE_CHECKING:
@@ -71,6 +74,7 @@ EventKind = Literal[
     "data-shrank",
     "config-reloaded",
     "config-refused",
+    "job-requeued",
 ]
 EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
 SEVERITIES: tuple[str, ...] = get_args(Severity)
@@ -202,6 +206,8 @@ class EventTracker:
         self._records: dict[tuple[str, str, str], int] = {}
         self._launch: dict[tuple[str, str], str] = {}
         """The launch (pid and start time) each configured run was last seen running as."""
+        self._jobs: dict[tuple[str, str], JobView] = {}
+        """The Slurm job each configured run was last seen with."""
         self._done_figure: dict[tuple[str, str, str], tuple[int, int]] = {}
         """The figure each dataset's last ``dataset-done`` gave (responses, tokens)."""
         self._started = False
@@ -212,7 +218,7 @@ class EventTracker:
         self.config = config
         self.thresholds = Thresholds.of(config.alerts)
         names = {r.name for r in config.runs}
-        for table in (self._running, self._launch):
+        for table in (self._running, self._launch, self._jobs):
             for key in [k for k in table if k[1] not in names]:
                 del table[key]
         for rkey in [k for k in self._records if k[1] not in names]:
@@ -406,6 +412,7 @@ class EventTracker:
                 self._running.pop(key, None)
                 if was is not None:
                     yield from self._ended(host.name, run, was, expected_stops, now)
+            yield from self._requeued(host.name, run, now)
             yield from self._done(host.name, run, now, first)
             for ds in run.datasets:
                 rkey = (host.name, run.name, ds.path)
@@ -468,6 +475,39 @@ class EventTracker:
             + f", {done}.",
             command=self.cmd("status", run.name),
             key=f"finished|{host}|{run.name}|{was.identity.pid}",
+            time=now,
+        )
+
+    def _requeued(self, host: str, run: RunView, now: float) -> Iterable[Event]:
+        """``job-requeued`` when the run's job is listed again under its id and nonce with another
+        submit time (``scontrol requeue``, a node failure): still the run's job, submitted anew."""
+        job, key = run.job, (host, run.name)
+        was = self._jobs.get(key)
+        if job is None:
+            return
+        self._jobs[key] = job
+        nonce = split_tag(job.tag)[1]
+        if (
+            was is None
+            or nonce is None
+            or (was.job_id, split_tag(was.tag)[1]) != (job.job_id, nonce)
+            or was.submit_time is None
+            or job.submit_time is None
+            or was.submit_time == job.submit_time
+        ):
+            return
+        then, again = (time.strftime("%H:%M:%S", time.localtime(t))
+                       for t in (was.submit_time, job.submit_time))  # fmt: skip
+        yield Event(
+            kind="job-requeued",
+            severity="warning",
+            host=host,
+            run=run.name,
+            title=run.name,
+            message=f"Slurm job {job.job_id} was requeued on {host}: submitted again at {again} "
+            f"(first at {then}), now {job.state}; it is still the run's job.",
+            command=self.cmd("status", run.name),
+            key=f"job-requeued|{host}|{run.name}|{job.job_id}|{job.submit_time}",
             time=now,
         )
 

@@ -171,6 +171,7 @@ class FileHolder(msgspec.Struct, kw_only=True):
     user: str = "?"
     argv: list[str] = []
     how: list[str] = []
+    slurm_job: str | None = None
 
 
 class Uninspected(msgspec.Struct, kw_only=True):
@@ -363,6 +364,15 @@ class SlurmCancel(msgspec.Struct, kw_only=True):
     confirmed: bool
     after_s: float | None
     writers: dict[str, list[int]]
+    tasks: list[SlurmCancelTask] = []
+
+
+class SlurmCancelTask(msgspec.Struct, kw_only=True):
+    """``protocol.SlurmCancelTask``."""
+
+    job_id: str
+    state: str
+    start_time: int | None = None
 
 
 class SnapshotCheckFile(msgspec.Struct, kw_only=True):

@@ -5,8 +5,12 @@ and scans the runs' data files on the shared filesystem (``scan``) in the same r
 the job is the run's unit (Slurm holds its processes in the node's cgroup), and a run's jobs are
 the ones runwatch submitted for it or that it adopted (``runwatch adopt RUN --job ID``): their
 ids are kept in the state dir per config and run (:func:`record_job`). The comment
-``runwatch:<run>`` that submitted jobs carry is shown, never trusted: anyone can write it, so a
-job that carries it without being recorded is shown as not the run's and never cancelled. The
+``runwatch:<run>:<nonce>`` that submitted jobs carry is shown, never trusted on its own: anyone
+can write it, so a job that carries it without being recorded is shown as not the run's and never
+cancelled. A recorded job is the run's while the job holding its id carries the nonce recorded
+with it (the submit time, which ``scontrol requeue`` changes, does not decide); a job recorded
+without a nonce (adopted, or recorded before nonces) is the run's while its submit time is the
+recorded one. The
 run's state is the scheduler's: running, pending (with the reason), or stopped once its job ended.
 
 Kill is ``scancel`` with grace, confirmed by the job's end (``slurm_cancel``); actions on one
@@ -26,6 +30,8 @@ import fcntl
 import os
 import posixpath
 import re
+import secrets
+import shlex
 import time
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
@@ -38,6 +44,7 @@ from supervisor.agent.slurm import (
     TAG_PREFIX,
     TERMINAL_STATES,
     aggregate_state,
+    split_tag,
 )
 from supervisor.agentclient import AgentClient, as_data
 from supervisor.argv import apply_overrides
@@ -89,6 +96,9 @@ class OwnedJob(msgspec.Struct, kw_only=True):
     someone else's (an id reused after a controller restart)."""
     how: Literal["submitted", "adopted"]
     time: float
+    nonce: str | None = None
+    """The nonce of the comment runwatch gave the job at submission (``runwatch:<run>:<nonce>``):
+    with one, the job is this record's while its comment holds it, whatever its submit time."""
 
 
 class _Owned(msgspec.Struct, kw_only=True):
@@ -138,10 +148,11 @@ def record_job(
     job_id: str,
     submit_time: int | None,
     how: Literal["submitted", "adopted"],
+    nonce: str | None = None,
 ) -> OwnedJob:
     """Keep ``job_id`` as ``run``'s on ``host`` (written at once, 0600, atomically)."""
     rec = OwnedJob(run=run, host=host, job_id=job_id, submit_time=submit_time, how=how,
-                   time=time.time())  # fmt: skip
+                   time=time.time(), nonce=nonce)  # fmt: skip
     lock = private_dir(_state(config)) / "jobs.lock"
     fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
@@ -252,16 +263,22 @@ def job_views(reply: Mapping[str, Any] | None, owned: Mapping[str, OwnedJob]) ->
             if old is None or _rank(view) > _rank(old):
                 runs[run] = view
         elif view.tag.startswith(TAG_PREFIX):
-            foreign.setdefault(view.tag[len(TAG_PREFIX) :], []).append(view)
+            foreign.setdefault(split_tag(view.tag)[0][len(TAG_PREFIX) :], []).append(view)
     return HostJobs(runs, foreign)
 
 
 def owner(job: Mapping[str, Any], owned: Mapping[str, OwnedJob]) -> str | None:
     """The run that submitted or adopted ``job`` (one line of a ``slurm_jobs`` reply), if any."""
     rec = owned.get(str(job.get("array_job_id") or job.get("job_id")))
-    return (
-        rec.run if rec is not None and rec.submit_time in (None, job.get("submit_time")) else None
-    )
+    return rec.run if rec is not None and is_recorded(rec, job) else None
+
+
+def is_recorded(rec: OwnedJob, job: Mapping[str, Any]) -> bool:
+    """Whether ``job`` (holding ``rec``'s id) is the job ``rec`` recorded: its comment holds the
+    recorded nonce; for a record without one, its submit time is the recorded one."""
+    if rec.nonce is not None:
+        return split_tag(str(job.get("comment") or ""))[1] == rec.nonce
+    return rec.submit_time in (None, job.get("submit_time"))
 
 
 def not_ours(jobs: list[JobView]) -> str | None:
@@ -525,7 +542,7 @@ async def find_job(config: Config, host: Host, run: RunConfig, job_id: str) -> J
         )
     view = _view(job_id, tasks)
     rec = owned.get(job_id)
-    if rec is not None and rec.submit_time in (None, view.submit_time):
+    if rec is not None and is_recorded(rec, tasks[0]):
         raise RunwatchError(
             f"job {job_id} is already run {rec.run}'s ({rec.how})",
             "nothing to adopt" if rec.run == run.name else f"it stays {rec.run}'s",
@@ -556,7 +573,10 @@ async def adopt(config: Config, host: Host, run: RunConfig, shown: JobView) -> d
                 f"{now.submit_time}, shown {shown.submit_time}): nothing adopted",
                 f"look again: `runwatch adopt {run.name} --job {shown.job_id}`",
             )
-        record_job(config, run.name, hc.name, now.job_id, now.submit_time, "adopted")
+        # A comment with a nonce (a job runwatch submitted whose record was lost) pins the job
+        # from now on, as a submission's does.
+        record_job(config, run.name, hc.name, now.job_id, now.submit_time, "adopted",
+                   split_tag(now.tag)[1])  # fmt: skip
     detail = f"{describe(now)}, comment {now.tag!r}, name {now.name!r}: adopted as {run.name}'s"
     audit.record(
         "adopt",
@@ -578,7 +598,7 @@ def submit_params(
     config: Config, run: RunConfig, argv: list[str], env: dict[str, str], paths: dict[str, str]
 ) -> dict[str, Any]:
     """The ``slurm_submit`` request of a run: its argv (or one per dataset for an array), its
-    sbatch options, its tag; the script and lock in ``<out>/.runwatch/``."""
+    sbatch options, its tag with a new nonce; the script and lock in ``<out>/.runwatch/``."""
     sl = run.slurm
     datasets = config.run_datasets(run)
     array = sl is not None and sl.array and len(datasets) > 0
@@ -602,7 +622,9 @@ def submit_params(
                 options[key] = value
     params: dict[str, Any] = {
         "workdir": paths["workdir"],
-        "tag": tag_of(run.name),
+        # The nonce is the job's identity for runwatch: recorded with its id, it survives a
+        # requeue (which changes the submit time).
+        "tag": f"{tag_of(run.name)}:{secrets.token_hex(8)}",
         "name": (sl.job_name if sl is not None and sl.job_name else f"rw-{run.name}"),
         "script_path": posixpath.join(side, f"{safe}.sbatch"),
         "lock_path": posixpath.join(side, f"{safe}.submit.lock"),
@@ -673,6 +695,63 @@ def would(plan: Plan, name: str) -> str | None:
     return None
 
 
+def login_kill(hc: HostConfig, pid: int) -> str:
+    """The command that stops process ``pid`` of the login node ``hc``, run from here."""
+    if hc.local:
+        return f"kill {pid}"
+    where = shlex.quote(f"{hc.user}@{hc.address or hc.name}" if hc.user else hc.address or hc.name)
+    port = f" -p {hc.port}" if hc.port else ""
+    return f"ssh{port} {where} kill {pid}"
+
+
+async def workdir_jobs(runner: _Runner) -> None:
+    """The writers step's question to Slurm: a job of this user that is active in the run's
+    workdir (the same directory, by identity) and is neither the run's own job nor another run's
+    of this config writing other files may write the run's files: the launch is refused naming
+    the job and the command that stops it (or adopts it, when it is the run's)."""
+    plan = runner.plan
+    config, hc = runner.engine.config, runner.hc
+    owned = owned_jobs(config, hc.name)
+    reply = await runner.agent.slurm_jobs(
+        in_workdir=plan.paths["workdir"], timeout=hc.command_timeout
+    )
+    replies.decode(reply, replies.SlurmJobs, hc.name, "slurm_jobs")
+    mine = plan.job.job_id if plan.job is not None else None
+    files = set(plan.layout.data_files.values())
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for j in reply.get("jobs") or []:
+        if j.get("state") in ACTIVE_STATES:
+            groups.setdefault(str(j.get("array_job_id") or j.get("job_id")), []).append(j)
+    others = []
+    for job_id, tasks in sorted(groups.items()):
+        run = owner(tasks[0], owned)
+        if job_id == mine:
+            continue
+        if run is not None and run != plan.run.name and not files & _data_files(config, run):
+            continue  # another run of this config in a shared workdir, writing its own files
+        others.append(_view(job_id, tasks))
+    if not others:
+        return
+    who = "; ".join(f"{describe(v)}, name {v.name!r}, comment {v.tag!r}" for v in others)
+    run = shlex.quote(plan.run.name)
+    ids = " ".join(v.job_id for v in others)
+    raise StepFailed(
+        f"one writer per data file: Slurm job of yours in the run's workdir "
+        f"{plan.paths['workdir']}: {who}; nothing was stopped or submitted",
+        f"stop it first (`scancel {ids}` on {hc.name}), or, if it is this run's, "
+        f"`runwatch adopt {run} --job {others[0].job_id}` and restart the run",
+    )
+
+
+def _data_files(config: Config, run: str) -> set[str]:
+    """The data files of the config's run ``run`` (all of them, unknown: a run the config no
+    longer has)."""
+    from supervisor.layout import layout_of
+
+    rc = next((r for r in config.runs if r.name == run), None)
+    return set(layout_of(config, rc).data_files.values()) if rc is not None else {"*unknown*"}
+
+
 async def stop_job(runner: _Runner, step: Step) -> None:
     plan = runner.plan
     job: JobView | None = plan.job
@@ -715,11 +794,10 @@ async def submit(runner: _Runner, step: Step) -> None:
     # Another action on the run may be a cancel: wait as long as one takes, then this submission.
     wait = cancel_timeout(plan.run.stop_grace_seconds, runner.hc.command_timeout) + timeout
     async with run_lock(config, plan.run.name, wait):
-        started = time.time()
         try:
             reply = await runner.agent.slurm_submit(**params, timeout=timeout)
         except OutcomeUnknown as e:
-            reply = await _reconcile(runner, started, str(e))
+            reply = await _reconcile(runner, params["tag"], str(e))
         replies.decode(reply, replies.SlurmSubmit, runner.hc.name, "slurm_submit")
         step.data["submit"] = reply
         if not reply.get("submitted"):
@@ -734,7 +812,7 @@ async def submit(runner: _Runner, step: Step) -> None:
         # Recorded before anything else: from now on this job, and no other of its tag, is
         # the run's.
         record_job(config, plan.run.name, runner.hc.name, job_id, job.get("submit_time"),
-                   "submitted")  # fmt: skip
+                   "submitted", split_tag(params["tag"])[1])  # fmt: skip
     state = str(job.get("state") or "")
     if state in TERMINAL_STATES:
         tail = "\n    ".join(reply.get("log_tail") or []) or "(the output is empty)"
@@ -744,11 +822,7 @@ async def submit(runner: _Runner, step: Step) -> None:
             + f"); last lines of {job.get('stdout')}:\n    {tail}",
             "fix the cause shown in the output, then launch again",
         )
-    identity = {
-        "job_id": job_id,
-        "submit_time": job.get("submit_time"),
-        "tag": tag_of(plan.run.name),
-    }
+    identity = {"job_id": job_id, "submit_time": job.get("submit_time"), "tag": params["tag"]}
     for ds, path in plan.fingerprints.items():
         data = dict(fingerprint_of(plan.run, plan.argv, config), dataset=ds, identity=identity)
         hashes = {ds: plan.prompt_files[ds]} if ds in plan.prompt_files else {}
@@ -761,16 +835,12 @@ async def submit(runner: _Runner, step: Step) -> None:
     step.detail = f"job {job_id} {state or 'submitted'}{why}{where} (output {job.get('stdout')})"
 
 
-async def _reconcile(runner: _Runner, started: float, why: str) -> SlurmSubmitResult:
-    """The submission's outcome when its reply was lost: a job of the run's tag submitted since."""
+async def _reconcile(runner: _Runner, tag: str, why: str) -> SlurmSubmitResult:
+    """The submission's outcome when its reply was lost: the job whose comment is this
+    submission's ``tag`` (its nonce is this submission's alone)."""
     await runner.host.connect()
     reply = await runner.agent.slurm_jobs()
-    tag = tag_of(runner.plan.run.name)
-    mine = [
-        j
-        for j in reply.get("jobs") or []
-        if j.get("comment") == tag and (j.get("submit_time") or 0) >= int(started) - 1
-    ]
+    mine = [j for j in reply.get("jobs") or [] if j.get("comment") == tag]
     if mine:
         job_id = str(mine[0].get("array_job_id") or mine[0].get("job_id"))
         return {"submitted": True, "job_id": job_id, "job": mine[0], "detail": f"reconciled: {why}"}

@@ -736,11 +736,16 @@ class _Runner:
     async def writers(self, step: Step) -> None:
         """One writer per data file: refuse, before anything stops, while a process that is not
         the run (another user's, an unrecognised command line, a second copy) holds one of the
-        new launch's data files open for writing or holds one of its locks."""
+        new launch's data files open for writing or holds one of its locks. On a Slurm host the
+        same check runs on the login node (where the agent runs), after the user's jobs in the
+        run's workdir (``slurm.workdir_jobs``); the processes of the run's own job (a node that
+        is both) are the run's."""
         plan = self.plan
-        if self.hc.kind == "slurm":
-            await self.set(step, "skipped", "a Slurm job's processes run on the compute nodes")
-            return
+        slurm_host = self.hc.kind == "slurm"
+        if slurm_host:
+            from supervisor import slurm
+
+            await slurm.workdir_jobs(self)
         found = await self.agent.file_holders(
             paths=list(plan.layout.data_files.values()),
             locks=list(plan.layout.locks),
@@ -766,7 +771,12 @@ class _Runner:
                 f"one writer per data file: {who}; nothing was stopped",
                 f"stop it first ({stop}), or launch under its run's name to restart it",
             )
-        others = [h for h in found.holders if h.pid not in ours]
+        own_job = plan.job.job_id if plan.job is not None else None
+        others = [
+            h
+            for h in found.holders
+            if h.pid not in ours and not (own_job and h.slurm_job == own_job)
+        ]
         step.data["holders"] = [msgspec.to_builtins(h) for h in found.holders]
         blind = "; ".join(
             f"could not inspect the processes of {u.user} ({len(u.pids)})"
@@ -787,7 +797,9 @@ class _Runner:
             )
             writing = [h for h in others if "write" in h.how]
             stop = "; ".join(
-                f"`{command_prefix(self.engine.config)} kill {shlex.quote(plan.run.name)} "
+                f"`{slurm.login_kill(self.hc, h.pid)}` on the login node"
+                if slurm_host
+                else f"`{command_prefix(self.engine.config)} kill {shlex.quote(plan.run.name)} "
                 f"--pid {h.pid}`"
                 for h in writing
             )
@@ -801,6 +813,8 @@ class _Runner:
         held = "none"
         if found.holders and plan.old is not None:
             held = f"only the run itself (pid {plan.old.identity.pid})"
+        elif found.holders and own_job:
+            held = f"only the run's own job {own_job}"
         step.detail = f"writers of the data files: {held}" + (f"; {blind}" if blind else "")
 
     async def host_script_sha(self, fresh: bool = False) -> str:

@@ -91,7 +91,7 @@ def file_holders(paths: list[str], locks: list[str] | None = None) -> dict[str, 
     ``O_APPEND``: ``/proc/PID/fdinfo``) or one of ``locks`` open, whoever owns it and whatever
     its command line; and the processes whose descriptors could not be read.
 
-    Result: ``{"pids": [..], "holders": [{"pid", "uid", "user", "argv", "how"}],
+    Result: ``{"pids": [..], "holders": [{"pid", "uid", "user", "argv", "how", "slurm_job"}],
     "uninspected": [{"uid", "user", "pids"}], "detail": str}``; ``detail`` says in one line who
     holds them and which users' processes could not be inspected (empty when neither)."""
     write_inodes = _procs.inodes_of(paths)
@@ -107,6 +107,7 @@ def file_holders(paths: list[str], locks: list[str] | None = None) -> dict[str, 
                 "user": _procs.user_name(uid) if uid is not None else "?",
                 "argv": mask_argv(_procs.read_argv(pid) or []),
                 "how": how,
+                "slurm_job": _procs.job_of_process(pid),
             }
         )
     by_uid: dict[int, list[int]] = {}

@@ -655,6 +655,22 @@ def env_values(pid: int, names: Sequence[str]) -> list[str]:
     return found
 
 
+def job_of_process(pid: int) -> str | None:
+    """The Slurm job a process of this node belongs to, from its ``SLURM_ARRAY_JOB_ID`` or
+    ``SLURM_JOB_ID`` (None: none, or its environment is not readable)."""
+    try:
+        with open(f"{PROC}/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    env: dict[bytes, bytes] = {}
+    for item in raw.split(b"\0"):
+        name, _, value = item.partition(b"=")
+        env[name] = value
+    job = env.get(b"SLURM_ARRAY_JOB_ID") or env.get(b"SLURM_JOB_ID")
+    return job.decode() if job and job.isdigit() else None
+
+
 def psutil_start_ticks(create_time: float, boot_time: float) -> int:
     """Start time in clock ticks from psutil's wall-clock floats (hosts without /proc)."""
     return round((create_time - boot_time) * CLK_TCK)

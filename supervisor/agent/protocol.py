@@ -592,6 +592,9 @@ class FileHolder(TypedDict):
     user: str
     argv: list[str]
     how: list[str]
+    slurm_job: str | None
+    """The Slurm job it belongs to (its ``SLURM_JOB_ID``, an array's job id), on a node that is
+    both login node and compute node; None for any other process."""
 
 
 class Uninspected(TypedDict):
@@ -1076,7 +1079,9 @@ class SlurmJob(TypedDict):
 
 
 class SlurmJobIdentity(TypedDict):
-    """What pins a job across job id reuse: a cancel names all of it."""
+    """What pins a job across job id reuse: a cancel names all of it. ``tag`` is the job's
+    comment; one with a nonce (``runwatch:<run>:<nonce>``) pins the job without its submit time,
+    which a requeue changes."""
 
     job_id: str
     submit_time: int | None
@@ -1092,6 +1097,8 @@ class SlurmJobsParams(TypedDict, total=False):
     job_ids: list[str]
     force_format: bool
     deadline_s: float
+    in_workdir: str
+    """Only the jobs whose working directory is this directory (by identity), any comment."""
     """Seconds the whole listing may take (squeue, its fallback, scontrol for the output paths);
     past it the op fails with kind ``timeout`` and its children are killed."""
 
@@ -1155,6 +1162,17 @@ class SlurmCancelResult(TypedDict):
     confirmed: bool
     after_s: float | None
     writers: dict[str, list[int]]
+    tasks: list[SlurmCancelTask]
+    """Each task as listed once the cancel is over (empty when nothing was sent)."""
+
+
+class SlurmCancelTask(TypedDict):
+    """A job's task after a cancel: ``12_0`` (``12`` for a plain job, ``12_[3-5]`` for a pending
+    rest), its state, and when it started (None: it never did, cancelled while pending)."""
+
+    job_id: str
+    state: str
+    start_time: int | None
 
 
 class _ScriptFlagsParamsRequired(TypedDict):

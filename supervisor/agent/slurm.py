@@ -5,9 +5,12 @@ Every Slurm command is run as an argv list (never a shell); config values reach 
 separate arguments or as data in the batch script, where every word of a run's command line is
 quoted with ``shlex.quote``.
 
-A job is identified by its job id, its submit time and its comment (the tag ``runwatch:<run>``
-of the jobs runwatch submits): a cancel names all three and is refused when the job now holding
-the id differs (an id reused after a controller restart, a job of another run or of nobody's).
+A job is identified by its job id and its comment: the tag ``runwatch:<run>:<nonce>`` of the jobs
+runwatch submits, the nonce drawn by the laptop at submission and recorded with the job id, so
+that the job stays the same one when ``scontrol requeue`` gives it a new submit time. A cancel
+names id, submit time and comment, and is refused when the job now holding the id differs (an id
+reused after a controller restart, a job of another run or of nobody's); the submit time decides
+only for a job whose comment holds no nonce (one submitted by hand, or before nonces).
 Which jobs are a run's is not decided here: anyone can tag a job, so the laptop keeps the ids it
 submitted or adopted and only those are ever cancelled.
 
@@ -18,8 +21,10 @@ Ops (shapes in ``supervisor.agent.protocol``):
 - ``slurm_submit``: write the batch script, ``sbatch`` it with the run's options, read the job
   back and wait up to a settle time for it to run; one submission per tag at a time (a lock), and
   none while a job of the tag is still active.
-- ``slurm_cancel``: ``scancel --signal=TERM --full``, then ``--signal=KILL`` after the grace, then a
-  plain ``scancel``; confirmed when the job has left the queue or reached a final state that no
+- ``slurm_cancel``: the pending tasks of an array are cancelled first (``scancel --state=PENDING``,
+  no signal: no further task starts), then ``scancel --signal=TERM --full`` of each running task,
+  ``--signal=KILL`` after the grace, then a plain ``scancel``; every task's end is reported;
+  confirmed when the job has left the queue or reached a final state that no
   flag qualifies (``COMPLETING``: its processes are still being torn down), and no process on
   this machine holds the run's data files for writing.
 """
@@ -44,6 +49,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
 TAG_PREFIX = "runwatch:"
+_NONCE = re.compile(r"^[0-9a-f]{16}$")
+"""A nonce of a job's comment: 16 lowercase hex digits (``secrets.token_hex(8)``)."""
 TERMINAL_STATES = frozenset(
     (
         "BOOT_FAIL",
@@ -125,6 +132,15 @@ _FORMAT_FIELDS = (
 _lock = threading.Lock()
 _json_ok: bool | None = None
 """Whether ``squeue --json`` works here (learnt at the first listing)."""
+
+
+def split_tag(comment: str) -> tuple[str, str | None]:
+    """``("runwatch:<run>", nonce)`` of a comment ``runwatch:<run>:<nonce>``; a comment without
+    a nonce is ``(comment, None)``."""
+    head, sep, tail = comment.rpartition(":")
+    if sep and head.startswith(TAG_PREFIX) and len(head) > len(TAG_PREFIX) and _NONCE.match(tail):
+        return head, tail
+    return comment, None
 
 
 # --------------------------------------------------------------------------- commands
@@ -463,11 +479,13 @@ def _filter(jobs: list[dict[str, Any]], params: dict[str, Any], ids: list[str]
 
 def slurm_jobs(params: dict[str, Any]) -> dict[str, Any]:
     """``{tag_prefix?="runwatch:", with_ids?, all_states?, all_users?, job_ids?, force_format?,
-    deadline_s?}`` -> the jobs: ``{"time", "source": "json" | "format", "jobs": [...],
-    "unparsed": [lines]}``.
+    deadline_s?, in_workdir?}`` -> the jobs: ``{"time", "source": "json" | "format", "jobs":
+    [...], "unparsed": [lines]}``.
 
     Only jobs whose comment starts with ``tag_prefix`` are returned (``""``: every job), and the
-    jobs (or arrays) of ``with_ids`` whatever their comment (jobs adopted by a run). Each job:
+    jobs (or arrays) of ``with_ids`` whatever their comment (jobs adopted by a run); with
+    ``in_workdir``, only the jobs whose working directory is that directory (the same
+    ``(st_dev, st_ino)``, whatever the path squeue gives), whatever their comment. Each job:
     ``job_id`` (``12``, ``12_3`` for an array task, ``12_[4-7]`` for an array's pending rest),
     ``array_job_id``, ``array_task_id``, ``array_tasks``, ``state``, ``reason``, ``nodes``,
     ``elapsed_s``, ``time_limit_s`` (None: unlimited), ``submit_time``, ``start_time`` (unix),
@@ -484,11 +502,39 @@ def slurm_jobs(params: dict[str, Any]) -> dict[str, Any]:
                               or not limit > 0):  # fmt: skip
         raise AgentOpError("parameter 'deadline_s': expected a number > 0", "bad-params")
     deadline = None if limit is None else time.monotonic() + float(limit)
+    in_workdir = params.get("in_workdir")
+    if in_workdir is not None and not isinstance(in_workdir, str):
+        raise AgentOpError("parameter 'in_workdir': expected a path", "bad-params")
     jobs, source, bad = _squeue(None, params, deadline)
-    jobs = [j for j in jobs if j["comment"].startswith(prefix)
-            or (j["array_job_id"] or j["job_id"]) in with_ids]  # fmt: skip
+    if in_workdir is not None:
+        jobs = _in_directory(jobs, os.path.expanduser(in_workdir))
+    else:
+        jobs = [j for j in jobs if j["comment"].startswith(prefix)
+                or (j["array_job_id"] or j["job_id"]) in with_ids]  # fmt: skip
     _add_stdout(jobs, None, deadline)
     return {"time": time.time(), "source": source, "jobs": jobs, "unparsed": bad}
+
+
+def _in_directory(jobs: list[dict[str, Any]], path: str) -> list[dict[str, Any]]:
+    """The jobs whose working directory is the directory ``path`` (by identity); none when
+    ``path`` is no directory (nothing can run in it)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    seen: dict[str, bool] = {}
+    out = []
+    for j in jobs:
+        where = str(j.get("workdir") or "")
+        if where and where not in seen:
+            try:
+                wst = os.stat(where)
+                seen[where] = (wst.st_dev, wst.st_ino) == (st.st_dev, st.st_ino)
+            except OSError:
+                seen[where] = False
+        if where and seen[where]:
+            out.append(j)
+    return out
 
 
 # --------------------------------------------------------------------------- submit
@@ -543,8 +589,10 @@ def sbatch_argv(options: dict[str, Any], script: str) -> list[str]:
 
 
 def _active_with_tag(tag: str) -> list[dict[str, Any]]:
+    """The active jobs tagged for the run of ``tag``, whatever their nonce."""
+    run = split_tag(tag)[0]
     jobs, _, _ = _squeue(None, {})
-    return [j for j in jobs if j["comment"] == tag and j["state"] in ACTIVE_STATES]
+    return [j for j in jobs if split_tag(j["comment"])[0] == run and j["state"] in ACTIVE_STATES]
 
 
 def _words(value: Any, key: str) -> list[str]:
@@ -557,12 +605,12 @@ def slurm_submit(params: dict[str, Any]) -> dict[str, Any]:
     """Submit a run as a batch job and confirm it.
 
     Params: ``workdir``, ``argv`` (or ``tasks``: one argv per array task), ``tag``
-    (``runwatch:<run>``: the job's comment), ``name`` (job name), ``script_path`` (where the batch
-    script is written, relative to workdir unless absolute), ``lock_path``, ``options`` (sbatch
-    long options without ``--``: ``partition``, ``gres``, ``time``, ``output``...), ``directives``
-    (extra ``#SBATCH`` lines), ``env`` (extra environment of the job: passed through sbatch's
-    environment, never written to the script), ``settle_s`` (default 5: how long to wait for the
-    job to start).
+    (``runwatch:<run>:<nonce>``, or ``runwatch:<run>``: the job's comment), ``name`` (job name),
+    ``script_path`` (where the batch script is written, relative to workdir unless absolute),
+    ``lock_path``, ``options`` (sbatch long options without ``--``: ``partition``, ``gres``,
+    ``time``, ``output``...), ``directives`` (extra ``#SBATCH`` lines), ``env`` (extra
+    environment of the job: passed through sbatch's environment, never written to the script),
+    ``settle_s`` (default 5: how long to wait for the job to start).
 
     Result: ``{"submitted": true, "job": {...}, "script": path}`` with the job as ``slurm_jobs``
     gives it (running, pending with its reason, or ended: then ``log_tail``); or ``{"submitted":
@@ -704,8 +752,10 @@ def _tail(path: str, lines: int) -> list[str]:
 
 
 def _same_job(ident: dict[str, Any], job: dict[str, Any]) -> str | None:
-    """Why ``job`` (now holding the id) is not the job ``ident`` names; None when it is."""
-    if ident.get("submit_time") != job.get("submit_time"):
+    """Why ``job`` (now holding the id) is not the job ``ident`` names; None when it is. A comment
+    with a nonce is the job's identity (a requeue changes the submit time, not the comment)."""
+    nonce = split_tag(str(ident.get("tag") or ""))[1]
+    if nonce is None and ident.get("submit_time") != job.get("submit_time"):
         return (
             f"refused: job id {ident.get('job_id')} was reused (submitted at "
             f"{job.get('submit_time')}, listed {ident.get('submit_time')})"
@@ -739,7 +789,8 @@ def slurm_cancel(params: dict[str, Any]) -> dict[str, Any]:
 
     Result: ``{"job_id", "outcome": "terminated" | "killed" | "cancelled" | "already-gone" |
     "refused" | "unconfirmed", "detail", "signals": [...], "state", "confirmed": bool,
-    "after_s", "writers": {path: [pid]}}``.
+    "after_s", "writers": {path: [pid]}, "tasks": [{"job_id", "state", "start_time"}]}``: each
+    task as listed once the cancel is over (its end, or what is still there).
     """
     ident = params.get("identity")
     if not isinstance(ident, dict) or not isinstance(ident.get("job_id"), str):
@@ -751,7 +802,8 @@ def slurm_cancel(params: dict[str, Any]) -> dict[str, Any]:
         raise AgentOpError(f"job id {job_id!r}: expected the number of a job", "bad-params")
     grace = param_number(params, "grace", 10.0)
     files = params.get("files") or []
-    result: dict[str, Any] = {"job_id": job_id, "signals": [], "after_s": None, "writers": {}}
+    result: dict[str, Any] = {"job_id": job_id, "signals": [], "after_s": None, "writers": {},
+                              "tasks": []}  # fmt: skip
     tasks = _job_tasks(job_id)
     head = next((t for t in tasks if t["job_id"] == job_id), tasks[0] if tasks else None)
     if head is None:
@@ -768,6 +820,7 @@ def slurm_cancel(params: dict[str, Any]) -> dict[str, Any]:
                     detail=f"already ended ({state}); nothing sent")  # fmt: skip
     started = time.monotonic()
     outcome = "terminated"
+    ran = {t["job_id"] for t in tasks if t["state"] not in _WAITING}  # the tasks seen started
     if state == "COMPLETING":
         # Being torn down already (by another cancel, or at its own end): nothing to send; its
         # end is awaited as long as a cancel of ours would take.
@@ -779,11 +832,24 @@ def slurm_cancel(params: dict[str, Any]) -> dict[str, Any]:
         outcome = "cancelled"
         state = _wait_terminal(job_id, started + KILL_CONFIRM_S)
     else:
-        _scancel(["--signal=TERM", "--full", job_id])
-        result["signals"].append("SIGTERM")
-        state = _wait_terminal(job_id, started + max(grace, 0.0))
-        if state not in TERMINAL_STATES and state != "":
-            _scancel(["--signal=KILL", "--full", job_id])
+        if any(t["state"] in _WAITING for t in tasks):
+            # First no further task may start (a throttled array starts its next one as soon as
+            # a running one ends), and a pending task takes no signal: cancelled without one.
+            _scancel(["--state=PENDING", job_id])
+            result["signals"].append("cancel-pending")
+        running = _running(job_id)
+        ran.update(running)
+        if running:
+            _scancel(["--signal=TERM", "--full", *running])
+            result["signals"].append("SIGTERM")
+            state = _wait_terminal(job_id, started + max(grace, 0.0))
+        else:  # every task was still waiting: cancelled without a signal
+            outcome = "cancelled"
+            state = _wait_terminal(job_id, started + KILL_CONFIRM_S)
+        running = _running(job_id) if state not in TERMINAL_STATES and state != "" else []
+        ran.update(running)
+        if running:
+            _scancel(["--signal=KILL", "--full", *running])
             result["signals"].append("SIGKILL")
             outcome = "killed"
             state = _wait_terminal(job_id, time.monotonic() + KILL_CONFIRM_S)
@@ -792,6 +858,13 @@ def slurm_cancel(params: dict[str, Any]) -> dict[str, Any]:
             result["signals"].append("cancel")
             state = _wait_terminal(job_id, time.monotonic() + KILL_CONFIRM_S)
     result["after_s"] = round(time.monotonic() - started, 3)
+    # A task cancelled while pending is given a start time by Slurm (that of its end): only the
+    # tasks seen started are reported with theirs.
+    result["tasks"] = [
+        {"job_id": t["job_id"], "state": t["state"],
+         "start_time": t["start_time"] if t["job_id"] in ran else None}
+        for t in _job_tasks(job_id)
+    ]  # fmt: skip
     ended = state in TERMINAL_STATES or state == ""
     if state == "":
         state = _sacct_state(job_id) or ""
@@ -801,7 +874,8 @@ def slurm_cancel(params: dict[str, Any]) -> dict[str, Any]:
     if not ended:
         return dict(result, outcome="unconfirmed", state=state, confirmed=False,
                     detail=f"still {state} " + ("after scancel" if result["signals"] else
-                                                "(its teardown did not end)"))  # fmt: skip
+                                                "(its teardown did not end)")
+                    + _tasks_text(result["tasks"]))  # fmt: skip
     if writers:
         holders = "; ".join(f"{p}: pid {', '.join(map(str, w))}" for p, w in writers.items())
         return dict(result, outcome="unconfirmed", state=state, confirmed=False,
@@ -813,7 +887,29 @@ def slurm_cancel(params: dict[str, Any]) -> dict[str, Any]:
         "already-gone": "was already being torn down (COMPLETING); nothing sent, then ended",
     }[outcome]
     return dict(result, outcome=outcome, state=state, confirmed=confirmed,
-                detail=f"{detail} ({state or 'forgotten by slurmctld'})")  # fmt: skip
+                detail=f"{detail} ({state or 'forgotten by slurmctld'})"
+                + _tasks_text(result["tasks"]))  # fmt: skip
+
+
+_WAITING = frozenset(("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"))
+"""Task states of an array's part that has not started (or was requeued and waits again)."""
+
+
+def _running(job_id: str) -> list[str]:
+    """The ids of the job's tasks that have started and not ended (``12_0``; ``12`` for a plain
+    job): the ones a signal reaches."""
+    return [t["job_id"] for t in _job_tasks(job_id)
+            if t["state"] not in _WAITING and t["state"] not in TERMINAL_STATES]  # fmt: skip
+
+
+def _tasks_text(tasks: list[dict[str, Any]]) -> str:
+    """``; tasks: 12_0 CANCELLED, 12_[1-2] CANCELLED (never started)`` for an array ('' else)."""
+    if len(tasks) < 2 and not any("_" in str(t["job_id"]) for t in tasks):
+        return ""
+    return "; tasks: " + ", ".join(
+        f"{t['job_id']} {t['state']}" + ("" if t.get("start_time") else " (never started)")
+        for t in tasks
+    )
 
 
 def _scancel(args: list[str]) -> None:

@@ -51,10 +51,10 @@ def watch(
     Events: run-died, finished, stopped, stalled, over-budget, waste, dataset-done, all-done,
     host-lost, host-back, restart-done, restart-failed, restart-rolled-back, restart-gave-up,
     restart-abandoned, start-refused, budget-policy, duplicates, data-shrank, config-reloaded,
-    config-refused. Each names the command that acts on it. An edit of the config file is taken at
-    the next refresh, or refused with why (the watcher keeps the config it had). A restart waiting
-    for its backoff is written in the state dir: a watcher started after one was killed takes it
-    over, or says why it abandons it.
+    config-refused, job-requeued. Each names the command that acts on it. An edit of the config
+    file is taken at the next refresh, or refused with why (the watcher keeps the config it had).
+    A restart waiting for its backoff is written in the state dir: a watcher started after one was
+    killed takes it over, or says why it abandons it.
     """
     import asyncio
     import signal

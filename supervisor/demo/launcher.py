@@ -595,9 +595,9 @@ def _check_slurm() -> None:
 def _submit(cfg: Config, run: Any) -> dict[str, Any]:
     """Submit a demo run as a Slurm job (exactly as ``runwatch launch`` would) and return its
     identity; the API key reaches the job through sbatch's environment, never a file."""
-    from supervisor.agent.slurm import slurm_submit
+    from supervisor.agent.slurm import slurm_submit, split_tag
     from supervisor.layout import layout_of
-    from supervisor.slurm import record_job, submit_params, tag_of
+    from supervisor.slurm import record_job, submit_params
 
     params = submit_params(cfg, run, list(run.argv), dict(run.env), layout_of(cfg, run).paths)
     reply = slurm_submit(params)
@@ -605,12 +605,9 @@ def _submit(cfg: Config, run: Any) -> dict[str, Any]:
         raise RunwatchError(f"runwatch demo --slurm: {run.name}: {reply.get('detail')}")
     job = reply.get("job") or {}
     # The dashboard shows (and kills) only the jobs runwatch recorded as a run's.
-    record_job(cfg, run.name, run.host, reply["job_id"], job.get("submit_time"), "submitted")
-    return {
-        "job_id": reply["job_id"],
-        "submit_time": job.get("submit_time"),
-        "tag": tag_of(run.name),
-    }
+    record_job(cfg, run.name, run.host, reply["job_id"], job.get("submit_time"), "submitted",
+               split_tag(params["tag"])[1])  # fmt: skip
+    return {"job_id": reply["job_id"], "submit_time": job.get("submit_time"), "tag": params["tag"]}
 
 
 def _cancel_jobs(demo: Demo) -> list[str]:

@@ -70,3 +70,46 @@ def test_array_tasks_aggregate_per_run_and_per_dataset() -> None:
     assert describe(view).endswith("[1 completed, 1 pending, 1 running]")
     datasets = ["B1", "B2", "B3", "B4"]
     assert [dataset_alive(view, d, datasets) for d in datasets] == [True, False, False, False]
+
+
+def test_a_requeued_job_stays_its_runs_by_the_nonce_of_its_comment() -> None:
+    tag = "runwatch:gen:0123456789abcdef"
+    rec = {"7": OwnedJob(run="gen", host="login", job_id="7", submit_time=100, how="submitted",
+                         time=0.0, nonce="0123456789abcdef")}  # fmt: skip
+    # requeued: the same id and comment, a new submit time
+    again = job_views({"jobs": [job("7", "PENDING", comment=tag, submit_time=250)]}, rec)
+    assert again.runs["gen"].job_id == "7" and again.foreign == {}
+    # the id reused by a job with another nonce (or none) is not the run's, whatever its time
+    for comment in ("runwatch:gen:fedcba9876543210", "runwatch:gen"):
+        other = job_views({"jobs": [job("7", "RUNNING", comment=comment, submit_time=100)]}, rec)
+        assert other.runs == {} and [v.job_id for v in other.foreign["gen"]] == ["7"]
+    # a record without a nonce (adopted, or written before nonces) is judged by its submit time
+    assert job_views({"jobs": [job("7", "RUNNING", submit_time=100)]}, owned("7")).runs
+    assert not job_views({"jobs": [job("7", "RUNNING", submit_time=250)]}, owned("7")).runs
+
+
+def test_the_watcher_says_once_that_a_runs_job_was_requeued() -> None:
+    from supervisor.config import Config, HostConfig, RunConfig
+    from supervisor.events import EventTracker
+    from supervisor.model import HostView, JobView, RunView, Snapshot
+
+    config = Config(hosts=[HostConfig(name="login", kind="slurm")],
+                    runs=[RunConfig(name="gen", host="login", workdir="/w",
+                                    argv=["python3", "gen.py"])])  # fmt: skip
+    tag = "runwatch:gen:0123456789abcdef"
+
+    def snap(submit_time: int, state: str, comment: str = tag) -> Snapshot:
+        view = JobView(job_id="7", submit_time=submit_time, tag=comment, state=state)
+        run = RunView(name="gen", host="login", state="running", job=view)
+        return Snapshot(time=0.0, hosts=[HostView(name="login", connected=True, runs=[run])])
+
+    tracker = EventTracker(config)
+    seen = [tracker.update(s) for s in (snap(100, "RUNNING"), snap(250, "PENDING"),
+                                        snap(250, "RUNNING"), snap(250, "RUNNING"))]  # fmt: skip
+    requeued = [e for events in seen for e in events if e.kind == "job-requeued"]
+    assert len(requeued) == 1 and requeued[0].run == "gen", seen
+    assert "job 7 was requeued" in requeued[0].message and "PENDING" in requeued[0].message
+    assert requeued[0].command == "runwatch status gen"
+    # another job under the run (a new submission) is no requeue
+    assert not [e for e in tracker.update(snap(400, "RUNNING", "runwatch:gen:fedcba9876543210"))
+                if e.kind == "job-requeued"]  # fmt: skip
