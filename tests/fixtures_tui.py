@@ -320,6 +320,7 @@ class FixedEngine:
         force: bool = False,
         allow_change: Iterable[str] = (),
         environ: dict[str, str] | None = None,
+        script: str | None = None,
     ) -> Plan:
         # The real planner over the fixed snapshot (it needs only config and refresh).
         from supervisor.plan import make_plan
@@ -333,6 +334,7 @@ class FixedEngine:
             force=force,
             allow_change=allow_change,
             environ=environ,
+            script=script,
         )
 
     async def execute(
