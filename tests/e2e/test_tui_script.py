@@ -4,7 +4,6 @@ run on an older script (no ``--token-budget``), a real mock endpoint, real proce
 
 from __future__ import annotations
 
-import asyncio
 import io
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from textual.widgets import Button, Input, Static
 
 from supervisor.engine import ActionResult, Engine, Plan
 from tests.fixtures_actions import RUN_INFERENCE, DemoRun, launch, old_script, pid_alive, why
-from tests.waiting import wait_for, wait_until
+from tests.waiting import wait_for
 from tui.app import make_app
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.restart import RestartScreen
@@ -64,11 +63,11 @@ async def test_a18_the_restart_screen_installs_a_new_script_that_declares_the_fl
         async with Engine(demo.config) as engine:
             return await launch(engine, "demo")
 
-    launched = asyncio.run(go())
+    launched = await go()
     assert launched.ok, why(launched)
     pid = int(launched.identity["pid"])
     kill_after.append(pid)
-    wait_until(lambda: len(demo.complete_ids("B1")) >= 2, timeout=60)
+    await wait_for(lambda: len(demo.complete_ids("B1")) >= 2, timeout=60, what="records")
 
     app = make_app(demo.config, Engine(demo.config))
     async with app.run_test(size=(120, 40)) as pilot:
@@ -133,7 +132,7 @@ async def test_a18_the_restart_screen_installs_a_new_script_that_declares_the_fl
         new_pid = int(done.identity["pid"])
         kill_after.append(new_pid)
         assert new_pid != pid
-        wait_until(lambda: not pid_alive(pid), timeout=30)
+        await wait_for(lambda: not pid_alive(pid), timeout=30, what="the old run gone")
         assert script.read_bytes() == RUN_INFERENCE.read_bytes()
         kept = [p.read_bytes() for p in script.parent.iterdir() if ".runwatch-" in p.name]
         assert kept == [old]

@@ -197,7 +197,7 @@ class RestartScreen(Screen[None]):
             with Horizontal(classes="option"):
                 yield Label("New script", classes="option-label")
                 yield Input(
-                    placeholder="local path of a newer script (copied to the host after the stop)",
+                    placeholder="a newer script on this machine (copied after the stop)",
                     id="script",
                     compact=True,
                 )
