@@ -37,9 +37,12 @@ def completeness_view(scan: Mapping[str, Any]) -> CompletenessView | None:
 
 
 def with_client_parts(view: DatasetView, scan: Mapping[str, Any]) -> DatasetView:
-    """``view`` with the sidecars and the completeness of its scan."""
+    """``view`` with the sidecars, the completeness and the prompts' length of its scan."""
     view.sidecars = sidecar_views(scan)
     view.completeness = completeness_view(scan)
+    lengths = scan.get("prompt_lengths")
+    if isinstance(lengths, Mapping) and isinstance(lengths.get("mean_chars"), (int, float)):
+        view.prompt_chars = float(lengths["mean_chars"])
     return view
 
 

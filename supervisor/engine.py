@@ -1550,9 +1550,11 @@ def _line_count(scan: dict[str, Any] | None) -> int | None:
 
 
 def _config_flags(config: Config, run: RunConfig) -> RunFlags:
-    """The flags of the run's configured argv, read with its client profile."""
+    """The flags of the argv the run's next launch uses (its configured argv with its stored
+    launch spec: a budget set by a restart holds for the stopped run too), read with its client
+    profile."""
     profile = clients.client_of(config, run)
-    raw = clients.read_flags(profile, run.argv, clients.all_scripts(config))
+    raw = clients.read_flags(profile, launch_argv(config, run), clients.all_scripts(config))
     return msgspec.convert(raw, RunFlags)
 
 

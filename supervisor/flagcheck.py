@@ -273,11 +273,12 @@ def _refuse_flag(
 
 
 def newer_script(script: str, path: str, host: str, flags: Sequence[str]) -> str:
-    """The fix when the installed script lacks ``flags``: a version that declares them, copied
-    over it, then the same command."""
+    """The fix when the installed script lacks ``flags``: a version that declares them, given
+    with ``--script`` (runwatch copies it over the installed one once the run is stopped)."""
     return (
-        f"if a newer {script} declares {', '.join(flags)}, copy it to {path} on {host} (keep "
-        "the old one beside it), then run the same command again"
+        f"if a newer {script} declares {', '.join(flags)}, copy it to {path} on {host}: run "
+        f"the same command again with --script PATH (PATH: the newer {script} on this machine; "
+        "it is copied once the run is stopped, the old one kept beside it)"
     )
 
 

@@ -204,8 +204,13 @@ class RunWaste(msgspec.Struct, kw_only=True):
     datasets: list[str] = []
     """The datasets past (or bound past) their budgets, in the run's order."""
     guessed: list[str] = []
-    """Of those, the ones not started: their tokens are their samples to go times the run's
-    average tokens per response so far (a guess: their own answers may be longer or shorter)."""
+    """Of those, the ones not started whose prompts' lengths are unknown: their tokens are their
+    samples to go times the run's average tokens per response so far (a guess: their own answers
+    may be longer or shorter)."""
+    like: dict[str, str] = {}
+    """Of those, the ones not started whose prompts' lengths are known -> the started dataset
+    whose prompts are nearest in length: their tokens are their samples to go times its average
+    tokens per response, and their samples to budget its budget over that average."""
     message: str = ""
     """One line: ``left alone: +109 M tokens past budgets in B2..B8 (7) over ~59 h, ~$870``."""
 
@@ -296,6 +301,10 @@ class DatasetView(msgspec.Struct, kw_only=True):
     """Of ``completion_tokens``, those of reasoning texts (``reasoning_content``)."""
     sidecars: list[SidecarView] = []
     completeness: CompletenessView | None = None
+    prompt_chars: float | None = None
+    """Mean characters of text per row of its input (the first MiB of it, read on the host):
+    how long its prompts are, to project a dataset not started from the started dataset whose
+    prompts are nearest in length (``rates.run_waste``). None when its input is unreadable."""
     alarm: str | None = None
     """Data loss seen under the running run (the file shrank or was replaced), with byte counts."""
     provisional: bool = False

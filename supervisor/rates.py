@@ -449,10 +449,11 @@ def run_waste(run: RunView, cost: CostInfo | None) -> RunWaste | None:
     unless it runs without its client's budget flag and something of it is past a budget.
 
     A dataset with a figure gives its ``waste_tokens`` (and cost); a dataset not started that
-    has a budget and samples to go gives those samples times the run's average tokens per
-    response so far, past its budget, and is named a guess. The time is the whole at the run's
-    own rate (the datasets take turns or share it: the run makes tokens at that rate either
-    way)."""
+    has a budget and samples to go gives those samples times a tokens per response, past its
+    budget: that of the started dataset whose prompts are nearest its own in length
+    (:func:`nearest_in_prompts`), else the run's average so far, named a guess. The time is the
+    whole at the run's own rate (the datasets take turns or share it: the run makes tokens at
+    that rate either way)."""
     flags = run.process.flags if run.process is not None else None
     if run.state != "running" or flags is None or flags.token_budget is not None:
         return None
@@ -462,10 +463,15 @@ def run_waste(run: RunView, cost: CostInfo | None) -> RunWaste | None:
     out = RunWaste()
     for d in run.datasets:
         waste = d.projection.waste_tokens
-        if not waste and d.records == 0 and d.token_budget is not None and average is not None:
-            left = d.projection.remaining_samples
-            waste = max(0, round((left or 0) * average) - d.token_budget)
-            if waste:
+        if not waste and d.records == 0 and d.token_budget is not None:
+            like = nearest_in_prompts(d, run.datasets)
+            per = like.completion_tokens / like.records if like is not None else average
+            if per is not None:
+                left = d.projection.remaining_samples
+                waste = max(0, round((left or 0) * per) - d.token_budget)
+            if waste and like is not None:
+                out.like[d.name] = like.name
+            elif waste:
                 out.guessed.append(d.name)
         if waste:
             out.tokens += waste
@@ -481,15 +487,50 @@ def run_waste(run: RunView, cost: CostInfo | None) -> RunWaste | None:
     over = _names(out.datasets)
     when = f" over ~{display.duration(out.seconds)}" if out.seconds is not None else ""
     usd = f", ~{display.money(out.cost_usd)}" if out.cost_usd else ""
-    guess = (
-        f"; {_names(out.guessed)} not started: guessed from the run's "
-        f"{display.compact(average)} tokens per response"
-        if out.guessed and average is not None
-        else ""
-    )
     made_past = f"+{display.compact(out.tokens)} tokens past budgets in {over}"
-    out.message = f"left alone: {made_past}{when}{usd}{guess}"
+    out.message = f"left alone: {made_past}{when}{usd}{_like_words(run, out)}"
+    if out.guessed and average is not None:
+        out.message += (
+            f"; {_names(out.guessed)} not started: guessed from the run's "
+            f"{display.compact(average)} tokens per response"
+        )
     return out
+
+
+def nearest_in_prompts(dataset: DatasetView, datasets: list[DatasetView]) -> DatasetView | None:
+    """Of the started ``datasets``, the one whose prompts are nearest ``dataset``'s in mean
+    length (by ratio, so 100 and 200 characters are as far apart as 1,000 and 2,000): the one
+    whose answers stand for those of ``dataset``. None when its prompts' length is unknown."""
+    mine = dataset.prompt_chars
+    if not mine:
+        return None
+    started = [
+        d
+        for d in datasets
+        if d.records > 0 and d.completion_tokens > 0 and d.prompt_chars and d is not dataset
+    ]
+    if not started:
+        return None
+    return min(started, key=lambda d: abs(math.log((d.prompt_chars or 1.0) / mine)))
+
+
+def _like_words(run: RunView, waste: RunWaste) -> str:
+    """``; B3, B4 not started: at B2's 3.7 k tokens per response (prompts nearest in length),
+    2,733 samples to budget``, one clause per started dataset they are projected from."""
+    by_name = {d.name: d for d in run.datasets}
+    words = ""
+    for like in dict.fromkeys(waste.like.values()):
+        names = [n for n, s in waste.like.items() if s == like]
+        source = by_name[like]
+        per = source.completion_tokens / source.records
+        budgets = {by_name[n].token_budget for n in names}
+        budget = budgets.pop() if len(budgets) == 1 else None
+        to_budget = f", {math.ceil(budget / per):,} samples to budget" if budget is not None else ""
+        words += (
+            f"; {_names(names)} not started: at {like}'s {display.compact(per)} tokens per "
+            f"response (prompts nearest in length){to_budget}"
+        )
+    return words
 
 
 def _names(names: list[str]) -> str:

@@ -125,7 +125,8 @@ def why(result: Any) -> str:
 
 class DemoRun:
     """A workdir with demo prompts, a mock endpoint and a config whose run is the demo client
-    (``log = None``: no ``log =``, so the launch log is ``data/.runwatch/run.log``)."""
+    (``log = None``: no ``log =``, so the launch log is ``data/.runwatch/run.log``;
+    ``endpoint_toml``: the endpoint's kind and prices, ``kind = "api"`` unless given)."""
 
     def __init__(
         self,
@@ -143,6 +144,7 @@ class DemoRun:
         extra_argv: tuple[str, ...] = (),
         run_toml: str = "",
         log: str | None = "logs/run.log",
+        endpoint_toml: str = 'kind = "api"',
     ) -> None:
         from supervisor.demo.prompts import write_prompts
 
@@ -190,7 +192,7 @@ class DemoRun:
             "",
             "[[endpoints]]",
             'name = "mock"',
-            'kind = "api"',
+            endpoint_toml,
             f"base_url = {_toml_str(url)}",
             f'api_key_env = "{KEY_ENV}"',
             "",
@@ -430,3 +432,65 @@ def runwatch(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess[
         timeout=timeout,
         check=False,
     )
+
+
+# --------------------------------------------------------------------------- rebalance
+
+
+def status_json(cfg: Path) -> dict[str, Any]:
+    """``runwatch status --json`` of ``cfg``, parsed."""
+    p = runwatch("-c", str(cfg), "status", "--json")
+    assert p.returncode in (0, 1), p.stderr
+    return dict(json.loads(p.stdout))
+
+
+def datasets_of(status: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Dataset name -> its views in ``status`` (one per configured run naming it), each with
+    its ``run``."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for host in status["hosts"]:
+        for run in host["runs"]:
+            if not run.get("configured", True):
+                continue  # another's process on this machine
+            for d in run["datasets"]:
+                out.setdefault(d["name"], []).append(dict(d, run=run["name"]))
+    return out
+
+
+def bench_endpoint(cfg: Path, endpoint: str, prompts: str, requests: int = 16) -> None:
+    """``runwatch bench ENDPOINT --prompts PROMPTS`` (a dataset of the config, or a file) at
+    concurrency 16, as a user measures an endpoint no run uses yet."""
+    p = runwatch(
+        "-c", str(cfg), "bench", endpoint, "--prompts", prompts, "--requests", str(requests),
+        "--concurrency", "16", "--json",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def pids_by_run(cfg: Path) -> dict[str, int | None]:
+    """Configured run -> the pid ``status`` shows running it (None: not running)."""
+    return {
+        r["name"]: (r["process"] or {}).get("identity", {}).get("pid")
+        for h in status_json(cfg)["hosts"]
+        for r in h["runs"]
+        if r.get("configured", True)
+    }
+
+
+def rebalance_applied(cfg: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    """``rebalance --apply --yes --json`` once the running runs have rates (until then the
+    plan is refused, nothing changed): its exit status and its output."""
+    last: list[str] = []
+
+    def applied_once() -> tuple[int, dict[str, Any]] | None:
+        p = runwatch("-c", str(cfg), "rebalance", *args, "--apply", "--yes", "--json")
+        last[:] = [p.stdout + p.stderr]
+        out = json.loads(p.stdout) if p.stdout.strip() else {}
+        if "no throughput measured" in str(out.get("refused")):
+            return None
+        return p.returncode, dict(out)
+
+    try:
+        return wait_until(applied_once, timeout=240, interval=0.5)
+    except AssertionError:
+        raise AssertionError(f"never applied: {last}") from None

@@ -322,6 +322,7 @@ class FixedEngine:
         force: bool = False,
         allow_change: Iterable[str] = (),
         environ: dict[str, str] | None = None,
+        script: str | None = None,
     ) -> Plan:
         # The real planner over the fixed snapshot (it needs only config and refresh).
         from supervisor.plan import make_plan
@@ -335,6 +336,7 @@ class FixedEngine:
             force=force,
             allow_change=allow_change,
             environ=environ,
+            script=script,
         )
 
     async def execute(

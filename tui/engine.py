@@ -77,8 +77,10 @@ class EngineLike(Protocol):
         force: bool = False,
         allow_change: Iterable[str] = (),
         environ: dict[str, str] | None = None,
+        script: str | None = None,
     ) -> Plan:
-        """The launch or restart plan of ``run`` as it is now (changes nothing)."""
+        """The launch or restart plan of ``run`` as it is now (changes nothing); ``script``: a
+        local file that replaces the run's script on the host once the old run is stopped."""
         ...
 
     async def execute(

@@ -353,6 +353,17 @@ class Completeness(TypedDict, total=False):
     not_in_input_first: list[Any]
 
 
+class PromptLengths(TypedDict, total=False):
+    """How long an input's rows are (``agent.promptlengths``): ``mean_chars`` of the text of
+    the ``rows`` read (all of them when ``whole``), or ``error``."""
+
+    path: str
+    rows: int
+    mean_chars: float
+    whole: bool
+    error: str
+
+
 class BadLine(TypedDict, total=False):
     offset: int
     line: int
@@ -402,6 +413,7 @@ class ScanFile(_ScanFileRequired, total=False):
     companions: list[Any]
     sidecars: dict[str, SidecarScan]
     completeness: Completeness
+    prompt_lengths: PromptLengths
     rescan_reason: str | None
     bytes_read: int
     scan_seconds: float

@@ -67,6 +67,7 @@ from supervisor.agent.formats import (
     texts_of,
     token_count,
 )
+from supervisor.agent.promptlengths import PromptLengths
 
 DEFAULT_CHUNK = 1 << 20
 """Bytes read per ``read()`` call."""
@@ -420,6 +421,7 @@ class Scanner:
         self.max_text_bytes = max_text_bytes
         self._follow: Follower[_FileState] = Follower(chunk_size)
         self._companions = Companions()
+        self._prompt_lengths = PromptLengths()
         self._want_texts = True
 
     # ------------------------------------------------------------------ public
@@ -451,7 +453,8 @@ class Scanner:
                 with their reasons, ``sidecars`` of the result).
             input_file: ``{"path": INPUT, "id": KEY}``: the input file whose rows the records
                 answer, ``KEY`` the id of a row (echoed in the record's id) or ``""`` for its
-                index; the result's ``completeness`` compares the two.
+                index; the result's ``completeness`` compares the two, its ``prompt_lengths``
+                says how long the input's rows are (``promptlengths``).
         """
         if validate not in ("sample", "all", "none"):
             raise ValueError("validate must be sample, all or none")
@@ -480,6 +483,9 @@ class Scanner:
                 str(input_file.get("id") or ""),
                 result.get("sidecars") or {},
                 failed_inline=state.failed_ids if state is not None else set(),
+            )
+            result["prompt_lengths"] = self._prompt_lengths.of(
+                input_file["path"], str(input_file.get("id") or "")
             )
         return result
 

@@ -55,7 +55,7 @@ def test_a12_a_flag_the_installed_script_lacks_is_refused_before_the_stop(
     assert "the installed run_inference.py does not declare it" in text, text
     script = demo.workdir / "run_inference.py"
     assert f"copy it to {script} on local" in text, text
-    assert "then run the same command again" in text, text
+    assert "run the same command again with --script PATH" in text, text
     assert "stop:" not in text.split("running:", 1)[1], text
     assert pid_alive(pid), text
     assert "did you mean" not in text, text

@@ -16,6 +16,13 @@ from supervisor.compare import EndpointRate, Work, compare
 from supervisor.demo.prompts import write_prompts
 from supervisor.errors import UsageError
 from supervisor.rebalance import RESTART_S, Slot, parse_deadline, plan
+from tests.fixtures_actions import (
+    bench_endpoint,
+    datasets_of,
+    pids_by_run,
+    rebalance_applied,
+    status_json,
+)
 from tests.fixtures_config import write_local_config
 from tests.waiting import wait_until
 
@@ -248,25 +255,6 @@ def _two_run_config(
     return write_local_config(root / "runwatch.toml", body, python=True)
 
 
-def _status(cfg: Path) -> dict[str, Any]:
-    from tests.fixtures_actions import runwatch
-
-    p = runwatch("-c", str(cfg), "status", "--json")
-    assert p.returncode in (0, 1), p.stderr
-    return dict(json.loads(p.stdout))
-
-
-def _datasets(status: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for host in status["hosts"]:
-        for run in host["runs"]:
-            if not run.get("configured", True):
-                continue  # another's process on this machine
-            for d in run["datasets"]:
-                out.setdefault(d["name"], []).append(dict(d, run=run["name"]))
-    return out
-
-
 # Its time is compared with a projection measured on this machine: alone, the pace it measured
 # holds while it runs (four workers beside it change the pace under it).
 @pytest.mark.serial
@@ -329,7 +317,7 @@ def test_rebalance_apply_moves_datasets_and_finishes_as_projected(
     seen: list[float] = []
 
     def finished() -> dict[str, Any] | None:
-        st = _status(cfg)
+        st = status_json(cfg)
         seen.append(time.time())
         runs = [r for h in st["hosts"] for r in h["runs"] if r.get("configured", True)]
         done = all(r["state"] != "running" for r in runs)
@@ -343,7 +331,7 @@ def test_rebalance_apply_moves_datasets_and_finishes_as_projected(
     # checks, whatever they took on this machine), as status shows it.
     start = final["plan"]["started_at"]
     assert result["time"] <= start <= seen[0], (result["time"], start)
-    by_name = _datasets(final)
+    by_name = datasets_of(final)
     ends = []
     for d in DATASETS:
         path = tmp_path / "work" / "data" / d / "raw_responses.jsonl"
@@ -654,46 +642,6 @@ def test_a_move_the_start_checks_refuse_is_shown_refused_with_their_reason_never
         assert m.reason.startswith("preflight: ") and "--concurrency" in m.reason, m
 
 
-def _bench(cfg: Path, endpoint: str, dataset: str) -> None:
-    from tests.fixtures_actions import runwatch
-
-    p = runwatch(
-        "-c", str(cfg), "bench", endpoint, "--prompts", dataset, "--requests", "16",
-        "--concurrency", "16", "--json",
-    )  # fmt: skip
-    assert p.returncode == 0, p.stdout + p.stderr
-
-
-def _pids(cfg: Path) -> dict[str, int | None]:
-    return {
-        r["name"]: (r["process"] or {}).get("identity", {}).get("pid")
-        for h in _status(cfg)["hosts"]
-        for r in h["runs"]
-        if r.get("configured", True)
-    }
-
-
-def _apply(cfg: Path, *args: str) -> tuple[int, dict[str, Any]]:
-    """``rebalance --apply --yes --json`` once the running runs have rates (until then the
-    plan is refused, nothing changed): its exit status and its output."""
-    from tests.fixtures_actions import runwatch
-
-    last: list[str] = []
-
-    def applied_once() -> tuple[int, dict[str, Any]] | None:
-        p = runwatch("-c", str(cfg), "rebalance", *args, "--apply", "--yes", "--json")
-        last[:] = [p.stdout + p.stderr]
-        out = json.loads(p.stdout) if p.stdout.strip() else {}
-        if "no throughput measured" in str(out.get("refused")):
-            return None
-        return p.returncode, dict(out)
-
-    try:
-        return wait_until(applied_once, timeout=240, interval=0.5)
-    except AssertionError:
-        raise AssertionError(f"never applied: {last}") from None
-
-
 def test_apply_launches_a_stopped_run_whose_command_line_names_its_datasets_already(
     tmp_path: Path, state_home: Path, mock_server: Any, kill_runs_in: list[Path]
 ) -> None:
@@ -709,10 +657,10 @@ def test_apply_launches_a_stopped_run_whose_command_line_names_its_datasets_alre
     )  # fmt: skip
     cfg = _two_run_config(tmp_path, local.url, api.url, flags={"cloud": ["--model", "other-model"]})
     kill_runs_in.append(tmp_path / "work")
-    _bench(cfg, "gpu", "B1")
-    _bench(cfg, "api", "B4")
-    assert _pids(cfg) == {"local": None, "cloud": None}
-    code, out = _apply(cfg)
+    bench_endpoint(cfg, "gpu", "B1")
+    bench_endpoint(cfg, "api", "B4")
+    assert pids_by_run(cfg) == {"local": None, "cloud": None}
+    code, out = rebalance_applied(cfg)
     assert code == 0 and out.get("ok") is True, out
     result = out["plan"]
     as_now = next(a for a in result["alternatives"] if a["name"] == "as now")
@@ -722,7 +670,7 @@ def test_apply_launches_a_stopped_run_whose_command_line_names_its_datasets_alre
         ("local", "launch"),
         ("cloud", "launch"),
     }, result["steps"]
-    pids = _pids(cfg)
+    pids = pids_by_run(cfg)
     assert pids["local"] is not None and pids["cloud"] is not None, pids
 
 
@@ -742,19 +690,19 @@ def test_a_run_finishing_what_it_has_is_never_stopped_to_hand_it_to_a_slower_run
     )  # fmt: skip
     cfg = _two_run_config(tmp_path, local.url, api.url, datasets=("B1,B2,B3", "B2"), gpu_cost=0.0)
     kill_runs_in.append(tmp_path / "work")
-    _bench(cfg, "gpu", "B1")
+    bench_endpoint(cfg, "gpu", "B1")
     p = runwatch("-c", str(cfg), "launch", "cloud", "--yes")
     assert p.returncode == 0, p.stdout + p.stderr
-    cloud = _pids(cfg)["cloud"]
+    cloud = pids_by_run(cfg)["cloud"]
     assert cloud is not None
-    code, out = _apply(cfg, "--by", "2h")
+    code, out = rebalance_applied(cfg, "--by", "2h")
     result = out["plan"]
     assert not any(m["from_run"] == "cloud" for m in result["moves"]), result["moves"]
     assert [(st["run"], st["action"], st["datasets"]) for st in result["steps"]] == [
         ("local", "launch", ["B1", "B3"])
     ], result["steps"]
     assert code == 0 and out.get("ok") is True, out
-    pids = _pids(cfg)
+    pids = pids_by_run(cfg)
     assert pids["cloud"] == cloud and pids["local"] is not None, (cloud, pids)
 
 
@@ -774,14 +722,14 @@ def test_apply_whose_launch_fails_rolls_back_the_runs_as_they_were_and_exits_1(
     broken = ["--model", "other-model", "--prompts-dir", "no-such-dir"]
     cfg = _two_run_config(tmp_path, local.url, api.url, flags={"cloud": broken})
     kill_runs_in.append(tmp_path / "work")
-    _bench(cfg, "gpu", "B1")
-    _bench(cfg, "api", "B4")
-    code, out = _apply(cfg)
+    bench_endpoint(cfg, "gpu", "B1")
+    bench_endpoint(cfg, "api", "B4")
+    code, out = rebalance_applied(cfg)
     assert code == 1 and out.get("ok") is False, out
     by_run = {(o["run"], o["action"]): o for o in out["steps"]}
     assert by_run[("local", "launch")]["ok"] and by_run[("local", "launch")]["rolled_back"], out
     assert not by_run[("cloud", "launch")]["ok"], out
-    assert _pids(cfg) == {"local": None, "cloud": None}
+    assert pids_by_run(cfg) == {"local": None, "cloud": None}
 
 
 def test_status_says_a_plan_dataset_no_running_run_writes_never_finishes(
@@ -799,15 +747,15 @@ def test_status_says_a_plan_dataset_no_running_run_writes_never_finishes(
     )  # fmt: skip
     cfg = _two_run_config(tmp_path, local.url, api.url, flags={"cloud": ["--model", "other-model"]})
     kill_runs_in.append(tmp_path / "work")
-    _bench(cfg, "gpu", "B1")
-    _bench(cfg, "api", "B4")
-    code, out = _apply(cfg, "--by", "2h")
+    bench_endpoint(cfg, "gpu", "B1")
+    bench_endpoint(cfg, "api", "B4")
+    code, out = rebalance_applied(cfg, "--by", "2h")
     assert code == 0 and out.get("ok") is True, out
-    plan_now = _status(cfg)["plan"]
+    plan_now = status_json(cfg)["plan"]
     assert plan_now["unwritten"] == [] and plan_now["will_miss"] is False, plan_now
     p = runwatch("-c", str(cfg), "kill", "cloud", "--yes")
     assert p.returncode == 0, p.stdout + p.stderr
-    plan_now = _status(cfg)["plan"]
+    plan_now = status_json(cfg)["plan"]
     assert plan_now["unwritten"] == ["B4"] and plan_now["expected_end"] is None, plan_now
     assert plan_now["will_miss"] is True, plan_now
     assert "never (B4: no running run writes it)" in plan_now["text"], plan_now
@@ -832,8 +780,8 @@ def _stopping_plan(tmp_path: Path, mock_server: Any, kill_runs_in: list[Path]) -
     kill_runs_in.append(tmp_path / "work")
     p = runwatch("-c", str(cfg), "launch", "local", "--yes")
     assert p.returncode == 0, p.stdout + p.stderr
-    _bench(cfg, "gpu", "B1")
-    _bench(cfg, "api", "B4")
+    bench_endpoint(cfg, "gpu", "B1")
+    bench_endpoint(cfg, "api", "B4")
 
     def planned() -> dict[str, Any] | None:
         out = json.loads(runwatch("-c", str(cfg), "rebalance", "--json").stdout or "{}")
@@ -894,7 +842,7 @@ def _watch_once(cfg: Path) -> list[str]:
 def _states(cfg: Path) -> dict[str, str]:
     return {
         r["name"]: r["state"]
-        for h in _status(cfg)["hosts"]
+        for h in status_json(cfg)["hosts"]
         for r in h["runs"]
         if r.get("configured", True)
     }
@@ -911,7 +859,7 @@ def test_an_apply_killed_after_its_stop_leaves_its_plan_and_resume_rolls_it_back
     from tests.fixtures_actions import runwatch
 
     cfg = _stopping_plan(tmp_path, mock_server, kill_runs_in)
-    before = _pids(cfg)
+    before = pids_by_run(cfg)
     assert before["local"] is not None and before["cloud"] is None, before
     proc = _apply_process(cfg)
     try:
@@ -923,7 +871,7 @@ def test_an_apply_killed_after_its_stop_leaves_its_plan_and_resume_rolls_it_back
     assert intent is not None and intent["steps"][0]["state"] == "done", intent
     text = runwatch("-c", str(cfg), "status").stdout
     assert "half-applied" in text and "rebalance --apply --resume --yes" in text, text
-    plan_now = _status(cfg)["plan"]
+    plan_now = status_json(cfg)["plan"]
     assert plan_now["half_applied"] is True and "local" in plan_now["runs"], plan_now
     # The watcher says and audits the plan half-applied, naming the fix.
     said = "\n".join(_watch_once(cfg))
@@ -938,7 +886,7 @@ def test_an_apply_killed_after_its_stop_leaves_its_plan_and_resume_rolls_it_back
     assert _intent(cfg) is None
     states = _states(cfg)
     assert states["local"] == "running" and states["cloud"] != "running", states
-    assert _status(cfg)["plan"] is None or not _status(cfg)["plan"]["half_applied"]
+    assert status_json(cfg)["plan"] is None or not status_json(cfg)["plan"]["half_applied"]
     records = [json.loads(line) for line in audit_path().read_text().splitlines()]
     seen = [r for r in records if r["action"] == "rebalance-half-applied"]
     assert len(seen) == 1 and "local" in seen[0]["runs"], seen

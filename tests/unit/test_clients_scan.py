@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from supervisor.agent.promptlengths import MAX_BYTES, PromptLengths
 from supervisor.agent.scan import Scanner
 from supervisor.completeness import completeness_line, completeness_view, sidecar_views
 
@@ -157,3 +158,24 @@ def test_w16_rows_overtaken_within_the_concurrency_are_in_flight_not_missing(
     assert two.completeness is not None
     assert (two.completeness.missing, two.completeness.in_flight) == (1, 0)
     assert "1 missing (s3)" in completeness_line(two.completeness)
+
+
+def test_prompt_lengths_are_read_from_the_first_mib_of_the_input_only(tmp_path: Path) -> None:
+    """The host reads a dataset's prompts to say how long they are, but never the whole of a
+    large input: its first MiB of complete rows stands for it (``whole`` false), the id not
+    counted as text; a file that is not JSON lines says why."""
+    row = {"sample_id": "x" * 50, "messages": [{"role": "user", "content": "w" * 995}]}
+    inp = _jsonl(tmp_path / "B3.jsonl", [row] * 2000)  # ~2.1 MiB
+    assert inp.stat().st_size > 2 * MAX_BYTES
+    r = Scanner().scan(
+        str(tmp_path / "B3" / "raw_responses.jsonl"),
+        fmt="raw",
+        input_file={"path": str(inp), "id": "sample_id"},
+    )
+    lengths = r["prompt_lengths"]
+    assert lengths["mean_chars"] == 4 + 995  # "user" and the content, not the id
+    assert lengths["whole"] is False
+    assert lengths["rows"] == MAX_BYTES // len(json.dumps(row) + "\n")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    assert PromptLengths().of(str(bad), "")["error"] == "line 1 is not JSON"

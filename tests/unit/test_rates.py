@@ -8,7 +8,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from supervisor.agent.scan import Scanner
+from supervisor.completeness import with_client_parts
 from supervisor.config import DatasetConfig, EndpointConfig
+from supervisor.demo.prompts import write_prompts
 from supervisor.model import DatasetView, Identity, ProcessInfo, Rates, RunFlags, RunView
 from supervisor.rates import (
     IDLE_S,
@@ -16,6 +19,7 @@ from supervisor.rates import (
     RateTracker,
     Trackers,
     build_dataset_view,
+    nearest_in_prompts,
     project,
     run_waste,
 )
@@ -582,3 +586,74 @@ def _process(flags: RunFlags) -> ProcessInfo:
         identity=identity, user="u", uptime_s=1.0, cpu_percent=0.0, rss_mb=1.0, state="S",
         flags=flags,
     )  # fmt: skip
+
+
+def test_datasets_not_started_are_projected_from_the_dataset_with_the_nearest_prompts(
+    tmp_path: Path,
+) -> None:
+    """The incident's skew: B1's short questions got short answers (1,822 tokens each), B2's
+    longer instructions long ones (3,659). B3 (long documents) and B7 (very short questions) are
+    not started: each is projected at the answers of the started dataset whose prompts, as the
+    host's scanner reads them from the demo's prompt files, are nearest its own in length (B3 at
+    B2's, B7 at B1's), not at the run's average that B1's many short answers pull down. B4's
+    prompt file is unreadable: it stays a guess, said so."""
+    prompts = write_prompts(tmp_path / "prompts", ("B1", "B2", "B3", "B7"), count=400)
+    budget, samples = 10_000_000, 4940
+    ds = DatasetConfig(token_budget=budget, max_samples=samples)
+    flags = RunFlags(max_samples=samples)
+    cost = CostInfo(gpu_cost_per_hour=15.0)
+    scanner = Scanner()
+
+    def view(name: str, records: int, tokens: int) -> DatasetView:
+        data = str(tmp_path / "out" / name / "raw_responses.jsonl")
+        prompt_file = str(prompts.get(name, tmp_path / "prompts" / f"{name}.jsonl"))
+        read = scanner.scan(data, fmt="raw", input_file={"path": prompt_file, "id": "sample_id"})
+        tracker = RateTracker()
+        if records:
+            first = scan(records - 100, tokens - 500_000, path=data)
+            build_dataset_view(first, ds, flags, tracker, cost, True, 0.0)
+            now = {**scan(records, tokens, path=data), "prompt_lengths": read["prompt_lengths"]}
+        else:
+            now = read
+        return with_client_parts(
+            build_dataset_view(now, ds, flags, tracker, cost, True, 900.0), now
+        )
+
+    b1 = view("B1", samples, 9_000_000)
+    b2 = view("B2", 2916, 10_670_000)
+    b3, b7, b4 = view("B3", 0, 0), view("B7", 0, 0), view("B4", 0, 0)
+    assert b1.prompt_chars and b2.prompt_chars and b3.prompt_chars and b7.prompt_chars
+    assert b7.prompt_chars < b1.prompt_chars < b2.prompt_chars < b3.prompt_chars
+    assert b4.prompt_chars is None  # no prompt file: its length is unknown
+    run = RunView(
+        name="eagle3-kimi",
+        host="gpu",
+        state="running",
+        process=_process(flags),
+        datasets=[b1, b2, b3, b4, b7],
+        rates=Rates(tok_per_s=500.0),
+    )
+    waste = run_waste(run, cost)
+    assert waste is not None
+    long, short = 10_670_000 / 2916, 9_000_000 / samples
+    average = (9_000_000 + 10_670_000) / (samples + 2916)
+    # B7 at B1's short answers stays under its budget (4,940 x 1,822): no waste, where the
+    # run's average (4,940 x 2,504) would have made 2.4 M of it.
+    assert waste.like == {"B3": "B2"}
+    assert nearest_in_prompts(b7, run.datasets) is b1
+    assert waste.guessed == ["B4"]
+    b2_waste = b2.projection.waste_tokens
+    assert waste.tokens == (
+        b2_waste
+        + round(samples * long)
+        - budget  # B3, at B2's answers
+        + round(samples * average)
+        - budget  # B4, the guess
+    )
+    assert waste.datasets == ["B2", "B3", "B4"]
+    assert "; B3 not started: at B2's 3.7 k tokens per response (prompts nearest in length), " in (
+        waste.message
+    ), waste.message
+    assert "2,733 samples to budget" in waste.message, waste.message  # the average's: 3,994
+    assert "; B4 not started: guessed from the run's " in waste.message, waste.message
+    assert short < average < long

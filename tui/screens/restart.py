@@ -2,6 +2,9 @@
 
 Nothing changes until a button is pressed: the plan is computed first (``make_plan``), then either
 checked (dry run: only the checks run) or executed, and every step's state is shown as it changes.
+A new script (a local path, as ``restart --script``) is read when the plan is made: one that
+cannot be read is no plan, said with why; one that can is shown in the plan and is what the
+checks read.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ _STATE_STYLE = {
 
 REMEDIES = {
     "preflight": (
-        "Remedy: fix the flag named above (it is not one the client accepts, or needs a value); "
-        "nothing was stopped."
+        "Remedy: fix the flag named above (it is not one the client accepts, or needs a value), "
+        "or give the newer script that declares it under 'New script'; nothing was stopped."
     ),
     "format-check": (
         "Remedy: press m to move those files aside (renamed to <file>.<format>-<time>, nothing "
@@ -120,6 +123,14 @@ def diff_text(plan: Plan) -> Table:
                 (host_text(new), "green"),
             ),
         )
+    if plan.script is not None:
+        table.add_row(
+            "new script",
+            plain(
+                f"{plan.script.path} (sha256 {plan.script.short}): replaces the host's after the "
+                "stop, the old one kept beside it; the checks read this one"
+            ),
+        )
     table.add_row("log", plain(str(plan.paths.get("log", "-"))))
     return table
 
@@ -154,6 +165,8 @@ class RestartScreen(Screen[None]):
         self.transitions: list[tuple[str, str]] = []
         """Every (step, state) shown, in order."""
         self.busy = False
+        self.planning = False
+        """True from a change of the options until their plan (or why there is none) is shown."""
         self._run_when_planned: bool | None = None
         """``dry_run`` of a run asked for while the plan was being recomputed."""
 
@@ -182,6 +195,13 @@ class RestartScreen(Screen[None]):
                 yield Label("Set flags", classes="option-label")
                 yield Input(placeholder=self.flags_example(), id="flags", compact=True)
             with Horizontal(classes="option"):
+                yield Label("New script", classes="option-label")
+                yield Input(
+                    placeholder="a newer script on this machine (copied after the stop)",
+                    id="script",
+                    compact=True,
+                )
+            with Horizontal(classes="option"):
                 yield Label("Allow changes", classes="option-label")
                 yield Input(placeholder="model sampling prompts ...", id="allow", compact=True)
             yield Checkbox(
@@ -203,23 +223,27 @@ class RestartScreen(Screen[None]):
 
     # ------------------------------------------------------------------ planning
 
-    def _options(self) -> tuple[list[str], list[str], bool]:
+    def _options(self) -> tuple[list[str], list[str], bool, str | None]:
         flags = self.query_one("#flags", Input).value.split()
         allow = self.query_one("#allow", Input).value.replace(",", " ").split()
-        return flags, allow, self.query_one("#move-aside", Checkbox).value
+        script = self.query_one("#script", Input).value.strip() or None
+        return flags, allow, self.query_one("#move-aside", Checkbox).value, script
 
     def _plan(self, *, then_run: bool | None = None) -> None:
         """Compute the plan afresh; then run it (``then_run`` is its ``dry_run``) if asked."""
         self._run_when_planned = then_run
+        self.planning = True
         self.plan = None
         self.result = None
         self._set_buttons(enabled=False)
         self.query_one("#problem", Static).update("")
-        flags, allow, move_aside = self._options()
-        self._make_plan(flags, allow, move_aside)
+        flags, allow, move_aside, script = self._options()
+        self._make_plan(flags, allow, move_aside, script)
 
     @work(exclusive=True, group="plan", exit_on_error=False)
-    async def _make_plan(self, flags: list[str], allow: list[str], move_aside: bool) -> None:
+    async def _make_plan(
+        self, flags: list[str], allow: list[str], move_aside: bool, script: str | None
+    ) -> None:
         try:
             plan = await self.rw.engine.plan(
                 self.run.name,
@@ -227,6 +251,7 @@ class RestartScreen(Screen[None]):
                 overrides=flags,
                 move_aside=move_aside,
                 allow_change=allow,
+                script=script,
             )
         except Exception as e:  # shown on the screen with its hint
             self.post_message(PlanMade(None, error_text(e)))
@@ -235,6 +260,7 @@ class RestartScreen(Screen[None]):
 
     def on_plan_made(self, message: PlanMade) -> None:
         message.stop()
+        self.planning = False
         if message.error is not None:
             self._run_when_planned = None
             self.query_one("#diff", Static).update(Text("No plan.", style="bold red"))
