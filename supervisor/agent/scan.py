@@ -1,8 +1,9 @@
 """Incremental scanning of JSONL dataset files: counts, tokens, bad lines and a format verdict.
 
 Standard library only, Python >= 3.8: this module runs inside the host agent on GPU hosts. It may
-import :mod:`supervisor.agent.formats` and :mod:`supervisor.agent.follow` and nothing else
-from ``supervisor``.
+import :mod:`supervisor.agent.formats`, :mod:`supervisor.agent.follow`,
+:mod:`supervisor.agent.completeness` and :mod:`supervisor.agent.promptlengths` (and through them
+:mod:`supervisor.agent.safefs`) and nothing else from ``supervisor``.
 
 A :class:`Scanner` keeps per-file state between calls, so a refresh reads only the bytes appended
 since the last one. Following the file - the offset of the last complete line, the fingerprint,

@@ -16,6 +16,7 @@ import pytest
 import supervisor.agent.completeness as completeness
 import supervisor.agent.follow as follow
 import supervisor.agent.formats as formats
+import supervisor.agent.promptlengths as promptlengths
 import supervisor.agent.safefs as safefs
 import supervisor.agent.scan as scan
 from supervisor.agent.formats import (
@@ -206,7 +207,7 @@ def test_expected_format_applies_to_auto_detected_files(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- agent bundle
 
 
-@pytest.mark.parametrize("module", [formats, follow, completeness, scan])
+@pytest.mark.parametrize("module", [formats, follow, completeness, promptlengths, scan])
 def test_agent_modules_parse_as_python_38(module: Any) -> None:
     source = Path(module.__file__).read_text()
     ast.parse(source, feature_version=(3, 8))
@@ -233,6 +234,7 @@ def test_agent_modules_import_only_the_standard_library(module: Any) -> None:
                 "supervisor.agent.formats",
                 "supervisor.agent.follow",
                 "supervisor.agent.completeness",
+                "supervisor.agent.promptlengths",
                 "supervisor.agent.safefs",
             ), name
         else:
@@ -280,6 +282,7 @@ def test_agent_modules_load_from_source_alone(tmp_path: Path, python: str) -> No
             ["supervisor.agent.formats", formats.__file__],
             ["supervisor.agent.follow", follow.__file__],
             ["supervisor.agent.completeness", completeness.__file__],
+            ["supervisor.agent.promptlengths", promptlengths.__file__],
             ["supervisor.agent.scan", scan.__file__],
         ]
     )
