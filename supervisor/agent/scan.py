@@ -31,9 +31,10 @@ line one by one: the reference the batches are tested against.
 
 Memory is bounded by the longest line: the file is read in chunks (``chunk_size``), a line is
 buffered only until its newline arrives, and lines longer than ``max_line_bytes`` are skipped
-without being buffered. The set of ids seen grows with the number of distinct records (about
-100 bytes per id), which is what counting duplicates needs. A partial last line is read again by
-every call until its newline arrives (nothing of it is kept between calls).
+without being buffered. The ids seen, which counting duplicates needs, are kept exactly in an
+:class:`~supervisor.agent.idset.IdSet`: about 5 bytes per distinct id past its recent ones, an id
+whose hash was seen before decided against the file at the end of the call. A partial last line
+is read again by every call until its newline arrives (nothing of it is kept between calls).
 
 Bad lines (bad JSON, NUL blocks, invalid UTF-8, NaN/Infinity, duplicate keys, non-objects, bad
 token counts, a BOM, empty lines) are reported with byte offset, 1-based line number and reason,
@@ -51,7 +52,7 @@ from collections import Counter
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from supervisor.agent.completeness import Companions, remembered_id
+from supervisor.agent.completeness import Companions
 from supervisor.agent.follow import Follower, Position, Unfollowable, unfollowable
 from supervisor.agent.formats import (
     PROFILES,
@@ -67,6 +68,7 @@ from supervisor.agent.formats import (
     texts_of,
     token_count,
 )
+from supervisor.agent.idset import IdSet, first_ids, remembered_id
 
 DEFAULT_CHUNK = 1 << 20
 """Bytes read per ``read()`` call."""
@@ -343,9 +345,7 @@ class _Template:
             state.prompt_tokens += sum(map(int, col("prompt")))
         if "id" in roles:
             ids = map(int, col("id")) if self.int_id else col("id")
-            before = len(state.ids)
-            state.ids.update(ids)
-            state.duplicates += n - (len(state.ids) - before)
+            state.duplicates += state.ids.add_many(ids)
         finish = state.finish
         if "finish" in roles:
             for value, count in Counter(col("finish")).items():
@@ -362,11 +362,13 @@ _NO_TEMPLATE = _Template(re.compile(b"$^"), PROFILES["raw"], "other", {}, False,
 class _FileState(Position):
     """What the scanner remembers about one file between calls: its position and counters."""
 
-    def __init__(self, epoch: int, settings: tuple[Any, ...], expected: Profile | None) -> None:
+    def __init__(
+        self, epoch: int, settings: tuple[Any, ...], expected: Profile | None, ids: IdSet
+    ) -> None:
         super().__init__(epoch, settings)
         self.lines = 0
         self.records = 0
-        self.ids: set[Any] = set()
+        self.ids = ids
         self.duplicates = 0
         self.failed = 0
         """Lines recording a failed request (``Profile.failed_keys``)."""
@@ -403,6 +405,7 @@ class Scanner:
         max_text_bytes: texts handed back per call for tokenizer-counted formats.
         batch: count runs of plain lines in batches (see :class:`_Template`); False counts every
             line on its own, the reference the batches are tested against.
+        id_set: makes the ids of a file (tests force hash collisions with it).
     """
 
     def __init__(
@@ -411,11 +414,13 @@ class Scanner:
         max_line_bytes: int = MAX_LINE_BYTES,
         max_text_bytes: int = MAX_TEXT_BYTES,
         batch: bool = True,
+        id_set: Callable[[], IdSet] = IdSet,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be positive")
         self.chunk_size = chunk_size
         self.batch = batch
+        self._id_set = id_set
         self.max_line_bytes = max_line_bytes
         self.max_text_bytes = max_text_bytes
         self._follow: Follower[_FileState] = Follower(chunk_size)
@@ -474,7 +479,7 @@ class Scanner:
         if input_file and isinstance(input_file.get("path"), str):
             state = self._follow.get(path)
             result["completeness"] = self._companions.completeness(
-                state.ids if state is not None else set(),
+                state.ids if state is not None else IdSet(),
                 state.duplicates if state is not None else 0,
                 input_file["path"],
                 str(input_file.get("id") or ""),
@@ -539,10 +544,21 @@ class Scanner:
     ) -> dict[str, Any]:
         size = st.st_size
         state, reason = self._follow.resume(
-            path, f, st, settings, lambda epoch: _FileState(epoch, settings, want)
+            path, f, st, settings, lambda epoch: _FileState(epoch, settings, want, self._id_set())
         )
         start = state.offset
         stopped = self._consume(state, f, start, size, validate, texts, progress)
+        if state.ids.pending:
+            state.duplicates += state.ids.resolve(
+                first_ids(
+                    f,
+                    state.offset,
+                    _id_fields(state),
+                    state.ids.pending,
+                    state.ids.hash48,
+                    self.max_line_bytes,
+                )
+            )
         self._follow.advanced(state, f, start)
         result = self._result(path, state, st, size)
         if state.expected is not None and state.expected.companions:
@@ -970,12 +986,8 @@ class Scanner:
             state.prompt_tokens += prompt
             state.completion_tokens += tokens
             found, ident = lookup(obj, prof.id_field)
-            if found:
-                key = _id_key(ident)
-                if key in state.ids:
-                    state.duplicates += 1
-                else:
-                    state.ids.add(key)
+            if found and state.ids.add(_id_key(ident)) is False:
+                state.duplicates += 1
             fr = finish_value(prof, obj)
             if fr is not None:
                 state.finish[fr] = state.finish.get(fr, 0) + 1
@@ -1101,6 +1113,17 @@ _FAILED_LINE_PROFILES = {frozenset(p.failed_keys): p for p in PROFILES.values() 
 """The built-in formats by the keys of their failed-request line."""
 
 _ALL_BIG_LISTS = tuple(dict.fromkeys(k for p in PROFILES.values() for k in p.big_lists))
+
+
+def _id_fields(state: _FileState) -> list[str]:
+    """The id fields of the formats a file's records were counted as."""
+    profs = [PROFILES[name] for name in state.formats if name in PROFILES]
+    exp = state.expected
+    if exp is not None:
+        profs.append(exp)
+        if exp.legacy is not None:
+            profs.append(PROFILES[exp.legacy])
+    return list(dict.fromkeys(p.id_field for p in profs))
 
 
 def _cut_keys(prof: Profile | None) -> list[tuple[str, bytes]]:
