@@ -60,10 +60,12 @@ def _salted_hash() -> Callable[[Any], int]:
 
 
 class IdSet:
-    """The distinct ids of a file's records (see the module's docstring).
+    """The distinct ids of a file's records and the number of duplicates among them (see the
+    module's docstring).
 
     Args:
-        recent_max: ids kept exactly before they are hashed into the buckets.
+        recent_max: ids kept exactly before they are hashed into the buckets; also the most
+            pending hashes held before they are decided (by :attr:`resolver`, when set).
         hasher: the 48-bit hash of an id (tests force collisions with it).
     """
 
@@ -72,12 +74,17 @@ class IdSet:
     ) -> None:
         self.recent_max = recent_max
         self.hash48 = hasher if hasher is not None else _salted_hash()
+        self.duplicates = 0
+        """Records whose id was seen before (pending ones not yet)."""
+        self.resolver: Callable[[frozenset[int]], dict[int, Any]] | None = None
+        """The first id of the file with each of some hashes (:func:`first_ids`): set while a
+        scan reads the file, so that pending ids are decided before they pile up."""
         self._recent: set[Any] = set()
         self._buckets: dict[int, array[int]] = {}
         self._owners: dict[int, set[Any]] = {}
         """The ids of a hash met more than once, exactly."""
-        self._pending: dict[int, list[Any]] = {}
-        """Ids whose hash is in a bucket, in file order: decided by :meth:`resolve`."""
+        self._pending: dict[int, tuple[set[Any], list[int]]] = {}
+        """Per hash in a bucket, the distinct ids met since and their number of records."""
         self._unique = 0
 
     def __len__(self) -> int:
@@ -89,58 +96,64 @@ class IdSet:
         """The hashes whose first id must be read back from the file (:meth:`resolve`)."""
         return frozenset(self._pending)
 
-    def add(self, key: Any) -> bool | None:
-        """True for a new id, False for a duplicate, None when pending (:meth:`resolve`)."""
+    def add(self, key: Any) -> None:
+        """Count a record of id ``key``."""
         recent = self._recent
         if key in recent:
-            return False
+            self.duplicates += 1
+            return
         if not self._buckets:
             recent.add(key)
             self._grew(1)
-            return True
+            return
         v = self.hash48(key)
         owners = self._owners.get(v)
         if owners is not None:
             if key in owners:
-                return False
-            owners.add(key)
-            self._unique += 1
-            return True
+                self.duplicates += 1
+            else:
+                owners.add(key)
+                self._unique += 1
+            return
         if self._in_buckets(v):
-            self._pending.setdefault(v, []).append(key)
-            return None
+            entry = self._pending.get(v)
+            if entry is None:
+                self._pending[v] = entry = (set(), [0])
+            entry[0].add(key)
+            entry[1][0] += 1
+            if len(self._pending) >= self.recent_max and self.resolver is not None:
+                self.resolve(self.resolver(self.pending))
+            return
         recent.add(key)
         self._grew(1)
-        return True
 
-    def add_many(self, keys: Iterable[Any]) -> int:
-        """Add ids in file order; the number of duplicates among them (pending ones not)."""
+    def add_many(self, keys: Iterable[Any]) -> None:
+        """Count records of these ids."""
         if self._buckets:
-            return sum(1 for k in keys if self.add(k) is False)
+            for k in keys:
+                self.add(k)
+            return
         recent = self._recent
         items = keys if isinstance(keys, list) else list(keys)
         before = len(recent)
         recent.update(items)
         new = len(recent) - before
+        self.duplicates += len(items) - new
         self._grew(new)
-        return len(items) - new
 
-    def resolve(self, first_ids: dict[int, Any]) -> int:
+    def resolve(self, first_ids: dict[int, Any]) -> None:
         """Decide the pending ids, given the first id of the file with each pending hash (the
-        one its bucket holds); the number of duplicates among them."""
-        duplicates = 0
-        for v, keys in self._pending.items():
+        one its bucket holds)."""
+        for v, (keys, (records,)) in self._pending.items():
             # An owner not found again (the file changed under the read, which the next scan
             # sees and rescans) leaves the ids of that hash new.
             owners = self._owners.setdefault(v, {first_ids[v]} if v in first_ids else set())
-            for key in keys:
-                if key in owners:
-                    duplicates += 1
-                else:
-                    owners.add(key)
-                    self._unique += 1
+            before = len(owners)
+            owners |= keys
+            new = len(owners) - before
+            self._unique += new
+            self.duplicates += records - new
         self._pending = {}
-        return duplicates
 
     def __contains__(self, key: Any) -> bool:
         """Whether ``key`` is an id of the set: exact for the recent ids and for hashes met

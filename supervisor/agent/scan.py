@@ -345,7 +345,7 @@ class _Template:
             state.prompt_tokens += sum(map(int, col("prompt")))
         if "id" in roles:
             ids = map(int, col("id")) if self.int_id else col("id")
-            state.duplicates += state.ids.add_many(ids)
+            state.ids.add_many(ids)
         finish = state.finish
         if "finish" in roles:
             for value, count in Counter(col("finish")).items():
@@ -369,7 +369,6 @@ class _FileState(Position):
         self.lines = 0
         self.records = 0
         self.ids = ids
-        self.duplicates = 0
         self.failed = 0
         """Lines recording a failed request (``Profile.failed_keys``)."""
         self.failed_ids: set[Any] = set()
@@ -480,7 +479,7 @@ class Scanner:
             state = self._follow.get(path)
             result["completeness"] = self._companions.completeness(
                 state.ids if state is not None else IdSet(),
-                state.duplicates if state is not None else 0,
+                state.ids.duplicates if state is not None else 0,
                 input_file["path"],
                 str(input_file.get("id") or ""),
                 result.get("sidecars") or {},
@@ -547,18 +546,20 @@ class Scanner:
             path, f, st, settings, lambda epoch: _FileState(epoch, settings, want, self._id_set())
         )
         start = state.offset
-        stopped = self._consume(state, f, start, size, validate, texts, progress)
-        if state.ids.pending:
-            state.duplicates += state.ids.resolve(
-                first_ids(
-                    f,
-                    state.offset,
-                    _id_fields(state),
-                    state.ids.pending,
-                    state.ids.hash48,
-                    self.max_line_bytes,
-                )
-            )
+        ids = state.ids
+
+        def read_back(hashes: frozenset[int]) -> dict[int, Any]:
+            # Every record counted is before the position read to (a partial line is not read).
+            limit = f.tell()
+            return first_ids(f, limit, _id_fields(state), hashes, ids.hash48, self.max_line_bytes)
+
+        ids.resolver = read_back
+        try:
+            stopped = self._consume(state, f, start, size, validate, texts, progress)
+            if ids.pending:
+                ids.resolve(read_back(ids.pending))
+        finally:
+            ids.resolver = None
         self._follow.advanced(state, f, start)
         result = self._result(path, state, st, size)
         if state.expected is not None and state.expected.companions:
@@ -986,8 +987,8 @@ class Scanner:
             state.prompt_tokens += prompt
             state.completion_tokens += tokens
             found, ident = lookup(obj, prof.id_field)
-            if found and state.ids.add(_id_key(ident)) is False:
-                state.duplicates += 1
+            if found:
+                state.ids.add(_id_key(ident))
             fr = finish_value(prof, obj)
             if fr is not None:
                 state.finish[fr] = state.finish.get(fr, 0) + 1
@@ -1082,7 +1083,7 @@ class Scanner:
                 "verdict_detail": detail,
                 "records": state.records,
                 "unique_ids": len(state.ids),
-                "duplicates": state.duplicates,
+                "duplicates": state.ids.duplicates,
                 "failed_lines": state.failed,
                 "prompt_tokens": state.prompt_tokens,
                 "completion_tokens": state.completion_tokens,
