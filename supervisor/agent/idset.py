@@ -27,12 +27,14 @@ import os
 import re
 from array import array
 from bisect import bisect_left
-from operator import itemgetter
+from functools import partial
+from itertools import chain, repeat
+from operator import and_, itemgetter
 from typing import Any, Callable, Iterable, Iterator
 
 from supervisor.agent.formats import lookup
 
-RECENT_MAX = 1 << 16
+RECENT_MAX = 1 << 18
 """Ids kept exactly before they move to the hash buckets."""
 HASH_BITS = 48
 _LOW_BITS = 32
@@ -50,13 +52,17 @@ def remembered_id(value: Any) -> Any:
     return json.dumps(value, sort_keys=True)
 
 
-def _salted_hash() -> Callable[[Any], int]:
+def _salted_hash() -> tuple[Callable[[Any], int], Callable[[Iterable[Any]], Iterable[int]]]:
+    """The hash of one id, and of many at once (no Python call per id)."""
     salt = int.from_bytes(os.urandom(8), "little")
 
     def hash48(key: Any) -> int:
         return hash((salt, key)) & _HASH_MASK
 
-    return hash48
+    def hash_many(keys: Iterable[Any]) -> Iterable[int]:
+        return map(and_, map(hash, zip(repeat(salt), keys)), repeat(_HASH_MASK))
+
+    return hash48, hash_many
 
 
 class IdSet:
@@ -73,7 +79,10 @@ class IdSet:
         self, recent_max: int = RECENT_MAX, hasher: Callable[[Any], int] | None = None
     ) -> None:
         self.recent_max = recent_max
-        self.hash48 = hasher if hasher is not None else _salted_hash()
+        if hasher is None:
+            self.hash48, self.hash_many = _salted_hash()
+        else:
+            self.hash48, self.hash_many = hasher, partial(map, hasher)
         self.duplicates = 0
         """Records whose id was seen before (pending ones not yet)."""
         self.resolver: Callable[[frozenset[int]], dict[int, Any]] | None = None
@@ -214,7 +223,7 @@ def first_ids(
     limit: int,
     fields: Iterable[str],
     wanted: frozenset[int],
-    hash48: Callable[[Any], int],
+    ids: IdSet,
     max_line_bytes: int,
 ) -> dict[int, Any]:
     """The first id (as remembered, :func:`remembered_id`) of each ``wanted`` hash
@@ -224,8 +233,11 @@ def first_ids(
     A line is parsed only when it may hold a wanted id: an id field whose value is a plain
     string or integer is hashed where it stands, and the line is parsed when that hash is
     wanted; a field with any other value, or a line with a key character written as an escape,
-    is parsed. Lines longer than ``max_line_bytes`` are skipped, as the scanner skips them.
+    is parsed. A block of lines whose id fields all have such values, none of them of a wanted
+    hash (hashed all at once), and without escaped key characters is passed over whole. Lines
+    longer than ``max_line_bytes`` are skipped, as the scanner skips them.
     """
+    hash48 = ids.hash48
     found: dict[int, Any] = {}
     names = sorted({fld.rsplit(".", 1)[-1] for fld in fields})
     paths = list(dict.fromkeys(fields))
@@ -237,7 +249,15 @@ def first_ids(
         )
         for n in names
     ]
+    literals = [b'"' + n.encode() + b'"' for n in names]
+    end = rb"\s*(?=[,}\]])"
+    plain_str = [re.compile(re.escape(k) + rb'\s*:\s*"([^"\\]*)"' + end) for k in literals]
+    plain_int = [
+        re.compile(re.escape(k) + rb"\s*:\s*(-?(?:0|[1-9][0-9]*))" + end) for k in literals
+    ]
     for buf in _line_blocks(f, limit, max_line_bytes):
+        if _passed_over(buf, literals, plain_str, plain_int, wanted, ids):
+            continue
         starts: set[int] = set()
         for key, simple in zip(keys, plain):
             easy = set()
@@ -260,6 +280,30 @@ def first_ids(
         if len(found) == len(wanted):
             break
     return found
+
+
+def _passed_over(
+    buf: bytes,
+    literals: list[bytes],
+    plain_str: list[re.Pattern[bytes]],
+    plain_int: list[re.Pattern[bytes]],
+    wanted: frozenset[int],
+    ids: IdSet,
+) -> bool:
+    """Whether no line of ``buf`` can hold a wanted id: every id field's name in it is followed
+    by a plain string or integer (as many matches as occurrences of the quoted name), none of
+    them of a wanted hash, and no key character is written as an escape."""
+    if _KEY_ESCAPE.search(buf):
+        return False
+    strs = [m for p in plain_str for m in p.findall(buf)]
+    ints = [m for p in plain_int for m in p.findall(buf)]
+    if len(strs) + len(ints) != sum(buf.count(k) for k in literals):
+        return False
+    try:
+        keys = chain(strs, map(int, ints))
+        return wanted.isdisjoint(ids.hash_many(keys))
+    except ValueError:
+        return False
 
 
 def _parsed(

@@ -551,7 +551,7 @@ class Scanner:
         def read_back(hashes: frozenset[int]) -> dict[int, Any]:
             # Every record counted is before the position read to (a partial line is not read).
             limit = f.tell()
-            return first_ids(f, limit, _id_fields(state), hashes, ids.hash48, self.max_line_bytes)
+            return first_ids(f, limit, _id_fields(state), hashes, ids, self.max_line_bytes)
 
         ids.resolver = read_back
         try:

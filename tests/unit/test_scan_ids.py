@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from supervisor.agent import idset
 from supervisor.agent.idset import IdSet
 from supervisor.agent.scan import Scanner
 from tests.fixtures_data import Truth, dump, raw_record
@@ -37,9 +38,17 @@ def _spread(key: Any) -> int:
 
 @pytest.mark.parametrize("hasher", [_few_hashes, _spread, lambda key: 7])
 @pytest.mark.parametrize("batch", [True, False])
+@pytest.mark.parametrize("read_back", [1 << 20, 300])
 def test_d8_duplicates_are_exact_whatever_the_hashes(
-    tmp_path: Path, hasher: Callable[[Any], int], batch: bool
+    tmp_path: Path,
+    hasher: Callable[[Any], int],
+    batch: bool,
+    read_back: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """``read_back``: the blocks the file is read back in (small ones: most blocks hold no
+    wanted hash and are passed over whole)."""
+    monkeypatch.setattr(idset, "READ_BACK_CHUNK", read_back)
     rng = random.Random(5)
     path = tmp_path / "raw_responses.jsonl"
     truth = Truth()
