@@ -497,9 +497,9 @@ class _Sweep:
     def find(self, targets: list[_Target], holders: bool) -> list[_Target]:
         """New processes of the run (pinned and added to ``targets``).
 
-        One read of ``/proc/PID/stat`` per process of the host; argv only of a process started
-        since the kill began (a fork keeps its parent's argv) and of a candidate; descriptors
-        only of the run's user's processes (no other user's is a holder of the run)."""
+        One read of ``/proc/PID/stat`` per process of the host, argv only of a process started
+        since the kill began (a fork keeps its parent's argv) and of a candidate; with
+        ``holders``, the descriptors of every process (``proc.file_users``)."""
         self.last = time.monotonic()
         known = {t.pid for t in targets}
         stats = procs.stat_table()
@@ -526,8 +526,7 @@ class _Sweep:
             if in_session or forked:
                 cand[pid] = "child"
         if holders and (self.data or self.locks):
-            mine = [pid for pid in stats if procs.read_uid(pid) == self.uid]
-            users, _ = procs.file_users(self.data, self.locks, mine)
+            users, _ = procs.file_users(self.data, self.locks)
             for pid in users:
                 if procs.read_uid(pid) == self.uid:
                     cand.setdefault(pid, "holder")
@@ -568,6 +567,9 @@ def _kill_tree(run: _Target, grace: float, sweep: _Sweep) -> KillResult:
             for t in sweep.find(targets, holders=False):
                 t.send(signal.SIGTERM)
 
+        # The tree was walked just now (``_collect_children``): the first sweep of the grace
+        # period comes a sweep interval later, not between the TERM and a quick exit.
+        sweep.last = time.monotonic()
         _wait_gone(targets, started + max(grace, 0.0), during_grace, sweep)
         for _ in range(_SWEEP_ROUNDS):
             # After the grace period, and again before confirming: what is left is killed.
