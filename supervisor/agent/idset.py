@@ -29,7 +29,7 @@ from array import array
 from bisect import bisect_left
 from functools import partial
 from itertools import chain, repeat
-from operator import and_, itemgetter
+from operator import and_
 from typing import Any, Callable, Iterable, Iterator
 
 from supervisor.agent.formats import lookup
@@ -195,22 +195,28 @@ class IdSet:
             self._flush()
 
     def _flush(self) -> None:
-        """Move the recent ids into the buckets; two of one hash become that hash's owners."""
-        hashed = sorted(zip(map(self.hash48, self._recent), self._recent), key=itemgetter(0))
-        self._recent = set()
+        """Move the recent ids into the buckets; two of one hash become that hash's owners.
+
+        One id at a time (no list of the batch's hashes beside the batch: that would be the
+        peak of the set's memory); a hash met twice in the batch (two distinct ids: a set's) is
+        looked for among the batch's ids again, which is rare."""
+        batch, self._recent = self._recent, set()
         buckets = self._buckets
-        last, first = -1, None
-        for v, key in hashed:
-            if v == last:  # distinct ids (a set's) of one hash: both kept as ids
-                self._owners.setdefault(v, {first}).add(key)
-                continue
-            last, first = v, key
+        shared: set[int] = set()
+        hash48 = self.hash48
+        for v in self.hash_many(batch):
             top = v >> _LOW_BITS
             b = buckets.get(top)
             if b is None:
                 buckets[top] = b = array("I")
             low = v & _LOW_MASK
-            b.insert(bisect_left(b, low), low)
+            i = bisect_left(b, low)
+            if i < len(b) and b[i] == low:
+                shared.add(v)
+            else:
+                b.insert(i, low)
+        for v in shared:
+            self._owners[v] = {key for key in batch if hash48(key) == v}
 
 
 READ_BACK_CHUNK = 1 << 20
