@@ -9,12 +9,14 @@ buckets of 48-bit hashes: ``2**16`` buckets by the hash's top 16 bits, each a so
 ``array('I')`` of the next 32 bits, about 4 bytes an id plus the buckets themselves (under
 50 MB for 10 M ids).
 
-A hash is never taken for an id. An id whose hash is already in a bucket is *pending*
-(:meth:`IdSet.add` returns None): the scanner decides it against the file
-(:meth:`IdSet.resolve`, given the first id of the file with each pending hash, read back from
-the file: the id that put the hash there). From then on the ids of that hash are kept exactly
-(``owners``), so a hash is read back from the file at most once. Two ids of one hash met while
-both are recent are distinct by comparison and go to ``owners`` directly.
+A hash is never taken for an id. An id whose hash is already in a bucket is *pending*: the
+scanner decides it against the file (:meth:`IdSet.resolve`, given the first id of the file with
+each pending hash, read back by :func:`first_ids`: the id that put the hash there), at the end
+of its call or as soon as ``recent_max`` hashes wait. From then on the ids of that hash are kept
+exactly (``owners``), so a hash is read back from the file at most once. Two ids of one hash met
+while both are recent are distinct by comparison and go to ``owners`` directly. A file whose
+records repeat ids long hashed therefore costs a read of the file per batch of such hashes, and
+keeps those ids exactly.
 
 The hash is keyed (:func:`hash` of the id with a random salt, per process): ids chosen to
 collide cannot be prepared in advance; a collision only costs a read of the file.
