@@ -5,9 +5,9 @@ Standard library only, Python >= 3.8 (runs inside the host agent).
 A Python set of ids costs about 70 bytes an id (733 MB for a file of 10 M records). An
 :class:`IdSet` keeps the most recent ids exactly, in a set of at most ``recent_max`` ids (a file
 with fewer distinct ids is counted exactly as a set counts it), and moves them in batches into
-buckets of 48-bit hashes: ``2**16`` buckets by the hash's top 16 bits, each a sorted
-``array('I')`` of the next 32 bits, about 4 bytes an id plus the buckets themselves (under
-50 MB for 10 M ids).
+buckets of 46-bit hashes: ``2**14`` buckets by the hash's top 14 bits, each a sorted
+``array('I')`` of the next 32 bits, about 4 bytes an id plus the buckets themselves (a scan of
+10 M distinct ids peaks at 77 MB, ``tests/perf/bench_scan_ids.py``; a set of them: 725 MB).
 
 A hash is never taken for an id. An id whose hash is already in a bucket is *pending*: the
 scanner decides it against the file (:meth:`IdSet.resolve`, given the first id of the file with
@@ -36,9 +36,9 @@ from typing import Any, Callable, Iterable, Iterator
 
 from supervisor.agent.formats import lookup
 
-RECENT_MAX = 1 << 18
+RECENT_MAX = 1 << 16
 """Ids kept exactly before they move to the hash buckets."""
-HASH_BITS = 48
+HASH_BITS = 46
 _LOW_BITS = 32
 _LOW_MASK = (1 << _LOW_BITS) - 1
 _HASH_MASK = (1 << HASH_BITS) - 1
@@ -74,7 +74,7 @@ class IdSet:
     Args:
         recent_max: ids kept exactly before they are hashed into the buckets; also the most
             pending hashes held before they are decided (by :attr:`resolver`, when set).
-        hasher: the 48-bit hash of an id (tests force collisions with it).
+        hasher: the 46-bit hash of an id (tests force collisions with it).
     """
 
     def __init__(
@@ -168,7 +168,7 @@ class IdSet:
 
     def __contains__(self, key: Any) -> bool:
         """Whether ``key`` is an id of the set: exact for the recent ids and for hashes met
-        twice, by its 48-bit hash for the others (an input row counted as answered)."""
+        twice, by its 46-bit hash for the others (an input row counted as answered)."""
         if key in self._recent:
             return True
         if not self._buckets:

@@ -32,7 +32,7 @@ line one by one: the reference the batches are tested against.
 Memory is bounded by the longest line: the file is read in chunks (``chunk_size``), a line is
 buffered only until its newline arrives, and lines longer than ``max_line_bytes`` are skipped
 without being buffered. The ids seen, which counting duplicates needs, are kept exactly in an
-:class:`~supervisor.agent.idset.IdSet`: about 5 bytes per distinct id past its recent ones, an id
+:class:`~supervisor.agent.idset.IdSet`: about 6 bytes per distinct id past its recent ones, an id
 whose hash was seen before decided against the file at the end of the call. A partial last line
 is read again by every call until its newline arrives (nothing of it is kept between calls).
 
