@@ -7,7 +7,7 @@ A Python set of ids costs about 70 bytes an id (733 MB for a file of 10 M record
 with fewer distinct ids is counted exactly as a set counts it), and moves them in batches into
 buckets of 46-bit hashes: ``2**14`` buckets by the hash's top 14 bits, each a sorted
 ``array('I')`` of the next 32 bits, about 4 bytes an id plus the buckets themselves (a scan of
-10 M distinct ids peaks at 77 MB, ``tests/perf/bench_scan_ids.py``; a set of them: 725 MB).
+10 M distinct ids peaks at 95 MB, ``tests/perf/bench_scan_ids.py``; a set of them: 725 MB).
 
 A hash is never taken for an id. An id whose hash is already in a bucket is *pending*: the
 scanner decides it against the file (:meth:`IdSet.resolve`, given the first id of the file with
@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from supervisor.agent.formats import lookup
 
-RECENT_MAX = 1 << 16
+RECENT_MAX = 1 << 18
 """Ids kept exactly before they move to the hash buckets."""
 HASH_BITS = 46
 _LOW_BITS = 32
