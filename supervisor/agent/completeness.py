@@ -17,17 +17,7 @@ from collections import Counter
 from typing import Any
 
 from supervisor.agent import safefs
-
-
-def remembered_id(value: Any) -> Any:
-    """What an id is remembered as (the scanner's rule): an int, the UTF-8 bytes of a string,
-    else its JSON text."""
-    if isinstance(value, str):
-        return value.encode("utf-8", "surrogatepass")
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    return json.dumps(value, sort_keys=True)
-
+from supervisor.agent.idset import IdSet, remembered_id
 
 MAX_REASONS = 10
 """Distinct reasons listed per sidecar file (the rest are summed in ``other_reasons``)."""
@@ -159,7 +149,7 @@ class Companions:
 
     def completeness(
         self,
-        done_ids: set[Any],
+        done_ids: IdSet,
         duplicates: int,
         input_path: str,
         id_key: str,
@@ -168,7 +158,9 @@ class Companions:
     ) -> dict[str, Any]:
         """Input ids against output ids: done, failed (only in a sidecar, or in a line of the
         output that records a failed request: ``failed_inline``), missing (passed by the client
-        without an answer), not reached yet, not in input."""
+        without an answer), not reached yet, not in input. An output id is known by its hash
+        past the recent ones (:meth:`IdSet.__contains__`); the ids not in the input are counted
+        from the set's size, and listed from the ids it keeps as ids."""
         keys, error = self.input_keys(input_path, id_key)
         result: dict[str, Any] = {
             "input_path": input_path,
@@ -200,19 +192,20 @@ class Companions:
         # The missing rows nearest the last one answered, with their distance to it: a running
         # client's requests in flight (fewer than its concurrency) are not missing yet.
         near = [[passed - n, _shown_id(k)] for n, k in passed_over[-MAX_NEAR:]]
-        strangers = [k for k in done_ids if k not in wanted]
+        done = sum(1 for k in wanted if k in done_ids)
+        strangers = [k for k in done_ids.exact() if k not in wanted]
         result.update(
             {
                 "input": len(wanted),
                 "input_duplicates": len(keys) - len(wanted),
-                "done": len(done_ids) - len(strangers),
-                "failed": len((failed_ids & wanted) - done_ids),
+                "done": done,
+                "failed": sum(1 for k in failed_ids & wanted if k not in done_ids),
                 "missing": len(missing),
                 "missing_first": [_shown_id(k) for k in missing[:MAX_IDS_SHOWN]],
                 "missing_near": near,
                 "not_reached": len(later),
                 "not_reached_first": [_shown_id(k) for k in later[:MAX_IDS_SHOWN]],
-                "not_in_input": len(strangers),
+                "not_in_input": len(done_ids) - done,
                 "not_in_input_first": sorted(
                     (_shown_id(k) for k in strangers[: MAX_IDS_SHOWN * 10]), key=str
                 )[:MAX_IDS_SHOWN],

@@ -210,15 +210,19 @@ def _wait_gone(
     sweep: _Sweep | None = None,
 ) -> None:
     """Wait until every target has exited or ``deadline`` (monotonic) passes; ``tick`` runs
-    every ``SWEEP_EVERY_S`` meanwhile (and may add targets)."""
+    every ``SWEEP_EVERY_S`` meanwhile (and may add targets), only while a target is alive: the
+    exit of the last one (a pidfd becoming readable) returns at once, without a walk of the
+    host's processes in between (the caller's sweep after the wait looks for what is left)."""
     while True:
+        alive = [t for t in targets if not t.not_permitted and not t.check_gone()]
         if (
-            tick is not None
+            alive
+            and tick is not None
             and sweep is not None
             and time.monotonic() - sweep.last >= SWEEP_EVERY_S
         ):
             tick()
-        alive = [t for t in targets if not t.not_permitted and not t.check_gone()]
+            alive = [t for t in targets if not t.not_permitted and not t.check_gone()]
         now = time.monotonic()
         if not alive or now >= deadline:
             return
@@ -236,6 +240,33 @@ def _wait_gone(
             poller.poll(max(timeout, 0.0) * 1000.0)
         else:
             time.sleep(timeout)  # no pidfd to wait on: poll /proc at a fine interval
+
+
+def until_exits(
+    cond: Callable[[], bool],
+    timeout: float,
+    interval: float,
+    targets: Callable[[], Sequence[_Target]],
+) -> bool:
+    """Wait until ``cond()`` is true or ``timeout`` seconds passed (the last value), checking it
+    every ``interval`` and at once when one of ``targets()`` that is still running exits (its
+    pidfd becomes readable): the wait ends at a member's exit, not at the next interval."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if cond():
+            return True
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        fds = [t.fd for t in targets() if t.fd is not None and not t.check_gone()]
+        wait = min(interval, deadline - now)
+        if fds:
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            poller.poll(wait * 1000.0)
+        else:
+            time.sleep(wait)
 
 
 def _refuse(pid: int, detail: str) -> KillResult:
@@ -465,19 +496,23 @@ class _Sweep:
         return owned
 
     def find(self, targets: list[_Target], holders: bool) -> list[_Target]:
-        """New processes of the run (pinned and added to ``targets``)."""
+        """New processes of the run (pinned and added to ``targets``).
+
+        One read of ``/proc/PID/stat`` per process of the host, argv only of a process started
+        since the kill began (a fork keeps its parent's argv) and of a candidate; with
+        ``holders``, the descriptors of every process (``proc.file_users``)."""
         self.last = time.monotonic()
         known = {t.pid for t in targets}
-        table = procs.process_table()
+        stats = procs.stat_table()
+        table = {pid: procs.ProcRow(pid, st.ppid, []) for pid, st in stats.items()}
         cand: dict[int, str] = {}
         for t in targets:
             for kid in procs.descendants(table, t.pid):
                 cand.setdefault(kid, "child")
-        for pid, row in table.items():
+        for pid, st in stats.items():
             if pid in cand or pid in known:
                 continue
-            st = procs.read_stat(pid)
-            if st is None or not _running(st) or st.start_time < self.run.start_time:
+            if not _running(st) or st.start_time < self.run.start_time:
                 continue
             in_session = (self.session and st.session == self.run.pid) or (
                 self.group and st.pgrp == self.run.pid
@@ -486,7 +521,7 @@ class _Sweep:
             forked = (
                 bool(self.argv)
                 and st.start_time >= self.kill_ticks
-                and row.argv == self.argv
+                and procs.read_argv(pid) == self.argv
                 and procs.read_uid(pid) == self.uid
             )
             if in_session or forked:
@@ -501,13 +536,13 @@ class _Sweep:
         for pid, role in sorted(cand.items()):
             if pid in known or pid in self.excluded or pid in elsewhere:
                 continue
-            entry = table.get(pid)
-            if entry is not None and entry.argv[1:] == ["-c", AGENT_LOADER]:
+            argv = procs.read_argv(pid) or []
+            if argv[1:] == ["-c", AGENT_LOADER]:
                 continue  # a runwatch agent (launching under the run's lock): never a target
-            st = procs.read_stat(pid)
-            if st is None or not _running(st):
+            now = procs.read_stat(pid)
+            if now is None or not _running(now):
                 continue
-            t = _Target(pid, st.start_time, role)
+            t = _Target(pid, now.start_time, role)
             if t.open():
                 found.append(t)
                 known.add(pid)
@@ -533,6 +568,9 @@ def _kill_tree(run: _Target, grace: float, sweep: _Sweep) -> KillResult:
             for t in sweep.find(targets, holders=False):
                 t.send(signal.SIGTERM)
 
+        # The tree was walked just now (``_collect_children``): the first sweep of the grace
+        # period comes a sweep interval later, not between the TERM and a quick exit.
+        sweep.last = time.monotonic()
         _wait_gone(targets, started + max(grace, 0.0), during_grace, sweep)
         for _ in range(_SWEEP_ROUNDS):
             # After the grace period, and again before confirming: what is left is killed.

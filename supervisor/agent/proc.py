@@ -218,6 +218,18 @@ def process_table() -> dict[int, ProcRow]:
     return table
 
 
+def stat_table() -> dict[int, Stat]:
+    """``/proc/PID/stat`` of every process of the host, one read each (no argv): what a walk
+    that looks at argv only for a few of them needs; those that vanish mid-read are skipped."""
+    out: dict[int, Stat] = {}
+    for name in os.listdir(PROC):
+        if name.isdigit():
+            st = read_stat_path(f"{PROC}/{name}/stat")
+            if st is not None:
+                out[int(name)] = st
+    return out
+
+
 def descendants(table: dict[int, ProcRow], pid: int) -> list[int]:
     """Every descendant of ``pid`` in ``table``, breadth first."""
     kids: dict[int, list[int]] = {}

@@ -32,9 +32,10 @@ line one by one: the reference the batches are tested against.
 
 Memory is bounded by the longest line: the file is read in chunks (``chunk_size``), a line is
 buffered only until its newline arrives, and lines longer than ``max_line_bytes`` are skipped
-without being buffered. The set of ids seen grows with the number of distinct records (about
-100 bytes per id), which is what counting duplicates needs. A partial last line is read again by
-every call until its newline arrives (nothing of it is kept between calls).
+without being buffered. The ids seen, which counting duplicates needs, are kept exactly in an
+:class:`~supervisor.agent.idset.IdSet`: about 6 bytes per distinct id past its recent ones, an id
+whose hash was seen before decided against the file at the end of the call. A partial last line
+is read again by every call until its newline arrives (nothing of it is kept between calls).
 
 Bad lines (bad JSON, NUL blocks, invalid UTF-8, NaN/Infinity, duplicate keys, non-objects, bad
 token counts, a BOM, empty lines) are reported with byte offset, 1-based line number and reason,
@@ -52,7 +53,7 @@ from collections import Counter
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from supervisor.agent.completeness import Companions, remembered_id
+from supervisor.agent.completeness import Companions
 from supervisor.agent.follow import Follower, Position, Unfollowable, unfollowable
 from supervisor.agent.formats import (
     PROFILES,
@@ -68,6 +69,7 @@ from supervisor.agent.formats import (
     texts_of,
     token_count,
 )
+from supervisor.agent.idset import IdSet, first_ids, remembered_id
 from supervisor.agent.promptlengths import PromptLengths
 
 DEFAULT_CHUNK = 1 << 20
@@ -345,9 +347,7 @@ class _Template:
             state.prompt_tokens += sum(map(int, col("prompt")))
         if "id" in roles:
             ids = map(int, col("id")) if self.int_id else col("id")
-            before = len(state.ids)
-            state.ids.update(ids)
-            state.duplicates += n - (len(state.ids) - before)
+            state.ids.add_many(ids)
         finish = state.finish
         if "finish" in roles:
             for value, count in Counter(col("finish")).items():
@@ -364,12 +364,13 @@ _NO_TEMPLATE = _Template(re.compile(b"$^"), PROFILES["raw"], "other", {}, False,
 class _FileState(Position):
     """What the scanner remembers about one file between calls: its position and counters."""
 
-    def __init__(self, epoch: int, settings: tuple[Any, ...], expected: Profile | None) -> None:
+    def __init__(
+        self, epoch: int, settings: tuple[Any, ...], expected: Profile | None, ids: IdSet
+    ) -> None:
         super().__init__(epoch, settings)
         self.lines = 0
         self.records = 0
-        self.ids: set[Any] = set()
-        self.duplicates = 0
+        self.ids = ids
         self.failed = 0
         """Lines recording a failed request (``Profile.failed_keys``)."""
         self.failed_ids: set[Any] = set()
@@ -405,6 +406,7 @@ class Scanner:
         max_text_bytes: texts handed back per call for tokenizer-counted formats.
         batch: count runs of plain lines in batches (see :class:`_Template`); False counts every
             line on its own, the reference the batches are tested against.
+        id_set: makes the ids of a file (tests force hash collisions with it).
     """
 
     def __init__(
@@ -413,11 +415,13 @@ class Scanner:
         max_line_bytes: int = MAX_LINE_BYTES,
         max_text_bytes: int = MAX_TEXT_BYTES,
         batch: bool = True,
+        id_set: Callable[[], IdSet] = IdSet,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be positive")
         self.chunk_size = chunk_size
         self.batch = batch
+        self._id_set = id_set
         self.max_line_bytes = max_line_bytes
         self.max_text_bytes = max_text_bytes
         self._follow: Follower[_FileState] = Follower(chunk_size)
@@ -478,8 +482,8 @@ class Scanner:
         if input_file and isinstance(input_file.get("path"), str):
             state = self._follow.get(path)
             result["completeness"] = self._companions.completeness(
-                state.ids if state is not None else set(),
-                state.duplicates if state is not None else 0,
+                state.ids if state is not None else IdSet(),
+                state.ids.duplicates if state is not None else 0,
                 input_file["path"],
                 str(input_file.get("id") or ""),
                 result.get("sidecars") or {},
@@ -546,10 +550,23 @@ class Scanner:
     ) -> dict[str, Any]:
         size = st.st_size
         state, reason = self._follow.resume(
-            path, f, st, settings, lambda epoch: _FileState(epoch, settings, want)
+            path, f, st, settings, lambda epoch: _FileState(epoch, settings, want, self._id_set())
         )
         start = state.offset
-        stopped = self._consume(state, f, start, size, validate, texts, progress)
+        ids = state.ids
+
+        def read_back(hashes: frozenset[int]) -> dict[int, Any]:
+            # Every record counted is before the position read to (a partial line is not read).
+            limit = f.tell()
+            return first_ids(f, limit, _id_fields(state), hashes, ids, self.max_line_bytes)
+
+        ids.resolver = read_back
+        try:
+            stopped = self._consume(state, f, start, size, validate, texts, progress)
+            if ids.pending:
+                ids.resolve(read_back(ids.pending))
+        finally:
+            ids.resolver = None
         self._follow.advanced(state, f, start)
         result = self._result(path, state, st, size)
         if state.expected is not None and state.expected.companions:
@@ -978,11 +995,7 @@ class Scanner:
             state.completion_tokens += tokens
             found, ident = lookup(obj, prof.id_field)
             if found:
-                key = _id_key(ident)
-                if key in state.ids:
-                    state.duplicates += 1
-                else:
-                    state.ids.add(key)
+                state.ids.add(_id_key(ident))
             fr = finish_value(prof, obj)
             if fr is not None:
                 state.finish[fr] = state.finish.get(fr, 0) + 1
@@ -1077,7 +1090,7 @@ class Scanner:
                 "verdict_detail": detail,
                 "records": state.records,
                 "unique_ids": len(state.ids),
-                "duplicates": state.duplicates,
+                "duplicates": state.ids.duplicates,
                 "failed_lines": state.failed,
                 "prompt_tokens": state.prompt_tokens,
                 "completion_tokens": state.completion_tokens,
@@ -1108,6 +1121,17 @@ _FAILED_LINE_PROFILES = {frozenset(p.failed_keys): p for p in PROFILES.values() 
 """The built-in formats by the keys of their failed-request line."""
 
 _ALL_BIG_LISTS = tuple(dict.fromkeys(k for p in PROFILES.values() for k in p.big_lists))
+
+
+def _id_fields(state: _FileState) -> list[str]:
+    """The id fields of the formats a file's records were counted as."""
+    profs = [PROFILES[name] for name in state.formats if name in PROFILES]
+    exp = state.expected
+    if exp is not None:
+        profs.append(exp)
+        if exp.legacy is not None:
+            profs.append(PROFILES[exp.legacy])
+    return list(dict.fromkeys(p.id_field for p in profs))
 
 
 def _cut_keys(prof: Profile | None) -> list[tuple[str, bytes]]:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from supervisor.agent import proc as procs
 from supervisor.agent import safefs
-from supervisor.agent.kill import _running, _Target, pidfd_open, pidfd_send_signal
+from supervisor.agent.kill import _running, _Target, pidfd_open, pidfd_send_signal, until_exits
 from supervisor.agent.masking import mask_argv
 from supervisor.agent.protocol import KILL_CONFIRM_S, AgentOpError, param_number, param_str
 
@@ -780,7 +780,10 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
                 t.send(signal.SIGTERM)
             return not remaining()
 
-        procs.poll_until(empty, grace, 0.05)
+        def pinned() -> list[_Target]:
+            return list(known.values())
+
+        until_exits(empty, grace, 0.05, pinned)
         # 3. What is left is killed: cgroup.kill, or SIGKILL to each frozen/stopped member.
         for _ in range(5):
             if not remaining():
@@ -807,7 +810,7 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
                     t.send(signal.SIGKILL)
                 if cgroup:
                     _write(os.path.join(cgroup, "cgroup.freeze"), b"0")
-            procs.poll_until(lambda: not remaining(), KILL_CONFIRM_S, 0.01)
+            until_exits(lambda: not remaining(), KILL_CONFIRM_S, 0.01, pinned)
         left = remaining()
         results = [_result(t, started, left) for t in known.values()]
         results += [_still_there(pid) for pid in left if pid not in known and pid]

@@ -16,7 +16,7 @@ from supervisor.tokens import count_tokens, decode_preview, load_tokenizer
 from tests import fresh
 
 
-def test_loads_the_demo_tokenizer_through_transformers(demo_tokenizer: Path) -> None:
+def test_loads_the_demo_tokenizer(demo_tokenizer: Path) -> None:
     tok = load_tokenizer(demo_tokenizer)
     assert load_tokenizer(str(demo_tokenizer)) is tok  # loaded once per process
     vocab = DemoVocab(demo_tokenizer)
@@ -69,6 +69,52 @@ def test_a_broken_tokenizer_directory_is_a_runwatch_error(tmp_path: Path) -> Non
 def test_importing_tokens_does_not_import_transformers() -> None:
     code = "import sys, supervisor.tokens; print('transformers' in sys.modules)"
     assert fresh.run(code, check=True).stdout.strip() == "False"
+
+
+def test_the_demo_tokenizer_loads_without_importing_transformers(demo_tokenizer: Path) -> None:
+    """Its directory is a tokenizer.json and nothing that changes it: ``tokenizers`` alone."""
+    code = textwrap.dedent(
+        f"""
+        import json, sys
+        from supervisor.tokens import count_tokens, decode_preview, load_tokenizer
+        tok = load_tokenizer({str(demo_tokenizer)!r})
+        counts = count_tokens(tok, ["The model trains a drafter.", "héllo wörld 123"])
+        print(json.dumps([counts, "transformers" in sys.modules, "tokenizers" in sys.modules]))
+        """
+    )
+    vocab = DemoVocab(demo_tokenizer)
+    want = [vocab.count("The model trains a drafter."), vocab.count("héllo wörld 123")]
+    assert json.loads(fresh.run(code, check=True).stdout) == [want, False, True]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tokenizer_class": "GPT2TokenizerFast"},
+        {"add_prefix_space": True},
+        {"clean_up_tokenization_spaces": True},
+        {"additional_special_tokens": ["<|not-in-the-file|>"]},
+    ],
+)
+def test_a_tokenizer_that_needs_transformers_is_loaded_by_it(
+    demo_tokenizer: Path, tmp_path: Path, change: dict[str, object]
+) -> None:
+    import shutil
+
+    d = tmp_path / "tok"
+    shutil.copytree(demo_tokenizer, d)
+    config = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**config, **change}))
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from supervisor.tokens import count_tokens, load_tokenizer
+        tok = load_tokenizer({str(d)!r})
+        print(count_tokens(tok, ["The model trains a drafter."]), "transformers" in sys.modules)
+        """
+    )
+    out = fresh.run(code, check=True).stdout.split()
+    assert out[-1] == "True"
 
 
 def test_demo_tokenizer_build_is_idempotent(tmp_path: Path) -> None:
