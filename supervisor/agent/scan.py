@@ -2,8 +2,9 @@
 
 Standard library only, Python >= 3.8: this module runs inside the host agent on GPU hosts. It may
 import :mod:`supervisor.agent.formats`, :mod:`supervisor.agent.follow`,
-:mod:`supervisor.agent.completeness` and :mod:`supervisor.agent.promptlengths` (and through them
-:mod:`supervisor.agent.safefs`) and nothing else from ``supervisor``.
+:mod:`supervisor.agent.completeness`, :mod:`supervisor.agent.idset` and
+:mod:`supervisor.agent.promptlengths` (and through them :mod:`supervisor.agent.safefs`) and
+nothing else from ``supervisor``.
 
 A :class:`Scanner` keeps per-file state between calls, so a refresh reads only the bytes appended
 since the last one. Following the file - the offset of the last complete line, the fingerprint,

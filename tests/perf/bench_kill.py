@@ -145,7 +145,11 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=680, help="idle processes to start")
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
-    return asyncio.run(measure(args.procs, args.repeat))
+    with tempfile.TemporaryDirectory(prefix="bench-kill-state-") as tmp:
+        # The kill's audit and state go to this run's temp dir, never the user's own.
+        os.environ["XDG_STATE_HOME"] = os.path.join(tmp, "state")
+        os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")
+        return asyncio.run(measure(args.procs, args.repeat))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import pytest
 import supervisor.agent.completeness as completeness
 import supervisor.agent.follow as follow
 import supervisor.agent.formats as formats
+import supervisor.agent.idset as idset
 import supervisor.agent.promptlengths as promptlengths
 import supervisor.agent.safefs as safefs
 import supervisor.agent.scan as scan
@@ -207,7 +208,7 @@ def test_expected_format_applies_to_auto_detected_files(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- agent bundle
 
 
-@pytest.mark.parametrize("module", [formats, follow, completeness, promptlengths, scan])
+@pytest.mark.parametrize("module", [formats, follow, completeness, idset, promptlengths, scan])
 def test_agent_modules_parse_as_python_38(module: Any) -> None:
     source = Path(module.__file__).read_text()
     ast.parse(source, feature_version=(3, 8))
@@ -234,6 +235,7 @@ def test_agent_modules_import_only_the_standard_library(module: Any) -> None:
                 "supervisor.agent.formats",
                 "supervisor.agent.follow",
                 "supervisor.agent.completeness",
+                "supervisor.agent.idset",
                 "supervisor.agent.promptlengths",
                 "supervisor.agent.safefs",
             ), name
@@ -281,6 +283,7 @@ def test_agent_modules_load_from_source_alone(tmp_path: Path, python: str) -> No
             ["supervisor.agent.safefs", safefs.__file__],
             ["supervisor.agent.formats", formats.__file__],
             ["supervisor.agent.follow", follow.__file__],
+            ["supervisor.agent.idset", idset.__file__],
             ["supervisor.agent.completeness", completeness.__file__],
             ["supervisor.agent.promptlengths", promptlengths.__file__],
             ["supervisor.agent.scan", scan.__file__],

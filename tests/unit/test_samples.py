@@ -102,7 +102,7 @@ async def test_latest_samples_decodes_the_newest_records(
     texts[-1] += f" key {SECRET}"
     lines = []
     for i, text in enumerate(texts):
-        ids = tok.encode(text, add_special_tokens=False)
+        ids = tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
         finish = "length" if i == 4 else "stop"
         rec = {"sample_id": f"s{i}", "output_ids": ids, "completion_tokens": len(ids),
                "prompt_tokens": 3, "finish_reason": finish}  # fmt: skip
@@ -116,7 +116,9 @@ async def test_latest_samples_decodes_the_newest_records(
         newest, older = found.samples
         assert (newest.id, newest.finish_reason) == ("s4", "length")
         assert (older.id, older.finish_reason) == ("s3", "stop")
-        assert older.tokens == len(tok.encode(texts[3], add_special_tokens=False))
+        assert older.tokens == len(
+            tok.backend_tokenizer.encode(texts[3], add_special_tokens=False).ids
+        )
         assert older.text is not None and "answer number 3 is ready" in older.text
         # Decoded text is masked like everything else shown.
         assert newest.text is not None and "answer number 4" in newest.text
