@@ -497,6 +497,12 @@ def _check_references(config: Config) -> None:
                 f"{shown}: formats.{name}: set exactly one of tokens_field, tokens_list_field, "
                 "text_field"
             )
+        if prof.text_field is None and (prof.text_role is not None or prof.reasoning_keys):
+            raise ConfigError(
+                f"{shown}: formats.{name}: text_role and reasoning_keys apply to a text_field "
+                "of messages",
+                'set text_field (e.g. text_field = "messages"), or drop them',
+            )
 
 
 def _check_clients(config: Config, formats: set[str]) -> None:
