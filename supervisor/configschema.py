@@ -203,6 +203,10 @@ class EndpointConfig(_Section):
     """Name of the environment variable holding the API key. Never the key itself."""
     price_in_per_m: NonNegative | None = None
     """USD per million prompt tokens (API endpoints)."""
+    price_cached_in_per_m: NonNegative | None = None
+    """USD per million prompt tokens the API served from its prompt cache (OpenAI's
+    ``usage.prompt_tokens_details.cached_tokens``), when it bills them lower; unset: they cost
+    ``price_in_per_m``."""
     price_out_per_m: NonNegative | None = None
     """USD per million completion tokens (API endpoints)."""
     gpu_cost_per_hour: NonNegative | None = None

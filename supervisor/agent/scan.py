@@ -51,7 +51,7 @@ from collections import Counter
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from supervisor.agent.completeness import Companions, remembered_id
+from supervisor.agent.completeness import Companions, remembered_id, shown_id
 from supervisor.agent.follow import Follower, Position, Unfollowable, unfollowable
 from supervisor.agent.formats import (
     PROFILES,
@@ -72,6 +72,8 @@ DEFAULT_CHUNK = 1 << 20
 """Bytes read per ``read()`` call."""
 MAX_LINE_BYTES = 1 << 30
 """Lines longer than this are reported and skipped without being held in memory."""
+MAX_DUPLICATE_IDS = 10
+"""Ids seen again that a scan result names (the count is exact; these are the first ones)."""
 MAX_BAD_LINES = 100
 """Bad lines listed per file (all are counted in ``bad_lines_total``)."""
 MAX_TEXT_BYTES = 8 << 20
@@ -195,6 +197,21 @@ _ABSENT = object()
 
 
 _id_key = remembered_id
+
+
+def _note_duplicates(state: _FileState, ids: list[Any]) -> None:
+    """Keep the first of a batch's ids already seen (before the batch or in it)."""
+    seen = state.ids
+    fresh: set[Any] = set()
+    for key in ids:
+        if key in seen or key in fresh:
+            state.duplicate_ids.append(key)
+            if len(state.duplicate_ids) >= MAX_DUPLICATE_IDS:
+                return
+        else:
+            fresh.add(key)
+
+
 """How a record's id is remembered (shared with the completeness of an input)."""
 
 
@@ -342,8 +359,11 @@ class _Template:
         if "prompt" in roles:
             state.prompt_tokens += sum(map(int, col("prompt")))
         if "id" in roles:
-            ids = map(int, col("id")) if self.int_id else col("id")
+            ids: Iterable[Any] = map(int, col("id")) if self.int_id else col("id")
             before = len(state.ids)
+            if len(state.duplicate_ids) < MAX_DUPLICATE_IDS:
+                ids = list(ids)
+                _note_duplicates(state, ids)
             state.ids.update(ids)
             state.duplicates += n - (len(state.ids) - before)
         finish = state.finish
@@ -368,6 +388,8 @@ class _FileState(Position):
         self.records = 0
         self.ids: set[Any] = set()
         self.duplicates = 0
+        self.duplicate_ids: list[Any] = []
+        """The first ids seen again (at most ``MAX_DUPLICATE_IDS``), as remembered."""
         self.failed = 0
         """Lines recording a failed request (``Profile.failed_keys``)."""
         self.failed_ids: set[Any] = set()
@@ -974,6 +996,8 @@ class Scanner:
                 key = _id_key(ident)
                 if key in state.ids:
                     state.duplicates += 1
+                    if len(state.duplicate_ids) < MAX_DUPLICATE_IDS:
+                        state.duplicate_ids.append(key)
                 else:
                     state.ids.add(key)
             fr = finish_value(prof, obj)
@@ -1071,6 +1095,7 @@ class Scanner:
                 "records": state.records,
                 "unique_ids": len(state.ids),
                 "duplicates": state.duplicates,
+                "duplicate_ids": [shown_id(k) for k in state.duplicate_ids],
                 "failed_lines": state.failed,
                 "prompt_tokens": state.prompt_tokens,
                 "completion_tokens": state.completion_tokens,
@@ -1170,6 +1195,7 @@ def _empty_result(path: str, fmt: str | None) -> dict[str, Any]:
         "records": 0,
         "unique_ids": 0,
         "duplicates": 0,
+        "duplicate_ids": [],
         "failed_lines": 0,
         "prompt_tokens": 0,
         "completion_tokens": 0,

@@ -8,6 +8,7 @@ expected format with no bad line and no torn last line; otherwise it lists each 
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -35,6 +36,7 @@ JSON_KEYS = (
     "records",
     "unique_ids",
     "duplicates",
+    "duplicate_ids",
     "prompt_tokens",
     "completion_tokens",
     "token_source",
@@ -273,6 +275,16 @@ def odd_formats(results: list[dict[str, Any]]) -> dict[str, str]:
     }
 
 
+def duplicates_problem(r: dict[str, Any]) -> str:
+    """``3 duplicate ids (records whose id came before), first: a, b``."""
+    n = r["duplicates"]
+    first = ", ".join(json.dumps(i, ensure_ascii=False) for i in r.get("duplicate_ids") or ())
+    return (
+        f"{display.count(n)} duplicate id{'s' if n != 1 else ''} (records whose id an earlier "
+        f"record has)" + (f", first: {first}" if first else "")
+    )
+
+
 def problems_of(r: dict[str, Any], missing_ok: bool = False) -> list[str]:
     """What stops a file from passing ``check`` (empty: it passes)."""
     out: list[str] = []
@@ -293,6 +305,8 @@ def problems_of(r: dict[str, Any], missing_ok: bool = False) -> list[str]:
             f"{display.count(first.get('line', 0))} "
             f"(offset {display.count(first.get('offset', 0))}): {first.get('reason')}"
         )
+    if r.get("duplicates"):
+        out.append(duplicates_problem(r))
     if r.get("partial_tail_bytes"):
         out.append(
             f"partial last line ({display.count(r['partial_tail_bytes'])} bytes): "

@@ -116,6 +116,33 @@ def test_check_passes_on_clean_files(out_dir: Path) -> None:
     assert text.count("ok    ") == 2 and "all files pass" in text
 
 
+def test_check_fails_on_duplicate_ids_naming_the_count_and_the_first(out_dir: Path) -> None:
+    """A client run again without its resume appends the same samples once more: the file's
+    records are all well formed, and ``check`` names the duplicates instead of passing."""
+    rng = random.Random(12)
+    path = out_dir / "B1" / "raw_responses.jsonl"
+    first = [raw_record(rng, f"s{i}") for i in range(200)]
+    again = [raw_record(rng, f"s{i}") for i in (7, 3, 150)]
+    path.write_bytes(b"".join(dump(r) for r in first + again))
+    code, text = run("check", str(path), "--format", "raw")
+    assert code == 1, text
+    assert "all files pass" not in text and "check failed" in text
+    assert (
+        '3 duplicate ids (records whose id an earlier record has), first: "s7", "s3", "s150"'
+        in text
+    )
+    code, text = run("check", str(path), "--json")
+    (f,) = json.loads(text)["files"]
+    assert code == 1 and (f["duplicates"], f["duplicate_ids"]) == (3, ["s7", "s3", "s150"])
+    assert f["problems"] == [
+        '3 duplicate ids (records whose id an earlier record has), first: "s7", "s3", "s150"'
+    ]
+    ints = out_dir / "B2" / "raw_responses.jsonl"
+    ints.write_bytes(b"".join(dump(raw_record(rng, i % 4)) for i in range(6)))  # type: ignore[arg-type]
+    code, text = run("check", str(ints), "--json")
+    assert json.loads(text)["files"][0]["duplicate_ids"] == [0, 1]
+
+
 def test_check_fails_on_mixed_format_naming_line_and_keys(out_dir: Path) -> None:
     rng = random.Random(7)
     path = out_dir / "B3.jsonl"
