@@ -347,7 +347,7 @@ def texts_of(profile: Profile, record: Mapping[str, Any]) -> list[str] | None:
         return [v]
     if isinstance(v, list):
         out: list[str] = []
-        for m in _counted(profile, record, v):
+        for m in counted_messages(profile, record, v):
             if isinstance(m, str) and profile.text_role is None:
                 out.append(m)
             elif isinstance(m, dict) and isinstance(m.get("content"), str):
@@ -356,7 +356,7 @@ def texts_of(profile: Profile, record: Mapping[str, Any]) -> list[str] | None:
     return None
 
 
-def _counted(profile: Profile, record: Mapping[str, Any], messages: list[Any]) -> list[Any]:
+def counted_messages(profile: Profile, record: Mapping[str, Any], messages: list[Any]) -> list[Any]:
     """The messages of a record whose texts are counted: those of ``text_role`` (every one, or
     only the last when the record lacks ``last_turn_without``); without it, every message."""
     role = profile.text_role
@@ -380,7 +380,7 @@ def reasoning_of(profile: Profile, record: Mapping[str, Any]) -> list[str]:
     if not found or not isinstance(v, list):
         return []
     out: list[str] = []
-    for m in _counted(profile, record, v):
+    for m in counted_messages(profile, record, v):
         if not isinstance(m, dict):
             continue
         for key in keys:

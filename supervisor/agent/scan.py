@@ -154,6 +154,12 @@ def _parse(text: bytes | memoryview, brace: bool = False) -> Any:
         raise BadLine("bad JSON: nested too deeply") from None
 
 
+def strict_json(line: bytes) -> Any:
+    """A line parsed as the scanner parses it (:class:`BadLine` saying why it is not strict
+    JSON)."""
+    return _parse(line)
+
+
 def _check_int_array(buf: Any, lb: int, rb: int) -> int:
     """Validate ``buf[lb:rb+1]`` as a JSON array of integers; its length."""
     size = rb - lb + 1
