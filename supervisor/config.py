@@ -186,7 +186,7 @@ class _Problem:
     """The value is of the right type but outside the bounds its key declares."""
 
 
-_NOT_IN_FILE: dict[type, frozenset[str]] = {
+NOT_IN_FILE: dict[type, frozenset[str]] = {
     Config: frozenset({"path"}),
     ClientProfile: frozenset({"name"}),
 }
@@ -249,7 +249,7 @@ def _annotated_problem(value: Any, t: mi.Metadata, key: str) -> _Problem | None:
 
 
 def _struct_problem(value: dict[str, Any], t: mi.StructType, key: str) -> _Problem | None:
-    hidden = _NOT_IN_FILE.get(t.cls, frozenset())
+    hidden = NOT_IN_FILE.get(t.cls, frozenset())
     fields = [f for f in t.fields if f.encode_name not in hidden]
     names = [f.encode_name for f in fields]
     for name in value:
