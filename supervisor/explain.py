@@ -137,7 +137,7 @@ def _texts(prof: Profile, obj: Mapping[str, Any]) -> dict[str, Any]:
         text = m.get("content") if isinstance(m, dict) else m
         item["text"] = _short(text) if isinstance(text, str) else None
         item["counted"] = any(m is p for p in picked) and isinstance(text, str)
-        item["why"] = _why(prof, obj, m, item["counted"], picked)
+        item["why"] = _why(prof, m, item["counted"])
         if item["counted"] and isinstance(m, dict):
             key = next((k for k in prof.reasoning_keys if isinstance(m.get(k), str)), None)
             if key is not None:
@@ -146,9 +146,8 @@ def _texts(prof: Profile, obj: Mapping[str, Any]) -> dict[str, Any]:
     return {"found": True, "messages": items, "counted": len(counted), "reasoning": len(reasoning)}
 
 
-def _why(
-    prof: Profile, obj: Mapping[str, Any], message: Any, counted: bool, picked: list[Any]
-) -> str:
+def _why(prof: Profile, message: Any, counted: bool) -> str:
+    """Why a message of a record's ``text_field`` is counted or not."""
     role = prof.text_role
     roles = (role,) if isinstance(role, str) else role
     if counted:
@@ -159,8 +158,6 @@ def _why(
         return "no text content"
     if roles is not None and not (isinstance(message, dict) and message.get("role") in roles):
         return f"not counted: text_role is {' or '.join(roles)}"
-    if roles is not None and isinstance(message, str):
-        return f"not counted: a bare text has no role ({' or '.join(roles)} wanted)"
     return (
         f"not counted: the record has no {prof.last_turn_without!r}, so only its last "
         "such turn was generated"

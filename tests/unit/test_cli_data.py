@@ -427,3 +427,12 @@ def test_scan_explain_says_what_each_field_was_read_as(tmp_path: Path) -> None:
     lines = json.loads(text)["files"][0]["lines"]
     assert [x["kind"] for x in lines] == ["record", "failed request", "end marker", "partial"]
     assert lines[0]["fields"]["finish_reason"]["read_as"] == "complete"
+    old = tmp_path / "regen.jsonl"
+    turns = [{"role": r, "content": f"{r} {i}"} for i, r in enumerate(["user", "assistant"] * 2)]
+    old.write_bytes(dump({"id": "s0", "conversations": turns}))  # SpecForge before `status`
+    code, text = run("scan", str(old), "--explain", "--json")
+    messages = json.loads(text)["files"][0]["lines"][0]["fields"]["tokens"]["messages"]
+    assert [m["counted"] for m in messages] == [False, False, False, True]
+    assert messages[1]["why"] == (
+        "not counted: the record has no 'status', so only its last such turn was generated"
+    )
