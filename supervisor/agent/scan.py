@@ -203,6 +203,7 @@ _ABSENT = object()
 
 
 _id_key = remembered_id
+"""How a record's id is remembered (shared with the completeness of an input)."""
 
 
 def _note_duplicates(state: _FileState, ids: list[Any]) -> None:
@@ -216,9 +217,6 @@ def _note_duplicates(state: _FileState, ids: list[Any]) -> None:
                 return
         else:
             fresh.add(key)
-
-
-"""How a record's id is remembered (shared with the completeness of an input)."""
 
 
 _T_TEXT = rb"[\x20\x21\x23-\x5b\x5d-\x7e]*"
