@@ -186,7 +186,7 @@ class _Problem:
     """The value is of the right type but outside the bounds its key declares."""
 
 
-_NOT_IN_FILE: dict[type, frozenset[str]] = {
+NOT_IN_FILE: dict[type, frozenset[str]] = {
     Config: frozenset({"path"}),
     ClientProfile: frozenset({"name"}),
 }
@@ -249,7 +249,7 @@ def _annotated_problem(value: Any, t: mi.Metadata, key: str) -> _Problem | None:
 
 
 def _struct_problem(value: dict[str, Any], t: mi.StructType, key: str) -> _Problem | None:
-    hidden = _NOT_IN_FILE.get(t.cls, frozenset())
+    hidden = NOT_IN_FILE.get(t.cls, frozenset())
     fields = [f for f in t.fields if f.encode_name not in hidden]
     names = [f.encode_name for f in fields]
     for name in value:
@@ -496,6 +496,12 @@ def _check_references(config: Config) -> None:
             raise ConfigError(
                 f"{shown}: formats.{name}: set exactly one of tokens_field, tokens_list_field, "
                 "text_field"
+            )
+        if prof.text_field is None and (prof.text_role is not None or prof.reasoning_keys):
+            raise ConfigError(
+                f"{shown}: formats.{name}: text_role and reasoning_keys apply to a text_field "
+                "of messages",
+                'set text_field (e.g. text_field = "messages"), or drop them',
             )
 
 

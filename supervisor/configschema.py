@@ -203,6 +203,10 @@ class EndpointConfig(_Section):
     """Name of the environment variable holding the API key. Never the key itself."""
     price_in_per_m: NonNegative | None = None
     """USD per million prompt tokens (API endpoints)."""
+    price_cached_in_per_m: NonNegative | None = None
+    """USD per million prompt tokens the API served from its prompt cache (OpenAI's
+    ``usage.prompt_tokens_details.cached_tokens``), when it bills them lower; unset: they cost
+    ``price_in_per_m``."""
     price_out_per_m: NonNegative | None = None
     """USD per million completion tokens (API endpoints)."""
     gpu_cost_per_hour: NonNegative | None = None
@@ -233,7 +237,15 @@ class FormatProfile(_Section):
     tokens_list_field: str | None = None
     """Key holding a list whose length is the completion token count."""
     text_field: str | None = None
-    """Key holding text to count with the configured tokenizer."""
+    """Key holding text to count with the configured tokenizer: a string, or a list of chat
+    messages (``{role, content}``) whose ``content`` is counted."""
+    text_role: str | list[str] | None = None
+    """With a ``text_field`` of messages: the role (or list of roles) whose messages are counted,
+    e.g. ``"assistant"``; the prompts (``system``, ``user``), tool and reasoning turns of other
+    roles are then not. Unset: every message is counted."""
+    reasoning_keys: list[str] = []
+    """Keys of a counted message holding its reasoning text (``reasoning_content``), counted
+    apart, the first one a message has; unlisted reasoning is not counted."""
     prompt_tokens_field: str | None = None
     """Key holding the prompt token count, if any."""
     finish_reason_field: str | None = None

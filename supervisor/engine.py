@@ -121,6 +121,7 @@ if TYPE_CHECKING:
         start_refused_event,
         stop_key,
     )
+    from supervisor.explain import explain_file
     from supervisor.guard import BudgetEvent, BudgetGuard, GuardOutcome
     from supervisor.plan import Action, ActionResult, OnStep, Plan, Step
     from supervisor.planintent import PlanBusy
@@ -152,6 +153,7 @@ _LAZY: dict[str, str] = {
     "Comparison": "supervisor.compare",
     "comparison_from": "supervisor.compare",
     "format_lines": "supervisor.compare",
+    "explain_file": "supervisor.explain",
     "EVENT_KINDS": "supervisor.events",
     "EVENTS_KEPT": "supervisor.events",
     "Event": "supervisor.events",
@@ -1801,6 +1803,7 @@ __all__ = [
     "count_tokens",
     "describe_job",
     "describe_rebalance",
+    "explain_file",
     "format_lines",
     "gather_comparison",
     "gather_rebalance",

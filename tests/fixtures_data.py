@@ -107,6 +107,30 @@ def speculators_record(rng: random.Random, ident: str) -> dict[str, Any]:
     }
 
 
+def query_record(rng: random.Random, ident: str, thinking: bool) -> dict[str, Any]:
+    """A line of Model-Optimizer ``tools/launcher/common/query.py`` output (``datasets``
+    ``to_json`` of its ``synthesize`` map): the input row's columns with ``messages`` replaced by
+    the conversation as sent, the system and user turns interleaved with the generated assistant
+    turns; every assistant turn but the last stripped of its ``<think>`` trace; on the shards it
+    runs without thinking (even ones) ``enable_thinking: false`` and ``" /no_think"`` after each
+    user turn."""
+    turns = rng.randint(1, 3)
+    messages: list[dict[str, str]] = [{"role": "system", "content": "You are a careful tutor."}]
+    for t in range(turns):
+        question = f"Question {rng.randint(0, 999)}: explain step {t} of the proof in detail."
+        messages.append(
+            {"role": "user", "content": question if thinking else question + " /no_think"}
+        )
+        answer = " ".join(f"w{rng.randint(0, 99)}" for _ in range(rng.randint(5, 40)))
+        if thinking and t == turns - 1:
+            answer = f"<think>\nreasoning {rng.randint(0, 999)}\n</think>\n\n{answer}"
+        messages.append({"role": "assistant", "content": answer})
+    row: dict[str, Any] = {"conversation_id": ident, "messages": messages}
+    if not thinking:
+        row["enable_thinking"] = False
+    return row
+
+
 def dump(record: Any) -> bytes:
     return json.dumps(record, ensure_ascii=False).encode() + b"\n"
 

@@ -28,7 +28,7 @@ MAX_NEAR = 256
 MAX_REASON_CHARS = 160
 
 
-def _shown_id(key: Any) -> Any:
+def shown_id(key: Any) -> Any:
     """A remembered id as JSON can carry it (bytes back to text)."""
     return key.decode("utf-8", "replace") if isinstance(key, bytes) else key
 
@@ -54,6 +54,9 @@ class _Sidecar:
             self.reasons["(not an object)"] += 1
             return
         why = row.get("error")
+        meta = row.get("metadata")
+        if not why and isinstance(meta, dict):
+            why = meta.get("error")  # vLLM speculators' error file: {"id", "metadata": {...}}
         reason = str(why).strip().splitlines()[0] if why else "(no reason given)"
         self.reasons[reason[:MAX_REASON_CHARS]] += 1
         if id_key and id_key in row:
@@ -68,8 +71,9 @@ class Companions:
         self._inputs: dict[str, tuple[tuple[Any, ...], list[Any], str | None]] = {}
 
     def sidecar(self, path: str, id_key: str | None) -> dict[str, Any]:
-        """Lines of a file of failed or skipped prompts, by reason (its rows' ``error``), and the
-        ids of their rows (key ``id_key``), read incrementally like a data file."""
+        """Lines of a file of failed or skipped prompts, by reason (its rows' ``error``, else
+        ``metadata.error``), and the ids of their rows (key ``id_key``), read incrementally like
+        a data file."""
         try:  # never through another user's link
             f = os.fdopen(safefs.open_file(path, os.O_RDONLY | os.O_NONBLOCK), "rb", 0)
         except (OSError, safefs.UnsafePath) as e:
@@ -191,7 +195,7 @@ class Companions:
         later = [k for n, k in unanswered if n > passed]
         # The missing rows nearest the last one answered, with their distance to it: a running
         # client's requests in flight (fewer than its concurrency) are not missing yet.
-        near = [[passed - n, _shown_id(k)] for n, k in passed_over[-MAX_NEAR:]]
+        near = [[passed - n, shown_id(k)] for n, k in passed_over[-MAX_NEAR:]]
         done = sum(1 for k in wanted if k in done_ids)
         strangers = [k for k in done_ids.exact() if k not in wanted]
         result.update(
@@ -201,13 +205,13 @@ class Companions:
                 "done": done,
                 "failed": sum(1 for k in failed_ids & wanted if k not in done_ids),
                 "missing": len(missing),
-                "missing_first": [_shown_id(k) for k in missing[:MAX_IDS_SHOWN]],
+                "missing_first": [shown_id(k) for k in missing[:MAX_IDS_SHOWN]],
                 "missing_near": near,
                 "not_reached": len(later),
-                "not_reached_first": [_shown_id(k) for k in later[:MAX_IDS_SHOWN]],
+                "not_reached_first": [shown_id(k) for k in later[:MAX_IDS_SHOWN]],
                 "not_in_input": len(done_ids) - done,
                 "not_in_input_first": sorted(
-                    (_shown_id(k) for k in strangers[: MAX_IDS_SHOWN * 10]), key=str
+                    (shown_id(k) for k in strangers[: MAX_IDS_SHOWN * 10]), key=str
                 )[:MAX_IDS_SHOWN],
             }
         )

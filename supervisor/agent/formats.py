@@ -74,7 +74,7 @@ class Profile:
         tokens_field: str | None = None,
         tokens_list_field: str | None = None,
         text_field: str | None = None,
-        text_role: str | None = None,
+        text_role: str | tuple[str, ...] | None = None,
         prompt_tokens_field: str | None = None,
         finish_reason_field: str | None = None,
         check_list_field: str | None = None,
@@ -98,7 +98,8 @@ class Profile:
         self.text_field = text_field
         """Field holding text the laptop counts with the tokenizer (or a list of messages)."""
         self.text_role = text_role
-        """When ``text_field`` holds messages: the role whose ``content`` is counted."""
+        """When ``text_field`` holds messages: the role (or roles) whose ``content`` is counted;
+        messages of other roles (prompts, reasoning or tool turns) are not."""
         self.prompt_tokens_field = prompt_tokens_field
         self.finish_reason_field = finish_reason_field
         self.check_list_field = check_list_field
@@ -213,7 +214,8 @@ def profile_from_dict(name: str, d: Mapping[str, Any]) -> Profile:
     """A user profile from a config ``[formats.NAME]`` table given as a plain dict.
 
     Keys: ``id_field`` (required), exactly one of ``tokens_field`` / ``tokens_list_field`` /
-    ``text_field``, optional ``prompt_tokens_field``, ``finish_reason_field``, ``required``.
+    ``text_field``, optional ``text_role`` (a role or a list of roles: only their messages are
+    counted), ``reasoning_keys``, ``prompt_tokens_field``, ``finish_reason_field``, ``required``.
     """
     if not isinstance(d.get("id_field"), str):
         raise ValueError(f"format {name}: id_field must be a string")
@@ -224,16 +226,22 @@ def profile_from_dict(name: str, d: Mapping[str, Any]) -> Profile:
             raise ValueError(f"format {name}: {key} must be a string")
         return v
 
+    def strings(key: str) -> tuple[str, ...]:
+        v = d.get(key) or []
+        if not isinstance(v, (list, tuple)) or not all(isinstance(k, str) for k in v):
+            raise ValueError(f"format {name}: {key} must be a list of strings")
+        return tuple(v)
+
     tokens_field = opt("tokens_field")
     tokens_list_field = opt("tokens_list_field")
     text_field = opt("text_field")
     prompt = opt("prompt_tokens_field")
     finish = opt("finish_reason_field")
+    role = d.get("text_role")
+    text_role = role if isinstance(role, str) or role is None else strings("text_role")
     named = [d["id_field"], tokens_field, tokens_list_field, text_field, prompt, finish]
     top = tuple(dict.fromkeys(f.split(".")[0] for f in named if f))
-    req = d.get("required") or []
-    if not isinstance(req, (list, tuple)) or not all(isinstance(k, str) for k in req):
-        raise ValueError(f"format {name}: required must be a list of strings")
+    req = strings("required")
     required = tuple(dict.fromkeys(k.split(".")[0] for k in req)) if req else top
     big = (tokens_list_field,) if tokens_list_field and "." not in tokens_list_field else ()
     return Profile(
@@ -242,11 +250,13 @@ def profile_from_dict(name: str, d: Mapping[str, Any]) -> Profile:
         tokens_field=tokens_field,
         tokens_list_field=tokens_list_field,
         text_field=text_field,
+        text_role=text_role,
         prompt_tokens_field=prompt,
         finish_reason_field=finish,
         required=required,
         signature=required,
         big_lists=big,
+        reasoning_keys=strings("reasoning_keys"),
     )
 
 
@@ -337,7 +347,7 @@ def texts_of(profile: Profile, record: Mapping[str, Any]) -> list[str] | None:
         return [v]
     if isinstance(v, list):
         out: list[str] = []
-        for m in _counted(profile, record, v):
+        for m in counted_messages(profile, record, v):
             if isinstance(m, str) and profile.text_role is None:
                 out.append(m)
             elif isinstance(m, dict) and isinstance(m.get("content"), str):
@@ -346,14 +356,15 @@ def texts_of(profile: Profile, record: Mapping[str, Any]) -> list[str] | None:
     return None
 
 
-def _counted(profile: Profile, record: Mapping[str, Any], messages: list[Any]) -> list[Any]:
+def counted_messages(profile: Profile, record: Mapping[str, Any], messages: list[Any]) -> list[Any]:
     """The messages of a record whose texts are counted: those of ``text_role`` (every one, or
-    only the last when the record lacks ``last_turn_without``)."""
+    only the last when the record lacks ``last_turn_without``); without it, every message."""
     role = profile.text_role
     if role is None:
         picked = list(messages)
     else:
-        picked = [m for m in messages if isinstance(m, dict) and m.get("role") == role]
+        roles = (role,) if isinstance(role, str) else role
+        picked = [m for m in messages if isinstance(m, dict) and m.get("role") in roles]
     if profile.last_turn_without is not None and profile.last_turn_without not in record:
         return picked[-1:]
     return picked
@@ -369,7 +380,7 @@ def reasoning_of(profile: Profile, record: Mapping[str, Any]) -> list[str]:
     if not found or not isinstance(v, list):
         return []
     out: list[str] = []
-    for m in _counted(profile, record, v):
+    for m in counted_messages(profile, record, v):
         if not isinstance(m, dict):
             continue
         for key in keys:

@@ -387,6 +387,8 @@ class ScanFile(_ScanFileRequired, total=False):
     records: int
     unique_ids: int
     duplicates: int
+    duplicate_ids: list[Any]
+    """The first ids seen again (at most 10; ``duplicates`` is the exact count)."""
     failed_lines: int
     """Lines recording a failed request (Model-Optimizer's ``{"conversation_id": N}``)."""
     prompt_tokens: int

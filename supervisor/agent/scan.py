@@ -54,7 +54,7 @@ from collections import Counter
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from supervisor.agent.completeness import Companions
+from supervisor.agent.completeness import Companions, shown_id
 from supervisor.agent.follow import Follower, Position, Unfollowable, unfollowable
 from supervisor.agent.formats import (
     PROFILES,
@@ -77,6 +77,8 @@ DEFAULT_CHUNK = 1 << 20
 """Bytes read per ``read()`` call."""
 MAX_LINE_BYTES = 1 << 30
 """Lines longer than this are reported and skipped without being held in memory."""
+MAX_DUPLICATE_IDS = 10
+"""Ids seen again that a scan result names (the count is exact; these are the first ones)."""
 MAX_BAD_LINES = 100
 """Bad lines listed per file (all are counted in ``bad_lines_total``)."""
 MAX_TEXT_BYTES = 8 << 20
@@ -157,6 +159,12 @@ def _parse(text: bytes | memoryview, brace: bool = False) -> Any:
         raise BadLine("bad JSON: nested too deeply") from None
 
 
+def strict_json(line: bytes) -> Any:
+    """A line parsed as the scanner parses it (:class:`BadLine` saying why it is not strict
+    JSON)."""
+    return _parse(line)
+
+
 def _check_int_array(buf: Any, lb: int, rb: int) -> int:
     """Validate ``buf[lb:rb+1]`` as a JSON array of integers; its length."""
     size = rb - lb + 1
@@ -201,6 +209,19 @@ _ABSENT = object()
 
 _id_key = remembered_id
 """How a record's id is remembered (shared with the completeness of an input)."""
+
+
+def _note_duplicates(state: _FileState, ids: list[Any]) -> None:
+    """Keep the first of a batch's ids already seen (before the batch or in it)."""
+    seen = state.ids
+    fresh: set[Any] = set()
+    for key in ids:
+        if key in seen or key in fresh:
+            state.duplicate_ids.append(key)
+            if len(state.duplicate_ids) >= MAX_DUPLICATE_IDS:
+                return
+        else:
+            fresh.add(key)
 
 
 _T_TEXT = rb"[\x20\x21\x23-\x5b\x5d-\x7e]*"
@@ -347,7 +368,10 @@ class _Template:
         if "prompt" in roles:
             state.prompt_tokens += sum(map(int, col("prompt")))
         if "id" in roles:
-            ids = map(int, col("id")) if self.int_id else col("id")
+            ids: Iterable[Any] = map(int, col("id")) if self.int_id else col("id")
+            if len(state.duplicate_ids) < MAX_DUPLICATE_IDS:
+                ids = list(ids)
+                _note_duplicates(state, ids)
             state.ids.add_many(ids)
         finish = state.finish
         if "finish" in roles:
@@ -372,6 +396,8 @@ class _FileState(Position):
         self.lines = 0
         self.records = 0
         self.ids = ids
+        self.duplicate_ids: list[Any] = []
+        """The first ids seen again (at most ``MAX_DUPLICATE_IDS``), as remembered."""
         self.failed = 0
         """Lines recording a failed request (``Profile.failed_keys``)."""
         self.failed_ids: set[Any] = set()
@@ -996,7 +1022,10 @@ class Scanner:
             state.completion_tokens += tokens
             found, ident = lookup(obj, prof.id_field)
             if found:
-                state.ids.add(_id_key(ident))
+                key = _id_key(ident)
+                if len(state.duplicate_ids) < MAX_DUPLICATE_IDS and key in state.ids:
+                    state.duplicate_ids.append(key)
+                state.ids.add(key)
             fr = finish_value(prof, obj)
             if fr is not None:
                 state.finish[fr] = state.finish.get(fr, 0) + 1
@@ -1092,6 +1121,10 @@ class Scanner:
                 "records": state.records,
                 "unique_ids": len(state.ids),
                 "duplicates": state.ids.duplicates,
+                # Named only when counted: an old id is known by its hash, the count exactly.
+                "duplicate_ids": [shown_id(k) for k in state.duplicate_ids]
+                if state.ids.duplicates
+                else [],
                 "failed_lines": state.failed,
                 "prompt_tokens": state.prompt_tokens,
                 "completion_tokens": state.completion_tokens,
@@ -1202,6 +1235,7 @@ def _empty_result(path: str, fmt: str | None) -> dict[str, Any]:
         "records": 0,
         "unique_ids": 0,
         "duplicates": 0,
+        "duplicate_ids": [],
         "failed_lines": 0,
         "prompt_tokens": 0,
         "completion_tokens": 0,

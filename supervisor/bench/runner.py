@@ -428,6 +428,7 @@ class Bench:
                                         u.true_cost(),
                                         text,
                                         finish,
+                                        cached_tokens=u.cached_tokens(),
                                     )
                                 )
                             report(t1)
@@ -554,6 +555,7 @@ class Bench:
             finish,
             ttft,
             gaps,
+            usage.cached_tokens(),
         )
 
     # ------------------------------------------------------------------ summary

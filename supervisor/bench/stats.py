@@ -88,6 +88,13 @@ def token_check(
     return check, completion
 
 
+def _prompt_cost(prompt: int, cached: int | None, pin: float, pcached: float) -> float:
+    """USD x 1e6 of a request's prompt: its cached tokens (never more than the prompt) at the
+    cached price, the rest at the full one."""
+    hit = min(max(cached or 0, 0), prompt)
+    return (prompt - hit) * pin + hit * pcached
+
+
 def level_cost(
     done: Sequence[Done], target: Target, wall_s: float, tokenizer: Any = None
 ) -> tuple[float | None, str | None]:
@@ -101,8 +108,15 @@ def level_cost(
     if priced:
         pin = target.price_in_per_m or 0.0
         pout = target.price_out_per_m or 0.0
+        pcached = target.price_cached_in_per_m
+        pcached = pin if pcached is None else pcached
         table = math.fsum(
-            ((d.prompt_tokens or 0) * pin + (d.completion_tokens or 0) * pout) / 1e6 for d in rest
+            (
+                _prompt_cost(d.prompt_tokens or 0, d.cached_tokens, pin, pcached)
+                + (d.completion_tokens or 0) * pout
+            )
+            / 1e6
+            for d in rest
         )
         if costs:
             return math.fsum([*costs, table]), "usage.cost + price table"

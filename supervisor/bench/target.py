@@ -29,6 +29,7 @@ class Target(msgspec.Struct, kw_only=True):
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float | None = None
     price_in_per_m: float | None = None
+    price_cached_in_per_m: float | None = None
     price_out_per_m: float | None = None
     gpu_cost_per_hour: float | None = None
     concurrency: int | None = None
@@ -92,6 +93,7 @@ def resolve_target(
         max_tokens=max_tokens or ep.max_tokens or DEFAULT_MAX_TOKENS,
         temperature=ep.temperature,
         price_in_per_m=ep.price_in_per_m,
+        price_cached_in_per_m=ep.price_cached_in_per_m,
         price_out_per_m=ep.price_out_per_m,
         gpu_cost_per_hour=ep.gpu_cost_per_hour,
         concurrency=ep.concurrency,

@@ -12,9 +12,15 @@ class CostDetails(msgspec.Struct):
     upstream_inference_cost: float | None = None
 
 
+class PromptTokensDetails(msgspec.Struct):
+    cached_tokens: int | None = None
+    """Prompt tokens the API served from its prompt cache (OpenAI; billed at its cached price)."""
+
+
 class Usage(msgspec.Struct):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    prompt_tokens_details: PromptTokensDetails | None = None
     cost: float | None = None
     """OpenRouter's charge: with the user's own provider key (``is_byok``) only its fee."""
     is_byok: bool | None = None
@@ -28,6 +34,11 @@ class Usage(msgspec.Struct):
         if self.is_byok and upstream is not None:
             return (self.cost or 0.0) + upstream
         return self.cost
+
+    def cached_tokens(self) -> int | None:
+        """``prompt_tokens_details.cached_tokens`` (None: the server did not say)."""
+        details = self.prompt_tokens_details
+        return details.cached_tokens if details is not None else None
 
 
 class Message(msgspec.Struct):
@@ -94,3 +105,5 @@ class Done(msgspec.Struct, array_like=True):
     finish: str | None
     ttft: float | None = None
     gaps: list[float] | None = None
+    cached_tokens: int | None = None
+    """Of ``prompt_tokens``, those served from the API's prompt cache."""

@@ -8,6 +8,7 @@ expected format with no bad line and no torn last line; otherwise it lists each 
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -35,6 +36,7 @@ JSON_KEYS = (
     "records",
     "unique_ids",
     "duplicates",
+    "duplicate_ids",
     "prompt_tokens",
     "completion_tokens",
     "token_source",
@@ -198,6 +200,65 @@ def _describe(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def explanation_lines(e: dict[str, Any]) -> list[str]:
+    """``scan --explain`` of one file, for humans."""
+    lines = [f"{e['path']}  format {e['format'] or '(detected per line)'}"]
+    for entry in e["lines"]:
+        head = f"  line {display.count(entry['line'])} (offset {display.count(entry['offset'])})"
+        if entry["kind"] != "record":
+            lines.append(f"{head}: {entry['kind']}: {entry['why']}")
+            continue
+        of = "" if entry["of_format"] else " (without the keys that identify it)"
+        lines.append(f"{head}: record of format {entry['format']}{of}")
+        if not entry["of_format"]:
+            lines.append(
+                f"    keys: missing {', '.join(entry['missing_keys']) or 'none'}; "
+                f"extra {', '.join(entry['extra_keys']) or 'none'}"
+            )
+        fields = entry["fields"]
+        lines.append(f"    id             {_field_text(fields['id'], 'value')}")
+        lines.extend(_tokens_text(fields["tokens"]))
+        lines.append(f"    prompt tokens  {_field_text(fields['prompt_tokens'], 'read_as')}")
+        lines.append(f"    finish reason  {_field_text(fields['finish_reason'], 'read_as')}")
+    if not e["lines"]:
+        lines.append("  no lines")
+    return lines
+
+
+def _field_text(f: dict[str, Any], shown: str) -> str:
+    if f.get("field") is None:
+        return str(f.get("why"))
+    text = f"{f['field']}"
+    if "value" in f:
+        text += f" = {json.dumps(f['value'], ensure_ascii=False)}"
+    if shown != "value" and shown in f:
+        text += f" -> {json.dumps(f[shown], ensure_ascii=False)}"
+    return text + (f"  ({f['why']})" if f.get("why") else "")
+
+
+def _tokens_text(t: dict[str, Any]) -> list[str]:
+    if t["source"] != "tokenizer":
+        return [f"    tokens         {t['source']}: {_field_text(t, 'read_as')}"]
+    if "messages" not in t:
+        texts = t.get("texts") or []
+        shown = f" = {json.dumps(texts[0]['text'], ensure_ascii=False)}" if texts else ""
+        why = f"  ({t['why']})" if t.get("why") else ""
+        return [f"    tokens         tokenizer counts {t['field']}{shown}{why}"]
+    out = [
+        f"    tokens         tokenizer counts {display.count(t['counted'])} of "
+        f"{display.count(len(t['messages']))} messages of {t['field']}"
+        + (f", {display.count(t['reasoning'])} reasoning texts apart" if t["reasoning"] else "")
+    ]
+    for m in t["messages"]:
+        mark = "+" if m["counted"] else "-"
+        text = json.dumps(m["text"], ensure_ascii=False) if m["text"] is not None else "(none)"
+        out.append(f"      {mark} [{m['index']}] {m['role'] or '?'}: {text}  ({m['why']})")
+        if "reasoning" in m:
+            reasoning = json.dumps(m["reasoning"]["text"], ensure_ascii=False)
+            out.append(f"          reasoning under {m['reasoning']['key']}: {reasoning}")
+    return out
+
+
 def _json_file(r: dict[str, Any]) -> dict[str, Any]:
     return {k: r.get(k) for k in JSON_KEYS}
 
@@ -218,6 +279,11 @@ def _json_file(r: dict[str, Any]) -> dict[str, Any]:
     show_default=True,
     help="Fully validate a sample of records, or every record.",
 )
+@click.option(
+    "--explain",
+    is_flag=True,
+    help="For the first records of each file: what each field was read as, and why.",
+)
 @config_option
 @json_option
 def scan(
@@ -225,12 +291,27 @@ def scan(
     fmt: str | None,
     tokenizer: str | None,
     validate: str,
+    explain: bool,
     config_path: str | None,
     as_json: bool,
 ) -> None:
-    """Count records, ids, tokens and bad lines of dataset files (no config needed)."""
+    """Count records, ids, tokens and bad lines of dataset files (no config needed).
+
+    With --explain, show instead how the format reads the first records of each file (the id,
+    the completion tokens or the messages counted, the prompt tokens, the finish reason): a
+    check of a [formats.NAME] table against a real file.
+    """
     files = find_files(paths)
     profile = _profile_for(fmt, config_path)
+    if explain:
+        from supervisor.engine import explain_file
+
+        explained = [explain_file(f, fmt, profile) for f in files]
+        if as_json:
+            print_json({"files": explained})
+            return
+        click.echo("\n\n".join("\n".join(explanation_lines(e)) for e in explained))
+        return
     tok = None
     if tokenizer is not None:
         from supervisor.engine import load_tokenizer
@@ -273,6 +354,16 @@ def odd_formats(results: list[dict[str, Any]]) -> dict[str, str]:
     }
 
 
+def duplicates_problem(r: dict[str, Any]) -> str:
+    """``3 duplicate ids (records whose id came before), first: a, b``."""
+    n = r["duplicates"]
+    first = ", ".join(json.dumps(i, ensure_ascii=False) for i in r.get("duplicate_ids") or ())
+    return (
+        f"{display.count(n)} duplicate id{'s' if n != 1 else ''} (records whose id an earlier "
+        f"record has)" + (f", first: {first}" if first else "")
+    )
+
+
 def problems_of(r: dict[str, Any], missing_ok: bool = False) -> list[str]:
     """What stops a file from passing ``check`` (empty: it passes)."""
     out: list[str] = []
@@ -293,6 +384,8 @@ def problems_of(r: dict[str, Any], missing_ok: bool = False) -> list[str]:
             f"{display.count(first.get('line', 0))} "
             f"(offset {display.count(first.get('offset', 0))}): {first.get('reason')}"
         )
+    if r.get("duplicates"):
+        out.append(duplicates_problem(r))
     if r.get("partial_tail_bytes"):
         out.append(
             f"partial last line ({display.count(r['partial_tail_bytes'])} bytes): "

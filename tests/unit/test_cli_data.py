@@ -14,7 +14,15 @@ from click.testing import CliRunner
 from supervisor.cli import cli
 from supervisor.errors import RunwatchError
 from tests.fixtures_config import write_local_config
-from tests.fixtures_data import dump, legacy_record, make_raw, raw_record, specforge_record
+from tests.fixtures_data import (
+    dump,
+    legacy_record,
+    make_raw,
+    modelopt_record,
+    query_record,
+    raw_record,
+    specforge_record,
+)
 
 
 @pytest.fixture
@@ -114,6 +122,33 @@ def test_check_passes_on_clean_files(out_dir: Path) -> None:
     code, text = run("check", str(out_dir), "--format", "raw")
     assert code == 0, text
     assert text.count("ok    ") == 2 and "all files pass" in text
+
+
+def test_check_fails_on_duplicate_ids_naming_the_count_and_the_first(out_dir: Path) -> None:
+    """A client run again without its resume appends the same samples once more: the file's
+    records are all well formed, and ``check`` names the duplicates instead of passing."""
+    rng = random.Random(12)
+    path = out_dir / "B1" / "raw_responses.jsonl"
+    first = [raw_record(rng, f"s{i}") for i in range(200)]
+    again = [raw_record(rng, f"s{i}") for i in (7, 3, 150)]
+    path.write_bytes(b"".join(dump(r) for r in first + again))
+    code, text = run("check", str(path), "--format", "raw")
+    assert code == 1, text
+    assert "all files pass" not in text and "check failed" in text
+    assert (
+        '3 duplicate ids (records whose id an earlier record has), first: "s7", "s3", "s150"'
+        in text
+    )
+    code, text = run("check", str(path), "--json")
+    (f,) = json.loads(text)["files"]
+    assert code == 1 and (f["duplicates"], f["duplicate_ids"]) == (3, ["s7", "s3", "s150"])
+    assert f["problems"] == [
+        '3 duplicate ids (records whose id an earlier record has), first: "s7", "s3", "s150"'
+    ]
+    ints = out_dir / "B2" / "raw_responses.jsonl"
+    ints.write_bytes(b"".join(dump(raw_record(rng, i % 4)) for i in range(6)))  # type: ignore[arg-type]
+    code, text = run("check", str(ints), "--json")
+    assert json.loads(text)["files"][0]["duplicate_ids"] == [0, 1]
 
 
 def test_check_fails_on_mixed_format_naming_line_and_keys(out_dir: Path) -> None:
@@ -328,3 +363,76 @@ def test_unknown_format_without_a_config_names_the_known_ones(
     assert code == 2
     assert "unknown format 'nope'" in text and "known formats: raw, raw-legacy" in text
     assert "no config" not in text
+
+
+def test_scan_explain_says_what_each_field_was_read_as(tmp_path: Path) -> None:
+    """``scan --format NAME FILE --explain`` on Model-Optimizer query.py output described by a
+    user format, and on built-in formats: the id, the messages counted and not (with why), the
+    token fields, the finish reason, and the lines that are not records."""
+    rng = random.Random(13)
+    config = tmp_path / "runwatch.toml"
+    config.write_text(
+        '[formats.query]\nid_field = "conversation_id"\ntext_field = "messages"\n'
+        'text_role = "assistant"\n'
+    )
+    rows = [query_record(rng, f"c{i}", thinking=i == 1) for i in range(7)]
+    path = tmp_path / "train-00001-00004.jsonl"
+    path.write_bytes(b"".join(dump(r) for r in rows) + b'{"conversation_id": "c7", "mess')
+    args = ["scan", "--format", "query", str(path), "--explain", "-c", str(config)]
+    code, text = run(*args)
+    assert code == 0, text
+    assert text.splitlines()[0] == f"{path}  format query"
+    assert "  line 1 (offset 0): record of format query" in text
+    assert '    id             conversation_id = "c0"' in text
+    assert (
+        '      - [0] system: "You are a careful tutor."  (not counted: text_role is assistant)'
+        in text
+    )
+    assert "(counted: its role is assistant)" in text
+    assert "  line 5 (offset " in text and "  line 6 " not in text  # the first five records
+    code, text = run(*args, "--json")
+    (f,) = json.loads(text)["files"]
+    first = f["lines"][0]
+    assert (first["kind"], first["format"], first["fields"]["id"]["value"]) == (
+        "record",
+        "query",
+        "c0",
+    )
+    tokens = first["fields"]["tokens"]
+    roles = [(m["role"], m["counted"]) for m in tokens["messages"]]
+    assert roles == [(m["role"], m["role"] == "assistant") for m in rows[0]["messages"]]
+    assert tokens["counted"] == sum(m["role"] == "assistant" for m in rows[0]["messages"])
+    assert len(f["lines"]) == 5
+
+    raw = tmp_path / "raw_responses.jsonl"
+    bad = {**raw_record(rng, "s1"), "completion_tokens": "12"}
+    raw.write_bytes(dump(raw_record(rng, "s0", tokens=4, finish="length")) + b"\n" + dump(bad))
+    code, text = run("scan", "--format", "raw", str(raw), "--explain", "--json")
+    lines = json.loads(text)["files"][0]["lines"]
+    assert [x["kind"] for x in lines] == ["record", "empty", "record"]
+    fields = lines[0]["fields"]
+    assert (fields["tokens"]["field"], fields["tokens"]["read_as"]) == ("completion_tokens", 4)
+    assert fields["finish_reason"]["read_as"] == "length"
+    assert lines[2]["fields"]["tokens"]["why"] == "is a string: a bad line"
+    code, text = run("scan", str(raw), "--explain")
+    assert "tokens         field: completion_tokens = 4 -> 4" in text
+    mo = tmp_path / "generated.jsonl"
+    mo.write_bytes(
+        dump(modelopt_record(rng, "m0"))
+        + dump({"conversation_id": 3})
+        + dump({"finished": True})
+        + b'{"conversation_id": 4, "conv'
+    )
+    code, text = run("scan", "--format", "modelopt", str(mo), "--explain", "--json")
+    lines = json.loads(text)["files"][0]["lines"]
+    assert [x["kind"] for x in lines] == ["record", "failed request", "end marker", "partial"]
+    assert lines[0]["fields"]["finish_reason"]["read_as"] == "complete"
+    old = tmp_path / "regen.jsonl"
+    turns = [{"role": r, "content": f"{r} {i}"} for i, r in enumerate(["user", "assistant"] * 2)]
+    old.write_bytes(dump({"id": "s0", "conversations": turns}))  # SpecForge before `status`
+    code, text = run("scan", str(old), "--explain", "--json")
+    messages = json.loads(text)["files"][0]["lines"][0]["fields"]["tokens"]["messages"]
+    assert [m["counted"] for m in messages] == [False, False, False, True]
+    assert messages[1]["why"] == (
+        "not counted: the record has no 'status', so only its last such turn was generated"
+    )

@@ -179,3 +179,23 @@ def test_prompt_lengths_are_read_from_the_first_mib_of_the_input_only(tmp_path: 
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")
     assert PromptLengths().of(str(bad), "")["error"] == "line 1 is not JSON"
+
+
+def test_sidecar_reasons_under_metadata_error(tmp_path: Path) -> None:
+    """vLLM speculators' response_regeneration/script.py (HEAD c05b95b, August 2026) writes a
+    failed conversation to ``<out>.errors.jsonl`` as ``{"id", "metadata": {"idx", "error":
+    repr(e), "generations_completed", "endpoint"}}``: its reasons are read there."""
+
+    def failed(i: int, error: str) -> dict[str, object]:
+        meta = {"idx": i, "error": error, "generations_completed": 0, "endpoint": "http://h/v1"}
+        return {"id": f"conv-{i}", "metadata": meta}
+
+    refused = "ClientConnectorError(ConnectionKey(host='127.0.0.1', port=8000))"
+    err = _jsonl(
+        tmp_path / "regen.errors.jsonl",
+        [failed(0, refused), failed(1, refused), failed(2, "TimeoutError()")],
+    )
+    out = _jsonl(tmp_path / "regen.jsonl", [])
+    r = Scanner().scan(str(out), fmt="speculators", sidecars={"error": str(err)})
+    assert r["sidecars"]["error"]["lines"] == 3
+    assert r["sidecars"]["error"]["reasons"] == {refused: 2, "TimeoutError()": 1}

@@ -157,6 +157,16 @@ def test_user_format_needs_exactly_one_token_source(tmp_path: Path) -> None:
     assert error_of(tmp_path, text).startswith("formats.mine: set exactly one of")
 
 
+def test_user_format_roles_need_a_text_field(tmp_path: Path) -> None:
+    text = (
+        GOOD + '\n[formats.mine]\nid_field = "uid"\ntokens_field = "n"\ntext_role = "assistant"\n'
+    )
+    assert error_of(tmp_path, text).startswith("formats.mine: text_role and reasoning_keys apply")
+    good = GOOD + '\n[formats.q]\nid_field = "id"\ntext_field = "messages"\n'
+    config = load_config(write(tmp_path, good + 'text_role = ["assistant", "tool"]\n'))
+    assert config.formats["q"].text_role == ["assistant", "tool"]
+
+
 def test_flag_value_forms() -> None:
     argv = ["x", "--max-samples", "5", "--token-budget=10", "--max-samples", "7"]
     assert flag_value(argv, "--max-samples") == "7"

@@ -33,6 +33,7 @@ from tests.fixtures_data import (
     dump,
     legacy_record,
     modelopt_record,
+    query_record,
     raw_record,
     specforge_record,
     speculators_record,
@@ -336,3 +337,36 @@ def test_unknown_records_before_the_first_known_one_make_it_mixed(tmp_path: Path
         ],
         "extra": ["prompt"],
     }
+
+
+def test_user_format_counts_only_the_text_role_of_messages(tmp_path: Path) -> None:
+    """A format of chat messages (Model-Optimizer query.py's output) counts the assistant turns
+    only, their reasoning apart when named: the prompts are not completion tokens."""
+    import msgspec
+
+    rows = [query_record(RNG, f"c{i}", thinking=i % 2 == 1) for i in range(12)]
+    path = tmp_path / "train-00001-00004.jsonl"
+    path.write_bytes(b"".join(dump(r) for r in rows))
+    prof = FormatProfile(id_field="conversation_id", text_field="messages", text_role="assistant")
+    r = Scanner().scan(str(path), fmt="query", profile=msgspec.to_builtins(prof))
+    answers = [m["content"] for x in rows for m in x["messages"] if m["role"] == "assistant"]
+    assert (r["format"], r["verdict"], r["records"]) == ("query", "current", 12)
+    assert r["texts"] == answers
+    several = {"id_field": "conversation_id", "text_field": "messages"}
+    tools = [{"role": "tool", "content": "result"}, {"role": "reasoning", "content": "hidden"}]
+    path.write_bytes(dump({**rows[0], "messages": rows[0]["messages"] + tools}))
+    r = Scanner().scan(str(path), fmt="q", profile={**several, "text_role": ["assistant", "tool"]})
+    assert r["texts"] == [
+        *(m["content"] for m in rows[0]["messages"] if m["role"] == "assistant"),
+        "result",
+    ]
+    with_reasoning = {"role": "assistant", "content": "a", "reasoning_content": "r"}
+    path.write_bytes(dump({"conversation_id": 1, "messages": [with_reasoning]}))
+    prof = FormatProfile(
+        id_field="conversation_id",
+        text_field="messages",
+        text_role="assistant",
+        reasoning_keys=["reasoning_content"],
+    )
+    r = Scanner().scan(str(path), fmt="q", profile=msgspec.to_builtins(prof))
+    assert (r["texts"], r["reasoning_texts"]) == (["a"], ["r"])

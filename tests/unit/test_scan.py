@@ -487,6 +487,19 @@ def test_d8_duplicate_ids_counted_once(tmp_path: Path) -> None:
     assert r["duplicates"] == 400 - r["unique_ids"]
 
 
+@pytest.mark.parametrize("validate", ["all", "sample", "none"])
+def test_d8_the_first_duplicate_ids_are_named(tmp_path: Path, validate: str) -> None:
+    """Record by record and on the fast path alike: the first ids seen again, in file order
+    (one repeated inside a batch too), at most ten, with the exact count."""
+    rng = random.Random(32)
+    path = tmp_path / "r.jsonl"
+    ids = [f"s{i}" for i in range(300)] + ["s9", "s2", "s2", *(f"s{i}" for i in range(20, 40))]
+    path.write_bytes(b"".join(dump(raw_record(rng, i)) for i in ids))
+    r = Scanner().scan(str(path), "raw", validate=validate)
+    assert r["duplicates"] == 23
+    assert r["duplicate_ids"] == ["s9", "s2", "s2", *(f"s{i}" for i in range(20, 27))]
+
+
 # --------------------------------------------------------------------------- D9
 
 

@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from supervisor import servermetrics as sm
@@ -304,6 +305,7 @@ CONTENT = "Paris is the capital."
 # fixture -> (what a request cost, the generated text)
 RESPONSES = {
     "openai-chat.json": (None, CONTENT),
+    "openai-chat-cached.json": (None, CONTENT),
     "openrouter-credits.json": (0.0000891, REASONING + CONTENT),
     # BYOK: OpenRouter's fee plus what the provider charged the user's own key (20x the fee)
     "openrouter-byok.json": (0.00025 + 0.005, REASONING + CONTENT),
@@ -374,6 +376,24 @@ async def test_v6_a_bench_through_openrouter_byok_counts_the_providers_price(
     served.body = load("openrouter-credits.json")[1].encode()
     level = await _bench(served, tmp_path, stream=False)
     assert level.cost_usd == pytest.approx(6 * 0.0000891)
+
+
+async def test_e4_cached_prompt_tokens_are_charged_at_the_cached_price(
+    served: Served, tmp_path: Path
+) -> None:
+    """OpenAI bills the prompt tokens its cache served (``prompt_tokens_details.cached_tokens``)
+    at the cached price: 1,920 of 2,006 here. With ``price_cached_in_per_m`` they cost that;
+    without it, the full input price."""
+    served.body = load("openai-chat-cached.json")[1].encode()
+    prompts = load_prompts(write_prompts(tmp_path / "prompts", ["B1"], count=8)["B1"])
+    options = Options(requests=6, concurrency=[2], warmup=False)
+    url = served.url + "/v1"
+    target = Target(name="api", base_url=url, model="m", price_in_per_m=2.5, price_out_per_m=10.0)
+    cached = msgspec.structs.replace(target, price_cached_in_per_m=1.25)
+    full, half = [(await Bench(t, prompts, options).run()).levels[0] for t in (target, cached)]
+    assert half.completed == 6 and half.cost_source == "price table"
+    assert half.cost_usd == pytest.approx(6 * (86 * 2.5 + 1920 * 1.25 + 300 * 10.0) / 1e6)
+    assert full.cost_usd == pytest.approx(6 * (2006 * 2.5 + 300 * 10.0) / 1e6)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
