@@ -1284,6 +1284,21 @@ class Engine:
             if state == "running" and proc is not None:
                 held_by = proc.unit.held_by if proc.unit is not None else "adopted"
             unit_note = None
+            owner = None
+            if state == "running" and proc is not None and proc.unit is not None:
+                theirs = proc.unit
+                if not theirs.mine or theirs.run != run.name:  # started on this run's files
+                    owner = theirs
+                    unit_note = theirs.held_text(proc.identity.pid)
+            if (
+                held_by == "adopted"
+                and proc is not None
+                and "identity" in proc.evidence.get(run.name, ())
+            ):
+                unit_note = (
+                    "by file identity: it reaches the run's data files by another path (a bind "
+                    "mount, a link) or works in their directory"
+                )
             if state == "stopped" and last_unit is not None and last_unit.state == "running":
                 # Its unit still holds processes that no listing could pin (they fork and exit
                 # faster than a listing): the run is running, never "stopped".
@@ -1320,6 +1335,7 @@ class Engine:
                 state_detail=detail,
                 held_by=held_by,
                 last_unit=last_unit,
+                owner=owner,
                 process=proc,
                 datasets=datasets,
                 job=job,

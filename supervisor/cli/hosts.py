@@ -325,8 +325,9 @@ async def _kill(
                 files = ", ".join(f for f in run_files(config, run) if not f.endswith(".lock"))
                 click.echo(
                     f"pid {p.identity.pid} does not run the run's command line but holds one of "
-                    f"run {run}'s data files open ({files}): stopping it as the run's writer (the "
-                    "host checks that it holds one open for writing before any signal)",
+                    f"run {run}'s data files open or works in its directory ({files}): stopping "
+                    "it as the run's writer (the host checks that it holds one open for writing, "
+                    "maps one or works in its directory, by file identity, before any signal)",
                     err=True,
                 )
         if not yes:
