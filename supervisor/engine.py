@@ -37,6 +37,7 @@ import contextlib
 import importlib
 import os
 import posixpath
+import shlex
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -58,7 +59,7 @@ from supervisor.completeness import (
     sidecar_line,
     with_client_parts,
 )
-from supervisor.config import Config, HostConfig, RunConfig, bad_name
+from supervisor.config import Config, HostConfig, RunConfig, bad_name, command_prefix
 from supervisor.dataloss import DataLossWatch
 from supervisor.errors import (
     ConfigError,
@@ -1771,6 +1772,23 @@ def refuse_foreign(process: ProcessInfo, host: str) -> None:
     )
 
 
+def refuse_held_elsewhere(process: ProcessInfo, host: str, run: str, config: Config) -> None:
+    """Raise KillRefused when ``process`` is ``run`` only as another run's unit started on its
+    data files (``RunView.owner``): another config's (:func:`refuse_foreign`), or this config's
+    under another name, stopped by that name or, once the config has none, by its pid."""
+    theirs = process.unit
+    if theirs is None or (theirs.mine and theirs.run == run):
+        return
+    refuse_foreign(process, host)
+    named = theirs.run in {r.name for r in config.runs}
+    how = f"kill {shlex.quote(theirs.run)}" if named else f"kill --pid {process.identity.pid}"
+    raise KillRefused(
+        f"pid {process.identity.pid} on {host} is unit {theirs.launch_id} of run "
+        f"{theirs.run!r}, started on {run}'s data files; nothing was stopped",
+        f"stop it as that run: `{command_prefix(config)} {how}`",
+    )
+
+
 __all__ = [
     "BUILTIN_FORMATS",
     "EVENTS_KEPT",
@@ -1831,6 +1849,7 @@ __all__ = [
     "pending_plan",
     "plan_rebalance",
     "refuse_foreign",
+    "refuse_held_elsewhere",
     "resume_rebalance",
     "run_files",
     "run_once",

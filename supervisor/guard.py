@@ -307,7 +307,7 @@ class BudgetGuard:
         unmarked = self.unmarked.pop(event.keys[0], None)
         if unmarked is not None:
             detail += f" (its once-only marker not written: {unmarked}; kept by this process only)"
-        if not ok and event.policy == "stop":
+        if not ok and event.policy == "stop" and not event.held_elsewhere:
             # A stop that failed is tried again at the next refresh, never dropped: the run would
             # go on spending past its budget. The claim is released for that.
             self._release(event)

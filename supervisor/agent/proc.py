@@ -353,7 +353,7 @@ WRITING = frozenset(("write", "map", "place"))
 
 
 def holding_text(how: list[str]) -> str:
-    """How a process holds a run's file, in words (``how`` of :func:`file_holders`)."""
+    """How a process holds a run's file, in words (``how`` of :func:`file_users`)."""
     if "write" in how:
         return "has it open for writing"
     if "map" in how:
@@ -377,10 +377,9 @@ def file_users(
     ``dir_inodes`` (the data files' directories: a writer that opens and closes the file for each
     record, by whatever path or bind mount, :func:`match.place_of`), and ``open`` for any
     descriptor on one of ``any_inodes`` (a lock file: holding it open may hold the lock). Every
-    process of the host is
-    looked at (``pids`` limits that), whoever owns it, through every descriptor table it has
-    (see :func:`fd_dirs`); ``uninspected`` are the processes whose descriptors could not be read
-    (other users' processes, for a non-root agent).
+    process of the host is looked at (``pids`` limits that), whoever owns it, through every
+    descriptor table it has (see :func:`fd_dirs`); ``uninspected`` are the processes whose
+    descriptors could not be read (other users' processes, for a non-root agent).
     """
     found: dict[int, list[str]] = {}
     uninspected: list[int] = []

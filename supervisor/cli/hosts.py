@@ -245,6 +245,10 @@ def _targets(
                 "command line or open)",
                 f"see `runwatch ps --host {host}`",
             )
+        from supervisor.engine import refuse_held_elsewhere
+
+        for p in found if pid is None else [p for p in found if p.identity.pid == pid]:
+            refuse_held_elsewhere(p, host, run, config)
         if pid is not None:
             return [p for p in found if p.identity.pid == pid]
         if len(found) > 1:
