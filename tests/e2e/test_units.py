@@ -722,14 +722,21 @@ async def test_o12_a_writer_escaped_from_a_run_killed_outside_blocks_another_con
         assert escaped, "the escaped writer is a member of A's unit"
         grown = size(data)
         await asyncio.to_thread(wait_until, lambda: size(data) > grown, 10)
-        for action in (actions.launch, actions.restart):
-            refused = await action(eb, "r")
-            assert not refused.ok
-            step = refused.failed_step
-            assert step is not None, why(refused)
-            assert f"config {cfg_a}'s run 'r'" in step.detail, why(refused)
-            assert str(escaped[0]) in step.detail
-            assert f"runwatch -c {cfg_a} kill r" in step.detail
+        refused = await actions.launch(eb, "r")
+        assert not refused.ok
+        step = refused.failed_step
+        assert step is not None, why(refused)
+        assert f"config {cfg_a}'s run 'r'" in step.detail, why(refused)
+        assert str(escaped[0]) in step.detail
+        assert f"runwatch -c {cfg_a} kill r" in step.detail
+        # B shows A's unit as its run, held by A (O30): a restart is refused before its plan.
+        from supervisor.errors import LaunchError
+
+        with pytest.raises(LaunchError) as restart:
+            await actions.restart(eb, "r")
+        said = restart.value.message
+        assert f"held by config {cfg_a} run 'r' (pid {escaped[0]}" in said, said
+        assert f"runwatch -c {cfg_a} kill r" in said and "nothing was stopped" in said
         assert token_holders(lid) == escaped  # A's writer got no signal from B
         view = await snapshot_run(ea, "r")
         assert view.state == "running", view.state_text
