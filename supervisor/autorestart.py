@@ -53,8 +53,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 from supervisor import audit, intents
+from supervisor.config import command_prefix
 from supervisor.errors import RestartCancelled, RunwatchError
-from supervisor.events import Event, abandoned_event, command_prefix, gave_up_event, restart_event
+from supervisor.events import Event, abandoned_event, gave_up_event, restart_event
 from supervisor.model import Snapshot
 
 if TYPE_CHECKING:

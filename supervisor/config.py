@@ -70,6 +70,7 @@ __all__ = [
     "RunConfig",
     "SlurmRunConfig",
     "bad_name",
+    "command_prefix",
     "load_config",
     "untrusted",
 ]
@@ -607,3 +608,12 @@ def _check_slurm(config: Config, i: int, run: RunConfig) -> None:
             f"{shown}: runs[{i}].slurm.array: the run names no datasets",
             "list them in datasets = [...] or --datasets in argv",
         )
+
+
+def command_prefix(config: Config) -> str:
+    """``runwatch``, plus ``-c PATH`` when the config is not the one runwatch finds by default."""
+    path = config.path
+    default = os.environ.get("RUNWATCH_CONFIG") or "runwatch.toml"
+    if not path or os.path.abspath(path) == os.path.abspath(default):
+        return "runwatch"
+    return f"runwatch -c {shlex.quote(os.path.abspath(path))}"

@@ -37,6 +37,7 @@ import contextlib
 import importlib
 import os
 import posixpath
+import shlex
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -58,7 +59,7 @@ from supervisor.completeness import (
     sidecar_line,
     with_client_parts,
 )
-from supervisor.config import Config, HostConfig, RunConfig, bad_name
+from supervisor.config import Config, HostConfig, RunConfig, bad_name, command_prefix
 from supervisor.dataloss import DataLossWatch
 from supervisor.errors import (
     ConfigError,
@@ -1286,6 +1287,21 @@ class Engine:
             if state == "running" and proc is not None:
                 held_by = proc.unit.held_by if proc.unit is not None else "adopted"
             unit_note = None
+            owner = None
+            if state == "running" and proc is not None and proc.unit is not None:
+                theirs = proc.unit
+                if not theirs.mine or theirs.run != run.name:  # started on this run's files
+                    owner = theirs
+                    unit_note = theirs.held_text(proc.identity.pid)
+            if (
+                held_by == "adopted"
+                and proc is not None
+                and "identity" in proc.evidence.get(run.name, ())
+            ):
+                unit_note = (
+                    "by file identity: it reaches the run's data files by another path (a bind "
+                    "mount, a link) or works in their directory"
+                )
             if state == "stopped" and last_unit is not None and last_unit.state == "running":
                 # Its unit still holds processes that no listing could pin (they fork and exit
                 # faster than a listing): the run is running, never "stopped".
@@ -1322,6 +1338,7 @@ class Engine:
                 state_detail=detail,
                 held_by=held_by,
                 last_unit=last_unit,
+                owner=owner,
                 process=proc,
                 datasets=datasets,
                 job=job,
@@ -1759,6 +1776,23 @@ def refuse_foreign(process: ProcessInfo, host: str) -> None:
     )
 
 
+def refuse_held_elsewhere(process: ProcessInfo, host: str, run: str, config: Config) -> None:
+    """Raise KillRefused when ``process`` is ``run`` only as another run's unit started on its
+    data files (``RunView.owner``): another config's (:func:`refuse_foreign`), or this config's
+    under another name, stopped by that name or, once the config has none, by its pid."""
+    theirs = process.unit
+    if theirs is None or (theirs.mine and theirs.run == run):
+        return
+    refuse_foreign(process, host)
+    named = theirs.run in {r.name for r in config.runs}
+    how = f"kill {shlex.quote(theirs.run)}" if named else f"kill --pid {process.identity.pid}"
+    raise KillRefused(
+        f"pid {process.identity.pid} on {host} is unit {theirs.launch_id} of run "
+        f"{theirs.run!r}, started on {run}'s data files; nothing was stopped",
+        f"stop it as that run: `{command_prefix(config)} {how}`",
+    )
+
+
 __all__ = [
     "BUILTIN_FORMATS",
     "EVENTS_KEPT",
@@ -1820,6 +1854,7 @@ __all__ = [
     "pending_plan",
     "plan_rebalance",
     "refuse_foreign",
+    "refuse_held_elsewhere",
     "resume_rebalance",
     "run_files",
     "run_once",

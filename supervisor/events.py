@@ -33,7 +33,6 @@ that starts the run keeping its output (:func:`start_refused_event`).
 
 from __future__ import annotations
 
-import os
 import shlex
 import time
 from collections.abc import Callable, Container, Iterable
@@ -43,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import msgspec
 
 from supervisor.agent.slurm import split_tag
-from supervisor.config import AlertsConfig, Config
+from supervisor.config import AlertsConfig, Config, command_prefix
 from supervisor.errors import RunwatchError
 from supervisor.model import DatasetView, HostView, JobView, ProcessInfo, RunView, Snapshot
 from supervisor.secrets import mask_text
@@ -139,15 +138,6 @@ def busy_key(host: str, run: str) -> str:
 def stop_key(host: str, run: str, pid: int) -> str:
     """Names one process of one run: ``host/run#pid`` (a deliberate stop is keyed by this)."""
     return f"{host}/{run}#{pid}"
-
-
-def command_prefix(config: Config) -> str:
-    """``runwatch``, plus ``-c PATH`` when the config is not the one runwatch finds by default."""
-    path = config.path
-    default = os.environ.get("RUNWATCH_CONFIG") or "runwatch.toml"
-    if not path or os.path.abspath(path) == os.path.abspath(default):
-        return "runwatch"
-    return f"runwatch -c {shlex.quote(os.path.abspath(path))}"
 
 
 STOPS = ("max_samples", "token_budget", "prompts")

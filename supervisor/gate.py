@@ -34,9 +34,8 @@ from supervisor.agent.masking import mask_argv, mask_text
 from supervisor.agent.protocol import FileSpec
 from supervisor.agentclient import AgentClient, as_data
 from supervisor.argv import apply_overrides, argv_diff
-from supervisor.config import Config, RunConfig
+from supervisor.config import Config, RunConfig, command_prefix
 from supervisor.errors import RunwatchError
-from supervisor.events import command_prefix
 from supervisor.layout import RunLayout
 from supervisor.plan import StepFailed
 from supervisor.replies import LockHolder

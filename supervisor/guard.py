@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import msgspec
 
 from supervisor import audit, clients, display
-from supervisor.config import Config
+from supervisor.config import Config, command_prefix
 from supervisor.errors import RunwatchError
-from supervisor.events import Event, command_prefix
+from supervisor.events import Event
 from supervisor.model import Identity, Snapshot
 from supervisor.paths import config_state, private_dir, state_dir
 from supervisor.plan import ActionResult, Looks, OnStep, Plan, make_plan
@@ -66,6 +66,9 @@ class BudgetEvent:
     waste_tokens: int
     message: str
     keys: list[str]
+    held_elsewhere: str = ""
+    """Another run's unit writes the datasets (``RunView.owner``): what stops it, through its own
+    config; the policy's action is that config's, never this one's."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -226,6 +229,11 @@ class BudgetGuard:
                         tokens=over,
                         waste_tokens=waste,
                         message=f"{rv.name}: past the token budget {lacks}: " + ", ".join(parts),
+                        held_elsewhere=(
+                            rv.owner.held_text(proc.identity.pid) + rv.owner.owner()
+                            if rv.owner is not None
+                            else ""
+                        ),
                         keys=[
                             self._key(hv.name, rv.name, proc.identity, d, rc.budget_policy)
                             for d in names
@@ -243,6 +251,13 @@ class BudgetGuard:
         result: ActionResult | None = None
         if event.policy == "warn":
             ok, detail = True, event.message
+        elif event.held_elsewhere:
+            # Once, not at every refresh: the owning config's own policy or its user acts.
+            ok, detail = (
+                False,
+                f"{event.policy} not done: the run is {event.held_elsewhere}; only that config "
+                "acts on it",
+            )
         elif event.policy == "stop":
             try:
                 grace = self.config.run(event.run).stop_grace_seconds
@@ -292,7 +307,7 @@ class BudgetGuard:
         unmarked = self.unmarked.pop(event.keys[0], None)
         if unmarked is not None:
             detail += f" (its once-only marker not written: {unmarked}; kept by this process only)"
-        if not ok and event.policy == "stop":
+        if not ok and event.policy == "stop" and not event.held_elsewhere:
             # A stop that failed is tried again at the next refresh, never dropped: the run would
             # go on spending past its budget. The claim is released for that.
             self._release(event)

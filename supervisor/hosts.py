@@ -417,8 +417,9 @@ def run_backend(config: Config, run_name: str) -> Backend | None:
     return ep.kind if ep is not None else None
 
 
-STRONG_EVIDENCE = frozenset(("argv", "fd"))
-"""Evidence that makes a process a run: its data paths, or descriptors on the run's files."""
+STRONG_EVIDENCE = frozenset(("argv", "fd", "place"))
+"""Evidence that makes a process a run: its data paths, descriptors on (or mappings of) the
+run's files, its working directory or root in the directory of one (by identity)."""
 
 
 def secret_env_names(config: Config) -> list[str]:
@@ -473,9 +474,11 @@ def _strength(proc: ProcessInfo, run_name: str) -> int:
     why = set(proc.evidence.get(run_name, ()))
     if "unit" in why:  # runwatch launched it as this run: ownership, not inference
         return 8
-    if proc.unit is not None:  # another config's launch: never this config's run
-        return 0
-    return 2 * ("fd" in why) + ("argv" in why) if why & STRONG_EVIDENCE else 0
+    if proc.unit is not None:
+        # Another config's launch, or this config's under another run name, is never this run
+        # to act on; started on this run's data files (by identity) it is what writes them.
+        return 6 if "files" in why else 0
+    return 2 * bool(why & {"fd", "place"}) + ("argv" in why) if why & STRONG_EVIDENCE else 0
 
 
 def match_run(proc: ProcessInfo, config: Config, host_name: str) -> str | None:
@@ -512,9 +515,11 @@ def assign_runs(
             if run.host == host_name and _strength(p, run.name):
                 found.setdefault(run.name, []).append(p)
     for name, cands in found.items():
-        # A run held in a unit is that unit; a process that only looks like it (same argv, same
-        # files) is another writer for the gate to refuse, not a second candidate.
-        held = [p for p in cands if _strength(p, name) >= 8]
+        # A run held in a unit is that unit (its own, else one started on its files); a process
+        # that only looks like it (same argv, same files) is another writer for the gate to
+        # refuse, not a second candidate.
+        top = max(_strength(p, name) for p in cands)
+        held = [p for p in cands if top >= 6 and _strength(p, name) == top]
         if held:
             found[name] = held
             for p in cands:

@@ -73,6 +73,12 @@ class UnitRef(msgspec.Struct, kw_only=True):
         """`` (run 'R' of config PATH; stop it there: `...`)``: whose run it is, for a refusal."""
         return owner_text(self.run, self.config_id, self.config_path)
 
+    def held_text(self, pid: int) -> str:
+        """``held by config PATH run 'R' (pid P, unit L)``: the run of another config, or of
+        this one under another name, whose unit writes a run's data files."""
+        where = self.config_path or f"key {self.config_id or '?'}"
+        return f"held by config {where} run {self.run!r} (pid {pid}, unit {self.launch_id})"
+
 
 class UnitExit(msgspec.Struct, kw_only=True):
     """How a unit's client ended, as its waiter recorded it."""
@@ -142,7 +148,10 @@ class ProcessInfo(msgspec.Struct, kw_only=True):
     """Config run name -> what the host found tying this process to that run: ``argv`` (its data
     paths are the run's files), ``fd`` (it holds the run's data files or lock open), ``cwd`` (its
     working directory is the run's workdir: never enough alone), ``unit`` (it is the main
-    process of a unit this config launched as that run). See ``hosts.match_run``."""
+    process of a unit this config launched as that run), ``files`` (the main process of another
+    run's unit, of any config, started on the run's data files), ``place`` (its working
+    directory or root is a data file's directory), ``identity`` (with ``argv`` or ``place``:
+    found by file identity, through a bind mount or a link). See ``hosts.match_run``."""
     unit: UnitRef | None = None
     """The unit holding it, when runwatch started it; its other members are in ``children``."""
 
@@ -397,6 +406,11 @@ class RunView(msgspec.Struct, kw_only=True):
     process it found and adopted by evidence (``adopted``); None when it is not running."""
     last_unit: UnitInfo | None = None
     """The newest unit this config launched for the run (running or ended)."""
+    owner: UnitRef | None = None
+    """The unit writing this run's data files when it is another run's: another config's (a
+    copy of this config, one naming the same files) or this config's under another name. The
+    run is running with its figures; kill, restart and the budget policy go through that run
+    (``UnitRef.owner``: its config's command)."""
     waste: RunWaste | None = None
     """Left alone, what the run makes past its datasets' budgets (a running run without its
     client's budget flag, with something past a budget; else None)."""

@@ -55,6 +55,7 @@ A launch is the same plan without steps 3 and 4 (it refuses when the run is alre
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -62,7 +63,7 @@ from typing import Any, Literal, Protocol
 from supervisor import display, launchspec, newscript
 from supervisor.agent.masking import mask_argv
 from supervisor.argv import argv_diff, parse_sets, parse_unsets, show_value
-from supervisor.config import Config, RunConfig
+from supervisor.config import Config, RunConfig, command_prefix
 from supervisor.errors import HostError, LaunchError, UsageError
 from supervisor.errors import StepFailed as StepFailed  # where the steps take it from
 from supervisor.launchspec import LaunchSpec
@@ -366,12 +367,23 @@ async def make_plan(
         raise HostError(f"{run.host}: cannot reach the host: {why}", "check the host and retry")
     rv = find_run_view(snap, run.host, run.name)
     # A zombie has exited (its parent has not reaped it yet): nothing to stop.
-    old = rv.process if rv is not None and rv.state == "running" else None
+    owner = rv.owner if rv is not None and rv.state == "running" else None
+    if action == "restart" and owner is not None and pid is None and rv is not None:
+        held = owner.held_text(rv.process.identity.pid if rv.process is not None else 0)
+        raise LaunchError(
+            f"{run.name} on {run.host} is {held}{owner.owner()}; nothing was stopped",
+            "that run's own config stops and restarts it; launch this one once it is stopped",
+        )
+    # Another run's unit writing this run's files is that run's to stop (a launch's writers
+    # step refuses, naming the command of its own config), never this plan's.
+    old = rv.process if rv is not None and rv.state == "running" and rv.owner is None else None
     old = _named_process(hv, rv, run.name, pid) if pid is not None or _ambiguous(rv) else old
     if action == "launch" and old is not None:
         raise LaunchError(
-            f"{run.name} is already running on {run.host}: pid {old.identity.pid}",
-            f"use `runwatch restart {run.name}` to stop it and start it again",
+            f"{run.name} is already running on {run.host}: pid {old.identity.pid}"
+            + (f" ({rv.state_detail})" if rv is not None and rv.state_detail else ""),
+            f"use `runwatch restart {run.name}` to stop it and start it again, or stop it: "
+            f"`{command_prefix(config)} kill {shlex.quote(run.name)} --pid {old.identity.pid}`",
         )
     unit = rv.last_unit if rv is not None and rv.state == "running" else None
     if old is None and unit is not None and unit.state == "running":

@@ -76,7 +76,7 @@ def hold(config: Config, what: str, *, resuming: bool = False) -> Iterator[None]
     naming its holder (its pid, who, since when). Unless ``resuming``, a plan half-applied
     (an intent left by an apply that was killed) refuses too, naming the command that rolls it
     back."""
-    from supervisor.events import command_prefix
+    from supervisor.config import command_prefix
 
     path = lock_path(config)
     private_dir(path.parent)

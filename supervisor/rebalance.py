@@ -1258,7 +1258,7 @@ def half_applied(config: Config) -> PlanProgress | None:
     front ends show it: what it did and the command that rolls it back; None when there is none
     (or it cannot be read: ``rebalance --apply --resume`` says why)."""
     from supervisor import planintent
-    from supervisor.events import command_prefix
+    from supervisor.config import command_prefix
     from supervisor.model import PlanProgress
 
     try:

@@ -43,10 +43,12 @@ from supervisor import (
 )
 from supervisor.agent import match, unit
 from supervisor.agent.masking import mask_argv, mask_text
+from supervisor.agent.proc import WRITING, holding_text
 from supervisor.agent.protocol import AGENT_LOADER, MASK, FileSpec, LaunchParams
 from supervisor.agentclient import AgentClient, as_data
+from supervisor.config import command_prefix
 from supervisor.errors import HostError, OutcomeUnknown, RunwatchError
-from supervisor.events import command_prefix, stop_key
+from supervisor.events import stop_key
 from supervisor.fingerprint import (
     compare_fingerprints,
     fingerprint_of,
@@ -791,11 +793,10 @@ class _Runner:
             )
         if others:
             who = "; ".join(
-                f"pid {h.pid} ({h.user}, {' '.join(h.argv)[:100]}) has it open "
-                + ("for writing" if "write" in h.how else "(lock)")
+                f"pid {h.pid} ({h.user}, {' '.join(h.argv)[:100]}) {holding_text(h.how)}"
                 for h in others
             )
-            writing = [h for h in others if "write" in h.how]
+            writing = [h for h in others if WRITING.intersection(h.how)]
             stop = "; ".join(
                 f"`{slurm.login_kill(self.hc, h.pid)}` on the login node"
                 if slurm_host

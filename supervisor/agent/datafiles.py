@@ -86,17 +86,23 @@ def writers_of(path: str) -> list[int]:
     return sorted(file_holders([path])["pids"])
 
 
-def file_holders(paths: list[str], locks: list[str] | None = None) -> dict[str, Any]:
+def file_holders(
+    paths: list[str], locks: list[str] | None = None, workdir: str | None = None
+) -> dict[str, Any]:
     """Every process holding one of ``paths`` open for writing (``O_WRONLY``, ``O_RDWR``,
-    ``O_APPEND``: ``/proc/PID/fdinfo``) or one of ``locks`` open, whoever owns it and whatever
-    its command line; and the processes whose descriptors could not be read.
+    ``O_APPEND``: ``/proc/PID/fdinfo``), mapping one, with its working directory or root in the
+    directory of one (by identity), or holding one of ``locks`` open, whoever owns it and
+    whatever its command line; and the processes whose descriptors could not be read. Working
+    directories are looked at only with the run's ``workdir`` (the writers check), whose own
+    identity is never a data directory's (a process working there is no writer by that alone).
 
     Result: ``{"pids": [..], "holders": [{"pid", "uid", "user", "argv", "how", "slurm_job"}],
     "uninspected": [{"uid", "user", "pids"}], "detail": str}``; ``detail`` says in one line who
     holds them and which users' processes could not be inspected (empty when neither)."""
     write_inodes = _procs.inodes_of(paths)
     lock_inodes = _procs.inodes_of(locks or [])
-    users, blind = _procs.file_users(write_inodes, lock_inodes)
+    dirs = _procs.dirs_of(paths) - _procs.inodes_of([workdir]) if workdir else set()
+    users, blind = _procs.file_users(write_inodes, lock_inodes, None, dirs)
     holders: list[dict[str, Any]] = []
     for pid, how in sorted(users.items()):
         uid = _procs.read_uid(pid)
@@ -120,9 +126,8 @@ def file_holders(paths: list[str], locks: list[str] | None = None) -> dict[str, 
         for uid, pids in sorted(by_uid.items())
     ]
     parts = [
-        "pid {} ({}, {}) has it open {}".format(
-            h["pid"], h["user"], " ".join(h["argv"])[:120],
-            "for writing" if "write" in h["how"] else "(lock)",
+        "pid {} ({}, {}) {}".format(
+            h["pid"], h["user"], " ".join(h["argv"])[:120], _procs.holding_text(h["how"])
         )
         for h in holders
     ]  # fmt: skip
@@ -155,7 +160,7 @@ def holders_op(params: dict[str, Any]) -> FileHoldersResult:
         if not isinstance(raw, list) or not all(isinstance(p, str) and p for p in raw):
             raise AgentOpError(f"parameter {key!r}: expected a list of paths", "bad-params")
         lists.append([resolve(p, base) for p in raw])
-    found = file_holders(lists[0], lists[1])
+    found = file_holders(lists[0], lists[1], resolve(base, None) if base else None)
     from supervisor.agent import unit
 
     return {

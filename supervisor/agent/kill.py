@@ -372,10 +372,13 @@ def _not_a_run(pid: int, scripts: Sequence[str], files: Sequence[str], writer: b
     if not writer:
         return f"refused: not a run ({runs})"
     data = [os.path.expanduser(f) for f in files if not f.endswith(".lock")]
-    users, _ = procs.file_users(procs.inodes_of(data), set(), [pid])
-    if "write" in users.get(pid, ()):
+    users, _ = procs.file_users(procs.inodes_of(data), set(), [pid], procs.dirs_of(data))
+    if procs.WRITING.intersection(users.get(pid, ())):
         return ""
-    return f"refused: not a run ({runs}) and it holds none of the run's files open for writing"
+    return (
+        f"refused: not a run ({runs}) and it holds none of the run's files open for writing, "
+        "maps none, and has its working directory in none of their directories"
+    )
 
 
 def _gone_why(st: procs.Stat | None) -> str:

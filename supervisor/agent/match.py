@@ -234,6 +234,40 @@ def find_runs(
 # --------------------------------------------------------------------------- evidence
 
 
+def file_keys(path: str, under: str = "") -> set[tuple[Any, ...]]:
+    """A data file's identities: ``("f", dev, ino)`` of the file when it exists and
+    ``("d", dev, ino, name)`` of its directory and name (a file not made yet, or made again by a
+    move-aside, is still the same place); a bind mount, a link or another spelling of the path
+    has the same ones. ``under``: a process's ``/proc/PID/root``, to read an absolute ``path``
+    of its mount namespace."""
+    keys: set[tuple[Any, ...]] = set()
+    with contextlib.suppress(OSError):
+        st = os.stat(under + path)
+        keys.add(("f", st.st_dev, st.st_ino))
+    with contextlib.suppress(OSError):
+        d = os.stat(under + (os.path.dirname(path) or "."))
+        keys.add(("d", d.st_dev, d.st_ino, os.path.basename(path)))
+    return keys
+
+
+def place_keys(path: str) -> set[tuple[int, int]]:
+    """``(dev, inode)`` of the directory ``path`` (empty when it cannot be read)."""
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        return {(st.st_dev, st.st_ino)}
+    return set()
+
+
+def place_of(pid: int) -> set[tuple[int, int]]:
+    """``(dev, inode)`` of the working directory and the root of ``pid`` (``os.stat`` through
+    ``/proc/PID/cwd`` and ``/proc/PID/root``: the directories themselves, whatever path, bind
+    mount or mount namespace reaches them); empty when they cannot be read."""
+    found: set[tuple[int, int]] = set()
+    for link in ("cwd", "root"):
+        found |= place_keys(f"/proc/{pid}/{link}")
+    return found
+
+
 class RunFiles:
     """A configured run's places as resolved on this host: ``~`` expanded here, symlinks
     resolved. Built from one entry of the ``runs`` parameter of a listing (``{"name",
@@ -242,7 +276,17 @@ class RunFiles:
     ``output_dir`` the run's key, where a script no profile describes writes without its output
     dir flag (absent: not known)."""
 
-    __slots__ = ("data_file", "files", "inodes", "name", "out", "output_dir", "workdir")
+    __slots__ = (
+        "data_file",
+        "dirs",
+        "files",
+        "inodes",
+        "keys",
+        "name",
+        "out",
+        "output_dir",
+        "workdir",
+    )
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.name = str(spec["name"])
@@ -259,6 +303,10 @@ class RunFiles:
             with contextlib.suppress(OSError):
                 st = os.stat(path)
                 self.inodes.add((st.st_dev, st.st_ino))
+        # By identity (:func:`file_keys`): the data files, and their directories.
+        self.keys = {k for path in self.files for k in file_keys(path)}
+        # A data directory that is the workdir says nothing of a process working there (I2).
+        self.dirs = {(k[1], k[2]) for k in self.keys if k[0] == "d"} - place_keys(self.workdir)
 
 
 def _under(base: str, path: str) -> str:
@@ -286,6 +334,7 @@ def run_evidence(
     runs: Sequence[RunFiles],
     inodes: AbstractSet[tuple[int, int]] | None,
     client: dict[str, Any] | None = None,
+    pid: int | None = None,
 ) -> dict[str, list[str]]:
     """Run name -> why a process could be that run, for each run with any evidence. ``cwd``,
     ``argv`` and ``inodes`` (of the files it has open) are the process's:
@@ -295,9 +344,16 @@ def run_evidence(
       (output dir and datasets, or a single output file) and resolved as the client resolves them
       (``client_path``: from its cwd, ``~`` literal); a flag it lacks is the profile's default
       (``defaults``), and for a script no profile describes the run's ``output_dir`` key;
-    * ``fd``: it holds one of the run's data files or locks open;
+    * ``fd``: it holds one of the run's data files or locks open (``inodes``: its descriptors and
+      mapped files);
+    * ``place``: its working directory or root is the directory of one of the run's data files
+      (by identity, :func:`place_of`);
     * ``cwd``: its working directory is the run's workdir (never enough on its own).
-    """
+
+    With the process's ``pid``, a data path of its argv that is not one of the run's paths is
+    compared by identity (:func:`file_keys`, read in its mount namespace): a bind mount or a
+    symlinked view of the workdir names the same files (``argv`` and ``identity``; ``place``
+    comes with ``identity`` too)."""
     if not runs:
         return {}
     flags = parse_flags(argv, idx, client)
@@ -323,6 +379,21 @@ def run_evidence(
         argv_out = resolved(defaults.get("output_dir")) if client is not None else None
     file_path = resolved(out_file) if out_file else None
     data_paths: dict[tuple[str, str], set[str]] = {}
+    place = place_of(pid) if pid is not None else set()
+    under = f"/proc/{pid}/root" if pid is not None else None
+    identities: dict[str, set[tuple[Any, ...]]] = {}
+
+    def by_identity(paths: AbstractSet[str], run: RunFiles) -> bool:
+        """One of ``paths`` (the process's) is one of the run's data files by identity."""
+        if under is None:
+            return False
+        for path in paths:
+            if path not in identities:
+                identities[path] = file_keys(path, under)
+            if identities[path] & run.keys:
+                return True
+        return False
+
     for run in runs:
         why: list[str] = []
         p_out = argv_out
@@ -333,6 +404,8 @@ def run_evidence(
         if out_file:
             if file_path in run.files:
                 why.append("argv")
+            elif file_path is not None and by_identity({file_path}, run):
+                why += ["argv", "identity"]
         elif p_out is not None:
             if datasets:
                 key = (p_out, run.data_file)
@@ -342,10 +415,14 @@ def run_evidence(
                     }
                 if data_paths[key] & run.files:
                     why.append("argv")
+                elif by_identity(data_paths[key], run):
+                    why += ["argv", "identity"]
             elif out_flag is not None and p_out == run.out:
                 why.append("argv")  # no datasets flag: an explicit output dir that is the run's
         if inodes & run.inodes:
             why.append("fd")
+        if place & run.dirs:
+            why += ["place", "identity"]
         if here is not None and here == run.workdir:
             why.append("cwd")
         if why:

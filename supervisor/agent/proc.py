@@ -26,6 +26,7 @@ from supervisor.agent.match import (
     client_for,
     find_runs,
     parse_flags,
+    place_of,
     run_evidence,
     script_index,
 )
@@ -314,6 +315,35 @@ def open_inodes(pid: int) -> set[tuple[int, int]] | None:
     return found if readable else None
 
 
+def mapped_inodes(pid: int, among: AbstractSet[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Those of ``among`` (``(dev, inode)``) that ``pid`` maps: a file mapped is a file it can
+    write without a descriptor. ``/proc/PID/maps`` names each mapping's inode number, so only a
+    process mapping one of those numbers has its ``/proc/PID/map_files`` entries looked at
+    (``os.stat`` of each: the files themselves; readable by root only, else nothing is found)."""
+    numbers = {str(ino) for _, ino in among}
+    if not numbers:
+        return set()
+    try:
+        with open(f"{PROC}/{pid}/maps", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return set()
+    if not any(len(cols) > 4 and cols[4] in numbers for cols in map(str.split, text.splitlines())):
+        return set()
+    found: set[tuple[int, int]] = set()
+    folder = f"{PROC}/{pid}/map_files"
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return found
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            st = os.stat(f"{folder}/{entry}")
+            if (st.st_dev, st.st_ino) in among:
+                found.add((st.st_dev, st.st_ino))
+    return found
+
+
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND
 """``flags`` bits (``/proc/PID/fdinfo/FD``) of a descriptor open for writing."""
 
@@ -330,23 +360,42 @@ def _fd_flags(fd_dir: str, fd: str) -> int:
     return 0
 
 
+WRITING = frozenset(("write", "map", "place"))
+"""The ways of holding a data file (:func:`file_users`) that make a process its writer."""
+
+
+def holding_text(how: list[str]) -> str:
+    """How a process holds a run's file, in words (``how`` of :func:`file_users`)."""
+    if "write" in how:
+        return "has it open for writing"
+    if "map" in how:
+        return "maps it"
+    if "place" in how:
+        return "has its working directory (or root) in its directory, by file identity"
+    return "has it open (lock)"
+
+
 def file_users(
     write_inodes: AbstractSet[tuple[int, int]],
     any_inodes: AbstractSet[tuple[int, int]] = frozenset(),
     pids: Iterable[int] | None = None,
+    dir_inodes: AbstractSet[tuple[int, int]] = frozenset(),
 ) -> tuple[dict[int, list[str]], list[int]]:
     """Who holds the given files: ``({pid: [how, ...]}, uninspected pids)``.
 
     ``how`` is ``write`` for a descriptor on one of ``write_inodes`` opened for writing
-    (``O_WRONLY``, ``O_RDWR`` or ``O_APPEND``) and ``open`` for any descriptor on one of
-    ``any_inodes`` (a lock file: holding it open may hold the lock). Every process of the host is
-    looked at (``pids`` limits that), whoever owns it, through every descriptor table it has
-    (see :func:`fd_dirs`); ``uninspected`` are the processes whose descriptors could not be read
-    (other users' processes, for a non-root agent).
+    (``O_WRONLY``, ``O_RDWR`` or ``O_APPEND``), ``map`` for a mapping of one of them
+    (:func:`mapped_inodes`), ``place`` for a working directory or root that is one of
+    ``dir_inodes`` (the data files' directories: a writer that opens and closes the file for each
+    record, by whatever path or bind mount, :func:`match.place_of`), and ``open`` for any
+    descriptor on one of ``any_inodes`` (a lock file: holding it open may hold the lock). Every
+    process of the host is looked at (``pids`` limits that), whoever owns it, through every
+    descriptor table it has (see :func:`fd_dirs`); ``uninspected`` are the processes whose
+    descriptors could not be read (other users' processes, for a non-root agent).
     """
     found: dict[int, list[str]] = {}
     uninspected: list[int] = []
-    if not write_inodes and not any_inodes:
+    if not write_inodes and not any_inodes and not dir_inodes:
         return found, uninspected
     if pids is None:
         try:
@@ -375,6 +424,10 @@ def file_users(
                     hows.add("open")
                 if key in write_inodes and _fd_flags(d, fd) & WRITE_FLAGS:
                     hows.add("write")
+        if dir_inodes and place_of(pid) & dir_inodes:
+            hows.add("place")
+        if mapped_inodes(pid, write_inodes):
+            hows.add("map")
         if not readable and os.path.exists(f"{PROC}/{pid}"):
             uninspected.append(pid)
         if hows:
@@ -391,6 +444,12 @@ def inodes_of(paths: Iterable[str]) -> set[tuple[int, int]]:
             st = safefs.stat_file(path)
             out.add((st.st_dev, st.st_ino))
     return out
+
+
+def dirs_of(paths: Iterable[str]) -> set[tuple[int, int]]:
+    """``(dev, inode)`` of the directory of each of ``paths`` that exists, never reached through
+    another user's link (:func:`inodes_of`)."""
+    return inodes_of(os.path.dirname(p) or "." for p in paths)
 
 
 def poll_until(cond: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
@@ -438,7 +497,8 @@ class Lister:
         ``units`` (running units, ``unit.list_units``): each is one run, listed by its main
         process whatever its argv (a renamed process, a script of no profile), with every other
         member among its ``children``; its evidence is ``unit`` for its run when it was launched
-        by ``config_id``, and none for any run of this config otherwise (another config's).
+        by ``config_id``, and ``files`` for each run of this config whose data files it was
+        started on (``writes``: by identity, whatever its config and its run's name).
 
         ``named`` (pids the user named, ``kill RUN --pid``): listed whatever their argv, with
         their evidence (a process that holds a run's data file open is tied to it by ``fd``)."""
@@ -451,6 +511,7 @@ class Lister:
         out: list[dict[str, Any]] = []
         seen: set[tuple[int, int]] = set()
         member_of = {pid: u for u in units for pid in u.get("members") or []}
+        run_inodes = {key for r in runs for key in r.inodes}
         listed: list[tuple[int, int, dict[str, Any] | None]] = []
         for u in units:
             main = u.get("main_pid")
@@ -522,13 +583,18 @@ class Lister:
                     argv,
                     idx,
                     runs,
-                    open_inodes(pid) if runs else None,
+                    (open_inodes(pid) or set()) | mapped_inodes(pid, run_inodes) if runs else None,
                     client_for(argv[idx], clients),
+                    pid,
                 ),
             )
             if held is not None:
                 mine = bool(config_id) and held.get("config_id") == config_id
-                record["evidence"] = {str(held.get("run")): ["unit"]} if mine else {}
+                own = {str(held.get("run")): ["unit"]} if mine else {}
+                # Any unit, of any config and any run name, started on a run's data files (by
+                # identity) writes them: the run is running, held by that unit's run.
+                shared = {str(r): ["files"] for r in held.get("writes") or [] if r not in own}
+                record["evidence"] = {**shared, **own}
                 record["unit"] = {
                     "launch_id": held.get("launch_id"),
                     "held_by": held.get("held_by"),

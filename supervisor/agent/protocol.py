@@ -694,7 +694,7 @@ class UnitExit(TypedDict):
     (``{pid, code, signal}``)."""
 
 
-class UnitInfo(TypedDict):
+class _UnitInfoRequired(TypedDict):
     """One unit: ``state`` ``running`` (it has members), ``ending`` (its waiter is reaping the
     last ones) or ``ended``; ``main_pid`` the client (or its oldest member once it exited)."""
 
@@ -715,6 +715,12 @@ class UnitInfo(TypedDict):
     launched_at: float | None
     argv: list[str]
     workdir: str | None
+
+
+class UnitInfo(_UnitInfoRequired, total=False):
+    writes: list[str]
+    """In a listing's units (``ps``, ``refresh``): the runs of the listing whose data files the
+    running unit was started on, by identity, whatever its config and its run's name."""
 
 
 class UnitsParams(TypedDict, total=False):

@@ -46,7 +46,9 @@ from supervisor.agent.protocol import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
+
+    from supervisor.agent.match import RunFiles
 
 MAX_SESSIONS = 4
 """Scan sessions kept at once (the oldest is dropped)."""
@@ -185,7 +187,7 @@ class Agent:
         named = params.get("pids") or []
         if not isinstance(named, list) or not all(type(x) is int for x in named):
             raise AgentOpError("pids: expected a list of integers", "bad-request")
-        units = self.units()
+        units = self.units(runs)
         with self.list_lock:
             found = self.lister.list_runs(
                 scripts,
@@ -200,13 +202,15 @@ class Agent:
             )
         return found, summary, [u for u in units if cid is not None and u["config_id"] == cid]
 
-    def units(self) -> list[dict[str, Any]]:
-        """Every unit of this agent's user (``unit.list_units``), read only when a unit record
-        exists: a host where runwatch never launched pays nothing."""
+    def units(self, runs: Sequence[RunFiles] = ()) -> list[dict[str, Any]]:
+        """Every unit of this agent's user (``unit.all_units``), each running one with the
+        ``runs`` whose data files it was started on (``writes``, by identity), read only when a
+        unit record exists: a host where runwatch never launched pays nothing."""
         unit = _module("unit")
         if not os.path.isdir(unit.units_dir()):
             return []
-        return list(unit.list_units({})["units"])
+        wanted = unit.wanted_keys({r.name: sorted(r.files) for r in runs}) if runs else None
+        return list(unit.all_units(None, wanted))
 
     def ps(self, params: dict[str, Any]) -> PsResult:
         found, summary, units = self._list(params, bool(params.get("gpu", True)))

@@ -45,10 +45,11 @@ from supervisor.agent import proc as procs
 from supervisor.agent import safefs
 from supervisor.agent.kill import _running, _Target, pidfd_open, pidfd_send_signal, until_exits
 from supervisor.agent.masking import mask_argv
+from supervisor.agent.match import file_keys
 from supervisor.agent.protocol import KILL_CONFIRM_S, AgentOpError, param_number, param_str
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 
 TOKEN_VAR = "RUNWATCH_LAUNCH"
 """The environment variable that names a process's launch: ``<config id>:<run>:<launch id>``."""
@@ -535,14 +536,48 @@ def describe(
 def list_units(params: dict[str, Any]) -> dict[str, Any]:
     """``{config_id?}`` -> ``{"units": [...]}``: every unit of this user on this boot (the
     newest first), or those of one config."""
-    want = params.get("config_id")
-    recs = [r for r in _records() if want is None or r.get("config_id") == want]
+    return {"units": all_units(params.get("config_id"))}
+
+
+def all_units(
+    config_id: str | None = None, wanted: Mapping[tuple[Any, ...], str] | None = None
+) -> list[dict[str, Any]]:
+    """Every unit of this user on this boot (the newest first), or those of ``config_id``.
+    ``wanted`` (:func:`wanted_keys`: a file identity -> the run of the listing's config whose
+    data file it is): each running unit also says which of those runs' files it was started on
+    (``writes``, by identity), whatever its config and its run's name."""
+    recs = [r for r in _records() if config_id is None or r.get("config_id") == config_id]
     live = [r for r in recs if r.get("state") != "ended" and r.get("boot_id") == procs.boot_id()]
     holders = token_holders(str(r.get("token") or "") for r in live)
     table = procs.process_table() if live else {}
-    units = [describe(r, holders, table) for r in recs]
+    units = []
+    for rec in recs:
+        unit = describe(rec, holders, table)
+        if wanted and unit["state"] == "running":
+            unit["writes"] = runs_written(rec, wanted)
+        units.append(unit)
     units.sort(key=lambda u: -float(u.get("launched_at") or 0.0))
-    return {"units": units}
+    return units
+
+
+def wanted_keys(files: Mapping[str, Iterable[str]]) -> dict[tuple[Any, ...], str]:
+    """Run name -> its data files (paths of this host) into file identity -> run name
+    (:func:`file_keys`): what :func:`all_units` compares a unit's recorded files with."""
+    return {key: run for run, paths in files.items() for p in paths for key in file_keys(p)}
+
+
+def runs_written(rec: dict[str, Any], wanted: Mapping[tuple[Any, ...], str]) -> list[str]:
+    """The runs of ``wanted`` (:func:`wanted_keys`) whose data files share an identity with a
+    file the unit ``rec`` was started on (or with that file's path now)."""
+    return sorted(
+        {
+            wanted[key]
+            for f in rec.get("files") or []
+            if isinstance(f, dict)
+            for key in _keys_of_record(f)
+            if key in wanted
+        }
+    )
 
 
 def live_unit(config_id: str, run: str) -> dict[str, Any] | None:
@@ -561,21 +596,6 @@ def live_unit(config_id: str, run: str) -> dict[str, Any] | None:
         ):
             return rec
     return None
-
-
-def file_keys(path: str) -> set[tuple[Any, ...]]:
-    """A data file's identities: ``("f", dev, ino)`` of the file when it exists and
-    ``("d", dev, ino, name)`` of its directory and name (a file not made yet, or made again by a
-    move-aside, is still the same place); a bind mount, a link or another spelling of the path
-    has the same ones."""
-    keys: set[tuple[Any, ...]] = set()
-    with contextlib.suppress(OSError):
-        st = os.stat(path)
-        keys.add(("f", st.st_dev, st.st_ino))
-    with contextlib.suppress(OSError):
-        d = os.stat(os.path.dirname(path) or ".")
-        keys.add(("d", d.st_dev, d.st_ino, os.path.basename(path)))
-    return keys
 
 
 def _keys_of_record(entry: dict[str, Any]) -> set[tuple[Any, ...]]:

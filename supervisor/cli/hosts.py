@@ -246,6 +246,10 @@ def _targets(
                 "command line or open)",
                 f"see `runwatch ps --host {host}`",
             )
+        from supervisor.engine import refuse_held_elsewhere
+
+        for p in found if pid is None else [p for p in found if p.identity.pid == pid]:
+            refuse_held_elsewhere(p, host, run, config)
         if pid is not None:
             return [p for p in found if p.identity.pid == pid]
         if len(found) > 1:
@@ -326,8 +330,9 @@ async def _kill(
                 files = ", ".join(f for f in run_files(config, run) if not f.endswith(".lock"))
                 click.echo(
                     f"pid {p.identity.pid} does not run the run's command line but holds one of "
-                    f"run {run}'s data files open ({files}): stopping it as the run's writer (the "
-                    "host checks that it holds one open for writing before any signal)",
+                    f"run {run}'s data files open or works in its directory ({files}): stopping "
+                    "it as the run's writer (the host checks that it holds one open for writing, "
+                    "maps one or works in its directory, by file identity, before any signal)",
                     err=True,
                 )
         if not yes:

@@ -722,14 +722,21 @@ async def test_o12_a_writer_escaped_from_a_run_killed_outside_blocks_another_con
         assert escaped, "the escaped writer is a member of A's unit"
         grown = size(data)
         await asyncio.to_thread(wait_until, lambda: size(data) > grown, 10)
-        for action in (actions.launch, actions.restart):
-            refused = await action(eb, "r")
-            assert not refused.ok
-            step = refused.failed_step
-            assert step is not None, why(refused)
-            assert f"config {cfg_a}'s run 'r'" in step.detail, why(refused)
-            assert str(escaped[0]) in step.detail
-            assert f"runwatch -c {cfg_a} kill r" in step.detail
+        refused = await actions.launch(eb, "r")
+        assert not refused.ok
+        step = refused.failed_step
+        assert step is not None, why(refused)
+        assert f"config {cfg_a}'s run 'r'" in step.detail, why(refused)
+        assert str(escaped[0]) in step.detail
+        assert f"runwatch -c {cfg_a} kill r" in step.detail
+        # B shows A's unit as its run, held by A (O30): a restart is refused before its plan.
+        from supervisor.errors import LaunchError
+
+        with pytest.raises(LaunchError) as restart:
+            await actions.restart(eb, "r")
+        said = restart.value.message
+        assert f"held by config {cfg_a} run 'r' (pid {escaped[0]}" in said, said
+        assert f"runwatch -c {cfg_a} kill r" in said and "nothing was stopped" in said
         assert token_holders(lid) == escaped  # A's writer got no signal from B
         view = await snapshot_run(ea, "r")
         assert view.state == "running", view.state_text
@@ -870,3 +877,165 @@ async def test_o26_a_run_renamed_under_its_live_unit_is_refused_naming_the_unit(
         run = next(r for h in rv2.hosts for r in h.runs if r.name == "a2")
         assert run.last_unit is not None
         stop_units.append(run.last_unit.launch_id)
+
+
+def status_run(config: Path, name: str) -> dict[str, Any]:
+    """The run ``name`` as ``runwatch -c CONFIG status --json`` shows it."""
+    out = actions.runwatch("-c", str(config), "status", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    snap = json.loads(out.stdout)
+    return next(r for h in snap["hosts"] for r in h["runs"] if r["name"] == name)
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+async def test_o30_another_configs_unit_on_the_runs_files_is_running_there_and_acted_on_only_there(
+    tmp_path: Path, held_by: str, stop_units: list[str], name: str
+) -> None:
+    from supervisor.config import load_config
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "run_inference.py").write_text(WRITE + 'write_forever("main")\n')
+    data = work / "out" / "B1" / "raw_responses.jsonl"
+    owner = write_local_config(tmp_path / "a.toml", run_toml("a", work), python=True)
+    async with Engine(load_config(owner)) as engine:
+        rv = await launched(engine, "a", stop_units)
+        lid = rv.last_unit.launch_id
+        main = rv.process.identity.pid
+    await asyncio.to_thread(wait_until, lambda: data.exists() and data.stat().st_size, 30)
+    members = token_holders(lid)
+    assert members
+
+    # A copy of the config (another key: no `project`), its run under the same name or another,
+    # past its dataset's budget under the stop policy.
+    body = run_toml(name, work) + 'budget_policy = "stop"\n\n[datasets.B1]\ntoken_budget = 10\n'
+    other = write_local_config(tmp_path / "b.toml", body, python=True)
+    async with Engine(load_config(other)) as engine:
+        assert engine.config.key != load_config(owner).key
+        rv = await snapshot_run(engine, name)
+        assert rv.state == "running", rv.state_text
+        assert rv.owner is not None and rv.owner.launch_id == lid
+        assert rv.owner.run == "a" and rv.owner.config_path == str(owner)
+        assert rv.process is not None and rv.process.identity.pid == main
+        assert f"held by config {owner} run 'a' (pid {main}, unit {lid})" in rv.state_text
+        # Its figures, as the owning config sees them.
+        deadline = asyncio.get_running_loop().time() + 60
+        while not (rv.datasets[0].records and rv.rates.tok_per_s):
+            assert asyncio.get_running_loop().time() < deadline, rv.datasets[0]
+            await asyncio.sleep(0.2)  # the polling interval of a wait with a deadline
+            rv = await snapshot_run(engine, name)
+        assert rv.datasets[0].completion_tokens > 10
+        # The budget policy is the owning config's: said once, nothing stopped.
+        tick = await engine.tick()
+        (outcome,) = [o for o in tick.outcomes if o.event.run == name]
+        assert not outcome.ok and "only that config acts on it" in outcome.detail
+        assert f"runwatch -c {owner} kill a" in outcome.detail
+        assert token_holders(lid) == members
+        again = await engine.tick()
+        assert [o for o in again.outcomes if o.event.run == name] == []
+
+    shown = status_run(other, name)
+    assert shown["state"] == "running" and shown["owner"]["launch_id"] == lid
+    text = actions.runwatch("-c", str(other), "status")
+    assert f"held by config {owner} run 'a'" in text.stdout, text.stdout + text.stderr
+
+    # A kill through this config is refused, naming the command of the owning config.
+    refused = actions.runwatch("-c", str(other), "kill", name, "--yes")
+    assert refused.returncode != 0 and token_holders(lid) == members
+    said = refused.stdout + refused.stderr
+    (fix,) = {c for c in said.split("`") if " kill a" in c}
+    assert shlex.split(fix) == ["runwatch", "-c", str(owner), "kill", "a"]
+    # So is a restart, before anything stops.
+    restart = actions.runwatch("-c", str(other), "restart", name, "--yes")
+    assert restart.returncode != 0 and token_holders(lid) == members
+    assert f"`runwatch -c {owner} kill a`" in restart.stderr and "nothing was stopped" in (
+        restart.stderr
+    ), restart.stdout + restart.stderr
+    done = actions.runwatch(*shlex.split(fix)[1:], "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert token_holders(lid) == []
+    assert status_run(other, name)["state"] == "stopped"
+
+
+# A hand-started writer that opens, appends and closes once per record (no descriptor to find).
+APPEND_EVERY = r"""
+import json, os, sys, time
+n = 0
+while True:
+    n += 1
+    with open(os.path.join(sys.argv[1], "raw_responses.jsonl"), "a") as f:
+        f.write(json.dumps({"sample_id": "hand-%d" % n, "output_ids": [1], "prompt_tokens": 1,
+                            "completion_tokens": 1, "finish_reason": "stop"}) + "\n")
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+async def test_o31_a_writer_in_a_bind_mounted_workdir_is_the_run_by_file_identity(
+    tmp_path: Path, bind_view: Any, spawn: Any
+) -> None:
+    from supervisor.config import load_config
+    from supervisor.errors import LaunchError
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "run_inference.py").write_text(WRITE + 'write_forever("hand")\n')
+    data = work / "out" / "B1" / "raw_responses.jsonl"
+    view = bind_view(work)
+    config = write_local_config(tmp_path / "rw.toml", run_toml("a", work), python=True)
+    argv = [sys.executable, "run_inference.py", "--datasets", "B1", "--output-dir", "out"]
+    writer = spawn(argv, cwd=view)
+    await asyncio.to_thread(wait_until, lambda: data.exists() and data.stat().st_size, 30)
+    async with Engine(load_config(config)) as engine:
+        rv = await snapshot_run(engine, "a")
+        assert rv.state == "running", rv.state_text
+        assert rv.process is not None and rv.process.identity.pid == writer.pid
+        assert rv.held_by == "adopted" and "by file identity" in rv.state_text
+        assert "identity" in rv.process.evidence["a"]
+        with pytest.raises(LaunchError) as refused:
+            await engine.plan("a", action="launch")
+        hint = refused.value.hint or ""
+        assert f"pid {writer.pid}" in refused.value.message
+        assert f"kill a --pid {writer.pid}`" in hint
+    shown = status_run(config, "a")
+    assert shown["state"] == "running" and shown["process"]["identity"]["pid"] == writer.pid
+    (fix,) = [c for c in hint.split("`") if " --pid " in c]
+    done = actions.runwatch(*shlex.split(fix)[1:], "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert writer.wait(30) is not None
+
+
+async def test_o32_a_writer_working_in_a_bind_mounted_data_directory_blocks_a_launch(
+    tmp_path: Path, bind_view: Any, spawn: Any, stop_units: list[str]
+) -> None:
+    from supervisor.config import load_config
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "run_inference.py").write_text(WRITE + 'write_forever("main")\n')
+    data = work / "out" / "B1" / "raw_responses.jsonl"
+    data.parent.mkdir(parents=True)
+    view = bind_view(data.parent)
+    # `python -c`, no configured script, its cwd the data directory seen through the bind mount,
+    # appending once a minute: no descriptor, and no growth in a quiet window.
+    writer = spawn([sys.executable, "-c", APPEND_EVERY, ".", "60"], cwd=view)
+    await asyncio.to_thread(wait_until, lambda: data.exists() and data.stat().st_size, 30)
+    before = sha256_of(data)
+    config = write_local_config(tmp_path / "rw.toml", run_toml("a", work), python=True)
+    async with Engine(load_config(config)) as engine:
+        result = await launch(engine, "a")
+        if result.identity:  # on a build that misses it: the second writer is stopped here
+            rv = await snapshot_run(engine, "a")
+            stop_units.append(rv.last_unit.launch_id)
+        assert not result.ok, why(result)
+        text = why(result)
+        assert f"pid {writer.pid}" in text and "by file identity" in text
+        assert "nothing was stopped" in text and sha256_of(data) == before
+        (fix,) = [c for c in text.split("`") if f" kill a --pid {writer.pid}" in c]
+        done = actions.runwatch(*shlex.split(fix)[1:], "--yes")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert writer.wait(30) is not None
+        again = await launch(engine, "a")
+        assert again.ok, why(again)
+        rv = await snapshot_run(engine, "a")
+        assert rv.last_unit is not None
+        stop_units.append(rv.last_unit.launch_id)

@@ -52,6 +52,10 @@ def process_table(run: RunView) -> Table:
     if run.held_by is not None:
         unit = f"  unit {p.unit.launch_id}" if p.unit is not None else ""
         table.add_row("held by", plain(f"{run.held_by}{unit}"))
+    if run.owner is not None:  # another run's unit writes these files: that config acts
+        table.add_row(
+            "owner", plain(run.owner.held_text(p.identity.pid) + run.owner.owner(), style="yellow")
+        )
     table.add_row("user", plain(f"{p.user} (uid {p.identity.uid})"))
     table.add_row("uptime", display.duration(p.uptime_s))
     table.add_row("cpu / rss", f"{display.percent(p.cpu_percent)}  {display.mebibytes(p.rss_mb)}")
