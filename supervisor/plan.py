@@ -367,15 +367,8 @@ async def make_plan(
         raise HostError(f"{run.host}: cannot reach the host: {why}", "check the host and retry")
     rv = find_run_view(snap, run.host, run.name)
     # A zombie has exited (its parent has not reaped it yet): nothing to stop.
-    owner = rv.owner if rv is not None and rv.state == "running" else None
-    if action == "restart" and owner is not None and pid is None and rv is not None:
-        held = owner.held_text(rv.process.identity.pid if rv.process is not None else 0)
-        raise LaunchError(
-            f"{run.name} on {run.host} is {held}{owner.owner()}; nothing was stopped",
-            "that run's own config stops and restarts it; launch this one once it is stopped",
-        )
-    # Another run's unit writing this run's files is that run's to stop (a launch's writers
-    # step refuses, naming the command of its own config), never this plan's.
+    # Another run's unit writing this run's files is that run's to stop (the fingerprint and
+    # writers steps refuse, naming the command of its own config), never this plan's.
     old = rv.process if rv is not None and rv.state == "running" and rv.owner is None else None
     old = _named_process(hv, rv, run.name, pid) if pid is not None or _ambiguous(rv) else old
     if action == "launch" and old is not None:
