@@ -137,6 +137,18 @@ def test_a16_a_new_script_without_the_flag_is_refused_before_the_stop(
     demo, old, script, pid = _old_run(tmp_path, slow_endpoint.url, ssh_host_cfg, kill_after)
     lacking = tmp_path / "also_old.py"
     lacking.write_bytes(old)
+    text = _refused_restart(demo, lacking)
+    assert "[FAILED] preflight" in text and "nothing was stopped" in text, text
+    assert f"the script given with --script ({lacking}) does not declare --token-budget" in text
+    assert "the new run_inference.py does not declare it" in text, text
+    assert pid_alive(pid)
+    assert script.read_bytes() == old
+    assert sorted(p.name for p in script.parent.iterdir() if ".runwatch-" in p.name) == []
+    assert [e for e in audit.read() if e["action"].startswith("script-")] == []
+
+
+def _refused_restart(demo: Any, new_script: Path) -> str:
+    """The incident's restart with ``--script new_script``, which must fail: its output."""
     out = runwatch(
         "-c",
         str(demo.config_path),
@@ -145,18 +157,12 @@ def test_a16_a_new_script_without_the_flag_is_refused_before_the_stop(
         "--set",
         "token-budget=10000000",
         "--script",
-        str(lacking),
+        str(new_script),
         "--yes",
     )
     text = out.stdout + out.stderr
     assert out.returncode != 0, text
-    assert "[FAILED] preflight" in text and "nothing was stopped" in text, text
-    assert f"the script given with --script ({lacking}) does not declare --token-budget" in text
-    assert "the new run_inference.py does not declare it" in text, text
-    assert pid_alive(pid)
-    assert script.read_bytes() == old
-    assert sorted(p.name for p in script.parent.iterdir() if ".runwatch-" in p.name) == []
-    assert [e for e in audit.read() if e["action"].startswith("script-")] == []
+    return text
 
 
 @contextlib.contextmanager
@@ -188,19 +194,7 @@ def test_a16_a_script_whose_directory_cannot_be_written_is_refused_before_the_st
         tmp_path, slow_endpoint.url, ssh_host_cfg, kill_after, script_dir="bin"
     )
     with _read_only(script.parent):
-        out = runwatch(
-            "-c",
-            str(demo.config_path),
-            "restart",
-            "demo",
-            "--set",
-            "token-budget=10000000",
-            "--script",
-            str(RUN_INFERENCE),
-            "--yes",
-        )
-        text = out.stdout + out.stderr
-        assert out.returncode != 0, text
+        text = _refused_restart(demo, RUN_INFERENCE)
         assert "[FAILED] preflight" in text and "could not be replaced" in text, text
         assert f"copy {RUN_INFERENCE} to {script}" in text, text
         assert pid_alive(pid), text
@@ -223,19 +217,7 @@ def test_a16_a_script_that_is_the_users_link_is_refused_before_the_stop(
     link.symlink_to("repo/run_inference.py")
     text = demo.config_path.read_text()
     demo.config_path.write_text(text.replace('"repo/run_inference.py"', '"run_inference.py"'))
-    out = runwatch(
-        "-c",
-        str(demo.config_path),
-        "restart",
-        "demo",
-        "--set",
-        "token-budget=10000000",
-        "--script",
-        str(RUN_INFERENCE),
-        "--yes",
-    )
-    text = out.stdout + out.stderr
-    assert out.returncode != 0, text
+    text = _refused_restart(demo, RUN_INFERENCE)
     assert "[FAILED] preflight" in text and "nothing was stopped" in text, text
     assert f"{link} is a symbolic link (to {script})" in text, text
     assert pid_alive(pid), text
