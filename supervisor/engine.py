@@ -1312,6 +1312,25 @@ class Engine:
                     "its unit's waiter was killed: a process that left the tree and dropped the "
                     "launch token cannot be found"
                 )
+            # This config's unit of another run writing this one's files (two runs that share
+            # data files): this run is stopped, and the files are that run's, never torn.
+            sibling = next(
+                (
+                    p
+                    for p in procs
+                    if state == "stopped"
+                    and p.unit is not None
+                    and p.unit.mine
+                    and p.unit.run != run.name
+                    and "files" in p.evidence.get(run.name, ())
+                ),
+                None,
+            )
+            if sibling is not None and sibling.unit is not None:
+                unit_note = (
+                    f"its data files are written by this config's run {sibling.unit.run!r} "
+                    f"(pid {sibling.identity.pid}, unit {sibling.unit.launch_id})"
+                )
             finished = (
                 state == "stopped" and last_unit is not None and (last_unit.ending == "finished")
             )
@@ -1319,14 +1338,14 @@ class Engine:
                 settle_missing(dv, finished)
                 if state == "running" and proc is not None:
                     discount_in_flight(dv, proc.flags.concurrency)
-            if state in ("stopped", "zombie"):  # no writer: a partial last line is torn
+            if state in ("stopped", "zombie") and sibling is None:  # no writer: a torn tail
                 for dv in datasets:
                     if dv.state == "ok" and dv.partial_tail_bytes > 0:
                         dv.torn_tail = torn_tail_note(dv.path, dv.partial_tail_bytes)
             profile = clients.client_of(self.config, run)
             # Nothing is scanned for such a run: say so rather than show no datasets.
             detail = f"data files unknown: {layout.problem}" if layout.problem else None
-            if detail is None and state == "stopped":
+            if detail is None and state == "stopped" and sibling is None:
                 detail = ending_text(last_unit)
             detail = detail or unit_note
             if hc.kind == "slurm":  # a job that only carries the run's tag is not the run's

@@ -470,13 +470,18 @@ def run_files(config: Config, run_name: str | None) -> list[str]:
     return [*layout.data_files.values(), *layout.locks]
 
 
-def _strength(proc: ProcessInfo, run_name: str) -> int:
+def _strength(proc: ProcessInfo, run_name: str, config: Config) -> int:
     why = set(proc.evidence.get(run_name, ()))
     if "unit" in why:  # runwatch launched it as this run: ownership, not inference
         return 8
     if proc.unit is not None:
-        # Another config's launch, or this config's under another run name, is never this run
-        # to act on; started on this run's data files (by identity) it is what writes them.
+        if proc.unit.mine and any(r.name == proc.unit.run for r in config.runs):
+            # This config's unit of another of its runs (two runs that share data files, as a
+            # rebalance moves datasets between): it is that run, and this one is not running.
+            return 0
+        # Another config's launch, or this config's under a run name it no longer has, is
+        # never this run to act on; started on this run's data files (by identity) it is what
+        # writes them.
         return 6 if "files" in why else 0
     return 2 * bool(why & {"fd", "place"}) + ("argv" in why) if why & STRONG_EVIDENCE else 0
 
@@ -496,7 +501,7 @@ def match_run(proc: ProcessInfo, config: Config, host_name: str) -> str | None:
     for run in config.runs:
         if run.host != host_name:
             continue
-        score = _strength(proc, run.name)
+        score = _strength(proc, run.name, config)
         if score and (best is None or score > best[0]):
             best = (score, run.name)
     return best[1] if best else None
@@ -512,14 +517,14 @@ def assign_runs(
     for p in procs:
         p.run = match_run(p, config, host_name)
         for run in config.runs:
-            if run.host == host_name and _strength(p, run.name):
+            if run.host == host_name and _strength(p, run.name, config):
                 found.setdefault(run.name, []).append(p)
     for name, cands in found.items():
         # A run held in a unit is that unit (its own, else one started on its files); a process
         # that only looks like it (same argv, same files) is another writer for the gate to
         # refuse, not a second candidate.
-        top = max(_strength(p, name) for p in cands)
-        held = [p for p in cands if top >= 6 and _strength(p, name) == top]
+        top = max(_strength(p, name, config) for p in cands)
+        held = [p for p in cands if top >= 6 and _strength(p, name, config) == top]
         if held:
             found[name] = held
             for p in cands:

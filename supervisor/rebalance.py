@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from supervisor.config import Config
-    from supervisor.model import PlanProgress, Snapshot
+    from supervisor.model import PlanProgress, RunView, Snapshot
 
 RESTART_S = 5.0
 """Seconds a run that changes datasets loses to its restart (the stop, the quiet window, the
@@ -482,6 +482,13 @@ _MOVABLE = ("current", "empty", "missing")
 _ASIDE = ("legacy", "mixed")
 
 
+def runs_itself(view: RunView) -> bool:
+    """The run's own process runs: not merely its data files written by another run's unit (of
+    this config under another name, which a plan stops and then launches this run in its place,
+    or of another config)."""
+    return view.state == "running" and view.owner is None
+
+
 def slots_from(
     config: Config, snapshot: Snapshot, move_aside: bool = False
 ) -> tuple[list[Slot], dict[str, str], dict[str, str], str | None]:
@@ -524,6 +531,12 @@ def slots_from(
                 pinned,
                 f"host {run.host} of run {run.name} is down ({why}): nothing moved",
             )
+        if view.owner is not None and not view.owner.mine:
+            kept[run.name] = (
+                f"its data files are {view.state_detail or 'held by another config'}: only that "
+                "config moves its datasets"
+            )
+            continue
         ep = next((e for e in config.endpoints if e.name == run.endpoint), None)
         slots.append(
             Slot(
@@ -532,7 +545,7 @@ def slots_from(
                 endpoint=run.endpoint,
                 kind=ep.kind if ep is not None else "api",
                 datasets=[d.name for d in view.datasets],
-                running=view.state == "running",
+                running=runs_itself(view),
                 model=run_model(run, argv, config),
             )
         )
@@ -971,7 +984,7 @@ async def _not_running(engine: Any, best: Option) -> list[tuple[str, str]]:
     for sh in best.shares:
         todo = [d for d in sh.datasets if d in left]
         view = views.get(sh.run)
-        if todo and (view is None or view.state != "running"):
+        if todo and (view is None or not runs_itself(view)):
             state = view.state if view is not None else "not seen"
             out.append((sh.run, f"{state}, not running, with {', '.join(todo)} left to write"))
     return out
@@ -1219,7 +1232,7 @@ def progress(config: Config, snapshot: Snapshot, comparison: Comparison) -> Plan
     written: set[str] = set()
     for h in snapshot.hosts:
         for r in h.runs:
-            if not r.configured or r.state != "running":
+            if not r.configured or not runs_itself(r):
                 continue
             ep = next((c.endpoint for c in config.runs if c.name == r.name), None)
             for d in r.datasets:

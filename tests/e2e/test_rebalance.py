@@ -916,8 +916,15 @@ def test_ctrl_c_during_apply_rolls_back_and_exits_130_without_a_traceback(
     assert "interrupted" in stderr and "rolling back" in stdout, (stdout, stderr)
     assert "every step done was rolled back" in stdout, stdout
     assert _intent(cfg) is None
-    states = _states(cfg)
-    assert states["local"] == "running" and states["cloud"] != "running", states
+    runs = {r["name"]: r for h in status_json(cfg)["hosts"] for r in h["runs"]}
+    states = {name: r["state"] for name, r in runs.items()}
+    assert states["local"] == "running" and states["cloud"] == "stopped", states
+    # The GPU run writes the files the API run shares: the API run says whose they are, and no
+    # tail of them is called torn while that run writes it.
+    cloud = runs["cloud"]
+    assert "written by this config's run 'local'" in (cloud["state_detail"] or ""), cloud
+    assert cloud["owner"] is None
+    assert all(not d.get("torn_tail") for d in cloud["datasets"]), cloud["datasets"]
 
 
 def test_a_second_apply_at_once_is_refused_naming_the_first_and_touches_nothing(
