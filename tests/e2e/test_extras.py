@@ -30,9 +30,14 @@ else:
 @pytest.mark.parametrize(
     ("hidden", "code", "extra"),
     [
-        (
+        (  # a tokenizer whose class only transformers builds
             ["transformers"],
             "from supervisor.tokens import load_tokenizer; load_tokenizer(sys.argv[3])",
+            "tokens",
+        ),
+        (  # a plain fast tokenizer: its tokenizer.json alone, read by the tokenizers library
+            ["tokenizers"],
+            "from supervisor.tokens import load_tokenizer; load_tokenizer(sys.argv[4])",
             "tokens",
         ),
         (
@@ -55,10 +60,14 @@ else:
 def test_a_missing_optional_package_names_its_extra(
     tmp_path: Path, hidden: list[str], code: str, extra: str
 ) -> None:
-    (tmp_path / "tok").mkdir()
-    (tmp_path / "tok" / "tokenizer.json").write_text("{}")  # never read: the import fails first
+    # Never read: the import fails first.
+    for name in ("tok", "fast"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tokenizer.json").write_text("{}")
+    (tmp_path / "tok" / "tokenizer_config.json").write_text('{"tokenizer_class": "LlamaTokenizer"}')
+    dirs = [str(tmp_path / "tok"), str(tmp_path / "fast")]
     done = subprocess.run(
-        [sys.executable, "-c", _RUN, json.dumps(hidden), code, str(tmp_path / "tok")],
+        [sys.executable, "-c", _RUN, json.dumps(hidden), code, *dirs],
         capture_output=True,
         text=True,
         timeout=120,
