@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.widgets import TabbedContent
+from textual.css.query import NoMatches
+from textual.widgets import Static, TabbedContent
 
 from supervisor.config import Config, DatasetConfig, EndpointConfig, HostConfig, RunConfig
 from supervisor.engine import (
@@ -475,6 +476,16 @@ def demo_process(demo: Any, run: str) -> Any:
 
 
 DETAIL_TABS = {"overview": "1", "log": "2", "samples": "3", "history": "4"}
+
+
+def figure_text(row: Any) -> str:
+    """A ``FigureRow``'s text; empty while it is mounted but not composed yet (no Static inside
+    yet), so a wait on its text polls on instead of failing."""
+    try:
+        content = row.query_one(Static).content
+    except NoMatches:
+        return ""
+    return str(getattr(content, "plain", content))
 
 
 async def show_tab(pilot: Any, tab: str) -> None:

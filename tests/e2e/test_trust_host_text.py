@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.widgets import Static
 
 from supervisor.config import load_config
 from supervisor.display import escape_control
@@ -26,6 +25,7 @@ from supervisor.engine import Engine
 from supervisor.hosts import LocalHost
 from tests.fixtures_config import write_local_config
 from tests.fixtures_slurm import SlurmCluster
+from tests.fixtures_tui import figure_text
 from tests.waiting import wait_for, wait_until
 from tui.app import make_app
 from tui.widgets.serving import FigureRow
@@ -71,11 +71,6 @@ def _screen_text(app: Any) -> str:
     return html.unescape("".join(re.findall(r">([^<]*)</text>", svg))).replace("\xa0", " ")
 
 
-def _plain(row: FigureRow) -> str:
-    content = row.query_one(Static).content
-    return str(getattr(content, "plain", content))
-
-
 async def test_t3_an_escape_sequence_in_metrics_arrives_escaped_in_cli_and_dashboard(
     tmp_path: Path, hostile_metrics: str
 ) -> None:
@@ -109,8 +104,10 @@ base_url = "{hostile_metrics}"
         def row() -> FigureRow | None:
             return next((r for r in app.screen.query(FigureRow) if r.key == "ep-srv"), None)
 
-        await wait_for(lambda: row() is not None and "metrics" in _plain(row()), 30, what="row")  # type: ignore[arg-type]
-        shown = _plain(row())  # type: ignore[arg-type]
+        await wait_for(
+            lambda: row() is not None and "metrics" in figure_text(row()), 30, what="row"
+        )
+        shown = figure_text(row())
     assert "\\x1b]0;owned-title\\x07" in shown and "\x1b" not in shown
     assert "[bold]not markup[/bold]" in shown  # shown as written, never parsed as markup
 

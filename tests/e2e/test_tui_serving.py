@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from textual.css.query import NoMatches
-from textual.widgets import Sparkline, Static
+from textual.widgets import Sparkline
 
 from supervisor.demo.launcher import LOCAL_MOCK
 from supervisor.engine import Engine
+from tests.fixtures_tui import figure_text
 from tests.waiting import wait_for
 from tui.app import make_app
 from tui.screens.run_detail import RunDetailScreen
@@ -23,15 +23,6 @@ def _row(app: Any, key: str) -> FigureRow | None:
         if row.key == key:
             return row
     return None
-
-
-def _plain(row: FigureRow) -> str:
-    """The row's text; empty while it is mounted but not composed yet (no Static inside)."""
-    try:
-        content = row.query_one(Static).content
-    except NoMatches:
-        return ""
-    return str(getattr(content, "plain", content))
 
 
 async def test_dashboard_shows_the_local_servers_metrics_and_sparklines_move(
@@ -47,7 +38,9 @@ async def test_dashboard_shows_the_local_servers_metrics_and_sparklines_move(
         # The demo's 16 + 4 requests (local-gpu and regen) against a mock that decodes all of
         # them at once.
         await wait_for(
-            lambda: "running 20 · queued 0" in _plain(row) and "tok/s (server)" in _plain(row),
+            lambda: (
+                "running 20 · queued 0" in figure_text(row) and "tok/s (server)" in figure_text(row)
+            ),
             timeout=30,
             what="running/queued requests and the server's tok/s",
         )
@@ -69,7 +62,9 @@ async def test_dashboard_shows_the_local_servers_metrics_and_sparklines_move(
         api = _row(app, "ep-api")
         assert api is not None
         await wait_for(
-            lambda: "tok/s (files)" in _plain(api), timeout=30, what="the API's rate from files"
+            lambda: "tok/s (files)" in figure_text(api),
+            timeout=30,
+            what="the API's rate from files",
         )
 
         app.open_run("laptop/local-gpu", None)
