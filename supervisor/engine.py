@@ -1314,17 +1314,20 @@ class Engine:
                 )
             # This config's unit of another run writing this one's files (two runs that share
             # data files): this run is stopped, and the files are that run's, never torn.
-            sibling = next(
-                (
-                    p
-                    for p in procs
-                    if state == "stopped"
-                    and p.unit is not None
-                    and p.unit.mine
-                    and p.unit.run != run.name
-                    and "files" in p.evidence.get(run.name, ())
-                ),
-                None,
+            sibling = (
+                next(
+                    (
+                        p
+                        for p in procs
+                        if p.unit is not None
+                        and p.unit.mine
+                        and p.unit.run != run.name
+                        and "files" in p.evidence.get(run.name, ())
+                    ),
+                    None,
+                )
+                if state == "stopped"
+                else None
             )
             if sibling is not None and sibling.unit is not None:
                 unit_note = (

@@ -36,14 +36,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.unit if item.path.is_relative_to(UNIT) else pytest.mark.e2e)
 
 
+@pytest.fixture(scope="session")
+def _test_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache directory per test process (the demo's tokenizer, built once per process)."""
+    return tmp_path_factory.mktemp("cache")
+
+
 @pytest.fixture(autouse=True)
 def _private_state_dir(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, _test_cache_dir: Path
 ) -> None:
     """runwatch's state (audit log, launch specs, guard markers, bench history) goes to a private
-    directory in every test: a test never reads or writes the user's. ``state_home`` and tests
-    that need their own still set theirs."""
+    directory in every test, its cache to the test process's: a test never reads or writes the
+    user's. ``state_home`` and tests that need their own still set theirs."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(_test_cache_dir))
 
 
 @pytest.fixture(autouse=True)

@@ -161,7 +161,11 @@ def held_by(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.fixture
 def stop_units() -> Any:
-    """Launch ids to sweep at teardown: SIGKILL whatever still carries their token."""
+    """Launch ids to sweep at teardown: SIGKILL whatever still carries their token, then the
+    unit's waiter if it is still there (one its client stopped stays stopped, holding the
+    client's zombie, when nothing but this sweep ends the unit)."""
+    from supervisor.agent import unit
+
     ids: list[str] = []
     yield ids
     for lid in ids:
@@ -169,6 +173,10 @@ def stop_units() -> Any:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, 9)
         wait_until(lambda lid=lid: not token_holders(lid), timeout=10)  # type: ignore[misc]
+        rec = unit.read_record(lid)
+        if rec is not None and unit._waiter_alive(rec):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(rec["waiter"]["pid"]), signal.SIGKILL)
 
 
 async def snapshot_run(engine: Engine, name: str) -> Any:
