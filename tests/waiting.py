@@ -4,6 +4,8 @@
   calling thread (run it with ``asyncio.to_thread`` from a coroutine that must not block the loop).
 - ``await wait_for(condition, timeout=..., what=..., interval=...)`` polls it from a coroutine,
   yielding to the event loop between polls (for a Textual app driven by Pilot).
+- ``await wait_for_async(condition, ...)`` awaits ``condition()`` at each poll (a condition that
+  needs the engine: a refresh).
 
 Both return the first truthy value of ``condition()`` and raise ``AssertionError`` naming what
 was awaited and the timeout when it does not come in time.
@@ -19,7 +21,7 @@ import asyncio
 import inspect
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -87,3 +89,24 @@ async def wait_for(
     while not (value := _check(condition, deadline, timeout, what)):
         await asyncio.sleep(interval)
     return value
+
+
+async def wait_for_async(
+    condition: Callable[[], Awaitable[T | None]],
+    timeout: float = DEFAULT_TIMEOUT,
+    *,
+    what: str | None = None,
+    interval: float = DEFAULT_INTERVAL,
+) -> T:
+    """``wait_for`` of a coroutine function: ``await condition()`` at each poll."""
+    timeout *= SCALE
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout:g} s waiting for {what or _describe(condition)}"
+            )
+        await asyncio.sleep(interval)

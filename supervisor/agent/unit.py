@@ -435,6 +435,12 @@ def _waiter_alive(rec: dict[str, Any]) -> bool:
     return st is not None and st.start_time == w.get("start_time") and st.state not in "ZX"
 
 
+def _waiter_stopped(rec: dict[str, Any]) -> bool:
+    w = rec.get("waiter") or {}
+    st = procs.read_stat(int(w.get("pid") or 0)) if w.get("pid") else None
+    return st is not None and st.start_time == w.get("start_time") and st.state == "T"
+
+
 def members(
     rec: dict[str, Any],
     holders: dict[str, list[int]] | None = None,
@@ -509,6 +515,11 @@ def describe(
     if main is None and live:
         main = live[0]
     waiter_alive = not ended and _waiter_alive(rec)
+    if waiter_alive and _waiter_stopped(rec):
+        # A waiter a member stopped (SIGSTOP) sees nothing end and records nothing: continued at
+        # every listing, so that a member's death by any hand (the OOM killer, a `kill -9`) is
+        # recorded and the unit ends. A traced one ('t') is continued by the stop.
+        _signal_waiter(rec, signal.SIGCONT)
     cgroup = rec.get("cgroup")
     # Running while anything of it is: a member listed, a populated cgroup (members that change
     # faster than a listing), a waiter that has not seen its tree empty.

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ from tests.e2e.test_units import (
 from tests.fixtures_actions import why
 from tests.fixtures_config import write_local_config
 from tests.fixtures_users import OtherUser
-from tests.waiting import wait_until
+from tests.waiting import wait_for_async, wait_until
 
 held_by = test_units.held_by
 """Each test twice: in a cgroup v2 leaf and on the launch-token path."""
@@ -143,7 +144,8 @@ async def test_o17_the_clients_zombie_keeps_its_pid_until_the_unit_ends(
         assert ended.state == "stopped" and ended.ending == "stopped", ended.last_unit
 
 
-# The client stops its own waiter (SIGSTOP, or a ptrace attach), then writes.
+# The client stops its own waiter (SIGSTOP, again after each record; or a ptrace attach), then
+# writes.
 STOPS_ITS_WAITER = r"""
 if os.environ["MODE"] == "ptrace":
     libc = ctypes.CDLL(None, use_errno=True)
@@ -152,7 +154,20 @@ if os.environ["MODE"] == "ptrace":
         sys.exit("ptrace: %s" % os.strerror(ctypes.get_errno()))
 else:
     os.kill(os.getppid(), signal.SIGSTOP)
-mark("stopped", os.getppid())
+waiter = os.getppid()
+mark("stopped", waiter)
+if os.environ["MODE"] == "sigstop":
+    # It keeps its waiter stopped: a listing that continues it is undone within a record.
+    n = 0
+    while True:
+        n += 1
+        with open(OUT, "a") as f:
+            f.write(json.dumps({"sample_id": "main-%d-%d" % (os.getpid(), n), "output_ids": [1],
+                                "prompt_tokens": 1, "completion_tokens": 1,
+                                "finish_reason": "stop"}) + "\n")
+        if os.getppid() == waiter:
+            os.kill(waiter, signal.SIGSTOP)
+        time.sleep(0.05)
 write_forever("main")
 """
 
@@ -194,6 +209,40 @@ async def test_o17_a_waiter_its_client_stopped_is_continued_and_the_kill_ends_th
         fresh = await snapshot_run(engine, "r")
         assert fresh.last_unit is not None and fresh.last_unit.launch_id != lid
         stop_units.append(fresh.last_unit.launch_id)
+
+
+async def test_o17_a_stopped_waiter_records_its_clients_death_by_another_hand(
+    tmp_path: Path, held_by: str, stop_units: list[str]
+) -> None:
+    """A client that stops its waiter, then dies by a SIGKILL runwatch did not send (the OOM
+    killer, a `kill -9` by hand): the next listing continues the waiter, which records the
+    death; the run reads "stopped", ended "died" with its signal, and the waiter is gone — never
+    "running" with no process in it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "run_inference.py").write_text(WRITE + STOPS_ITS_WAITER)
+    body = run_toml("r", work) + '[runs.env]\nMODE = "sigstop"\n'
+    cfg = write_local_config(tmp_path / "rw.toml", body, python=True)
+    from supervisor.config import load_config
+
+    async with Engine(load_config(cfg)) as engine:
+        rv = await launched(engine, "r", stop_units)
+        lid = rv.last_unit.launch_id
+        waiter = await asyncio.to_thread(_marked, work, "stopped")
+        await asyncio.to_thread(wait_until, lambda: _stat(waiter)[:1] == ["T"], 30)
+        client = int(_record(lid)["child"]["pid"])
+        os.kill(client, signal.SIGKILL)
+
+        # A listing (each refresh) continues the waiter; it then records the end by itself.
+        async def recorded() -> bool:
+            await engine.refresh()
+            return bool(_ended(lid))
+
+        await wait_for_async(recorded, 30, what="the waiter's record of the death", interval=0.2)
+        after = await snapshot_run(engine, "r")
+        assert after.state == "stopped" and after.ending == "died", after.last_unit
+        assert after.state_detail is not None and "signal 9" in after.state_detail, after
+        await asyncio.to_thread(wait_until, lambda: not _alive(waiter), 30)
 
 
 # Root moves a child out of the unit's cgroup; it double-forks, leaves the session and execs a
