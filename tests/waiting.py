@@ -40,7 +40,7 @@ def _scale() -> float:
 SCALE = _scale()
 
 
-def _describe(condition: Callable[[], object]) -> str:
+def _describe(condition: Callable[..., object]) -> str:
     """The source of ``condition`` (a lambda reads best as its own text), else its repr."""
     try:
         return inspect.getsource(condition).strip()
@@ -53,11 +53,19 @@ def _check(
 ) -> T | None:
     """One poll: the value of ``condition()``; ``AssertionError`` once ``deadline`` has passed."""
     value = condition()
-    if not value and time.monotonic() > deadline:
+    if not value:
+        _past(deadline, timeout, what, condition)
+    return value
+
+
+def _past(
+    deadline: float, timeout: float, what: str | None, condition: Callable[..., object]
+) -> None:
+    """``AssertionError`` naming what was awaited once ``deadline`` has passed."""
+    if time.monotonic() > deadline:
         raise AssertionError(
             f"timed out after {timeout:g} s waiting for {what or _describe(condition)}"
         )
-    return value
 
 
 def wait_until(
@@ -101,12 +109,7 @@ async def wait_for_async(
     """``wait_for`` of a coroutine function: ``await condition()`` at each poll."""
     timeout *= SCALE
     deadline = time.monotonic() + timeout
-    while True:
-        value = await condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout:g} s waiting for {what or _describe(condition)}"
-            )
+    while not (value := await condition()):
+        _past(deadline, timeout, what, condition)
         await asyncio.sleep(interval)
+    return value

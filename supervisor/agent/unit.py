@@ -429,16 +429,16 @@ def _uids(pid: int) -> tuple[int, ...]:
     return ()
 
 
+def _waiter_stat(rec: dict[str, Any]) -> procs.Stat | None:
+    """The stat of the unit's recorded waiter while that process (by start time) exists."""
+    w = rec.get("waiter") or {}
+    st = procs.read_stat(int(w.get("pid") or 0)) if w.get("pid") else None
+    return st if st is not None and st.start_time == w.get("start_time") else None
+
+
 def _waiter_alive(rec: dict[str, Any]) -> bool:
-    w = rec.get("waiter") or {}
-    st = procs.read_stat(int(w.get("pid") or 0)) if w.get("pid") else None
-    return st is not None and st.start_time == w.get("start_time") and st.state not in "ZX"
-
-
-def _waiter_stopped(rec: dict[str, Any]) -> bool:
-    w = rec.get("waiter") or {}
-    st = procs.read_stat(int(w.get("pid") or 0)) if w.get("pid") else None
-    return st is not None and st.start_time == w.get("start_time") and st.state == "T"
+    st = _waiter_stat(rec)
+    return st is not None and st.state not in "ZX"
 
 
 def members(
@@ -514,8 +514,9 @@ def describe(
             main = cpid
     if main is None and live:
         main = live[0]
-    waiter_alive = not ended and _waiter_alive(rec)
-    if waiter_alive and _waiter_stopped(rec):
+    waiter = None if ended else _waiter_stat(rec)
+    waiter_alive = waiter is not None and waiter.state not in "ZX"
+    if waiter is not None and waiter.state == "T":
         # A waiter a member stopped (SIGSTOP) sees nothing end and records nothing: continued at
         # every listing, so that a member's death by any hand (the OOM killer, a `kill -9`) is
         # recorded and the unit ends. A traced one ('t') is continued by the stop.

@@ -45,7 +45,7 @@ WRITE = r"""
 import ctypes, json, os, signal, sys, time
 OUT = os.path.abspath(os.path.join("out", "B1", "raw_responses.jsonl"))
 os.makedirs(os.path.dirname(OUT), exist_ok=True)
-def write_forever(tag):
+def write_forever(tag, after_each=None):
     n = 0
     while True:
         n += 1
@@ -53,6 +53,8 @@ def write_forever(tag):
             f.write(json.dumps({"sample_id": "%s-%d-%d" % (tag, os.getpid(), n),
                                 "output_ids": [1], "prompt_tokens": 1, "completion_tokens": 1,
                                 "finish_reason": "stop"}) + "\n")
+        if after_each is not None:
+            after_each()
         time.sleep(0.05)
 def mark(name, value):
     with open(name + ".tmp", "w") as f:
@@ -156,19 +158,11 @@ else:
     os.kill(os.getppid(), signal.SIGSTOP)
 waiter = os.getppid()
 mark("stopped", waiter)
-if os.environ["MODE"] == "sigstop":
+def stop_the_waiter_again():
     # It keeps its waiter stopped: a listing that continues it is undone within a record.
-    n = 0
-    while True:
-        n += 1
-        with open(OUT, "a") as f:
-            f.write(json.dumps({"sample_id": "main-%d-%d" % (os.getpid(), n), "output_ids": [1],
-                                "prompt_tokens": 1, "completion_tokens": 1,
-                                "finish_reason": "stop"}) + "\n")
-        if os.getppid() == waiter:
-            os.kill(waiter, signal.SIGSTOP)
-        time.sleep(0.05)
-write_forever("main")
+    if os.environ["MODE"] == "sigstop" and os.getppid() == waiter:
+        os.kill(waiter, signal.SIGSTOP)
+write_forever("main", stop_the_waiter_again)
 """
 
 
